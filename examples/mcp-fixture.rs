@@ -1,0 +1,387 @@
+//! mcp-fixture: a small, misbehaving-on-demand MCP server over stdio.
+//!
+//! The tests of every stage and the demo unit run it. It is an example, not
+//! a product binary: `cargo install` and the packages never ship it.
+//!
+//! Tools: `echo {text}`, `add {a, b}`, `crash {code}` (replies, then exits
+//! with `code`), `hang` (never replies), `fail {message}` (an `isError`
+//! result), `log {text}` (a line on stderr), `set_tools {tools}` (replaces the
+//! extra tools and sends `notifications/tools/list_changed`). Extra tools echo
+//! their `text` argument.
+//!
+//! Behaviours at start are chosen by flags (see `--help`); every flag can also
+//! be given as an environment variable `MCP_FIXTURE_<FLAG>` (e.g.
+//! `MCP_FIXTURE_SLOW_START=2s`), so a test can change the behaviour of the
+//! next respawn without touching the unit file.
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use clap::Parser;
+use rmcp::model::{
+    CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock as Content,
+    Implementation, ListToolsResult, PaginatedRequestParams, ServerCapabilities, ServerConfig,
+    Tool,
+};
+use rmcp::service::RequestContext;
+use rmcp::{ErrorData, RoleServer, ServerHandler, ServiceExt};
+use serde_json::{Value, json};
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "mcp-fixture",
+    about = "A test MCP server with selectable misbehaviour"
+)]
+struct Args {
+    /// Server name announced in `initialize`.
+    #[arg(long, env = "MCP_FIXTURE_NAME", default_value = "mcp-fixture")]
+    name: String,
+    /// Append this process's PID to FILE at start (one line per spawn).
+    #[arg(long, env = "MCP_FIXTURE_COUNT_FILE", value_name = "FILE")]
+    count_file: Option<PathBuf>,
+    /// Exit with CODE immediately at start, before speaking MCP.
+    #[arg(long, env = "MCP_FIXTURE_DIE_ON_START", value_name = "CODE")]
+    die_on_start: Option<i32>,
+    /// Die on start (exit 3) while FILE (see --count-file) holds at most N spawns.
+    #[arg(
+        long,
+        env = "MCP_FIXTURE_FAIL_FIRST",
+        value_name = "N",
+        requires = "count_file"
+    )]
+    fail_first: Option<usize>,
+    /// Sleep this long (e.g. "2s") before serving.
+    #[arg(long, env = "MCP_FIXTURE_SLOW_START", value_parser = humantime::parse_duration)]
+    slow_start: Option<Duration>,
+    /// Never answer anything, not even `initialize`.
+    #[arg(long, env = "MCP_FIXTURE_HANG")]
+    hang: bool,
+    /// Exit with code 2 this long after start (e.g. "300ms").
+    #[arg(long, env = "MCP_FIXTURE_EXIT_AFTER", value_parser = humantime::parse_duration)]
+    exit_after: Option<Duration>,
+    /// Ignore SIGTERM (only SIGKILL stops it).
+    #[arg(long, env = "MCP_FIXTURE_IGNORE_SIGTERM")]
+    ignore_sigterm: bool,
+    /// Start a `sleep` grandchild in the same process group; write its PID to FILE.
+    #[arg(long, env = "MCP_FIXTURE_GRANDCHILD", value_name = "FILE")]
+    grandchild: Option<PathBuf>,
+    /// Print a line that is not JSON-RPC on stdout before serving.
+    #[arg(long, env = "MCP_FIXTURE_GARBAGE_STDOUT")]
+    garbage_stdout: bool,
+    /// Lines of chatter written to stderr at start.
+    #[arg(
+        long,
+        env = "MCP_FIXTURE_CHATTER",
+        default_value_t = 3,
+        value_name = "N"
+    )]
+    chatter: usize,
+    /// Extra tools present from the start (comma-separated names).
+    #[arg(long, env = "MCP_FIXTURE_TOOLS", value_delimiter = ',')]
+    tools: Vec<String>,
+    /// Tools per `tools/list` page (0: all in one page).
+    #[arg(long, env = "MCP_FIXTURE_PAGE_SIZE", default_value_t = 0)]
+    page_size: usize,
+}
+
+#[derive(Clone)]
+struct Fixture {
+    name: String,
+    extra: Arc<Mutex<Vec<String>>>,
+    page_size: usize,
+}
+
+fn say(line: &str) {
+    let mut err = std::io::stderr().lock();
+    let _ = writeln!(err, "mcp-fixture[{}]: {line}", std::process::id());
+}
+
+fn schema(value: Value) -> Arc<rmcp::model::JsonObject> {
+    match value {
+        Value::Object(map) => Arc::new(map),
+        _ => Arc::new(Default::default()),
+    }
+}
+
+fn text_schema() -> Value {
+    json!({"type": "object", "properties": {"text": {"type": "string"}}, "required": ["text"]})
+}
+
+impl Fixture {
+    fn tools(&self) -> Vec<Tool> {
+        let mut tools = vec![
+            Tool::new("echo", "Return the given text", schema(text_schema())),
+            Tool::new(
+                "add",
+                "Add two numbers",
+                schema(
+                    json!({"type": "object", "properties": {"a": {"type": "number"}, "b": {"type": "number"}}, "required": ["a", "b"]}),
+                ),
+            ),
+            Tool::new(
+                "crash",
+                "Reply, then exit with the given code",
+                schema(json!({"type": "object", "properties": {"code": {"type": "integer"}}})),
+            ),
+            Tool::new("hang", "Never reply", schema(json!({"type": "object"}))),
+            Tool::new(
+                "fail",
+                "Return an isError result with the given message",
+                schema(json!({"type": "object", "properties": {"message": {"type": "string"}}})),
+            ),
+            Tool::new(
+                "log",
+                "Write the given text to stderr",
+                schema(text_schema()),
+            ),
+            Tool::new(
+                "set_tools",
+                "Replace the extra tools and notify tools/list_changed",
+                schema(
+                    json!({"type": "object", "properties": {"tools": {"type": "array", "items": {"type": "string"}}}, "required": ["tools"]}),
+                ),
+            ),
+        ];
+        let extra = self.extra.lock().map(|e| e.clone()).unwrap_or_default();
+        for name in extra {
+            tools.push(Tool::new(
+                name.clone(),
+                format!("Extra tool {name}: echoes text"),
+                schema(text_schema()),
+            ));
+        }
+        tools
+    }
+}
+
+fn arg<'a>(request: &'a CallToolRequestParams, key: &str) -> Option<&'a Value> {
+    request.arguments.as_ref().and_then(|a| a.get(key))
+}
+
+fn text(s: impl Into<String>) -> Result<CallToolResponse, ErrorData> {
+    Ok(CallToolResult::success(vec![Content::text(s)]).into())
+}
+
+impl ServerHandler for Fixture {
+    fn get_info(&self) -> ServerConfig {
+        ServerConfig::new(
+            ServerCapabilities::builder()
+                .enable_tools()
+                .enable_tool_list_changed()
+                .build(),
+        )
+        .with_server_info(Implementation::new(
+            self.name.clone(),
+            env!("CARGO_PKG_VERSION"),
+        ))
+        .with_instructions("A test fixture for mcpd. Try the echo tool.")
+    }
+
+    async fn list_tools(
+        &self,
+        request: Option<PaginatedRequestParams>,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<ListToolsResult, ErrorData> {
+        let tools = self.tools();
+        if self.page_size == 0 {
+            return Ok(ListToolsResult::with_all_items(tools));
+        }
+        let start: usize = match request.and_then(|r| r.cursor) {
+            None => 0,
+            Some(c) => c
+                .parse()
+                .map_err(|_| ErrorData::invalid_params("bad cursor", None))?,
+        };
+        let end = (start + self.page_size).min(tools.len());
+        let mut page = ListToolsResult::with_all_items(tools[start.min(end)..end].to_vec());
+        if end < tools.len() {
+            page.next_cursor = Some(end.to_string());
+        }
+        Ok(page)
+    }
+
+    async fn call_tool(
+        &self,
+        request: CallToolRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<CallToolResponse, ErrorData> {
+        say(&format!("call {}", request.name));
+        let get_text = || {
+            arg(&request, "text")
+                .and_then(Value::as_str)
+                .map(str::to_owned)
+                .ok_or_else(|| ErrorData::invalid_params("`text` (a string) is required", None))
+        };
+        match request.name.as_ref() {
+            "echo" => text(get_text()?),
+            "add" => {
+                let num = |k| arg(&request, k).and_then(Value::as_f64);
+                match (num("a"), num("b")) {
+                    (Some(a), Some(b)) => text((a + b).to_string()),
+                    _ => Err(ErrorData::invalid_params(
+                        "`a` and `b` (numbers) are required",
+                        None,
+                    )),
+                }
+            }
+            "crash" => {
+                let code = arg(&request, "code").and_then(Value::as_i64).unwrap_or(1);
+                let code = i32::try_from(code).unwrap_or(1);
+                say(&format!("crashing with exit code {code}"));
+                // Exit once the reply has had time to be written.
+                tokio::spawn(async move {
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    std::process::exit(code);
+                });
+                text(format!("crashing with exit code {code}"))
+            }
+            "hang" => std::future::pending().await,
+            "fail" => {
+                let message = arg(&request, "message")
+                    .and_then(Value::as_str)
+                    .unwrap_or("failed on purpose");
+                Ok(CallToolResult::error(vec![Content::text(message)]).into())
+            }
+            "log" => {
+                let line = get_text()?;
+                say(&line);
+                text("logged")
+            }
+            "set_tools" => {
+                let names: Vec<String> = arg(&request, "tools")
+                    .cloned()
+                    .and_then(|v| serde_json::from_value(v).ok())
+                    .ok_or_else(|| {
+                        ErrorData::invalid_params("`tools` (strings) is required", None)
+                    })?;
+                if let Ok(mut extra) = self.extra.lock() {
+                    *extra = names.clone();
+                }
+                if let Err(e) = context.peer.notify_tool_list_changed().await {
+                    say(&format!("cannot notify list_changed: {e}"));
+                }
+                text(format!("tools set: {}", names.join(",")))
+            }
+            other => {
+                let known = self
+                    .extra
+                    .lock()
+                    .is_ok_and(|e| e.iter().any(|n| n == other));
+                if known {
+                    text(get_text()?)
+                } else {
+                    Err(ErrorData::invalid_params(
+                        format!("unknown tool `{other}`"),
+                        None,
+                    ))
+                }
+            }
+        }
+    }
+}
+
+fn count_spawn(file: &PathBuf) -> std::io::Result<usize> {
+    let mut f = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(file)?;
+    writeln!(f, "{}", std::process::id())?;
+    drop(f);
+    Ok(std::fs::read_to_string(file)?.lines().count())
+}
+
+#[tokio::main(flavor = "current_thread")]
+async fn main() -> std::process::ExitCode {
+    let args = Args::parse();
+    say("starting");
+    for i in 1..args.chatter {
+        say(&format!("chatter line {i}"));
+    }
+    let mut spawns = 0;
+    if let Some(file) = &args.count_file {
+        match count_spawn(file) {
+            Ok(n) => spawns = n,
+            Err(e) => {
+                say(&format!("cannot write count file {}: {e}", file.display()));
+                return std::process::ExitCode::from(1);
+            }
+        }
+    }
+    if let Some(code) = args.die_on_start {
+        say(&format!("dying on start with exit code {code}"));
+        std::process::exit(code);
+    }
+    if args.fail_first.is_some_and(|n| spawns <= n) {
+        say(&format!("failing spawn {spawns} on purpose"));
+        std::process::exit(3);
+    }
+    let _term = if args.ignore_sigterm {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut signal) => Some(tokio::spawn(async move {
+                while signal.recv().await.is_some() {
+                    say("ignoring SIGTERM");
+                }
+            })),
+            Err(e) => {
+                say(&format!("cannot ignore SIGTERM: {e}"));
+                return std::process::ExitCode::from(1);
+            }
+        }
+    } else {
+        None
+    };
+    let _grandchild = match &args.grandchild {
+        Some(file) => match std::process::Command::new("sleep").arg("100000").spawn() {
+            Ok(child) => {
+                if let Err(e) = std::fs::write(file, format!("{}\n", child.id())) {
+                    say(&format!("cannot write {}: {e}", file.display()));
+                }
+                Some(child)
+            }
+            Err(e) => {
+                say(&format!("cannot start grandchild: {e}"));
+                None
+            }
+        },
+        None => None,
+    };
+    if let Some(delay) = args.slow_start {
+        say(&format!(
+            "slow start: sleeping {}",
+            humantime::format_duration(delay)
+        ));
+        tokio::time::sleep(delay).await;
+    }
+    if let Some(after) = args.exit_after {
+        tokio::spawn(async move {
+            tokio::time::sleep(after).await;
+            say("exiting on schedule with exit code 2");
+            std::process::exit(2);
+        });
+    }
+    if args.hang {
+        say("hanging: never answering");
+        std::future::pending::<()>().await;
+    }
+    if args.garbage_stdout {
+        println!("this line is not JSON-RPC");
+    }
+    let fixture = Fixture {
+        name: args.name,
+        extra: Arc::new(Mutex::new(args.tools)),
+        page_size: args.page_size,
+    };
+    say("serving on stdio");
+    let service = match fixture.serve(rmcp::transport::stdio()).await {
+        Ok(service) => service,
+        Err(e) => {
+            say(&format!("initialize failed: {e}"));
+            return std::process::ExitCode::from(1);
+        }
+    };
+    let reason = service.waiting().await;
+    say(&format!("stdin closed ({reason:?}); exiting"));
+    std::process::ExitCode::SUCCESS
+}

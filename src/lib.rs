@@ -1,0 +1,8 @@
+//! mcpd: a systemd-style service manager for MCP servers.
+//!
+//! The library holds everything; the binaries `mcpd` and `mcpctl` only parse
+//! arguments and call into it. See `ARCHITECTURE.md` for the code map.
+
+pub mod ctl;
+pub mod daemon;
+pub mod unit;

@@ -1,0 +1,302 @@
+//! The loader: a unit's files on disk → a [`UnitSpec`] or every problem.
+//!
+//! Reads the main file and its drop-ins, rejects what is not UTF-8 or not
+//! KDL 2 (recognising KDL 1), reads each document into a layer, merges the
+//! layers in order and lets [`UnitSpec::new`] judge the result. Never panics,
+//! whatever the bytes.
+
+use std::collections::{HashMap, HashSet};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use kdl::KdlDocument;
+
+use super::diag::{LoadError, Problem};
+use super::name::UnitName;
+use super::spec::{Field, UnitSpec};
+use super::syntax::{self, Issue, Layer, Loc};
+
+/// The files that make up one unit: its main file, then drop-ins in the
+/// order they apply.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UnitFiles {
+    pub main: PathBuf,
+    pub dropins: Vec<PathBuf>,
+}
+
+impl UnitFiles {
+    /// A unit file and the drop-ins found next to it in `FILE.d/*.kdl`.
+    pub fn beside(main: &Path) -> Self {
+        let mut dir = main.as_os_str().to_owned();
+        dir.push(".d");
+        let mut dropins: Vec<PathBuf> = std::fs::read_dir(PathBuf::from(dir))
+            .into_iter()
+            .flatten()
+            .flatten()
+            .map(|e| e.path())
+            .filter(|p| super::search::is_unit_file_name(p))
+            .collect();
+        dropins.sort_by(|a, b| a.file_name().cmp(&b.file_name()));
+        Self {
+            main: main.to_owned(),
+            dropins,
+        }
+    }
+
+    /// The unit name: the main file's stem.
+    pub fn stem(&self) -> String {
+        self.main
+            .file_stem()
+            .map(|s| s.to_string_lossy().into_owned())
+            .unwrap_or_default()
+    }
+}
+
+/// A file's path and text, for rendering problems.
+struct Source {
+    path: PathBuf,
+    text: Arc<str>,
+}
+
+/// Loads and validates a unit. All problems of all its files come back at once.
+pub fn load(files: &UnitFiles) -> Result<UnitSpec, LoadError> {
+    let mut problems = Vec::new();
+    if let Err(e) = UnitName::new(&files.stem()) {
+        problems.push(
+            Problem::file(&files.main, format!("invalid unit name: {e}"))
+                .with_help("unit names match [A-Za-z0-9][A-Za-z0-9_-]{0,63}; rename the file"),
+        );
+    }
+
+    let mut sources = Vec::new();
+    let mut layers = Vec::new();
+    let mut issues = Vec::new();
+    let mut readable = true;
+    let all = std::iter::once(&files.main).chain(&files.dropins);
+    for (index, path) in all.enumerate() {
+        let is_main = index == 0;
+        match read_document(path, is_main) {
+            Ok((text, doc)) => {
+                layers.push(syntax::read(&doc, index, &mut issues));
+                sources.push(Source {
+                    path: path.clone(),
+                    text,
+                });
+            }
+            Err(problem) => {
+                problems.push(*problem);
+                readable = false;
+                // Keep file indices aligned with `sources`.
+                sources.push(Source {
+                    path: path.clone(),
+                    text: Arc::from(""),
+                });
+                layers.push(Layer::default());
+            }
+        }
+    }
+
+    let mut located: Vec<(Loc, Problem)> = issues
+        .into_iter()
+        .map(|issue| (issue.loc, problem_from_issue(&sources, issue)))
+        .collect();
+
+    if readable {
+        let mut layers = layers.into_iter();
+        let mut merged = layers.next().unwrap_or_default();
+        for later in layers {
+            merged.merge(later);
+        }
+        let unit_loc = Loc {
+            file: 0,
+            span: (0, 0).into(),
+        };
+        let (draft, locs, poisoned) = merged.into_draft(unit_loc);
+        match UnitSpec::new(draft) {
+            Ok(spec) if problems.is_empty() && located.is_empty() => return Ok(spec),
+            Ok(_) => {}
+            Err(errors) => {
+                for e in errors {
+                    if poisoned.contains(&e.field) || poisoned_transport(&e.field, &poisoned) {
+                        continue;
+                    }
+                    located.push(spec_problem(&sources, &locs, e));
+                }
+            }
+        }
+    }
+
+    located.sort_by_key(|(loc, _)| (loc.file, loc.span.offset()));
+    problems.extend(located.into_iter().map(|(_, p)| p));
+    Err(LoadError::new(files.main.clone(), problems))
+}
+
+/// "needs a URL" after a rejected URL only repeats the problem.
+fn poisoned_transport(field: &Field, poisoned: &HashSet<Field>) -> bool {
+    matches!(field, Field::Stdio) && poisoned.contains(&Field::Command)
+}
+
+/// Reads a file as a KDL 2 document, or says precisely why it is not one.
+fn read_document(path: &Path, is_main: bool) -> Result<(Arc<str>, KdlDocument), Box<Problem>> {
+    let bytes = std::fs::read(path)
+        .map_err(|e| Box::new(Problem::file(path, format!("cannot read unit file: {e}"))))?;
+    let text: Arc<str> = match String::from_utf8(bytes) {
+        Ok(text) => Arc::from(text),
+        Err(e) => {
+            let offset = e.utf8_error().valid_up_to();
+            let lossy: Arc<str> = Arc::from(String::from_utf8_lossy(e.as_bytes()).into_owned());
+            return Err(Box::new(
+                Problem::at(
+                    path,
+                    &lossy,
+                    (offset, 1).into(),
+                    "unit file is not valid UTF-8",
+                    "invalid byte",
+                )
+                .with_help("unit files are UTF-8 text; re-save the file as UTF-8"),
+            ));
+        }
+    };
+    let doc = match KdlDocument::parse_v2(&text) {
+        Ok(doc) => doc,
+        Err(v2) => return Err(Box::new(kdl_problem(path, &text, &v2))),
+    };
+    if is_main && doc.nodes().is_empty() {
+        return Err(Box::new(
+            Problem::file(
+                path,
+                "unit file is empty: expected a `stdio` or an `http` node",
+            )
+            .with_help("a minimal unit is `stdio { command \"/path/to/server\" }`"),
+        ));
+    }
+    Ok((text, doc))
+}
+
+/// The first KDL syntax error, or a KDL 1 hint when the text parses as KDL 1.
+fn kdl_problem(path: &Path, text: &Arc<str>, err: &kdl::KdlError) -> Problem {
+    let first = err.diagnostics.first();
+    let span = first.map_or((0, 0).into(), |d| clamp(text, d.span));
+    if looks_like_kdl1(text, span) {
+        return Problem::at(
+            path,
+            text,
+            span,
+            "this file looks like KDL 1, but unit files are KDL 2",
+            "KDL 1 syntax",
+        )
+        .with_help(
+            "in KDL 2, booleans are #true/#false, null is #null and raw strings are #\"…\"#",
+        );
+    }
+    let message = first
+        .and_then(|d| d.message.clone())
+        .unwrap_or_else(|| "invalid KDL".into());
+    Problem::at(
+        path,
+        text,
+        span,
+        format!("invalid KDL: {}", lowercase_first(&message)),
+        first
+            .and_then(|d| d.label.clone())
+            .unwrap_or_else(|| "here".into()),
+    )
+    .with_help_opt(first.and_then(|d| d.help.clone()))
+}
+
+/// Whether a KDL 2 syntax error at `span` is KDL 1 syntax: a bare `true`,
+/// `false` or `null`, an `r"…"` raw string, or a `/- kdl-version 1` marker.
+fn looks_like_kdl1(text: &str, span: miette::SourceSpan) -> bool {
+    let first_line = text.lines().next().unwrap_or_default();
+    if first_line.contains("kdl-version 1") {
+        return true;
+    }
+    let at = &text[span.offset()..];
+    let token: String = at
+        .chars()
+        .take_while(|c| !c.is_whitespace() && !matches!(c, ';' | '}' | '{'))
+        .collect();
+    matches!(token.as_str(), "true" | "false" | "null")
+        || token.starts_with("r\"")
+        || token.starts_with("r#")
+}
+
+/// Keeps a span inside the text and on character boundaries.
+fn clamp(text: &str, span: miette::SourceSpan) -> miette::SourceSpan {
+    let mut start = span.offset().min(text.len());
+    while !text.is_char_boundary(start) {
+        start -= 1;
+    }
+    let mut end = (start + span.len()).min(text.len());
+    while !text.is_char_boundary(end) {
+        end += 1;
+    }
+    (start, end - start).into()
+}
+
+fn lowercase_first(s: &str) -> String {
+    let mut chars = s.chars();
+    match chars.next() {
+        Some(c) => c.to_lowercase().chain(chars).collect(),
+        None => String::new(),
+    }
+}
+
+fn problem_from_issue(sources: &[Source], issue: Issue) -> Problem {
+    let source = &sources[issue.loc.file];
+    let mut problem = Problem::at(
+        &source.path,
+        &source.text,
+        clamp(&source.text, issue.loc.span),
+        issue.message,
+        issue.label,
+    )
+    .with_help_opt(issue.help);
+    if let Some((span, label)) = issue.related {
+        problem = problem.with_related(clamp(&source.text, span), label);
+    }
+    problem
+}
+
+fn spec_problem(
+    sources: &[Source],
+    locs: &HashMap<Field, Loc>,
+    e: super::spec::SpecError,
+) -> (Loc, Problem) {
+    let related = e.related.as_ref().and_then(|f| locs.get(f).copied());
+    let loc = locs
+        .get(&e.field)
+        .copied()
+        .or(related)
+        .or_else(|| locs.get(&Field::Unit).copied())
+        .unwrap_or(Loc {
+            file: 0,
+            span: (0, 0).into(),
+        });
+    let source = &sources[loc.file];
+    let label = if e.field == Field::Unit {
+        "in this unit".to_owned()
+    } else {
+        "here".to_owned()
+    };
+    let mut problem = Problem::at(
+        &source.path,
+        &source.text,
+        clamp(&source.text, loc.span),
+        e.message,
+        label,
+    )
+    .with_help_opt(e.help);
+    if let (Some(rel), Some(field)) = (related, &e.related)
+        && rel != loc
+    {
+        let rel_source = &sources[rel.file];
+        if rel.file == loc.file {
+            problem = problem.with_related(
+                clamp(&rel_source.text, rel.span),
+                format!("`{}` set here", field.key()),
+            );
+        }
+    }
+    (loc, problem)
+}

@@ -1,0 +1,23 @@
+//! Unit files: KDL 2 text on disk → validated [`UnitSpec`]s.
+//!
+//! Architecture invariant: this module is pure. It reads files but never
+//! imports tokio or zbus, spawns nothing and keeps no state. The daemon, the
+//! supervisor and `mcpctl verify` all load units through [`load`], so they
+//! agree on what a unit means and on every error message.
+//!
+//! Reading order: [`search`] finds files, [`load`] reads them, [`syntax`]
+//! turns each KDL document into a located layer, [`spec`] judges the merged
+//! draft, [`diag`] renders what went wrong.
+
+pub mod diag;
+pub mod load;
+pub mod name;
+pub mod search;
+pub mod spec;
+mod syntax;
+
+pub use diag::{LoadError, Problem, Style};
+pub use load::{UnitFiles, load};
+pub use name::UnitName;
+pub use search::{Found, Instance, discover, search_path};
+pub use spec::{HttpSpec, ReconnectPolicy, Secret, StdioSpec, Transport, UnitDraft, UnitSpec};

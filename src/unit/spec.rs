@@ -1,0 +1,788 @@
+//! The validated unit specification: what a unit file means, with no spans.
+//!
+//! [`UnitSpec::new`] is the only way to build a [`UnitSpec`], and it judges
+//! every bound and cross-field rule of DESIGN §2 itself, whether the draft came
+//! from a file or from code. So a `UnitSpec` that exists is valid: the
+//! supervisor never re-checks it. Errors name the [`Field`] they concern; the
+//! syntax layer maps fields back to file locations.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+/// Default `reconnect.initial-delay`.
+pub const DEFAULT_INITIAL_DELAY: Duration = Duration::from_millis(500);
+/// Default `reconnect.max-delay` (also the stability window).
+pub const DEFAULT_MAX_DELAY: Duration = Duration::from_secs(30);
+/// Default `reconnect.max-attempts`: retries per outage.
+pub const DEFAULT_MAX_ATTEMPTS: u32 = 10;
+/// Default `startup-timeout`.
+pub const DEFAULT_STARTUP_TIMEOUT: Duration = Duration::from_secs(30);
+/// Default `stop-timeout`.
+pub const DEFAULT_STOP_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Shortest duration any key accepts.
+pub const MIN_DURATION: Duration = Duration::from_millis(1);
+/// Longest duration any key accepts.
+pub const MAX_DURATION: Duration = Duration::from_secs(24 * 60 * 60);
+/// Longest `description`, in characters.
+pub const MAX_DESCRIPTION_CHARS: usize = 1024;
+
+/// HTTP headers the MCP transport sets itself; a unit may not override them.
+pub const TRANSPORT_HEADERS: &[&str] = &[
+    "accept",
+    "content-type",
+    "content-length",
+    "host",
+    "mcp-session-id",
+    "mcp-protocol-version",
+    "last-event-id",
+];
+
+/// A validated unit: one MCP server and how to supervise it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UnitSpec {
+    description: Option<String>,
+    transport: Transport,
+    reconnect: ReconnectPolicy,
+    startup_timeout: Duration,
+    stop_timeout: Duration,
+}
+
+/// How to reach the server.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Transport {
+    Stdio(StdioSpec),
+    Http(HttpSpec),
+}
+
+/// A child process speaking MCP over its stdin/stdout.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StdioSpec {
+    program: String,
+    args: Vec<String>,
+    working_directory: Option<PathBuf>,
+    env: BTreeMap<String, String>,
+    env_files: Vec<PathBuf>,
+    pass_env: Vec<String>,
+    user: Option<String>,
+}
+
+/// A Streamable HTTP endpoint.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HttpSpec {
+    url: url::Url,
+    headers: Vec<(String, Secret)>,
+}
+
+/// A value that is never shown: `Debug` and `Display` print `<redacted>`.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Secret(String);
+
+/// The bounded exponential backoff of DESIGN §3.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ReconnectPolicy {
+    enabled: bool,
+    initial_delay: Duration,
+    max_delay: Duration,
+    max_attempts: u32,
+}
+
+/// A key of the unit vocabulary, used to point errors at their origin.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Field {
+    /// The unit as a whole (e.g. no transport at all).
+    Unit,
+    Description,
+    Stdio,
+    Command,
+    WorkingDirectory,
+    Env(String),
+    EnvFile(usize),
+    PassEnv(usize),
+    User,
+    Http,
+    Header(usize),
+    ReconnectEnabled,
+    InitialDelay,
+    MaxDelay,
+    MaxAttempts,
+    StartupTimeout,
+    StopTimeout,
+}
+
+impl Field {
+    /// The key as written in a unit file, e.g. `reconnect.max-delay`.
+    pub fn key(&self) -> String {
+        match self {
+            Field::Unit => "unit".into(),
+            Field::Description => "description".into(),
+            Field::Stdio => "stdio".into(),
+            Field::Command => "stdio.command".into(),
+            Field::WorkingDirectory => "stdio.working-directory".into(),
+            Field::Env(name) => format!("stdio.env {name}"),
+            Field::EnvFile(_) => "stdio.env-file".into(),
+            Field::PassEnv(_) => "stdio.pass-env".into(),
+            Field::User => "stdio.user".into(),
+            Field::Http => "http".into(),
+            Field::Header(_) => "http.header".into(),
+            Field::ReconnectEnabled => "reconnect.enabled".into(),
+            Field::InitialDelay => "reconnect.initial-delay".into(),
+            Field::MaxDelay => "reconnect.max-delay".into(),
+            Field::MaxAttempts => "reconnect.max-attempts".into(),
+            Field::StartupTimeout => "startup-timeout".into(),
+            Field::StopTimeout => "stop-timeout".into(),
+        }
+    }
+}
+
+/// One broken rule of a draft.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SpecError {
+    /// The key at fault.
+    pub field: Field,
+    /// What is wrong, lowercase, naming the key.
+    pub message: String,
+    /// A second key involved in a cross-field rule.
+    pub related: Option<Field>,
+    /// How to fix it.
+    pub help: Option<String>,
+}
+
+impl fmt::Display for SpecError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+impl std::error::Error for SpecError {}
+
+/// An unchecked unit, as read from a file or built by code. Every field left
+/// `None` takes its documented default.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct UnitDraft {
+    pub description: Option<String>,
+    pub stdio: Option<StdioDraft>,
+    pub http: Option<HttpDraft>,
+    pub reconnect: ReconnectDraft,
+    pub startup_timeout: Option<Duration>,
+    pub stop_timeout: Option<Duration>,
+}
+
+/// An unchecked `stdio` block.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct StdioDraft {
+    /// Program then arguments.
+    pub command: Vec<String>,
+    pub working_directory: Option<PathBuf>,
+    pub env: BTreeMap<String, String>,
+    pub env_files: Vec<PathBuf>,
+    pub pass_env: Vec<String>,
+    pub user: Option<String>,
+}
+
+/// An unchecked `http` block.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct HttpDraft {
+    pub url: String,
+    pub headers: Vec<(String, String)>,
+}
+
+/// An unchecked `reconnect` block.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ReconnectDraft {
+    pub enabled: Option<bool>,
+    pub initial_delay: Option<Duration>,
+    pub max_delay: Option<Duration>,
+    pub max_attempts: Option<i128>,
+}
+
+/// Collects the errors of one validation.
+#[derive(Default)]
+struct Judge {
+    errors: Vec<SpecError>,
+}
+
+impl Judge {
+    fn fail(&mut self, field: Field, message: impl Into<String>) -> &mut SpecError {
+        self.errors.push(SpecError {
+            field,
+            message: message.into(),
+            related: None,
+            help: None,
+        });
+        let last = self.errors.len() - 1;
+        &mut self.errors[last]
+    }
+
+    fn duration(&mut self, field: Field, value: Option<Duration>, default: Duration) -> Duration {
+        let Some(d) = value else { return default };
+        if d < MIN_DURATION {
+            self.fail(
+                field.clone(),
+                format!("`{}` must be at least 1ms", field.key()),
+            )
+            .help = Some("write a positive duration such as \"500ms\" or \"1m30s\"".into());
+        } else if d > MAX_DURATION {
+            self.fail(
+                field.clone(),
+                format!("`{}` must be at most 24h", field.key()),
+            );
+        }
+        d
+    }
+
+    fn no_nul(&mut self, field: Field, value: &str) {
+        if value.contains('\0') {
+            self.fail(
+                field.clone(),
+                format!("`{}` contains a NUL byte", field.key()),
+            );
+        }
+    }
+
+    fn absolute_path(&mut self, field: Field, path: &Path) {
+        let shown = path.display();
+        if path.as_os_str().is_empty() {
+            self.fail(field.clone(), format!("`{}` is empty", field.key()));
+        } else if !path.is_absolute() {
+            self.fail(
+                field.clone(),
+                format!(
+                    "`{}` must be an absolute path, got \"{shown}\"",
+                    field.key()
+                ),
+            );
+        } else {
+            self.no_nul(field, &path.to_string_lossy());
+        }
+    }
+
+    fn env_name(&mut self, field: Field, name: &str) {
+        if !is_env_name(name) {
+            self.fail(
+                field.clone(),
+                format!(
+                    "`{}`: \"{name}\" is not a valid environment variable name",
+                    field.key()
+                ),
+            )
+            .help = Some("names are letters, digits and `_`, not starting with a digit".into());
+        }
+    }
+
+    fn finish<T>(self, value: T) -> Result<T, Vec<SpecError>> {
+        if self.errors.is_empty() {
+            Ok(value)
+        } else {
+            Err(self.errors)
+        }
+    }
+}
+
+/// `[A-Za-z_][A-Za-z0-9_]*`
+pub fn is_env_name(name: &str) -> bool {
+    let mut chars = name.chars();
+    matches!(chars.next(), Some(c) if c.is_ascii_alphabetic() || c == '_')
+        && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
+}
+
+/// A user name (`[A-Za-z0-9._][A-Za-z0-9._-]*`, at most 32 chars) or a numeric uid.
+fn is_user_name(name: &str) -> bool {
+    let mut chars = name.chars();
+    name.len() <= 32
+        && matches!(chars.next(), Some(c) if c.is_ascii_alphanumeric() || c == '_' || c == '.')
+        && chars.all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.'))
+}
+
+/// An RFC 9110 token.
+fn is_header_name(name: &str) -> bool {
+    !name.is_empty()
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || "!#$%&'*+-.^_`|~".contains(c))
+}
+
+impl UnitSpec {
+    /// Validates a draft. All broken rules are returned at once.
+    pub fn new(draft: UnitDraft) -> Result<Self, Vec<SpecError>> {
+        let mut judge = Judge::default();
+
+        if let Some(description) = &draft.description {
+            if description.chars().any(char::is_control) {
+                judge.fail(
+                    Field::Description,
+                    "`description` must be one line without control characters",
+                );
+            } else if description.chars().count() > MAX_DESCRIPTION_CHARS {
+                judge.fail(
+                    Field::Description,
+                    format!("`description` is longer than {MAX_DESCRIPTION_CHARS} characters"),
+                );
+            }
+        }
+
+        let transport = match (draft.stdio, draft.http) {
+            (Some(stdio), None) => Some(Transport::Stdio(StdioSpec::judge(&mut judge, stdio))),
+            (None, Some(http)) => HttpSpec::judge(&mut judge, http).map(Transport::Http),
+            (Some(_), Some(_)) => {
+                let e = judge.fail(
+                    Field::Http,
+                    "a unit has exactly one transport, but both `stdio` and `http` are given",
+                );
+                e.related = Some(Field::Stdio);
+                e.help =
+                    Some("keep either the `stdio { … }` block or the `http \"URL\"` node".into());
+                None
+            }
+            (None, None) => {
+                judge
+                    .fail(
+                        Field::Unit,
+                        "no transport: expected a `stdio` or an `http` node",
+                    )
+                    .help = Some(
+                    "add `stdio { command \"/path/to/server\" }` or `http \"https://host/mcp\"`"
+                        .into(),
+                );
+                None
+            }
+        };
+
+        let reconnect = ReconnectPolicy::judge(&mut judge, draft.reconnect);
+        let startup_timeout = judge.duration(
+            Field::StartupTimeout,
+            draft.startup_timeout,
+            DEFAULT_STARTUP_TIMEOUT,
+        );
+        let stop_timeout =
+            judge.duration(Field::StopTimeout, draft.stop_timeout, DEFAULT_STOP_TIMEOUT);
+
+        match transport {
+            Some(transport) => judge.finish(Self {
+                description: draft.description,
+                transport,
+                reconnect,
+                startup_timeout,
+                stop_timeout,
+            }),
+            None => Err(judge.errors),
+        }
+    }
+
+    /// The one-line description, if the unit has one.
+    pub fn description(&self) -> Option<&str> {
+        self.description.as_deref()
+    }
+
+    pub fn transport(&self) -> &Transport {
+        &self.transport
+    }
+
+    pub fn reconnect(&self) -> ReconnectPolicy {
+        self.reconnect
+    }
+
+    /// `initialize` plus a complete `tools/list` must finish within this.
+    pub fn startup_timeout(&self) -> Duration {
+        self.startup_timeout
+    }
+
+    /// SIGTERM to the process group, then SIGKILL after this.
+    pub fn stop_timeout(&self) -> Duration {
+        self.stop_timeout
+    }
+}
+
+impl StdioSpec {
+    fn judge(judge: &mut Judge, draft: StdioDraft) -> Self {
+        let mut command = draft.command.into_iter();
+        let program = command.next().unwrap_or_default();
+        let args: Vec<String> = command.collect();
+        if program.is_empty() {
+            judge
+                .fail(
+                    Field::Command,
+                    "`stdio.command` needs at least the program to run",
+                )
+                .help = Some("write `command \"/usr/bin/server\" \"--flag\"`".into());
+        } else if program.contains('/') && !program.starts_with('/') {
+            judge.fail(
+                Field::Command,
+                format!(
+                    "`stdio.command`: program \"{program}\" must be an absolute path or a bare name looked up in PATH"
+                ),
+            );
+        }
+        judge.no_nul(Field::Command, &program);
+        for arg in &args {
+            judge.no_nul(Field::Command, arg);
+        }
+        if let Some(dir) = &draft.working_directory {
+            judge.absolute_path(Field::WorkingDirectory, dir);
+        }
+        for (name, value) in &draft.env {
+            judge.env_name(Field::Env(name.clone()), name);
+            judge.no_nul(Field::Env(name.clone()), value);
+        }
+        for (i, path) in draft.env_files.iter().enumerate() {
+            judge.absolute_path(Field::EnvFile(i), path);
+        }
+        for (i, name) in draft.pass_env.iter().enumerate() {
+            judge.env_name(Field::PassEnv(i), name);
+        }
+        if let Some(user) = &draft.user
+            && !is_user_name(user)
+        {
+            judge.fail(
+                Field::User,
+                format!("`stdio.user`: \"{user}\" is not a valid user name or uid"),
+            );
+        }
+        Self {
+            program,
+            args,
+            working_directory: draft.working_directory,
+            env: draft.env,
+            env_files: draft.env_files,
+            pass_env: draft.pass_env,
+            user: draft.user,
+        }
+    }
+
+    /// The program: an absolute path, or a bare name looked up in PATH.
+    pub fn program(&self) -> &str {
+        &self.program
+    }
+
+    pub fn args(&self) -> &[String] {
+        &self.args
+    }
+
+    pub fn working_directory(&self) -> Option<&Path> {
+        self.working_directory.as_deref()
+    }
+
+    /// Variables set by the unit itself.
+    pub fn env(&self) -> &BTreeMap<String, String> {
+        &self.env
+    }
+
+    /// `KEY=VALUE` files read at every spawn, in order.
+    pub fn env_files(&self) -> &[PathBuf] {
+        &self.env_files
+    }
+
+    /// Variables copied from the daemon's environment.
+    pub fn pass_env(&self) -> &[String] {
+        &self.pass_env
+    }
+
+    pub fn user(&self) -> Option<&str> {
+        self.user.as_deref()
+    }
+}
+
+impl HttpSpec {
+    fn judge(judge: &mut Judge, draft: HttpDraft) -> Option<Self> {
+        let url = match url::Url::parse(&draft.url) {
+            Err(_) if draft.url.is_empty() => {
+                judge.fail(Field::Http, "`http` needs a URL").help =
+                    Some("write `http \"https://host/mcp\"`".into());
+                None
+            }
+            Ok(url) if matches!(url.scheme(), "http" | "https") && url.has_host() => Some(url),
+            Ok(url) => {
+                judge.fail(
+                    Field::Http,
+                    format!(
+                        "`http`: \"{}\" is not an http:// or https:// URL with a host",
+                        url.as_str()
+                    ),
+                );
+                None
+            }
+            Err(e) => {
+                judge.fail(
+                    Field::Http,
+                    format!("`http`: \"{}\" is not a URL: {e}", draft.url),
+                );
+                None
+            }
+        };
+        let mut headers = Vec::with_capacity(draft.headers.len());
+        for (i, (name, value)) in draft.headers.into_iter().enumerate() {
+            if !is_header_name(&name) {
+                judge.fail(
+                    Field::Header(i),
+                    format!("`http.header`: \"{name}\" is not a valid header name"),
+                );
+            } else if TRANSPORT_HEADERS.contains(&name.to_ascii_lowercase().as_str()) {
+                judge.fail(
+                    Field::Header(i),
+                    format!("`http.header`: \"{name}\" is set by the MCP transport and cannot be overridden"),
+                );
+            }
+            if value.chars().any(|c| c.is_control() && c != '\t') {
+                // The value is a secret: say what is wrong without showing it.
+                judge.fail(
+                    Field::Header(i),
+                    format!("`http.header`: the value of \"{name}\" contains a control character"),
+                );
+            }
+            headers.push((name, Secret(value)));
+        }
+        Some(Self { url: url?, headers })
+    }
+
+    pub fn url(&self) -> &url::Url {
+        &self.url
+    }
+
+    /// Extra request headers; values are secrets.
+    pub fn headers(&self) -> &[(String, Secret)] {
+        &self.headers
+    }
+}
+
+impl ReconnectPolicy {
+    /// Builds a policy, judging every bound (see [`UnitSpec::new`]).
+    pub fn new(draft: ReconnectDraft) -> Result<Self, Vec<SpecError>> {
+        let mut judge = Judge::default();
+        let policy = Self::judge(&mut judge, draft);
+        judge.finish(policy)
+    }
+
+    fn judge(judge: &mut Judge, draft: ReconnectDraft) -> Self {
+        let initial_delay = judge.duration(
+            Field::InitialDelay,
+            draft.initial_delay,
+            DEFAULT_INITIAL_DELAY,
+        );
+        let max_delay = judge.duration(Field::MaxDelay, draft.max_delay, DEFAULT_MAX_DELAY);
+        if initial_delay > max_delay {
+            let e = judge.fail(
+                Field::InitialDelay,
+                format!(
+                    "`reconnect.initial-delay` ({}) is longer than `reconnect.max-delay` ({})",
+                    humantime::format_duration(initial_delay),
+                    humantime::format_duration(max_delay),
+                ),
+            );
+            e.related = Some(Field::MaxDelay);
+            e.help = Some(
+                "the first retry waits initial-delay, later ones double up to max-delay".into(),
+            );
+        }
+        let max_attempts = match draft.max_attempts {
+            None => DEFAULT_MAX_ATTEMPTS,
+            Some(n) => match u32::try_from(n) {
+                Ok(n) if n >= 1 => n,
+                _ => {
+                    judge
+                        .fail(
+                            Field::MaxAttempts,
+                            format!(
+                                "`reconnect.max-attempts` must be between 1 and {}, got {n}",
+                                u32::MAX
+                            ),
+                        )
+                        .help = Some("to never retry, write `enabled #false` instead".into());
+                    DEFAULT_MAX_ATTEMPTS
+                }
+            },
+        };
+        Self {
+            enabled: draft.enabled.unwrap_or(true),
+            initial_delay,
+            max_delay,
+            max_attempts,
+        }
+    }
+
+    /// Whether a failed or lost server is retried at all.
+    pub fn enabled(&self) -> bool {
+        self.enabled
+    }
+
+    pub fn initial_delay(&self) -> Duration {
+        self.initial_delay
+    }
+
+    /// The longest wait, and the stability window that ends an outage.
+    pub fn max_delay(&self) -> Duration {
+        self.max_delay
+    }
+
+    /// Retries per outage (the first start is not a retry).
+    pub fn max_attempts(&self) -> u32 {
+        self.max_attempts
+    }
+
+    /// The wait before retry `k` (1-based): `min(initial·2^(k−1), max)`.
+    pub fn delay(&self, retry: u32) -> Duration {
+        let exponent = retry.saturating_sub(1).min(63);
+        let factor = 1u64 << exponent;
+        self.initial_delay
+            .checked_mul(u32::try_from(factor).unwrap_or(u32::MAX))
+            .map_or(self.max_delay, |d| d.min(self.max_delay))
+    }
+}
+
+impl Default for ReconnectPolicy {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            initial_delay: DEFAULT_INITIAL_DELAY,
+            max_delay: DEFAULT_MAX_DELAY,
+            max_attempts: DEFAULT_MAX_ATTEMPTS,
+        }
+    }
+}
+
+impl Secret {
+    /// The secret itself, for the transport only.
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Debug for Secret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("<redacted>")
+    }
+}
+
+impl fmt::Display for Secret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("<redacted>")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn stdio() -> StdioDraft {
+        StdioDraft {
+            command: vec!["/bin/true".into()],
+            ..StdioDraft::default()
+        }
+    }
+
+    fn draft() -> UnitDraft {
+        UnitDraft {
+            stdio: Some(stdio()),
+            ..UnitDraft::default()
+        }
+    }
+
+    fn fields(result: Result<UnitSpec, Vec<SpecError>>) -> Vec<Field> {
+        result
+            .err()
+            .unwrap_or_default()
+            .into_iter()
+            .map(|e| e.field)
+            .collect()
+    }
+
+    #[test]
+    fn defaults_are_the_documented_ones() {
+        let spec = UnitSpec::new(draft()).expect("valid");
+        let r = spec.reconnect();
+        assert!(r.enabled());
+        assert_eq!(r.initial_delay(), Duration::from_millis(500));
+        assert_eq!(r.max_delay(), Duration::from_secs(30));
+        assert_eq!(r.max_attempts(), 10);
+        assert_eq!(spec.startup_timeout(), Duration::from_secs(30));
+        assert_eq!(spec.stop_timeout(), Duration::from_secs(5));
+    }
+
+    #[test]
+    fn default_schedule_adds_up_to_151_5_seconds() {
+        let r = ReconnectPolicy::default();
+        let waits: Vec<f64> = (1..=10).map(|k| r.delay(k).as_secs_f64()).collect();
+        assert_eq!(
+            waits,
+            [0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 30.0, 30.0, 30.0, 30.0]
+        );
+        assert_eq!(waits.iter().sum::<f64>(), 151.5);
+        assert_eq!(r.delay(u32::MAX), Duration::from_secs(30));
+    }
+
+    #[test]
+    fn code_cannot_build_an_invalid_policy() {
+        let bad = ReconnectDraft {
+            initial_delay: Some(Duration::from_secs(60)),
+            max_delay: Some(Duration::from_secs(1)),
+            max_attempts: Some(0),
+            enabled: None,
+        };
+        let errors = ReconnectPolicy::new(bad).expect_err("invalid");
+        let fields: Vec<_> = errors.iter().map(|e| e.field.clone()).collect();
+        assert_eq!(fields, [Field::InitialDelay, Field::MaxAttempts]);
+        assert_eq!(errors[0].related, Some(Field::MaxDelay));
+        let zero = ReconnectDraft {
+            initial_delay: Some(Duration::ZERO),
+            ..ReconnectDraft::default()
+        };
+        assert!(ReconnectPolicy::new(zero).is_err());
+    }
+
+    #[test]
+    fn code_cannot_build_an_invalid_unit() {
+        assert_eq!(fields(UnitSpec::new(UnitDraft::default())), [Field::Unit]);
+        let both = UnitDraft {
+            http: Some(HttpDraft {
+                url: "http://127.0.0.1:1/mcp".into(),
+                headers: vec![],
+            }),
+            ..draft()
+        };
+        assert_eq!(fields(UnitSpec::new(both)), [Field::Http]);
+        let relative = UnitDraft {
+            stdio: Some(StdioDraft {
+                command: vec!["bin/server".into()],
+                working_directory: Some("relative".into()),
+                env: [("1BAD".to_string(), "x".to_string())].into(),
+                ..StdioDraft::default()
+            }),
+            stop_timeout: Some(Duration::from_secs(100_000)),
+            ..UnitDraft::default()
+        };
+        assert_eq!(
+            fields(UnitSpec::new(relative)),
+            [
+                Field::Command,
+                Field::WorkingDirectory,
+                Field::Env("1BAD".into()),
+                Field::StopTimeout
+            ]
+        );
+    }
+
+    #[test]
+    fn header_values_are_never_shown() {
+        let spec = UnitSpec::new(UnitDraft {
+            http: Some(HttpDraft {
+                url: "https://mcp.example.com/mcp".into(),
+                headers: vec![("Authorization".into(), "Bearer hunter2".into())],
+            }),
+            ..UnitDraft::default()
+        })
+        .expect("valid");
+        let shown = format!("{spec:?}");
+        assert!(!shown.contains("hunter2"), "{shown}");
+        assert!(shown.contains("<redacted>"));
+        let bad = UnitSpec::new(UnitDraft {
+            http: Some(HttpDraft {
+                url: "https://mcp.example.com/mcp".into(),
+                headers: vec![("X-Token".into(), "hunter2\n".into())],
+            }),
+            ..UnitDraft::default()
+        })
+        .expect_err("control character");
+        assert!(!bad[0].message.contains("hunter2"));
+    }
+}
