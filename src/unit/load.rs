@@ -5,7 +5,7 @@
 //! layers in order and lets [`UnitSpec::new`] judge the result. Never panics,
 //! whatever the bytes.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -60,6 +60,14 @@ struct Source {
 
 /// Loads and validates a unit. All problems of all its files come back at once.
 pub fn load(files: &UnitFiles) -> Result<UnitSpec, LoadError> {
+    load_with(files, |path| std::fs::read(path))
+}
+
+/// [`load`] with the file reads supplied by `read` (tests feed bytes from memory).
+pub fn load_with(
+    files: &UnitFiles,
+    read: impl Fn(&Path) -> std::io::Result<Vec<u8>>,
+) -> Result<UnitSpec, LoadError> {
     let mut problems = Vec::new();
     if let Err(e) = UnitName::new(&files.stem()) {
         problems.push(
@@ -75,7 +83,7 @@ pub fn load(files: &UnitFiles) -> Result<UnitSpec, LoadError> {
     let all = std::iter::once(&files.main).chain(&files.dropins);
     for (index, path) in all.enumerate() {
         let is_main = index == 0;
-        match read_document(path, is_main) {
+        match read_document(path, read(path), is_main) {
             Ok((text, doc)) => {
                 layers.push(syntax::read(&doc, index, &mut issues));
                 sources.push(Source {
@@ -117,7 +125,7 @@ pub fn load(files: &UnitFiles) -> Result<UnitSpec, LoadError> {
             Ok(_) => {}
             Err(errors) => {
                 for e in errors {
-                    if poisoned.contains(&e.field) || poisoned_transport(&e.field, &poisoned) {
+                    if poisoned.contains(&e.field) {
                         continue;
                     }
                     located.push(spec_problem(&sources, &locs, e));
@@ -131,15 +139,14 @@ pub fn load(files: &UnitFiles) -> Result<UnitSpec, LoadError> {
     Err(LoadError::new(files.main.clone(), problems))
 }
 
-/// "needs a URL" after a rejected URL only repeats the problem.
-fn poisoned_transport(field: &Field, poisoned: &HashSet<Field>) -> bool {
-    matches!(field, Field::Stdio) && poisoned.contains(&Field::Command)
-}
-
 /// Reads a file as a KDL 2 document, or says precisely why it is not one.
-fn read_document(path: &Path, is_main: bool) -> Result<(Arc<str>, KdlDocument), Box<Problem>> {
-    let bytes = std::fs::read(path)
-        .map_err(|e| Box::new(Problem::file(path, format!("cannot read unit file: {e}"))))?;
+fn read_document(
+    path: &Path,
+    bytes: std::io::Result<Vec<u8>>,
+    is_main: bool,
+) -> Result<(Arc<str>, KdlDocument), Box<Problem>> {
+    let bytes =
+        bytes.map_err(|e| Box::new(Problem::file(path, format!("cannot read unit file: {e}"))))?;
     let text: Arc<str> = match String::from_utf8(bytes) {
         Ok(text) => Arc::from(text),
         Err(e) => {

@@ -16,8 +16,26 @@ pub mod search;
 pub mod spec;
 mod syntax;
 
+/// Every key of the unit vocabulary, as `block.key` (top-level keys bare).
+pub fn vocabulary() -> Vec<String> {
+    let nested = [
+        ("stdio", syntax::STDIO_KEYS),
+        ("http", syntax::HTTP_KEYS),
+        ("reconnect", syntax::RECONNECT_KEYS),
+    ];
+    syntax::TOP_KEYS
+        .iter()
+        .map(|k| (*k).to_owned())
+        .chain(
+            nested
+                .iter()
+                .flat_map(|(block, keys)| keys.iter().map(move |k| format!("{block}.{k}"))),
+        )
+        .collect()
+}
+
 pub use diag::{LoadError, Problem, Style};
-pub use load::{UnitFiles, load};
+pub use load::{UnitFiles, load, load_with};
 pub use name::UnitName;
 pub use search::{Found, Instance, discover, search_path};
 pub use spec::{HttpSpec, ReconnectPolicy, Secret, StdioSpec, Transport, UnitDraft, UnitSpec};

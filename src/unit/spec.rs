@@ -103,6 +103,7 @@ pub enum Field {
     PassEnv(usize),
     User,
     Http,
+    Url,
     Header(usize),
     ReconnectEnabled,
     InitialDelay,
@@ -125,7 +126,7 @@ impl Field {
             Field::EnvFile(_) => "stdio.env-file".into(),
             Field::PassEnv(_) => "stdio.pass-env".into(),
             Field::User => "stdio.user".into(),
-            Field::Http => "http".into(),
+            Field::Http | Field::Url => "http".into(),
             Field::Header(_) => "http.header".into(),
             Field::ReconnectEnabled => "reconnect.enabled".into(),
             Field::InitialDelay => "reconnect.initial-delay".into(),
@@ -488,14 +489,22 @@ impl HttpSpec {
     fn judge(judge: &mut Judge, draft: HttpDraft) -> Option<Self> {
         let url = match url::Url::parse(&draft.url) {
             Err(_) if draft.url.is_empty() => {
-                judge.fail(Field::Http, "`http` needs a URL").help =
+                judge.fail(Field::Url, "`http` needs a URL").help =
                     Some("write `http \"https://host/mcp\"`".into());
+                None
+            }
+            Ok(url) if !url.username().is_empty() || url.password().is_some() => {
+                // Never echo the URL: it holds a credential.
+                judge.fail(Field::Url, "`http`: the URL contains credentials").help = Some(
+                    "credentials in a URL would be shown by status and logs; use `header \"Authorization\" \"…\"`"
+                        .into(),
+                );
                 None
             }
             Ok(url) if matches!(url.scheme(), "http" | "https") && url.has_host() => Some(url),
             Ok(url) => {
                 judge.fail(
-                    Field::Http,
+                    Field::Url,
                     format!(
                         "`http`: \"{}\" is not an http:// or https:// URL with a host",
                         url.as_str()
@@ -505,7 +514,7 @@ impl HttpSpec {
             }
             Err(e) => {
                 judge.fail(
-                    Field::Http,
+                    Field::Url,
                     format!("`http`: \"{}\" is not a URL: {e}", draft.url),
                 );
                 None

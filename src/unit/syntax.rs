@@ -81,7 +81,7 @@ struct ReconnectLayer {
     max_attempts: Option<At<i128>>,
 }
 
-const TOP_KEYS: &[&str] = &[
+pub const TOP_KEYS: &[&str] = &[
     "description",
     "stdio",
     "http",
@@ -89,7 +89,7 @@ const TOP_KEYS: &[&str] = &[
     "startup-timeout",
     "stop-timeout",
 ];
-const STDIO_KEYS: &[&str] = &[
+pub const STDIO_KEYS: &[&str] = &[
     "command",
     "working-directory",
     "env",
@@ -97,8 +97,8 @@ const STDIO_KEYS: &[&str] = &[
     "pass-env",
     "user",
 ];
-const HTTP_KEYS: &[&str] = &["header"];
-const RECONNECT_KEYS: &[&str] = &["enabled", "initial-delay", "max-delay", "max-attempts"];
+pub const HTTP_KEYS: &[&str] = &["header"];
+pub const RECONNECT_KEYS: &[&str] = &["enabled", "initial-delay", "max-delay", "max-attempts"];
 const DURATION_HELP: &str = "write a duration such as \"500ms\", \"30s\" or \"1m30s\"";
 
 /// The closest known key to `unknown`, if any is close enough to be a typo.
@@ -205,6 +205,10 @@ impl Reader<'_> {
         .iter()
         .find(|(_, keys)| keys.contains(&name))
         {
+            if matches!(*home, "stdio" | "http") {
+                // "no transport" would only repeat this misplacement.
+                self.poisoned.insert(Field::Unit);
+            }
             Some(format!("`{name}` belongs in {}", home_block(home)))
         } else {
             Some(format!(
@@ -308,7 +312,7 @@ impl Reader<'_> {
                     node.name().span(),
                     format!("`{key}` needs a value"),
                     "no value",
-                    Some(format!("write `{key} {example}`")),
+                    Some(format!("write `{} {example}`", leaf(key))),
                 );
                 None
             }
@@ -481,7 +485,7 @@ impl Reader<'_> {
                 node.name().span(),
                 format!("`{key}` needs at least one value"),
                 "no value",
-                Some(format!("write `{key} {example}`")),
+                Some(format!("write `{} {example}`", leaf(key))),
             );
             return None;
         }
@@ -529,7 +533,8 @@ impl Reader<'_> {
         match node.children() {
             Some(doc) => doc.nodes(),
             None => {
-                if needs {
+                // `reconnect #false` already got "takes no arguments".
+                if needs && node.entries().is_empty() {
                     self.issue(
                         node.name().span(),
                         format!("`{key}` needs a block of settings"),
@@ -681,7 +686,7 @@ impl Reader<'_> {
             [one, rest @ ..] => {
                 for e in rest {
                     self.bad(
-                        Field::Http,
+                        Field::Url,
                         e.span(),
                         format!(
                             "`http` takes one URL, found another: {}",
@@ -691,7 +696,7 @@ impl Reader<'_> {
                         None,
                     );
                 }
-                self.string(one, "http", &Field::Http)
+                self.string(one, "http", &Field::Url)
             }
         };
         let mut out = HttpLayer {
@@ -783,6 +788,11 @@ impl Reader<'_> {
         }
         out
     }
+}
+
+/// `reconnect.max-attempts` → `max-attempts`, as written in the file.
+fn leaf(key: &str) -> &str {
+    key.rsplit('.').next().unwrap_or(key)
 }
 
 fn home_block(home: &str) -> String {
@@ -916,8 +926,10 @@ impl Layer {
         });
         let http = self.http.map(|h| {
             locs.insert(Field::Http, h.loc);
+            // A missing URL is reported at the `http` node.
+            locs.insert(Field::Url, h.loc);
             HttpDraft {
-                url: take(&mut locs, Field::Http, h.url).unwrap_or_default(),
+                url: take(&mut locs, Field::Url, h.url).unwrap_or_default(),
                 headers: h
                     .headers
                     .into_iter()

@@ -1,0 +1,10 @@
+//! The integration tests: one binary, a module per area (ripgrep's layout).
+
+mod helper;
+
+mod docs;
+mod fixture;
+mod fuzz;
+mod search;
+mod unit_files;
+mod verify;
