@@ -5,4 +5,5 @@
 
 pub mod ctl;
 pub mod daemon;
+pub mod supervisor;
 pub mod unit;

@@ -5,6 +5,7 @@ mod helper;
 mod docs;
 mod fixture;
 mod fuzz;
+mod machine;
 mod search;
 mod unit_files;
 mod verify;

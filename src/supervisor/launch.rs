@@ -1,0 +1,230 @@
+//! Starting a generation: a child process (stdio) or a session (HTTP), and
+//! the rmcp client connected to it.
+//!
+//! The actor only sees the [`Launcher`] trait, so its tests can launch
+//! in-process fakes; [`SystemLauncher`] is the real one.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+
+use rmcp::model::{ClientCapabilities, ClientConfig, Implementation};
+use rmcp::service::{NotificationContext, RunningService};
+use rmcp::transport::StreamableHttpClientTransport;
+use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
+use rmcp::{ClientHandler, RoleClient, ServiceExt};
+use tokio::io::AsyncBufReadExt;
+use tokio::sync::mpsc;
+
+use crate::unit::{HttpSpec, StdioSpec, Transport, UnitSpec};
+
+use super::actor::Internal;
+use super::logs::LogRing;
+use super::machine::{ExitStatus, Gen, Signal};
+use super::process::{self, Host};
+
+pub type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send + 'static>>;
+
+/// A connected MCP client of one generation.
+pub type Client = RunningService<RoleClient, GenClient>;
+
+/// A started generation.
+pub struct Launched {
+    /// The process (group leader) of a stdio generation.
+    pub pid: Option<u32>,
+    /// Resolves once `initialize` has completed.
+    pub connect: BoxFuture<Result<Client, String>>,
+    /// Resolves once the process is reaped; None when there is no process.
+    pub exit: Option<BoxFuture<ExitStatus>>,
+}
+
+impl std::fmt::Debug for Launched {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Launched")
+            .field("pid", &self.pid)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Starts generations and signals their processes.
+pub trait Launcher: Send + Sync + 'static {
+    /// Starts generation `generation` of `spec`; `client` is the handler its MCP
+    /// client must use. An error means nothing was started.
+    fn launch(
+        &self,
+        spec: &UnitSpec,
+        generation: Gen,
+        client: GenClient,
+    ) -> Result<Launched, String>;
+    /// Signals the process group led by `pid`.
+    fn signal(&self, pid: u32, signal: Signal);
+    /// The process `pid` was reaped: clean up what is left of its group.
+    fn reaped(&self, pid: u32);
+}
+
+/// The rmcp client handler of one generation: forwards
+/// `notifications/tools/list_changed` to the actor, tagged with the generation.
+#[derive(Debug, Clone)]
+pub struct GenClient {
+    generation: Gen,
+    events: mpsc::UnboundedSender<Internal>,
+}
+
+impl GenClient {
+    pub(crate) fn new(generation: Gen, events: mpsc::UnboundedSender<Internal>) -> Self {
+        Self { generation, events }
+    }
+}
+
+impl ClientHandler for GenClient {
+    async fn on_tool_list_changed(&self, _context: NotificationContext<RoleClient>) {
+        let _ = self.events.send(Internal::ListChanged {
+            generation: self.generation,
+        });
+    }
+
+    fn get_info(&self) -> ClientConfig {
+        ClientConfig::new(
+            ClientCapabilities::default(),
+            Implementation::new("mcpd", env!("CARGO_PKG_VERSION")),
+        )
+    }
+}
+
+/// Launches real children and HTTP sessions.
+#[derive(Debug, Clone)]
+pub struct SystemLauncher {
+    name: String,
+    host: Host,
+    logs: LogRing,
+}
+
+impl SystemLauncher {
+    /// A launcher for unit `name`; child stderr lines go to `logs` and the log.
+    pub fn new(name: &str, host: Host, logs: LogRing) -> Self {
+        Self {
+            name: name.to_owned(),
+            host,
+            logs,
+        }
+    }
+
+    fn stdio(
+        &self,
+        spec: &StdioSpec,
+        generation: Gen,
+        client: GenClient,
+    ) -> Result<Launched, String> {
+        let plan = process::plan(spec, &self.host, &|var| std::env::var_os(var))?;
+        let mut child = process::spawn(&plan)
+            .map_err(|e| format!("cannot start {}: {e}", plan.program.display()))?;
+        let pid = child.id();
+        let (Some(stdin), Some(stdout), Some(stderr)) =
+            (child.stdin.take(), child.stdout.take(), child.stderr.take())
+        else {
+            return Err("child has no stdio pipes".into());
+        };
+        let name = self.name.clone();
+        let logs = self.logs.clone();
+        tokio::spawn(async move {
+            let mut reader = tokio::io::BufReader::new(stderr);
+            let mut buf = Vec::new();
+            loop {
+                buf.clear();
+                match reader.read_until(b'\n', &mut buf).await {
+                    Ok(0) | Err(_) => break,
+                    Ok(_) => {
+                        let line = String::from_utf8_lossy(&buf);
+                        let line = line.trim_end_matches(['\n', '\r']);
+                        tracing::info!(target: "mcpd::server", mcpd_server = %name, generation = generation, "{line}");
+                        logs.push(line);
+                    }
+                }
+            }
+        });
+        let connect: BoxFuture<Result<Client, String>> = Box::pin(async move {
+            client
+                .serve((stdout, stdin))
+                .await
+                .map_err(|e| format!("initialize failed: {e}"))
+        });
+        let exit: BoxFuture<ExitStatus> = Box::pin(async move {
+            use std::os::unix::process::ExitStatusExt;
+            match child.wait().await {
+                Ok(status) => match (status.code(), status.signal()) {
+                    (Some(code), _) => ExitStatus::Code(code),
+                    (None, Some(sig)) => ExitStatus::Signal(sig),
+                    (None, None) => ExitStatus::Code(-1),
+                },
+                // Cannot wait: treat as gone rather than blocking forever.
+                Err(_) => ExitStatus::Code(-1),
+            }
+        });
+        Ok(Launched {
+            pid,
+            connect,
+            exit: Some(exit),
+        })
+    }
+
+    fn http(&self, spec: &HttpSpec, client: GenClient) -> Result<Launched, String> {
+        install_crypto_provider();
+        let mut headers = std::collections::HashMap::new();
+        for (name, value) in spec.headers() {
+            let name = http::HeaderName::from_bytes(name.as_bytes())
+                .map_err(|_| format!("header {name}: invalid name"))?;
+            let mut value = http::HeaderValue::from_str(value.expose())
+                .map_err(|_| format!("header {name}: invalid value"))?;
+            value.set_sensitive(true);
+            headers.insert(name, value);
+        }
+        let config = StreamableHttpClientTransportConfig::with_uri(spec.url().as_str())
+            .custom_headers(headers);
+        let transport = StreamableHttpClientTransport::from_config(config);
+        let connect: BoxFuture<Result<Client, String>> = Box::pin(async move {
+            client
+                .serve(transport)
+                .await
+                .map_err(|e| format!("initialize failed: {e}"))
+        });
+        Ok(Launched {
+            pid: None,
+            connect,
+            exit: None,
+        })
+    }
+}
+
+/// rustls needs a process-wide crypto provider; we build with ring only.
+fn install_crypto_provider() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        let _ = rustls::crypto::ring::default_provider().install_default();
+    });
+}
+
+impl Launcher for SystemLauncher {
+    fn launch(
+        &self,
+        spec: &UnitSpec,
+        generation: Gen,
+        client: GenClient,
+    ) -> Result<Launched, String> {
+        match spec.transport() {
+            Transport::Stdio(stdio) => self.stdio(stdio, generation, client),
+            Transport::Http(http) => self.http(http, client),
+        }
+    }
+
+    fn signal(&self, pid: u32, signal: Signal) {
+        process::signal_group(pid, signal);
+    }
+
+    fn reaped(&self, pid: u32) {
+        // Grandchildren left in the group would outlive their server.
+        process::signal_group(pid, Signal::Kill);
+    }
+}
+
+/// A launcher shared between supervisors.
+pub type SharedLauncher = Arc<dyn Launcher>;

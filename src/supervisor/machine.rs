@@ -1,0 +1,752 @@
+//! The pure state machine of one server: `step(event, now) → effects`.
+//!
+//! No I/O, no clock, no tasks: the actor feeds it events (operator commands,
+//! generation events, the passing of its own deadline) with the current
+//! instant, and performs the effects it returns. Everything DESIGN §3 promises
+//! is decided here and table-tested:
+//!
+//! - one process at a time: a generation's successor is only started once
+//!   the generation has no live process ([`Event::Exited`]); SIGTERM, then
+//!   SIGKILL after `stop-timeout`, then fail closed ([`State::Failed`], never
+//!   a second process) if even that leaves it unreaped;
+//! - generations fence: events of any generation but the current are inert;
+//! - backoff `min(initial·2^(k−1), max)` starts once the failed generation is
+//!   reaped; retries are counted per outage; an outage ends only after a
+//!   retry stays established for the stability window (`max-delay`);
+//! - the first failure signal of a generation decides its fate, later ones
+//!   (a connect error racing the child's exit) only complete the cleanup,
+//!   so a generation schedules at most one retry;
+//! - the published tool list survives an outage and is withdrawn only on
+//!   final failure or stop; publishing an equal list changes nothing.
+//!
+//! The machine keeps at most one deadline (startup timeout, stability
+//! window, kill grace or retry time, depending on the phase); the actor
+//! sleeps until [`Machine::deadline`] and then sends [`Event::Deadline`].
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use rmcp::model::Tool;
+
+use crate::unit::{ReconnectPolicy, UnitSpec};
+
+/// A generation number: 1 for the first attempt, never reused.
+pub type Gen = u64;
+
+/// A published tool list.
+pub type ToolList = Arc<Vec<Tool>>;
+
+/// The observable state (DESIGN §3); the words are the contract.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum State {
+    Starting,
+    Running,
+    Retrying,
+    Reconnecting,
+    Failed,
+    Stopping,
+    Stopped,
+}
+
+impl State {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            State::Starting => "starting",
+            State::Running => "running",
+            State::Retrying => "retrying",
+            State::Reconnecting => "reconnecting",
+            State::Failed => "failed",
+            State::Stopping => "stopping",
+            State::Stopped => "stopped",
+        }
+    }
+}
+
+impl fmt::Display for State {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// How a process ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ExitStatus {
+    Code(i32),
+    Signal(i32),
+}
+
+impl fmt::Display for ExitStatus {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ExitStatus::Code(c) => write!(f, "exited with status {c}"),
+            ExitStatus::Signal(s) => match signal_name(*s) {
+                Some(name) => write!(f, "killed by signal {s} ({name})"),
+                None => write!(f, "killed by signal {s}"),
+            },
+        }
+    }
+}
+
+fn signal_name(signal: i32) -> Option<&'static str> {
+    Some(match signal {
+        1 => "SIGHUP",
+        2 => "SIGINT",
+        3 => "SIGQUIT",
+        6 => "SIGABRT",
+        9 => "SIGKILL",
+        11 => "SIGSEGV",
+        13 => "SIGPIPE",
+        15 => "SIGTERM",
+        _ => return None,
+    })
+}
+
+/// Which signal to send a generation's process group.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Signal {
+    Term,
+    Kill,
+}
+
+/// What the machine is told.
+#[derive(Debug, Clone)]
+pub enum Event {
+    /// Operator: start with a fresh budget if stopped or failed.
+    Start,
+    /// Operator: stop; tools are withdrawn once the process is gone.
+    Stop,
+    /// Operator: stop if running, then start with a fresh budget.
+    Restart,
+    /// A new unit spec. `restart` says whether it changes how the server
+    /// runs (a new generation) or only metadata (applied in place).
+    Apply { spec: Box<UnitSpec>, restart: bool },
+    /// The generation's process exists (None: no process, e.g. HTTP).
+    Spawned { generation: Gen, pid: Option<u32> },
+    /// The generation could not even be started (no process exists).
+    SpawnFailed { generation: Gen, error: String },
+    /// `initialize` and a complete `tools/list` finished.
+    Established { generation: Gen, tools: ToolList },
+    /// Connecting failed (initialize or tools/list error); a process may live on.
+    ConnectFailed { generation: Gen, error: String },
+    /// The MCP session ended (stdout closed, HTTP session gone).
+    Closed { generation: Gen, error: String },
+    /// The generation's process was reaped.
+    Exited { generation: Gen, status: ExitStatus },
+    /// A `notifications/tools/list_changed` re-sync finished.
+    ToolsSynced { generation: Gen, tools: ToolList },
+    /// [`Machine::deadline`] has passed.
+    Deadline,
+}
+
+/// What the actor must do.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Effect {
+    /// Start generation `generation`: spawn the process (or open the session) and
+    /// connect; report `Spawned`/`SpawnFailed`, then `Established` or
+    /// `ConnectFailed`, and later `Closed` and `Exited`.
+    Spawn { generation: Gen },
+    /// Signal the generation's process group.
+    Signal { generation: Gen, signal: Signal },
+    /// Close the generation's client and cancel its in-flight work (connect,
+    /// tool sync); wait for them to finish.
+    Disconnect { generation: Gen },
+}
+
+/// What the next generation after a failure will be.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Verdict {
+    /// Retry number `k` of the current outage.
+    Retry(u32),
+    /// No further attempts (budget exhausted or reconnect disabled).
+    GiveUp,
+}
+
+/// What follows once an ending generation's process is gone.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Then {
+    Recover(Verdict),
+    Stop,
+    /// Start afresh (restart, changed unit): a new generation, a fresh budget.
+    Fresh,
+}
+
+/// How far taking a process down has gone.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Sent {
+    /// No signal sent: waiting for a process that is already exiting.
+    Nothing,
+    Term,
+    Kill,
+}
+
+/// The current generation and its process.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Generation {
+    generation: Gen,
+    pid: Option<u32>,
+    /// A process exists that has not been reaped.
+    alive: bool,
+    established: bool,
+    /// Which retry of the outage this is (0: not a retry).
+    retry: u32,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Phase {
+    /// Stopped, or failed with nothing left running.
+    Idle,
+    /// A generation is connecting or established.
+    Active {
+        g: Generation,
+        started: Instant,
+        /// While established during an outage: when the outage ends.
+        stable_at: Option<Instant>,
+    },
+    /// A generation is being taken down.
+    Ending {
+        g: Generation,
+        then: Then,
+        kill: Sent,
+        deadline: Option<Instant>,
+        /// The failure was "the session closed": the exit status, once
+        /// known, says more and replaces it.
+        closed: bool,
+    },
+    /// Waiting to start retry `retry`.
+    Backoff { retry: u32, at: Instant },
+    /// A process survived SIGKILL: failed closed, nothing will be started
+    /// until it is reaped or the operator insists.
+    Stuck { g: Generation },
+}
+
+/// A snapshot of everything observable (the supervisor's read model is
+/// built from it).
+#[derive(Debug, Clone, PartialEq)]
+pub struct View {
+    pub state: State,
+    pub reason: String,
+    /// The newest generation number (0 before the first start).
+    pub generation: Gen,
+    /// Retry number of the current outage (0 when not in an outage).
+    pub attempt: u32,
+    pub max_attempts: u32,
+    /// When the pending retry starts.
+    pub next_retry: Option<Instant>,
+    /// When `state` last changed.
+    pub since: Instant,
+    pub main_pid: Option<u32>,
+    pub last_exit: Option<ExitStatus>,
+    pub last_error: Option<String>,
+    pub tools: ToolList,
+    /// The generation that published `tools`.
+    pub tools_generation: Gen,
+    /// Increases each time the published list changes.
+    pub tools_serial: u64,
+}
+
+/// One server's supervisor state.
+#[derive(Debug, Clone)]
+pub struct Machine {
+    name: String,
+    policy: ReconnectPolicy,
+    startup_timeout: Duration,
+    stop_timeout: Duration,
+    /// Generations of this unit run a process (stdio) that must be reaped.
+    uses_process: bool,
+    last_gen: Gen,
+    phase: Phase,
+    /// Retries started in the current outage; None outside an outage.
+    outage: Option<u32>,
+    state: State,
+    reason: String,
+    since: Instant,
+    last_exit: Option<ExitStatus>,
+    last_error: Option<String>,
+    tools: ToolList,
+    tools_generation: Gen,
+    tools_serial: u64,
+}
+
+impl Machine {
+    /// A stopped machine for unit `name`; send [`Event::Start`] to start it.
+    pub fn new(name: &str, spec: &UnitSpec, now: Instant) -> Self {
+        Self {
+            name: name.to_owned(),
+            policy: spec.reconnect(),
+            startup_timeout: spec.startup_timeout(),
+            stop_timeout: spec.stop_timeout(),
+            uses_process: matches!(spec.transport(), crate::unit::Transport::Stdio(_)),
+            last_gen: 0,
+            phase: Phase::Idle,
+            outage: None,
+            state: State::Stopped,
+            reason: String::new(),
+            since: now,
+            last_exit: None,
+            last_error: None,
+            tools: Arc::new(Vec::new()),
+            tools_generation: 0,
+            tools_serial: 0,
+        }
+    }
+
+    pub fn state(&self) -> State {
+        self.state
+    }
+
+    /// Nothing is running or being taken down: stopped, or failed (possibly
+    /// with an unkillable process left behind, which nothing can help).
+    pub fn is_settled(&self) -> bool {
+        matches!(self.phase, Phase::Idle | Phase::Stuck { .. })
+    }
+
+    /// The current generation, while one is connecting, established or ending.
+    pub fn current(&self) -> Option<Gen> {
+        match &self.phase {
+            Phase::Active { g, .. } | Phase::Ending { g, .. } | Phase::Stuck { g } => {
+                Some(g.generation)
+            }
+            Phase::Idle | Phase::Backoff { .. } => None,
+        }
+    }
+
+    /// The current generation if it is established and not ending: the one
+    /// tool calls and syncs go to.
+    pub fn established(&self) -> Option<Gen> {
+        match &self.phase {
+            Phase::Active { g, .. } if g.established => Some(g.generation),
+            _ => None,
+        }
+    }
+
+    /// When the machine next needs [`Event::Deadline`].
+    pub fn deadline(&self) -> Option<Instant> {
+        match &self.phase {
+            Phase::Active {
+                g,
+                started,
+                stable_at,
+            } => {
+                if g.established {
+                    *stable_at
+                } else {
+                    Some(*started + self.startup_timeout)
+                }
+            }
+            Phase::Ending { deadline, .. } => *deadline,
+            Phase::Backoff { at, .. } => Some(*at),
+            Phase::Idle | Phase::Stuck { .. } => None,
+        }
+    }
+
+    pub fn view(&self) -> View {
+        let (attempt, next_retry, main_pid) = match &self.phase {
+            Phase::Active { g, .. } => (g.retry, None, g.pid.filter(|_| g.alive)),
+            Phase::Ending { g, then, .. } => {
+                let attempt = match then {
+                    Then::Recover(Verdict::Retry(k)) => *k,
+                    _ => g.retry,
+                };
+                (attempt, None, g.pid.filter(|_| g.alive))
+            }
+            Phase::Backoff { retry, at } => (*retry, Some(*at), None),
+            Phase::Stuck { g } => (g.retry, None, g.pid),
+            Phase::Idle => (self.outage.unwrap_or(0), None, None),
+        };
+        View {
+            state: self.state,
+            reason: self.reason.clone(),
+            generation: self.last_gen,
+            attempt,
+            max_attempts: self.policy.max_attempts(),
+            next_retry,
+            since: self.since,
+            main_pid,
+            last_exit: self.last_exit,
+            last_error: self.last_error.clone(),
+            tools: Arc::clone(&self.tools),
+            tools_generation: self.tools_generation,
+            tools_serial: self.tools_serial,
+        }
+    }
+
+    /// Feeds one event; returns what the actor must do, in order.
+    pub fn step(&mut self, event: Event, now: Instant) -> Vec<Effect> {
+        let mut fx = Vec::new();
+        match event {
+            Event::Start => self.start(now, &mut fx),
+            Event::Stop => self.stop(now, &mut fx),
+            Event::Restart => self.restart(now, &mut fx),
+            Event::Apply { spec, restart } => {
+                self.policy = spec.reconnect();
+                self.startup_timeout = spec.startup_timeout();
+                self.stop_timeout = spec.stop_timeout();
+                self.uses_process = matches!(spec.transport(), crate::unit::Transport::Stdio(_));
+                // A stopped unit stays stopped; a failed one gets a new chance.
+                if restart && self.state != State::Stopped {
+                    self.restart(now, &mut fx);
+                }
+            }
+            Event::Spawned { generation, pid } => {
+                if let Phase::Active { g, .. } = &mut self.phase
+                    && g.generation == generation
+                {
+                    g.pid = pid;
+                    g.alive = pid.is_some();
+                }
+            }
+            Event::SpawnFailed { generation, error } => {
+                if let Phase::Active { g, .. } = &mut self.phase
+                    && g.generation == generation
+                {
+                    g.alive = false;
+                    g.pid = None;
+                    self.fail(error, false, now, &mut fx);
+                }
+            }
+            Event::Established { generation, tools } => {
+                if let Phase::Active { g, stable_at, .. } = &mut self.phase
+                    && g.generation == generation
+                    && !g.established
+                {
+                    g.established = true;
+                    if self.outage.is_some() {
+                        *stable_at = Some(now + self.policy.max_delay());
+                    }
+                    self.publish(generation, tools);
+                    self.set_state(State::Running, String::new(), now);
+                }
+            }
+            Event::ConnectFailed { generation, error } => {
+                if self.is_active(generation) {
+                    self.fail(error, false, now, &mut fx);
+                }
+            }
+            Event::Closed { generation, error } => {
+                if self.is_active(generation) {
+                    self.fail(error, true, now, &mut fx);
+                }
+            }
+            Event::Exited { generation, status } => self.exited(generation, status, now, &mut fx),
+            Event::ToolsSynced { generation, tools } => {
+                if self.established() == Some(generation) {
+                    self.publish(generation, tools);
+                }
+            }
+            Event::Deadline => self.deadline_passed(now, &mut fx),
+        }
+        fx
+    }
+
+    fn is_active(&self, generation: Gen) -> bool {
+        matches!(&self.phase, Phase::Active { g, .. } if g.generation == generation)
+    }
+
+    fn set_state(&mut self, state: State, reason: String, now: Instant) {
+        if state != self.state {
+            self.since = now;
+        }
+        self.state = state;
+        self.reason = reason;
+    }
+
+    fn publish(&mut self, generation: Gen, tools: ToolList) {
+        self.tools_generation = generation;
+        if *tools != *self.tools {
+            self.tools = tools;
+            self.tools_serial += 1;
+        }
+    }
+
+    fn withdraw_tools(&mut self) {
+        if !self.tools.is_empty() {
+            self.tools = Arc::new(Vec::new());
+            self.tools_serial += 1;
+        }
+    }
+
+    /// Starts a new generation: `retry` 0 for a first start.
+    fn begin(&mut self, retry: u32, now: Instant, fx: &mut Vec<Effect>) {
+        self.last_gen += 1;
+        let generation = self.last_gen;
+        self.phase = Phase::Active {
+            g: Generation {
+                generation,
+                pid: None,
+                alive: self.uses_process,
+                established: false,
+                retry,
+            },
+            started: now,
+            stable_at: None,
+        };
+        if retry == 0 {
+            self.set_state(State::Starting, String::new(), now);
+        }
+        fx.push(Effect::Spawn { generation });
+    }
+
+    /// A fresh start: new budget, new generation.
+    fn begin_fresh(&mut self, now: Instant, fx: &mut Vec<Effect>) {
+        self.outage = None;
+        self.begin(0, now, fx);
+    }
+
+    /// Takes the current generation down; `then` follows once it is gone.
+    fn end(&mut self, then: Then, closed: bool, now: Instant, fx: &mut Vec<Effect>) {
+        let g = match std::mem::replace(&mut self.phase, Phase::Idle) {
+            Phase::Active { g, .. } => g,
+            other => {
+                self.phase = other;
+                return;
+            }
+        };
+        fx.push(Effect::Disconnect {
+            generation: g.generation,
+        });
+        if g.alive {
+            fx.push(Effect::Signal {
+                generation: g.generation,
+                signal: Signal::Term,
+            });
+            self.phase = Phase::Ending {
+                g,
+                then,
+                kill: Sent::Term,
+                deadline: Some(now + self.stop_timeout),
+                closed,
+            };
+        } else {
+            self.phase = Phase::Ending {
+                g,
+                then,
+                kill: Sent::Nothing,
+                deadline: None,
+                closed,
+            };
+            self.finish(now, fx);
+        }
+    }
+
+    /// The first failure signal of the active generation decides what comes next.
+    fn fail(&mut self, error: String, closed: bool, now: Instant, fx: &mut Vec<Effect>) {
+        let established = match &self.phase {
+            Phase::Active { g, .. } => g.established,
+            _ => return,
+        };
+        let verdict = self.verdict();
+        let state = match verdict {
+            Verdict::GiveUp => State::Failed,
+            Verdict::Retry(_) if established => State::Reconnecting,
+            Verdict::Retry(_) => State::Retrying,
+        };
+        let reason = self.describe(established, &error, verdict);
+        self.last_error = Some(error);
+        self.set_state(state, reason, now);
+        self.end(Then::Recover(verdict), closed, now, fx);
+    }
+
+    /// Retry (counting it against the outage's budget) or give up.
+    fn verdict(&mut self) -> Verdict {
+        if !self.policy.enabled() {
+            return Verdict::GiveUp;
+        }
+        let used = self.outage.unwrap_or(0);
+        if used >= self.policy.max_attempts() {
+            self.outage = Some(used);
+            return Verdict::GiveUp;
+        }
+        self.outage = Some(used + 1);
+        Verdict::Retry(used + 1)
+    }
+
+    /// The reason text of DESIGN §3's vocabulary.
+    fn describe(&self, established: bool, error: &str, verdict: Verdict) -> String {
+        let prefix = if established {
+            "connection lost"
+        } else {
+            "connection failed"
+        };
+        let name = &self.name;
+        match verdict {
+            Verdict::Retry(_) => format!("{prefix}: {error}"),
+            Verdict::GiveUp if !self.policy.enabled() => format!(
+                "{prefix}: {error}; reconnect is disabled, run `mcpctl restart {name}` to start it again"
+            ),
+            Verdict::GiveUp => format!(
+                "{prefix}: {error}; gave up after {} retries, run `mcpctl restart {name}` to try again",
+                self.policy.max_attempts()
+            ),
+        }
+    }
+
+    /// The ending generation's process is gone: do what was decided.
+    fn finish(&mut self, now: Instant, fx: &mut Vec<Effect>) {
+        let Phase::Ending { then, .. } = self.phase else {
+            return;
+        };
+        match then {
+            Then::Recover(Verdict::Retry(retry)) => {
+                self.phase = Phase::Backoff {
+                    retry,
+                    at: now + self.policy.delay(retry),
+                };
+            }
+            Then::Recover(Verdict::GiveUp) => {
+                self.phase = Phase::Idle;
+                self.withdraw_tools();
+            }
+            Then::Stop => {
+                self.phase = Phase::Idle;
+                self.withdraw_tools();
+                self.set_state(State::Stopped, String::new(), now);
+            }
+            Then::Fresh => self.begin_fresh(now, fx),
+        }
+    }
+
+    fn exited(&mut self, generation: Gen, status: ExitStatus, now: Instant, fx: &mut Vec<Effect>) {
+        match &mut self.phase {
+            Phase::Active { g, .. } if g.generation == generation => {
+                self.last_exit = Some(status);
+                g.alive = false;
+                self.fail(format!("process {status}"), false, now, fx);
+            }
+            Phase::Ending {
+                g, closed, then, ..
+            } if g.generation == generation => {
+                self.last_exit = Some(status);
+                g.alive = false;
+                if let (true, Then::Recover(verdict)) = (*closed, *then) {
+                    // "the session closed" says less than the exit status does.
+                    *closed = false;
+                    let established = g.established;
+                    let error = format!("process {status}");
+                    self.reason = self.describe(established, &error, verdict);
+                    self.last_error = Some(error);
+                }
+                self.finish(now, fx);
+            }
+            Phase::Stuck { g } if g.generation == generation => {
+                // Finally reaped: still failed, but free to start again.
+                self.last_exit = Some(status);
+                self.phase = Phase::Idle;
+            }
+            _ => {}
+        }
+    }
+
+    fn deadline_passed(&mut self, now: Instant, fx: &mut Vec<Effect>) {
+        if self.deadline().is_none_or(|d| now < d) {
+            return;
+        }
+        match &mut self.phase {
+            Phase::Active { g, stable_at, .. } => {
+                if g.established {
+                    // Stayed up for the stability window: the outage is over.
+                    *stable_at = None;
+                    self.outage = None;
+                } else {
+                    let error = format!(
+                        "startup-timeout ({}) expired before initialize and tools/list completed",
+                        humantime::format_duration(self.startup_timeout)
+                    );
+                    self.fail(error, false, now, fx);
+                }
+            }
+            Phase::Ending {
+                g, kill, deadline, ..
+            } => match kill {
+                Sent::Term | Sent::Nothing => {
+                    *kill = Sent::Kill;
+                    *deadline = Some(now + self.stop_timeout);
+                    fx.push(Effect::Signal {
+                        generation: g.generation,
+                        signal: Signal::Kill,
+                    });
+                }
+                Sent::Kill => {
+                    let g = g.clone();
+                    let pid = g.pid.map_or_else(|| "?".to_owned(), |p| p.to_string());
+                    let reason = format!(
+                        "stop failed: process {pid} did not exit after SIGKILL; not starting another until it does"
+                    );
+                    self.last_error = Some(reason.clone());
+                    self.phase = Phase::Stuck { g };
+                    self.withdraw_tools();
+                    self.set_state(State::Failed, reason, now);
+                }
+            },
+            Phase::Backoff { retry, .. } => {
+                let retry = *retry;
+                self.begin(retry, now, fx);
+            }
+            Phase::Idle | Phase::Stuck { .. } => {}
+        }
+    }
+
+    fn start(&mut self, now: Instant, fx: &mut Vec<Effect>) {
+        match &mut self.phase {
+            Phase::Idle => self.begin_fresh(now, fx),
+            Phase::Ending { then, .. } if *then == Then::Stop => *then = Then::Fresh,
+            Phase::Stuck { .. } => self.insist(Then::Fresh, now, fx),
+            _ => {}
+        }
+    }
+
+    fn stop(&mut self, now: Instant, fx: &mut Vec<Effect>) {
+        match &mut self.phase {
+            Phase::Active { .. } => {
+                self.set_state(State::Stopping, String::new(), now);
+                self.end(Then::Stop, false, now, fx);
+            }
+            Phase::Ending { then, .. } => {
+                *then = Then::Stop;
+                self.set_state(State::Stopping, String::new(), now);
+            }
+            Phase::Backoff { .. } | Phase::Idle => {
+                self.phase = Phase::Idle;
+                self.outage = None;
+                self.withdraw_tools();
+                self.set_state(State::Stopped, String::new(), now);
+            }
+            // Nothing can be done about an unkillable process; stay failed.
+            Phase::Stuck { .. } => {}
+        }
+    }
+
+    fn restart(&mut self, now: Instant, fx: &mut Vec<Effect>) {
+        match &mut self.phase {
+            Phase::Active { .. } => {
+                self.set_state(State::Stopping, String::new(), now);
+                self.end(Then::Fresh, false, now, fx);
+            }
+            Phase::Ending { then, .. } => {
+                *then = Then::Fresh;
+                self.set_state(State::Stopping, String::new(), now);
+            }
+            Phase::Backoff { .. } | Phase::Idle => self.begin_fresh(now, fx),
+            Phase::Stuck { .. } => self.insist(Then::Fresh, now, fx),
+        }
+    }
+
+    /// The operator wants a stuck process gone: SIGKILL again and wait.
+    fn insist(&mut self, then: Then, now: Instant, fx: &mut Vec<Effect>) {
+        let Phase::Stuck { g } = std::mem::replace(&mut self.phase, Phase::Idle) else {
+            return;
+        };
+        fx.push(Effect::Signal {
+            generation: g.generation,
+            signal: Signal::Kill,
+        });
+        self.phase = Phase::Ending {
+            g,
+            then,
+            kill: Sent::Kill,
+            deadline: Some(now + self.stop_timeout),
+            closed: false,
+        };
+        self.set_state(State::Stopping, String::new(), now);
+    }
+}

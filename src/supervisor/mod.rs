@@ -1,0 +1,235 @@
+//! The supervisor: one actor per unit keeping one MCP server alive.
+//!
+//! [`Supervisor::spawn`] starts the actor (stopped; call [`Supervisor::start`])
+//! and returns a cloneable handle. The handle sends commands and reads the
+//! published [`Status`]; only the actor changes a server's state.
+//!
+//! Reading order: [`machine`] (the pure state machine: every rule of DESIGN
+//! §3), `actor` (the task that runs it), [`launch`] (children, sessions and
+//! their rmcp clients), [`process`] (environment, credentials, process
+//! groups), [`envfile`], [`logs`].
+
+mod actor;
+pub mod envfile;
+pub mod launch;
+pub mod logs;
+pub mod machine;
+pub mod process;
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use rmcp::model::{CallToolResult, JsonObject};
+use tokio::sync::{mpsc, oneshot, watch};
+use tokio::task::JoinHandle;
+
+use crate::unit::UnitSpec;
+
+pub use launch::{Launcher, SharedLauncher, SystemLauncher};
+pub use logs::LogRing;
+pub use machine::{ExitStatus, Gen, State, ToolList};
+
+use actor::{Actor, Command};
+
+/// The read model of one server (DESIGN §3 "every state exposes").
+#[derive(Debug, Clone, PartialEq)]
+pub struct Status {
+    pub state: State,
+    /// Starts with `connection failed:`/`connection lost:`/`stop failed:` when
+    /// something went wrong; empty otherwise.
+    pub reason: String,
+    /// The newest generation (0 before the first start).
+    pub generation: Gen,
+    /// Retry number in the current outage (0 outside an outage).
+    pub attempt: u32,
+    pub max_attempts: u32,
+    pub next_retry: Option<SystemTime>,
+    /// When `state` last changed.
+    pub since: SystemTime,
+    pub main_pid: Option<u32>,
+    pub last_exit: Option<ExitStatus>,
+    pub last_error: Option<String>,
+    /// The published tool list (kept during an outage).
+    pub tools: ToolList,
+    /// The generation that published `tools`.
+    pub tools_generation: Gen,
+    /// Increases exactly when the published tool list changes.
+    pub tools_serial: u64,
+}
+
+/// Why a tool call did not produce a result.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CallError {
+    /// The server has no established generation.
+    NotRunning {
+        server: String,
+        state: State,
+        reason: String,
+        attempt: u32,
+        max_attempts: u32,
+        next_retry: Option<SystemTime>,
+    },
+    /// No answer within the call's timeout.
+    Timeout(Duration),
+    /// The server answered with a JSON-RPC error (unknown tool, bad arguments).
+    Rejected { code: i32, message: String },
+    /// The connection failed during the call.
+    Failed(String),
+}
+
+impl fmt::Display for CallError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            CallError::NotRunning {
+                server,
+                state,
+                reason,
+                attempt,
+                max_attempts,
+                next_retry,
+            } => {
+                write!(f, "server {server} is {state}")?;
+                if *attempt > 0 {
+                    write!(f, " (retry {attempt}/{max_attempts}")?;
+                    if let Some(at) = next_retry {
+                        let wait = at.duration_since(SystemTime::now()).unwrap_or_default();
+                        let wait = Duration::from_secs(wait.as_secs())
+                            + Duration::from_millis(u64::from(wait.subsec_millis()));
+                        write!(f, ", next in {}", humantime::format_duration(wait))?;
+                    }
+                    write!(f, ")")?;
+                }
+                if !reason.is_empty() {
+                    write!(f, ": {reason}")?;
+                }
+                Ok(())
+            }
+            CallError::Timeout(t) => {
+                write!(f, "no answer within {}", humantime::format_duration(*t))
+            }
+            CallError::Rejected { code, message } => {
+                write!(f, "the server rejected the call ({code}): {message}")
+            }
+            CallError::Failed(e) => write!(f, "the call failed: {e}"),
+        }
+    }
+}
+
+impl std::error::Error for CallError {}
+
+/// A handle to one server's supervisor. Cheap to clone.
+#[derive(Debug, Clone)]
+pub struct Supervisor {
+    name: String,
+    commands: mpsc::UnboundedSender<Command>,
+    status: watch::Receiver<Status>,
+    logs: LogRing,
+}
+
+impl Supervisor {
+    /// Starts the actor for unit `name` (stopped until [`start`](Self::start)).
+    /// The task ends after [`shutdown`](Self::shutdown) or once every handle
+    /// is dropped, in both cases after stopping the server.
+    pub fn spawn(
+        name: &str,
+        spec: UnitSpec,
+        launcher: SharedLauncher,
+        logs: LogRing,
+    ) -> (Self, JoinHandle<()>) {
+        let (commands_tx, commands_rx) = mpsc::unbounded_channel();
+        let initial = actor::status_of(
+            &machine::Machine::new(name, &spec, std::time::Instant::now()).view(),
+            &actor::Clock::new(),
+        );
+        let (status_tx, status_rx) = watch::channel(initial);
+        let actor = Actor::new(name, spec, launcher, commands_rx, status_tx);
+        let task = tokio::spawn(actor.run());
+        (
+            Self {
+                name: name.to_owned(),
+                commands: commands_tx,
+                status: status_rx,
+                logs,
+            },
+            task,
+        )
+    }
+
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Starts the server with a fresh retry budget if it is stopped or failed.
+    pub fn start(&self) {
+        let _ = self.commands.send(Command::Start);
+    }
+
+    /// Stops the server; its tools are withdrawn once its process is gone.
+    pub fn stop(&self) {
+        let _ = self.commands.send(Command::Stop);
+    }
+
+    /// Stops the server if it runs, then starts it with a fresh budget.
+    pub fn restart(&self) {
+        let _ = self.commands.send(Command::Restart);
+    }
+
+    /// Applies a changed unit. With `restart`, a running (or failed) server
+    /// starts a new generation under the new spec; without, only the
+    /// policy and metadata change.
+    pub fn apply(&self, spec: UnitSpec, restart: bool) {
+        let _ = self.commands.send(Command::Apply {
+            spec: Box::new(spec),
+            restart,
+        });
+    }
+
+    /// Calls a tool on the current generation. Fails at once, naming the
+    /// state, retry and next retry time, when the server is not running.
+    pub async fn call_tool(
+        &self,
+        name: &str,
+        arguments: Option<JsonObject>,
+        timeout: Duration,
+    ) -> Result<CallToolResult, CallError> {
+        let (reply, answer) = oneshot::channel();
+        let sent = self.commands.send(Command::Call {
+            name: name.to_owned(),
+            arguments,
+            timeout,
+            reply,
+        });
+        let gone = || CallError::Failed(format!("the supervisor of {} has ended", self.name));
+        if sent.is_err() {
+            return Err(gone());
+        }
+        answer.await.unwrap_or_else(|_| Err(gone()))
+    }
+
+    /// The current read model.
+    pub fn status(&self) -> Status {
+        self.status.borrow().clone()
+    }
+
+    /// A receiver that sees every change of the read model.
+    pub fn subscribe(&self) -> watch::Receiver<Status> {
+        self.status.clone()
+    }
+
+    /// The server's recent stderr lines.
+    pub fn logs(&self) -> &LogRing {
+        &self.logs
+    }
+
+    /// Stops the server and waits until it is quiescent, then ends the actor.
+    pub async fn shutdown(self, task: JoinHandle<()>) {
+        let _ = self.commands.send(Command::Shutdown);
+        let _ = task.await;
+    }
+}
+
+/// A shared, ready-to-use system launcher for unit `name`.
+pub fn system_launcher(name: &str, host: process::Host, logs: LogRing) -> SharedLauncher {
+    Arc::new(SystemLauncher::new(name, host, logs))
+}

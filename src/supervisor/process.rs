@@ -1,0 +1,387 @@
+//! Child processes of stdio units: what to run, as whom, with what
+//! environment; spawning it in its own process group; signalling the group.
+//!
+//! [`plan`] decides everything that can fail with a clear reason (program
+//! not found, working directory missing, env-file missing or malformed,
+//! unknown user) before anything is forked; [`spawn`] then only forks and
+//! execs. The child gets a clean environment (DESIGN §2): PATH, HOME and
+//! LANG from the daemon (HOME, USER, LOGNAME and SHELL of the target user
+//! when `user` is set), then the env-files, `pass-env` and `env`.
+
+use std::ffi::OsString;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+
+use crate::unit::{Instance, StdioSpec};
+
+use super::envfile;
+use super::machine::Signal;
+
+/// PATH for children when the daemon has none.
+pub const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+
+/// Variables that belong to the daemon's own service manager and must never
+/// reach a child, even through `pass-env`.
+pub const DAEMON_ONLY_ENV: &[&str] = &[
+    "NOTIFY_SOCKET",
+    "WATCHDOG_USEC",
+    "WATCHDOG_PID",
+    "LISTEN_FDS",
+    "LISTEN_PID",
+    "LISTEN_FDNAMES",
+];
+
+/// What the daemon knows about itself when it spawns.
+#[derive(Debug, Clone)]
+pub struct Host {
+    pub instance: Instance,
+    /// The daemon's effective uid.
+    pub euid: u32,
+}
+
+impl Host {
+    pub fn current(instance: Instance) -> Self {
+        Self {
+            instance,
+            euid: rustix::process::geteuid().as_raw(),
+        }
+    }
+}
+
+/// The user a child runs as, resolved before forking.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Credentials {
+    pub uid: u32,
+    pub gid: u32,
+    pub groups: Vec<u32>,
+}
+
+/// Everything needed to exec a child; built by [`plan`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Plan {
+    /// Absolute path of the program.
+    pub program: PathBuf,
+    pub args: Vec<String>,
+    pub env: Vec<(String, OsString)>,
+    pub cwd: PathBuf,
+    /// Switch to this user (only when the daemon is root).
+    pub credentials: Option<Credentials>,
+}
+
+/// Resolves a unit's stdio spec against the daemon's environment (`env`
+/// looks up the daemon's variables). Reads env-files now: they are read at
+/// every spawn, so edits apply on the next start.
+pub fn plan(
+    spec: &StdioSpec,
+    host: &Host,
+    env: &dyn Fn(&str) -> Option<OsString>,
+) -> Result<Plan, String> {
+    let mut target_home = None;
+    let mut user_env = Vec::new();
+    let mut credentials = None;
+    if let Some(user) = spec.user() {
+        let entry = lookup_user(user)?;
+        if entry.uid.as_raw() != host.euid {
+            if host.euid != 0 {
+                return Err(format!(
+                    "user {user}: the daemon runs as uid {}, and only root can run a server as another user",
+                    host.euid
+                ));
+            }
+            let name = std::ffi::CString::new(entry.name.clone())
+                .map_err(|_| format!("user {user}: invalid name"))?;
+            let groups = nix::unistd::getgrouplist(&name, entry.gid)
+                .map_err(|e| format!("user {user}: cannot list its groups: {e}"))?;
+            credentials = Some(Credentials {
+                uid: entry.uid.as_raw(),
+                gid: entry.gid.as_raw(),
+                groups: groups.iter().map(|g| g.as_raw()).collect(),
+            });
+        }
+        target_home = Some(entry.dir.clone());
+        user_env.push(("USER".to_owned(), OsString::from(&entry.name)));
+        user_env.push(("LOGNAME".to_owned(), OsString::from(&entry.name)));
+        user_env.push(("SHELL".to_owned(), entry.shell.clone().into_os_string()));
+    }
+
+    let path = env("PATH")
+        .filter(|p| !p.is_empty())
+        .unwrap_or_else(|| DEFAULT_PATH.into());
+    let home = target_home
+        .map(PathBuf::into_os_string)
+        .or_else(|| env("HOME"))
+        .unwrap_or_else(|| "/".into());
+
+    let cwd = match spec.working_directory() {
+        Some(dir) => dir.to_owned(),
+        None => match host.instance {
+            Instance::System => PathBuf::from("/"),
+            Instance::User => PathBuf::from(&home),
+        },
+    };
+    match std::fs::metadata(&cwd) {
+        Ok(m) if m.is_dir() => {}
+        Ok(_) => {
+            return Err(format!(
+                "working directory {}: not a directory",
+                cwd.display()
+            ));
+        }
+        Err(e) => return Err(format!("working directory {}: {e}", cwd.display())),
+    }
+
+    let mut vars: Vec<(String, OsString)> =
+        vec![("PATH".into(), path.clone()), ("HOME".into(), home)];
+    if let Some(lang) = env("LANG") {
+        vars.push(("LANG".into(), lang));
+    }
+    vars.extend(user_env);
+    for file in spec.env_files() {
+        for (k, v) in envfile::read(file)? {
+            set(&mut vars, k, v.into());
+        }
+    }
+    for name in spec.pass_env() {
+        if DAEMON_ONLY_ENV.contains(&name.as_str()) {
+            continue;
+        }
+        if let Some(value) = env(name) {
+            set(&mut vars, name.clone(), value);
+        }
+    }
+    for (k, v) in spec.env() {
+        set(&mut vars, k.clone(), v.into());
+    }
+
+    let program = resolve(spec.program(), &path)?;
+    Ok(Plan {
+        program,
+        args: spec.args().to_vec(),
+        env: vars,
+        cwd,
+        credentials,
+    })
+}
+
+fn set(vars: &mut Vec<(String, OsString)>, key: String, value: OsString) {
+    match vars.iter_mut().find(|(k, _)| *k == key) {
+        Some(slot) => slot.1 = value,
+        None => vars.push((key, value)),
+    }
+}
+
+/// A user by name or numeric uid.
+fn lookup_user(user: &str) -> Result<nix::unistd::User, String> {
+    let found = match user.parse::<u32>() {
+        Ok(uid) => nix::unistd::User::from_uid(nix::unistd::Uid::from_raw(uid)),
+        Err(_) => nix::unistd::User::from_name(user),
+    };
+    match found {
+        Ok(Some(entry)) => Ok(entry),
+        Ok(None) => Err(format!("user {user}: no such user")),
+        Err(e) => Err(format!("user {user}: cannot look it up: {e}")),
+    }
+}
+
+/// An absolute program path, or a bare name found in `path`.
+fn resolve(program: &str, path: &OsString) -> Result<PathBuf, String> {
+    use std::os::unix::fs::PermissionsExt;
+    let executable = |p: &Path| {
+        p.metadata()
+            .is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+    };
+    if program.starts_with('/') {
+        let p = PathBuf::from(program);
+        return if executable(&p) {
+            Ok(p)
+        } else if p.exists() {
+            Err(format!("command {program}: not an executable file"))
+        } else {
+            Err(format!("command {program}: no such file"))
+        };
+    }
+    std::env::split_paths(path)
+        .map(|dir| dir.join(program))
+        .find(|p| executable(p))
+        .ok_or_else(|| {
+            format!(
+                "command {program}: not found in PATH ({})",
+                path.to_string_lossy()
+            )
+        })
+}
+
+/// Forks and execs `plan` in a new process group with piped stdio. The
+/// child dies with SIGKILL if the daemon's thread that spawned it goes away
+/// (`PR_SET_PDEATHSIG`), and runs as `plan.credentials` when given.
+pub fn spawn(plan: &Plan) -> std::io::Result<tokio::process::Child> {
+    use rustix::process::{Gid, Uid};
+    let mut cmd = tokio::process::Command::new(&plan.program);
+    cmd.args(&plan.args)
+        .env_clear()
+        .envs(plan.env.iter().map(|(k, v)| (k, v)))
+        .current_dir(&plan.cwd)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .process_group(0)
+        .kill_on_drop(true);
+    let parent = rustix::process::getpid();
+    // Everything the child needs is computed here, before the fork: the
+    // closure below must not allocate.
+    let creds = plan.credentials.as_ref().map(|c| {
+        (
+            Uid::from_raw(c.uid),
+            Gid::from_raw(c.gid),
+            c.groups
+                .iter()
+                .map(|g| Gid::from_raw(*g))
+                .collect::<Vec<Gid>>(),
+        )
+    });
+    let in_child = move || -> std::io::Result<()> {
+        rustix::process::set_parent_process_death_signal(Some(rustix::process::Signal::KILL))?;
+        // The daemon may have died between fork and prctl.
+        if rustix::process::getppid() != Some(parent) {
+            return Err(rustix::io::Errno::SRCH.into());
+        }
+        if let Some((uid, gid, groups)) = &creds {
+            rustix::thread::set_thread_groups(groups)?;
+            rustix::thread::set_thread_res_gid(*gid, *gid, *gid)?;
+            rustix::thread::set_thread_res_uid(*uid, *uid, *uid)?;
+        }
+        Ok(())
+    };
+    #[allow(unsafe_code)]
+    // SAFETY: the closure runs in the forked child before exec. It only makes
+    // raw system calls through rustix (prctl, getppid, setgroups, setresgid,
+    // setresuid), which are async-signal-safe, and allocates nothing: the
+    // credentials were converted before the fork. Per-thread credential calls
+    // are correct here because the child has exactly one thread.
+    unsafe {
+        cmd.pre_exec(in_child);
+    }
+    cmd.spawn()
+}
+
+/// Sends `signal` to the process group led by `pid`. Errors (the group is
+/// already gone) are ignored: the reaper reports what happened.
+pub fn signal_group(pid: u32, signal: Signal) {
+    let sig = match signal {
+        Signal::Term => rustix::process::Signal::TERM,
+        Signal::Kill => rustix::process::Signal::KILL,
+    };
+    if let Some(pid) = i32::try_from(pid)
+        .ok()
+        .and_then(rustix::process::Pid::from_raw)
+    {
+        let _ = rustix::process::kill_process_group(pid, sig);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::unit::{UnitDraft, UnitSpec, spec::StdioDraft};
+
+    fn stdio(draft: StdioDraft) -> StdioSpec {
+        let spec = UnitSpec::new(UnitDraft {
+            stdio: Some(draft),
+            ..UnitDraft::default()
+        })
+        .expect("valid");
+        match spec.transport() {
+            crate::unit::Transport::Stdio(s) => s.clone(),
+            crate::unit::Transport::Http(_) => unreachable!(),
+        }
+    }
+
+    fn host() -> Host {
+        Host {
+            instance: Instance::User,
+            euid: rustix::process::geteuid().as_raw(),
+        }
+    }
+
+    fn daemon_env(var: &str) -> Option<OsString> {
+        match var {
+            "PATH" => Some("/usr/bin:/bin".into()),
+            "HOME" => Some("/tmp".into()),
+            "LANG" => Some("C.UTF-8".into()),
+            "SECRET_OF_DAEMON" => Some("leak".into()),
+            "HTTPS_PROXY" => Some("http://proxy:3128".into()),
+            "NOTIFY_SOCKET" => Some("/run/systemd/notify".into()),
+            _ => None,
+        }
+    }
+
+    #[test]
+    fn environment_is_clean_and_layered() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let file = dir.path().join("a.env");
+        std::fs::write(&file, "FROM_FILE=1\nOVERRIDDEN=file\n").expect("write");
+        let spec = stdio(StdioDraft {
+            command: vec!["sh".into(), "-c".into(), "true".into()],
+            env: [("OVERRIDDEN".to_string(), "unit".to_string())].into(),
+            env_files: vec![file],
+            pass_env: vec!["HTTPS_PROXY".into(), "NOTIFY_SOCKET".into(), "UNSET".into()],
+            ..StdioDraft::default()
+        });
+        let plan = plan(&spec, &host(), &daemon_env).expect("plan");
+        let env: Vec<(&str, &str)> = plan
+            .env
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.to_str().unwrap_or_default()))
+            .collect();
+        assert_eq!(
+            env,
+            [
+                ("PATH", "/usr/bin:/bin"),
+                ("HOME", "/tmp"),
+                ("LANG", "C.UTF-8"),
+                ("FROM_FILE", "1"),
+                ("OVERRIDDEN", "unit"),
+                ("HTTPS_PROXY", "http://proxy:3128"),
+            ]
+        );
+        assert!(plan.program.is_absolute(), "{:?}", plan.program);
+        assert_eq!(plan.cwd, PathBuf::from("/tmp"));
+    }
+
+    #[test]
+    fn failures_name_what_is_missing() {
+        let missing_cmd = stdio(StdioDraft {
+            command: vec!["no-such-mcp-server".into()],
+            ..StdioDraft::default()
+        });
+        let e = plan(&missing_cmd, &host(), &daemon_env).expect_err("missing");
+        assert_eq!(
+            e,
+            "command no-such-mcp-server: not found in PATH (/usr/bin:/bin)"
+        );
+
+        let missing_dir = stdio(StdioDraft {
+            command: vec!["/bin/sh".into()],
+            working_directory: Some("/nonexistent/dir".into()),
+            ..StdioDraft::default()
+        });
+        let e = plan(&missing_dir, &host(), &daemon_env).expect_err("missing");
+        assert!(e.starts_with("working directory /nonexistent/dir: "), "{e}");
+
+        let missing_file = stdio(StdioDraft {
+            command: vec!["/bin/sh".into()],
+            env_files: vec!["/nonexistent/x.env".into()],
+            ..StdioDraft::default()
+        });
+        let e = plan(&missing_file, &host(), &daemon_env).expect_err("missing");
+        assert!(e.starts_with("env-file /nonexistent/x.env: "), "{e}");
+
+        let unknown_user = stdio(StdioDraft {
+            command: vec!["/bin/sh".into()],
+            user: Some("no-such-user-mcpd".into()),
+            ..StdioDraft::default()
+        });
+        let e = plan(&unknown_user, &host(), &daemon_env).expect_err("unknown");
+        assert_eq!(e, "user no-such-user-mcpd: no such user");
+    }
+}

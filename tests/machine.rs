@@ -1,0 +1,757 @@
+//! The pure supervisor state machine, transition by transition (DESIGN §3).
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use mcpd::supervisor::machine::{Effect, Event, ExitStatus, Machine, Signal, State, ToolList};
+use mcpd::unit::spec::{HttpDraft, ReconnectDraft, StdioDraft};
+use mcpd::unit::{UnitDraft, UnitSpec};
+use rmcp::model::Tool;
+
+const PID: u32 = 4242;
+
+fn ms(n: u64) -> Duration {
+    Duration::from_millis(n)
+}
+
+fn policy(initial: u64, max: u64, attempts: i128, enabled: bool) -> ReconnectDraft {
+    ReconnectDraft {
+        enabled: Some(enabled),
+        initial_delay: Some(ms(initial)),
+        max_delay: Some(ms(max)),
+        max_attempts: Some(attempts),
+    }
+}
+
+fn stdio_spec(reconnect: ReconnectDraft) -> UnitSpec {
+    UnitSpec::new(UnitDraft {
+        stdio: Some(StdioDraft {
+            command: vec!["/bin/true".into()],
+            ..StdioDraft::default()
+        }),
+        reconnect,
+        startup_timeout: Some(ms(3000)),
+        stop_timeout: Some(ms(1000)),
+        ..UnitDraft::default()
+    })
+    .expect("valid spec")
+}
+
+fn tools(names: &[&str]) -> ToolList {
+    Arc::new(
+        names
+            .iter()
+            .map(|n| Tool::new(n.to_string(), "d", Arc::new(serde_json::Map::new())))
+            .collect(),
+    )
+}
+
+/// A machine with its own clock.
+struct Rig {
+    m: Machine,
+    now: Instant,
+    spawns: u32,
+    waits: Vec<Duration>,
+}
+
+impl Rig {
+    fn new(spec: &UnitSpec) -> Self {
+        let now = Instant::now();
+        Self {
+            m: Machine::new("srv", spec, now),
+            now,
+            spawns: 0,
+            waits: Vec::new(),
+        }
+    }
+
+    fn step(&mut self, event: Event) -> Vec<Effect> {
+        let fx = self.m.step(event, self.now);
+        self.spawns += fx
+            .iter()
+            .filter(|e| matches!(e, Effect::Spawn { .. }))
+            .count() as u32;
+        fx
+    }
+
+    fn advance(&mut self, d: Duration) {
+        self.now += d;
+    }
+
+    /// Jumps to the machine's deadline and fires it.
+    fn fire(&mut self) -> Vec<Effect> {
+        let at = self.m.deadline().expect("a deadline is set");
+        if self.m.view().next_retry.is_some() {
+            self.waits.push(at - self.now);
+        }
+        self.now = at;
+        self.step(Event::Deadline)
+    }
+
+    fn generation(&self) -> u64 {
+        self.m.view().generation
+    }
+
+    /// Starts the newest generation's process.
+    fn spawned(&mut self) {
+        let generation = self.generation();
+        assert!(
+            self.step(Event::Spawned {
+                generation,
+                pid: Some(PID)
+            })
+            .is_empty()
+        );
+    }
+
+    fn established(&mut self, list: &ToolList) -> Vec<Effect> {
+        let generation = self.generation();
+        self.step(Event::Established {
+            generation,
+            tools: Arc::clone(list),
+        })
+    }
+
+    fn exited(&mut self, code: i32) -> Vec<Effect> {
+        let generation = self.generation();
+        self.step(Event::Exited {
+            generation,
+            status: ExitStatus::Code(code),
+        })
+    }
+
+    fn state(&self) -> State {
+        self.m.view().state
+    }
+
+    fn reason(&self) -> String {
+        self.m.view().reason
+    }
+}
+
+fn spawn(generation: u64) -> Vec<Effect> {
+    vec![Effect::Spawn { generation }]
+}
+
+#[test]
+fn first_start_establishes_and_publishes_tools() {
+    let mut r = Rig::new(&stdio_spec(policy(100, 800, 3, true)));
+    assert_eq!(r.state(), State::Stopped);
+    assert_eq!(r.step(Event::Start), spawn(1));
+    assert_eq!(r.state(), State::Starting);
+    r.spawned();
+    assert_eq!(r.m.view().main_pid, Some(PID));
+    assert!(r.established(&tools(&["a", "b"])).is_empty());
+    let v = r.m.view();
+    assert_eq!(
+        (v.state, v.reason.as_str(), v.attempt),
+        (State::Running, "", 0)
+    );
+    assert_eq!(
+        (v.tools.len(), v.tools_serial, v.tools_generation),
+        (2, 1, 1)
+    );
+    // no outage: no stability window to wait for
+    assert_eq!(r.m.deadline(), None);
+    // a second start is a no-op
+    assert!(r.step(Event::Start).is_empty());
+}
+
+#[test]
+fn initial_failure_says_connection_failed_and_retries() {
+    let mut r = Rig::new(&stdio_spec(policy(100, 800, 3, true)));
+    r.step(Event::Start);
+    r.spawned();
+    assert_eq!(r.exited(1), vec![Effect::Disconnect { generation: 1 }]);
+    let v = r.m.view();
+    assert_eq!(v.state, State::Retrying);
+    assert_eq!(v.reason, "connection failed: process exited with status 1");
+    assert_eq!((v.attempt, v.max_attempts), (1, 3));
+    assert_eq!(v.next_retry, Some(r.now + ms(100)));
+    assert_eq!(v.last_exit, Some(ExitStatus::Code(1)));
+    assert_eq!(r.fire(), spawn(2));
+    // a retry in flight stays in its outage state
+    assert_eq!(r.state(), State::Retrying);
+}
+
+#[test]
+fn established_loss_says_connection_lost_and_keeps_tools() {
+    let mut r = Rig::new(&stdio_spec(policy(100, 800, 3, true)));
+    let list = tools(&["a"]);
+    r.step(Event::Start);
+    r.spawned();
+    r.established(&list);
+    r.exited(7);
+    let v = r.m.view();
+    assert_eq!(v.state, State::Reconnecting);
+    assert_eq!(v.reason, "connection lost: process exited with status 7");
+    assert_eq!(
+        (v.tools.len(), v.tools_serial),
+        (1, 1),
+        "tools stay published during the outage"
+    );
+    // the retry fails without establishing: now it is a connection failure
+    assert_eq!(r.fire(), spawn(2));
+    r.spawned();
+    r.exited(1);
+    let v = r.m.view();
+    assert_eq!(v.state, State::Retrying);
+    assert_eq!(v.reason, "connection failed: process exited with status 1");
+    assert_eq!(v.attempt, 2);
+    assert_eq!(v.next_retry, Some(r.now + ms(200)));
+}
+
+#[test]
+fn reconnect_disabled_fails_at_once_with_manual_recovery_hint() {
+    let spec = stdio_spec(policy(100, 800, 3, false));
+    let mut r = Rig::new(&spec);
+    r.step(Event::Start);
+    r.spawned();
+    r.exited(1);
+    assert_eq!(r.state(), State::Failed);
+    assert_eq!(
+        r.reason(),
+        "connection failed: process exited with status 1; reconnect is disabled, run `mcpctl restart srv` to start it again"
+    );
+    assert_eq!(r.m.deadline(), None);
+
+    let mut r = Rig::new(&spec);
+    r.step(Event::Start);
+    r.spawned();
+    r.established(&tools(&["a"]));
+    r.exited(9);
+    let v = r.m.view();
+    assert_eq!(v.state, State::Failed);
+    assert_eq!(
+        v.reason,
+        "connection lost: process exited with status 9; reconnect is disabled, run `mcpctl restart srv` to start it again"
+    );
+    assert!(v.tools.is_empty(), "tools withdrawn on final failure");
+    assert_eq!(v.tools_serial, 2);
+    assert_eq!(r.m.deadline(), None);
+    assert_eq!(r.spawns, 1);
+}
+
+#[test]
+fn budget_is_exhausted_after_exactly_max_attempts() {
+    let mut r = Rig::new(&stdio_spec(policy(100, 800, 3, true)));
+    r.step(Event::Start);
+    r.spawned();
+    r.established(&tools(&["a"]));
+    r.exited(1); // outage begins
+    for _ in 0..3 {
+        assert!(matches!(r.state(), State::Retrying | State::Reconnecting));
+        r.fire();
+        r.spawned();
+        r.exited(1);
+    }
+    let v = r.m.view();
+    assert_eq!(r.spawns, 4, "1 start + 3 retries");
+    assert_eq!(v.state, State::Failed);
+    assert_eq!(
+        v.reason,
+        "connection failed: process exited with status 1; gave up after 3 retries, run `mcpctl restart srv` to try again"
+    );
+    assert!(v.tools.is_empty());
+    assert_eq!(r.m.deadline(), None);
+    assert_eq!(r.waits, [ms(100), ms(200), ms(400)]);
+}
+
+#[test]
+fn stability_window_ends_the_outage_and_resets_the_budget() {
+    let mut r = Rig::new(&stdio_spec(policy(100, 800, 2, true)));
+    r.step(Event::Start);
+    r.spawned();
+    r.exited(1); // retry 1 scheduled
+    r.fire();
+    r.spawned();
+    r.established(&tools(&["a"]));
+    assert_eq!(r.state(), State::Running);
+    assert_eq!(
+        r.m.deadline(),
+        Some(r.now + ms(800)),
+        "stability window = max-delay"
+    );
+    assert!(r.fire().is_empty());
+    assert_eq!(r.m.deadline(), None);
+    // a later loss is a new outage: retry 1 again, initial delay again
+    r.exited(1);
+    let v = r.m.view();
+    assert_eq!((v.state, v.attempt), (State::Reconnecting, 1));
+    assert_eq!(v.next_retry, Some(r.now + ms(100)));
+}
+
+#[test]
+fn brief_successes_do_not_launder_the_budget() {
+    let mut r = Rig::new(&stdio_spec(policy(100, 800, 3, true)));
+    r.step(Event::Start);
+    r.spawned();
+    r.established(&tools(&["a"]));
+    r.exited(1);
+    for k in 1..=3 {
+        r.fire();
+        r.spawned();
+        r.established(&tools(&["a"]));
+        assert_eq!(r.m.view().attempt, k);
+        r.advance(ms(799)); // drops just inside the stability window
+        r.exited(1);
+    }
+    assert_eq!(r.state(), State::Failed);
+    assert!(
+        r.reason()
+            .starts_with("connection lost: process exited with status 1; gave up after 3 retries")
+    );
+    assert_eq!(r.spawns, 4);
+}
+
+#[test]
+fn double_failure_signals_schedule_exactly_one_retry() {
+    let mut r = Rig::new(&stdio_spec(policy(100, 800, 3, true)));
+    r.step(Event::Start);
+    r.spawned();
+    // connect error first, the process still alive: SIGTERM it, wait for the reap
+    let fx = r.step(Event::ConnectFailed {
+        generation: 1,
+        error: "initialize failed: boom".into(),
+    });
+    assert_eq!(
+        fx,
+        vec![
+            Effect::Disconnect { generation: 1 },
+            Effect::Signal {
+                generation: 1,
+                signal: Signal::Term
+            }
+        ]
+    );
+    assert_eq!(r.m.view().attempt, 1);
+    // the second signal of the same generation only completes the cleanup
+    assert!(
+        r.step(Event::Closed {
+            generation: 1,
+            error: "closed".into()
+        })
+        .is_empty()
+    );
+    assert!(r.exited(1).is_empty());
+    assert_eq!(r.m.view().attempt, 1);
+    assert_eq!(
+        r.m.view().reason,
+        "connection failed: initialize failed: boom"
+    );
+    assert_eq!(r.fire(), spawn(2));
+    assert_eq!(r.spawns, 2);
+
+    // reversed order: the exit first, then the connect error
+    r.spawned();
+    r.exited(1);
+    assert!(
+        r.step(Event::ConnectFailed {
+            generation: 2,
+            error: "late".into()
+        })
+        .is_empty()
+    );
+    assert_eq!(r.m.view().attempt, 2);
+    assert_eq!(r.fire(), spawn(3));
+}
+
+#[test]
+fn events_of_stale_generations_are_inert() {
+    let mut r = Rig::new(&stdio_spec(policy(100, 800, 3, true)));
+    let list = tools(&["a"]);
+    r.step(Event::Start);
+    r.spawned();
+    r.exited(1);
+    r.fire();
+    r.spawned();
+    r.established(&list);
+    let before = r.m.view();
+    for event in [
+        Event::Established {
+            generation: 1,
+            tools: tools(&["x"]),
+        },
+        Event::ConnectFailed {
+            generation: 1,
+            error: "x".into(),
+        },
+        Event::Closed {
+            generation: 1,
+            error: "x".into(),
+        },
+        Event::Exited {
+            generation: 1,
+            status: ExitStatus::Code(1),
+        },
+        Event::ToolsSynced {
+            generation: 1,
+            tools: tools(&["x"]),
+        },
+        Event::Spawned {
+            generation: 1,
+            pid: Some(1),
+        },
+        Event::SpawnFailed {
+            generation: 1,
+            error: "x".into(),
+        },
+        Event::Exited {
+            generation: 99,
+            status: ExitStatus::Code(1),
+        },
+    ] {
+        assert!(r.step(event).is_empty());
+    }
+    assert_eq!(r.m.view(), before);
+}
+
+#[test]
+fn stop_during_backoff_cancels_the_retry() {
+    let mut r = Rig::new(&stdio_spec(policy(100, 800, 3, true)));
+    r.step(Event::Start);
+    r.spawned();
+    r.established(&tools(&["a"]));
+    r.exited(1);
+    let retry_at = r.m.deadline().expect("retry armed");
+    assert!(r.step(Event::Stop).is_empty());
+    let v = r.m.view();
+    assert_eq!(v.state, State::Stopped);
+    assert!(v.tools.is_empty());
+    assert_eq!(r.m.deadline(), None);
+    r.now = retry_at;
+    assert!(
+        r.step(Event::Deadline).is_empty(),
+        "the cancelled retry never fires"
+    );
+    assert_eq!(r.spawns, 1);
+}
+
+#[test]
+fn stop_quiesces_and_a_close_after_it_schedules_nothing() {
+    let mut r = Rig::new(&stdio_spec(policy(100, 800, 3, true)));
+    r.step(Event::Start);
+    r.spawned();
+    r.established(&tools(&["a"]));
+    assert_eq!(
+        r.step(Event::Stop),
+        vec![
+            Effect::Disconnect { generation: 1 },
+            Effect::Signal {
+                generation: 1,
+                signal: Signal::Term
+            }
+        ]
+    );
+    assert_eq!(r.state(), State::Stopping);
+    assert_eq!(
+        r.m.view().tools.len(),
+        1,
+        "tools withdrawn only once the process is gone"
+    );
+    assert!(
+        r.step(Event::Closed {
+            generation: 1,
+            error: "closed".into()
+        })
+        .is_empty()
+    );
+    assert!(r.exited(0).is_empty());
+    let v = r.m.view();
+    assert_eq!(v.state, State::Stopped);
+    assert!(v.tools.is_empty());
+    assert_eq!(r.m.deadline(), None);
+    assert!(r.m.is_settled());
+    assert_eq!(r.spawns, 1);
+}
+
+#[test]
+fn a_new_generation_waits_for_the_old_process_to_be_reaped() {
+    let mut r = Rig::new(&stdio_spec(policy(100, 800, 3, true)));
+    r.step(Event::Start);
+    r.spawned();
+    r.established(&tools(&["a"]));
+    // the session closes but the process lingers, ignoring SIGTERM
+    let fx = r.step(Event::Closed {
+        generation: 1,
+        error: "the server closed the connection".into(),
+    });
+    assert!(fx.contains(&Effect::Signal {
+        generation: 1,
+        signal: Signal::Term
+    }));
+    assert_eq!(
+        r.m.deadline(),
+        Some(r.now + ms(1000)),
+        "stop-timeout before SIGKILL"
+    );
+    assert_eq!(
+        r.fire(),
+        vec![Effect::Signal {
+            generation: 1,
+            signal: Signal::Kill
+        }]
+    );
+    assert_eq!(r.spawns, 1, "no retry while the process lives");
+    // reaped after SIGKILL: now the backoff starts, with the exit status as reason
+    r.step(Event::Exited {
+        generation: 1,
+        status: ExitStatus::Signal(9),
+    });
+    assert_eq!(
+        r.reason(),
+        "connection lost: process killed by signal 9 (SIGKILL)"
+    );
+    assert_eq!(r.m.view().next_retry, Some(r.now + ms(100)));
+    assert_eq!(r.fire(), spawn(2));
+}
+
+#[test]
+fn a_process_that_survives_sigkill_fails_closed() {
+    let mut r = Rig::new(&stdio_spec(policy(100, 800, 3, true)));
+    r.step(Event::Start);
+    r.spawned();
+    r.established(&tools(&["a"]));
+    r.step(Event::Stop);
+    assert_eq!(
+        r.fire(),
+        vec![Effect::Signal {
+            generation: 1,
+            signal: Signal::Kill
+        }]
+    );
+    assert!(r.fire().is_empty());
+    let v = r.m.view();
+    assert_eq!(v.state, State::Failed);
+    assert_eq!(
+        v.reason,
+        format!(
+            "stop failed: process {PID} did not exit after SIGKILL; not starting another until it does"
+        )
+    );
+    assert!(v.tools.is_empty());
+    assert_eq!(r.m.deadline(), None);
+    // start insists with SIGKILL but never starts a second process meanwhile
+    assert_eq!(
+        r.step(Event::Start),
+        vec![Effect::Signal {
+            generation: 1,
+            signal: Signal::Kill
+        }]
+    );
+    assert_eq!(r.spawns, 1);
+    // once reaped, the start goes ahead with a fresh generation
+    assert_eq!(
+        r.step(Event::Exited {
+            generation: 1,
+            status: ExitStatus::Signal(9)
+        }),
+        spawn(2)
+    );
+}
+
+#[test]
+fn startup_timeout_fails_the_attempt() {
+    let mut r = Rig::new(&stdio_spec(policy(100, 800, 3, true)));
+    r.step(Event::Start);
+    r.spawned();
+    assert_eq!(r.m.deadline(), Some(r.now + ms(3000)));
+    let fx = r.fire();
+    assert_eq!(
+        fx,
+        vec![
+            Effect::Disconnect { generation: 1 },
+            Effect::Signal {
+                generation: 1,
+                signal: Signal::Term
+            }
+        ]
+    );
+    assert_eq!(
+        r.reason(),
+        "connection failed: startup-timeout (3s) expired before initialize and tools/list completed"
+    );
+    assert_eq!(r.state(), State::Retrying);
+}
+
+#[test]
+fn tool_list_changes_are_published_once_and_only_when_different() {
+    let mut r = Rig::new(&stdio_spec(policy(100, 800, 3, true)));
+    r.step(Event::Start);
+    r.spawned();
+    r.established(&tools(&["a", "b"]));
+    assert_eq!(r.m.view().tools_serial, 1);
+    r.exited(1);
+    r.fire();
+    r.spawned();
+    // recovered with an equal (not identical) list: nothing changes
+    r.established(&tools(&["a", "b"]));
+    let v = r.m.view();
+    assert_eq!((v.tools_serial, v.tools_generation), (1, 2));
+    r.step(Event::ToolsSynced {
+        generation: 2,
+        tools: tools(&["a", "b"]),
+    });
+    assert_eq!(r.m.view().tools_serial, 1);
+    r.step(Event::ToolsSynced {
+        generation: 2,
+        tools: tools(&["a", "b", "c"]),
+    });
+    let v = r.m.view();
+    assert_eq!((v.tools.len(), v.tools_serial), (3, 2));
+}
+
+#[test]
+fn restart_and_start_begin_with_a_fresh_budget() {
+    let mut r = Rig::new(&stdio_spec(policy(100, 800, 2, true)));
+    r.step(Event::Start);
+    r.spawned();
+    r.exited(1);
+    r.fire();
+    r.spawned();
+    r.exited(1);
+    assert_eq!(r.m.view().attempt, 2);
+    // restart during backoff: at once, a first start again
+    assert_eq!(r.step(Event::Restart), spawn(3));
+    assert_eq!((r.state(), r.m.view().attempt), (State::Starting, 0));
+    r.spawned();
+    r.exited(1);
+    r.fire();
+    r.spawned();
+    r.exited(1);
+    r.fire();
+    r.spawned();
+    r.exited(1);
+    assert_eq!(r.state(), State::Failed);
+    // start from failed: fresh budget again
+    assert_eq!(r.step(Event::Start), spawn(6));
+    r.spawned();
+    r.exited(1);
+    assert_eq!((r.state(), r.m.view().attempt), (State::Retrying, 1));
+}
+
+#[test]
+fn restart_of_a_running_server_waits_for_the_old_process() {
+    let mut r = Rig::new(&stdio_spec(policy(100, 800, 2, true)));
+    r.step(Event::Start);
+    r.spawned();
+    r.established(&tools(&["a"]));
+    let fx = r.step(Event::Restart);
+    assert!(!fx.iter().any(|e| matches!(e, Effect::Spawn { .. })));
+    assert_eq!(r.state(), State::Stopping);
+    assert_eq!(r.exited(0), spawn(2));
+    assert_eq!(r.state(), State::Starting);
+    assert_eq!(
+        r.m.view().tools.len(),
+        1,
+        "tools survive a restart until the new list arrives"
+    );
+}
+
+#[test]
+fn default_policy_waits_add_up_to_151_5_seconds() {
+    let spec = UnitSpec::new(UnitDraft {
+        stdio: Some(StdioDraft {
+            command: vec!["/bin/true".into()],
+            ..StdioDraft::default()
+        }),
+        ..UnitDraft::default()
+    })
+    .expect("valid");
+    let mut r = Rig::new(&spec);
+    r.step(Event::Start);
+    while r.state() != State::Failed {
+        r.spawned();
+        r.exited(1);
+        if r.state() != State::Failed {
+            r.fire();
+        }
+    }
+    assert_eq!(r.spawns, 11, "1 + max-attempts spawns");
+    let total: Duration = r.waits.iter().sum();
+    assert_eq!(total, Duration::from_millis(151_500));
+}
+
+#[test]
+fn apply_restarts_only_when_asked_and_never_a_stopped_unit() {
+    let spec = stdio_spec(policy(100, 800, 2, true));
+    let mut r = Rig::new(&spec);
+    r.step(Event::Start);
+    r.spawned();
+    r.established(&tools(&["a"]));
+    assert!(
+        r.step(Event::Apply {
+            spec: Box::new(spec.clone()),
+            restart: false
+        })
+        .is_empty()
+    );
+    assert_eq!(r.state(), State::Running);
+    let fx = r.step(Event::Apply {
+        spec: Box::new(spec.clone()),
+        restart: true,
+    });
+    assert!(fx.contains(&Effect::Signal {
+        generation: 1,
+        signal: Signal::Term
+    }));
+    assert_eq!(r.exited(0), spawn(2));
+
+    let mut stopped = Rig::new(&spec);
+    assert!(
+        stopped
+            .step(Event::Apply {
+                spec: Box::new(spec),
+                restart: true
+            })
+            .is_empty()
+    );
+    assert_eq!(stopped.state(), State::Stopped);
+}
+
+#[test]
+fn spawn_failure_needs_no_reap_and_an_http_failure_neither() {
+    let mut r = Rig::new(&stdio_spec(policy(100, 800, 2, true)));
+    r.step(Event::Start);
+    let fx = r.step(Event::SpawnFailed {
+        generation: 1,
+        error: "command x: not found in PATH (/bin)".into(),
+    });
+    assert_eq!(fx, vec![Effect::Disconnect { generation: 1 }]);
+    assert_eq!(
+        r.reason(),
+        "connection failed: command x: not found in PATH (/bin)"
+    );
+    assert_eq!(r.m.view().next_retry, Some(r.now + ms(100)));
+
+    let http = UnitSpec::new(UnitDraft {
+        http: Some(HttpDraft {
+            url: "http://127.0.0.1:9/mcp".into(),
+            headers: vec![],
+        }),
+        reconnect: policy(100, 800, 2, true),
+        ..UnitDraft::default()
+    })
+    .expect("valid");
+    let mut r = Rig::new(&http);
+    r.step(Event::Start);
+    assert!(
+        r.step(Event::Spawned {
+            generation: 1,
+            pid: None
+        })
+        .is_empty()
+    );
+    r.established(&tools(&["a"]));
+    let fx = r.step(Event::Closed {
+        generation: 1,
+        error: "session closed".into(),
+    });
+    assert_eq!(
+        fx,
+        vec![Effect::Disconnect { generation: 1 }],
+        "no process to signal"
+    );
+    assert_eq!(r.reason(), "connection lost: session closed");
+    assert_eq!(r.fire(), spawn(2));
+}
