@@ -7,7 +7,7 @@
 //! with `code`), `hang` (never replies), `fail {message}` (an `isError`
 //! result), `log {text}` (a line on stderr), `set_tools {tools}` (replaces the
 //! extra tools and sends `notifications/tools/list_changed`). Extra tools echo
-//! their `text` argument.
+//! their `text` argument. `env` and `whoami` report how the server was started.
 //!
 //! Behaviours at start are chosen by flags (see `--help`); every flag can also
 //! be given as an environment variable `MCP_FIXTURE_<FLAG>` (e.g.
@@ -61,6 +61,9 @@ struct Args {
     /// Exit with code 2 this long after start (e.g. "300ms").
     #[arg(long, env = "MCP_FIXTURE_EXIT_AFTER", value_parser = humantime::parse_duration)]
     exit_after: Option<Duration>,
+    /// Keep running after stdin closes (instead of exiting 0).
+    #[arg(long, env = "MCP_FIXTURE_LINGER")]
+    linger: bool,
     /// Ignore SIGTERM (only SIGKILL stops it).
     #[arg(long, env = "MCP_FIXTURE_IGNORE_SIGTERM")]
     ignore_sigterm: bool,
@@ -81,6 +84,10 @@ struct Args {
     /// Extra tools present from the start (comma-separated names).
     #[arg(long, env = "MCP_FIXTURE_TOOLS", value_delimiter = ',')]
     tools: Vec<String>,
+    /// Hold an exclusive lock on FILE while running; if another process
+    /// holds it, write "overlap" to FILE.overlap and exit with code 99.
+    #[arg(long, env = "MCP_FIXTURE_LOCK", value_name = "FILE")]
+    lock: Option<PathBuf>,
     /// Tools per `tools/list` page (0: all in one page).
     #[arg(long, env = "MCP_FIXTURE_PAGE_SIZE", default_value_t = 0)]
     page_size: usize,
@@ -135,6 +142,16 @@ impl Fixture {
                 "log",
                 "Write the given text to stderr",
                 schema(text_schema()),
+            ),
+            Tool::new(
+                "env",
+                "Return the environment as a JSON object",
+                schema(json!({"type": "object"})),
+            ),
+            Tool::new(
+                "whoami",
+                "Return uid, gid, groups and working directory",
+                schema(json!({"type": "object"})),
             ),
             Tool::new(
                 "set_tools",
@@ -249,6 +266,29 @@ impl ServerHandler for Fixture {
                 say(&line);
                 text("logged")
             }
+            "env" => {
+                let env: serde_json::Map<String, Value> = std::env::vars()
+                    .map(|(k, v)| (k, Value::String(v)))
+                    .collect();
+                text(Value::Object(env).to_string())
+            }
+            "whoami" => {
+                let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+                let field = |name: &str| {
+                    status
+                        .lines()
+                        .find_map(|l| l.strip_prefix(name))
+                        .map(|v| v.split_whitespace().map(str::to_owned).collect::<Vec<_>>())
+                        .unwrap_or_default()
+                };
+                let cwd = std::env::current_dir()
+                    .map(|d| d.display().to_string())
+                    .unwrap_or_default();
+                text(
+                    json!({"uid": field("Uid:"), "gid": field("Gid:"), "groups": field("Groups:"), "cwd": cwd})
+                        .to_string(),
+                )
+            }
             "set_tools" => {
                 let names: Vec<String> = arg(&request, "tools")
                     .cloned()
@@ -292,6 +332,17 @@ fn count_spawn(file: &PathBuf) -> std::io::Result<usize> {
     Ok(std::fs::read_to_string(file)?.lines().count())
 }
 
+/// An exclusive, non-blocking `flock` on `file`, held until the process ends.
+fn take_lock(file: &PathBuf) -> std::io::Result<std::fs::File> {
+    let f = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(file)?;
+    rustix::fs::flock(&f, rustix::fs::FlockOperation::NonBlockingLockExclusive)?;
+    Ok(f)
+}
+
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> std::process::ExitCode {
     let args = Args::parse();
@@ -309,6 +360,19 @@ async fn main() -> std::process::ExitCode {
             }
         }
     }
+    let _lock = match &args.lock {
+        Some(file) => match take_lock(file) {
+            Ok(lock) => Some(lock),
+            Err(e) => {
+                say(&format!("lock {} is held: {e}", file.display()));
+                let mut marker = file.as_os_str().to_owned();
+                marker.push(".overlap");
+                let _ = std::fs::write(PathBuf::from(marker), "overlap\n");
+                std::process::exit(99);
+            }
+        },
+        None => None,
+    };
     if let Some(code) = args.die_on_start {
         say(&format!("dying on start with exit code {code}"));
         std::process::exit(code);
@@ -368,6 +432,7 @@ async fn main() -> std::process::ExitCode {
     if args.garbage_stdout {
         println!("this line is not JSON-RPC");
     }
+    let linger = args.linger;
     let fixture = Fixture {
         name: args.name,
         extra: Arc::new(Mutex::new(args.tools)),
@@ -382,6 +447,10 @@ async fn main() -> std::process::ExitCode {
         }
     };
     let reason = service.waiting().await;
+    if linger {
+        say(&format!("stdin closed ({reason:?}); lingering"));
+        std::future::pending::<()>().await;
+    }
     say(&format!("stdin closed ({reason:?}); exiting"));
     std::process::ExitCode::SUCCESS
 }

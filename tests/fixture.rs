@@ -81,7 +81,17 @@ async fn tools_echo_add_fail_and_paging() {
         let names: Vec<&str> = tools.iter().map(|t| t.name.as_ref()).collect();
         assert_eq!(
             names,
-            ["echo", "add", "crash", "hang", "fail", "log", "set_tools"]
+            [
+                "echo",
+                "add",
+                "crash",
+                "hang",
+                "fail",
+                "log",
+                "env",
+                "whoami",
+                "set_tools"
+            ]
         );
         let echo = s
             .client
@@ -126,7 +136,7 @@ async fn set_tools_changes_the_list_and_notifies() {
             .expect("set_tools");
         s.changed.recv().await.expect("list_changed notification");
         let after = s.client.list_all_tools().await.expect("list");
-        let extra: Vec<&str> = after.iter().skip(7).map(|t| t.name.as_ref()).collect();
+        let extra: Vec<&str> = after.iter().skip(9).map(|t| t.name.as_ref()).collect();
         assert_eq!(extra, ["beta", "gamma"]);
     })
     .await;

@@ -476,10 +476,19 @@ fn a_new_generation_waits_for_the_old_process_to_be_reaped() {
         generation: 1,
         error: "the server closed the connection".into(),
     });
-    assert!(fx.contains(&Effect::Signal {
-        generation: 1,
-        signal: Signal::Term
-    }));
+    assert_eq!(
+        fx,
+        vec![Effect::Disconnect { generation: 1 }],
+        "a hang-up gets time to exit on its own"
+    );
+    assert_eq!(r.m.deadline(), Some(r.now + ms(1000)));
+    assert_eq!(
+        r.fire(),
+        vec![Effect::Signal {
+            generation: 1,
+            signal: Signal::Term
+        }]
+    );
     assert_eq!(
         r.m.deadline(),
         Some(r.now + ms(1000)),
@@ -493,17 +502,56 @@ fn a_new_generation_waits_for_the_old_process_to_be_reaped() {
         }]
     );
     assert_eq!(r.spawns, 1, "no retry while the process lives");
-    // reaped after SIGKILL: now the backoff starts, with the exit status as reason
+    // reaped after SIGKILL: the backoff starts; our own SIGKILL explains nothing
     r.step(Event::Exited {
         generation: 1,
         status: ExitStatus::Signal(9),
     });
     assert_eq!(
         r.reason(),
-        "connection lost: process killed by signal 9 (SIGKILL)"
+        "connection lost: the server closed the connection"
     );
     assert_eq!(r.m.view().next_retry, Some(r.now + ms(100)));
     assert_eq!(r.fire(), spawn(2));
+}
+
+#[test]
+fn a_hang_up_followed_by_an_exit_reports_the_exit_status() {
+    let mut r = Rig::new(&stdio_spec(policy(100, 800, 3, true)));
+    r.step(Event::Start);
+    r.spawned();
+    r.step(Event::Closed {
+        generation: 1,
+        error: "the server closed the connection during initialize".into(),
+    });
+    assert_eq!(
+        r.reason(),
+        "connection failed: the server closed the connection during initialize"
+    );
+    assert!(r.exited(3).is_empty());
+    assert_eq!(
+        r.reason(),
+        "connection failed: process exited with status 3"
+    );
+    assert_eq!(
+        r.m.view().last_error.as_deref(),
+        Some("process exited with status 3")
+    );
+    // an answer that was wrong is not re-explained by the exit it caused
+    assert_eq!(r.fire(), spawn(2));
+    r.spawned();
+    r.step(Event::ConnectFailed {
+        generation: 2,
+        error: "initialize failed: bad version".into(),
+    });
+    r.step(Event::Exited {
+        generation: 2,
+        status: ExitStatus::Signal(15),
+    });
+    assert_eq!(
+        r.reason(),
+        "connection failed: initialize failed: bad version"
+    );
 }
 
 #[test]

@@ -7,5 +7,6 @@ mod fixture;
 mod fuzz;
 mod machine;
 mod search;
+mod supervisor;
 mod unit_files;
 mod verify;

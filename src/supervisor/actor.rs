@@ -21,7 +21,7 @@ use tokio::task::JoinHandle;
 
 use crate::unit::UnitSpec;
 
-use super::launch::{Client, GenClient, SharedLauncher};
+use super::launch::{Client, ConnectError, GenClient, SharedLauncher};
 use super::machine::{Effect, Event, Gen, Machine, State, View};
 use super::{CallError, Status};
 
@@ -50,7 +50,7 @@ pub(crate) enum Command {
 pub(crate) enum Internal {
     Connected {
         generation: Gen,
-        result: Result<(Box<Client>, Vec<Tool>), String>,
+        result: Result<(Box<Client>, Vec<Tool>), ConnectError>,
     },
     Closed {
         generation: Gen,
@@ -321,7 +321,26 @@ impl Actor {
                         self.start_sync(generation);
                     }
                 }
-                Err(error) => self.step(Event::ConnectFailed { generation, error }).await,
+                Err(ConnectError {
+                    message,
+                    closed: true,
+                }) => {
+                    let event = Event::Closed {
+                        generation,
+                        error: message,
+                    };
+                    self.step(event).await;
+                }
+                Err(ConnectError {
+                    message,
+                    closed: false,
+                }) => {
+                    let event = Event::ConnectFailed {
+                        generation,
+                        error: message,
+                    };
+                    self.step(event).await;
+                }
             },
             Internal::Closed { generation, error } => {
                 self.step(Event::Closed { generation, error }).await
@@ -397,10 +416,11 @@ impl Actor {
                         let task = tokio::spawn(async move {
                             let result = async {
                                 let client = connect.await?;
-                                let tools = client
-                                    .list_all_tools()
-                                    .await
-                                    .map_err(|e| format!("tools/list failed: {e}"))?;
+                                let tools =
+                                    client.list_all_tools().await.map_err(|e| ConnectError {
+                                        closed: matches!(e, ServiceError::TransportClosed),
+                                        message: format!("tools/list failed: {e}"),
+                                    })?;
                                 Ok((Box::new(client), tools))
                             }
                             .await;

@@ -33,7 +33,7 @@ pub struct Launched {
     /// The process (group leader) of a stdio generation.
     pub pid: Option<u32>,
     /// Resolves once `initialize` has completed.
-    pub connect: BoxFuture<Result<Client, String>>,
+    pub connect: BoxFuture<Result<Client, ConnectError>>,
     /// Resolves once the process is reaped; None when there is no process.
     pub exit: Option<BoxFuture<ExitStatus>>,
 }
@@ -43,6 +43,30 @@ impl std::fmt::Debug for Launched {
         f.debug_struct("Launched")
             .field("pid", &self.pid)
             .finish_non_exhaustive()
+    }
+}
+
+/// Why connecting to a generation failed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConnectError {
+    pub message: String,
+    /// The server hung up (rather than answering wrongly).
+    pub closed: bool,
+}
+
+impl ConnectError {
+    /// From rmcp's handshake error.
+    pub fn initialize(e: &rmcp::service::ClientInitializeError) -> Self {
+        match e {
+            rmcp::service::ClientInitializeError::ConnectionClosed(_) => Self {
+                message: "the server closed the connection during initialize".into(),
+                closed: true,
+            },
+            other => Self {
+                message: format!("initialize failed: {other}"),
+                closed: false,
+            },
+        }
     }
 }
 
@@ -142,11 +166,11 @@ impl SystemLauncher {
                 }
             }
         });
-        let connect: BoxFuture<Result<Client, String>> = Box::pin(async move {
+        let connect: BoxFuture<Result<Client, ConnectError>> = Box::pin(async move {
             client
                 .serve((stdout, stdin))
                 .await
-                .map_err(|e| format!("initialize failed: {e}"))
+                .map_err(|e| ConnectError::initialize(&e))
         });
         let exit: BoxFuture<ExitStatus> = Box::pin(async move {
             use std::os::unix::process::ExitStatusExt;
@@ -181,11 +205,11 @@ impl SystemLauncher {
         let config = StreamableHttpClientTransportConfig::with_uri(spec.url().as_str())
             .custom_headers(headers);
         let transport = StreamableHttpClientTransport::from_config(config);
-        let connect: BoxFuture<Result<Client, String>> = Box::pin(async move {
+        let connect: BoxFuture<Result<Client, ConnectError>> = Box::pin(async move {
             client
                 .serve(transport)
                 .await
-                .map_err(|e| format!("initialize failed: {e}"))
+                .map_err(|e| ConnectError::initialize(&e))
         });
         Ok(Launched {
             pid: None,

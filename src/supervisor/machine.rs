@@ -127,9 +127,12 @@ pub enum Event {
     SpawnFailed { generation: Gen, error: String },
     /// `initialize` and a complete `tools/list` finished.
     Established { generation: Gen, tools: ToolList },
-    /// Connecting failed (initialize or tools/list error); a process may live on.
+    /// Connecting failed (an error answer, a protocol error): the process,
+    /// if any, is sent SIGTERM at once.
     ConnectFailed { generation: Gen, error: String },
-    /// The MCP session ended (stdout closed, HTTP session gone).
+    /// The MCP session ended: the server hung up (stdout closed, HTTP
+    /// session gone), before or after `initialize`. A process is given
+    /// `stop-timeout` to exit on its own before SIGTERM.
     Closed { generation: Gen, error: String },
     /// The generation's process was reaped.
     Exited { generation: Gen, status: ExitStatus },
@@ -505,7 +508,26 @@ impl Machine {
         fx.push(Effect::Disconnect {
             generation: g.generation,
         });
-        if g.alive {
+        if !g.alive {
+            self.phase = Phase::Ending {
+                g,
+                then,
+                kill: Sent::Nothing,
+                deadline: None,
+                closed,
+            };
+            self.finish(now, fx);
+        } else if closed {
+            // The server hung up: it is most likely exiting on its own. Give
+            // it stop-timeout before SIGTERM, so its exit status is its own.
+            self.phase = Phase::Ending {
+                g,
+                then,
+                kill: Sent::Nothing,
+                deadline: Some(now + self.stop_timeout),
+                closed,
+            };
+        } else {
             fx.push(Effect::Signal {
                 generation: g.generation,
                 signal: Signal::Term,
@@ -517,15 +539,6 @@ impl Machine {
                 deadline: Some(now + self.stop_timeout),
                 closed,
             };
-        } else {
-            self.phase = Phase::Ending {
-                g,
-                then,
-                kill: Sent::Nothing,
-                deadline: None,
-                closed,
-            };
-            self.finish(now, fx);
         }
     }
 
@@ -614,12 +627,17 @@ impl Machine {
                 self.fail(format!("process {status}"), false, now, fx);
             }
             Phase::Ending {
-                g, closed, then, ..
+                g,
+                closed,
+                then,
+                kill,
+                ..
             } if g.generation == generation => {
                 self.last_exit = Some(status);
                 g.alive = false;
-                if let (true, Then::Recover(verdict)) = (*closed, *then) {
-                    // "the session closed" says less than the exit status does.
+                if let (true, Sent::Nothing, Then::Recover(verdict)) = (*closed, *kill, *then) {
+                    // It hung up and exited on its own: the exit status says
+                    // more than "the server closed the connection".
                     *closed = false;
                     let established = g.established;
                     let error = format!("process {status}");
@@ -658,7 +676,15 @@ impl Machine {
             Phase::Ending {
                 g, kill, deadline, ..
             } => match kill {
-                Sent::Term | Sent::Nothing => {
+                Sent::Nothing => {
+                    *kill = Sent::Term;
+                    *deadline = Some(now + self.stop_timeout);
+                    fx.push(Effect::Signal {
+                        generation: g.generation,
+                        signal: Signal::Term,
+                    });
+                }
+                Sent::Term => {
                     *kill = Sent::Kill;
                     *deadline = Some(now + self.stop_timeout);
                     fx.push(Effect::Signal {

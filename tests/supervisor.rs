@@ -1,0 +1,591 @@
+//! The supervisor with real processes: the fixture server, real signals,
+//! real process groups, real files.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use mcpd::supervisor::process::Host;
+use mcpd::supervisor::{CallError, ExitStatus, LogRing, State, Status, Supervisor, SystemLauncher};
+use mcpd::unit::spec::{ReconnectDraft, StdioDraft};
+use mcpd::unit::{Instance, UnitDraft, UnitSpec};
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+use crate::helper::fixture_path;
+
+/// Bound for every wait: generous, so a loaded CI machine does not flake.
+const BOUND: Duration = Duration::from_secs(30);
+
+fn ms(n: u64) -> Duration {
+    Duration::from_millis(n)
+}
+
+fn reconnect(initial: u64, max: u64, attempts: i128) -> ReconnectDraft {
+    ReconnectDraft {
+        enabled: Some(true),
+        initial_delay: Some(ms(initial)),
+        max_delay: Some(ms(max)),
+        max_attempts: Some(attempts),
+    }
+}
+
+/// A unit running the fixture with `args`.
+fn fixture_unit(
+    args: &[&str],
+    reconnect: ReconnectDraft,
+    tweak: impl FnOnce(&mut UnitDraft),
+) -> UnitSpec {
+    let mut command = vec![fixture_path().display().to_string()];
+    command.extend(args.iter().map(|a| a.to_string()));
+    let mut draft = UnitDraft {
+        stdio: Some(StdioDraft {
+            command,
+            ..StdioDraft::default()
+        }),
+        reconnect,
+        startup_timeout: Some(Duration::from_secs(20)),
+        stop_timeout: Some(Duration::from_secs(5)),
+        ..UnitDraft::default()
+    };
+    tweak(&mut draft);
+    UnitSpec::new(draft).expect("valid spec")
+}
+
+struct Running {
+    sup: Supervisor,
+    task: JoinHandle<()>,
+    rx: watch::Receiver<Status>,
+}
+
+fn spawn(name: &str, spec: UnitSpec) -> Running {
+    spawn_in(Instance::User, name, spec)
+}
+
+fn spawn_in(instance: Instance, name: &str, spec: UnitSpec) -> Running {
+    let logs = LogRing::default();
+    let launcher = Arc::new(SystemLauncher::new(
+        name,
+        Host::current(instance),
+        logs.clone(),
+    ));
+    let (sup, task) = Supervisor::spawn(name, spec, launcher, logs);
+    let rx = sup.subscribe();
+    sup.start();
+    Running { sup, task, rx }
+}
+
+impl Running {
+    /// Waits until the status satisfies `pred`, failing with the last status.
+    async fn until(&mut self, what: &str, pred: impl Fn(&Status) -> bool) -> Status {
+        let waited = tokio::time::timeout(BOUND, async {
+            loop {
+                {
+                    let status = self.rx.borrow_and_update();
+                    if pred(&status) {
+                        return status.clone();
+                    }
+                }
+                if self.rx.changed().await.is_err() {
+                    return self.rx.borrow().clone();
+                }
+            }
+        })
+        .await;
+        match waited {
+            Ok(status) if pred(&status) => status,
+            _ => panic!(
+                "timed out waiting for {what}; last status: {:#?}",
+                self.sup.status()
+            ),
+        }
+    }
+
+    async fn running(&mut self, generation: u64) -> Status {
+        self.until(&format!("running generation {generation}"), |s| {
+            s.state == State::Running && s.generation == generation
+        })
+        .await
+    }
+
+    async fn call(
+        &self,
+        tool: &str,
+        args: serde_json::Value,
+    ) -> Result<rmcp::model::CallToolResult, CallError> {
+        self.sup
+            .call_tool(tool, args.as_object().cloned(), BOUND)
+            .await
+    }
+
+    async fn text(&self, tool: &str, args: serde_json::Value) -> String {
+        let result = self
+            .call(tool, args)
+            .await
+            .unwrap_or_else(|e| panic!("{tool}: {e}"));
+        serde_json::to_value(&result.content).expect("json")[0]["text"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned()
+    }
+
+    async fn shutdown(self) {
+        tokio::time::timeout(BOUND, self.sup.shutdown(self.task))
+            .await
+            .expect("shutdown within bound");
+    }
+}
+
+/// Whether `pid` is a live process (zombies count as gone).
+fn alive(pid: u32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(stat) => stat
+            .rsplit_once(')')
+            .is_some_and(|(_, rest)| !rest.trim_start().starts_with('Z')),
+        Err(_) => false,
+    }
+}
+
+/// Waits (bounded) until `pid` is gone.
+async fn gone(pid: u32) {
+    let waited = tokio::time::timeout(BOUND, async {
+        while alive(pid) {
+            tokio::time::sleep(ms(10)).await;
+        }
+    })
+    .await;
+    assert!(waited.is_ok(), "process {pid} is still alive");
+}
+
+fn lines(path: &Path) -> Vec<String> {
+    std::fs::read_to_string(path)
+        .unwrap_or_default()
+        .lines()
+        .map(str::to_owned)
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn crash_recovers_with_a_new_pid_and_the_same_tools_unannounced() {
+    let mut r = spawn("crashy", fixture_unit(&[], reconnect(50, 2000, 3), |_| {}));
+    let first = r.running(1).await;
+    let pid1 = first.main_pid.expect("pid");
+    assert_eq!(first.tools_serial, 1);
+    assert!(first.tools.iter().any(|t| t.name == "echo"));
+    assert_eq!(
+        r.text("echo", serde_json::json!({"text": "hello"})).await,
+        "hello"
+    );
+
+    r.text("crash", serde_json::json!({"code": 7})).await;
+    let lost = r
+        .until("reconnecting", |s| {
+            s.state == State::Reconnecting && s.last_exit.is_some()
+        })
+        .await;
+    assert_eq!(lost.reason, "connection lost: process exited with status 7");
+    assert_eq!(lost.last_exit, Some(ExitStatus::Code(7)));
+    assert_eq!(
+        lost.tools.len(),
+        first.tools.len(),
+        "tools stay published during the outage"
+    );
+
+    let second = r.running(2).await;
+    let pid2 = second.main_pid.expect("pid");
+    assert_ne!(pid1, pid2);
+    assert!(!alive(pid1));
+    assert_eq!(
+        second.tools_serial, 1,
+        "an unchanged list is not announced again"
+    );
+    assert_eq!(second.tools_generation, 2);
+    assert_eq!(
+        second.attempt, 1,
+        "inside the stability window the outage goes on"
+    );
+    assert_eq!(
+        r.text("echo", serde_json::json!({"text": "again"})).await,
+        "again"
+    );
+    r.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn die_on_start_fails_after_exactly_one_plus_max_attempts_spawns() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let count = tmp.path().join("spawns");
+    let count_arg = count.display().to_string();
+    let mut r = spawn(
+        "doomed",
+        fixture_unit(
+            &["--die-on-start", "3", "--count-file", &count_arg],
+            reconnect(5, 20, 4),
+            |_| {},
+        ),
+    );
+    let failed = r.until("failed", |s| s.state == State::Failed).await;
+    assert_eq!(lines(&count).len(), 5, "1 start + 4 retries");
+    assert_eq!(
+        failed.reason,
+        "connection failed: process exited with status 3; gave up after 4 retries, run `mcpctl restart doomed` to try again"
+    );
+    assert_eq!(failed.generation, 5);
+    assert!(failed.tools.is_empty());
+    // call fails at once, naming the state
+    let err = r
+        .call("echo", serde_json::json!({"text": "x"}))
+        .await
+        .expect_err("not running");
+    assert!(
+        matches!(
+            err,
+            CallError::NotRunning {
+                state: State::Failed,
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+    assert!(
+        err.to_string().starts_with("server doomed is failed"),
+        "{err}"
+    );
+    // restart: a fresh budget, 5 more spawns
+    r.sup.restart();
+    r.until("failed again", |s| {
+        s.state == State::Failed && s.generation == 10
+    })
+    .await;
+    assert_eq!(lines(&count).len(), 10);
+    r.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn recovers_after_failing_first_spawns_and_reports_retrying_meanwhile() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let count = tmp.path().join("spawns");
+    let count_arg = count.display().to_string();
+    let mut r = spawn(
+        "flaky",
+        fixture_unit(
+            &["--fail-first", "2", "--count-file", &count_arg],
+            reconnect(20, 1000, 5),
+            |_| {},
+        ),
+    );
+    let retrying = r
+        .until("retrying", |s| {
+            s.state == State::Retrying && s.last_exit.is_some()
+        })
+        .await;
+    assert_eq!(
+        retrying.reason,
+        "connection failed: process exited with status 3"
+    );
+    let running = r.running(3).await;
+    assert_eq!(running.attempt, 2);
+    assert_eq!(lines(&count).len(), 3);
+    r.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hanging_server_fails_its_startup_timeout_and_is_killed() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let count = tmp.path().join("spawns");
+    let count_arg = count.display().to_string();
+    let spec = fixture_unit(
+        &["--hang", "--count-file", &count_arg],
+        reconnect(5000, 10_000, 2),
+        |d| {
+            d.startup_timeout = Some(ms(300));
+        },
+    );
+    let mut r = spawn("hung", spec);
+    let retrying = r
+        .until("startup timeout", |s| {
+            s.state == State::Retrying && s.last_exit.is_some()
+        })
+        .await;
+    assert_eq!(
+        retrying.reason,
+        "connection failed: startup-timeout (300ms) expired before initialize and tools/list completed"
+    );
+    assert_eq!(
+        retrying.last_exit,
+        Some(ExitStatus::Signal(15)),
+        "SIGTERMed"
+    );
+    let pid: u32 = lines(&count)[0].parse().expect("pid");
+    assert!(!alive(pid));
+    assert!(retrying.next_retry.is_some());
+    // while in backoff, calls fail at once with the retry schedule
+    let err = r
+        .call("echo", serde_json::json!({"text": "x"}))
+        .await
+        .expect_err("not running");
+    let shown = err.to_string();
+    assert!(
+        shown.starts_with("server hung is retrying (retry 1/2, next in "),
+        "{shown}"
+    );
+    assert!(shown.ends_with("): connection failed: startup-timeout (300ms) expired before initialize and tools/list completed"), "{shown}");
+    r.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sigterm_ignoring_server_is_killed_and_never_overlaps_its_successor() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let lock = tmp.path().join("lock");
+    let count = tmp.path().join("spawns");
+    let (lock_arg, count_arg) = (lock.display().to_string(), count.display().to_string());
+    let spec = fixture_unit(
+        &[
+            "--ignore-sigterm",
+            "--linger",
+            "--lock",
+            &lock_arg,
+            "--count-file",
+            &count_arg,
+        ],
+        reconnect(10, 1000, 3),
+        |d| d.stop_timeout = Some(ms(500)),
+    );
+    let mut r = spawn("stubborn", spec);
+    let first = r.running(1).await;
+    let pid1 = first.main_pid.expect("pid");
+    r.sup.restart();
+    let stopping = r.until("stopping", |s| s.state == State::Stopping).await;
+    assert_eq!(
+        stopping.main_pid,
+        Some(pid1),
+        "still alive: it ignores SIGTERM"
+    );
+    let second = r.running(2).await;
+    assert!(!alive(pid1));
+    assert_eq!(
+        second.last_exit,
+        Some(ExitStatus::Signal(9)),
+        "SIGKILLed after stop-timeout"
+    );
+    // the successor got the lock: the two never ran at the same time
+    let overlap = tmp.path().join("lock.overlap");
+    assert!(
+        !overlap.exists(),
+        "a second process started while the first lived"
+    );
+    assert_eq!(lines(&count).len(), 2);
+    r.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn grandchildren_die_with_their_server() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let grandchild = tmp.path().join("grandchild");
+    let arg = grandchild.display().to_string();
+    let mut r = spawn(
+        "family",
+        fixture_unit(&["--grandchild", &arg], reconnect(10, 1000, 3), |_| {}),
+    );
+    r.running(1).await;
+    let first: u32 = lines(&grandchild)[0].parse().expect("pid");
+    assert!(alive(first));
+    // a crash leaves the grandchild behind: it is killed with the group
+    r.text("crash", serde_json::json!({"code": 1})).await;
+    r.running(2).await;
+    gone(first).await;
+    // and so is the next one on stop
+    let second: u32 = lines(&grandchild)[0].parse().expect("pid");
+    assert_ne!(first, second);
+    r.sup.stop();
+    r.until("stopped", |s| s.state == State::Stopped).await;
+    gone(second).await;
+    r.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn set_tools_publishes_each_new_list_once() {
+    let mut r = spawn(
+        "dynamic",
+        fixture_unit(&["--page-size", "2"], reconnect(10, 1000, 3), |_| {}),
+    );
+    let first = r.running(1).await;
+    assert_eq!(first.tools.len(), 9, "every page was read");
+    r.text("set_tools", serde_json::json!({"tools": ["x", "y"]}))
+        .await;
+    let changed = r.until("new tools", |s| s.tools_serial == 2).await;
+    let names: Vec<&str> = changed
+        .tools
+        .iter()
+        .skip(9)
+        .map(|t| t.name.as_ref())
+        .collect();
+    assert_eq!(names, ["x", "y"]);
+    // the same list again changes nothing; a different one is the next serial
+    r.text("set_tools", serde_json::json!({"tools": ["x", "y"]}))
+        .await;
+    r.text("set_tools", serde_json::json!({"tools": ["z"]}))
+        .await;
+    let last = r
+        .until("z", |s| s.tools.iter().any(|t| t.name == "z"))
+        .await;
+    assert_eq!(last.tools_serial, 3);
+    assert_eq!(
+        r.text("z", serde_json::json!({"text": "dynamic"})).await,
+        "dynamic"
+    );
+    r.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_child_gets_a_clean_layered_environment() {
+    assert!(
+        std::env::var_os("CARGO_MANIFEST_DIR").is_some(),
+        "cargo sets this for tests"
+    );
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let env_file = tmp.path().join("unit.env");
+    std::fs::write(&env_file, "# secrets\nFROM_FILE=file\nBOTH=file\n").expect("write");
+    let spec = fixture_unit(&[], reconnect(10, 1000, 3), |d| {
+        let stdio = d.stdio.as_mut().expect("stdio");
+        stdio.env = [("BOTH".to_string(), "unit".to_string())].into();
+        stdio.env_files = vec![env_file.clone()];
+        stdio.pass_env = vec!["CARGO_PKG_NAME".into()];
+        stdio.working_directory = Some(tmp.path().to_owned());
+    });
+    let mut r = spawn("envy", spec);
+    r.running(1).await;
+    let env: serde_json::Value =
+        serde_json::from_str(&r.text("env", serde_json::json!({})).await).expect("json");
+    assert_eq!(env["FROM_FILE"], "file");
+    assert_eq!(env["BOTH"], "unit", "env overrides env-file");
+    assert_eq!(
+        env["CARGO_PKG_NAME"], "mcpd",
+        "pass-env copies from the daemon"
+    );
+    assert!(
+        env.get("CARGO_MANIFEST_DIR").is_none(),
+        "the daemon's environment does not leak"
+    );
+    assert!(env.get("PATH").is_some() && env.get("HOME").is_some());
+    let who: serde_json::Value =
+        serde_json::from_str(&r.text("whoami", serde_json::json!({})).await).expect("json");
+    assert_eq!(who["cwd"], tmp.path().display().to_string());
+    r.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn missing_env_file_and_working_directory_fail_the_attempt_by_name() {
+    let mut r = spawn(
+        "noenv",
+        fixture_unit(&[], reconnect(10_000, 20_000, 3), |d| {
+            d.stdio.as_mut().expect("stdio").env_files = vec!["/nonexistent/mcpd-test.env".into()];
+        }),
+    );
+    let s = r.until("retrying", |s| s.state == State::Retrying).await;
+    assert!(
+        s.reason
+            .starts_with("connection failed: env-file /nonexistent/mcpd-test.env: "),
+        "{}",
+        s.reason
+    );
+    r.shutdown().await;
+
+    let mut r = spawn(
+        "nodir",
+        fixture_unit(&[], reconnect(10_000, 20_000, 3), |d| {
+            d.stdio.as_mut().expect("stdio").working_directory =
+                Some("/nonexistent/mcpd-dir".into());
+        }),
+    );
+    let s = r.until("retrying", |s| s.state == State::Retrying).await;
+    assert!(
+        s.reason
+            .starts_with("connection failed: working directory /nonexistent/mcpd-dir: "),
+        "{}",
+        s.reason
+    );
+    r.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn user_switches_identity_with_groups_when_root() {
+    let spec = fixture_unit(&[], reconnect(10_000, 20_000, 3), |d| {
+        d.stdio.as_mut().expect("stdio").user = Some("nobody".into());
+    });
+    let mut r = spawn_in(Instance::System, "lowly", spec);
+    if rustix::process::geteuid().is_root() {
+        r.running(1).await;
+        let who: serde_json::Value =
+            serde_json::from_str(&r.text("whoami", serde_json::json!({})).await).expect("json");
+        let nobody = nix::unistd::User::from_name("nobody")
+            .expect("lookup")
+            .expect("nobody exists");
+        let (uid, gid) = (nobody.uid.to_string(), nobody.gid.to_string());
+        assert_eq!(who["uid"], serde_json::json!([uid, uid, uid, uid]));
+        assert_eq!(who["gid"], serde_json::json!([gid, gid, gid, gid]));
+        assert_eq!(
+            who["groups"],
+            serde_json::json!([gid]),
+            "the user's own groups, not root's"
+        );
+    } else {
+        let s = r.until("retrying", |s| s.state == State::Retrying).await;
+        assert!(
+            s.reason
+                .contains("only root can run a server as another user"),
+            "{}",
+            s.reason
+        );
+    }
+    r.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stderr_lines_are_kept_for_status() {
+    let mut r = spawn(
+        "chatty",
+        fixture_unit(&["--chatter", "4"], reconnect(10, 1000, 3), |_| {}),
+    );
+    r.running(1).await;
+    r.text("log", serde_json::json!({"text": "a line for the ring"}))
+        .await;
+    let waited = tokio::time::timeout(BOUND, async {
+        loop {
+            let tail = r.sup.logs().tail(10);
+            if tail.iter().any(|l| l.ends_with("a line for the ring")) {
+                return tail;
+            }
+            tokio::time::sleep(ms(10)).await;
+        }
+    })
+    .await
+    .expect("log line arrives");
+    assert!(
+        waited.iter().any(|l| l.ends_with("chatter line 3")),
+        "{waited:?}"
+    );
+    r.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stop_withdraws_tools_and_start_brings_them_back() {
+    let mut r = spawn("toggle", fixture_unit(&[], reconnect(10, 1000, 3), |_| {}));
+    let first = r.running(1).await;
+    let pid = first.main_pid.expect("pid");
+    r.sup.stop();
+    let stopped = r.until("stopped", |s| s.state == State::Stopped).await;
+    assert!(stopped.tools.is_empty());
+    assert_eq!(stopped.main_pid, None);
+    assert_eq!(stopped.last_exit, Some(ExitStatus::Signal(15)));
+    assert!(!alive(pid));
+    let err = r
+        .call("echo", serde_json::json!({"text": "x"}))
+        .await
+        .expect_err("stopped");
+    assert_eq!(err.to_string(), "server toggle is stopped");
+    r.sup.start();
+    let again = r.running(2).await;
+    assert_eq!(again.tools.len(), first.tools.len());
+    r.shutdown().await;
+}
