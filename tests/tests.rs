@@ -2,6 +2,8 @@
 
 mod helper;
 
+mod actor;
+
 mod docs;
 mod fixture;
 mod fuzz;

@@ -345,7 +345,12 @@ impl Machine {
 
     pub fn view(&self) -> View {
         let (attempt, next_retry, main_pid) = match &self.phase {
-            Phase::Active { g, .. } => (g.retry, None, g.pid.filter(|_| g.alive)),
+            // Once the stability window has ended the outage, no retry counts.
+            Phase::Active { g, .. } => (
+                if self.outage.is_some() { g.retry } else { 0 },
+                None,
+                g.pid.filter(|_| g.alive),
+            ),
             Phase::Ending { g, then, .. } => {
                 let attempt = match then {
                     Then::Recover(Verdict::Retry(k)) => *k,

@@ -1,5 +1,7 @@
 //! Shared test helpers: binaries, snapshots, bounded waits.
 
+pub mod fake;
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
