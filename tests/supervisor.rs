@@ -224,7 +224,12 @@ async fn die_on_start_fails_after_exactly_one_plus_max_attempts_spawns() {
             |_| {},
         ),
     );
-    let failed = r.until("failed", |s| s.state == State::Failed).await;
+    let failed = r
+        .until("failed with the exit status", |s| {
+            s.state == State::Failed
+                && s.last_error.as_deref() == Some("process exited with status 3")
+        })
+        .await;
     assert_eq!(lines(&count).len(), 5, "1 start + 4 retries");
     assert_eq!(
         failed.reason,
@@ -274,15 +279,14 @@ async fn recovers_after_failing_first_spawns_and_reports_retrying_meanwhile() {
             |_| {},
         ),
     );
+    // (the hang-up is reported first, the exit status as soon as it is reaped)
     let retrying = r
-        .until("retrying", |s| {
-            s.state == State::Retrying && s.last_exit.is_some()
+        .until("retrying with the exit status", |s| {
+            s.state == State::Retrying
+                && s.reason == "connection failed: process exited with status 3"
         })
         .await;
-    assert_eq!(
-        retrying.reason,
-        "connection failed: process exited with status 3"
-    );
+    assert_eq!(retrying.last_exit, Some(ExitStatus::Code(3)));
     let running = r.running(3).await;
     assert_eq!(running.attempt, 2);
     assert_eq!(lines(&count).len(), 3);

@@ -58,7 +58,9 @@ impl ConnectError {
     /// From rmcp's handshake error.
     pub fn initialize(e: &rmcp::service::ClientInitializeError) -> Self {
         match e {
-            rmcp::service::ClientInitializeError::ConnectionClosed(_) => Self {
+            // Reading EOF or writing into a closed pipe: the server hung up.
+            rmcp::service::ClientInitializeError::ConnectionClosed(_)
+            | rmcp::service::ClientInitializeError::TransportError { .. } => Self {
                 message: "the server closed the connection during initialize".into(),
                 closed: true,
             },
