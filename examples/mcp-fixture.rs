@@ -88,6 +88,16 @@ struct Args {
     /// holds it, write "overlap" to FILE.overlap and exit with code 99.
     #[arg(long, env = "MCP_FIXTURE_LOCK", value_name = "FILE")]
     lock: Option<PathBuf>,
+    /// Serve Streamable HTTP on ADDR (e.g. 127.0.0.1:0) instead of stdio,
+    /// at path /mcp; the bound port is written to --port-file.
+    #[arg(long, env = "MCP_FIXTURE_HTTP", value_name = "ADDR")]
+    http: Option<String>,
+    /// With --http: write the bound port to FILE.
+    #[arg(long, env = "MCP_FIXTURE_PORT_FILE", value_name = "FILE")]
+    port_file: Option<PathBuf>,
+    /// With --http: answer 401 unless the request has this Authorization header value.
+    #[arg(long, env = "MCP_FIXTURE_REQUIRE_AUTH", value_name = "VALUE")]
+    require_auth: Option<String>,
     /// Tools per `tools/list` page (0: all in one page).
     #[arg(long, env = "MCP_FIXTURE_PAGE_SIZE", default_value_t = 0)]
     page_size: usize,
@@ -332,6 +342,76 @@ fn count_spawn(file: &PathBuf) -> std::io::Result<usize> {
     Ok(std::fs::read_to_string(file)?.lines().count())
 }
 
+/// Serves the fixture over Streamable HTTP at `/mcp` until killed.
+async fn serve_http(
+    fixture: Fixture,
+    addr: &str,
+    port_file: Option<&PathBuf>,
+    require_auth: Option<String>,
+) -> std::process::ExitCode {
+    use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
+    use rmcp::transport::streamable_http_server::{
+        StreamableHttpServerConfig, StreamableHttpService,
+    };
+    let listener = match tokio::net::TcpListener::bind(addr).await {
+        Ok(l) => l,
+        Err(e) => {
+            say(&format!("cannot bind {addr}: {e}"));
+            return std::process::ExitCode::from(1);
+        }
+    };
+    let port = listener.local_addr().map(|a| a.port()).unwrap_or_default();
+    if let Some(file) = port_file {
+        let _ = std::fs::write(file, format!("{port}\n"));
+    }
+    say(&format!("serving on http://127.0.0.1:{port}/mcp"));
+    let service = StreamableHttpService::new(
+        move || Ok(fixture.clone()),
+        Arc::new(LocalSessionManager::default()),
+        StreamableHttpServerConfig::default(),
+    );
+    loop {
+        let Ok((stream, _)) = listener.accept().await else {
+            continue;
+        };
+        let service = service.clone();
+        let require_auth = require_auth.clone();
+        tokio::spawn(async move {
+            let handler = hyper::service::service_fn(
+                move |request: hyper::Request<hyper::body::Incoming>| {
+                    let mut service = service.clone();
+                    let require_auth = require_auth.clone();
+                    async move {
+                        use http_body_util::BodyExt;
+                        let authorized = require_auth.as_deref().is_none_or(|want| {
+                            request
+                                .headers()
+                                .get("authorization")
+                                .and_then(|v| v.to_str().ok())
+                                == Some(want)
+                        });
+                        if !authorized || request.uri().path() != "/mcp" {
+                            let status = if authorized { 404 } else { 401 };
+                            let empty = http_body_util::Full::new(bytes::Bytes::new())
+                                .map_err(|e| match e {})
+                                .boxed_unsync();
+                            let mut response = hyper::Response::new(empty);
+                            *response.status_mut() =
+                                hyper::StatusCode::from_u16(status).unwrap_or_default();
+                            return Ok::<_, std::convert::Infallible>(response);
+                        }
+                        let response = tower_service::Service::call(&mut service, request).await?;
+                        Ok(response.map(|b| b.boxed_unsync()))
+                    }
+                },
+            );
+            let _ = hyper::server::conn::http1::Builder::new()
+                .serve_connection(hyper_util::rt::TokioIo::new(stream), handler)
+                .await;
+        });
+    }
+}
+
 /// An exclusive, non-blocking `flock` on `file`, held until the process ends.
 fn take_lock(file: &PathBuf) -> std::io::Result<std::fs::File> {
     let f = std::fs::OpenOptions::new()
@@ -438,6 +518,15 @@ async fn main() -> std::process::ExitCode {
         extra: Arc::new(Mutex::new(args.tools)),
         page_size: args.page_size,
     };
+    if let Some(addr) = args.http.clone() {
+        return serve_http(
+            fixture,
+            &addr,
+            args.port_file.as_ref(),
+            args.require_auth.clone(),
+        )
+        .await;
+    }
     say("serving on stdio");
     let service = match fixture.serve(rmcp::transport::stdio()).await {
         Ok(service) => service,

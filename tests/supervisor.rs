@@ -593,3 +593,129 @@ async fn stop_withdraws_tools_and_start_brings_them_back() {
     assert_eq!(again.tools.len(), first.tools.len());
     r.shutdown().await;
 }
+
+/// A loopback port nothing listens on (bound, then released).
+fn free_port() -> u16 {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    listener.local_addr().expect("addr").port()
+}
+
+fn http_unit(url: &str, token: &str, reconnect: ReconnectDraft) -> UnitSpec {
+    UnitSpec::new(UnitDraft {
+        http: Some(mcpd::unit::spec::HttpDraft {
+            url: url.to_owned(),
+            headers: vec![("Authorization".into(), format!("Bearer {token}"))],
+        }),
+        reconnect,
+        startup_timeout: Some(Duration::from_secs(20)),
+        ..UnitDraft::default()
+    })
+    .expect("valid spec")
+}
+
+/// The fixture serving Streamable HTTP on `port`, requiring `token`.
+fn http_fixture(port: u16, token: &str) -> tokio::process::Child {
+    tokio::process::Command::new(fixture_path())
+        .args([
+            "--http",
+            &format!("127.0.0.1:{port}"),
+            "--require-auth",
+            &format!("Bearer {token}"),
+        ])
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("spawn http fixture")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http_unit_retries_until_the_server_answers_then_serves_calls() {
+    let port = free_port();
+    let url = format!("http://127.0.0.1:{port}/mcp");
+    let mut r = spawn(
+        "remote",
+        http_unit(&url, "s3cret", reconnect(50, 200, 1000)),
+    );
+    let refused = r.until("retrying", |s| s.state == State::Retrying).await;
+    assert!(
+        refused
+            .reason
+            .ends_with("tcp connect error: Connection refused (os error 111)"),
+        "{}",
+        refused.reason
+    );
+    assert_eq!(refused.main_pid, None);
+
+    let mut server = http_fixture(port, "s3cret");
+    let running = r.until("running", |s| s.state == State::Running).await;
+    assert!(running.tools.iter().any(|t| t.name == "echo"));
+    assert_eq!(
+        r.text("echo", serde_json::json!({"text": "over http"}))
+            .await,
+        "over http"
+    );
+    r.shutdown().await;
+    let _ = server.kill().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http_unit_with_a_wrong_token_fails_without_showing_it() {
+    let port = free_port();
+    let mut server = http_fixture(port, "right-token");
+    let url = format!("http://127.0.0.1:{port}/mcp");
+    let mut r = spawn(
+        "denied",
+        http_unit(&url, "wrong-token", reconnect(20, 40, 2)),
+    );
+    let failed = r.until("failed", |s| s.state == State::Failed).await;
+    assert!(failed.reason.contains("401"), "{}", failed.reason);
+    assert!(!failed.reason.contains("wrong-token"), "{}", failed.reason);
+    assert_eq!(failed.generation, 3);
+    r.shutdown().await;
+    let _ = server.kill().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_http_server_is_noticed_on_the_next_call_and_reconnected() {
+    let port = free_port();
+    let mut server = http_fixture(port, "t");
+    let url = format!("http://127.0.0.1:{port}/mcp");
+    let mut r = spawn("remote2", http_unit(&url, "t", reconnect(50, 200, 1000)));
+    let first = r.until("running", |s| s.state == State::Running).await;
+    let _ = server.kill().await;
+    let _ = server.wait().await;
+    let err = r
+        .call("echo", serde_json::json!({"text": "x"}))
+        .await
+        .expect_err("server is dead");
+    assert!(err.to_string().contains("Connection refused"), "{err}");
+    let lost = r
+        .until("reconnecting", |s| s.state == State::Reconnecting)
+        .await;
+    assert!(
+        lost.reason
+            .starts_with("connection lost: request failed: error sending request"),
+        "{}",
+        lost.reason
+    );
+    assert_eq!(
+        lost.tools.len(),
+        first.tools.len(),
+        "tools kept during the outage"
+    );
+    let mut server = http_fixture(port, "t");
+    let again = r
+        .until("running again", |s| {
+            s.state == State::Running && s.generation > 1
+        })
+        .await;
+    assert_eq!(again.tools_serial, first.tools_serial);
+    assert_eq!(
+        r.text("echo", serde_json::json!({"text": "back"})).await,
+        "back"
+    );
+    r.shutdown().await;
+    let _ = server.kill().await;
+}

@@ -21,7 +21,7 @@ use tokio::task::JoinHandle;
 
 use crate::unit::UnitSpec;
 
-use super::launch::{Client, ConnectError, GenClient, SharedLauncher};
+use super::launch::{Client, ConnectError, GenClient, SharedLauncher, transport_error_text};
 use super::machine::{Effect, Event, Gen, Machine, State, View};
 use super::{CallError, Status};
 
@@ -255,12 +255,11 @@ impl Actor {
         timeout: Duration,
         reply: oneshot::Sender<Result<CallToolResult, CallError>>,
     ) {
-        let peer = self
-            .machine
-            .established()
-            .and_then(|generation| self.gens.get(&generation))
-            .and_then(|res| res.peer.clone());
-        let Some(peer) = peer else {
+        let current = self.machine.established().and_then(|generation| {
+            let peer = self.gens.get(&generation)?.peer.clone()?;
+            Some((generation, peer))
+        });
+        let Some((generation, peer)) = current else {
             let view = self.machine.view();
             let _ = reply.send(Err(CallError::NotRunning {
                 server: self.name.clone(),
@@ -272,6 +271,7 @@ impl Actor {
             }));
             return;
         };
+        let events = self.internal_tx.clone();
         tokio::spawn(async move {
             let mut params = CallToolRequestParams::new(name);
             if let Some(arguments) = arguments {
@@ -284,6 +284,23 @@ impl Actor {
                     code: e.code.0,
                     message: e.message.into_owned(),
                 }),
+                Ok(Err(ServiceError::TransportSend(e))) => {
+                    // The connection is broken, not the call: an HTTP
+                    // transport reports nothing else when its server dies.
+                    let error = transport_error_text(&e);
+                    let _ = events.send(Internal::Closed {
+                        generation,
+                        error: format!("request failed: {error}"),
+                    });
+                    Err(CallError::Failed(error))
+                }
+                Ok(Err(ServiceError::TransportClosed)) => {
+                    let _ = events.send(Internal::Closed {
+                        generation,
+                        error: "the server closed the connection".into(),
+                    });
+                    Err(CallError::Failed("the server closed the connection".into()))
+                }
                 Ok(Err(e)) => Err(CallError::Failed(e.to_string())),
             };
             let _ = reply.send(result);

@@ -55,7 +55,23 @@ pub struct ConnectError {
 }
 
 impl ConnectError {
-    /// From rmcp's handshake error.
+    /// From rmcp's handshake error over HTTP: a failed request says why
+    /// (refused, 401, TLS); the transport's own error chain is kept, the
+    /// wrapper's type names are not.
+    pub fn initialize_http(e: &rmcp::service::ClientInitializeError) -> Self {
+        let message = match e {
+            rmcp::service::ClientInitializeError::TransportError { error, .. } => {
+                format!("initialize failed: {}", transport_error_text(error))
+            }
+            other => format!("initialize failed: {other}"),
+        };
+        Self {
+            message,
+            closed: false,
+        }
+    }
+
+    /// From rmcp's handshake error over a pipe: failing to write is a hang-up.
     pub fn initialize(e: &rmcp::service::ClientInitializeError) -> Self {
         match e {
             // Reading EOF or writing into a closed pipe: the server hung up.
@@ -70,6 +86,36 @@ impl ConnectError {
             },
         }
     }
+}
+
+/// What went wrong in a transport, without rmcp's wrapper type names.
+pub fn transport_error_text(error: &rmcp::transport::DynamicTransportError) -> String {
+    use rmcp::transport::streamable_http_client::StreamableHttpError;
+    // rmcp wraps the HTTP client's error without exposing it as a source;
+    // unwrap it to reach "connection refused" and the like.
+    let text = match error
+        .error
+        .downcast_ref::<StreamableHttpError<reqwest::Error>>()
+    {
+        Some(StreamableHttpError::Client(inner)) => chain(inner),
+        _ => chain(error.error.as_ref()),
+    };
+    text.trim_end_matches([':', ' ']).to_owned()
+}
+
+/// An error and its causes, `a: b: c`, skipping causes already quoted.
+fn chain(error: &(dyn std::error::Error + 'static)) -> String {
+    let mut message = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        let text = cause.to_string();
+        if !message.contains(&text) {
+            message.push_str(": ");
+            message.push_str(&text);
+        }
+        source = cause.source();
+    }
+    message
 }
 
 /// Starts generations and signals their processes.
@@ -211,7 +257,7 @@ impl SystemLauncher {
             client
                 .serve(transport)
                 .await
-                .map_err(|e| ConnectError::initialize(&e))
+                .map_err(|e| ConnectError::initialize_http(&e))
         });
         Ok(Launched {
             pid: None,
