@@ -20,7 +20,7 @@ fn load_bytes(main: &[u8], dropin: Option<&[u8]>) {
             Ok(dropin.unwrap_or_default().to_vec())
         }
     };
-    if let Err(e) = unit::load_with(&files, read) {
+    if let Err(e) = unit::load_with(&files, &unit::Context::default(), read) {
         // Rendering walks spans into the text: it must not panic either.
         let _ = e.render(Style::Plain);
         let _ = e.to_string();

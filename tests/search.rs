@@ -6,7 +6,9 @@ use std::path::{Path, PathBuf};
 
 use mcpd::unit::{self, Found};
 
-use crate::helper::{mcpd, run};
+use rustix::process::Signal;
+
+use crate::helper::Daemon;
 
 fn write(path: &Path, text: &str) {
     fs::create_dir_all(path.parent().expect("parent")).expect("mkdir");
@@ -152,51 +154,35 @@ fn mcpd_units_flag_replaces_the_search_path() {
     let explicit = tmp.path().join("explicit");
     write(&config.join("mcpd/units/from-xdg.kdl"), &unit_text("xdg"));
     write(&explicit.join("from-flag.kdl"), &unit_text("flag"));
-    let env = |cmd: &mut std::process::Command| {
-        cmd.env_clear()
-            .env("HOME", tmp.path())
-            .env("XDG_CONFIG_HOME", &config)
-            .env("XDG_DATA_HOME", tmp.path().join("data"))
-            .env_remove("XDG_RUNTIME_DIR");
-    };
+    let env = [
+        ("HOME", tmp.path().as_os_str()),
+        ("XDG_CONFIG_HOME", config.as_os_str()),
+        ("XDG_DATA_HOME", tmp.path().as_os_str()),
+        ("XDG_RUNTIME_DIR", tmp.path().as_os_str()),
+    ];
 
-    let mut default_path = mcpd();
-    env(&mut default_path);
-    let out = run(default_path.arg("--user"));
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "{out:?}");
-    assert!(stdout.contains("from-xdg: xdg"), "{stdout}");
-    assert!(!stdout.contains("from-flag"), "{stdout}");
-    let stderr = String::from_utf8_lossy(&out.stderr);
+    let mut default_path = Daemon::start(&["--user".as_ref()], &env);
+    let starting = default_path.wait_for("starting: user instance");
     assert!(
-        stderr.contains(&format!("{}", config.join("mcpd/units").display())),
-        "{stderr}"
+        starting.contains(&config.join("mcpd/units").display().to_string()),
+        "{starting}"
     );
+    default_path.wait_for("started 1 units (0 invalid)");
+    default_path.wait_for("starting mcpd_server=from-xdg");
+    assert!(default_path.stop(Signal::TERM).success());
 
-    let mut overridden = mcpd();
-    env(&mut overridden);
-    let out = run(overridden.arg("--user").arg("--units").arg(&explicit));
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "{out:?}");
-    assert!(stdout.contains("from-flag: flag"), "{stdout}");
-    assert!(!stdout.contains("from-xdg"), "{stdout}");
-}
-
-#[test]
-fn mcpd_reports_an_invalid_unit_with_its_location() {
-    let tmp = tempfile::tempdir().expect("tempdir");
-    write(&tmp.path().join("good.kdl"), &unit_text("fine"));
-    write(
-        &tmp.path().join("broken.kdl"),
-        "stdio {\n    command 5\n}\n",
+    let mut overridden = Daemon::start(
+        &["--user".as_ref(), "--units".as_ref(), explicit.as_os_str()],
+        &env,
     );
-    let out = run(mcpd().arg("--user").arg("--units").arg(tmp.path()));
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert_eq!(out.status.code(), Some(1), "{out:?}");
-    assert!(stdout.contains("good: fine"), "{stdout}");
-    let located = format!(
-        "{}:2:13: `stdio.command`: expected a string, found integer 5",
-        tmp.path().join("broken.kdl").display()
+    let starting = overridden.wait_for("starting: user instance");
+    assert!(
+        starting.ends_with(&format!("units from {}", explicit.display())),
+        "{starting}"
     );
-    assert!(stdout.contains(&located), "{stdout}");
+    overridden.wait_for("started 1 units (0 invalid)");
+    overridden.wait_for("starting mcpd_server=from-flag");
+    let seen = overridden.seen.join("\n");
+    assert!(!seen.contains("from-xdg"), "{seen}");
+    assert!(overridden.stop(Signal::TERM).success());
 }

@@ -3,6 +3,7 @@
 mod helper;
 
 mod actor;
+mod daemon;
 
 mod docs;
 mod fixture;

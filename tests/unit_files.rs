@@ -171,3 +171,45 @@ fn url_credentials_are_rejected_without_being_shown() {
     assert!(e.to_string().contains("contains credentials"), "{e}");
     assert!(!e.to_string().contains("hunter2"), "{e}");
 }
+
+#[test]
+fn a_user_instance_only_runs_servers_as_its_own_user() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let write = |name: &str, user: &str| {
+        let path = tmp.path().join(format!("{name}.kdl"));
+        std::fs::write(
+            &path,
+            format!("stdio {{\n    command \"/bin/cat\"\n    user \"{user}\"\n}}\n"),
+        )
+        .expect("write");
+        UnitFiles::beside(&path)
+    };
+    let user_instance = unit::Context {
+        instance: Some(unit::Instance::User),
+        own_user: Some((1000, Some("alice".into()))),
+    };
+    let other = write("other", "bob");
+    let e = unit::load_in(&other, &user_instance).expect_err("bob is not us");
+    assert_eq!(
+        e.to_string(),
+        format!(
+            "{}:3:10: `stdio.user`: a user instance runs every server as its own user (alice), not \"bob\"",
+            other.main.display()
+        )
+    );
+    for own in ["alice", "1000"] {
+        assert!(
+            unit::load_in(&write(own, own), &user_instance).is_ok(),
+            "{own}"
+        );
+    }
+    let system = unit::Context {
+        instance: Some(unit::Instance::System),
+        own_user: Some((0, Some("root".into()))),
+    };
+    assert!(unit::load_in(&other, &system).is_ok());
+    assert!(
+        unit::load(&other).is_ok(),
+        "without an instance only file rules apply"
+    );
+}

@@ -1,11 +1,14 @@
-//! `mcpd`: argument parsing only; the work is in `mcpd::daemon`.
+//! `mcpd`: argument parsing, logging setup and signals; the work is in
+//! `mcpd::daemon`.
 
+use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::Parser;
 use mcpd::daemon::{self, Config};
-use mcpd::unit::{Instance, Transport};
+use mcpd::unit::Instance;
+use tokio::signal::unix::{SignalKind, signal};
 
 /// Keep MCP servers running, as declared by unit files.
 #[derive(Debug, Parser)]
@@ -21,59 +24,68 @@ struct Cli {
     /// earlier directories win).
     #[arg(long = "units", value_name = "DIR")]
     units: Vec<PathBuf>,
+    /// Log filter: a level (error, warn, info, debug, trace) or tracing
+    /// directives such as "info,mcpd::supervisor=debug". Overrides MCPD_LOG.
+    #[arg(long, value_name = "FILTER")]
+    log_level: Option<String>,
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    let filter = cli
+        .log_level
+        .or_else(|| std::env::var("MCPD_LOG").ok())
+        .unwrap_or_else(|| "info".into());
+    // rmcp narrates every session at info; its warnings and errors still count.
+    let filter = if filter.contains("rmcp") {
+        filter
+    } else {
+        format!("{filter},rmcp=warn")
+    };
+    let filter = match tracing_subscriber::EnvFilter::try_new(&filter) {
+        Ok(filter) => filter,
+        Err(e) => {
+            eprintln!("mcpd: invalid --log-level {filter:?}: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
+        .init();
+
     let instance = match (cli.system, cli.user) {
         (true, _) => Some(Instance::System),
         (_, true) => Some(Instance::User),
         _ => None,
     };
     let config = Config::new(instance, cli.units);
-    let dirs: Vec<String> = config
-        .unit_dirs
-        .iter()
-        .map(|d| d.display().to_string())
-        .collect();
-    eprintln!(
-        "mcpd: {} instance, unit path: {}",
-        config.instance.as_str(),
-        dirs.join(":")
-    );
-    let (units, dir_errors) = daemon::load_units(&config);
-    for e in &dir_errors {
-        eprintln!("mcpd: {e}");
-    }
-    let mut invalid = 0;
-    for unit in &units {
-        match &unit.spec {
-            Ok(spec) => {
-                let what = match spec.transport() {
-                    Transport::Stdio(s) => format!("stdio {} {}", s.program(), s.args().join(" ")),
-                    Transport::Http(h) => format!("http {}", h.url()),
-                };
-                let r = spec.reconnect();
-                println!(
-                    "{}: {} ({what}; reconnect {}, {} attempts, {}..{})",
-                    unit.found.name,
-                    spec.description().unwrap_or("-"),
-                    if r.enabled() { "on" } else { "off" },
-                    r.max_attempts(),
-                    humantime::format_duration(r.initial_delay()),
-                    humantime::format_duration(r.max_delay()),
-                );
-            }
-            Err(e) => {
-                invalid += 1;
-                println!("{}: invalid\n{e}", unit.found.name);
-            }
+    let runtime = match tokio::runtime::Runtime::new() {
+        Ok(runtime) => runtime,
+        Err(e) => {
+            eprintln!("mcpd: cannot start the async runtime: {e}");
+            return ExitCode::FAILURE;
         }
-    }
-    eprintln!("mcpd: {} units loaded, {invalid} invalid", units.len());
-    if invalid > 0 {
-        ExitCode::FAILURE
-    } else {
+    };
+    runtime.block_on(async {
+        let (mut term, mut int) = match (
+            signal(SignalKind::terminate()),
+            signal(SignalKind::interrupt()),
+        ) {
+            (Ok(term), Ok(int)) => (term, int),
+            (Err(e), _) | (_, Err(e)) => {
+                eprintln!("mcpd: cannot handle signals: {e}");
+                return ExitCode::FAILURE;
+            }
+        };
+        let shutdown = async move {
+            tokio::select! {
+                _ = term.recv() => tracing::info!(target: "mcpd::daemon", "SIGTERM received"),
+                _ = int.recv() => tracing::info!(target: "mcpd::daemon", "SIGINT received"),
+            }
+        };
+        daemon::run(config, shutdown).await;
         ExitCode::SUCCESS
-    }
+    })
 }

@@ -150,6 +150,17 @@ pub(crate) fn status_of(view: &View, clock: &Clock) -> Status {
     }
 }
 
+/// When a request failed because the connection is gone, why.
+fn broken_connection(e: &ServiceError) -> Option<String> {
+    match e {
+        ServiceError::TransportSend(e) => {
+            Some(format!("request failed: {}", transport_error_text(e)))
+        }
+        ServiceError::TransportClosed => Some("the server closed the connection".into()),
+        _ => None,
+    }
+}
+
 async fn sleep_until(deadline: Option<Instant>) {
     match deadline {
         Some(at) => tokio::time::sleep_until(tokio::time::Instant::from_std(at)).await,
@@ -284,24 +295,18 @@ impl Actor {
                     code: e.code.0,
                     message: e.message.into_owned(),
                 }),
-                Ok(Err(ServiceError::TransportSend(e))) => {
+                Ok(Err(e)) => match broken_connection(&e) {
                     // The connection is broken, not the call: an HTTP
                     // transport reports nothing else when its server dies.
-                    let error = transport_error_text(&e);
-                    let _ = events.send(Internal::Closed {
-                        generation,
-                        error: format!("request failed: {error}"),
-                    });
-                    Err(CallError::Failed(error))
-                }
-                Ok(Err(ServiceError::TransportClosed)) => {
-                    let _ = events.send(Internal::Closed {
-                        generation,
-                        error: "the server closed the connection".into(),
-                    });
-                    Err(CallError::Failed("the server closed the connection".into()))
-                }
-                Ok(Err(e)) => Err(CallError::Failed(e.to_string())),
+                    Some(error) => {
+                        let _ = events.send(Internal::Closed {
+                            generation,
+                            error: error.clone(),
+                        });
+                        Err(CallError::Failed(error))
+                    }
+                    None => Err(CallError::Failed(e.to_string())),
+                },
             };
             let _ = reply.send(result);
         });
@@ -404,7 +409,15 @@ impl Actor {
         };
         let tx = self.internal_tx.clone();
         let task = tokio::spawn(async move {
-            let result = peer.list_all_tools().await.map_err(|e| e.to_string());
+            let result = match peer.list_all_tools().await {
+                Ok(tools) => Ok(tools),
+                Err(e) => {
+                    if let Some(error) = broken_connection(&e) {
+                        let _ = tx.send(Internal::Closed { generation, error });
+                    }
+                    Err(e.to_string())
+                }
+            };
             let _ = tx.send(Internal::Synced { generation, result });
         });
         self.sync = Some((generation, task));
@@ -521,15 +534,23 @@ impl Actor {
             return;
         }
         let previous = self.last_logged.replace(key).map(|(s, _, _)| s);
+        if previous.is_none() && view.state == State::Stopped {
+            // The initial state of a new supervisor is not news.
+            return;
+        }
         let name = &self.name;
         let generation = view.generation;
         match view.state {
             State::Running => {
                 let tools = view.tools.len();
+                let pid = view
+                    .main_pid
+                    .map(|p| format!("pid {p}, "))
+                    .unwrap_or_default();
                 if matches!(previous, Some(State::Retrying | State::Reconnecting)) {
-                    tracing::info!(target: "mcpd::supervisor", mcpd_server = %name, generation, tools, "recovered after {} retries", view.attempt);
+                    tracing::info!(target: "mcpd::supervisor", mcpd_server = %name, generation, "running again ({pid}{tools} tools) after {} retries", view.attempt);
                 } else {
-                    tracing::info!(target: "mcpd::supervisor", mcpd_server = %name, generation, tools, "running");
+                    tracing::info!(target: "mcpd::supervisor", mcpd_server = %name, generation, "running ({pid}{tools} tools)");
                 }
             }
             State::Retrying | State::Reconnecting => match view.next_retry {

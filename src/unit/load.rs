@@ -13,7 +13,8 @@ use kdl::KdlDocument;
 
 use super::diag::{LoadError, Problem};
 use super::name::UnitName;
-use super::spec::{Field, UnitSpec};
+use super::search::Instance;
+use super::spec::{Field, SpecError, UnitSpec};
 use super::syntax::{self, Issue, Layer, Loc};
 
 /// The files that make up one unit: its main file, then drop-ins in the
@@ -58,14 +59,30 @@ struct Source {
     text: Arc<str>,
 }
 
-/// Loads and validates a unit. All problems of all its files come back at once.
-pub fn load(files: &UnitFiles) -> Result<UnitSpec, LoadError> {
-    load_with(files, |path| std::fs::read(path))
+/// Where a unit is loaded: rules that depend on the daemon, not the file.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Context {
+    /// The instance that will run the unit; None (as `mcpctl verify` without
+    /// `--user`/`--system`) checks only what holds everywhere.
+    pub instance: Option<Instance>,
+    /// The user the daemon runs as: its uid and, when known, its name.
+    pub own_user: Option<(u32, Option<String>)>,
 }
 
-/// [`load`] with the file reads supplied by `read` (tests feed bytes from memory).
+/// Loads and validates a unit. All problems of all its files come back at once.
+pub fn load(files: &UnitFiles) -> Result<UnitSpec, LoadError> {
+    load_with(files, &Context::default(), |path| std::fs::read(path))
+}
+
+/// [`load`] for an instance (see [`Context`]).
+pub fn load_in(files: &UnitFiles, context: &Context) -> Result<UnitSpec, LoadError> {
+    load_with(files, context, |path| std::fs::read(path))
+}
+
+/// [`load_in`] with the file reads supplied by `read` (tests feed bytes from memory).
 pub fn load_with(
     files: &UnitFiles,
+    context: &Context,
     read: impl Fn(&Path) -> std::io::Result<Vec<u8>>,
 ) -> Result<UnitSpec, LoadError> {
     let mut problems = Vec::new();
@@ -120,6 +137,9 @@ pub fn load_with(
             span: (0, 0).into(),
         };
         let (draft, locs, poisoned) = merged.into_draft(unit_loc);
+        if let Some(e) = context_error(&draft, context) {
+            located.push(spec_problem(&sources, &locs, e));
+        }
         match UnitSpec::new(draft) {
             Ok(spec) if problems.is_empty() && located.is_empty() => return Ok(spec),
             Ok(_) => {}
@@ -137,6 +157,27 @@ pub fn load_with(
     located.sort_by_key(|(loc, _)| (loc.file, loc.span.offset()));
     problems.extend(located.into_iter().map(|(_, p)| p));
     Err(LoadError::new(files.main.clone(), problems))
+}
+
+/// Rules of the instance: a user instance runs every server as its own user.
+fn context_error(draft: &super::spec::UnitDraft, context: &Context) -> Option<SpecError> {
+    let user = draft.stdio.as_ref()?.user.as_deref()?;
+    if context.instance != Some(Instance::User) {
+        return None;
+    }
+    let (uid, name) = context.own_user.as_ref()?;
+    if user == uid.to_string() || name.as_deref() == Some(user) {
+        return None;
+    }
+    let own = name.clone().unwrap_or_else(|| format!("uid {uid}"));
+    Some(SpecError {
+        field: Field::User,
+        message: format!(
+            "`stdio.user`: a user instance runs every server as its own user ({own}), not \"{user}\""
+        ),
+        related: None,
+        help: Some("remove `user`, or install the unit for the system instance".into()),
+    })
 }
 
 /// Reads a file as a KDL 2 document, or says precisely why it is not one.
@@ -265,11 +306,7 @@ fn problem_from_issue(sources: &[Source], issue: Issue) -> Problem {
     problem
 }
 
-fn spec_problem(
-    sources: &[Source],
-    locs: &HashMap<Field, Loc>,
-    e: super::spec::SpecError,
-) -> (Loc, Problem) {
+fn spec_problem(sources: &[Source], locs: &HashMap<Field, Loc>, e: SpecError) -> (Loc, Problem) {
     let related = e.related.as_ref().and_then(|f| locs.get(f).copied());
     let loc = locs
         .get(&e.field)

@@ -35,7 +35,7 @@ pub fn vocabulary() -> Vec<String> {
 }
 
 pub use diag::{LoadError, Problem, Style};
-pub use load::{UnitFiles, load, load_with};
+pub use load::{Context, UnitFiles, load, load_in, load_with};
 pub use name::UnitName;
 pub use search::{Found, Instance, discover, search_path};
 pub use spec::{HttpSpec, ReconnectPolicy, Secret, StdioSpec, Transport, UnitDraft, UnitSpec};

@@ -64,3 +64,98 @@ pub fn check_snapshot(expected: &Path, actual: &str) -> Option<String> {
         )),
     }
 }
+
+/// A running `mcpd` whose stderr is read line by line.
+pub struct Daemon {
+    child: std::process::Child,
+    lines: std::sync::mpsc::Receiver<String>,
+    /// Every line read so far.
+    pub seen: Vec<String>,
+}
+
+impl Daemon {
+    /// Starts `mcpd` with `args`, the fixture's directory first on PATH.
+    pub fn start(args: &[&std::ffi::OsStr], env: &[(&str, &std::ffi::OsStr)]) -> Self {
+        use std::io::BufRead;
+        let fixture_dir = fixture_path().parent().expect("examples dir").to_owned();
+        let path = std::env::join_paths(std::iter::once(fixture_dir).chain(std::env::split_paths(
+            &std::env::var_os("PATH").unwrap_or_default(),
+        )))
+        .expect("PATH");
+        let mut cmd = mcpd();
+        cmd.args(args)
+            .env("PATH", path)
+            .env("MCPD_LOG", "info")
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped());
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        let mut child = cmd.spawn().expect("spawn mcpd");
+        let stderr = child.stderr.take().expect("stderr");
+        let (tx, lines) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in std::io::BufReader::new(stderr).lines() {
+                let Ok(line) = line else { break };
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        Self {
+            child,
+            lines,
+            seen: Vec::new(),
+        }
+    }
+
+    /// Reads lines until one contains `needle` (bounded); returns it.
+    pub fn wait_for(&mut self, needle: &str) -> String {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        loop {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            match self.lines.recv_timeout(left) {
+                Ok(line) => {
+                    self.seen.push(line.clone());
+                    if line.contains(needle) {
+                        return line;
+                    }
+                }
+                Err(_) => panic!(
+                    "mcpd never logged {needle:?}; it logged:\n{}",
+                    self.seen.join("\n")
+                ),
+            }
+        }
+    }
+
+    /// Sends `signal` and waits (bounded) for the exit status.
+    pub fn stop(mut self, signal: rustix::process::Signal) -> std::process::ExitStatus {
+        let pid = rustix::process::Pid::from_raw(i32::try_from(self.child.id()).expect("pid"))
+            .expect("pid");
+        rustix::process::kill_process(pid, signal).expect("signal mcpd");
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        loop {
+            if let Some(status) = self.child.try_wait().expect("wait") {
+                while let Ok(line) = self.lines.recv_timeout(std::time::Duration::from_secs(5)) {
+                    self.seen.push(line);
+                }
+                return status;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "mcpd did not exit:\n{}",
+                self.seen.join("\n")
+            );
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
