@@ -14,6 +14,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use rmcp::Peer;
 use rmcp::RoleClient;
+use rmcp::service::ClientCacheConfig;
 use rmcp::model::{CallToolRequestParams, CallToolResult, JsonObject, Tool};
 use rmcp::service::{QuitReason, RunningServiceCancellationToken, ServiceError};
 use tokio::sync::{mpsc, oneshot, watch};
@@ -446,6 +447,13 @@ impl Actor {
                         let task = tokio::spawn(async move {
                             let result = async {
                                 let client = connect.await?;
+                                // rmcp caches list answers and, by default,
+                                // serves a stale list when a re-fetch fails:
+                                // a supervisor must see the failure.
+                                client
+                                    .peer()
+                                    .set_response_cache_config(ClientCacheConfig::disabled())
+                                    .await;
                                 let tools =
                                     client.list_all_tools().await.map_err(|e| ConnectError {
                                         closed: matches!(e, ServiceError::TransportClosed),

@@ -199,7 +199,9 @@ impl SystemLauncher {
         let name = self.name.clone();
         let logs = self.logs.clone();
         tokio::spawn(async move {
-            let mut reader = tokio::io::BufReader::new(stderr);
+            // Small: most servers write little to stderr, and there is one
+            // of these per server.
+            let mut reader = tokio::io::BufReader::with_capacity(1024, stderr);
             let mut buf = Vec::new();
             loop {
                 buf.clear();
