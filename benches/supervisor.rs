@@ -43,7 +43,10 @@ unsafe impl GlobalAlloc for Counting {
     }
 
     unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        HEAP.fetch_add(new_size as isize - layout.size() as isize, Ordering::Relaxed);
+        HEAP.fetch_add(
+            new_size as isize - layout.size() as isize,
+            Ordering::Relaxed,
+        );
         // SAFETY: same contract as the caller's.
         unsafe { System.realloc(ptr, layout, new_size) }
     }
@@ -60,14 +63,25 @@ struct Timing {
 }
 
 impl Launcher for Timing {
-    fn launch(&self, spec: &UnitSpec, generation: Gen, client: GenClient) -> Result<Launched, String> {
-        self.launched.lock().expect("lock").push((generation, Instant::now()));
+    fn launch(
+        &self,
+        spec: &UnitSpec,
+        generation: Gen,
+        client: GenClient,
+    ) -> Result<Launched, String> {
+        self.launched
+            .lock()
+            .expect("lock")
+            .push((generation, Instant::now()));
         let mut launched = self.inner.launch(spec, generation, client)?;
         if let Some(exit) = launched.exit.take() {
             let reaped = Arc::clone(&self.reaped);
             let wrapped: BoxFuture<ExitStatus> = Box::pin(async move {
                 let status = exit.await;
-                reaped.lock().expect("lock").push((generation, Instant::now()));
+                reaped
+                    .lock()
+                    .expect("lock")
+                    .push((generation, Instant::now()));
                 status
             });
             launched.exit = Some(wrapped);
@@ -85,9 +99,11 @@ impl Launcher for Timing {
 }
 
 fn fixture() -> PathBuf {
-    let path = std::env::var_os("MCPD_FIXTURE").map(PathBuf::from).unwrap_or_else(|| {
-        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target/release/examples/mcp-fixture")
-    });
+    let path = std::env::var_os("MCPD_FIXTURE")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target/release/examples/mcp-fixture")
+        });
     assert!(
         path.is_file(),
         "{} is missing: run bench/run, or cargo build --release --examples",
@@ -99,7 +115,11 @@ fn fixture() -> PathBuf {
 fn spec(delay_ms: u64, attempts: i128) -> UnitSpec {
     UnitSpec::new(UnitDraft {
         stdio: Some(StdioDraft {
-            command: vec![fixture().display().to_string(), "--chatter".into(), "0".into()],
+            command: vec![
+                fixture().display().to_string(),
+                "--chatter".into(),
+                "0".into(),
+            ],
             ..StdioDraft::default()
         }),
         reconnect: ReconnectDraft {
@@ -146,7 +166,10 @@ fn rss_kib() -> u64 {
 }
 
 fn env_usize(name: &str, default: usize) -> usize {
-    std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
 }
 
 struct Row {
@@ -178,7 +201,12 @@ async fn respawn(crashes: usize) -> Vec<Row> {
             .call_tool("crash", args.as_object().cloned(), Duration::from_secs(10))
             .await;
         let up = wait_running(&sup, generation + 1).await;
-        let reap = reaped.lock().expect("lock").iter().find(|(g, _)| *g == generation).map(|(_, t)| *t);
+        let reap = reaped
+            .lock()
+            .expect("lock")
+            .iter()
+            .find(|(g, _)| *g == generation)
+            .map(|(_, t)| *t);
         let spawn = launched
             .lock()
             .expect("lock")
@@ -221,7 +249,11 @@ async fn memory(servers: usize) -> Vec<Row> {
     for i in 0..servers {
         let name = format!("idle{i}");
         let logs = LogRing::default();
-        let launcher = Arc::new(SystemLauncher::new(&name, Host::current(Instance::User), logs.clone()));
+        let launcher = Arc::new(SystemLauncher::new(
+            &name,
+            Host::current(Instance::User),
+            logs.clone(),
+        ));
         let (sup, task) = Supervisor::spawn(&name, spec(1000, 10), launcher, logs);
         sup.start();
         running.push((sup, task));

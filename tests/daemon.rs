@@ -98,7 +98,7 @@ fn an_invalid_unit_is_reported_with_its_location_and_others_run() {
         located.starts_with(&tmp.path().join("broken.kdl").display().to_string()),
         "{located}"
     );
-    d.wait_for("started 1 units (1 invalid)");
+    d.wait_for("started 1 unit (1 invalid)");
     d.wait_for("running (pid");
     assert!(d.stop(Signal::INT).success());
 }

@@ -167,7 +167,7 @@ fn mcpd_units_flag_replaces_the_search_path() {
         starting.contains(&config.join("mcpd/units").display().to_string()),
         "{starting}"
     );
-    default_path.wait_for("started 1 units (0 invalid)");
+    default_path.wait_for("started 1 unit (0 invalid)");
     default_path.wait_for("starting mcpd_server=from-xdg");
     assert!(default_path.stop(Signal::TERM).success());
 
@@ -180,7 +180,7 @@ fn mcpd_units_flag_replaces_the_search_path() {
         starting.ends_with(&format!("units from {}", explicit.display())),
         "{starting}"
     );
-    overridden.wait_for("started 1 units (0 invalid)");
+    overridden.wait_for("started 1 unit (0 invalid)");
     overridden.wait_for("starting mcpd_server=from-flag");
     let seen = overridden.seen.join("\n");
     assert!(!seen.contains("from-xdg"), "{seen}");

@@ -136,17 +136,26 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) {
     }
     tracing::info!(
         target: "mcpd::daemon",
-        "started {} units ({invalid} invalid)",
-        running.len()
+        "started {} ({invalid} invalid)",
+        count(running.len(), "unit")
     );
 
     shutdown.await;
 
-    tracing::info!(target: "mcpd::daemon", "stopping {} servers", running.len());
+    tracing::info!(target: "mcpd::daemon", "stopping {}", count(running.len(), "server"));
     let mut stopping = tokio::task::JoinSet::new();
     for (_, entry) in running {
         stopping.spawn(entry.supervisor.shutdown(entry.task));
     }
     while stopping.join_next().await.is_some() {}
     tracing::info!(target: "mcpd::daemon", "stopped");
+}
+
+/// "1 unit", "2 units".
+fn count(n: usize, noun: &str) -> String {
+    if n == 1 {
+        format!("1 {noun}")
+    } else {
+        format!("{n} {noun}s")
+    }
 }

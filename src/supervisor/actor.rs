@@ -14,8 +14,8 @@ use std::time::{Duration, Instant, SystemTime};
 
 use rmcp::Peer;
 use rmcp::RoleClient;
-use rmcp::service::ClientCacheConfig;
 use rmcp::model::{CallToolRequestParams, CallToolResult, JsonObject, Tool};
+use rmcp::service::ClientCacheConfig;
 use rmcp::service::{QuitReason, RunningServiceCancellationToken, ServiceError};
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio::task::JoinHandle;
@@ -537,6 +537,10 @@ impl Actor {
     }
 
     fn log_transition(&mut self, view: &View) {
+        if view.settling {
+            // Wait for the final word: the exit status may refine the reason.
+            return;
+        }
         let key = (view.state, view.reason.clone(), view.next_retry.is_some());
         if self.last_logged.as_ref() == Some(&key) {
             return;
@@ -556,18 +560,26 @@ impl Actor {
                     .map(|p| format!("pid {p}, "))
                     .unwrap_or_default();
                 if matches!(previous, Some(State::Retrying | State::Reconnecting)) {
-                    tracing::info!(target: "mcpd::supervisor", mcpd_server = %name, generation, "running again ({pid}{tools} tools) after {} retries", view.attempt);
+                    let retries = match view.attempt {
+                        1 => "1 retry".to_owned(),
+                        n => format!("{n} retries"),
+                    };
+                    tracing::info!(target: "mcpd::supervisor", mcpd_server = %name, generation, "running again ({pid}{tools} tools) after {retries}");
                 } else {
                     tracing::info!(target: "mcpd::supervisor", mcpd_server = %name, generation, "running ({pid}{tools} tools)");
                 }
             }
             State::Retrying | State::Reconnecting => match view.next_retry {
                 Some(at) => {
+                    // Rounded up to the millisecond: the delay as scheduled.
                     let wait = at.saturating_duration_since(now());
+                    let wait = Duration::from_millis(
+                        u64::try_from(wait.as_micros().div_ceil(1000)).unwrap_or(u64::MAX),
+                    );
                     tracing::warn!(
                         target: "mcpd::supervisor", mcpd_server = %name, generation,
                         "{}; retry {}/{} in {}", view.reason, view.attempt, view.max_attempts,
-                        humantime::format_duration(Duration::from_millis(u64::try_from(wait.as_millis()).unwrap_or(u64::MAX)))
+                        humantime::format_duration(wait)
                     );
                 }
                 None if previous != Some(view.state) => {

@@ -246,6 +246,10 @@ pub struct View {
     pub tools_generation: Gen,
     /// Increases each time the published list changes.
     pub tools_serial: u64,
+    /// A failed generation's process is still being waited for: the state
+    /// and reason are decided, but the reason may still be refined by the
+    /// exit status and the retry time is not known yet.
+    pub settling: bool,
 }
 
 /// One server's supervisor state.
@@ -376,6 +380,13 @@ impl Machine {
             tools: Arc::clone(&self.tools),
             tools_generation: self.tools_generation,
             tools_serial: self.tools_serial,
+            settling: matches!(
+                self.phase,
+                Phase::Ending {
+                    then: Then::Recover(_),
+                    ..
+                }
+            ),
         }
     }
 

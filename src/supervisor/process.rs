@@ -20,17 +20,6 @@ use super::machine::Signal;
 /// PATH for children when the daemon has none.
 pub const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
 
-/// Variables that belong to the daemon's own service manager and must never
-/// reach a child, even through `pass-env`.
-pub const DAEMON_ONLY_ENV: &[&str] = &[
-    "NOTIFY_SOCKET",
-    "WATCHDOG_USEC",
-    "WATCHDOG_PID",
-    "LISTEN_FDS",
-    "LISTEN_PID",
-    "LISTEN_FDNAMES",
-];
-
 /// What the daemon knows about itself when it spawns.
 #[derive(Debug, Clone)]
 pub struct Host {
@@ -142,9 +131,7 @@ pub fn plan(
         }
     }
     for name in spec.pass_env() {
-        if DAEMON_ONLY_ENV.contains(&name.as_str()) {
-            continue;
-        }
+        // (UnitSpec rejects the service manager's variables.)
         if let Some(value) = env(name) {
             set(&mut vars, name.clone(), value);
         }
@@ -324,7 +311,7 @@ mod tests {
             command: vec!["sh".into(), "-c".into(), "true".into()],
             env: [("OVERRIDDEN".to_string(), "unit".to_string())].into(),
             env_files: vec![file],
-            pass_env: vec!["HTTPS_PROXY".into(), "NOTIFY_SOCKET".into(), "UNSET".into()],
+            pass_env: vec!["HTTPS_PROXY".into(), "UNSET".into()],
             ..StdioDraft::default()
         });
         let plan = plan(&spec, &host(), &daemon_env).expect("plan");

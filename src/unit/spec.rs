@@ -40,6 +40,17 @@ pub const TRANSPORT_HEADERS: &[&str] = &[
     "last-event-id",
 ];
 
+/// Variables of the daemon's own service manager: never given to a server,
+/// neither by `env` nor by `pass-env`.
+pub const SERVICE_MANAGER_ENV: &[&str] = &[
+    "NOTIFY_SOCKET",
+    "WATCHDOG_USEC",
+    "WATCHDOG_PID",
+    "LISTEN_FDS",
+    "LISTEN_PID",
+    "LISTEN_FDNAMES",
+];
+
 /// A validated unit: one MCP server and how to supervise it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct UnitSpec {
@@ -261,7 +272,15 @@ impl Judge {
     }
 
     fn env_name(&mut self, field: Field, name: &str) {
-        if !is_env_name(name) {
+        if SERVICE_MANAGER_ENV.contains(&name) {
+            self.fail(
+                field.clone(),
+                format!(
+                    "`{}`: {name} belongs to the daemon's service manager and is never given to a server",
+                    field.key()
+                ),
+            );
+        } else if !is_env_name(name) {
             self.fail(
                 field.clone(),
                 format!(
