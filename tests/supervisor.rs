@@ -719,3 +719,18 @@ async fn a_dead_http_server_is_noticed_on_the_next_call_and_reconnected() {
     r.shutdown().await;
     let _ = server.kill().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn garbage_on_stdout_is_ignored() {
+    let mut r = spawn(
+        "noisy",
+        fixture_unit(&["--garbage-stdout"], reconnect(10, 1000, 3), |_| {}),
+    );
+    let running = r.running(1).await;
+    assert!(running.tools.iter().any(|t| t.name == "echo"));
+    assert_eq!(
+        r.text("echo", serde_json::json!({"text": "clean"})).await,
+        "clean"
+    );
+    r.shutdown().await;
+}
