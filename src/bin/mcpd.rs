@@ -1,14 +1,14 @@
 //! `mcpd`: argument parsing, logging setup and signals; the work is in
 //! `mcpd::daemon`.
 
-use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::Parser;
-use mcpd::daemon::{self, Config};
+use mcpd::daemon::{self, Config, Control};
 use mcpd::unit::Instance;
 use tokio::signal::unix::{SignalKind, signal};
+use tokio::sync::mpsc;
 
 /// Keep MCP servers running, as declared by unit files.
 #[derive(Debug, Parser)]
@@ -36,25 +36,10 @@ fn main() -> ExitCode {
         .log_level
         .or_else(|| std::env::var("MCPD_LOG").ok())
         .unwrap_or_else(|| "info".into());
-    // rmcp narrates every session at info; its warnings and errors still count.
-    let filter = if filter.contains("rmcp") {
-        filter
-    } else {
-        format!("{filter},rmcp=warn")
-    };
-    let filter = match tracing_subscriber::EnvFilter::try_new(&filter) {
-        Ok(filter) => filter,
-        Err(e) => {
-            eprintln!("mcpd: invalid --log-level {filter:?}: {e}");
-            return ExitCode::from(2);
-        }
-    };
-    tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::stderr().is_terminal())
-        .init();
-
+    if let Err(e) = daemon::logging::init(&filter) {
+        eprintln!("mcpd: {e}");
+        return ExitCode::from(2);
+    }
     let instance = match (cli.system, cli.user) {
         (true, _) => Some(Instance::System),
         (_, true) => Some(Instance::User),
@@ -69,23 +54,46 @@ fn main() -> ExitCode {
         }
     };
     runtime.block_on(async {
-        let (mut term, mut int) = match (
+        let signals = (
             signal(SignalKind::terminate()),
             signal(SignalKind::interrupt()),
-        ) {
-            (Ok(term), Ok(int)) => (term, int),
-            (Err(e), _) | (_, Err(e)) => {
+            signal(SignalKind::hangup()),
+        );
+        let (mut term, mut int, mut hup) = match signals {
+            (Ok(term), Ok(int), Ok(hup)) => (term, int, hup),
+            (Err(e), _, _) | (_, Err(e), _) | (_, _, Err(e)) => {
                 eprintln!("mcpd: cannot handle signals: {e}");
                 return ExitCode::FAILURE;
             }
         };
-        let shutdown = async move {
-            tokio::select! {
-                _ = term.recv() => tracing::info!(target: "mcpd::daemon", "SIGTERM received"),
-                _ = int.recv() => tracing::info!(target: "mcpd::daemon", "SIGINT received"),
+        let (control, rx) = mpsc::unbounded_channel();
+        tokio::spawn(async move {
+            loop {
+                let command = tokio::select! {
+                    _ = term.recv() => {
+                        tracing::info!(target: "mcpd::daemon", "SIGTERM received");
+                        Control::Shutdown
+                    }
+                    _ = int.recv() => {
+                        tracing::info!(target: "mcpd::daemon", "SIGINT received");
+                        Control::Shutdown
+                    }
+                    _ = hup.recv() => {
+                        tracing::info!(target: "mcpd::daemon", "SIGHUP received: reloading");
+                        Control::Reload { reply: None }
+                    }
+                };
+                if control.send(command).is_err() {
+                    break;
+                }
             }
-        };
-        daemon::run(config, shutdown).await;
-        ExitCode::SUCCESS
+        });
+        match daemon::run(config, rx).await {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("mcpd: {e}");
+                ExitCode::FAILURE
+            }
+        }
     })
 }

@@ -1,20 +1,34 @@
-//! The daemon: which units to run, one supervisor per valid unit, and a
-//! clean shutdown.
+//! The daemon: one supervisor per valid unit, hot reload, systemd
+//! integration, clean shutdown.
 //!
-//! [`run`] loads every unit on the search path through the same loader as
-//! `mcpctl verify`, starts a supervisor for each valid one, waits for the
-//! shutdown future (the binary passes SIGINT/SIGTERM), then stops every
-//! server in parallel, each within its own stop timeout.
+//! [`run`] takes the instance lock, loads every unit through the same
+//! loader as `mcpctl verify` (see [`registry`]), tells systemd it is ready,
+//! then waits on its control channel (reload, shutdown: the binary maps
+//! SIGHUP, SIGTERM and SIGINT onto it), the unit directories' watcher
+//! (debounced), status changes (for `STATUS=`) and the watchdog timer.
+//!
+//! Reading order: [`registry`] (units and reload by diff), [`watch`],
+//! [`sdnotify`], [`lock`], [`logging`].
 
-use std::collections::BTreeMap;
-use std::future::Future;
+pub mod lock;
+pub mod logging;
+pub mod registry;
+pub mod sdnotify;
+pub mod watch;
+
 use std::path::PathBuf;
+use std::time::Duration;
 
-use tokio::task::JoinHandle;
+use tokio::sync::{mpsc, oneshot};
 
-use crate::supervisor::process::Host;
-use crate::supervisor::{LogRing, Supervisor, system_launcher};
-use crate::unit::{self, Found, Instance, LoadError, UnitSpec};
+use crate::unit::{self, Instance};
+
+pub use registry::{Change, Diff, Registry};
+
+/// How long a burst of file events is collected before one reload.
+pub const DEBOUNCE: Duration = Duration::from_millis(100);
+/// A continuous stream of events still reloads this often.
+pub const MAX_DEBOUNCE: Duration = Duration::from_secs(1);
 
 /// How the daemon was asked to run.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -22,6 +36,8 @@ pub struct Config {
     pub instance: Instance,
     /// The unit search path, highest priority first.
     pub unit_dirs: Vec<PathBuf>,
+    /// Where the lock (and later the private D-Bus socket) lives.
+    pub runtime_dir: PathBuf,
 }
 
 impl Config {
@@ -37,6 +53,7 @@ impl Config {
         Self {
             instance,
             unit_dirs,
+            runtime_dir: lock::runtime_dir(instance, |var| std::env::var_os(var)),
         }
     }
 }
@@ -63,39 +80,39 @@ pub fn load_context(instance: Instance) -> unit::Context {
     }
 }
 
-/// One unit found on the search path and what loading it gave.
+/// What the daemon can be asked to do.
 #[derive(Debug)]
-pub struct LoadedUnit {
-    pub found: Found,
-    pub spec: Result<UnitSpec, LoadError>,
+pub enum Control {
+    /// Rescan the units now; the diff goes to `reply` when given.
+    Reload {
+        reply: Option<oneshot::Sender<Diff>>,
+    },
+    /// Stop every server and return.
+    Shutdown,
 }
 
-/// Everything on the search path, loaded for `config`'s instance. Masked
-/// units are left out.
-pub fn load_units(config: &Config) -> (Vec<LoadedUnit>, Vec<unit::search::DirError>) {
-    let context = load_context(config.instance);
-    let (found, errors) = unit::discover(&config.unit_dirs);
-    let loaded = found
-        .into_iter()
-        .filter(|f| !f.masked)
-        .map(|found| {
-            let spec = unit::load_in(&found.files, &context);
-            LoadedUnit { found, spec }
-        })
-        .collect();
-    (loaded, errors)
+/// Why the daemon could not run.
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    #[error(transparent)]
+    Lock(#[from] lock::LockError),
+    #[error("cannot watch the unit directories: {0}")]
+    Watch(#[from] notify::Error),
 }
 
-/// A running unit.
-#[derive(Debug)]
-struct Entry {
-    supervisor: Supervisor,
-    task: JoinHandle<()>,
+async fn sleep_until(at: Option<tokio::time::Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
 }
 
-/// Loads the units, supervises the valid ones until `shutdown` resolves,
-/// then stops them all in parallel.
-pub async fn run(config: Config, shutdown: impl Future<Output = ()>) {
+/// Runs the daemon until [`Control::Shutdown`] (or the channel closes).
+pub async fn run(
+    config: Config,
+    mut control: mpsc::UnboundedReceiver<Control>,
+) -> Result<(), RunError> {
+    let lock = lock::InstanceLock::acquire(config.instance, &config.runtime_dir)?;
     let dirs: Vec<String> = config
         .unit_dirs
         .iter()
@@ -108,47 +125,86 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) {
         config.instance.as_str(),
         dirs.join(":")
     );
-    let (units, dir_errors) = load_units(&config);
-    for e in &dir_errors {
-        tracing::warn!(target: "mcpd::daemon", "{e}");
-    }
-    let host = Host::current(config.instance);
-    let mut running: BTreeMap<String, Entry> = BTreeMap::new();
-    let mut invalid = 0;
-    for unit in units {
-        let name = unit.found.name;
-        match unit.spec {
-            Ok(spec) => {
-                let logs = LogRing::default();
-                let launcher = system_launcher(&name, host.clone(), logs.clone());
-                let (supervisor, task) = Supervisor::spawn(&name, spec, launcher, logs);
-                supervisor.start();
-                running.insert(name, Entry { supervisor, task });
-            }
-            Err(e) => {
-                invalid += 1;
-                tracing::error!(target: "mcpd::daemon", mcpd_server = %name, "unit {name} is invalid and was not started:\n{e}");
-            }
-        }
-    }
-    if running.is_empty() && invalid == 0 {
+    tracing::debug!(target: "mcpd::daemon", "holding {}", lock.path().display());
+
+    let (events_tx, mut events) = mpsc::unbounded_channel();
+    let mut watcher = watch::DirWatcher::new(events_tx)?;
+    let mut registry = Registry::new(config);
+    let diff = registry.reload().await;
+    watcher.set(&registry.watch_paths());
+    if registry.entries().is_empty() {
         tracing::warn!(target: "mcpd::daemon", "no units found in {}", dirs.join(":"));
     }
+    let invalid = diff
+        .0
+        .iter()
+        .filter(|(_, c)| matches!(c, Change::Invalid(_)))
+        .count();
     tracing::info!(
         target: "mcpd::daemon",
         "started {} ({invalid} invalid)",
-        count(running.len(), "unit")
+        count(registry.entries().len() - invalid, "unit")
     );
+    let mut status = registry.summary();
+    sdnotify::ready(&status);
 
-    shutdown.await;
+    let changed = registry.changed();
+    let watchdog = sdnotify::watchdog_interval();
+    let mut watchdog_at = watchdog.map(|every| tokio::time::Instant::now() + every);
+    // First and latest event of a burst not yet reloaded.
+    let mut burst: Option<(tokio::time::Instant, tokio::time::Instant)> = None;
 
-    tracing::info!(target: "mcpd::daemon", "stopping {}", count(running.len(), "server"));
-    let mut stopping = tokio::task::JoinSet::new();
-    for (_, entry) in running {
-        stopping.spawn(entry.supervisor.shutdown(entry.task));
+    loop {
+        let reload_at = burst.map(|(first, last)| (last + DEBOUNCE).min(first + MAX_DEBOUNCE));
+        let mut reply = None;
+        let reload = tokio::select! {
+            command = control.recv() => match command {
+                Some(Control::Reload { reply: r }) => {
+                    reply = r;
+                    true
+                }
+                Some(Control::Shutdown) | None => break,
+            },
+            Some(()) = events.recv() => {
+                let now = tokio::time::Instant::now();
+                burst = Some(burst.map_or((now, now), |(first, _)| (first, now)));
+                false
+            }
+            () = sleep_until(reload_at) => true,
+            () = changed.notified() => {
+                let now = registry.summary();
+                if now != status {
+                    status = now;
+                    sdnotify::status(&status);
+                }
+                false
+            }
+            () = sleep_until(watchdog_at) => {
+                sdnotify::watchdog();
+                watchdog_at = watchdog.map(|every| tokio::time::Instant::now() + every);
+                false
+            }
+        };
+        if reload {
+            burst = None;
+            sdnotify::reloading();
+            let diff = registry.reload().await;
+            watcher.set(&registry.watch_paths());
+            status = registry.summary();
+            sdnotify::ready(&status);
+            tracing::info!(target: "mcpd::daemon", "reloaded: {diff}");
+            if let Some(reply) = reply {
+                let _ = reply.send(diff);
+            }
+        }
     }
-    while stopping.join_next().await.is_some() {}
+
+    sdnotify::stopping();
+    tracing::info!(target: "mcpd::daemon", "stopping {}", count(registry.entries().len(), "unit"));
+    registry.shutdown().await;
     tracing::info!(target: "mcpd::daemon", "stopped");
+    drop(lock);
+    Ok(())
 }
 
 /// "1 unit", "2 units".

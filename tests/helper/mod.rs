@@ -68,6 +68,8 @@ pub fn check_snapshot(expected: &Path, actual: &str) -> Option<String> {
 /// A running `mcpd` whose stderr is read line by line.
 pub struct Daemon {
     child: std::process::Child,
+    /// The daemon's own XDG_RUNTIME_DIR unless the test gave one.
+    _runtime: Option<tempfile::TempDir>,
     lines: std::sync::mpsc::Receiver<String>,
     /// Every line read so far.
     pub seen: Vec<String>,
@@ -83,6 +85,13 @@ impl Daemon {
         )))
         .expect("PATH");
         let mut cmd = mcpd();
+        let runtime = if env.iter().any(|(k, _)| *k == "XDG_RUNTIME_DIR") {
+            None
+        } else {
+            let dir = tempfile::tempdir().expect("runtime dir");
+            cmd.env("XDG_RUNTIME_DIR", dir.path());
+            Some(dir)
+        };
         cmd.args(args)
             .env("PATH", path)
             .env("MCPD_LOG", "info")
@@ -105,6 +114,7 @@ impl Daemon {
         });
         Self {
             child,
+            _runtime: runtime,
             lines,
             seen: Vec::new(),
         }
