@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use rustix::process::Signal;
 
-use crate::helper::{Daemon, root};
+use crate::helper::{Daemon, root, running_pid};
 
 /// The PID in a "running (pid N, …)" log line.
 fn pid_in(line: &str) -> u32 {
@@ -98,7 +98,146 @@ fn an_invalid_unit_is_reported_with_its_location_and_others_run() {
         located.starts_with(&tmp.path().join("broken.kdl").display().to_string()),
         "{located}"
     );
-    d.wait_for("started 1 unit (1 invalid)");
-    d.wait_for("running (pid");
+    d.wait_until("good runs", |d| {
+        d.count("started 1 unit (1 invalid)") == 1 && d.latest_pid("good").is_some()
+    });
     assert!(d.stop(Signal::INT).success());
+}
+
+/// Datagrams sent to a fake `NOTIFY_SOCKET`, split into their lines.
+struct NotifySocket {
+    socket: std::os::unix::net::UnixDatagram,
+    path: std::path::PathBuf,
+}
+
+impl NotifySocket {
+    fn bind(dir: &std::path::Path) -> Self {
+        let path = dir.join("notify.sock");
+        let socket = std::os::unix::net::UnixDatagram::bind(&path).expect("bind notify socket");
+        socket
+            .set_read_timeout(Some(Duration::from_secs(30)))
+            .expect("timeout");
+        Self { socket, path }
+    }
+
+    /// The next datagram's lines (bounded wait).
+    fn next(&self) -> Vec<String> {
+        let mut buf = vec![0u8; 4096];
+        let n = self
+            .socket
+            .recv(&mut buf)
+            .expect("a notification within 30 s");
+        String::from_utf8_lossy(&buf[..n])
+            .lines()
+            .map(str::to_owned)
+            .collect()
+    }
+
+    /// The next datagram that is not a STATUS update or a watchdog ping.
+    fn next_state(&self, statuses: &mut Vec<String>) -> Vec<String> {
+        loop {
+            let msg = self.next();
+            if msg.iter().all(|l| l.starts_with("STATUS=")) {
+                statuses.extend(msg);
+            } else if msg != ["WATCHDOG=1"] {
+                return msg;
+            }
+        }
+    }
+}
+
+#[test]
+fn notifies_systemd_ready_reloading_ready_stopping_and_keeps_children_clean() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let notify = NotifySocket::bind(tmp.path());
+    let units = root().join("units/demo");
+    let mut d = Daemon::start(
+        &["--user".as_ref(), "--units".as_ref(), units.as_os_str()],
+        &[("NOTIFY_SOCKET", notify.path.as_os_str())],
+    );
+    let mut statuses = Vec::new();
+    let ready = notify.next_state(&mut statuses);
+    assert_eq!(ready[0], "READY=1");
+    assert!(ready[1].starts_with("STATUS=2 servers"), "{ready:?}");
+    // the summary follows the servers until both run
+    while !statuses.iter().any(|s| s == "STATUS=2 servers: 2 running") {
+        let msg = notify.next();
+        statuses.extend(msg.into_iter().filter(|l| l.starts_with("STATUS=")));
+    }
+    // the children never see the daemon's NOTIFY_SOCKET
+    let pid = running_pid(&d.wait_for("running (pid")).expect("pid");
+    let environ = std::fs::read(format!("/proc/{pid}/environ")).expect("environ");
+    let environ = String::from_utf8_lossy(&environ);
+    assert!(!environ.contains("NOTIFY_SOCKET"), "{environ}");
+
+    d.signal(Signal::HUP);
+    let reloading = notify.next_state(&mut statuses);
+    assert_eq!(reloading[0], "RELOADING=1");
+    let usec: u64 = reloading[1]
+        .strip_prefix("MONOTONIC_USEC=")
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("{reloading:?}"));
+    let now = rustix::time::clock_gettime(rustix::time::ClockId::Monotonic);
+    let now_usec = u64::try_from(now.tv_sec).expect("secs") * 1_000_000
+        + u64::try_from(now.tv_nsec).expect("ns") / 1000;
+    assert!(
+        usec <= now_usec && now_usec - usec < 30_000_000,
+        "CLOCK_MONOTONIC: {usec} vs {now_usec}"
+    );
+    let ready = notify.next_state(&mut statuses);
+    assert_eq!(ready[0], "READY=1");
+
+    d.signal(Signal::TERM);
+    assert_eq!(notify.next_state(&mut statuses), ["STOPPING=1"]);
+    assert!(d.exit().success());
+}
+
+#[test]
+fn pings_the_watchdog_at_half_its_timeout() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let notify = NotifySocket::bind(tmp.path());
+    let units = root().join("units/demo");
+    let d = Daemon::start(
+        &["--user".as_ref(), "--units".as_ref(), units.as_os_str()],
+        &[
+            ("NOTIFY_SOCKET", notify.path.as_os_str()),
+            ("WATCHDOG_USEC", "200000".as_ref()),
+        ],
+    );
+    let mut pings = Vec::new();
+    while pings.len() < 4 {
+        let msg = notify.next();
+        if msg == ["WATCHDOG=1"] {
+            pings.push(std::time::Instant::now());
+        }
+    }
+    let gaps: Vec<Duration> = pings.windows(2).map(|w| w[1] - w[0]).collect();
+    // 100 ms apart: generous bounds for a loaded machine, but not 200 ms
+    assert!(
+        gaps.iter()
+            .all(|g| *g >= Duration::from_millis(50) && *g < Duration::from_millis(190)),
+        "{gaps:?}"
+    );
+    assert!(d.stop(Signal::TERM).success());
+}
+
+#[test]
+fn a_second_daemon_of_the_same_instance_refuses_to_start() {
+    let runtime = tempfile::tempdir().expect("tempdir");
+    let units = root().join("units/demo");
+    let args = ["--user".as_ref(), "--units".as_ref(), units.as_os_str()];
+    let env = [("XDG_RUNTIME_DIR", runtime.path().as_os_str())];
+    let mut first = Daemon::start(&args, &env);
+    first.wait_for("started 2 units");
+    let mut second = Daemon::start(&args, &env);
+    let lock = runtime.path().join("mcpd/mcpd.lock");
+    let message = format!(
+        "mcpd: another mcpd is already running the user instance: {} is locked by pid {}",
+        lock.display(),
+        first.pid()
+    );
+    second.wait_for(&message);
+    let status = second.exit();
+    assert_eq!(status.code(), Some(1));
+    assert!(first.stop(Signal::TERM).success());
 }

@@ -167,8 +167,10 @@ fn mcpd_units_flag_replaces_the_search_path() {
         starting.contains(&config.join("mcpd/units").display().to_string()),
         "{starting}"
     );
-    default_path.wait_for("started 1 unit (0 invalid)");
-    default_path.wait_for("starting mcpd_server=from-xdg");
+    // (the two lines come in either order)
+    default_path.wait_until("from-xdg started", |d| {
+        d.count("started 1 unit (0 invalid)") == 1 && d.count("starting mcpd_server=from-xdg") == 1
+    });
     assert!(default_path.stop(Signal::TERM).success());
 
     let mut overridden = Daemon::start(
@@ -180,8 +182,9 @@ fn mcpd_units_flag_replaces_the_search_path() {
         starting.ends_with(&format!("units from {}", explicit.display())),
         "{starting}"
     );
-    overridden.wait_for("started 1 unit (0 invalid)");
-    overridden.wait_for("starting mcpd_server=from-flag");
+    overridden.wait_until("from-flag started", |d| {
+        d.count("started 1 unit (0 invalid)") == 1 && d.count("starting mcpd_server=from-flag") == 1
+    });
     let seen = overridden.seen.join("\n");
     assert!(!seen.contains("from-xdg"), "{seen}");
     assert!(overridden.stop(Signal::TERM).success());

@@ -9,6 +9,7 @@ mod docs;
 mod fixture;
 mod fuzz;
 mod machine;
+mod reload;
 mod search;
 mod supervisor;
 mod unit_files;

@@ -43,7 +43,10 @@ impl DirWatcher {
         let watcher =
             notify::recommended_watcher(move |event: notify::Result<notify::Event>| match event {
                 Ok(event) => {
-                    if event.paths.is_empty() || event.paths.iter().any(|p| relevant(p)) {
+                    // Reading the files (as every rescan does) is no change.
+                    let change = !matches!(event.kind, notify::EventKind::Access(_));
+                    if change && (event.paths.is_empty() || event.paths.iter().any(|p| relevant(p)))
+                    {
                         let _ = tx.send(());
                     }
                 }

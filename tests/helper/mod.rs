@@ -140,11 +140,69 @@ impl Daemon {
         }
     }
 
-    /// Sends `signal` and waits (bounded) for the exit status.
-    pub fn stop(mut self, signal: rustix::process::Signal) -> std::process::ExitStatus {
+    /// Reads lines until `done(self)` holds (bounded), checking after each
+    /// line and at least every 50 ms.
+    pub fn wait_until(&mut self, what: &str, done: impl Fn(&Self) -> bool) {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        while !done(self) {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "timed out waiting for {what}; mcpd logged:\n{}",
+                self.seen.join("\n")
+            );
+            if let Ok(line) = self
+                .lines
+                .recv_timeout(std::time::Duration::from_millis(50))
+            {
+                self.seen.push(line);
+            }
+        }
+    }
+
+    /// Lines logged about unit `name` (its `mcpd_server` field).
+    pub fn about<'a>(&'a self, name: &'a str) -> impl Iterator<Item = &'a String> + 'a {
+        let field = format!("mcpd_server={name}");
+        self.seen
+            .iter()
+            .filter(move |l| l.split_whitespace().any(|word| word == field))
+    }
+
+    /// The PID of the newest "running (pid N, …)" line of unit `name`.
+    pub fn latest_pid(&self, name: &str) -> Option<u32> {
+        self.about(name).filter_map(|l| running_pid(l)).last()
+    }
+
+    /// How many times unit `name` has been logged as running.
+    pub fn starts(&self, name: &str) -> usize {
+        self.about(name)
+            .filter(|l| running_pid(l).is_some())
+            .count()
+    }
+
+    /// Lines containing `needle`.
+    pub fn count(&self, needle: &str) -> usize {
+        self.seen.iter().filter(|l| l.contains(needle)).count()
+    }
+
+    /// Sends `signal` without waiting.
+    pub fn signal(&self, signal: rustix::process::Signal) {
         let pid = rustix::process::Pid::from_raw(i32::try_from(self.child.id()).expect("pid"))
             .expect("pid");
         rustix::process::kill_process(pid, signal).expect("signal mcpd");
+    }
+
+    /// Sends `signal` and waits (bounded) for the exit status.
+    pub fn stop(self, signal: rustix::process::Signal) -> std::process::ExitStatus {
+        self.signal(signal);
+        self.exit()
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Waits (bounded) for the daemon to exit by itself.
+    pub fn exit(mut self) -> std::process::ExitStatus {
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
         loop {
             if let Some(status) = self.child.try_wait().expect("wait") {
@@ -168,4 +226,30 @@ impl Drop for Daemon {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// The PID in a "running (pid N, …)" or "running again (pid N, …)" log line.
+pub fn running_pid(line: &str) -> Option<u32> {
+    if !line.contains("mcpd::supervisor: running") {
+        return None;
+    }
+    line.split("(pid ").nth(1)?.split(',').next()?.parse().ok()
+}
+
+/// Whether `pid` is a live process (zombies count as gone).
+pub fn alive(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
+        stat.rsplit_once(')')
+            .is_some_and(|(_, rest)| !rest.trim_start().starts_with('Z'))
+    })
+}
+
+/// The command line of process `pid`.
+pub fn cmdline(pid: u32) -> Vec<String> {
+    std::fs::read(format!("/proc/{pid}/cmdline"))
+        .unwrap_or_default()
+        .split(|b| *b == 0)
+        .filter(|a| !a.is_empty())
+        .map(|a| String::from_utf8_lossy(a).into_owned())
+        .collect()
 }
