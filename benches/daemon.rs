@@ -1,0 +1,228 @@
+//! Daemon benchmarks against the targets of the daemon issue, driving the
+//! real release `mcpd` on generated unit directories:
+//!
+//! 1. start-up: N fixture units, exec → all running (target ≤ 5 s at 500),
+//!    and the daemon's RSS once they run;
+//! 2. reload: one unit file changed among N → that unit running again
+//!    (target p50 ≤ debounce + 50 ms); exactly one server restarts;
+//! 3. idle: daemon CPU time over 10 s with M running servers (target
+//!    < 10 ms at 100; no polling).
+//!
+//! Run through `bench/run`. `MCPD_BENCH_UNITS` (500), `MCPD_BENCH_IDLE_UNITS`
+//! (100), `MCPD_BENCH_RELOADS` (20) and `MCPD_BENCH_IDLE_SECS` (10) set sizes.
+
+use std::io::BufRead;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+fn env_usize(name: &str, default: usize) -> usize {
+    std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
+}
+
+fn release(name: &str) -> PathBuf {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target/release").join(name);
+    assert!(path.is_file(), "{} is missing: run bench/run", path.display());
+    path
+}
+
+fn unit(tag: &str) -> String {
+    format!(
+        "stdio {{\n    command \"{}\" \"--name\" \"{tag}\" \"--chatter\" \"0\"\n}}\nstop-timeout \"2s\"\n",
+        release("examples/mcp-fixture").display()
+    )
+}
+
+struct Daemon {
+    child: Child,
+    lines: mpsc::Receiver<(Instant, String)>,
+    _runtime: tempfile::TempDir,
+}
+
+impl Daemon {
+    fn start(units: &Path) -> Self {
+        let runtime = tempfile::tempdir().expect("tempdir");
+        let mut child = Command::new(release("mcpd"))
+            .args(["--user", "--units"])
+            .arg(units)
+            .env("XDG_RUNTIME_DIR", runtime.path())
+            .env("MCPD_LOG", "info,mcpd::server=warn")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn mcpd");
+        let stderr = child.stderr.take().expect("stderr");
+        let (tx, lines) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in std::io::BufReader::new(stderr).lines().map_while(Result::ok) {
+                if tx.send((Instant::now(), line)).is_err() {
+                    break;
+                }
+            }
+        });
+        Self {
+            child,
+            lines,
+            _runtime: runtime,
+        }
+    }
+
+    /// Reads lines until `pred` has matched `n` of them; returns the time of
+    /// the last match and every line read.
+    fn until(&self, n: usize, pred: impl Fn(&str) -> bool) -> (Instant, Vec<String>) {
+        let mut seen = Vec::new();
+        let mut hits = 0;
+        loop {
+            let (at, line) = self
+                .lines
+                .recv_timeout(Duration::from_secs(120))
+                .expect("mcpd stopped logging");
+            let hit = pred(&line);
+            seen.push(line);
+            if hit {
+                hits += 1;
+                if hits == n {
+                    return (at, seen);
+                }
+            }
+        }
+    }
+
+    fn pid(&self) -> u32 {
+        self.child.id()
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        if let Some(pid) = rustix::process::Pid::from_raw(self.child.id() as i32) {
+            let _ = rustix::process::kill_process(pid, rustix::process::Signal::TERM);
+        }
+        let _ = self.child.wait();
+    }
+}
+
+fn running(line: &str) -> bool {
+    line.contains("mcpd::supervisor: running")
+}
+
+fn rss_kib(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .unwrap_or(0)
+}
+
+/// CPU time of every thread of `pid`, in nanoseconds (schedstat).
+fn cpu_ns(pid: u32) -> u64 {
+    let mut total = 0;
+    if let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) {
+        for task in tasks.flatten() {
+            if let Ok(stat) = std::fs::read_to_string(task.path().join("schedstat")) {
+                total += stat.split_whitespace().next().and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
+            }
+        }
+    }
+    total
+}
+
+fn units_dir(n: usize) -> tempfile::TempDir {
+    let dir = tempfile::tempdir().expect("tempdir");
+    for i in 0..n {
+        std::fs::write(dir.path().join(format!("u{i}.kdl")), unit(&format!("u{i}-a"))).expect("write unit");
+    }
+    dir
+}
+
+fn stats(mut xs: Vec<f64>) -> (f64, f64, f64, f64) {
+    xs.sort_by(f64::total_cmp);
+    let pick = |q: f64| xs[((xs.len() - 1) as f64 * q).round() as usize];
+    (pick(0.5), pick(0.95), xs[0], xs[xs.len() - 1])
+}
+
+fn main() {
+    let n = env_usize("MCPD_BENCH_UNITS", 500);
+    let idle_n = env_usize("MCPD_BENCH_IDLE_UNITS", 100);
+    let reloads = env_usize("MCPD_BENCH_RELOADS", 20);
+    let idle_secs = env_usize("MCPD_BENCH_IDLE_SECS", 10) as u64;
+    let mut rows: Vec<[String; 5]> = Vec::new();
+
+    // 1 + 2: start-up and reload at N units
+    let dir = units_dir(n);
+    let started = Instant::now();
+    let d = Daemon::start(dir.path());
+    let (all_up, _) = d.until(n, running);
+    let startup = all_up - started;
+    std::thread::sleep(Duration::from_millis(500));
+    let rss = rss_kib(d.pid());
+    rows.push([
+        format!("start-up: {n} units, exec to all running"),
+        "≤ 5 s".into(),
+        format!("{:.2} s", startup.as_secs_f64()),
+        "-".into(),
+        "1".into(),
+    ]);
+    rows.push([
+        format!("daemon RSS with {n} idle servers"),
+        "-".into(),
+        format!("{:.1} MiB", rss as f64 / 1024.0),
+        format!("{:.1} KiB per server", rss as f64 / n as f64),
+        "1".into(),
+    ]);
+
+    let mut latencies = Vec::new();
+    let mut extra_restarts = 0;
+    for r in 0..reloads {
+        let i = (r * 37) % n;
+        let name = format!("u{i}");
+        let t0 = Instant::now();
+        std::fs::write(dir.path().join(format!("{name}.kdl")), unit(&format!("{name}-r{r}"))).expect("write");
+        let field = format!("mcpd_server={name} ");
+        let (up, seen) = d.until(1, |l| running(l) && l.contains(&field));
+        latencies.push((up - t0).as_secs_f64() * 1000.0);
+        extra_restarts += seen.iter().filter(|l| running(l) && !l.contains(&field)).count();
+    }
+    let (p50, p95, lo, hi) = stats(latencies);
+    rows.push([
+        format!("reload: 1 file changed among {n} → running again"),
+        "≤ 150 ms (100 ms debounce + 50)".into(),
+        format!("{p50:.0} ms"),
+        format!("p95 {p95:.0}, {lo:.0}..{hi:.0} ms"),
+        reloads.to_string(),
+    ]);
+    rows.push([
+        "other servers restarted by those reloads".into(),
+        "0".into(),
+        extra_restarts.to_string(),
+        "-".into(),
+        reloads.to_string(),
+    ]);
+    drop(d);
+
+    // 3: idle CPU at M units
+    let dir = units_dir(idle_n);
+    let d = Daemon::start(dir.path());
+    d.until(idle_n, running);
+    std::thread::sleep(Duration::from_secs(1));
+    let before = cpu_ns(d.pid());
+    std::thread::sleep(Duration::from_secs(idle_secs));
+    let used = cpu_ns(d.pid()) - before;
+    rows.push([
+        format!("idle: daemon CPU over {idle_secs} s, {idle_n} running servers"),
+        "< 10 ms".into(),
+        format!("{:.2} ms", used as f64 / 1e6),
+        "-".into(),
+        "1".into(),
+    ]);
+    drop(d);
+
+    println!("| figure | target | median | p95, min..max | runs |");
+    println!("|---|---|---|---|---:|");
+    for [a, b, c, e, f] in rows {
+        println!("| {a} | {b} | {c} | {e} | {f} |");
+    }
+}
