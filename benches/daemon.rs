@@ -18,12 +18,21 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 fn env_usize(name: &str, default: usize) -> usize {
-    std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
 }
 
 fn release(name: &str) -> PathBuf {
-    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target/release").join(name);
-    assert!(path.is_file(), "{} is missing: run bench/run", path.display());
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("target/release")
+        .join(name);
+    assert!(
+        path.is_file(),
+        "{} is missing: run bench/run",
+        path.display()
+    );
     path
 }
 
@@ -56,7 +65,10 @@ impl Daemon {
         let stderr = child.stderr.take().expect("stderr");
         let (tx, lines) = mpsc::channel();
         std::thread::spawn(move || {
-            for line in std::io::BufReader::new(stderr).lines().map_while(Result::ok) {
+            for line in std::io::BufReader::new(stderr)
+                .lines()
+                .map_while(Result::ok)
+            {
                 if tx.send((Instant::now(), line)).is_err() {
                     break;
                 }
@@ -123,7 +135,11 @@ fn cpu_ns(pid: u32) -> u64 {
     if let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) {
         for task in tasks.flatten() {
             if let Ok(stat) = std::fs::read_to_string(task.path().join("schedstat")) {
-                total += stat.split_whitespace().next().and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
+                total += stat
+                    .split_whitespace()
+                    .next()
+                    .and_then(|v| v.parse::<u64>().ok())
+                    .unwrap_or(0);
             }
         }
     }
@@ -133,7 +149,11 @@ fn cpu_ns(pid: u32) -> u64 {
 fn units_dir(n: usize) -> tempfile::TempDir {
     let dir = tempfile::tempdir().expect("tempdir");
     for i in 0..n {
-        std::fs::write(dir.path().join(format!("u{i}.kdl")), unit(&format!("u{i}-a"))).expect("write unit");
+        std::fs::write(
+            dir.path().join(format!("u{i}.kdl")),
+            unit(&format!("u{i}-a")),
+        )
+        .expect("write unit");
     }
     dir
 }
@@ -180,11 +200,18 @@ fn main() {
         let i = (r * 37) % n;
         let name = format!("u{i}");
         let t0 = Instant::now();
-        std::fs::write(dir.path().join(format!("{name}.kdl")), unit(&format!("{name}-r{r}"))).expect("write");
+        std::fs::write(
+            dir.path().join(format!("{name}.kdl")),
+            unit(&format!("{name}-r{r}")),
+        )
+        .expect("write");
         let field = format!("mcpd_server={name} ");
         let (up, seen) = d.until(1, |l| running(l) && l.contains(&field));
         latencies.push((up - t0).as_secs_f64() * 1000.0);
-        extra_restarts += seen.iter().filter(|l| running(l) && !l.contains(&field)).count();
+        extra_restarts += seen
+            .iter()
+            .filter(|l| running(l) && !l.contains(&field))
+            .count();
     }
     let (p50, p95, lo, hi) = stats(latencies);
     rows.push([

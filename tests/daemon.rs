@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use rustix::process::Signal;
 
-use crate::helper::{Daemon, root, running_pid};
+use crate::helper::{Daemon, alive, root, running_pid};
 
 /// The PID in a "running (pid N, …)" log line.
 fn pid_in(line: &str) -> u32 {
@@ -14,13 +14,6 @@ fn pid_in(line: &str) -> u32 {
         .and_then(|rest| rest.split(',').next())
         .and_then(|pid| pid.parse().ok())
         .unwrap_or_else(|| panic!("no pid in {line:?}"))
-}
-
-fn alive(pid: u32) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
-        stat.rsplit_once(')')
-            .is_some_and(|(_, rest)| !rest.trim_start().starts_with('Z'))
-    })
 }
 
 fn wait_gone(pid: u32) {
@@ -240,4 +233,50 @@ fn a_second_daemon_of_the_same_instance_refuses_to_start() {
     let status = second.exit();
     assert_eq!(status.code(), Some(1));
     assert!(first.stop(Signal::TERM).success());
+}
+
+#[test]
+fn sigterm_stops_stubborn_servers_in_parallel_within_their_stop_timeout() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    for name in ["s1", "s2"] {
+        std::fs::write(
+            tmp.path().join(format!("{name}.kdl")),
+            "stdio {\n    command \"mcp-fixture\" \"--ignore-sigterm\" \"--linger\"\n}\nstop-timeout \"1s\"\n",
+        )
+        .expect("write");
+    }
+    let mut d = Daemon::start(
+        &[
+            "--user".as_ref(),
+            "--units".as_ref(),
+            tmp.path().as_os_str(),
+        ],
+        &[],
+    );
+    d.wait_until("both running", |d| {
+        d.latest_pid("s1").is_some() && d.latest_pid("s2").is_some()
+    });
+    let pids = [
+        d.latest_pid("s1").expect("s1"),
+        d.latest_pid("s2").expect("s2"),
+    ];
+    d.signal(Signal::TERM);
+    d.wait_until("both stopped", |d| {
+        d.count("mcpd::supervisor: stopped") == 2
+    });
+    // parallel: both were stopping before either had stopped
+    let first_stopped = d
+        .seen
+        .iter()
+        .position(|l| l.contains("mcpd::supervisor: stopped"))
+        .expect("stopped");
+    let stopping = d.seen[..first_stopped]
+        .iter()
+        .filter(|l| l.contains("mcpd::supervisor: stopping"))
+        .count();
+    assert_eq!(stopping, 2, "{}", d.seen.join("\n"));
+    assert!(d.exit().success());
+    for pid in pids {
+        assert!(!alive(pid), "SIGKILLed after its stop-timeout");
+    }
 }
