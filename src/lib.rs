@@ -5,5 +5,6 @@
 
 pub mod ctl;
 pub mod daemon;
+pub mod dbus;
 pub mod supervisor;
 pub mod unit;

@@ -24,6 +24,10 @@ struct Cli {
     /// earlier directories win).
     #[arg(long = "units", value_name = "DIR")]
     units: Vec<PathBuf>,
+    /// Serve D-Bus only on the private socket in the runtime directory,
+    /// not on the system or session bus.
+    #[arg(long)]
+    no_bus: bool,
     /// Log filter: a level (error, warn, info, debug, trace) or tracing
     /// directives such as "info,mcpd::supervisor=debug". Overrides MCPD_LOG.
     #[arg(long, value_name = "FILTER")]
@@ -45,7 +49,8 @@ fn main() -> ExitCode {
         (_, true) => Some(Instance::User),
         _ => None,
     };
-    let config = Config::new(instance, cli.units);
+    let mut config = Config::new(instance, cli.units);
+    config.no_bus = cli.no_bus;
     let runtime = match tokio::runtime::Runtime::new() {
         Ok(runtime) => runtime,
         Err(e) => {
@@ -67,6 +72,7 @@ fn main() -> ExitCode {
             }
         };
         let (control, rx) = mpsc::unbounded_channel();
+        let controller = control.clone();
         tokio::spawn(async move {
             loop {
                 let command = tokio::select! {
@@ -88,7 +94,7 @@ fn main() -> ExitCode {
                 }
             }
         });
-        match daemon::run(config, rx).await {
+        match daemon::run(config, controller, rx).await {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {
                 eprintln!("mcpd: {e}");

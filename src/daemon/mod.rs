@@ -17,13 +17,14 @@ pub mod sdnotify;
 pub mod watch;
 
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::{mpsc, oneshot};
 
 use crate::unit::{self, Instance};
 
-pub use registry::{Change, Diff, Registry};
+pub use registry::{Change, Diff, Registry, UnitView};
 
 /// How long a burst of file events is collected before one reload.
 pub const DEBOUNCE: Duration = Duration::from_millis(100);
@@ -36,8 +37,10 @@ pub struct Config {
     pub instance: Instance,
     /// The unit search path, highest priority first.
     pub unit_dirs: Vec<PathBuf>,
-    /// Where the lock (and later the private D-Bus socket) lives.
+    /// Where the lock and the private D-Bus socket live.
     pub runtime_dir: PathBuf,
+    /// Serve D-Bus only on the private socket, not on the bus.
+    pub no_bus: bool,
 }
 
 impl Config {
@@ -54,6 +57,7 @@ impl Config {
             instance,
             unit_dirs,
             runtime_dir: lock::runtime_dir(instance, |var| std::env::var_os(var)),
+            no_bus: false,
         }
     }
 }
@@ -98,6 +102,8 @@ pub enum RunError {
     Lock(#[from] lock::LockError),
     #[error("cannot watch the unit directories: {0}")]
     Watch(#[from] notify::Error),
+    #[error(transparent)]
+    Dbus(#[from] crate::dbus::StartError),
 }
 
 async fn sleep_until(at: Option<tokio::time::Instant>) {
@@ -108,8 +114,11 @@ async fn sleep_until(at: Option<tokio::time::Instant>) {
 }
 
 /// Runs the daemon until [`Control::Shutdown`] (or the channel closes).
+/// `controller` is a sender of the same channel, given to D-Bus for
+/// `Reload`.
 pub async fn run(
     config: Config,
+    controller: mpsc::UnboundedSender<Control>,
     mut control: mpsc::UnboundedReceiver<Control>,
 ) -> Result<(), RunError> {
     let lock = lock::InstanceLock::acquire(config.instance, &config.runtime_dir)?;
@@ -129,8 +138,18 @@ pub async fn run(
 
     let (events_tx, mut events) = mpsc::unbounded_channel();
     let mut watcher = watch::DirWatcher::new(events_tx)?;
+    let runtime_dir = config.runtime_dir.clone();
+    let no_bus = config.no_bus;
+    let shared = Arc::new(crate::dbus::Shared {
+        instance: config.instance,
+        unit_dirs: config.unit_dirs.clone(),
+        units: std::sync::RwLock::new(std::collections::BTreeMap::new()),
+        control: controller,
+    });
     let mut registry = Registry::new(config);
     let diff = registry.reload().await;
+    publish(&shared, &registry);
+    let bus = crate::dbus::Service::start(Arc::clone(&shared), &runtime_dir, no_bus).await?;
     watcher.set(&registry.watch_paths());
     if registry.entries().is_empty() {
         tracing::warn!(target: "mcpd::daemon", "no units found in {}", dirs.join(":"));
@@ -189,6 +208,8 @@ pub async fn run(
             burst = None;
             sdnotify::reloading();
             let diff = registry.reload().await;
+            publish(&shared, &registry);
+            bus.hub.apply(&diff).await;
             watcher.set(&registry.watch_paths());
             status = registry.summary();
             sdnotify::ready(&status);
@@ -202,9 +223,17 @@ pub async fn run(
     sdnotify::stopping();
     tracing::info!(target: "mcpd::daemon", "stopping {}", count(registry.entries().len(), "unit"));
     registry.shutdown().await;
+    drop(bus);
     tracing::info!(target: "mcpd::daemon", "stopped");
     drop(lock);
     Ok(())
+}
+
+/// Hands the registry's read model to D-Bus.
+fn publish(shared: &crate::dbus::Shared, registry: &Registry) {
+    if let Ok(mut units) = shared.units.write() {
+        *units = registry.snapshot();
+    }
 }
 
 /// "1 unit", "2 units".

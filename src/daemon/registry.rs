@@ -76,6 +76,18 @@ impl fmt::Display for Diff {
     }
 }
 
+/// What the outside (D-Bus) sees of a unit: cheap to clone.
+#[derive(Debug, Clone)]
+pub struct UnitView {
+    /// None for a unit that has never loaded.
+    pub supervisor: Option<Supervisor>,
+    /// The unit's main file.
+    pub path: PathBuf,
+    pub description: Option<String>,
+    /// The current load error, one `file:line:col: message` line each.
+    pub load_error: Option<String>,
+}
+
 /// One unit the daemon knows.
 #[derive(Debug)]
 pub struct Entry {
@@ -123,6 +135,25 @@ impl Registry {
 
     pub fn entries(&self) -> &BTreeMap<String, Entry> {
         &self.entries
+    }
+
+    /// The read model of every unit, for D-Bus.
+    pub fn snapshot(&self) -> BTreeMap<String, UnitView> {
+        self.entries
+            .iter()
+            .map(|(name, e)| {
+                let view = UnitView {
+                    supervisor: e.supervisor().cloned(),
+                    path: e.files.main.clone(),
+                    description: e
+                        .spec
+                        .as_ref()
+                        .and_then(|s| s.description().map(str::to_owned)),
+                    load_error: e.load_error.as_ref().map(ToString::to_string),
+                };
+                (name.clone(), view)
+            })
+            .collect()
     }
 
     /// Notified on every status change of any server.

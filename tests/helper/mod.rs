@@ -92,6 +92,8 @@ impl Daemon {
             cmd.env("XDG_RUNTIME_DIR", dir.path());
             Some(dir)
         };
+        // No bus unless the test starts one: never a developer's session bus.
+        cmd.env_remove("DBUS_SESSION_BUS_ADDRESS");
         cmd.args(args)
             .env("PATH", path)
             .env("MCPD_LOG", "info")

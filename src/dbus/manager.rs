@@ -1,0 +1,208 @@
+//! `org.mcpd1.Manager` at `/org/mcpd1`, and its client proxy.
+
+use std::sync::Arc;
+
+use tokio::sync::oneshot;
+use zbus::message::Header;
+use zbus::object_server::SignalEmitter;
+use zbus::{Connection, interface};
+use zbus::{ObjectPath, OwnedObjectPath};
+
+use crate::daemon::Control;
+
+use super::{Error, Shared, authorize, server_path};
+
+/// One row of `ListServers`: name, description, state, reason, tool count,
+/// object path.
+pub type ServerRow = (String, String, String, String, u32, OwnedObjectPath);
+
+/// The manager object.
+#[derive(Debug)]
+pub struct Manager {
+    shared: Arc<Shared>,
+}
+
+impl Manager {
+    pub fn new(shared: Arc<Shared>) -> Self {
+        Self { shared }
+    }
+
+    fn supervisor(&self, name: &str) -> Result<crate::supervisor::Supervisor, Error> {
+        let unit = self.shared.unit(name)?;
+        unit.supervisor.ok_or_else(|| {
+            Error::InvalidArguments(format!(
+                "unit {name} is invalid and cannot run: {}",
+                unit.load_error.unwrap_or_default()
+            ))
+        })
+    }
+}
+
+#[interface(name = "org.mcpd1.Manager")]
+impl Manager {
+    /// Every server: name, description, state, reason, tool count, path.
+    async fn list_servers(&self) -> Vec<ServerRow> {
+        let units = self
+            .shared
+            .units
+            .read()
+            .map(|u| u.clone())
+            .unwrap_or_default();
+        units
+            .into_iter()
+            .map(|(name, unit)| {
+                let (state, reason, tools) = match &unit.supervisor {
+                    Some(s) => {
+                        let status = s.status();
+                        (
+                            status.state.as_str().to_owned(),
+                            status.reason,
+                            status.tools.len(),
+                        )
+                    }
+                    None => ("stopped".to_owned(), String::new(), 0),
+                };
+                let path = server_path(&name);
+                (
+                    name,
+                    unit.description.unwrap_or_default(),
+                    state,
+                    reason,
+                    u32::try_from(tools).unwrap_or(u32::MAX),
+                    path,
+                )
+            })
+            .collect()
+    }
+
+    /// The object path of server `name`.
+    async fn get_server(&self, name: &str) -> Result<OwnedObjectPath, Error> {
+        self.shared.unit(name)?;
+        Ok(server_path(name))
+    }
+
+    async fn start(
+        &self,
+        name: &str,
+        #[zbus(header)] header: Header<'_>,
+        #[zbus(connection)] conn: &Connection,
+    ) -> Result<(), Error> {
+        authorize(&self.shared, conn, &header).await?;
+        self.supervisor(name)?.start();
+        Ok(())
+    }
+
+    async fn stop(
+        &self,
+        name: &str,
+        #[zbus(header)] header: Header<'_>,
+        #[zbus(connection)] conn: &Connection,
+    ) -> Result<(), Error> {
+        authorize(&self.shared, conn, &header).await?;
+        self.supervisor(name)?.stop();
+        Ok(())
+    }
+
+    async fn restart(
+        &self,
+        name: &str,
+        #[zbus(header)] header: Header<'_>,
+        #[zbus(connection)] conn: &Connection,
+    ) -> Result<(), Error> {
+        authorize(&self.shared, conn, &header).await?;
+        self.supervisor(name)?.restart();
+        Ok(())
+    }
+
+    /// Rescans the unit files now; returns (unit, what changed) pairs.
+    async fn reload(
+        &self,
+        #[zbus(header)] header: Header<'_>,
+        #[zbus(connection)] conn: &Connection,
+    ) -> Result<Vec<(String, String)>, Error> {
+        authorize(&self.shared, conn, &header).await?;
+        let (reply, diff) = oneshot::channel();
+        self.shared
+            .control
+            .send(Control::Reload { reply: Some(reply) })
+            .map_err(|_| Error::ToolFailed("the daemon is shutting down".into()))?;
+        let diff = diff
+            .await
+            .map_err(|_| Error::ToolFailed("the daemon is shutting down".into()))?;
+        Ok(diff
+            .0
+            .into_iter()
+            .map(|(name, change)| (name, change.word().to_owned()))
+            .collect())
+    }
+
+    #[zbus(signal)]
+    pub async fn server_added(
+        emitter: &SignalEmitter<'_>,
+        name: &str,
+        path: ObjectPath<'_>,
+    ) -> zbus::Result<()>;
+
+    #[zbus(signal)]
+    pub async fn server_removed(
+        emitter: &SignalEmitter<'_>,
+        name: &str,
+        path: ObjectPath<'_>,
+    ) -> zbus::Result<()>;
+
+    #[zbus(signal)]
+    pub async fn reloaded(emitter: &SignalEmitter<'_>) -> zbus::Result<()>;
+
+    #[zbus(property)]
+    fn version(&self) -> String {
+        env!("CARGO_PKG_VERSION").to_owned()
+    }
+
+    /// "system" or "user".
+    #[zbus(property)]
+    fn instance(&self) -> String {
+        self.shared.instance.as_str().to_owned()
+    }
+
+    /// The unit search path, highest priority first.
+    #[zbus(property)]
+    fn unit_paths(&self) -> Vec<String> {
+        self.shared
+            .unit_dirs
+            .iter()
+            .map(|d| d.display().to_string())
+            .collect()
+    }
+}
+
+/// Client side of `org.mcpd1.Manager` (mcpctl uses it).
+pub mod client {
+
+    #[zbus::proxy(
+        interface = "org.mcpd1.Manager",
+        default_service = "org.mcpd1",
+        default_path = "/org/mcpd1"
+    )]
+    pub trait Manager {
+        fn list_servers(&self) -> zbus::Result<Vec<super::ServerRow>>;
+        fn get_server(&self, name: &str) -> zbus::Result<zbus::OwnedObjectPath>;
+        fn start(&self, name: &str) -> zbus::Result<()>;
+        fn stop(&self, name: &str) -> zbus::Result<()>;
+        fn restart(&self, name: &str) -> zbus::Result<()>;
+        fn reload(&self) -> zbus::Result<Vec<(String, String)>>;
+        #[zbus(signal)]
+        fn server_added(&self, name: String, path: zbus::OwnedObjectPath) -> zbus::Result<()>;
+        #[zbus(signal)]
+        fn server_removed(&self, name: String, path: zbus::OwnedObjectPath) -> zbus::Result<()>;
+        #[zbus(signal)]
+        fn reloaded(&self) -> zbus::Result<()>;
+        #[zbus(property)]
+        fn version(&self) -> zbus::Result<String>;
+        #[zbus(property)]
+        fn instance(&self) -> zbus::Result<String>;
+        #[zbus(property)]
+        fn unit_paths(&self) -> zbus::Result<Vec<String>>;
+    }
+}
+
+pub use client::ManagerProxy;

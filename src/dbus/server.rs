@@ -1,0 +1,369 @@
+//! `org.mcpd1.Server` at `/org/mcpd1/server/<escaped name>`, and its proxy.
+
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use zbus::message::Header;
+use zbus::object_server::SignalEmitter;
+use zbus::{Connection, interface};
+
+use crate::supervisor::{CallError, Status};
+
+use super::{Error, Shared, authorize, server_path};
+
+/// A tool as published: name, description, input schema (JSON).
+pub type ToolRow = (String, String, String);
+
+/// How long a `CallTool` may take.
+pub const CALL_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// One server object.
+#[derive(Debug)]
+pub struct Server {
+    name: String,
+    shared: Arc<Shared>,
+}
+
+fn usec(t: SystemTime) -> u64 {
+    t.duration_since(UNIX_EPOCH)
+        .map(|d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX))
+        .unwrap_or(0)
+}
+
+/// The tools of a status as `a(sss)`.
+pub fn tool_rows(status: &Status) -> Vec<ToolRow> {
+    status
+        .tools
+        .iter()
+        .map(|t| {
+            (
+                t.name.to_string(),
+                t.description.as_deref().unwrap_or_default().to_owned(),
+                serde_json::to_string(&*t.input_schema).unwrap_or_else(|_| "{}".into()),
+            )
+        })
+        .collect()
+}
+
+impl Server {
+    pub fn new(name: &str, shared: Arc<Shared>) -> Self {
+        Self {
+            name: name.to_owned(),
+            shared,
+        }
+    }
+
+    /// The status, or None for a unit that never loaded.
+    fn status(&self) -> Option<Status> {
+        self.shared
+            .unit(&self.name)
+            .ok()?
+            .supervisor
+            .map(|s| s.status())
+    }
+
+    fn supervisor(&self) -> Result<crate::supervisor::Supervisor, Error> {
+        let unit = self.shared.unit(&self.name)?;
+        unit.supervisor.ok_or_else(|| {
+            Error::InvalidArguments(format!(
+                "unit {} is invalid and cannot run: {}",
+                self.name,
+                unit.load_error.unwrap_or_default()
+            ))
+        })
+    }
+}
+
+#[interface(name = "org.mcpd1.Server")]
+impl Server {
+    #[zbus(property)]
+    fn name(&self) -> String {
+        self.name.clone()
+    }
+
+    #[zbus(property)]
+    fn description(&self) -> String {
+        self.shared
+            .unit(&self.name)
+            .ok()
+            .and_then(|u| u.description)
+            .unwrap_or_default()
+    }
+
+    /// starting, running, retrying, reconnecting, failed, stopping, stopped.
+    #[zbus(property)]
+    fn state(&self) -> String {
+        self.status()
+            .map_or("stopped", |s| s.state.as_str())
+            .to_owned()
+    }
+
+    #[zbus(property)]
+    fn reason(&self) -> String {
+        self.status().map(|s| s.reason).unwrap_or_default()
+    }
+
+    #[zbus(property)]
+    fn generation(&self) -> u64 {
+        self.status().map_or(0, |s| s.generation)
+    }
+
+    #[zbus(property)]
+    fn attempt(&self) -> u32 {
+        self.status().map_or(0, |s| s.attempt)
+    }
+
+    #[zbus(property)]
+    fn max_attempts(&self) -> u32 {
+        self.status().map_or(0, |s| s.max_attempts)
+    }
+
+    /// CLOCK_REALTIME microseconds of the pending retry; 0 when none.
+    #[zbus(property, name = "NextRetryUSec")]
+    fn next_retry_usec(&self) -> u64 {
+        self.status().and_then(|s| s.next_retry).map_or(0, usec)
+    }
+
+    /// CLOCK_REALTIME microseconds of the last state change.
+    #[zbus(property)]
+    fn state_change_timestamp(&self) -> u64 {
+        self.status().map_or(0, |s| usec(s.since))
+    }
+
+    #[zbus(property, name = "MainPID")]
+    fn main_pid(&self) -> u32 {
+        self.status().and_then(|s| s.main_pid).unwrap_or(0)
+    }
+
+    #[zbus(property)]
+    fn unit_path(&self) -> String {
+        self.shared
+            .unit(&self.name)
+            .map(|u| u.path.display().to_string())
+            .unwrap_or_default()
+    }
+
+    /// Why the unit's files do not load (file:line:col: message lines).
+    #[zbus(property)]
+    fn load_error(&self) -> String {
+        self.shared
+            .unit(&self.name)
+            .ok()
+            .and_then(|u| u.load_error)
+            .unwrap_or_default()
+    }
+
+    /// The published tools: name, description, input schema (JSON).
+    #[zbus(property)]
+    fn tools(&self) -> Vec<ToolRow> {
+        self.status().map(|s| tool_rows(&s)).unwrap_or_default()
+    }
+
+    async fn start(
+        &self,
+        #[zbus(header)] header: Header<'_>,
+        #[zbus(connection)] conn: &Connection,
+    ) -> Result<(), Error> {
+        authorize(&self.shared, conn, &header).await?;
+        self.supervisor()?.start();
+        Ok(())
+    }
+
+    async fn stop(
+        &self,
+        #[zbus(header)] header: Header<'_>,
+        #[zbus(connection)] conn: &Connection,
+    ) -> Result<(), Error> {
+        authorize(&self.shared, conn, &header).await?;
+        self.supervisor()?.stop();
+        Ok(())
+    }
+
+    async fn restart(
+        &self,
+        #[zbus(header)] header: Header<'_>,
+        #[zbus(connection)] conn: &Connection,
+    ) -> Result<(), Error> {
+        authorize(&self.shared, conn, &header).await?;
+        self.supervisor()?.restart();
+        Ok(())
+    }
+
+    /// The full MCP tool objects, as a JSON array.
+    fn list_tools(&self) -> String {
+        let tools = self.status().map(|s| s.tools).unwrap_or_default();
+        serde_json::to_string(&*tools).unwrap_or_else(|_| "[]".into())
+    }
+
+    /// Calls a tool; `arguments_json` is a JSON object (or empty). Returns
+    /// the MCP `CallToolResult` as JSON, `isError` results included.
+    async fn call_tool(
+        &self,
+        name: &str,
+        arguments_json: &str,
+        #[zbus(header)] header: Header<'_>,
+        #[zbus(connection)] conn: &Connection,
+    ) -> Result<String, Error> {
+        authorize(&self.shared, conn, &header).await?;
+        let arguments = if arguments_json.trim().is_empty() {
+            None
+        } else {
+            match serde_json::from_str::<serde_json::Value>(arguments_json) {
+                Ok(serde_json::Value::Object(map)) => Some(map),
+                Ok(_) => {
+                    return Err(Error::InvalidArguments(
+                        "arguments must be a JSON object".into(),
+                    ));
+                }
+                Err(e) => {
+                    return Err(Error::InvalidArguments(format!(
+                        "arguments are not valid JSON: {e}"
+                    )));
+                }
+            }
+        };
+        let supervisor = self.supervisor()?;
+        let status = supervisor.status();
+        if !status.tools.is_empty() && !status.tools.iter().any(|t| t.name == name) {
+            return Err(Error::InvalidArguments(format!(
+                "server {} has no tool {name}",
+                self.name
+            )));
+        }
+        match supervisor.call_tool(name, arguments, CALL_TIMEOUT).await {
+            Ok(result) => {
+                serde_json::to_string(&result).map_err(|e| Error::ToolFailed(e.to_string()))
+            }
+            Err(e @ CallError::NotRunning { .. }) => Err(Error::NotRunning(e.to_string())),
+            // -32602 invalid params, -32601 no such method/tool
+            Err(CallError::Rejected {
+                code: -32602 | -32601,
+                message,
+            }) => Err(Error::InvalidArguments(message)),
+            Err(e) => Err(Error::ToolFailed(e.to_string())),
+        }
+    }
+
+    /// The last `n` lines the server wrote to stderr.
+    fn recent_logs(&self, n: u32) -> Vec<String> {
+        self.shared
+            .unit(&self.name)
+            .ok()
+            .and_then(|u| u.supervisor)
+            .map(|s| s.logs().tail(n as usize))
+            .unwrap_or_default()
+    }
+
+    /// Emitted exactly when the published tool list changes.
+    #[zbus(signal, name = "ToolsChanged")]
+    pub async fn tool_list_changed(
+        emitter: &SignalEmitter<'_>,
+        generation: u64,
+        tools: Vec<ToolRow>,
+    ) -> zbus::Result<()>;
+}
+
+/// Emits PropertiesChanged for what differs between two statuses, and
+/// ToolsChanged when the published list changed.
+pub(crate) async fn emit_changes(conn: &Connection, name: &str, old: &Status, new: &Status) {
+    let Ok(iref) = conn
+        .object_server()
+        .interface::<_, Server>(server_path(name))
+        .await
+    else {
+        return;
+    };
+    let iface = iref.get().await;
+    let em = iref.signal_emitter();
+    if old.state != new.state {
+        let _ = iface.state_changed(em).await;
+    }
+    if old.reason != new.reason {
+        let _ = iface.reason_changed(em).await;
+    }
+    if old.generation != new.generation {
+        let _ = iface.generation_changed(em).await;
+    }
+    if old.attempt != new.attempt {
+        let _ = iface.attempt_changed(em).await;
+    }
+    if old.max_attempts != new.max_attempts {
+        let _ = iface.max_attempts_changed(em).await;
+    }
+    if old.next_retry != new.next_retry {
+        let _ = iface.next_retry_u_sec_changed(em).await;
+    }
+    if old.since != new.since {
+        let _ = iface.state_change_timestamp_changed(em).await;
+    }
+    if old.main_pid != new.main_pid {
+        let _ = iface.main_p_i_d_changed(em).await;
+    }
+    if old.tools_serial != new.tools_serial {
+        let _ = iface.tools_changed(em).await;
+        let _ = Server::tool_list_changed(em, new.tools_generation, tool_rows(new)).await;
+    }
+}
+
+/// Emits PropertiesChanged for what a reload may change.
+pub(crate) async fn emit_unit_properties(conn: &Connection, name: &str) {
+    let Ok(iref) = conn
+        .object_server()
+        .interface::<_, Server>(server_path(name))
+        .await
+    else {
+        return;
+    };
+    let iface = iref.get().await;
+    let em = iref.signal_emitter();
+    let _ = iface.description_changed(em).await;
+    let _ = iface.unit_path_changed(em).await;
+    let _ = iface.load_error_changed(em).await;
+}
+
+/// Client side of `org.mcpd1.Server`.
+pub mod client {
+    #[zbus::proxy(interface = "org.mcpd1.Server", default_service = "org.mcpd1")]
+    pub trait Server {
+        fn start(&self) -> zbus::Result<()>;
+        fn stop(&self) -> zbus::Result<()>;
+        fn restart(&self) -> zbus::Result<()>;
+        fn list_tools(&self) -> zbus::Result<String>;
+        fn call_tool(&self, name: &str, arguments_json: &str) -> zbus::Result<String>;
+        fn recent_logs(&self, n: u32) -> zbus::Result<Vec<String>>;
+        #[zbus(signal, name = "ToolsChanged")]
+        fn tool_list_changed(
+            &self,
+            generation: u64,
+            tools: Vec<super::ToolRow>,
+        ) -> zbus::Result<()>;
+        #[zbus(property)]
+        fn name(&self) -> zbus::Result<String>;
+        #[zbus(property)]
+        fn description(&self) -> zbus::Result<String>;
+        #[zbus(property)]
+        fn state(&self) -> zbus::Result<String>;
+        #[zbus(property)]
+        fn reason(&self) -> zbus::Result<String>;
+        #[zbus(property)]
+        fn generation(&self) -> zbus::Result<u64>;
+        #[zbus(property)]
+        fn attempt(&self) -> zbus::Result<u32>;
+        #[zbus(property)]
+        fn max_attempts(&self) -> zbus::Result<u32>;
+        #[zbus(property, name = "NextRetryUSec")]
+        fn next_retry_usec(&self) -> zbus::Result<u64>;
+        #[zbus(property)]
+        fn state_change_timestamp(&self) -> zbus::Result<u64>;
+        #[zbus(property, name = "MainPID")]
+        fn main_pid(&self) -> zbus::Result<u32>;
+        #[zbus(property)]
+        fn unit_path(&self) -> zbus::Result<String>;
+        #[zbus(property)]
+        fn load_error(&self) -> zbus::Result<String>;
+        #[zbus(property)]
+        fn tools(&self) -> zbus::Result<Vec<super::ToolRow>>;
+    }
+}
+
+pub use client::ServerProxy;
