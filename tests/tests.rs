@@ -4,6 +4,7 @@ mod helper;
 
 mod actor;
 mod daemon;
+mod dbus;
 
 mod docs;
 mod fixture;

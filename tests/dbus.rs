@@ -1,0 +1,556 @@
+//! The D-Bus API with a real `dbus-daemon` the test starts itself, checked
+//! from independent clients (busctl, gdbus) and over the private socket
+//! with the project's own proxies.
+
+use std::io::BufRead;
+use std::path::Path;
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::mpsc;
+use std::time::Duration;
+
+use rustix::process::Signal;
+
+use crate::helper::{Daemon, root, run};
+
+/// A private bus (tests/data/dbus/bus.conf), killed on drop.
+struct Bus {
+    child: Child,
+    address: String,
+}
+
+impl Bus {
+    fn start() -> Self {
+        let mut child = Command::new("dbus-daemon")
+            .arg(format!(
+                "--config-file={}",
+                root().join("tests/data/dbus/bus.conf").display()
+            ))
+            .args(["--print-address=1", "--nofork"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("dbus-daemon is installed (.ci/run installs it)");
+        let stdout = child.stdout.take().expect("stdout");
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            let mut line = String::new();
+            let _ = std::io::BufReader::new(stdout).read_line(&mut line);
+            let _ = tx.send(line);
+        });
+        let address = rx
+            .recv_timeout(Duration::from_secs(30))
+            .expect("dbus-daemon prints its address")
+            .trim()
+            .to_owned();
+        assert!(address.starts_with("unix:"), "{address:?}");
+        Self { child, address }
+    }
+}
+
+impl Drop for Bus {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// `gdbus monitor` on the bus, for signals from org.mcpd1.
+struct Monitor {
+    child: Child,
+    lines: mpsc::Receiver<String>,
+    seen: Vec<String>,
+}
+
+impl Monitor {
+    fn start(bus: &Bus) -> Self {
+        let mut child = Command::new("gdbus")
+            .args(["monitor", "--address", &bus.address, "--dest", "org.mcpd1"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("gdbus is installed (.ci/run installs it)");
+        let stdout = child.stdout.take().expect("stdout");
+        let (tx, lines) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in std::io::BufReader::new(stdout)
+                .lines()
+                .map_while(Result::ok)
+            {
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        let mut monitor = Self {
+            child,
+            lines,
+            seen: Vec::new(),
+        };
+        monitor.wait_until("the monitor is attached", |m| {
+            m.seen.iter().any(|l| l.contains("owned by"))
+        });
+        monitor
+    }
+
+    fn wait_until(&mut self, what: &str, done: impl Fn(&Self) -> bool) {
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        while !done(self) {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "timed out waiting for {what}; signals seen:\n{}",
+                self.seen.join("\n")
+            );
+            if let Ok(line) = self.lines.recv_timeout(Duration::from_millis(50)) {
+                self.seen.push(line);
+            }
+        }
+    }
+
+    fn count(&self, needle: &str) -> usize {
+        self.seen.iter().filter(|l| l.contains(needle)).count()
+    }
+
+    /// The values the State property of `path` took, in order.
+    fn states(&self, path: &str) -> Vec<String> {
+        self.seen
+            .iter()
+            .filter(|l| {
+                l.starts_with(&format!(
+                    "{path}: org.freedesktop.DBus.Properties.PropertiesChanged"
+                ))
+            })
+            .filter_map(|l| {
+                l.split("'State': <'")
+                    .nth(1)?
+                    .split('\'')
+                    .next()
+                    .map(str::to_owned)
+            })
+            .collect()
+    }
+}
+
+impl Drop for Monitor {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn busctl(bus: &Bus, args: &[&str]) -> Output {
+    run(Command::new("busctl")
+        .arg(format!("--address={}", bus.address))
+        .args(args))
+}
+
+fn ok(output: Output) -> String {
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}
+
+/// `gdbus call` on a server method; returns stdout or the error text.
+fn gdbus_call(bus: &Bus, path: &str, method: &str, args: &[&str]) -> Result<String, String> {
+    let out = run(Command::new("gdbus")
+        .args([
+            "call",
+            "--address",
+            &bus.address,
+            "--dest",
+            "org.mcpd1",
+            "--object-path",
+            path,
+            "--method",
+            method,
+        ])
+        .args(args));
+    if out.status.success() {
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    } else {
+        Err(String::from_utf8_lossy(&out.stderr).into_owned())
+    }
+}
+
+fn fixture_unit(dir: &Path, name: &str, extra: &str) {
+    std::fs::write(
+        dir.join(format!("{name}.kdl")),
+        format!("description \"{name} server\"\nstdio {{\n    command \"mcp-fixture\" \"--chatter\" \"0\"{extra}\n}}\nreconnect {{\n    initial-delay \"50ms\"\n    max-delay \"1s\"\n}}\n"),
+    )
+    .expect("write unit");
+}
+
+fn start_daemon(bus: &Bus, dir: &Path, extra_args: &[&str]) -> Daemon {
+    let mut args: Vec<&std::ffi::OsStr> =
+        vec!["--user".as_ref(), "--units".as_ref(), dir.as_os_str()];
+    args.extend(extra_args.iter().map(|a| std::ffi::OsStr::new(*a)));
+    let mut d = Daemon::start(&args, &[("DBUS_SESSION_BUS_ADDRESS", bus.address.as_ref())]);
+    d.wait_for("serving org.mcpd1 on the session bus");
+    d
+}
+
+const DEMO: &str = "/org/mcpd1/server/demo";
+
+#[test]
+fn bus_api_seen_from_busctl_and_gdbus() {
+    let bus = Bus::start();
+    let tmp = tempfile::tempdir().expect("tempdir");
+    fixture_unit(tmp.path(), "demo", "");
+    let mut d = start_daemon(&bus, tmp.path(), &[]);
+    d.wait_until("demo running", |d| d.latest_pid("demo").is_some());
+
+    let intro = ok(busctl(&bus, &["introspect", "org.mcpd1", "/org/mcpd1"]));
+    for member in [
+        "org.mcpd1.Manager",
+        ".ListServers",
+        ".GetServer",
+        ".Reload",
+        ".ServerAdded",
+        ".ServerRemoved",
+        ".Reloaded",
+        ".UnitPaths",
+        "org.freedesktop.DBus.ObjectManager",
+    ] {
+        assert!(intro.contains(member), "{member} missing:\n{intro}");
+    }
+    let intro = ok(busctl(&bus, &["introspect", "org.mcpd1", DEMO]));
+    for member in [
+        ".CallTool",
+        ".ListTools",
+        ".RecentLogs",
+        ".ToolsChanged",
+        ".Tools",
+        ".NextRetryUSec",
+        ".MainPID",
+        ".LoadError",
+    ] {
+        assert!(intro.contains(member), "{member} missing:\n{intro}");
+    }
+    let list = ok(busctl(
+        &bus,
+        &[
+            "call",
+            "org.mcpd1",
+            "/org/mcpd1",
+            "org.mcpd1.Manager",
+            "ListServers",
+        ],
+    ));
+    assert!(
+        list.starts_with(
+            "a(ssssuo) 1 \"demo\" \"demo server\" \"running\" \"\" 9 \"/org/mcpd1/server/demo\""
+        ),
+        "{list}"
+    );
+    let objects = ok(busctl(
+        &bus,
+        &[
+            "call",
+            "org.mcpd1",
+            "/org/mcpd1",
+            "org.freedesktop.DBus.ObjectManager",
+            "GetManagedObjects",
+        ],
+    ));
+    assert!(
+        objects.contains("\"/org/mcpd1/server/demo\"") && objects.contains("org.mcpd1.Server"),
+        "{objects}"
+    );
+    let echo = ok(busctl(
+        &bus,
+        &[
+            "call",
+            "org.mcpd1",
+            DEMO,
+            "org.mcpd1.Server",
+            "CallTool",
+            "ss",
+            "echo",
+            "{\"text\":\"over the bus\"}",
+        ],
+    ));
+    assert!(
+        echo.contains("over the bus") && echo.contains("isError\\\":false"),
+        "{echo}"
+    );
+
+    // a crash: running → reconnecting → running, and no ToolsChanged
+    let mut monitor = Monitor::start(&bus);
+    ok(busctl(
+        &bus,
+        &[
+            "call",
+            "org.mcpd1",
+            DEMO,
+            "org.mcpd1.Server",
+            "CallTool",
+            "ss",
+            "crash",
+            "{\"code\":3}",
+        ],
+    ));
+    monitor.wait_until("running again", |m| {
+        m.states(DEMO)
+            .ends_with(&["reconnecting".to_owned(), "running".to_owned()])
+    });
+    assert_eq!(monitor.states(DEMO), ["reconnecting", "running"]);
+    assert_eq!(
+        monitor.count("ToolsChanged"),
+        0,
+        "an unchanged list is not announced"
+    );
+
+    // set_tools: exactly one ToolsChanged
+    ok(busctl(
+        &bus,
+        &[
+            "call",
+            "org.mcpd1",
+            DEMO,
+            "org.mcpd1.Server",
+            "CallTool",
+            "ss",
+            "set_tools",
+            "{\"tools\":[\"extra\"]}",
+        ],
+    ));
+    monitor.wait_until("ToolsChanged", |m| {
+        m.count("org.mcpd1.Server.ToolsChanged") == 1
+    });
+    let changed = monitor
+        .seen
+        .iter()
+        .find(|l| l.contains("ToolsChanged"))
+        .expect("signal");
+    assert!(changed.contains("'extra'"), "{changed}");
+    d.signal(Signal::HUP);
+    monitor.wait_until("Reloaded", |m| m.count("org.mcpd1.Manager.Reloaded") == 1);
+    assert_eq!(monitor.count("org.mcpd1.Server.ToolsChanged"), 1);
+
+    // units come and go: ServerAdded/ServerRemoved and the ObjectManager's signals
+    fixture_unit(tmp.path(), "added", "");
+    monitor.wait_until("ServerAdded", |m| {
+        m.count("ServerAdded ('added', objectpath '/org/mcpd1/server/added')") == 1
+    });
+    monitor.wait_until("InterfacesAdded", |m| {
+        m.count("InterfacesAdded (objectpath '/org/mcpd1/server/added'") == 1
+    });
+    std::fs::remove_file(tmp.path().join("added.kdl")).expect("rm");
+    monitor.wait_until("ServerRemoved", |m| {
+        m.count("ServerRemoved ('added', objectpath '/org/mcpd1/server/added')") == 1
+    });
+    monitor.wait_until("InterfacesRemoved", |m| {
+        m.count("InterfacesRemoved (objectpath '/org/mcpd1/server/added'") == 1
+    });
+
+    // Reload returns the diff
+    let diff = ok(busctl(
+        &bus,
+        &[
+            "call",
+            "org.mcpd1",
+            "/org/mcpd1",
+            "org.mcpd1.Manager",
+            "Reload",
+        ],
+    ));
+    assert_eq!(diff.trim(), "a(ss) 1 \"demo\" \"unchanged\"");
+    let logs = ok(busctl(
+        &bus,
+        &[
+            "call",
+            "org.mcpd1",
+            DEMO,
+            "org.mcpd1.Server",
+            "RecentLogs",
+            "u",
+            "2",
+        ],
+    ));
+    assert!(logs.starts_with("as 2 "), "{logs}");
+    assert!(d.stop(Signal::TERM).success());
+}
+
+#[test]
+fn every_error_has_its_name() {
+    let bus = Bus::start();
+    let tmp = tempfile::tempdir().expect("tempdir");
+    fixture_unit(tmp.path(), "demo", "");
+    std::fs::write(
+        tmp.path().join("doomed.kdl"),
+        "stdio {\n    command \"mcp-fixture\" \"--die-on-start\" \"1\"\n}\nreconnect {\n    initial-delay \"1h\"\n    max-delay \"2h\"\n}\n",
+    )
+    .expect("write");
+    let mut d = start_daemon(&bus, tmp.path(), &[]);
+    d.wait_until("demo running", |d| d.latest_pid("demo").is_some());
+    d.wait_until("doomed retrying", |d| d.count("retry 1/10 in 1h") == 1);
+
+    let err = gdbus_call(&bus, "/org/mcpd1", "org.mcpd1.Manager.GetServer", &["nope"])
+        .expect_err("no such server");
+    assert!(
+        err.contains("org.mcpd1.Error.NoSuchServer: no server named nope"),
+        "{err}"
+    );
+    let call = |args: &[&str]| gdbus_call(&bus, DEMO, "org.mcpd1.Server.CallTool", args);
+    let err = call(&["echo", "{not json"]).expect_err("bad json");
+    assert!(
+        err.contains("org.mcpd1.Error.InvalidArguments: arguments are not valid JSON"),
+        "{err}"
+    );
+    let err = call(&["nosuchtool", "{}"]).expect_err("unknown tool");
+    assert!(
+        err.contains("org.mcpd1.Error.InvalidArguments: server demo has no tool nosuchtool"),
+        "{err}"
+    );
+    let err = call(&["add", "{\"a\":\"one\"}"]).expect_err("wrong types");
+    assert!(
+        err.contains("org.mcpd1.Error.InvalidArguments: `a` and `b` (numbers) are required"),
+        "{err}"
+    );
+    // an isError result is the server's answer, not a D-Bus error
+    let failed = call(&["fail", "{\"message\":\"nope\"}"]).expect("isError is a result");
+    assert!(
+        failed.contains("isError\\\":true") || failed.contains("\"isError\":true"),
+        "{failed}"
+    );
+    let err = gdbus_call(
+        &bus,
+        "/org/mcpd1/server/doomed",
+        "org.mcpd1.Server.CallTool",
+        &["echo", "{}"],
+    )
+    .expect_err("not running");
+    assert!(
+        err.contains("org.mcpd1.Error.NotRunning: server doomed is retrying (retry 1/10, next in "),
+        "{err}"
+    );
+    // a call cut off by the server dying is ToolFailed
+    let pid = d.latest_pid("demo").expect("pid");
+    let hanging = Command::new("gdbus")
+        .args([
+            "call",
+            "--address",
+            &bus.address,
+            "--dest",
+            "org.mcpd1",
+            "--object-path",
+            DEMO,
+            "--method",
+            "org.mcpd1.Server.CallTool",
+            "hang",
+            "{}",
+        ])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("gdbus");
+    d.wait_until("the hang call arrived", |d| d.count("call hang") == 1);
+    rustix::process::kill_process(
+        rustix::process::Pid::from_raw(pid as i32).expect("pid"),
+        Signal::KILL,
+    )
+    .expect("kill");
+    let out = hanging.wait_with_output().expect("gdbus exits");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("org.mcpd1.Error.ToolFailed"), "{err}");
+    assert!(d.stop(Signal::TERM).success());
+}
+
+#[test]
+fn system_instance_checks_the_callers_uid() {
+    assert!(
+        rustix::process::geteuid().is_root(),
+        "this test runs a client as another uid and needs root (CI runs as root)"
+    );
+    let bus = Bus::start();
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let runtime = tempfile::tempdir().expect("tempdir");
+    fixture_unit(tmp.path(), "demo", "");
+    let mut d = Daemon::start(
+        &[
+            "--system".as_ref(),
+            "--units".as_ref(),
+            tmp.path().as_os_str(),
+        ],
+        &[
+            ("DBUS_SYSTEM_BUS_ADDRESS", bus.address.as_ref()),
+            ("MCPD_RUNTIME_DIR", runtime.path().as_os_str()),
+        ],
+    );
+    d.wait_for("serving org.mcpd1 on the system bus");
+    d.wait_until("demo running", |d| d.latest_pid("demo").is_some());
+    let as_nobody = |args: &[&str]| {
+        run(Command::new("setpriv")
+            .args([
+                "--reuid=65534",
+                "--regid=65534",
+                "--clear-groups",
+                "gdbus",
+                "call",
+                "--address",
+                &bus.address,
+                "--dest",
+                "org.mcpd1",
+            ])
+            .args(args))
+    };
+    let restart = as_nobody(&[
+        "--object-path",
+        "/org/mcpd1",
+        "--method",
+        "org.mcpd1.Manager.Restart",
+        "demo",
+    ]);
+    let err = String::from_utf8_lossy(&restart.stderr);
+    assert!(
+        err.contains("org.mcpd1.Error.AccessDenied: uid 65534 may not control mcpd"),
+        "{err}"
+    );
+    let call = as_nobody(&[
+        "--object-path",
+        DEMO,
+        "--method",
+        "org.mcpd1.Server.CallTool",
+        "echo",
+        "{\"text\":\"x\"}",
+    ]);
+    assert!(String::from_utf8_lossy(&call.stderr).contains("org.mcpd1.Error.AccessDenied"));
+    let read = as_nobody(&[
+        "--object-path",
+        DEMO,
+        "--method",
+        "org.freedesktop.DBus.Properties.Get",
+        "org.mcpd1.Server",
+        "State",
+    ]);
+    assert!(
+        read.status.success(),
+        "{}",
+        String::from_utf8_lossy(&read.stderr)
+    );
+    assert!(String::from_utf8_lossy(&read.stdout).contains("'running'"));
+    let list = as_nobody(&[
+        "--object-path",
+        "/org/mcpd1",
+        "--method",
+        "org.mcpd1.Manager.ListServers",
+    ]);
+    assert!(
+        list.status.success(),
+        "{}",
+        String::from_utf8_lossy(&list.stderr)
+    );
+    // root may
+    let pid = d.latest_pid("demo").expect("pid");
+    gdbus_call(&bus, "/org/mcpd1", "org.mcpd1.Manager.Restart", &["demo"])
+        .expect("root may restart");
+    d.wait_until("restarted", |d| {
+        d.latest_pid("demo").is_some_and(|p| p != pid)
+    });
+    assert!(d.stop(Signal::TERM).success());
+}
