@@ -554,3 +554,98 @@ fn system_instance_checks_the_callers_uid() {
     });
     assert!(d.stop(Signal::TERM).success());
 }
+
+#[test]
+fn the_private_socket_serves_everything_without_a_bus() {
+    use futures_util::StreamExt;
+    use mcpd::dbus::{ManagerProxy, ServerProxy, server_path};
+    use std::os::unix::fs::PermissionsExt;
+
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let runtime = tempfile::tempdir().expect("tempdir");
+    fixture_unit(tmp.path(), "demo", "");
+    let mut d = Daemon::start(
+        &[
+            "--user".as_ref(),
+            "--no-bus".as_ref(),
+            "--units".as_ref(),
+            tmp.path().as_os_str(),
+        ],
+        &[("XDG_RUNTIME_DIR", runtime.path().as_os_str())],
+    );
+    d.wait_until("demo running", |d| d.latest_pid("demo").is_some());
+    assert_eq!(d.count("serving org.mcpd1"), 0, "no bus was used");
+    let socket = runtime.path().join("mcpd/private");
+    let mode = std::fs::metadata(&socket)
+        .expect("socket exists")
+        .permissions()
+        .mode();
+    assert_eq!(mode & 0o777, 0o600);
+
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    rt.block_on(async {
+        tokio::time::timeout(Duration::from_secs(30), async {
+            let stream = std::os::unix::net::UnixStream::connect(&socket).expect("connect");
+            let conn = zbus::connection::Builder::unix_stream(stream)
+                .p2p()
+                .build()
+                .await
+                .expect("p2p handshake");
+            let manager = ManagerProxy::new(&conn).await.expect("manager proxy");
+            assert_eq!(manager.instance().await.expect("Instance"), "user");
+            assert_eq!(
+                manager.version().await.expect("Version"),
+                env!("CARGO_PKG_VERSION")
+            );
+            let rows = manager.list_servers().await.expect("ListServers");
+            assert_eq!(rows.len(), 1);
+            assert_eq!(
+                (rows[0].0.as_str(), rows[0].2.as_str(), rows[0].4),
+                ("demo", "running", 9)
+            );
+            assert_eq!(
+                manager.get_server("demo").await.expect("GetServer"),
+                server_path("demo")
+            );
+            match manager.get_server("nope").await {
+                Err(zbus::Error::MethodError(name, message, _)) => {
+                    assert_eq!(name.as_str(), "org.mcpd1.Error.NoSuchServer");
+                    assert_eq!(message.as_deref(), Some("no server named nope"));
+                }
+                other => panic!("{other:?}"),
+            }
+
+            let server = ServerProxy::builder(&conn)
+                .path(server_path("demo"))
+                .build()
+                .await
+                .expect("server proxy");
+            assert_eq!(server.state().await.expect("State"), "running");
+            assert_eq!(server.tools().await.expect("Tools").len(), 9);
+            assert!(server.main_pid().await.expect("MainPID") > 0);
+            let echo = server
+                .call_tool("echo", "{\"text\":\"p2p\"}")
+                .await
+                .expect("CallTool");
+            let echo: serde_json::Value = serde_json::from_str(&echo).expect("json");
+            assert_eq!(echo["content"][0]["text"], "p2p");
+            let tools: serde_json::Value =
+                serde_json::from_str(&server.list_tools().await.expect("ListTools")).expect("json");
+            assert_eq!(tools[0]["name"], "echo");
+
+            let mut changes = server.receive_tool_list_changed().await.expect("subscribe");
+            server
+                .call_tool("set_tools", "{\"tools\":[\"extra\"]}")
+                .await
+                .expect("set_tools");
+            let signal = changes.next().await.expect("ToolsChanged");
+            let args = signal.args().expect("args");
+            assert_eq!(*args.generation(), 1);
+            assert!(args.tools().iter().any(|t| t.0 == "extra"));
+        })
+        .await
+        .expect("within 30 s");
+    });
+    assert!(d.stop(Signal::TERM).success());
+    assert!(!socket.exists(), "the socket is removed on exit");
+}
