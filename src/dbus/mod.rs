@@ -184,13 +184,12 @@ impl Hub {
         }
     }
 
-    /// Serves the manager, the object manager and every server on `conn`.
-    async fn serve_all(&self, conn: &Connection) -> zbus::Result<()> {
-        let objects = conn.object_server();
-        objects.at(MANAGER_PATH, zbus::fdo::ObjectManager).await?;
-        objects
-            .at(MANAGER_PATH, Manager::new(Arc::clone(&self.shared)))
-            .await?;
+    /// A connection builder that serves the manager, the object manager and
+    /// every server from its first message on.
+    fn serving<'b>(&self, builder: zbus::connection::Builder<'b>) -> zbus::connection::Builder<'b> {
+        let mut builder = builder
+            .serve_at(MANAGER_PATH, zbus::fdo::ObjectManager)
+            .serve_at(MANAGER_PATH, Manager::new(Arc::clone(&self.shared)));
         let names: Vec<String> = self
             .shared
             .units
@@ -198,14 +197,12 @@ impl Hub {
             .map(|u| u.keys().cloned().collect())
             .unwrap_or_default();
         for name in names {
-            objects
-                .at(
-                    server_path(&name),
-                    Server::new(&name, Arc::clone(&self.shared)),
-                )
-                .await?;
+            builder = builder.serve_at(
+                server_path(&name),
+                Server::new(&name, Arc::clone(&self.shared)),
+            );
         }
-        Ok(())
+        builder
     }
 
     /// Applies a reload's diff: objects and signals for added and removed
@@ -349,17 +346,14 @@ impl Service {
                     let Ok(stream) = stream.into_std() else {
                         return;
                     };
-                    let conn = zbus::connection::Builder::unix_stream(stream)
+                    // Objects are registered before the handshake completes,
+                    // so the client's first call finds them.
+                    let builder = zbus::connection::Builder::unix_stream(stream)
                         .p2p()
-                        .server(zbus::Guid::generate())
-                        .build()
-                        .await;
+                        .server(zbus::Guid::generate());
+                    let conn = hub.serving(builder).build().await;
                     match conn {
-                        Ok(conn) => {
-                            if hub.serve_all(&conn).await.is_ok() {
-                                hub.add_connection(conn);
-                            }
-                        }
+                        Ok(conn) => hub.add_connection(conn),
                         Err(e) => {
                             tracing::debug!(target: "mcpd::dbus", "private connection failed: {e}")
                         }
@@ -373,10 +367,9 @@ impl Service {
                 Instance::System => zbus::connection::Builder::system(),
                 Instance::User => zbus::connection::Builder::session(),
             };
-            let bus = builder.build().await;
+            let bus = hub.serving(builder).build().await;
             match bus {
                 Ok(conn) => {
-                    hub.serve_all(&conn).await?;
                     match conn.request_name(BUS_NAME).await {
                         Ok(()) => {
                             tracing::info!(target: "mcpd::dbus", "serving {BUS_NAME} on the {} bus", bus_kind(shared.instance));
