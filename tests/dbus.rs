@@ -230,6 +230,35 @@ fn bus_api_seen_from_busctl_and_gdbus() {
     ] {
         assert!(intro.contains(member), "{member} missing:\n{intro}");
     }
+    // every member of our interfaces is documented in org.mcpd1(5)
+    let page = std::fs::read_to_string(root().join("man/org.mcpd1.5")).expect("man page");
+    let manager = ok(busctl(
+        &bus,
+        &["introspect", "org.mcpd1", "/org/mcpd1", "org.mcpd1.Manager"],
+    ));
+    let server = ok(busctl(
+        &bus,
+        &["introspect", "org.mcpd1", DEMO, "org.mcpd1.Server"],
+    ));
+    let mut members = 0;
+    for line in manager
+        .lines()
+        .chain(server.lines())
+        .filter(|l| l.starts_with('.'))
+    {
+        let mut cols = line.split_whitespace();
+        let (name, kind) = (
+            cols.next().unwrap_or_default().trim_start_matches('.'),
+            cols.next().unwrap_or_default(),
+        );
+        let documented = match kind {
+            "property" => page.contains(&format!(".It Va {name} ")),
+            _ => page.contains(&format!(".It Fn {name}")),
+        };
+        assert!(documented, "{kind} {name} is not in man/org.mcpd1.5");
+        members += 1;
+    }
+    assert!(members >= 30, "{members} members introspected");
     let list = ok(busctl(
         &bus,
         &[

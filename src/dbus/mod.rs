@@ -369,17 +369,15 @@ impl Service {
             };
             let bus = hub.serving(builder).build().await;
             match bus {
-                Ok(conn) => {
-                    match conn.request_name(BUS_NAME).await {
-                        Ok(()) => {
-                            tracing::info!(target: "mcpd::dbus", "serving {BUS_NAME} on the {} bus", bus_kind(shared.instance));
-                            hub.add_connection(conn);
-                        }
-                        Err(e) => {
-                            tracing::warn!(target: "mcpd::dbus", "cannot own {BUS_NAME} on the {} bus: {e}", bus_kind(shared.instance))
-                        }
+                Ok(conn) => match conn.request_name(BUS_NAME).await {
+                    Ok(()) => {
+                        tracing::info!(target: "mcpd::dbus", "serving {BUS_NAME} on the {} bus", bus_kind(shared.instance));
+                        hub.add_connection(conn);
                     }
-                }
+                    Err(e) => {
+                        tracing::warn!(target: "mcpd::dbus", "cannot own {BUS_NAME} on the {} bus: {e}", bus_kind(shared.instance))
+                    }
+                },
                 Err(e) => tracing::warn!(
                     target: "mcpd::dbus",
                     "no {} bus ({e}); serving only on {}",
