@@ -46,7 +46,7 @@ fn unit(tag: &str) -> String {
 struct Daemon {
     child: Child,
     lines: mpsc::Receiver<(Instant, String)>,
-    _runtime: tempfile::TempDir,
+    runtime: tempfile::TempDir,
 }
 
 impl Daemon {
@@ -57,6 +57,7 @@ impl Daemon {
             .arg(units)
             .env("XDG_RUNTIME_DIR", runtime.path())
             .env("MCPD_LOG", "info,mcpd::server=warn")
+            .arg("--no-bus")
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
@@ -77,7 +78,7 @@ impl Daemon {
         Self {
             child,
             lines,
-            _runtime: runtime,
+            runtime,
         }
     }
 
@@ -228,6 +229,7 @@ fn main() {
         "-".into(),
         reloads.to_string(),
     ]);
+    rows.extend(dbus(&d.runtime.path().join("mcpd/private"), n));
     drop(d);
 
     // 3: idle CPU at M units
@@ -252,4 +254,72 @@ fn main() {
     for [a, b, c, e, f] in rows {
         println!("| {a} | {b} | {c} | {e} | {f} |");
     }
+}
+
+/// D-Bus round trips over the private socket with N servers loaded.
+fn dbus(socket: &Path, n: usize) -> Vec<[String; 5]> {
+    use mcpd::dbus::{ManagerProxy, ServerProxy, server_path};
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    rt.block_on(async {
+        let stream = std::os::unix::net::UnixStream::connect(socket).expect("connect");
+        let conn = zbus::connection::Builder::unix_stream(stream)
+            .p2p()
+            .build()
+            .await
+            .expect("p2p");
+        let manager = ManagerProxy::new(&conn).await.expect("proxy");
+        let server = ServerProxy::builder(&conn)
+            .path(server_path("u0"))
+            .cache_properties(zbus::proxy::CacheProperties::No)
+            .build()
+            .await
+            .expect("proxy");
+        let mut list = Vec::new();
+        for _ in 0..200 {
+            let t = Instant::now();
+            let rows = manager.list_servers().await.expect("ListServers");
+            list.push(t.elapsed().as_secs_f64() * 1000.0);
+            assert_eq!(rows.len(), n);
+        }
+        let mut prop = Vec::new();
+        for _ in 0..1000 {
+            let t = Instant::now();
+            let state = server.state().await.expect("State");
+            prop.push(t.elapsed().as_secs_f64() * 1000.0);
+            assert_eq!(state, "running");
+        }
+        let mut call = Vec::new();
+        for _ in 0..200 {
+            let t = Instant::now();
+            server
+                .call_tool("echo", "{\"text\":\"x\"}")
+                .await
+                .expect("CallTool");
+            call.push(t.elapsed().as_secs_f64() * 1000.0);
+        }
+        let row = |figure: String, target: &str, xs: Vec<f64>| {
+            let runs = xs.len();
+            let (p50, p95, lo, hi) = stats(xs);
+            [
+                figure,
+                target.to_owned(),
+                format!("{p50:.3} ms"),
+                format!("p95 {p95:.3}, {lo:.3}..{hi:.3} ms"),
+                runs.to_string(),
+            ]
+        };
+        vec![
+            row(
+                format!("D-Bus ListServers, {n} servers, private socket"),
+                "p50 < 5 ms",
+                list,
+            ),
+            row(
+                "D-Bus property read (State), private socket".into(),
+                "p50 < 0.3 ms",
+                prop,
+            ),
+            row("D-Bus CallTool echo, private socket".into(), "-", call),
+        ]
+    })
 }
