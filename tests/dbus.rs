@@ -671,6 +671,74 @@ fn the_private_socket_serves_everything_without_a_bus() {
             let args = signal.args().expect("args");
             assert_eq!(*args.generation(), 1);
             assert!(args.tools().iter().any(|t| t.0 == "extra"));
+
+            // the object manager lists the server with its interface
+            let objects = zbus::fdo::ObjectManagerProxy::builder(&conn)
+                .destination("org.mcpd1")
+                .path("/org/mcpd1")
+                .build()
+                .await
+                .expect("object manager proxy");
+            let managed = objects
+                .get_managed_objects()
+                .await
+                .expect("GetManagedObjects");
+            let demo = managed
+                .iter()
+                .find(|(path, _)| path.as_str() == DEMO)
+                .expect("demo is managed");
+            assert!(demo.1.keys().any(|i| i.as_str() == "org.mcpd1.Server"));
+
+            // a crash: State goes reconnecting then running; no ToolsChanged
+            let mut states = server.receive_state_changed().await;
+            server
+                .call_tool("crash", "{\"code\":3}")
+                .await
+                .expect("crash");
+            // (a property stream may start with the current value)
+            let mut seen: Vec<String> = Vec::new();
+            while !(seen.iter().any(|s| s == "reconnecting")
+                && seen.last().map(String::as_str) == Some("running"))
+            {
+                let change = states.next().await.expect("State change");
+                seen.push(change.get().await.expect("value"));
+            }
+            let from = seen.iter().position(|s| s == "reconnecting").unwrap_or(0);
+            assert_eq!(seen[from..], ["reconnecting", "running"]);
+
+            // errors keep their names over the private socket too
+            let name_of = |e: zbus::Error| match e {
+                zbus::Error::MethodError(name, _, _) => name.to_string(),
+                other => format!("{other:?}"),
+            };
+            let bad = server
+                .call_tool("echo", "[1]")
+                .await
+                .expect_err("not an object");
+            assert_eq!(name_of(bad), "org.mcpd1.Error.InvalidArguments");
+
+            // units come and go
+            let mut added = manager.receive_server_added().await.expect("subscribe");
+            let mut removed = manager.receive_server_removed().await.expect("subscribe");
+            fixture_unit(tmp.path(), "late", "");
+            let signal = added.next().await.expect("ServerAdded");
+            assert_eq!(signal.args().expect("args").name(), "late");
+            std::fs::remove_file(tmp.path().join("late.kdl")).expect("rm");
+            let signal = removed.next().await.expect("ServerRemoved");
+            assert_eq!(signal.args().expect("args").name(), "late");
+
+            // a stopped server: NotRunning
+            manager.stop("demo").await.expect("Stop");
+            while server.state().await.expect("State") != "stopped" {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            let stopped = server.call_tool("echo", "{}").await.expect_err("stopped");
+            assert_eq!(name_of(stopped), "org.mcpd1.Error.NotRunning");
+            assert!(
+                changes.next().await.is_some(),
+                "stopping withdrew the tools: ToolsChanged"
+            );
+            assert!(server.tools().await.expect("Tools").is_empty());
         })
         .await
         .expect("within 30 s");
