@@ -1,16 +1,28 @@
 //! `mcpctl`: argument parsing and dispatch only; the work is in `mcpd::ctl`.
 
-use std::io::IsTerminal;
+use std::io::{IsTerminal, Read};
 use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
-use mcpd::unit::Style;
+use mcpd::ctl::client::{Client, CtlError};
+use mcpd::ctl::commands::{self, Output, Verb};
+use mcpd::ctl::exit;
+use mcpd::unit::{Instance, Style};
 
 /// Control the mcpd service manager for MCP servers.
 #[derive(Debug, Parser)]
 #[command(name = "mcpctl", version, about)]
 struct Cli {
+    /// Talk to the system instance (default when run as root).
+    #[arg(long, global = true, conflicts_with = "user")]
+    system: bool,
+    /// Talk to your user instance (default when not root).
+    #[arg(long, global = true)]
+    user: bool,
+    /// Print JSON instead of text (read commands).
+    #[arg(long, global = true)]
+    json: bool,
     /// Never colour the output (also: NO_COLOR set in the environment).
     #[arg(long, global = true)]
     no_color: bool,
@@ -20,6 +32,49 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
+    /// Show servers: one line each, or in detail for the names given.
+    ///
+    /// Exit status: 0 when every named server is running, 3 when one is
+    /// not, 4 when a name is unknown.
+    Status { names: Vec<String> },
+    /// List servers in a table.
+    List,
+    /// Start servers (with a fresh retry budget).
+    Start {
+        #[arg(required = true)]
+        names: Vec<String>,
+    },
+    /// Stop servers.
+    Stop {
+        #[arg(required = true)]
+        names: Vec<String>,
+    },
+    /// Restart servers (with a fresh retry budget).
+    Restart {
+        #[arg(required = true)]
+        names: Vec<String>,
+    },
+    /// Rescan the unit files now and print what changed; exit 1 if a unit
+    /// is invalid.
+    Reload,
+    /// List a server's tools.
+    Tools { name: String },
+    /// Call a tool; ARGUMENTS is a JSON object, or - to read it from stdin.
+    /// Exit 1 when the tool reports an error.
+    Call {
+        name: String,
+        tool: String,
+        arguments: Option<String>,
+    },
+    /// Show the last lines a server wrote to stderr.
+    Logs {
+        name: String,
+        /// How many lines.
+        #[arg(short = 'n', long, default_value_t = 50)]
+        lines: u32,
+    },
+    /// Show a server's unit file and drop-ins (header values redacted).
+    Cat { name: String },
     /// Check unit files (or directories of them) without a running daemon.
     ///
     /// Exit status is 0 when every unit is valid, 1 otherwise; diagnostics
@@ -33,20 +88,80 @@ enum Command {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    let stderr = std::io::stderr();
-    let color = !cli.no_color
-        && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty())
-        && stderr.is_terminal();
-    let style = if color { Style::Color } else { Style::Plain };
-    match cli.command {
-        Command::Verify { paths } => {
-            match mcpd::ctl::verify::run(&paths, style, &mut stderr.lock()) {
-                Ok(summary) => ExitCode::from(summary.exit_code()),
-                Err(e) => {
-                    eprintln!("mcpctl: cannot write diagnostics: {e}");
-                    ExitCode::from(mcpd::ctl::exit::FAILURE)
-                }
+    let no_color = cli.no_color || std::env::var_os("NO_COLOR").is_some_and(|v| !v.is_empty());
+    if let Command::Verify { paths } = &cli.command {
+        let stderr = std::io::stderr();
+        let style = if !no_color && stderr.is_terminal() {
+            Style::Color
+        } else {
+            Style::Plain
+        };
+        return match mcpd::ctl::verify::run(paths, style, &mut stderr.lock()) {
+            Ok(summary) => ExitCode::from(summary.exit_code()),
+            Err(e) => {
+                eprintln!("mcpctl: cannot write diagnostics: {e}");
+                ExitCode::from(exit::FAILURE)
             }
+        };
+    }
+    let instance = match (cli.system, cli.user) {
+        (true, _) => Instance::System,
+        (_, true) => Instance::User,
+        _ => mcpd::daemon::default_instance(),
+    };
+    let output = Output {
+        color: !no_color && std::io::stdout().is_terminal(),
+        json: cli.json,
+    };
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(e) => {
+            eprintln!("mcpctl: cannot start the async runtime: {e}");
+            return ExitCode::from(exit::FAILURE);
+        }
+    };
+    let result: Result<u8, CtlError> = runtime.block_on(async {
+        let client = Client::connect(instance).await?;
+        let mut out = std::io::stdout().lock();
+        match cli.command {
+            Command::Status { names } => commands::status(&client, &names, output, &mut out).await,
+            Command::List => commands::list(&client, output, &mut out).await,
+            Command::Start { names } => commands::control(&client, Verb::Start, &names).await,
+            Command::Stop { names } => commands::control(&client, Verb::Stop, &names).await,
+            Command::Restart { names } => commands::control(&client, Verb::Restart, &names).await,
+            Command::Reload => commands::reload(&client, output, &mut out).await,
+            Command::Tools { name } => commands::tools(&client, &name, output, &mut out).await,
+            Command::Call {
+                name,
+                tool,
+                arguments,
+            } => {
+                let arguments = match arguments.as_deref() {
+                    Some("-") => {
+                        let mut text = String::new();
+                        std::io::stdin().read_to_string(&mut text).map_err(|e| {
+                            CtlError::failure(format!("cannot read arguments from stdin: {e}"))
+                        })?;
+                        text
+                    }
+                    Some(json) => json.to_owned(),
+                    None => String::new(),
+                };
+                commands::call(&client, &name, &tool, &arguments, output, &mut out).await
+            }
+            Command::Logs { name, lines } => commands::logs(&client, &name, lines, &mut out).await,
+            Command::Cat { name } => commands::cat(&client, &name, &mut out).await,
+            Command::Verify { .. } => Ok(exit::OK),
+        }
+    });
+    match result {
+        Ok(code) => ExitCode::from(code),
+        Err(e) => {
+            eprintln!("mcpctl: {e}");
+            ExitCode::from(e.code)
         }
     }
 }

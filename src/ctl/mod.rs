@@ -1,6 +1,8 @@
 //! `mcpctl`: the command-line client. Each subcommand lives in its own module
 //! and returns an exit code; `src/bin/mcpctl.rs` only dispatches.
 
+pub mod client;
+pub mod commands;
 pub mod verify;
 
 /// Exit codes shared by every subcommand (systemctl's convention).

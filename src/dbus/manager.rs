@@ -60,7 +60,7 @@ impl Manager {
                             status.tools.len(),
                         )
                     }
-                    None => ("stopped".to_owned(), String::new(), 0),
+                    None => ("stopped".to_owned(), super::invalid_reason(&unit), 0),
                 };
                 let path = server_path(&name);
                 (

@@ -98,6 +98,16 @@ impl Shared {
     }
 }
 
+/// The reason shown for a unit that has never loaded: its first problem.
+pub(crate) fn invalid_reason(unit: &UnitView) -> String {
+    let first = unit
+        .load_error
+        .as_deref()
+        .and_then(|e| e.lines().next())
+        .unwrap_or_default();
+    format!("invalid unit file: {first}")
+}
+
 /// Whether the caller of a mutating method may make it: anyone on a user
 /// instance (its bus and socket are the user's own); on the system
 /// instance root or a member of group `mcpd`, from the caller's credentials.

@@ -100,7 +100,13 @@ impl Server {
 
     #[zbus(property)]
     fn reason(&self) -> String {
-        self.status().map(|s| s.reason).unwrap_or_default()
+        match self.shared.unit(&self.name) {
+            Ok(unit) => match &unit.supervisor {
+                Some(s) => s.status().reason,
+                None => super::invalid_reason(&unit),
+            },
+            Err(_) => String::new(),
+        }
     }
 
     #[zbus(property)]

@@ -203,6 +203,11 @@ impl Daemon {
         self.child.id()
     }
 
+    /// The XDG_RUNTIME_DIR the helper gave the daemon, if it chose one.
+    pub fn runtime_dir(&self) -> Option<&Path> {
+        self._runtime.as_ref().map(tempfile::TempDir::path)
+    }
+
     /// Waits (bounded) for the daemon to exit by itself.
     pub fn exit(mut self) -> std::process::ExitStatus {
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);

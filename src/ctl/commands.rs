@@ -1,0 +1,532 @@
+//! The subcommands that talk to the daemon: `status`, `list`, `start`,
+//! `stop`, `restart`, `reload`, `tools`, `call`, `logs`, `cat`.
+//!
+//! Each writes its output to the given writer and returns an exit code
+//! (systemctl's: 0 ok, 1 failure, 3 not running, 4 no such server).
+
+use std::io::Write;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use serde_json::{Value, json};
+
+use crate::dbus::ServerProxy;
+use crate::unit::{self, UnitFiles};
+
+use super::client::{Client, CtlError, dbus_error};
+use super::exit;
+
+/// How output looks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Output {
+    pub color: bool,
+    pub json: bool,
+}
+
+type Result<T> = std::result::Result<T, CtlError>;
+
+fn io(e: std::io::Error) -> CtlError {
+    CtlError::failure(format!("cannot write output: {e}"))
+}
+
+/// The coloured state dot: green running, yellow on the way, red failed,
+/// white stopped.
+fn dot(state: &str, color: bool) -> String {
+    if !color {
+        return "●".into();
+    }
+    let code = match state {
+        "running" => "32",
+        "starting" | "retrying" | "reconnecting" | "stopping" => "33",
+        "failed" => "31",
+        _ => "37",
+    };
+    format!("\x1b[{code}m●\x1b[0m")
+}
+
+/// Everything `status` shows of one server, read from its properties.
+#[derive(Debug, Clone)]
+struct Props {
+    name: String,
+    description: String,
+    state: String,
+    reason: String,
+    generation: u64,
+    attempt: u32,
+    max_attempts: u32,
+    next_retry_usec: u64,
+    since_usec: u64,
+    main_pid: u32,
+    unit_path: String,
+    load_error: String,
+    tools: Vec<(String, String, String)>,
+}
+
+async fn props(server: &ServerProxy<'_>) -> Result<Props> {
+    let e = dbus_error;
+    Ok(Props {
+        name: server.name().await.map_err(e)?,
+        description: server.description().await.map_err(e)?,
+        state: server.state().await.map_err(e)?,
+        reason: server.reason().await.map_err(e)?,
+        generation: server.generation().await.map_err(e)?,
+        attempt: server.attempt().await.map_err(e)?,
+        max_attempts: server.max_attempts().await.map_err(e)?,
+        next_retry_usec: server.next_retry_usec().await.map_err(e)?,
+        since_usec: server.state_change_timestamp().await.map_err(e)?,
+        main_pid: server.main_pid().await.map_err(e)?,
+        unit_path: server.unit_path().await.map_err(e)?,
+        load_error: server.load_error().await.map_err(e)?,
+        tools: server.tools().await.map_err(e)?,
+    })
+}
+
+impl Props {
+    fn json(&self) -> Value {
+        json!({
+            "name": self.name,
+            "description": self.description,
+            "state": self.state,
+            "reason": self.reason,
+            "generation": self.generation,
+            "attempt": self.attempt,
+            "max_attempts": self.max_attempts,
+            "next_retry_usec": self.next_retry_usec,
+            "state_change_timestamp": self.since_usec,
+            "main_pid": self.main_pid,
+            "unit_path": self.unit_path,
+            "load_error": self.load_error,
+            "tools": self.tools.iter().map(|t| t.0.clone()).collect::<Vec<_>>(),
+        })
+    }
+}
+
+fn time_of(usec: u64) -> SystemTime {
+    UNIX_EPOCH + Duration::from_micros(usec)
+}
+
+/// "5min 3s", rounded to seconds.
+fn span(d: Duration) -> String {
+    humantime::format_duration(Duration::from_secs(d.as_secs())).to_string()
+}
+
+fn ago(usec: u64) -> String {
+    let at = time_of(usec);
+    let elapsed = SystemTime::now().duration_since(at).unwrap_or_default();
+    format!(
+        "since {}; {} ago",
+        humantime::format_rfc3339_seconds(at),
+        if elapsed.as_secs() == 0 {
+            "0s".into()
+        } else {
+            span(elapsed)
+        }
+    )
+}
+
+fn write_block(
+    out: &mut dyn Write,
+    p: &Props,
+    logs: &[String],
+    color: bool,
+) -> std::io::Result<()> {
+    let title = if p.description.is_empty() {
+        p.name.clone()
+    } else {
+        format!("{} - {}", p.name, p.description)
+    };
+    writeln!(out, "{} {title}", dot(&p.state, color))?;
+    if p.load_error.is_empty() {
+        writeln!(out, "     Loaded: {}", p.unit_path)?;
+    } else {
+        let first = p.load_error.lines().next().unwrap_or_default();
+        writeln!(out, "     Loaded: {} (invalid: {first})", p.unit_path)?;
+        for more in p.load_error.lines().skip(1) {
+            writeln!(out, "             {more}")?;
+        }
+    }
+    let reason = if p.reason.is_empty() {
+        String::new()
+    } else {
+        format!(" ({})", p.reason)
+    };
+    if p.since_usec == 0 {
+        writeln!(out, "     Active: {}{reason}", p.state)?;
+    } else {
+        writeln!(
+            out,
+            "     Active: {}{reason} {}",
+            p.state,
+            ago(p.since_usec)
+        )?;
+    }
+    if p.main_pid != 0 {
+        writeln!(out, "   Main PID: {}", p.main_pid)?;
+    }
+    if p.generation != 0 {
+        writeln!(out, " Generation: {}", p.generation)?;
+    }
+    if p.attempt != 0 {
+        let next = if p.next_retry_usec == 0 {
+            String::new()
+        } else {
+            let wait = time_of(p.next_retry_usec)
+                .duration_since(SystemTime::now())
+                .unwrap_or_default();
+            format!(
+                ", next retry in {}",
+                if wait.as_secs() == 0 {
+                    "0s".into()
+                } else {
+                    span(wait)
+                }
+            )
+        };
+        writeln!(out, "    Attempt: {}/{}{next}", p.attempt, p.max_attempts)?;
+    }
+    let names: Vec<&str> = p.tools.iter().map(|t| t.0.as_str()).collect();
+    let shown = names.iter().take(5).copied().collect::<Vec<_>>().join(", ");
+    let more = if names.len() > 5 { ", …" } else { "" };
+    if names.is_empty() {
+        writeln!(out, "      Tools: 0")?;
+    } else {
+        writeln!(out, "      Tools: {} ({shown}{more})", names.len())?;
+    }
+    if !logs.is_empty() {
+        writeln!(out)?;
+        for line in logs {
+            writeln!(out, "{line}")?;
+        }
+    }
+    Ok(())
+}
+
+/// `status [NAME…]`
+pub async fn status(
+    client: &Client,
+    names: &[String],
+    output: Output,
+    out: &mut dyn Write,
+) -> Result<u8> {
+    if names.is_empty() {
+        return overview(client, output, out).await;
+    }
+    let mut code = exit::OK;
+    let mut blocks = Vec::new();
+    for (i, name) in names.iter().enumerate() {
+        let server = match client.server(name).await {
+            Ok(server) => server,
+            Err(e) => {
+                eprintln!("mcpctl: {e}");
+                code = code.max(e.code);
+                continue;
+            }
+        };
+        let p = props(&server).await?;
+        if p.state != "running" && code == exit::OK {
+            code = exit::NOT_RUNNING;
+        }
+        if output.json {
+            blocks.push(p.json());
+            continue;
+        }
+        let logs = server.recent_logs(10).await.map_err(dbus_error)?;
+        if i > 0 {
+            writeln!(out).map_err(io)?;
+        }
+        write_block(out, &p, &logs, output.color).map_err(io)?;
+    }
+    if output.json {
+        writeln!(out, "{}", Value::Array(blocks)).map_err(io)?;
+    }
+    Ok(code)
+}
+
+/// `status` without names: a line per server and totals.
+async fn overview(client: &Client, output: Output, out: &mut dyn Write) -> Result<u8> {
+    let rows = client.manager.list_servers().await.map_err(dbus_error)?;
+    if output.json {
+        return list(client, output, out).await;
+    }
+    let width = rows.iter().map(|r| r.0.len()).max().unwrap_or(0);
+    for (name, description, state, reason, tools, _) in &rows {
+        let detail = if reason.is_empty() {
+            description
+        } else {
+            reason
+        };
+        writeln!(
+            out,
+            "{} {name:<width$}  {state:<12}  {tools:>3} tools  {detail}",
+            dot(state, output.color)
+        )
+        .map_err(io)?;
+    }
+    let order = [
+        "running",
+        "starting",
+        "retrying",
+        "reconnecting",
+        "failed",
+        "stopping",
+        "stopped",
+    ];
+    let summary: Vec<String> = order
+        .iter()
+        .filter_map(|state| {
+            let n = rows.iter().filter(|r| r.2 == *state).count();
+            (n > 0).then(|| format!("{n} {state}"))
+        })
+        .collect();
+    let noun = if rows.len() == 1 { "server" } else { "servers" };
+    writeln!(out, "\n{} {noun}: {}", rows.len(), summary.join(", ")).map_err(io)?;
+    Ok(exit::OK)
+}
+
+/// `list`
+pub async fn list(client: &Client, output: Output, out: &mut dyn Write) -> Result<u8> {
+    let rows = client.manager.list_servers().await.map_err(dbus_error)?;
+    if output.json {
+        let rows: Vec<Value> = rows
+            .iter()
+            .map(|(name, description, state, reason, tools, path)| {
+                json!({"name": name, "description": description, "state": state, "reason": reason, "tools": tools, "path": path.as_str()})
+            })
+            .collect();
+        writeln!(out, "{}", Value::Array(rows)).map_err(io)?;
+        return Ok(exit::OK);
+    }
+    let width = rows.iter().map(|r| r.0.len()).max().unwrap_or(4).max(4);
+    writeln!(
+        out,
+        "{:<width$}  {:<12}  {:>5}  DESCRIPTION",
+        "NAME", "STATE", "TOOLS"
+    )
+    .map_err(io)?;
+    for (name, description, state, _, tools, _) in &rows {
+        writeln!(
+            out,
+            "{name:<width$}  {state:<12}  {tools:>5}  {description}"
+        )
+        .map_err(io)?;
+    }
+    Ok(exit::OK)
+}
+
+/// What `start`, `stop` and `restart` ask.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verb {
+    Start,
+    Stop,
+    Restart,
+}
+
+/// `start|stop|restart NAME…`
+pub async fn control(client: &Client, verb: Verb, names: &[String]) -> Result<u8> {
+    let mut code = exit::OK;
+    for name in names {
+        let result = match verb {
+            Verb::Start => client.manager.start(name).await,
+            Verb::Stop => client.manager.stop(name).await,
+            Verb::Restart => client.manager.restart(name).await,
+        };
+        if let Err(e) = result.map_err(dbus_error) {
+            eprintln!("mcpctl: {e}");
+            code = code.max(e.code);
+        }
+    }
+    Ok(code)
+}
+
+/// `reload`: prints the diff; exit 1 if any unit is invalid.
+pub async fn reload(client: &Client, output: Output, out: &mut dyn Write) -> Result<u8> {
+    let diff = client.manager.reload().await.map_err(dbus_error)?;
+    let mut code = exit::OK;
+    let mut rows = Vec::new();
+    for (name, change) in &diff {
+        let load_error = if change == "invalid" {
+            code = exit::FAILURE;
+            client
+                .server(name)
+                .await?
+                .load_error()
+                .await
+                .map_err(dbus_error)?
+        } else {
+            String::new()
+        };
+        rows.push((name.clone(), change.clone(), load_error));
+    }
+    if output.json {
+        let rows: Vec<Value> = rows
+            .iter()
+            .map(|(n, c, e)| json!({"name": n, "change": c, "load_error": e}))
+            .collect();
+        writeln!(out, "{}", Value::Array(rows)).map_err(io)?;
+        return Ok(code);
+    }
+    for (name, change, load_error) in rows {
+        writeln!(out, "{name}: {change}").map_err(io)?;
+        for line in load_error.lines() {
+            writeln!(out, "  {line}").map_err(io)?;
+        }
+    }
+    Ok(code)
+}
+
+/// `tools NAME`
+pub async fn tools(client: &Client, name: &str, output: Output, out: &mut dyn Write) -> Result<u8> {
+    let server = client.server(name).await?;
+    let list = server.list_tools().await.map_err(dbus_error)?;
+    if output.json {
+        writeln!(out, "{list}").map_err(io)?;
+        return Ok(exit::OK);
+    }
+    let tools: Vec<Value> =
+        serde_json::from_str(&list).map_err(|e| CtlError::failure(e.to_string()))?;
+    let width = tools
+        .iter()
+        .filter_map(|t| t["name"].as_str())
+        .map(str::len)
+        .max()
+        .unwrap_or(0);
+    for tool in &tools {
+        let name = tool["name"].as_str().unwrap_or_default();
+        let description = tool["description"]
+            .as_str()
+            .unwrap_or_default()
+            .lines()
+            .next()
+            .unwrap_or_default();
+        writeln!(out, "{name:<width$}  {description}").map_err(io)?;
+    }
+    Ok(exit::OK)
+}
+
+/// `call NAME TOOL [JSON|-]`: prints the result's content; exit 1 for an
+/// `isError` result.
+pub async fn call(
+    client: &Client,
+    name: &str,
+    tool: &str,
+    arguments: &str,
+    output: Output,
+    out: &mut dyn Write,
+) -> Result<u8> {
+    let server = client.server(name).await?;
+    let result = server
+        .call_tool(tool, arguments)
+        .await
+        .map_err(dbus_error)?;
+    let value: Value =
+        serde_json::from_str(&result).map_err(|e| CtlError::failure(e.to_string()))?;
+    let is_error = value["isError"].as_bool().unwrap_or(false);
+    if output.json {
+        writeln!(out, "{value}").map_err(io)?;
+    } else {
+        for item in value["content"].as_array().into_iter().flatten() {
+            match item["text"].as_str() {
+                Some(text) if item["type"] == "text" => writeln!(out, "{text}").map_err(io)?,
+                _ => writeln!(out, "{item}").map_err(io)?,
+            }
+        }
+    }
+    Ok(if is_error { exit::FAILURE } else { exit::OK })
+}
+
+/// `logs NAME [-n N]`
+pub async fn logs(client: &Client, name: &str, lines: u32, out: &mut dyn Write) -> Result<u8> {
+    let server = client.server(name).await?;
+    for line in server.recent_logs(lines).await.map_err(dbus_error)? {
+        writeln!(out, "{line}").map_err(io)?;
+    }
+    Ok(exit::OK)
+}
+
+/// Replaces the value of every `http { header NAME VALUE }` with a marker.
+fn redact(text: &str) -> Option<String> {
+    let mut doc = kdl::KdlDocument::parse(text).ok()?;
+    for node in doc.nodes_mut() {
+        if node.name().value() != "http" {
+            continue;
+        }
+        if let Some(children) = node.children_mut() {
+            for header in children
+                .nodes_mut()
+                .iter_mut()
+                .filter(|n| n.name().value() == "header")
+            {
+                if let Some(entry) = header
+                    .entries_mut()
+                    .iter_mut()
+                    .filter(|e| e.name().is_none())
+                    .nth(1)
+                {
+                    entry.set_value("<redacted>");
+                    // The printed text comes from the kept representation.
+                    if let Some(format) = entry.format_mut() {
+                        format.value_repr = "\"<redacted>\"".into();
+                    }
+                }
+            }
+        }
+    }
+    Some(doc.to_string())
+}
+
+/// `cat NAME`: the unit file and its drop-ins, header values redacted.
+pub async fn cat(client: &Client, name: &str, out: &mut dyn Write) -> Result<u8> {
+    let server = client.server(name).await?;
+    let path = server.unit_path().await.map_err(dbus_error)?;
+    let dirs: Vec<std::path::PathBuf> = client
+        .manager
+        .unit_paths()
+        .await
+        .map_err(dbus_error)?
+        .into_iter()
+        .map(Into::into)
+        .collect();
+    let (found, _) = unit::discover(&dirs);
+    let files = found
+        .into_iter()
+        .find(|f| f.name == name)
+        .map(|f| f.files)
+        .unwrap_or_else(|| UnitFiles::beside(std::path::Path::new(&path)));
+    for (i, file) in std::iter::once(&files.main)
+        .chain(&files.dropins)
+        .enumerate()
+    {
+        if i > 0 {
+            writeln!(out).map_err(io)?;
+        }
+        writeln!(out, "# {}", file.display()).map_err(io)?;
+        match std::fs::read_to_string(file) {
+            Ok(text) => match redact(&text) {
+                Some(shown) => write!(out, "{shown}").map_err(io)?,
+                None => writeln!(
+                    out,
+                    "# (not valid KDL; not shown, it may hold secrets: see mcpctl verify)"
+                )
+                .map_err(io)?,
+            },
+            Err(e) => writeln!(out, "# (cannot read: {e})").map_err(io)?,
+        }
+    }
+    Ok(exit::OK)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn header_values_are_redacted() {
+        let text = "http \"https://h/mcp\" {\n    header \"Authorization\" \"Bearer s3cret\"\n}\n";
+        let shown = redact(text).expect("valid");
+        assert!(!shown.contains("s3cret"), "{shown}");
+        assert!(
+            shown.contains("header \"Authorization\" \"<redacted>\""),
+            "{shown}"
+        );
+        assert!(redact("stdio {").is_none());
+    }
+}

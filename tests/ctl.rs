@@ -1,0 +1,268 @@
+//! `mcpctl` against the real daemon over its private socket: output,
+//! exit codes (0/1/3/4), `--json` values.
+
+use std::path::Path;
+use std::process::{Command, Output, Stdio};
+
+use rustix::process::Signal;
+
+use crate::helper::{Daemon, mcpctl};
+
+/// Units in every state: running, retrying, invalid.
+fn units(dir: &Path) {
+    std::fs::write(
+        dir.join("demo.kdl"),
+        "description \"Demo\"\nstdio {\n    command \"mcp-fixture\" \"--chatter\" \"2\"\n}\nreconnect {\n    initial-delay \"50ms\"\n    max-delay \"1s\"\n}\n",
+    )
+    .expect("write");
+    std::fs::write(
+        dir.join("doomed.kdl"),
+        "stdio {\n    command \"mcp-fixture\" \"--die-on-start\" \"1\"\n}\nreconnect {\n    initial-delay \"1h\"\n    max-delay \"2h\"\n}\n",
+    )
+    .expect("write");
+    std::fs::write(dir.join("broken.kdl"), "stdio {\n    command 5\n}\n").expect("write");
+    std::fs::write(
+        dir.join("remote.kdl"),
+        "http \"http://127.0.0.1:9/mcp\" {\n    header \"Authorization\" \"Bearer s3cret\"\n}\nreconnect {\n    initial-delay \"1h\"\n    max-delay \"2h\"\n}\n",
+    )
+    .expect("write");
+}
+
+struct Ctl {
+    runtime: std::path::PathBuf,
+}
+
+impl Ctl {
+    fn run(&self, args: &[&str]) -> Output {
+        self.run_with_stdin(args, "")
+    }
+
+    fn run_with_stdin(&self, args: &[&str], stdin: &str) -> Output {
+        use std::io::Write;
+        let mut child: std::process::Child = mcpctl()
+            .arg("--user")
+            .args(args)
+            .env("XDG_RUNTIME_DIR", &self.runtime)
+            .env_remove("DBUS_SESSION_BUS_ADDRESS")
+            .env_remove("NO_COLOR")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn mcpctl");
+        child
+            .stdin
+            .take()
+            .expect("stdin")
+            .write_all(stdin.as_bytes())
+            .expect("write stdin");
+        child.wait_with_output().expect("mcpctl")
+    }
+}
+
+fn text(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+fn err(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+#[test]
+fn every_command_against_a_live_daemon() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    units(tmp.path());
+    let mut d = Daemon::start(
+        &[
+            "--user".as_ref(),
+            "--no-bus".as_ref(),
+            "--units".as_ref(),
+            tmp.path().as_os_str(),
+        ],
+        &[],
+    );
+    d.wait_until("ready", |d| {
+        d.latest_pid("demo").is_some() && d.count("retry 1/10 in 1h") == 2
+    });
+    let pid = d.latest_pid("demo").expect("pid");
+    let ctl = Ctl {
+        runtime: d.runtime_dir().expect("runtime").to_owned(),
+    };
+
+    // status overview
+    let out = ctl.run(&["status"]);
+    assert_eq!(out.status.code(), Some(0), "{}", err(&out));
+    let overview = text(&out);
+    assert!(
+        overview.contains("● demo    running         9 tools  Demo"),
+        "{overview}"
+    );
+    assert!(
+        overview.contains(
+            "● doomed  retrying        0 tools  connection failed: process exited with status 1"
+        ),
+        "{overview}"
+    );
+    assert!(
+        overview.contains("● broken  stopped         0 tools  invalid unit file: "),
+        "{overview}"
+    );
+    assert!(
+        overview.ends_with("4 servers: 1 running, 2 retrying, 1 stopped\n"),
+        "{overview}"
+    );
+    assert!(
+        !overview.contains("\x1b["),
+        "no colour when stdout is not a terminal"
+    );
+
+    // status of one: running (0), retrying (3), invalid (3), unknown (4)
+    let out = ctl.run(&["status", "demo"]);
+    assert_eq!(out.status.code(), Some(0));
+    let block = text(&out);
+    assert!(block.starts_with("● demo - Demo\n     Loaded: "), "{block}");
+    assert!(block.contains("     Active: running since "), "{block}");
+    assert!(block.contains(&format!("   Main PID: {pid}\n")), "{block}");
+    assert!(
+        block.contains("      Tools: 9 (echo, add, crash, hang, fail, …)"),
+        "{block}"
+    );
+    assert!(
+        block.contains("chatter line 1"),
+        "recent stderr lines: {block}"
+    );
+    let out = ctl.run(&["status", "doomed"]);
+    assert_eq!(out.status.code(), Some(3));
+    assert!(
+        text(&out).contains("    Attempt: 1/10, next retry in 59m"),
+        "{}",
+        text(&out)
+    );
+    let out = ctl.run(&["status", "broken"]);
+    assert_eq!(out.status.code(), Some(3));
+    assert!(
+        text(&out).contains("broken.kdl (invalid: "),
+        "{}",
+        text(&out)
+    );
+    assert!(
+        text(&out).contains("broken.kdl:2:13: `stdio.command`: expected a string, found integer 5")
+    );
+    let out = ctl.run(&["status", "demo", "nope"]);
+    assert_eq!(out.status.code(), Some(4));
+    assert_eq!(err(&out), "mcpctl: no server named nope\n");
+
+    // --json matches the D-Bus values
+    let out = ctl.run(&["--json", "status", "demo"]);
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+    assert_eq!(json[0]["main_pid"], pid);
+    assert_eq!(json[0]["state"], "running");
+    assert_eq!(json[0]["tools"].as_array().map(Vec::len), Some(9));
+    let out = ctl.run(&["--json", "list"]);
+    let rows: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+    let names: Vec<&str> = rows
+        .as_array()
+        .expect("array")
+        .iter()
+        .filter_map(|r| r["name"].as_str())
+        .collect();
+    assert_eq!(names, ["broken", "demo", "doomed", "remote"]);
+    assert_eq!(rows[1]["path"], "/org/mcpd1/server/demo");
+    let out = ctl.run(&["list"]);
+    assert!(
+        text(&out).starts_with("NAME    STATE         TOOLS  DESCRIPTION\n"),
+        "{}",
+        text(&out)
+    );
+
+    // tools and call
+    let out = ctl.run(&["tools", "demo"]);
+    assert!(
+        text(&out).starts_with("echo       Return the given text\n"),
+        "{}",
+        text(&out)
+    );
+    let out = ctl.run(&["--json", "tools", "demo"]);
+    let tools: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+    assert_eq!(tools[0]["inputSchema"]["required"][0], "text");
+    let out = ctl.run(&["call", "demo", "echo", "{\"text\":\"hello\"}"]);
+    assert_eq!(
+        (out.status.code(), text(&out).as_str()),
+        (Some(0), "hello\n")
+    );
+    let out = ctl.run_with_stdin(&["call", "demo", "echo", "-"], "{\"text\":\"from stdin\"}");
+    assert_eq!(text(&out), "from stdin\n");
+    let out = ctl.run(&["call", "demo", "fail", "{\"message\":\"it broke\"}"]);
+    assert_eq!(
+        (out.status.code(), text(&out).as_str()),
+        (Some(1), "it broke\n")
+    );
+    let out = ctl.run(&["call", "doomed", "echo", "{}"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        err(&out).starts_with("mcpctl: server doomed is retrying (retry 1/10, next in "),
+        "{}",
+        err(&out)
+    );
+    let out = ctl.run(&["call", "nope", "echo"]);
+    assert_eq!(out.status.code(), Some(4));
+
+    // logs and cat (header values never shown)
+    let out = ctl.run(&["logs", "demo", "-n", "1"]);
+    assert!(text(&out).ends_with("call fail\n"), "{}", text(&out));
+    let out = ctl.run(&["cat", "remote"]);
+    let shown = text(&out);
+    assert!(
+        shown.starts_with(&format!("# {}\n", tmp.path().join("remote.kdl").display())),
+        "{shown}"
+    );
+    assert!(
+        shown.contains("header \"Authorization\" \"<redacted>\""),
+        "{shown}"
+    );
+    assert!(!shown.contains("s3cret"), "{shown}");
+
+    // stop, start, restart, reload
+    assert_eq!(ctl.run(&["stop", "demo"]).status.code(), Some(0));
+    d.wait_until("demo stopped", |d| {
+        d.about("demo")
+            .any(|l| l.contains("mcpd::supervisor: stopped"))
+    });
+    assert_eq!(ctl.run(&["status", "demo"]).status.code(), Some(3));
+    assert_eq!(ctl.run(&["start", "demo"]).status.code(), Some(0));
+    d.wait_until("demo running again", |d| d.starts("demo") == 2);
+    let out = ctl.run(&["restart", "demo", "nope"]);
+    assert_eq!(out.status.code(), Some(4));
+    assert_eq!(err(&out), "mcpctl: no server named nope\n");
+    d.wait_until("demo restarted", |d| d.starts("demo") == 3);
+    let out = ctl.run(&["reload"]);
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "an invalid unit makes reload fail"
+    );
+    assert!(
+        text(&out).starts_with("broken: invalid\n  "),
+        "{}",
+        text(&out)
+    );
+    assert!(text(&out).contains("demo: unchanged\n"), "{}", text(&out));
+    assert!(d.stop(Signal::TERM).success());
+}
+
+#[test]
+fn without_a_daemon_mcpctl_says_so() {
+    let runtime = tempfile::tempdir().expect("tempdir");
+    let out = Command::new(env!("CARGO_BIN_EXE_mcpctl"))
+        .args(["--user", "status"])
+        .env("XDG_RUNTIME_DIR", runtime.path())
+        .env_remove("DBUS_SESSION_BUS_ADDRESS")
+        .output()
+        .expect("mcpctl");
+    assert_eq!(out.status.code(), Some(1));
+    let message = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        message.starts_with("mcpctl: cannot reach mcpd (user instance): no daemon at "),
+        "{message}"
+    );
+}
