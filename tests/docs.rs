@@ -36,3 +36,38 @@ fn unit_man_page_documents_every_key() {
         );
     }
 }
+
+#[test]
+fn mcpctl_man_page_documents_every_subcommand() {
+    let page = std::fs::read_to_string(root().join("man/mcpctl.1")).expect("man/mcpctl.1");
+    let help = run(&mut crate::helper::mcpctl().arg("--help"));
+    let help = String::from_utf8_lossy(&help.stdout);
+    let commands: Vec<&str> = help
+        .lines()
+        .skip_while(|l| !l.starts_with("Commands:"))
+        .skip(1)
+        .take_while(|l| l.starts_with("  "))
+        .filter_map(|l| l.split_whitespace().next())
+        .filter(|c| *c != "help")
+        .collect();
+    assert!(commands.len() >= 12, "{commands:?}");
+    for command in commands {
+        assert!(
+            page.contains(&format!(".It Cm {command}")),
+            "mcpctl {command} is not in man/mcpctl.1"
+        );
+    }
+}
+
+#[test]
+fn completions_are_generated_for_each_shell() {
+    for shell in ["bash", "zsh", "fish"] {
+        let out = run(crate::helper::mcpctl().args(["completions", shell]));
+        assert!(out.status.success());
+        let script = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            script.contains("restart") && script.contains("verify"),
+            "{shell}: {script}"
+        );
+    }
+}

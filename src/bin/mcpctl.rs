@@ -12,7 +12,11 @@ use mcpd::unit::{Instance, Style};
 
 /// Control the mcpd service manager for MCP servers.
 #[derive(Debug, Parser)]
-#[command(name = "mcpctl", version, about)]
+#[command(
+    name = "mcpctl",
+    version,
+    about = "Control mcpd, the service manager for MCP servers"
+)]
 struct Cli {
     /// Talk to the system instance (default when run as root).
     #[arg(long, global = true, conflicts_with = "user")]
@@ -75,6 +79,8 @@ enum Command {
     },
     /// Show a server's unit file and drop-ins (header values redacted).
     Cat { name: String },
+    /// Print a completion script for SHELL (bash, zsh, fish, elvish, powershell).
+    Completions { shell: clap_complete::Shell },
     /// Check unit files (or directories of them) without a running daemon.
     ///
     /// Exit status is 0 when every unit is valid, 1 otherwise; diagnostics
@@ -89,6 +95,11 @@ enum Command {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let no_color = cli.no_color || std::env::var_os("NO_COLOR").is_some_and(|v| !v.is_empty());
+    if let Command::Completions { shell } = cli.command {
+        use clap::CommandFactory;
+        clap_complete::generate(shell, &mut Cli::command(), "mcpctl", &mut std::io::stdout());
+        return ExitCode::SUCCESS;
+    }
     if let Command::Verify { paths } = &cli.command {
         let stderr = std::io::stderr();
         let style = if !no_color && stderr.is_terminal() {
@@ -154,7 +165,7 @@ fn main() -> ExitCode {
             }
             Command::Logs { name, lines } => commands::logs(&client, &name, lines, &mut out).await,
             Command::Cat { name } => commands::cat(&client, &name, &mut out).await,
-            Command::Verify { .. } => Ok(exit::OK),
+            Command::Verify { .. } | Command::Completions { .. } => Ok(exit::OK),
         }
     });
     match result {
