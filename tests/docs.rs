@@ -40,7 +40,7 @@ fn unit_man_page_documents_every_key() {
 #[test]
 fn mcpctl_man_page_documents_every_subcommand() {
     let page = std::fs::read_to_string(root().join("man/mcpctl.1")).expect("man/mcpctl.1");
-    let help = run(&mut crate::helper::mcpctl().arg("--help"));
+    let help = run(crate::helper::mcpctl().arg("--help"));
     let help = String::from_utf8_lossy(&help.stdout);
     let commands: Vec<&str> = help
         .lines()
