@@ -3,6 +3,7 @@
 mod helper;
 
 mod actor;
+mod bridge;
 mod ctl;
 mod daemon;
 mod dbus;

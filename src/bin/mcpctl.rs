@@ -79,6 +79,9 @@ enum Command {
     },
     /// Show a server's unit file and drop-ins (header values redacted).
     Cat { name: String },
+    /// Serve a managed server to an MCP host on stdin/stdout: use
+    /// `mcpctl bridge NAME` as the server command in the host's config.
+    Bridge { name: String },
     /// Print a completion script for SHELL (bash, zsh, fish, elvish, powershell).
     Completions { shell: clap_complete::Shell },
     /// Check unit files (or directories of them) without a running daemon.
@@ -165,6 +168,11 @@ fn main() -> ExitCode {
             }
             Command::Logs { name, lines } => commands::logs(&client, &name, lines, &mut out).await,
             Command::Cat { name } => commands::cat(&client, &name, &mut out).await,
+            Command::Bridge { name } => {
+                drop(out);
+                drop(client);
+                mcpd::ctl::bridge::run(instance, &name).await
+            }
             Command::Verify { .. } | Command::Completions { .. } => Ok(exit::OK),
         }
     });

@@ -1,0 +1,156 @@
+//! `mcpctl bridge` driven by a real rmcp client as a stdio MCP server.
+
+use std::process::Stdio;
+use std::time::Duration;
+
+use rmcp::model::CallToolRequestParams;
+use rmcp::service::NotificationContext;
+use rmcp::{ClientHandler, RoleClient, ServiceExt};
+use rustix::process::Signal;
+use tokio::sync::mpsc;
+
+use crate::helper::Daemon;
+
+struct Watcher(mpsc::UnboundedSender<()>);
+
+impl ClientHandler for Watcher {
+    async fn on_tool_list_changed(&self, _context: NotificationContext<RoleClient>) {
+        let _ = self.0.send(());
+    }
+}
+
+fn args(json: serde_json::Value) -> serde_json::Map<String, serde_json::Value> {
+    json.as_object().cloned().expect("object")
+}
+
+fn text(result: &rmcp::model::CallToolResult) -> String {
+    serde_json::to_value(&result.content).expect("json")[0]["text"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned()
+}
+
+#[test]
+fn an_mcp_client_uses_a_managed_server_through_the_bridge() {
+    let units = tempfile::tempdir().expect("tempdir");
+    let runtime = tempfile::tempdir().expect("tempdir");
+    std::fs::write(
+        units.path().join("demo.kdl"),
+        "stdio {\n    command \"mcp-fixture\" \"--chatter\" \"0\"\n}\nreconnect {\n    initial-delay \"1h\"\n    max-delay \"2h\"\n}\n",
+    )
+    .expect("write");
+    let start = || {
+        let mut d = Daemon::start(
+            &[
+                "--user".as_ref(),
+                "--no-bus".as_ref(),
+                "--units".as_ref(),
+                units.path().as_os_str(),
+            ],
+            &[("XDG_RUNTIME_DIR", runtime.path().as_os_str())],
+        );
+        d.wait_until("demo running", |d| d.latest_pid("demo").is_some());
+        d
+    };
+    let mut daemon = Some(start());
+
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    rt.block_on(async {
+        tokio::time::timeout(Duration::from_secs(60), async {
+            let mut bridge = tokio::process::Command::new(env!("CARGO_BIN_EXE_mcpctl"))
+                .args(["--user", "bridge", "demo"])
+                .env("XDG_RUNTIME_DIR", runtime.path())
+                .env_remove("DBUS_SESSION_BUS_ADDRESS")
+                .stdin(Stdio::piped())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::inherit())
+                .kill_on_drop(true)
+                .spawn()
+                .expect("spawn bridge");
+            let stdout = bridge.stdout.take().expect("stdout");
+            let stdin = bridge.stdin.take().expect("stdin");
+            let (tx, mut changed) = mpsc::unbounded_channel();
+            let client = Watcher(tx)
+                .serve((stdout, stdin))
+                .await
+                .expect("initialize");
+            let info = client.peer_info().expect("server info");
+            assert_eq!(
+                info.server_info.as_ref().map(|i| i.name.as_str()),
+                Some("mcpd:demo")
+            );
+
+            let tools = client.list_all_tools().await.expect("tools/list");
+            assert_eq!(tools.len(), 9);
+            let echo = client
+                .call_tool(
+                    CallToolRequestParams::new("echo")
+                        .with_arguments(args(serde_json::json!({"text": "bridged"}))),
+                )
+                .await
+                .expect("echo");
+            assert_eq!(text(&echo), "bridged");
+
+            client
+                .call_tool(
+                    CallToolRequestParams::new("set_tools")
+                        .with_arguments(args(serde_json::json!({"tools": ["extra"]}))),
+                )
+                .await
+                .expect("set_tools");
+            changed.recv().await.expect("list_changed forwarded");
+            let tools = client.list_all_tools().await.expect("tools/list");
+            assert!(tools.iter().any(|t| t.name == "extra"));
+
+            // the managed server crashes and waits an hour: a clean error, no hang
+            client
+                .call_tool(
+                    CallToolRequestParams::new("crash")
+                        .with_arguments(args(serde_json::json!({"code": 1}))),
+                )
+                .await
+                .expect("crash replies");
+            let mut result = None;
+            for _ in 0..200 {
+                let r = client
+                    .call_tool(
+                        CallToolRequestParams::new("echo")
+                            .with_arguments(args(serde_json::json!({"text": "x"}))),
+                    )
+                    .await
+                    .expect("the bridge answers");
+                if r.is_error == Some(true) {
+                    result = Some(r);
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            let result = result.expect("an error result while the server is down");
+            assert!(
+                text(&result).starts_with("server demo is reconnecting (retry 1/10, next in "),
+                "{}",
+                text(&result)
+            );
+            assert_eq!(client.list_all_tools().await.expect("tools kept").len(), 10);
+
+            // the daemon restarts: the bridge reconnects to the new one
+            let old = daemon.take().expect("daemon");
+            assert!(old.stop(Signal::TERM).success());
+            daemon = Some(start());
+            let echo = client
+                .call_tool(
+                    CallToolRequestParams::new("echo")
+                        .with_arguments(args(serde_json::json!({"text": "again"}))),
+                )
+                .await
+                .expect("echo after the daemon restarted");
+            assert_eq!(text(&echo), "again");
+            client.cancel().await.expect("close");
+            let status = bridge.wait().await.expect("bridge exits");
+            assert!(status.success(), "{status:?}");
+        })
+        .await
+        .expect("within 60 s");
+    });
+    assert!(daemon.expect("daemon").stop(Signal::TERM).success());
+}
