@@ -230,6 +230,31 @@ fn main() {
         reloads.to_string(),
     ]);
     rows.extend(dbus(&d.runtime.path().join("mcpd/private"), n));
+    let mut walls = Vec::new();
+    for _ in 0..20 {
+        let t = Instant::now();
+        let out = Command::new(release("mcpctl"))
+            .args(["--user", "status"])
+            .env("XDG_RUNTIME_DIR", d.runtime.path())
+            .env_remove("DBUS_SESSION_BUS_ADDRESS")
+            .output()
+            .expect("mcpctl");
+        walls.push(t.elapsed().as_secs_f64() * 1000.0);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert_eq!(String::from_utf8_lossy(&out.stdout).lines().count(), n + 2);
+    }
+    let (p50, p95, lo, hi) = stats(walls);
+    rows.push([
+        format!("mcpctl status, {n} servers, whole process"),
+        "< 100 ms".into(),
+        format!("{p50:.1} ms"),
+        format!("p95 {p95:.1}, {lo:.1}..{hi:.1} ms"),
+        "20".into(),
+    ]);
     drop(d);
 
     // 3: idle CPU at M units

@@ -22,6 +22,11 @@ fn units(dir: &Path) {
     .expect("write");
     std::fs::write(dir.join("broken.kdl"), "stdio {\n    command 5\n}\n").expect("write");
     std::fs::write(
+        dir.join("failing.kdl"),
+        "description \"Gives up\"\nstdio {\n    command \"mcp-fixture\" \"--die-on-start\" \"2\" \"--chatter\" \"0\"\n}\nreconnect {\n    initial-delay \"10ms\"\n    max-delay \"20ms\"\n    max-attempts 1\n}\n",
+    )
+    .expect("write");
+    std::fs::write(
         dir.join("remote.kdl"),
         "http \"http://127.0.0.1:9/mcp\" {\n    header \"Authorization\" \"Bearer s3cret\"\n}\nreconnect {\n    initial-delay \"1h\"\n    max-delay \"2h\"\n}\n",
     )
@@ -60,6 +65,42 @@ impl Ctl {
     }
 }
 
+/// Output with what changes from run to run masked: PIDs, times,
+/// durations, the temporary directory.
+fn masked(out: &Output, dir: &Path) -> String {
+    let text = String::from_utf8_lossy(&out.stdout).replace(&dir.display().to_string(), "<units>");
+    let mut lines = Vec::new();
+    for line in text.lines() {
+        let mut line = line.to_owned();
+        if let Some(at) = line.find("Main PID: ") {
+            line.truncate(at + "Main PID: ".len());
+            line.push_str("<pid>");
+        }
+        if let Some(at) = line.find(" since ") {
+            line.truncate(at);
+            line.push_str(" since <time>; <ago> ago");
+        }
+        if let Some(at) = line.find("next retry in ") {
+            line.truncate(at + "next retry in ".len());
+            line.push_str("<duration>");
+        }
+        if let (Some(open), Some(close)) = (line.find("mcp-fixture["), line.find("]:")) {
+            line.replace_range(open + "mcp-fixture[".len()..close, "<pid>");
+        }
+        lines.push(line);
+    }
+    lines.join("\n") + "\n"
+}
+
+fn snapshot(name: &str, actual: &str) {
+    let path = crate::helper::root()
+        .join("tests/data/ctl")
+        .join(format!("{name}.txt"));
+    if let Some(diff) = crate::helper::check_snapshot(&path, actual) {
+        panic!("{diff}");
+    }
+}
+
 fn text(out: &Output) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
@@ -82,33 +123,48 @@ fn every_command_against_a_live_daemon() {
         &[],
     );
     d.wait_until("ready", |d| {
-        d.latest_pid("demo").is_some() && d.count("retry 1/10 in 1h") == 2
+        d.latest_pid("demo").is_some()
+            && d.count("retry 1/10 in 1h") == 2
+            && d.count("gave up after 1 retry,") == 1
     });
     let pid = d.latest_pid("demo").expect("pid");
     let ctl = Ctl {
         runtime: d.runtime_dir().expect("runtime").to_owned(),
     };
 
+    // snapshots of every state (timestamps, PIDs and paths masked)
+    snapshot("status", &masked(&ctl.run(&["status"]), tmp.path()));
+    snapshot("list", &masked(&ctl.run(&["list"]), tmp.path()));
+    for name in ["demo", "doomed", "failing", "broken"] {
+        let out = ctl.run(&["status", name]);
+        assert_eq!(
+            out.status.code(),
+            Some(if name == "demo" { 0 } else { 3 }),
+            "{name}"
+        );
+        snapshot(&format!("status-{name}"), &masked(&out, tmp.path()));
+    }
+
     // status overview
     let out = ctl.run(&["status"]);
     assert_eq!(out.status.code(), Some(0), "{}", err(&out));
     let overview = text(&out);
     assert!(
-        overview.contains("● demo    running         9 tools  Demo"),
+        overview.contains("● demo     running         9 tools  Demo"),
         "{overview}"
     );
     assert!(
         overview.contains(
-            "● doomed  retrying        0 tools  connection failed: process exited with status 1"
+            "● doomed   retrying        0 tools  connection failed: process exited with status 1"
         ),
         "{overview}"
     );
     assert!(
-        overview.contains("● broken  stopped         0 tools  invalid unit file: "),
+        overview.contains("● broken   stopped         0 tools  invalid unit file: "),
         "{overview}"
     );
     assert!(
-        overview.ends_with("4 servers: 1 running, 2 retrying, 1 stopped\n"),
+        overview.ends_with("5 servers: 1 running, 2 retrying, 1 failed, 1 stopped\n"),
         "{overview}"
     );
     assert!(
@@ -166,11 +222,11 @@ fn every_command_against_a_live_daemon() {
         .iter()
         .filter_map(|r| r["name"].as_str())
         .collect();
-    assert_eq!(names, ["broken", "demo", "doomed", "remote"]);
+    assert_eq!(names, ["broken", "demo", "doomed", "failing", "remote"]);
     assert_eq!(rows[1]["path"], "/org/mcpd1/server/demo");
     let out = ctl.run(&["list"]);
     assert!(
-        text(&out).starts_with("NAME    STATE         TOOLS  DESCRIPTION\n"),
+        text(&out).starts_with("NAME     STATE         TOOLS  DESCRIPTION\n"),
         "{}",
         text(&out)
     );

@@ -603,10 +603,15 @@ impl Machine {
             Verdict::GiveUp if !self.policy.enabled() => format!(
                 "{prefix}: {error}; reconnect is disabled, run `mcpctl restart {name}` to start it again"
             ),
-            Verdict::GiveUp => format!(
-                "{prefix}: {error}; gave up after {} retries, run `mcpctl restart {name}` to try again",
-                self.policy.max_attempts()
-            ),
+            Verdict::GiveUp => {
+                let retries = match self.policy.max_attempts() {
+                    1 => "1 retry".to_owned(),
+                    n => format!("{n} retries"),
+                };
+                format!(
+                    "{prefix}: {error}; gave up after {retries}, run `mcpctl restart {name}` to try again"
+                )
+            }
         }
     }
 
