@@ -154,3 +154,45 @@ fn an_mcp_client_uses_a_managed_server_through_the_bridge() {
     });
     assert!(daemon.expect("daemon").stop(Signal::TERM).success());
 }
+
+#[test]
+fn the_official_python_sdk_uses_the_bridge() {
+    let probe = std::process::Command::new("python3")
+        .args(["-c", "import mcp.client.stdio"])
+        .output()
+        .expect("python3");
+    assert!(
+        probe.status.success(),
+        "the MCP Python SDK is missing: python3 -m pip install mcp (.ci/run does)"
+    );
+    let units = tempfile::tempdir().expect("tempdir");
+    std::fs::write(
+        units.path().join("demo.kdl"),
+        "stdio {\n    command \"mcp-fixture\" \"--chatter\" \"0\"\n}\nreconnect {\n    initial-delay \"1h\"\n    max-delay \"2h\"\n}\n",
+    )
+    .expect("write");
+    let mut d = Daemon::start(
+        &[
+            "--user".as_ref(),
+            "--no-bus".as_ref(),
+            "--units".as_ref(),
+            units.path().as_os_str(),
+        ],
+        &[],
+    );
+    d.wait_until("demo running", |d| d.latest_pid("demo").is_some());
+    let out = std::process::Command::new("python3")
+        .arg(crate::helper::root().join("tests/data/bridge_client.py"))
+        .arg(env!("CARGO_BIN_EXE_mcpctl"))
+        .env("XDG_RUNTIME_DIR", d.runtime_dir().expect("runtime"))
+        .env_remove("DBUS_SESSION_BUS_ADDRESS")
+        .output()
+        .expect("python3");
+    assert!(
+        out.status.success() && String::from_utf8_lossy(&out.stdout).trim() == "OK",
+        "stdout: {}\nstderr: {}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(d.stop(Signal::TERM).success());
+}
