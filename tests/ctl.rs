@@ -266,6 +266,16 @@ fn every_command_against_a_live_daemon() {
     // logs and cat (header values never shown)
     let out = ctl.run(&["logs", "demo", "-n", "1"]);
     assert!(text(&out).ends_with("call fail\n"), "{}", text(&out));
+    let out = ctl.run(&["--json", "logs", "demo", "-n", "2"]);
+    let lines: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+    assert_eq!(lines.as_array().map(Vec::len), Some(2));
+    let out = ctl.run(&["--json", "cat", "remote"]);
+    let files: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+    assert!(
+        files[0]["text"]
+            .as_str()
+            .is_some_and(|t| t.contains("<redacted>") && !t.contains("s3cret"))
+    );
     let out = ctl.run(&["cat", "remote"]);
     let shown = text(&out);
     assert!(

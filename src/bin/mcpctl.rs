@@ -166,8 +166,10 @@ fn main() -> ExitCode {
                 };
                 commands::call(&client, &name, &tool, &arguments, output, &mut out).await
             }
-            Command::Logs { name, lines } => commands::logs(&client, &name, lines, &mut out).await,
-            Command::Cat { name } => commands::cat(&client, &name, &mut out).await,
+            Command::Logs { name, lines } => {
+                commands::logs(&client, &name, lines, output, &mut out).await
+            }
+            Command::Cat { name } => commands::cat(&client, &name, output, &mut out).await,
             Command::Bridge { name } => {
                 drop(out);
                 drop(client);

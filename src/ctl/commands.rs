@@ -434,9 +434,20 @@ pub async fn call(
 }
 
 /// `logs NAME [-n N]`
-pub async fn logs(client: &Client, name: &str, lines: u32, out: &mut dyn Write) -> Result<u8> {
+pub async fn logs(
+    client: &Client,
+    name: &str,
+    lines: u32,
+    output: Output,
+    out: &mut dyn Write,
+) -> Result<u8> {
     let server = client.server(name).await?;
-    for line in server.recent_logs(lines).await.map_err(dbus_error)? {
+    let lines = server.recent_logs(lines).await.map_err(dbus_error)?;
+    if output.json {
+        writeln!(out, "{}", json!(lines)).map_err(io)?;
+        return Ok(exit::OK);
+    }
+    for line in lines {
         writeln!(out, "{line}").map_err(io)?;
     }
     Ok(exit::OK)
@@ -474,7 +485,7 @@ fn redact(text: &str) -> Option<String> {
 }
 
 /// `cat NAME`: the unit file and its drop-ins, header values redacted.
-pub async fn cat(client: &Client, name: &str, out: &mut dyn Write) -> Result<u8> {
+pub async fn cat(client: &Client, name: &str, output: Output, out: &mut dyn Write) -> Result<u8> {
     let server = client.server(name).await?;
     let path = server.unit_path().await.map_err(dbus_error)?;
     let dirs: Vec<std::path::PathBuf> = client
@@ -491,6 +502,17 @@ pub async fn cat(client: &Client, name: &str, out: &mut dyn Write) -> Result<u8>
         .find(|f| f.name == name)
         .map(|f| f.files)
         .unwrap_or_else(|| UnitFiles::beside(std::path::Path::new(&path)));
+    if output.json {
+        let shown: Vec<Value> = std::iter::once(&files.main)
+            .chain(&files.dropins)
+            .map(|file| {
+                let text = std::fs::read_to_string(file).ok().and_then(|t| redact(&t));
+                json!({"path": file.display().to_string(), "text": text})
+            })
+            .collect();
+        writeln!(out, "{}", Value::Array(shown)).map_err(io)?;
+        return Ok(exit::OK);
+    }
     for (i, file) in std::iter::once(&files.main)
         .chain(&files.dropins)
         .enumerate()
