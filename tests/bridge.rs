@@ -79,6 +79,11 @@ fn an_mcp_client_uses_a_managed_server_through_the_bridge() {
                 info.server_info.as_ref().map(|i| i.name.as_str()),
                 Some("mcpd:demo")
             );
+            assert_eq!(
+                info.instructions.as_deref(),
+                Some("A test fixture for mcpd. Try the echo tool."),
+                "the managed server's own instructions"
+            );
 
             let tools = client.list_all_tools().await.expect("tools/list");
             assert_eq!(tools.len(), 9);

@@ -36,6 +36,8 @@ struct Bridge {
     name: String,
     instance: Instance,
     link: Arc<Mutex<Option<Link>>>,
+    /// The managed server's own `initialize` instructions.
+    instructions: String,
 }
 
 async fn connect(instance: Instance, name: &str) -> Result<Link, CtlError> {
@@ -80,10 +82,7 @@ impl ServerHandler for Bridge {
             format!("mcpd:{}", self.name),
             env!("CARGO_PKG_VERSION"),
         ))
-        .with_instructions(format!(
-            "Tools of the MCP server \"{}\", kept running by mcpd.",
-            self.name
-        ))
+        .with_instructions(self.instructions.clone())
     }
 
     async fn list_tools(
@@ -160,10 +159,17 @@ impl ServerHandler for Bridge {
 pub async fn run(instance: Instance, name: &str) -> Result<u8, CtlError> {
     // Fail early (exit 4) for a server that does not exist.
     let first = connect(instance, name).await?;
+    let instructions = first.server.instructions().await.unwrap_or_default();
+    let instructions = if instructions.is_empty() {
+        format!("Tools of the MCP server \"{name}\", kept running by mcpd.")
+    } else {
+        instructions
+    };
     let bridge = Bridge {
         name: name.to_owned(),
         instance,
         link: Arc::new(Mutex::new(Some(first))),
+        instructions,
     };
     let service = bridge
         .clone()

@@ -159,6 +159,14 @@ impl Server {
             .unwrap_or_default()
     }
 
+    /// The `instructions` of the server's `initialize` answer.
+    #[zbus(property)]
+    fn instructions(&self) -> String {
+        self.status()
+            .and_then(|s| s.instructions)
+            .unwrap_or_default()
+    }
+
     /// The published tools: name, description, input schema (JSON).
     #[zbus(property)]
     fn tools(&self) -> Vec<ToolRow> {
@@ -302,6 +310,9 @@ pub(crate) async fn emit_changes(conn: &Connection, name: &str, old: &Status, ne
     if old.since != new.since {
         let _ = iface.state_change_timestamp_changed(em).await;
     }
+    if old.instructions != new.instructions {
+        let _ = iface.instructions_changed(em).await;
+    }
     if old.main_pid != new.main_pid {
         let _ = iface.main_p_i_d_changed(em).await;
     }
@@ -367,6 +378,8 @@ pub mod client {
         fn unit_path(&self) -> zbus::Result<String>;
         #[zbus(property)]
         fn load_error(&self) -> zbus::Result<String>;
+        #[zbus(property)]
+        fn instructions(&self) -> zbus::Result<String>;
         #[zbus(property)]
         fn tools(&self) -> zbus::Result<Vec<super::ToolRow>>;
     }

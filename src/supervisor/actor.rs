@@ -99,6 +99,8 @@ pub(crate) struct Actor {
     exiting: bool,
     last_logged: Option<(State, String, bool)>,
     clock: Clock,
+    /// The newest established generation's `initialize` instructions.
+    instructions: Option<String>,
 }
 
 /// The current instant, on tokio's clock (so paused-time tests apply).
@@ -148,6 +150,7 @@ pub(crate) fn status_of(view: &View, clock: &Clock) -> Status {
         tools: Arc::clone(&view.tools),
         tools_generation: view.tools_generation,
         tools_serial: view.tools_serial,
+        instructions: None,
     }
 }
 
@@ -203,6 +206,7 @@ impl Actor {
             exiting: false,
             last_logged: None,
             clock: Clock::new(),
+            instructions: None,
         }
     }
 
@@ -326,6 +330,9 @@ impl Actor {
                     let res = self.gens.entry(generation).or_default();
                     res.peer = Some(client.peer().clone());
                     res.cancel = Some(client.cancellation_token());
+                    self.instructions = client
+                        .peer_info()
+                        .and_then(|info| info.instructions.clone());
                     let tx = self.internal_tx.clone();
                     tokio::spawn(async move {
                         let reason = client.waiting().await;
@@ -525,7 +532,8 @@ impl Actor {
     fn publish(&mut self) {
         let view = self.machine.view();
         self.log_transition(&view);
-        let status = status_of(&view, &self.clock);
+        let mut status = status_of(&view, &self.clock);
+        status.instructions = self.instructions.clone();
         self.status.send_if_modified(|current| {
             if *current == status {
                 false

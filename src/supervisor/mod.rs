@@ -56,6 +56,9 @@ pub struct Status {
     pub tools_generation: Gen,
     /// Increases exactly when the published tool list changes.
     pub tools_serial: u64,
+    /// The `instructions` the server sent in its `initialize` answer (the
+    /// newest established generation's).
+    pub instructions: Option<String>,
 }
 
 /// Why a tool call did not produce a result.
