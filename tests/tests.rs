@@ -12,6 +12,7 @@ mod docs;
 mod fixture;
 mod fuzz;
 mod machine;
+mod packaging;
 mod reload;
 mod search;
 mod supervisor;

@@ -15,11 +15,6 @@ pub fn mcpctl() -> Command {
     Command::new(env!("CARGO_BIN_EXE_mcpctl"))
 }
 
-/// `mcpd` as built for this test run.
-pub fn mcpd() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_mcpd"))
-}
-
 /// The fixture MCP server (an example, built by `cargo test` beside the test binary).
 pub fn fixture_path() -> PathBuf {
     let exe = std::env::current_exe().expect("current_exe");
@@ -78,13 +73,22 @@ pub struct Daemon {
 impl Daemon {
     /// Starts `mcpd` with `args`, the fixture's directory first on PATH.
     pub fn start(args: &[&std::ffi::OsStr], env: &[(&str, &std::ffi::OsStr)]) -> Self {
+        Self::start_binary(Path::new(env!("CARGO_BIN_EXE_mcpd")), args, env)
+    }
+
+    /// [`Daemon::start`] with another `mcpd` binary (an installed one).
+    pub fn start_binary(
+        binary: &Path,
+        args: &[&std::ffi::OsStr],
+        env: &[(&str, &std::ffi::OsStr)],
+    ) -> Self {
         use std::io::BufRead;
         let fixture_dir = fixture_path().parent().expect("examples dir").to_owned();
         let path = std::env::join_paths(std::iter::once(fixture_dir).chain(std::env::split_paths(
             &std::env::var_os("PATH").unwrap_or_default(),
         )))
         .expect("PATH");
-        let mut cmd = mcpd();
+        let mut cmd = Command::new(binary);
         let runtime = if env.iter().any(|(k, _)| *k == "XDG_RUNTIME_DIR") {
             None
         } else {
