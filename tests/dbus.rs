@@ -10,50 +10,7 @@ use std::time::Duration;
 
 use rustix::process::Signal;
 
-use crate::helper::{Daemon, root, run};
-
-/// A private bus (tests/data/dbus/bus.conf), killed on drop.
-struct Bus {
-    child: Child,
-    address: String,
-}
-
-impl Bus {
-    fn start() -> Self {
-        let mut child = Command::new("dbus-daemon")
-            .arg(format!(
-                "--config-file={}",
-                root().join("tests/data/dbus/bus.conf").display()
-            ))
-            .args(["--print-address=1", "--nofork"])
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("dbus-daemon is installed (.ci/run installs it)");
-        let stdout = child.stdout.take().expect("stdout");
-        let (tx, rx) = mpsc::channel();
-        std::thread::spawn(move || {
-            let mut line = String::new();
-            let _ = std::io::BufReader::new(stdout).read_line(&mut line);
-            let _ = tx.send(line);
-        });
-        let address = rx
-            .recv_timeout(Duration::from_secs(30))
-            .expect("dbus-daemon prints its address")
-            .trim()
-            .to_owned();
-        assert!(address.starts_with("unix:"), "{address:?}");
-        Self { child, address }
-    }
-}
-
-impl Drop for Bus {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
+use crate::helper::{Bus, Daemon, root, run};
 
 /// `gdbus monitor` on the bus, for signals from org.mcpd1.
 struct Monitor {

@@ -7,7 +7,7 @@ use std::process::Command;
 
 use rustix::process::Signal;
 
-use crate::helper::{Daemon, root, run};
+use crate::helper::{Bus, Daemon, root, run};
 
 /// Builds the .deb from the test build's binaries; returns (deb, scratch root).
 fn build_and_extract(tmp: &Path) -> (PathBuf, PathBuf) {
@@ -198,21 +198,8 @@ fn the_installed_daemon_obeys_the_shipped_bus_policy() {
         ),
     )
     .expect("write bus config");
-    let mut bus = Command::new("dbus-daemon")
-        .arg(format!("--config-file={}", config.display()))
-        .args(["--print-address=1", "--nofork"])
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .expect("dbus-daemon");
-    let address = {
-        use std::io::BufRead;
-        let mut line = String::new();
-        std::io::BufReader::new(bus.stdout.take().expect("stdout"))
-            .read_line(&mut line)
-            .expect("address");
-        line.trim().to_owned()
-    };
+    let bus = Bus::start_with(&config);
+    let address = bus.address.clone();
 
     let units = tmp.path().join("units");
     std::fs::create_dir(&units).expect("mkdir");
@@ -299,6 +286,5 @@ fn the_installed_daemon_obeys_the_shipped_bus_policy() {
         d.latest_pid("demo").is_some_and(|p| p != first)
     });
     assert!(d.stop(Signal::TERM).success());
-    let _ = bus.kill();
-    let _ = bus.wait();
+    drop(bus);
 }
