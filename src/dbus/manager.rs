@@ -28,13 +28,7 @@ impl Manager {
     }
 
     fn supervisor(&self, name: &str) -> Result<crate::supervisor::Supervisor, Error> {
-        let unit = self.shared.unit(name)?;
-        unit.supervisor.ok_or_else(|| {
-            Error::InvalidArguments(format!(
-                "unit {name} is invalid and cannot run: {}",
-                unit.load_error.unwrap_or_default()
-            ))
-        })
+        self.shared.supervisor(name)
     }
 }
 

@@ -96,6 +96,17 @@ impl Shared {
             .and_then(|u| u.get(name).cloned())
             .ok_or_else(|| Error::NoSuchServer(format!("no server named {name}")))
     }
+
+    /// The supervisor of `name`; a unit that never loaded has none.
+    pub fn supervisor(&self, name: &str) -> Result<crate::supervisor::Supervisor, Error> {
+        let unit = self.unit(name)?;
+        unit.supervisor.ok_or_else(|| {
+            Error::InvalidArguments(format!(
+                "unit {name} is invalid and cannot run: {}",
+                unit.load_error.unwrap_or_default()
+            ))
+        })
+    }
 }
 
 /// The reason shown for a unit that has never loaded: its first problem.

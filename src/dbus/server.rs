@@ -63,14 +63,7 @@ impl Server {
     }
 
     fn supervisor(&self) -> Result<crate::supervisor::Supervisor, Error> {
-        let unit = self.shared.unit(&self.name)?;
-        unit.supervisor.ok_or_else(|| {
-            Error::InvalidArguments(format!(
-                "unit {} is invalid and cannot run: {}",
-                self.name,
-                unit.load_error.unwrap_or_default()
-            ))
-        })
+        self.shared.supervisor(&self.name)
     }
 }
 
