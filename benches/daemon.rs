@@ -172,6 +172,14 @@ fn main() {
     let idle_secs = env_usize("MCPD_BENCH_IDLE_SECS", 10) as u64;
     let mut rows: Vec<[String; 5]> = Vec::new();
 
+    // 0: the daemon with no units, for the RSS baseline
+    let empty = units_dir(0);
+    let d = Daemon::start(empty.path());
+    d.until(1, |l| l.contains("started 0 units"));
+    std::thread::sleep(Duration::from_millis(500));
+    let rss0 = rss_kib(d.pid());
+    drop(d);
+
     // 1 + 2: start-up and reload at N units
     let dir = units_dir(n);
     let started = Instant::now();
@@ -188,10 +196,17 @@ fn main() {
         "1".into(),
     ]);
     rows.push([
-        format!("daemon RSS with {n} idle servers"),
+        format!("daemon RSS with 0 and {n} idle servers"),
         "-".into(),
-        format!("{:.1} MiB", rss as f64 / 1024.0),
-        format!("{:.1} KiB per server", rss as f64 / n as f64),
+        format!(
+            "{:.1} → {:.1} MiB",
+            rss0 as f64 / 1024.0,
+            rss as f64 / 1024.0
+        ),
+        format!(
+            "slope {:.1} KiB per server",
+            rss.saturating_sub(rss0) as f64 / n as f64
+        ),
         "1".into(),
     ]);
 
@@ -265,6 +280,18 @@ fn main() {
     let before = cpu_ns(d.pid());
     std::thread::sleep(Duration::from_secs(idle_secs));
     let used = cpu_ns(d.pid()) - before;
+    let rss_idle = rss_kib(d.pid());
+    rows.push([
+        format!("daemon RSS with {idle_n} idle servers"),
+        "-".into(),
+        format!("{:.1} MiB", rss_idle as f64 / 1024.0),
+        format!(
+            "slope {:.1} KiB per server",
+            rss_idle.saturating_sub(rss0) as f64 / idle_n.max(1) as f64
+        ),
+        "1".into(),
+    ]);
+    rows.extend(call_overhead(&d));
     rows.push([
         format!("idle: daemon CPU over {idle_secs} s, {idle_n} running servers"),
         "< 10 ms".into(),
@@ -345,6 +372,83 @@ fn dbus(socket: &Path, n: usize) -> Vec<[String; 5]> {
                 prop,
             ),
             row("D-Bus CallTool echo, private socket".into(), "-", call),
+        ]
+    })
+}
+
+/// Tool-call round trips: straight to a fixture over stdio, through
+/// `mcpctl bridge` (stdio → D-Bus → daemon → stdio), and D-Bus `CallTool`.
+fn call_overhead(d: &Daemon) -> Vec<[String; 5]> {
+    use rmcp::ServiceExt;
+    use rmcp::model::CallToolRequestParams;
+    const CALLS: usize = 500;
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    rt.block_on(async {
+        let args = serde_json::json!({"text": "x"})
+            .as_object()
+            .cloned()
+            .expect("object");
+        let time_calls = |client: rmcp::service::RunningService<rmcp::RoleClient, ()>| {
+            let args = args.clone();
+            async move {
+                let mut xs = Vec::with_capacity(CALLS);
+                for _ in 0..CALLS {
+                    let t = Instant::now();
+                    client
+                        .call_tool(CallToolRequestParams::new("echo").with_arguments(args.clone()))
+                        .await
+                        .expect("echo");
+                    xs.push(t.elapsed().as_secs_f64() * 1000.0);
+                }
+                let _ = client.cancel().await;
+                xs
+            }
+        };
+        let spawn = |program: PathBuf, args: Vec<String>| {
+            let mut child = tokio::process::Command::new(program)
+                .args(args)
+                .env("XDG_RUNTIME_DIR", d.runtime.path())
+                .env_remove("DBUS_SESSION_BUS_ADDRESS")
+                .stdin(Stdio::piped())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::null())
+                .kill_on_drop(true)
+                .spawn()
+                .expect("spawn");
+            let io = (
+                child.stdout.take().expect("stdout"),
+                child.stdin.take().expect("stdin"),
+            );
+            (child, io)
+        };
+        let (_direct_child, io) = spawn(
+            release("examples/mcp-fixture"),
+            vec!["--chatter".into(), "0".into()],
+        );
+        let direct = time_calls(().serve(io).await.expect("initialize")).await;
+        let (_bridge_child, io) = spawn(
+            release("mcpctl"),
+            vec!["--user".into(), "bridge".into(), "u0".into()],
+        );
+        let bridged = time_calls(().serve(io).await.expect("initialize")).await;
+
+        let (d50, d95, _, _) = stats(direct.clone());
+        let (b50, b95, _, _) = stats(bridged);
+        vec![
+            [
+                "tool call, direct stdio to the fixture".into(),
+                "-".into(),
+                format!("{d50:.3} ms"),
+                format!("p95 {d95:.3} ms"),
+                CALLS.to_string(),
+            ],
+            [
+                "tool call through mcpctl bridge (overhead = minus direct)".into(),
+                "overhead p50 < 1 ms".into(),
+                format!("{b50:.3} ms (+{:.3})", b50 - d50),
+                format!("p95 {b95:.3} ms (+{:.3})", b95 - d95),
+                CALLS.to_string(),
+            ],
         ]
     })
 }
