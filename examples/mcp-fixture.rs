@@ -61,6 +61,10 @@ struct Args {
     /// Exit with code 2 this long after start (e.g. "300ms").
     #[arg(long, env = "MCP_FIXTURE_EXIT_AFTER", value_parser = humantime::parse_duration)]
     exit_after: Option<Duration>,
+    /// Append "start NS" (CLOCK_MONOTONIC nanoseconds) to FILE at start, and
+    /// "exit NS" before an --exit-after exit (respawn benchmarks).
+    #[arg(long, env = "MCP_FIXTURE_START_LOG", value_name = "FILE")]
+    start_log: Option<PathBuf>,
     /// Keep running after stdin closes (instead of exiting 0).
     #[arg(long, env = "MCP_FIXTURE_LINGER")]
     linger: bool,
@@ -412,6 +416,19 @@ async fn serve_http(
     }
 }
 
+/// Appends "WHAT NS" with the CLOCK_MONOTONIC time to `file`.
+fn stamp(file: &PathBuf, what: &str) {
+    let now = rustix::time::clock_gettime(rustix::time::ClockId::Monotonic);
+    let ns = i128::from(now.tv_sec) * 1_000_000_000 + i128::from(now.tv_nsec);
+    if let Ok(mut f) = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(file)
+    {
+        let _ = writeln!(f, "{what} {ns}");
+    }
+}
+
 /// An exclusive, non-blocking `flock` on `file`, held until the process ends.
 fn take_lock(file: &PathBuf) -> std::io::Result<std::fs::File> {
     let f = std::fs::OpenOptions::new()
@@ -498,10 +515,17 @@ async fn main() -> std::process::ExitCode {
         ));
         tokio::time::sleep(delay).await;
     }
+    if let Some(file) = &args.start_log {
+        stamp(file, "start");
+    }
     if let Some(after) = args.exit_after {
+        let log = args.start_log.clone();
         tokio::spawn(async move {
             tokio::time::sleep(after).await;
             say("exiting on schedule with exit code 2");
+            if let Some(file) = &log {
+                stamp(file, "exit");
+            }
             std::process::exit(2);
         });
     }

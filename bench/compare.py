@@ -1,0 +1,107 @@
+"""Respawn latency of the same crashing fixture under mcpd and supervisord.
+
+Usage: python3 bench/compare.py TARGET_DIR SECONDS
+Each supervisor runs `mcp-fixture --hang --exit-after 200ms --start-log F`;
+the fixture logs CLOCK_MONOTONIC at start and just before it exits, so the
+gap between one exit and the next start is the supervisor's respawn delay
+(mcpd's includes its 1 ms backoff, subtracted). Prints Markdown table rows;
+a supervisor that cannot be installed is skipped with the reason printed.
+"""
+
+import os
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+
+def gaps(log):
+    events = []
+    with open(log) as f:
+        for line in f:
+            what, ns = line.split()
+            events.append((what, int(ns)))
+    out = []
+    last_exit = None
+    for what, ns in events:
+        if what == "exit":
+            last_exit = ns
+        elif what == "start" and last_exit is not None:
+            out.append((ns - last_exit) / 1e6)
+            last_exit = None
+    return out
+
+
+def row(name, values, subtract=0.0):
+    if not values:
+        return f"| respawn delay under {name} | - | no restarts seen | - | 0 |"
+    values = sorted(v - subtract for v in values)
+    p50 = statistics.median(values)
+    p95 = values[int(round((len(values) - 1) * 0.95))]
+    return f"| respawn delay under {name} | - | {p50:.2f} ms | p95 {p95:.2f}, {values[0]:.2f}..{values[-1]:.2f} ms | {len(values)} |"
+
+
+def run_mcpd(target, seconds, work):
+    units = os.path.join(work, "units")
+    os.makedirs(units)
+    log = os.path.join(work, "mcpd.log")
+    fixture = os.path.join(target, "examples", "mcp-fixture")
+    with open(os.path.join(units, "crashy.kdl"), "w") as f:
+        f.write(
+            f'stdio {{\n    command "{fixture}" "--hang" "--exit-after" "200ms" "--start-log" "{log}" "--chatter" "0"\n}}\n'
+            'reconnect {\n    initial-delay "1ms"\n    max-delay "1ms"\n    max-attempts 1000000\n}\n'
+        )
+    env = dict(os.environ, XDG_RUNTIME_DIR=work, MCPD_LOG="warn")
+    env.pop("DBUS_SESSION_BUS_ADDRESS", None)
+    daemon = subprocess.Popen(
+        [os.path.join(target, "mcpd"), "--user", "--no-bus", "--units", units],
+        env=env, stderr=subprocess.DEVNULL,
+    )
+    time.sleep(seconds)
+    daemon.send_signal(signal.SIGTERM)
+    daemon.wait(timeout=30)
+    return row("mcpd (minus its 1 ms backoff)", gaps(log), subtract=1.0)
+
+
+def run_supervisord(target, seconds, work):
+    if shutil.which("supervisord") is None:
+        try:
+            subprocess.run(
+                [sys.executable, "-m", "pip", "install", "--quiet", "--disable-pip-version-check", "supervisor"],
+                check=True, capture_output=True, timeout=300,
+            )
+        except Exception as e:  # noqa: BLE001 - any failure means: skip, saying why
+            return f"| respawn delay under supervisord | - | skipped: cannot install supervisor ({e}) | - | 0 |"
+    supervisord = shutil.which("supervisord") or os.path.join(os.path.dirname(sys.executable), "supervisord")
+    log = os.path.join(work, "supervisord-fixture.log")
+    conf = os.path.join(work, "supervisord.conf")
+    fixture = os.path.join(target, "examples", "mcp-fixture")
+    with open(conf, "w") as f:
+        f.write(
+            f"[supervisord]\nnodaemon=true\nlogfile={work}/supervisord.log\npidfile={work}/supervisord.pid\n"
+            f"[program:crashy]\ncommand={fixture} --hang --exit-after 200ms --start-log {log} --chatter 0\n"
+            "autorestart=true\nstartsecs=0\nstartretries=1000000\nstdout_logfile=NONE\nstderr_logfile=NONE\n"
+        )
+    daemon = subprocess.Popen([supervisord, "-c", conf], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    time.sleep(seconds)
+    daemon.send_signal(signal.SIGTERM)
+    daemon.wait(timeout=30)
+    return row("supervisord (autorestart, startsecs=0)", gaps(log))
+
+
+def main():
+    target, seconds = os.path.abspath(sys.argv[1]), float(sys.argv[2])
+    print("| figure | target | median | p95, min..max | runs |")
+    print("|---|---|---|---|---:|")
+    with tempfile.TemporaryDirectory() as work:
+        os.makedirs(os.path.join(work, "mcpd"))
+        print(run_mcpd(target, seconds, os.path.join(work, "mcpd")))
+        os.makedirs(os.path.join(work, "supervisord"))
+        print(run_supervisord(target, seconds, os.path.join(work, "supervisord")))
+
+
+if __name__ == "__main__":
+    main()
