@@ -432,8 +432,33 @@ fn call_overhead(d: &Daemon) -> Vec<[String; 5]> {
         );
         let bridged = time_calls(().serve(io).await.expect("initialize")).await;
 
+        let proxied = through_mcp_proxy(&time_calls).await;
+
         let (d50, d95, _, _) = stats(direct.clone());
         let (b50, b95, _, _) = stats(bridged);
+        let proxy_row = match proxied {
+            Ok(xs) => {
+                let (p50, p95, _, _) = stats(xs);
+                [
+                    "tool call through mcp-proxy (stdio → streamable HTTP)".into(),
+                    "-".into(),
+                    format!(
+                        "{p50:.3} ms (+{:.3}; bridge/proxy overhead {:.2}×)",
+                        p50 - d50,
+                        (b50 - d50) / (p50 - d50)
+                    ),
+                    format!("p95 {p95:.3} ms (+{:.3})", p95 - d95),
+                    CALLS.to_string(),
+                ]
+            }
+            Err(reason) => [
+                "tool call through mcp-proxy".into(),
+                "-".into(),
+                format!("skipped: {reason}"),
+                "-".into(),
+                "0".into(),
+            ],
+        };
         vec![
             [
                 "tool call, direct stdio to the fixture".into(),
@@ -449,6 +474,76 @@ fn call_overhead(d: &Daemon) -> Vec<[String; 5]> {
                 format!("p95 {b95:.3} ms (+{:.3})", b95 - d95),
                 CALLS.to_string(),
             ],
+            proxy_row,
         ]
     })
+}
+
+/// Times echo calls through mcp-proxy (PyPI) in front of a fixture;
+/// installs it with pip when missing, or says why it cannot.
+async fn through_mcp_proxy<F, Fut>(time_calls: &F) -> Result<Vec<f64>, String>
+where
+    F: Fn(rmcp::service::RunningService<rmcp::RoleClient, ()>) -> Fut,
+    Fut: std::future::Future<Output = Vec<f64>>,
+{
+    use rmcp::ServiceExt;
+    let have = |name: &str| {
+        Command::new(name)
+            .arg("--help")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .is_ok()
+    };
+    if !have("mcp-proxy") {
+        let pip = Command::new("python3")
+            .args([
+                "-m",
+                "pip",
+                "install",
+                "--quiet",
+                "--disable-pip-version-check",
+                "mcp-proxy",
+            ])
+            .output()
+            .map_err(|e| format!("cannot run pip: {e}"))?;
+        if !pip.status.success() || !have("mcp-proxy") {
+            return Err(format!(
+                "cannot install mcp-proxy: {}",
+                String::from_utf8_lossy(&pip.stderr).trim()
+            ));
+        }
+    }
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map_err(|e| e.to_string())?
+        .port();
+    let mut proxy = tokio::process::Command::new("mcp-proxy")
+        .args(["--host", "127.0.0.1", "--port", &port.to_string(), "--"])
+        .arg(release("examples/mcp-fixture"))
+        .args(["--chatter", "0"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .map_err(|e| format!("cannot start mcp-proxy: {e}"))?;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        if Instant::now() > deadline {
+            return Err("mcp-proxy did not listen within 30 s".into());
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let transport = rmcp::transport::StreamableHttpClientTransport::from_uri(format!(
+        "http://127.0.0.1:{port}/mcp"
+    ));
+    let client = ()
+        .serve(transport)
+        .await
+        .map_err(|e| format!("initialize through mcp-proxy: {e}"))?;
+    let xs = time_calls(client).await;
+    let _ = proxy.kill().await;
+    Ok(xs)
 }
