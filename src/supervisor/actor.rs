@@ -346,28 +346,14 @@ impl Actor {
                         tools: Arc::new(tools),
                     })
                     .await;
-                    if self.sync_dirty && self.machine.established() == Some(generation) {
-                        self.sync_dirty = false;
-                        self.start_sync(generation);
-                    }
+                    self.resync_if_dirty(generation);
                 }
-                Err(ConnectError {
-                    message,
-                    closed: true,
-                }) => {
-                    let event = Event::Closed {
-                        generation,
-                        error: message,
-                    };
-                    self.step(event).await;
-                }
-                Err(ConnectError {
-                    message,
-                    closed: false,
-                }) => {
-                    let event = Event::ConnectFailed {
-                        generation,
-                        error: message,
+                Err(ConnectError { message, closed }) => {
+                    let error = message;
+                    let event = if closed {
+                        Event::Closed { generation, error }
+                    } else {
+                        Event::ConnectFailed { generation, error }
                     };
                     self.step(event).await;
                 }
@@ -403,11 +389,16 @@ impl Actor {
                     })
                     .await;
                 }
-                if self.sync_dirty && self.machine.established() == Some(generation) {
-                    self.sync_dirty = false;
-                    self.start_sync(generation);
-                }
+                self.resync_if_dirty(generation);
             }
+        }
+    }
+
+    /// One more sync if a list_changed arrived while the last was running.
+    fn resync_if_dirty(&mut self, generation: Gen) {
+        if self.sync_dirty && self.machine.established() == Some(generation) {
+            self.sync_dirty = false;
+            self.start_sync(generation);
         }
     }
 
