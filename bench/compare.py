@@ -1,19 +1,19 @@
 """Respawn latency of the same crashing fixture under mcpd and supervisord.
 
-Usage: python3 bench/compare.py TARGET_DIR SECONDS
+Usage: python3 bench/compare.py TARGET_DIR SECONDS (--supervisord PATH | --skip-supervisord REASON)
+(benches/daemon.rs runs it, with supervisord from its own virtualenv.)
 Each supervisor runs `mcp-fixture --hang --exit-after 200ms --start-log F`;
 the fixture logs CLOCK_MONOTONIC at start and just before it exits, so the
 gap between one exit and the next start is the supervisor's respawn delay
 (mcpd's includes its 1 ms backoff, subtracted). Prints Markdown table rows;
-a supervisor that cannot be installed is skipped with the reason printed.
+a supervisor that could not be installed is skipped with the reason printed.
 """
 
+import argparse
 import os
-import shutil
 import signal
 import statistics
 import subprocess
-import sys
 import tempfile
 import time
 
@@ -66,16 +66,7 @@ def run_mcpd(target, seconds, work):
     return row("mcpd (minus its 1 ms backoff)", gaps(log), subtract=1.0)
 
 
-def run_supervisord(target, seconds, work):
-    if shutil.which("supervisord") is None:
-        try:
-            subprocess.run(
-                [sys.executable, "-m", "pip", "install", "--quiet", "--disable-pip-version-check", "supervisor"],
-                check=True, capture_output=True, timeout=300,
-            )
-        except Exception as e:  # noqa: BLE001 - any failure means: skip, saying why
-            return f"| respawn delay under supervisord | - | skipped: cannot install supervisor ({e}) | - | 0 |"
-    supervisord = shutil.which("supervisord") or os.path.join(os.path.dirname(sys.executable), "supervisord")
+def run_supervisord(target, seconds, work, supervisord):
     log = os.path.join(work, "supervisord-fixture.log")
     conf = os.path.join(work, "supervisord.conf")
     fixture = os.path.join(target, "examples", "mcp-fixture")
@@ -93,14 +84,24 @@ def run_supervisord(target, seconds, work):
 
 
 def main():
-    target, seconds = os.path.abspath(sys.argv[1]), float(sys.argv[2])
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("target")
+    parser.add_argument("seconds", type=float)
+    group = parser.add_mutually_exclusive_group(required=True)
+    group.add_argument("--supervisord")
+    group.add_argument("--skip-supervisord", metavar="REASON")
+    args = parser.parse_args()
+    target = os.path.abspath(args.target)
     print("| figure | target | median | p95, min..max | runs |")
     print("|---|---|---|---|---:|")
     with tempfile.TemporaryDirectory() as work:
         os.makedirs(os.path.join(work, "mcpd"))
-        print(run_mcpd(target, seconds, os.path.join(work, "mcpd")))
-        os.makedirs(os.path.join(work, "supervisord"))
-        print(run_supervisord(target, seconds, os.path.join(work, "supervisord")))
+        print(run_mcpd(target, args.seconds, os.path.join(work, "mcpd")), flush=True)
+        if args.supervisord:
+            os.makedirs(os.path.join(work, "supervisord"))
+            print(run_supervisord(target, args.seconds, os.path.join(work, "supervisord"), args.supervisord))
+        else:
+            print(f"| respawn delay under supervisord | - | skipped: {args.skip_supervisord} | - | 0 |")
 
 
 if __name__ == "__main__":

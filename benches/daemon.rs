@@ -1,45 +1,71 @@
-//! Daemon benchmarks against the targets of the daemon issue, driving the
-//! real release `mcpd` on generated unit directories:
+//! Daemon benchmarks against the targets of the daemon, D-Bus and mcpctl
+//! issues, driving the real `mcpd` on generated unit directories, on a
+//! private `dbus-daemon` as well as its private socket:
 //!
 //! 1. start-up: N fixture units, exec → all running (target ≤ 5 s at 500),
-//!    and the daemon's RSS once they run;
-//! 2. reload: one unit file changed among N → that unit running again
-//!    (target p50 ≤ debounce + 50 ms); exactly one server restarts;
-//! 3. idle: daemon CPU time over 10 s with M running servers (target
-//!    < 10 ms at 100; no polling).
+//!    at N = 100 and 500, and the daemon's RSS at 0, 100 and 500 servers;
+//! 2. reload: one unit file changed among 500 → that unit running again
+//!    (target p50 ≤ debounce + 50 ms); exactly one main PID changes;
+//! 3. idle: daemon CPU time over 10 s with 100 running servers (target
+//!    < 10 ms; no polling), on the bus;
+//! 4. D-Bus round trips: ListServers at 500, a property read, CallTool echo,
+//!    over the private socket and over the bus;
+//! 5. tool-call overhead: direct stdio to the fixture vs `mcpctl bridge` vs
+//!    D-Bus CallTool, and mcp-proxy (PyPI) in front of the same fixture;
+//! 6. `mcpctl status` whole-process wall time at 500 servers;
+//! 7. comparisons: `bench/compare.py` (respawn delay under supervisord).
 //!
-//! Run through `bench/run`. `MCPD_BENCH_UNITS` (500), `MCPD_BENCH_IDLE_UNITS`
-//! (100), `MCPD_BENCH_RELOADS` (20) and `MCPD_BENCH_IDLE_SECS` (10) set sizes.
+//! Run through `bench/run` (release build); `cargo test` runs it as a smoke
+//! run (see `common`). Sizes: `MCPD_BENCH_UNITS` (500),
+//! `MCPD_BENCH_IDLE_UNITS` (100, also the smaller start-up size),
+//! `MCPD_BENCH_STARTS` (3 start-ups per size), `MCPD_BENCH_RELOADS` (20),
+//! `MCPD_BENCH_IDLE_SECS` (10), `MCPD_BENCH_CALLS` (500 tool calls per
+//! path), `MCPD_BENCH_COMPARE_SECS` (10 per supervisor).
 
+mod common;
+
+use std::collections::BTreeMap;
 use std::io::BufRead;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-fn env_usize(name: &str, default: usize) -> usize {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
+use common::{Bus, Mode, Row, print_table, rss_kib, stats, venv_tool};
+use mcpd::dbus::{ManagerProxy, ServerProxy, server_path};
+
+struct Sizes {
+    units: usize,
+    idle_units: usize,
+    starts: usize,
+    reloads: usize,
+    idle_secs: u64,
+    calls: usize,
+    round_trips: usize,
+    status_runs: usize,
+    compare_secs: usize,
 }
 
-fn release(name: &str) -> PathBuf {
-    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("target/release")
-        .join(name);
-    assert!(
-        path.is_file(),
-        "{} is missing: run bench/run",
-        path.display()
-    );
-    path
+impl Sizes {
+    fn new(mode: Mode) -> Self {
+        Self {
+            units: mode.size("MCPD_BENCH_UNITS", 500, 8),
+            idle_units: mode.size("MCPD_BENCH_IDLE_UNITS", 100, 4),
+            starts: mode.size("MCPD_BENCH_STARTS", 3, 1).max(1),
+            reloads: mode.size("MCPD_BENCH_RELOADS", 20, 3).max(1),
+            idle_secs: mode.size("MCPD_BENCH_IDLE_SECS", 10, 1) as u64,
+            calls: mode.size("MCPD_BENCH_CALLS", 500, 20).max(1),
+            round_trips: mode.size("MCPD_BENCH_ROUND_TRIPS", 1000, 20).max(1),
+            status_runs: mode.size("MCPD_BENCH_STATUS_RUNS", 20, 2).max(1),
+            compare_secs: mode.size("MCPD_BENCH_COMPARE_SECS", 10, 5),
+        }
+    }
 }
 
 fn unit(tag: &str) -> String {
     format!(
         "stdio {{\n    command \"{}\" \"--name\" \"{tag}\" \"--chatter\" \"0\"\n}}\nstop-timeout \"2s\"\n",
-        release("examples/mcp-fixture").display()
+        common::binary("examples/mcp-fixture").display()
     )
 }
 
@@ -50,19 +76,22 @@ struct Daemon {
 }
 
 impl Daemon {
-    fn start(units: &Path) -> Self {
+    /// Starts `mcpd --user` on `units`, on `bus` if given (else `--no-bus`).
+    fn start(units: &Path, bus: Option<&Bus>) -> Self {
         let runtime = tempfile::tempdir().expect("tempdir");
-        let mut child = Command::new(release("mcpd"))
-            .args(["--user", "--units"])
+        let mut cmd = Command::new(common::binary("mcpd"));
+        cmd.args(["--user", "--units"])
             .arg(units)
             .env("XDG_RUNTIME_DIR", runtime.path())
             .env("MCPD_LOG", "info,mcpd::server=warn")
-            .arg("--no-bus")
             .stdin(Stdio::null())
             .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("spawn mcpd");
+            .stderr(Stdio::piped());
+        match bus {
+            Some(bus) => cmd.env("DBUS_SESSION_BUS_ADDRESS", &bus.address),
+            None => cmd.arg("--no-bus").env_remove("DBUS_SESSION_BUS_ADDRESS"),
+        };
+        let mut child = cmd.spawn().expect("spawn mcpd");
         let stderr = child.stderr.take().expect("stderr");
         let (tx, lines) = mpsc::channel();
         std::thread::spawn(move || {
@@ -91,7 +120,7 @@ impl Daemon {
             let (at, line) = self
                 .lines
                 .recv_timeout(Duration::from_secs(120))
-                .expect("mcpd stopped logging");
+                .unwrap_or_else(|_| panic!("mcpd stopped logging; last lines: {seen:#?}"));
             let hit = pred(&line);
             seen.push(line);
             if hit {
@@ -106,6 +135,10 @@ impl Daemon {
     fn pid(&self) -> u32 {
         self.child.id()
     }
+
+    fn private_socket(&self) -> PathBuf {
+        self.runtime.path().join("mcpd/private")
+    }
 }
 
 impl Drop for Daemon {
@@ -119,15 +152,6 @@ impl Drop for Daemon {
 
 fn running(line: &str) -> bool {
     line.contains("mcpd::supervisor: running")
-}
-
-fn rss_kib(pid: u32) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .unwrap_or_default()
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.split_whitespace().next()?.parse().ok())
-        .unwrap_or(0)
 }
 
 /// CPU time of every thread of `pid`, in nanoseconds (schedstat).
@@ -159,96 +183,275 @@ fn units_dir(n: usize) -> tempfile::TempDir {
     dir
 }
 
-fn stats(mut xs: Vec<f64>) -> (f64, f64, f64, f64) {
-    xs.sort_by(f64::total_cmp);
-    let pick = |q: f64| xs[((xs.len() - 1) as f64 * q).round() as usize];
-    (pick(0.5), pick(0.95), xs[0], xs[xs.len() - 1])
+/// Starts a daemon on `n` units `runs` times, each to all running; returns
+/// the start-up row and the last daemon, still running.
+fn start_up(dir: &Path, n: usize, runs: usize, bus: Option<&Bus>) -> (Row, Daemon) {
+    let mut times = Vec::new();
+    let mut last = None;
+    for _ in 0..runs {
+        drop(last.take());
+        let started = Instant::now();
+        let d = Daemon::start(dir, bus);
+        let (all_up, _) = d.until(n, running);
+        times.push((all_up - started).as_secs_f64() * 1000.0);
+        last = Some(d);
+    }
+    let row = Row::ms(
+        format!("start-up: {n} units, exec to all running"),
+        "≤ 5 s at 500",
+        stats(times),
+        0,
+    );
+    (row, last.expect("at least one run"))
+}
+
+/// A p2p connection to the daemon's private socket.
+async fn private(d: &Daemon) -> zbus::Connection {
+    let stream = std::os::unix::net::UnixStream::connect(d.private_socket()).expect("connect");
+    zbus::connection::Builder::unix_stream(stream)
+        .p2p()
+        .build()
+        .await
+        .expect("p2p")
+}
+
+/// A connection to `bus`, once the daemon owns its name there.
+async fn on_bus(bus: &Bus) -> zbus::Connection {
+    let conn = zbus::connection::Builder::address(bus.address.as_str())
+        .build()
+        .await
+        .expect("bus");
+    let dbus = zbus::fdo::DBusProxy::new(&conn).await.expect("DBus proxy");
+    let name = zbus::names::BusName::try_from("org.mcpd1").expect("name");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !dbus.name_has_owner(name.clone()).await.unwrap_or(false) {
+        assert!(Instant::now() < deadline, "mcpd never owned org.mcpd1");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    conn
+}
+
+async fn server(conn: &zbus::Connection, name: &str) -> ServerProxy<'static> {
+    ServerProxy::builder(conn)
+        .path(server_path(name))
+        .cache_properties(zbus::proxy::CacheProperties::No)
+        .build()
+        .await
+        .expect("proxy")
+}
+
+/// Main PIDs of every server, by name.
+async fn pids(conn: &zbus::Connection) -> BTreeMap<String, u32> {
+    let manager = ManagerProxy::new(conn).await.expect("proxy");
+    let mut out = BTreeMap::new();
+    for row in manager.list_servers().await.expect("ListServers") {
+        let pid = server(conn, &row.0)
+            .await
+            .main_pid()
+            .await
+            .expect("MainPID");
+        out.insert(row.0, pid);
+    }
+    out
+}
+
+/// Round trips of `f`, in milliseconds.
+async fn time<F, Fut>(runs: usize, mut f: F) -> Vec<f64>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = ()>,
+{
+    let mut xs = Vec::with_capacity(runs);
+    for _ in 0..runs {
+        let t = Instant::now();
+        f().await;
+        xs.push(t.elapsed().as_secs_f64() * 1000.0);
+    }
+    xs
+}
+
+/// ListServers and a property read at `n` servers, over `conn`.
+async fn dbus_reads(conn: &zbus::Connection, via: &str, n: usize, sizes: &Sizes) -> Vec<Row> {
+    let manager = ManagerProxy::new(conn).await.expect("proxy");
+    let u0 = server(conn, "u0").await;
+    let list = time(sizes.round_trips / 5 + 1, || async {
+        assert_eq!(manager.list_servers().await.expect("ListServers").len(), n);
+    })
+    .await;
+    let prop = time(sizes.round_trips, || async {
+        assert_eq!(u0.state().await.expect("State"), "running");
+    })
+    .await;
+    vec![
+        Row::ms(
+            format!("D-Bus ListServers, {n} servers, {via}"),
+            "p50 < 5 ms",
+            stats(list),
+            3,
+        ),
+        Row::ms(
+            format!("D-Bus property read (State), {via}"),
+            "p50 < 0.3 ms",
+            stats(prop),
+            3,
+        ),
+    ]
 }
 
 fn main() {
-    let n = env_usize("MCPD_BENCH_UNITS", 500);
-    let idle_n = env_usize("MCPD_BENCH_IDLE_UNITS", 100);
-    let reloads = env_usize("MCPD_BENCH_RELOADS", 20);
-    let idle_secs = env_usize("MCPD_BENCH_IDLE_SECS", 10) as u64;
-    let mut rows: Vec<[String; 5]> = Vec::new();
+    let mode = Mode::detect();
+    let sizes = Sizes::new(mode);
+    mode.announce();
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    let bus = Bus::try_start();
+    let bus_skip = bus.as_ref().err().cloned();
+    let bus = bus.ok();
+    let mut rows = Vec::new();
 
-    // 0: the daemon with no units, for the RSS baseline
+    // RSS baseline: the daemon with no units
     let empty = units_dir(0);
-    let d = Daemon::start(empty.path());
+    let d = Daemon::start(empty.path(), bus.as_ref());
     d.until(1, |l| l.contains("started 0 units"));
-    std::thread::sleep(Duration::from_millis(500));
-    let rss0 = rss_kib(d.pid());
+    let rss0 = settled_rss(&d);
     drop(d);
 
-    // 1 + 2: start-up and reload at N units
-    let dir = units_dir(n);
-    let started = Instant::now();
-    let d = Daemon::start(dir.path());
-    let (all_up, _) = d.until(n, running);
-    let startup = all_up - started;
-    std::thread::sleep(Duration::from_millis(500));
-    let rss = rss_kib(d.pid());
-    rows.push([
-        format!("start-up: {n} units, exec to all running"),
-        "≤ 5 s".into(),
-        format!("{:.2} s", startup.as_secs_f64()),
-        "-".into(),
-        "1".into(),
-    ]);
-    rows.push([
-        format!("daemon RSS with 0 and {n} idle servers"),
-        "-".into(),
+    // The smaller size: start-up, idle cost, tool-call paths
+    let m = sizes.idle_units;
+    let dir = units_dir(m);
+    let (row, d) = start_up(dir.path(), m, sizes.starts, bus.as_ref());
+    rows.push(row);
+    std::thread::sleep(Duration::from_secs(1));
+    let before = cpu_ns(d.pid());
+    std::thread::sleep(Duration::from_secs(sizes.idle_secs));
+    let used = cpu_ns(d.pid()) - before;
+    let rss_m = rss_kib(&d.pid().to_string());
+    let on = if bus.is_some() {
+        "on the bus"
+    } else {
+        "--no-bus"
+    };
+    let idle = Row::new(
         format!(
-            "{:.1} → {:.1} MiB",
-            rss0 as f64 / 1024.0,
-            rss as f64 / 1024.0
+            "idle: daemon CPU over {} s, {m} running servers, {on}",
+            sizes.idle_secs
         ),
-        format!(
-            "slope {:.1} KiB per server",
-            rss.saturating_sub(rss0) as f64 / n as f64
-        ),
-        "1".into(),
-    ]);
+        "< 10 ms at 100",
+        format!("{:.2} ms", used as f64 / 1e6),
+        "-",
+        1,
+    );
+    let mut calls = rt.block_on(call_overhead(&d, bus.as_ref(), &sizes));
+    drop(d);
 
+    // The larger size: start-up, reload, D-Bus reads, mcpctl status
+    let n = sizes.units;
+    let dir = units_dir(n);
+    let (row, d) = start_up(dir.path(), n, sizes.starts, bus.as_ref());
+    rows.push(row);
+    let rss_n = settled_rss(&d);
+    rows.push(Row::new(
+        format!("daemon RSS with 0, {m} and {n} idle servers"),
+        "-",
+        format!(
+            "{:.1} → {:.1} → {:.1} MiB",
+            rss0 as f64 / 1024.0,
+            rss_m as f64 / 1024.0,
+            rss_n as f64 / 1024.0
+        ),
+        format!(
+            "slope {:.1} KiB per server (0 → {n})",
+            rss_n.saturating_sub(rss0) as f64 / n.max(1) as f64
+        ),
+        1,
+    ));
+    rows.push(idle);
+    rows.extend(rt.block_on(reload(&d, dir.path(), n, &sizes)));
+    rt.block_on(async {
+        let conn = private(&d).await;
+        rows.extend(dbus_reads(&conn, "private socket", n, &sizes).await);
+        match (&bus, &bus_skip) {
+            (Some(bus), _) => {
+                let conn = on_bus(bus).await;
+                rows.extend(dbus_reads(&conn, "bus", n, &sizes).await);
+            }
+            (None, Some(reason)) => {
+                rows.push(Row::skipped(
+                    "D-Bus ListServers and property read, bus",
+                    reason,
+                ));
+            }
+            (None, None) => unreachable!(),
+        }
+    });
+    rows.push(mcpctl_status(&d, n, &sizes));
+    drop(d);
+    rows.append(&mut calls.0);
+    print_table("Daemon", &rows);
+
+    let mut comparisons = calls.1;
+    comparisons.extend(compare(&sizes));
+    print_table("Comparisons", &comparisons);
+}
+
+fn settled_rss(d: &Daemon) -> u64 {
+    std::thread::sleep(Duration::from_millis(500));
+    rss_kib(&d.pid().to_string())
+}
+
+/// Rewrites one unit file at a time (a changed command) and waits for that
+/// unit to run again; every other server keeps its main PID.
+async fn reload(d: &Daemon, dir: &Path, n: usize, sizes: &Sizes) -> Vec<Row> {
+    let conn = private(d).await;
+    let mut before = pids(&conn).await;
+    assert_eq!(before.len(), n);
     let mut latencies = Vec::new();
-    let mut extra_restarts = 0;
-    for r in 0..reloads {
-        let i = (r * 37) % n;
-        let name = format!("u{i}");
+    for r in 0..sizes.reloads {
+        let name = format!("u{}", (r * 37) % n);
         let t0 = Instant::now();
         std::fs::write(
-            dir.path().join(format!("{name}.kdl")),
+            dir.join(format!("{name}.kdl")),
             unit(&format!("{name}-r{r}")),
         )
         .expect("write");
         let field = format!("mcpd_server={name} ");
-        let (up, seen) = d.until(1, |l| running(l) && l.contains(&field));
+        let (up, _) = d.until(1, |l| running(l) && l.contains(&field));
         latencies.push((up - t0).as_secs_f64() * 1000.0);
-        extra_restarts += seen
+        let after = pids(&conn).await;
+        let changed: Vec<&String> = after
             .iter()
-            .filter(|l| running(l) && !l.contains(&field))
-            .count();
+            .filter(|(k, pid)| before.get(*k) != Some(pid))
+            .map(|(k, _)| k)
+            .collect();
+        assert_eq!(
+            changed,
+            [&name],
+            "changing {name}.kdl must restart {name} and nothing else"
+        );
+        before = after;
     }
-    let (p50, p95, lo, hi) = stats(latencies);
-    rows.push([
-        format!("reload: 1 file changed among {n} → running again"),
-        "≤ 150 ms (100 ms debounce + 50)".into(),
-        format!("{p50:.0} ms"),
-        format!("p95 {p95:.0}, {lo:.0}..{hi:.0} ms"),
-        reloads.to_string(),
-    ]);
-    rows.push([
-        "other servers restarted by those reloads".into(),
-        "0".into(),
-        extra_restarts.to_string(),
-        "-".into(),
-        reloads.to_string(),
-    ]);
-    rows.extend(dbus(&d.runtime.path().join("mcpd/private"), n));
+    let runs = latencies.len();
+    vec![
+        Row::ms(
+            format!("reload: 1 file changed among {n} → running again"),
+            "≤ 150 ms (100 ms debounce + 50)",
+            stats(latencies),
+            0,
+        ),
+        Row::new(
+            "main PIDs changed per reload (checked over all servers)",
+            "exactly 1",
+            "1",
+            "-",
+            runs,
+        ),
+    ]
+}
+
+fn mcpctl_status(d: &Daemon, n: usize, sizes: &Sizes) -> Row {
     let mut walls = Vec::new();
-    for _ in 0..20 {
+    for _ in 0..sizes.status_runs {
         let t = Instant::now();
-        let out = Command::new(release("mcpctl"))
+        let out = Command::new(common::binary("mcpctl"))
             .args(["--user", "status"])
             .env("XDG_RUNTIME_DIR", d.runtime.path())
             .env_remove("DBUS_SESSION_BUS_ADDRESS")
@@ -262,265 +465,156 @@ fn main() {
         );
         assert_eq!(String::from_utf8_lossy(&out.stdout).lines().count(), n + 2);
     }
-    let (p50, p95, lo, hi) = stats(walls);
-    rows.push([
+    Row::ms(
         format!("mcpctl status, {n} servers, whole process"),
-        "< 100 ms".into(),
-        format!("{p50:.1} ms"),
-        format!("p95 {p95:.1}, {lo:.1}..{hi:.1} ms"),
-        "20".into(),
-    ]);
-    drop(d);
-
-    // 3: idle CPU at M units
-    let dir = units_dir(idle_n);
-    let d = Daemon::start(dir.path());
-    d.until(idle_n, running);
-    std::thread::sleep(Duration::from_secs(1));
-    let before = cpu_ns(d.pid());
-    std::thread::sleep(Duration::from_secs(idle_secs));
-    let used = cpu_ns(d.pid()) - before;
-    let rss_idle = rss_kib(d.pid());
-    rows.push([
-        format!("daemon RSS with {idle_n} idle servers"),
-        "-".into(),
-        format!("{:.1} MiB", rss_idle as f64 / 1024.0),
-        format!(
-            "slope {:.1} KiB per server",
-            rss_idle.saturating_sub(rss0) as f64 / idle_n.max(1) as f64
-        ),
-        "1".into(),
-    ]);
-    rows.extend(call_overhead(&d));
-    rows.push([
-        format!("idle: daemon CPU over {idle_secs} s, {idle_n} running servers"),
-        "< 10 ms".into(),
-        format!("{:.2} ms", used as f64 / 1e6),
-        "-".into(),
-        "1".into(),
-    ]);
-    drop(d);
-
-    println!("| figure | target | median | p95, min..max | runs |");
-    println!("|---|---|---|---|---:|");
-    for [a, b, c, e, f] in rows {
-        println!("| {a} | {b} | {c} | {e} | {f} |");
-    }
+        "< 100 ms",
+        stats(walls),
+        1,
+    )
 }
 
-/// D-Bus round trips over the private socket with N servers loaded.
-fn dbus(socket: &Path, n: usize) -> Vec<[String; 5]> {
-    use mcpd::dbus::{ManagerProxy, ServerProxy, server_path};
-    let rt = tokio::runtime::Runtime::new().expect("runtime");
-    rt.block_on(async {
-        let stream = std::os::unix::net::UnixStream::connect(socket).expect("connect");
-        let conn = zbus::connection::Builder::unix_stream(stream)
-            .p2p()
-            .build()
+type Client = rmcp::service::RunningService<rmcp::RoleClient, ()>;
+
+/// Echo round trips through an MCP client, which is then closed.
+async fn time_mcp_calls(client: Client, calls: usize) -> Vec<f64> {
+    use rmcp::model::CallToolRequestParams;
+    let args = serde_json::json!({"text": "x"})
+        .as_object()
+        .cloned()
+        .expect("object");
+    let xs = time(calls, || async {
+        let result = client
+            .call_tool(CallToolRequestParams::new("echo").with_arguments(args.clone()))
             .await
-            .expect("p2p");
-        let manager = ManagerProxy::new(&conn).await.expect("proxy");
-        let server = ServerProxy::builder(&conn)
-            .path(server_path("u0"))
-            .cache_properties(zbus::proxy::CacheProperties::No)
-            .build()
-            .await
-            .expect("proxy");
-        let mut list = Vec::new();
-        for _ in 0..200 {
-            let t = Instant::now();
-            let rows = manager.list_servers().await.expect("ListServers");
-            list.push(t.elapsed().as_secs_f64() * 1000.0);
-            assert_eq!(rows.len(), n);
-        }
-        let mut prop = Vec::new();
-        for _ in 0..1000 {
-            let t = Instant::now();
-            let state = server.state().await.expect("State");
-            prop.push(t.elapsed().as_secs_f64() * 1000.0);
-            assert_eq!(state, "running");
-        }
-        let mut call = Vec::new();
-        for _ in 0..200 {
-            let t = Instant::now();
-            server
-                .call_tool("echo", "{\"text\":\"x\"}")
-                .await
-                .expect("CallTool");
-            call.push(t.elapsed().as_secs_f64() * 1000.0);
-        }
-        let row = |figure: String, target: &str, xs: Vec<f64>| {
-            let runs = xs.len();
-            let (p50, p95, lo, hi) = stats(xs);
-            [
-                figure,
-                target.to_owned(),
-                format!("{p50:.3} ms"),
-                format!("p95 {p95:.3}, {lo:.3}..{hi:.3} ms"),
-                runs.to_string(),
-            ]
-        };
-        vec![
-            row(
-                format!("D-Bus ListServers, {n} servers, private socket"),
-                "p50 < 5 ms",
-                list,
-            ),
-            row(
-                "D-Bus property read (State), private socket".into(),
-                "p50 < 0.3 ms",
-                prop,
-            ),
-            row("D-Bus CallTool echo, private socket".into(), "-", call),
-        ]
+            .expect("echo");
+        assert_ne!(result.is_error, Some(true), "{result:?}");
     })
+    .await;
+    let _ = client.cancel().await;
+    xs
 }
 
 /// Tool-call round trips: straight to a fixture over stdio, through
-/// `mcpctl bridge` (stdio → D-Bus → daemon → stdio), and D-Bus `CallTool`.
-fn call_overhead(d: &Daemon) -> Vec<[String; 5]> {
+/// `mcpctl bridge` (stdio → D-Bus → daemon → stdio), D-Bus `CallTool` on
+/// the private socket and on the bus, and mcp-proxy. Returns the daemon's
+/// rows and the comparison row.
+async fn call_overhead(d: &Daemon, bus: Option<&Bus>, sizes: &Sizes) -> (Vec<Row>, Vec<Row>) {
     use rmcp::ServiceExt;
-    use rmcp::model::CallToolRequestParams;
-    const CALLS: usize = 500;
-    let rt = tokio::runtime::Runtime::new().expect("runtime");
-    rt.block_on(async {
-        let args = serde_json::json!({"text": "x"})
-            .as_object()
-            .cloned()
-            .expect("object");
-        let time_calls = |client: rmcp::service::RunningService<rmcp::RoleClient, ()>| {
-            let args = args.clone();
-            async move {
-                let mut xs = Vec::with_capacity(CALLS);
-                for _ in 0..CALLS {
-                    let t = Instant::now();
-                    client
-                        .call_tool(CallToolRequestParams::new("echo").with_arguments(args.clone()))
-                        .await
-                        .expect("echo");
-                    xs.push(t.elapsed().as_secs_f64() * 1000.0);
-                }
-                let _ = client.cancel().await;
-                xs
-            }
-        };
-        let spawn = |program: PathBuf, args: Vec<String>| {
-            let mut child = tokio::process::Command::new(program)
-                .args(args)
-                .env("XDG_RUNTIME_DIR", d.runtime.path())
-                .env_remove("DBUS_SESSION_BUS_ADDRESS")
-                .stdin(Stdio::piped())
-                .stdout(Stdio::piped())
-                .stderr(Stdio::null())
-                .kill_on_drop(true)
-                .spawn()
-                .expect("spawn");
-            let io = (
-                child.stdout.take().expect("stdout"),
-                child.stdin.take().expect("stdin"),
-            );
-            (child, io)
-        };
-        let (_direct_child, io) = spawn(
-            release("examples/mcp-fixture"),
-            vec!["--chatter".into(), "0".into()],
+    let spawn = |program: PathBuf, args: &[&str]| {
+        let mut child = tokio::process::Command::new(program)
+            .args(args)
+            .env("XDG_RUNTIME_DIR", d.runtime.path())
+            .env_remove("DBUS_SESSION_BUS_ADDRESS")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("spawn");
+        let io = (
+            child.stdout.take().expect("stdout"),
+            child.stdin.take().expect("stdin"),
         );
-        let direct = time_calls(().serve(io).await.expect("initialize")).await;
-        let (_bridge_child, io) = spawn(
-            release("mcpctl"),
-            vec!["--user".into(), "bridge".into(), "u0".into()],
-        );
-        let bridged = time_calls(().serve(io).await.expect("initialize")).await;
+        (child, io)
+    };
+    let (_direct, io) = spawn(common::binary("examples/mcp-fixture"), &["--chatter", "0"]);
+    let direct = stats(time_mcp_calls(().serve(io).await.expect("initialize"), sizes.calls).await);
+    let (_bridge, io) = spawn(common::binary("mcpctl"), &["--user", "bridge", "u0"]);
+    let bridged = stats(time_mcp_calls(().serve(io).await.expect("initialize"), sizes.calls).await);
 
-        let proxied = through_mcp_proxy(&time_calls).await;
+    let dbus_calls = |conn: zbus::Connection| async move {
+        let u0 = server(&conn, "u0").await;
+        stats(
+            time(sizes.calls, || async {
+                let out = u0
+                    .call_tool("echo", "{\"text\":\"x\"}")
+                    .await
+                    .expect("CallTool");
+                assert!(out.contains("\"x\""), "{out}");
+            })
+            .await,
+        )
+    };
+    let over_private = dbus_calls(private(d).await).await;
+    let over_bus = match bus {
+        Some(bus) => Ok(dbus_calls(on_bus(bus).await).await),
+        None => Err("no dbus-daemon"),
+    };
 
-        let (d50, d95, _, _) = stats(direct.clone());
-        let (b50, b95, _, _) = stats(bridged);
-        let proxy_row = match proxied {
-            Ok(xs) => {
-                let (p50, p95, _, _) = stats(xs);
-                [
-                    "tool call through mcp-proxy (stdio → streamable HTTP)".into(),
-                    "-".into(),
-                    format!(
-                        "{p50:.3} ms (+{:.3}; bridge/proxy overhead {:.2}×)",
-                        p50 - d50,
-                        (b50 - d50) / (p50 - d50)
-                    ),
-                    format!("p95 {p95:.3} ms (+{:.3})", p95 - d95),
-                    CALLS.to_string(),
-                ]
-            }
-            Err(reason) => [
-                "tool call through mcp-proxy".into(),
-                "-".into(),
-                format!("skipped: {reason}"),
-                "-".into(),
-                "0".into(),
-            ],
-        };
-        vec![
-            [
-                "tool call, direct stdio to the fixture".into(),
-                "-".into(),
-                format!("{d50:.3} ms"),
-                format!("p95 {d95:.3} ms"),
-                CALLS.to_string(),
-            ],
-            [
-                "tool call through mcpctl bridge (overhead = minus direct)".into(),
-                "overhead p50 < 1 ms".into(),
-                format!("{b50:.3} ms (+{:.3})", b50 - d50),
-                format!("p95 {b95:.3} ms (+{:.3})", b95 - d95),
-                CALLS.to_string(),
-            ],
-            proxy_row,
-        ]
-    })
+    let overhead = |s: common::Stats| {
+        (
+            format!("{:.3} ms (+{:.3})", s.p50, s.p50 - direct.p50),
+            format!("p95 {:.3} ms (+{:.3})", s.p95, s.p95 - direct.p95),
+        )
+    };
+    let mut rows = vec![Row::ms(
+        "tool call, direct stdio to the fixture",
+        "-",
+        direct,
+        3,
+    )];
+    let (m, s) = overhead(bridged);
+    rows.push(Row::new(
+        "tool call through mcpctl bridge (+ overhead over direct)",
+        "overhead p50 < 1 ms",
+        m,
+        s,
+        bridged.runs,
+    ));
+    let (m, s) = overhead(over_private);
+    rows.push(Row::new(
+        "tool call through D-Bus CallTool, private socket (+ overhead)",
+        "overhead p50 < 0.5 ms",
+        m,
+        s,
+        over_private.runs,
+    ));
+    rows.push(match over_bus {
+        Ok(st) => {
+            let (m, s) = overhead(st);
+            Row::new(
+                "tool call through D-Bus CallTool, bus (+ overhead)",
+                "overhead p50 < 0.5 ms",
+                m,
+                s,
+                st.runs,
+            )
+        }
+        Err(reason) => Row::skipped("tool call through D-Bus CallTool, bus", reason),
+    });
+
+    let proxy = match through_mcp_proxy(sizes.calls).await {
+        Ok(xs) => {
+            let p = stats(xs);
+            Row::new(
+                "tool call through mcp-proxy (stdio → streamable HTTP), vs mcpctl bridge",
+                "-",
+                format!(
+                    "{:.3} ms (+{:.3}); bridge overhead / proxy overhead = {:.2}",
+                    p.p50,
+                    p.p50 - direct.p50,
+                    (bridged.p50 - direct.p50) / (p.p50 - direct.p50)
+                ),
+                format!("p95 {:.3} ms (+{:.3})", p.p95, p.p95 - direct.p95),
+                p.runs,
+            )
+        }
+        Err(reason) => Row::skipped("tool call through mcp-proxy", &reason),
+    };
+    (rows, vec![proxy])
 }
 
-/// Times echo calls through mcp-proxy (PyPI) in front of a fixture;
-/// installs it with pip when missing, or says why it cannot.
-async fn through_mcp_proxy<F, Fut>(time_calls: &F) -> Result<Vec<f64>, String>
-where
-    F: Fn(rmcp::service::RunningService<rmcp::RoleClient, ()>) -> Fut,
-    Fut: std::future::Future<Output = Vec<f64>>,
-{
+/// Times echo calls through mcp-proxy (PyPI) in front of a fixture.
+async fn through_mcp_proxy(calls: usize) -> Result<Vec<f64>, String> {
     use rmcp::ServiceExt;
-    let have = |name: &str| {
-        Command::new(name)
-            .arg("--help")
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .status()
-            .is_ok()
-    };
-    if !have("mcp-proxy") {
-        let pip = Command::new("python3")
-            .args([
-                "-m",
-                "pip",
-                "install",
-                "--quiet",
-                "--disable-pip-version-check",
-                "mcp-proxy",
-            ])
-            .output()
-            .map_err(|e| format!("cannot run pip: {e}"))?;
-        if !pip.status.success() || !have("mcp-proxy") {
-            return Err(format!(
-                "cannot install mcp-proxy: {}",
-                String::from_utf8_lossy(&pip.stderr).trim()
-            ));
-        }
-    }
+    let program = venv_tool("mcp-proxy")?;
     let port = std::net::TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
         .map_err(|e| e.to_string())?
         .port();
-    let mut proxy = tokio::process::Command::new("mcp-proxy")
+    let mut proxy = tokio::process::Command::new(program)
         .args(["--host", "127.0.0.1", "--port", &port.to_string(), "--"])
-        .arg(release("examples/mcp-fixture"))
+        .arg(common::binary("examples/mcp-fixture"))
         .args(["--chatter", "0"])
         .stdin(Stdio::null())
         .stdout(Stdio::null())
@@ -543,7 +637,48 @@ where
         .serve(transport)
         .await
         .map_err(|e| format!("initialize through mcp-proxy: {e}"))?;
-    let xs = time_calls(client).await;
+    let xs = time_mcp_calls(client, calls).await;
     let _ = proxy.kill().await;
     Ok(xs)
+}
+
+/// `bench/compare.py`: the same crashing fixture under mcpd and supervisord.
+fn compare(sizes: &Sizes) -> Vec<Row> {
+    let mut cmd = Command::new("python3");
+    cmd.arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("bench/compare.py"))
+        .arg(common::profile_dir())
+        .arg(sizes.compare_secs.to_string());
+    match venv_tool("supervisord") {
+        Ok(path) => cmd.arg("--supervisord").arg(path),
+        Err(reason) => cmd.arg("--skip-supervisord").arg(reason),
+    };
+    let out = cmd
+        .env_remove("DBUS_SESSION_BUS_ADDRESS")
+        .stderr(Stdio::inherit())
+        .output()
+        .expect("python3 bench/compare.py");
+    assert!(out.status.success(), "bench/compare.py failed");
+    let rows: Vec<Row> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|line| {
+            let cells: Vec<&str> = line
+                .trim()
+                .strip_prefix('|')?
+                .strip_suffix('|')?
+                .split('|')
+                .map(str::trim)
+                .collect();
+            let [figure, target, median, spread, runs] = cells[..] else {
+                return None;
+            };
+            Some(Row::new(figure, target, median, spread, runs.parse().ok()?))
+        })
+        .collect();
+    assert_eq!(rows.len(), 2, "compare.py prints a row per supervisor");
+    assert!(
+        rows[0].runs > 0,
+        "mcpd restarted the crashing fixture no time in {} s",
+        sizes.compare_secs
+    );
+    rows
 }

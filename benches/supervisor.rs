@@ -6,8 +6,9 @@
 //! 3. heap per idle supervised server, counted by a global allocator, and
 //!    RSS per server, with M servers (target < 64 KiB heap per server).
 //!
-//! Run through `bench/run` (builds the release fixture); prints a table.
-//! `MCPD_BENCH_CRASHES` and `MCPD_BENCH_SERVERS` set N and M.
+//! Run through `bench/run` (release build; `cargo test` runs it as a smoke
+//! run, see `common`); prints a table. `MCPD_BENCH_CRASHES` (50) and
+//! `MCPD_BENCH_SERVERS` (200) set N and M.
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::path::PathBuf;
@@ -15,6 +16,9 @@ use std::sync::atomic::{AtomicIsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+mod common;
+
+use common::{Mode, Row, print_table, rss_kib, stats};
 use mcpd::supervisor::launch::{BoxFuture, GenClient, Launched, Launcher};
 use mcpd::supervisor::machine::{ExitStatus, Gen, Signal};
 use mcpd::supervisor::process::Host;
@@ -99,17 +103,7 @@ impl Launcher for Timing {
 }
 
 fn fixture() -> PathBuf {
-    let path = std::env::var_os("MCPD_FIXTURE")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target/release/examples/mcp-fixture")
-        });
-    assert!(
-        path.is_file(),
-        "{} is missing: run bench/run, or cargo build --release --examples",
-        path.display()
-    );
-    path
+    common::binary("examples/mcp-fixture")
 }
 
 fn spec(delay_ms: u64, attempts: i128) -> UnitSpec {
@@ -148,36 +142,6 @@ async fn wait_running(sup: &Supervisor, generation: Gen) -> Instant {
     })
     .await;
     result.unwrap_or_else(|_| panic!("generation {generation} never ran: {:#?}", sup.status()))
-}
-
-fn stats(mut xs: Vec<f64>) -> (f64, f64, f64, f64) {
-    xs.sort_by(f64::total_cmp);
-    let pick = |q: f64| xs[((xs.len() - 1) as f64 * q).round() as usize];
-    (pick(0.5), pick(0.95), xs[0], xs[xs.len() - 1])
-}
-
-fn rss_kib() -> u64 {
-    std::fs::read_to_string("/proc/self/status")
-        .unwrap_or_default()
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.split_whitespace().next()?.parse().ok())
-        .unwrap_or(0)
-}
-
-fn env_usize(name: &str, default: usize) -> usize {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
-
-struct Row {
-    figure: String,
-    target: String,
-    median: String,
-    spread: String,
-    runs: usize,
 }
 
 async fn respawn(crashes: usize) -> Vec<Row> {
@@ -220,23 +184,19 @@ async fn respawn(crashes: usize) -> Vec<Row> {
         establish.push((up - spawn).as_secs_f64() * 1000.0);
     }
     sup.shutdown(task).await;
-    let (m1, p1, lo1, hi1) = stats(late);
-    let (m2, p2, lo2, hi2) = stats(establish);
     vec![
-        Row {
-            figure: format!("respawn after reap minus backoff ({DELAY_MS} ms)"),
-            target: "within 5 ms".into(),
-            median: format!("{m1:.2} ms"),
-            spread: format!("p95 {p1:.2}, {lo1:.2}..{hi1:.2} ms"),
-            runs: crashes,
-        },
-        Row {
-            figure: "respawn to re-established (initialize + tools/list)".into(),
-            target: "< 50 ms".into(),
-            median: format!("{m2:.2} ms"),
-            spread: format!("p95 {p2:.2}, {lo2:.2}..{hi2:.2} ms"),
-            runs: crashes,
-        },
+        Row::ms(
+            format!("respawn after reap minus backoff ({DELAY_MS} ms)"),
+            "within 5 ms",
+            stats(late),
+            2,
+        ),
+        Row::ms(
+            "respawn to re-established (initialize + tools/list)",
+            "< 50 ms",
+            stats(establish),
+            2,
+        ),
     ]
 }
 
@@ -244,7 +204,7 @@ async fn memory(servers: usize) -> Vec<Row> {
     // Settle the runtime and allocator before the baseline.
     tokio::time::sleep(Duration::from_millis(200)).await;
     let heap0 = HEAP.load(Ordering::SeqCst);
-    let rss0 = rss_kib();
+    let rss0 = rss_kib("self");
     let mut running = Vec::new();
     for i in 0..servers {
         let name = format!("idle{i}");
@@ -263,7 +223,7 @@ async fn memory(servers: usize) -> Vec<Row> {
     }
     tokio::time::sleep(Duration::from_millis(500)).await;
     let heap = HEAP.load(Ordering::SeqCst) - heap0;
-    let rss = rss_kib().saturating_sub(rss0);
+    let rss = rss_kib("self").saturating_sub(rss0);
     let mut stopping = tokio::task::JoinSet::new();
     for (sup, task) in running {
         stopping.spawn(sup.shutdown(task));
@@ -272,64 +232,30 @@ async fn memory(servers: usize) -> Vec<Row> {
     let per_heap = heap as f64 / servers as f64 / 1024.0;
     let per_rss = rss as f64 / servers as f64;
     vec![
-        Row {
-            figure: format!("daemon heap per idle running server ({servers} servers)"),
-            target: "< 64 KiB".into(),
-            median: format!("{per_heap:.1} KiB"),
-            spread: format!("{:.1} MiB in all", heap as f64 / 1024.0 / 1024.0),
-            runs: 1,
-        },
-        Row {
-            figure: format!("daemon RSS per idle running server ({servers} servers)"),
-            target: "-".into(),
-            median: format!("{per_rss:.1} KiB"),
-            spread: format!("{:.1} MiB in all", rss as f64 / 1024.0),
-            runs: 1,
-        },
+        Row::new(
+            format!("daemon heap per idle running server ({servers} servers)"),
+            "< 64 KiB",
+            format!("{per_heap:.1} KiB"),
+            format!("{:.1} MiB in all", heap as f64 / 1024.0 / 1024.0),
+            1,
+        ),
+        Row::new(
+            format!("daemon RSS per idle running server ({servers} servers)"),
+            "-",
+            format!("{per_rss:.1} KiB"),
+            format!("{:.1} MiB in all", rss as f64 / 1024.0),
+            1,
+        ),
     ]
 }
 
 fn main() {
-    let crashes = env_usize("MCPD_BENCH_CRASHES", 50);
-    let servers = env_usize("MCPD_BENCH_SERVERS", 200);
+    let mode = Mode::detect();
+    let crashes = mode.size("MCPD_BENCH_CRASHES", 50, 3);
+    let servers = mode.size("MCPD_BENCH_SERVERS", 200, 5);
+    mode.announce();
     let runtime = tokio::runtime::Runtime::new().expect("runtime");
     let mut rows = runtime.block_on(respawn(crashes));
     rows.extend(runtime.block_on(memory(servers)));
-    let widths = [52, 12, 12, 32, 5];
-    println!(
-        "| {:<w0$} | {:<w1$} | {:<w2$} | {:<w3$} | {:>w4$} |",
-        "figure",
-        "target",
-        "median",
-        "p95, min..max",
-        "runs",
-        w0 = widths[0],
-        w1 = widths[1],
-        w2 = widths[2],
-        w3 = widths[3],
-        w4 = widths[4]
-    );
-    println!(
-        "|{}|{}|{}|{}|{}|",
-        "-".repeat(widths[0] + 2),
-        "-".repeat(widths[1] + 2),
-        "-".repeat(widths[2] + 2),
-        "-".repeat(widths[3] + 2),
-        "-".repeat(widths[4] + 1) + ":"
-    );
-    for r in rows {
-        println!(
-            "| {:<w0$} | {:<w1$} | {:<w2$} | {:<w3$} | {:>w4$} |",
-            r.figure,
-            r.target,
-            r.median,
-            r.spread,
-            r.runs,
-            w0 = widths[0],
-            w1 = widths[1],
-            w2 = widths[2],
-            w3 = widths[3],
-            w4 = widths[4]
-        );
-    }
+    print_table("Supervisor", &rows);
 }

@@ -1,6 +1,9 @@
 //! Shared test helpers: binaries, snapshots, bounded waits.
 
+mod bus;
 pub mod fake;
+
+pub use bus::Bus;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -263,52 +266,4 @@ pub fn cmdline(pid: u32) -> Vec<String> {
         .filter(|a| !a.is_empty())
         .map(|a| String::from_utf8_lossy(a).into_owned())
         .collect()
-}
-
-/// A private bus (tests/data/dbus/bus.conf), killed on drop.
-pub struct Bus {
-    child: std::process::Child,
-    pub address: String,
-}
-
-impl Bus {
-    /// A bus with tests/data/dbus/bus.conf: anyone may connect and call.
-    pub fn start() -> Self {
-        Self::start_with(&root().join("tests/data/dbus/bus.conf"))
-    }
-
-    /// A bus with the configuration file `config`.
-    pub fn start_with(config: &Path) -> Self {
-        use std::io::BufRead;
-        use std::process::Stdio;
-        let mut child = Command::new("dbus-daemon")
-            .arg(format!("--config-file={}", config.display()))
-            .args(["--print-address=1", "--nofork"])
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("dbus-daemon is installed (.ci/run installs it)");
-        let stdout = child.stdout.take().expect("stdout");
-        let (tx, rx) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            let mut line = String::new();
-            let _ = std::io::BufReader::new(stdout).read_line(&mut line);
-            let _ = tx.send(line);
-        });
-        let address = rx
-            .recv_timeout(std::time::Duration::from_secs(30))
-            .expect("dbus-daemon prints its address")
-            .trim()
-            .to_owned();
-        assert!(address.starts_with("unix:"), "{address:?}");
-        Self { child, address }
-    }
-}
-
-impl Drop for Bus {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
 }
