@@ -154,9 +154,7 @@ async fn a_list_changed_storm_is_serialized_and_ends_on_the_newest_list() {
         fake.notify_list_changed(pid).await;
     }
     let last = r
-        .until("newest list", |s| {
-            s.tools.first().is_some_and(|t| t.name == "v50")
-        })
+        .until("newest list", |s| s.tools.names().next() == Some("v50"))
         .await;
     // let any sync still queued finish, then look again
     tokio::time::sleep(ms(100)).await;
@@ -176,7 +174,7 @@ async fn a_list_changed_storm_is_serialized_and_ends_on_the_newest_list() {
         now.tools_serial, last.tools_serial,
         "nothing after the newest list"
     );
-    assert_eq!(now.tools[0].name, "v50");
+    assert_eq!(now.tools.names().next(), Some("v50"));
     r.shutdown().await;
 }
 
@@ -200,9 +198,7 @@ async fn an_early_list_changed_is_synced_after_establishment() {
     *fake.server.gate.lock().expect("lock") = None;
     gate.notify_one();
     let s = r
-        .until("new list", |s| {
-            s.tools.first().is_some_and(|t| t.name == "new")
-        })
+        .until("new list", |s| s.tools.names().next() == Some("new"))
         .await;
     assert_eq!(s.state, State::Running);
     r.shutdown().await;

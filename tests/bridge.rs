@@ -150,8 +150,10 @@ fn an_mcp_client_uses_a_managed_server_through_the_bridge() {
                     .await
                     .expect("the bridge answers");
                 // (a call racing the crash may fail with "the server closed
-                // the connection" first; then the daemon knows the state)
-                if r.is_error == Some(true) && text(&r).starts_with("server demo is") {
+                // the connection" first, and until the exit is reaped the
+                // state has no retry yet; then the daemon knows it all)
+                if r.is_error == Some(true) && text(&r).starts_with("server demo is reconnecting (")
+                {
                     result = Some(r);
                     break;
                 }

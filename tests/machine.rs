@@ -38,12 +38,11 @@ fn stdio_spec(reconnect: ReconnectDraft) -> UnitSpec {
 }
 
 fn tools(names: &[&str]) -> ToolList {
-    Arc::new(
-        names
-            .iter()
-            .map(|n| Tool::new(n.to_string(), "d", Arc::new(serde_json::Map::new())))
-            .collect(),
-    )
+    names
+        .iter()
+        .map(|n| Tool::new(n.to_string(), "d", Arc::new(serde_json::Map::new())))
+        .collect::<Vec<_>>()
+        .into()
 }
 
 /// A machine with its own clock.
@@ -108,7 +107,7 @@ impl Rig {
         let generation = self.generation();
         self.step(Event::Established {
             generation,
-            tools: Arc::clone(list),
+            tools: list.clone(),
         })
     }
 

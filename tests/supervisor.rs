@@ -171,7 +171,7 @@ async fn crash_recovers_with_a_new_pid_and_the_same_tools_unannounced() {
     let first = r.running(1).await;
     let pid1 = first.main_pid.expect("pid");
     assert_eq!(first.tools_serial, 1);
-    assert!(first.tools.iter().any(|t| t.name == "echo"));
+    assert!(first.tools.contains("echo"));
     assert_eq!(
         r.text("echo", serde_json::json!({"text": "hello"})).await,
         "hello"
@@ -418,21 +418,14 @@ async fn set_tools_publishes_each_new_list_once() {
     r.text("set_tools", serde_json::json!({"tools": ["x", "y"]}))
         .await;
     let changed = r.until("new tools", |s| s.tools_serial == 2).await;
-    let names: Vec<&str> = changed
-        .tools
-        .iter()
-        .skip(9)
-        .map(|t| t.name.as_ref())
-        .collect();
+    let names: Vec<&str> = changed.tools.names().skip(9).collect();
     assert_eq!(names, ["x", "y"]);
     // the same list again changes nothing; a different one is the next serial
     r.text("set_tools", serde_json::json!({"tools": ["x", "y"]}))
         .await;
     r.text("set_tools", serde_json::json!({"tools": ["z"]}))
         .await;
-    let last = r
-        .until("z", |s| s.tools.iter().any(|t| t.name == "z"))
-        .await;
+    let last = r.until("z", |s| s.tools.contains("z")).await;
     assert_eq!(last.tools_serial, 3);
     assert_eq!(
         r.text("z", serde_json::json!({"text": "dynamic"})).await,
@@ -650,7 +643,7 @@ async fn http_unit_retries_until_the_server_answers_then_serves_calls() {
 
     let mut server = http_fixture(port, "s3cret");
     let running = r.until("running", |s| s.state == State::Running).await;
-    assert!(running.tools.iter().any(|t| t.name == "echo"));
+    assert!(running.tools.contains("echo"));
     assert_eq!(
         r.text("echo", serde_json::json!({"text": "over http"}))
             .await,
@@ -727,7 +720,7 @@ async fn garbage_on_stdout_is_ignored() {
         fixture_unit(&["--garbage-stdout"], reconnect(10, 1000, 3), |_| {}),
     );
     let running = r.running(1).await;
-    assert!(running.tools.iter().any(|t| t.name == "echo"));
+    assert!(running.tools.contains("echo"));
     assert_eq!(
         r.text("echo", serde_json::json!({"text": "clean"})).await,
         "clean"

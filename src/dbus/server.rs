@@ -34,6 +34,7 @@ fn usec(t: SystemTime) -> u64 {
 pub fn tool_rows(status: &Status) -> Vec<ToolRow> {
     status
         .tools
+        .tools()
         .iter()
         .map(|t| {
             (
@@ -198,8 +199,9 @@ impl Server {
 
     /// The full MCP tool objects, as a JSON array.
     fn list_tools(&self) -> String {
-        let tools = self.status().map(|s| s.tools).unwrap_or_default();
-        serde_json::to_string(&*tools).unwrap_or_else(|_| "[]".into())
+        self.status()
+            .map(|s| s.tools.json().to_owned())
+            .unwrap_or_else(|| "[]".into())
     }
 
     /// Calls a tool; `arguments_json` is a JSON object (or empty). Returns
@@ -231,7 +233,7 @@ impl Server {
         };
         let supervisor = self.supervisor()?;
         let status = supervisor.status();
-        if !status.tools.is_empty() && !status.tools.iter().any(|t| t.name == name) {
+        if !status.tools.is_empty() && !status.tools.contains(name) {
             return Err(Error::InvalidArguments(format!(
                 "server {} has no tool {name}",
                 self.name

@@ -9,7 +9,6 @@
 //! `list_changed` coalesces into one more sync after it.
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
 use rmcp::Peer;
@@ -23,7 +22,7 @@ use tokio::task::JoinHandle;
 use crate::unit::UnitSpec;
 
 use super::launch::{Client, ConnectError, GenClient, SharedLauncher, transport_error_text};
-use super::machine::{Effect, Event, Gen, Machine, State, View};
+use super::machine::{Effect, Event, Gen, Machine, State, ToolList, View};
 use super::{CallError, Status};
 
 /// What the handle asks of the actor.
@@ -147,7 +146,7 @@ pub(crate) fn status_of(view: &View, clock: &Clock) -> Status {
         main_pid: view.main_pid,
         last_exit: view.last_exit,
         last_error: view.last_error.clone(),
-        tools: Arc::clone(&view.tools),
+        tools: view.tools.clone(),
         tools_generation: view.tools_generation,
         tools_serial: view.tools_serial,
         instructions: None,
@@ -343,7 +342,7 @@ impl Actor {
                     });
                     self.step(Event::Established {
                         generation,
-                        tools: Arc::new(tools),
+                        tools: ToolList::from(tools),
                     })
                     .await;
                     self.resync_if_dirty(generation);
@@ -385,7 +384,7 @@ impl Actor {
                 if let Ok(tools) = result {
                     self.step(Event::ToolsSynced {
                         generation,
-                        tools: Arc::new(tools),
+                        tools: ToolList::from(tools),
                     })
                     .await;
                 }

@@ -24,18 +24,14 @@
 //! sleeps until [`Machine::deadline`] and then sends [`Event::Deadline`].
 
 use std::fmt;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
-
-use rmcp::model::Tool;
 
 use crate::unit::{ReconnectPolicy, UnitSpec};
 
 /// A generation number: 1 for the first attempt, never reused.
 pub type Gen = u64;
 
-/// A published tool list.
-pub type ToolList = Arc<Vec<Tool>>;
+pub use super::tools::ToolList;
 
 /// The observable state (DESIGN §3); the words are the contract.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -292,7 +288,7 @@ impl Machine {
             since: now,
             last_exit: None,
             last_error: None,
-            tools: Arc::new(Vec::new()),
+            tools: ToolList::default(),
             tools_generation: 0,
             tools_serial: 0,
         }
@@ -377,7 +373,7 @@ impl Machine {
             main_pid,
             last_exit: self.last_exit,
             last_error: self.last_error.clone(),
-            tools: Arc::clone(&self.tools),
+            tools: self.tools.clone(),
             tools_generation: self.tools_generation,
             tools_serial: self.tools_serial,
             settling: matches!(
@@ -472,7 +468,7 @@ impl Machine {
 
     fn publish(&mut self, generation: Gen, tools: ToolList) {
         self.tools_generation = generation;
-        if *tools != *self.tools {
+        if tools != self.tools {
             self.tools = tools;
             self.tools_serial += 1;
         }
@@ -480,7 +476,7 @@ impl Machine {
 
     fn withdraw_tools(&mut self) {
         if !self.tools.is_empty() {
-            self.tools = Arc::new(Vec::new());
+            self.tools = ToolList::default();
             self.tools_serial += 1;
         }
     }

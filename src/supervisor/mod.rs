@@ -15,6 +15,7 @@ pub mod launch;
 pub mod logs;
 pub mod machine;
 pub mod process;
+pub mod tools;
 
 use std::fmt;
 use std::sync::Arc;
