@@ -16,6 +16,7 @@ use rmcp::{ClientHandler, RoleClient, ServiceExt};
 use tokio::io::AsyncBufReadExt;
 use tokio::sync::mpsc;
 
+use super::transport::StdioTransport;
 use crate::unit::{HttpSpec, StdioSpec, Transport, UnitSpec};
 
 use super::actor::Internal;
@@ -196,6 +197,8 @@ impl SystemLauncher {
         else {
             return Err("child has no stdio pipes".into());
         };
+        let transport = StdioTransport::new(stdout, stdin)
+            .map_err(|e| format!("cannot read the server's stdout: {e}"))?;
         let name = self.name.clone();
         let logs = self.logs.clone();
         tokio::spawn(async move {
@@ -218,7 +221,7 @@ impl SystemLauncher {
         });
         let connect: BoxFuture<Result<Client, ConnectError>> = Box::pin(async move {
             client
-                .serve((stdout, stdin))
+                .serve(transport)
                 .await
                 .map_err(|e| ConnectError::initialize(&e))
         });

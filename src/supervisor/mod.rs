@@ -16,6 +16,7 @@ pub mod logs;
 pub mod machine;
 pub mod process;
 pub mod tools;
+pub mod transport;
 
 use std::fmt;
 use std::sync::Arc;
