@@ -40,8 +40,12 @@ def row(name, values, subtract=0.0):
         return f"| respawn delay under {name} | - | no restarts seen | - | 0 |"
     values = sorted(v - subtract for v in values)
     p50 = statistics.median(values)
+    mean = statistics.fmean(values)
     p95 = values[int(round((len(values) - 1) * 0.95))]
-    return f"| respawn delay under {name} | - | {p50:.2f} ms | p95 {p95:.2f}, {values[0]:.2f}..{values[-1]:.2f} ms | {len(values)} |"
+    return (
+        f"| respawn delay under {name} | - | {p50:.2f} ms (mean {mean:.2f}) "
+        f"| p95 {p95:.2f}, {values[0]:.2f}..{values[-1]:.2f} ms | {len(values)} |"
+    )
 
 
 def run_mcpd(target, seconds, work):

@@ -20,7 +20,7 @@
 //! `MCPD_BENCH_IDLE_UNITS` (100, also the smaller start-up size),
 //! `MCPD_BENCH_STARTS` (3 start-ups per size), `MCPD_BENCH_RELOADS` (20),
 //! `MCPD_BENCH_IDLE_SECS` (10), `MCPD_BENCH_CALLS` (500 tool calls per
-//! path), `MCPD_BENCH_COMPARE_SECS` (10 per supervisor).
+//! path), `MCPD_BENCH_COMPARE_SECS` (30 per supervisor).
 
 mod common;
 
@@ -57,7 +57,7 @@ impl Sizes {
             calls: mode.size("MCPD_BENCH_CALLS", 500, 20).max(1),
             round_trips: mode.size("MCPD_BENCH_ROUND_TRIPS", 1000, 20).max(1),
             status_runs: mode.size("MCPD_BENCH_STATUS_RUNS", 20, 2).max(1),
-            compare_secs: mode.size("MCPD_BENCH_COMPARE_SECS", 10, 5),
+            compare_secs: mode.size("MCPD_BENCH_COMPARE_SECS", 30, 5),
         }
     }
 }
