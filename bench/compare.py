@@ -35,10 +35,10 @@ def gaps(log):
     return out
 
 
-def row(name, values, subtract=0.0):
+def row(name, values):
     if not values:
         return f"| respawn delay under {name} | - | no restarts seen | - | 0 |"
-    values = sorted(v - subtract for v in values)
+    values = sorted(values)
     p50 = statistics.median(values)
     mean = statistics.fmean(values)
     p95 = values[int(round((len(values) - 1) * 0.95))]
@@ -67,7 +67,7 @@ def run_mcpd(target, seconds, work):
     time.sleep(seconds)
     daemon.send_signal(signal.SIGTERM)
     daemon.wait(timeout=30)
-    return row("mcpd (minus its 1 ms backoff)", gaps(log), subtract=1.0)
+    return [v - 1.0 for v in gaps(log)]
 
 
 def run_supervisord(target, seconds, work, supervisord):
@@ -84,7 +84,7 @@ def run_supervisord(target, seconds, work, supervisord):
     time.sleep(seconds)
     daemon.send_signal(signal.SIGTERM)
     daemon.wait(timeout=30)
-    return row("supervisord (autorestart, startsecs=0)", gaps(log))
+    return gaps(log)
 
 
 def main():
@@ -100,12 +100,26 @@ def main():
     print("|---|---|---|---|---:|")
     with tempfile.TemporaryDirectory() as work:
         os.makedirs(os.path.join(work, "mcpd"))
-        print(run_mcpd(target, args.seconds, os.path.join(work, "mcpd")), flush=True)
+        mcpd = run_mcpd(target, args.seconds, os.path.join(work, "mcpd"))
+        print(row("mcpd (minus its 1 ms backoff)", mcpd), flush=True)
         if args.supervisord:
             os.makedirs(os.path.join(work, "supervisord"))
-            print(run_supervisord(target, args.seconds, os.path.join(work, "supervisord"), args.supervisord))
+            supervisord = run_supervisord(target, args.seconds, os.path.join(work, "supervisord"), args.supervisord)
+            print(row("supervisord (autorestart, startsecs=0)", supervisord))
+            print(ratio(supervisord, mcpd))
         else:
             print(f"| respawn delay under supervisord | - | skipped: {args.skip_supervisord} | - | 0 |")
+            print(f"| respawn delay, supervisord ÷ mcpd | - | skipped: {args.skip_supervisord} | - | 0 |")
+
+
+def ratio(theirs, ours):
+    """The comparison as a ratio, by median and by mean."""
+    name = "respawn delay, supervisord ÷ mcpd"
+    if not theirs or not ours:
+        return f"| {name} | - | skipped: no restarts seen under one of them | - | 0 |"
+    by_median = statistics.median(theirs) / statistics.median(ours)
+    by_mean = statistics.fmean(theirs) / statistics.fmean(ours)
+    return f"| {name} | - | {by_median:.1f}× by median, {by_mean:.0f}× by mean | - | {min(len(theirs), len(ours))} |"
 
 
 if __name__ == "__main__":

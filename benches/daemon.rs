@@ -674,7 +674,11 @@ fn compare(sizes: &Sizes) -> Vec<Row> {
             Some(Row::new(figure, target, median, spread, runs.parse().ok()?))
         })
         .collect();
-    assert_eq!(rows.len(), 2, "compare.py prints a row per supervisor");
+    assert_eq!(
+        rows.len(),
+        3,
+        "compare.py prints a row per supervisor and their ratio"
+    );
     assert!(
         rows[0].runs > 0,
         "mcpd restarted the crashing fixture no time in {} s",
