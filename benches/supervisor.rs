@@ -185,18 +185,26 @@ async fn respawn(crashes: usize) -> Vec<Row> {
     }
     sup.shutdown(task).await;
     vec![
-        Row::ms(
-            format!("respawn after reap minus backoff ({DELAY_MS} ms)"),
-            "within 5 ms",
-            stats(late),
-            2,
-        ),
-        Row::ms(
-            "respawn to re-established (initialize + tools/list)",
-            "< 50 ms",
-            stats(establish),
-            2,
-        ),
+        {
+            let s = stats(late);
+            Row::ms(
+                format!("respawn after reap minus backoff ({DELAY_MS} ms)"),
+                "within 5 ms",
+                s,
+                2,
+            )
+            .met(s.p50.abs() <= 5.0)
+        },
+        {
+            let s = stats(establish);
+            Row::ms(
+                "respawn to re-established (initialize + tools/list)",
+                "< 50 ms",
+                s,
+                2,
+            )
+            .met(s.p50 < 50.0)
+        },
     ]
 }
 
@@ -238,7 +246,8 @@ async fn memory(servers: usize) -> Vec<Row> {
             format!("{per_heap:.1} KiB"),
             format!("{:.1} MiB in all", heap as f64 / 1024.0 / 1024.0),
             1,
-        ),
+        )
+        .met(per_heap <= 64.0),
         Row::new(
             format!("daemon RSS per idle running server ({servers} servers)"),
             "-",

@@ -113,6 +113,8 @@ pub struct Row {
     pub median: String,
     pub spread: String,
     pub runs: usize,
+    /// Whether the figure meets its target; `None` without one.
+    pub met: Option<bool>,
 }
 
 impl Row {
@@ -129,7 +131,14 @@ impl Row {
             median: median.into(),
             spread: spread.into(),
             runs,
+            met: None,
         }
+    }
+
+    /// Judges the row against its target.
+    pub fn met(mut self, met: bool) -> Self {
+        self.met = Some(met);
+        self
     }
 
     /// A row of milliseconds with `decimals` places.
@@ -157,15 +166,22 @@ impl Row {
     }
 }
 
-/// Prints `rows` as a Markdown table under `title`.
+/// Prints `rows` as a Markdown table under `title`, with a verdict for each
+/// row that has a target (full runs only).
 pub fn print_table(title: &str, rows: &[Row]) {
     println!("## {title}\n");
-    println!("| figure | target | median | p95, min..max | runs |");
-    println!("|---|---|---|---|---:|");
+    println!("| figure | target | median | p95, min..max | runs | met |");
+    println!("|---|---|---|---|---:|---|");
     for r in rows {
         assert!(!r.median.is_empty(), "row {:?} has no figure", r.figure);
+        // A smoke run's figures are not measurements: no verdicts.
+        let met = match r.met.filter(|_| Mode::detect() == Mode::Full) {
+            Some(true) => "yes",
+            Some(false) => "**no**",
+            None => "",
+        };
         println!(
-            "| {} | {} | {} | {} | {} |",
+            "| {} | {} | {} | {} | {} | {met} |",
             r.figure, r.target, r.median, r.spread, r.runs
         );
     }
