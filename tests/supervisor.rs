@@ -727,3 +727,35 @@ async fn garbage_on_stdout_is_ignored() {
     );
     r.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn large_and_concurrent_messages_cross_the_stdio_transport_intact() {
+    // Each message far larger than a read (8 KiB) and than the pipe
+    // buffer (64 KiB), in both directions, with answers interleaving.
+    let mut r = spawn("large", fixture_unit(&[], reconnect(10, 1000, 3), |_| {}));
+    r.running(1).await;
+    let texts: Vec<String> = [3 << 20, 100_000, 5, 1 << 20]
+        .iter()
+        .enumerate()
+        .map(|(i, n)| format!("{i}:{}é", "x".repeat(*n)))
+        .collect();
+    let calls = texts
+        .iter()
+        .map(|t| r.text("echo", serde_json::json!({ "text": t })));
+    let answers = futures_util::future::join_all(calls).await;
+    for (sent, got) in texts.iter().zip(&answers) {
+        assert_eq!(got.len(), sent.len());
+        assert!(
+            got == sent,
+            "echo of {} bytes came back changed",
+            sent.len()
+        );
+    }
+    // the same generation still serves small calls afterwards
+    assert_eq!(
+        r.text("echo", serde_json::json!({"text": "after"})).await,
+        "after"
+    );
+    assert_eq!(r.sup.status().generation, 1);
+    r.shutdown().await;
+}
