@@ -114,3 +114,53 @@ fn verify_without_paths_is_a_usage_error() {
     let out = run(mcpctl().arg("verify"));
     assert_eq!(out.status.code(), Some(2), "clap usage errors exit 2");
 }
+
+#[test]
+fn user_and_system_add_that_instances_rules() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let file = tmp.path().join("other.kdl");
+    fs::write(
+        &file,
+        "stdio {\n    command \"cat\"\n    user \"nobody\"\n}\n",
+    )
+    .expect("write");
+    // without an instance, and for the system instance: valid
+    for args in [
+        &["verify"][..],
+        &["--system", "verify"],
+        &["verify", "--system"],
+    ] {
+        let out = run(mcpctl().args(args).arg(&file));
+        assert!(
+            out.status.success(),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    // a user instance runs every server as its own user
+    let out = run(mcpctl().args(["--user", "verify"]).arg(&file));
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("a user instance runs every server as its own user")
+            && err.contains(&format!("{}:3:10", file.display()))
+            && err.contains("1 of 1 units invalid"),
+        "{err}"
+    );
+    // naming yourself is what a user instance does anyway
+    let me = String::from_utf8(run(std::process::Command::new("id").arg("-un")).stdout)
+        .expect("utf-8")
+        .trim()
+        .to_owned();
+    fs::write(
+        &file,
+        format!("stdio {{\n    command \"cat\"\n    user \"{me}\"\n}}\n"),
+    )
+    .expect("write");
+    let out = run(mcpctl().args(["--user", "verify"]).arg(&file));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}

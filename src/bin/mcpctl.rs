@@ -110,7 +110,14 @@ fn main() -> ExitCode {
         } else {
             Style::Plain
         };
-        return match mcpd::ctl::verify::run(paths, style, &mut stderr.lock()) {
+        // An instance's own rules only when one is named, as the daemon
+        // of that instance would apply them.
+        let context = match (cli.system, cli.user) {
+            (true, _) => mcpd::daemon::load_context(Instance::System),
+            (_, true) => mcpd::daemon::load_context(Instance::User),
+            _ => mcpd::unit::Context::default(),
+        };
+        return match mcpd::ctl::verify::run(paths, &context, style, &mut stderr.lock()) {
             Ok(summary) => ExitCode::from(summary.exit_code()),
             Err(e) => {
                 eprintln!("mcpctl: cannot write diagnostics: {e}");
