@@ -236,6 +236,12 @@ pub fn venv_tool(tool: &str) -> Result<PathBuf, String> {
             "install",
             "--quiet",
             "--disable-pip-version-check",
+            // Offline, give up in about a minute rather than pip's default
+            // of five retries per request.
+            "--retries",
+            "1",
+            "--timeout",
+            "30",
             "supervisor",
             "mcp-proxy",
         ]),
