@@ -543,7 +543,7 @@ fn system_instance_checks_the_callers_uid() {
 
 #[test]
 fn the_private_socket_serves_everything_without_a_bus() {
-    use futures_util::StreamExt;
+    use futures_util::{FutureExt, StreamExt};
     use mcpd::dbus::{ManagerProxy, ServerProxy, server_path};
     use std::os::unix::fs::PermissionsExt;
 
@@ -683,6 +683,45 @@ fn the_private_socket_serves_everything_without_a_bus() {
             std::fs::remove_file(tmp.path().join("late.kdl")).expect("rm");
             let signal = removed.next().await.expect("ServerRemoved");
             assert_eq!(signal.args().expect("args").name(), "late");
+
+            // a new unit that is invalid from the start is listed, so this
+            // (older) connection gets its object, announced once
+            std::fs::write(
+                tmp.path().join("broken.kdl"),
+                "stdio {\n    command \"mcp-fixture\"\n}\nreconnect {\n    max-attempts 0\n}\n",
+            )
+            .expect("write");
+            let signal = added.next().await.expect("ServerAdded for an invalid unit");
+            assert_eq!(signal.args().expect("args").name(), "broken");
+            let diff = manager.reload().await.expect("Reload");
+            assert!(
+                diff.contains(&("broken".into(), "invalid".into())),
+                "{diff:?}"
+            );
+            let broken = ServerProxy::builder(&conn)
+                .path(server_path("broken"))
+                .build()
+                .await
+                .expect("server proxy");
+            let load_error = broken
+                .load_error()
+                .await
+                .expect("LoadError on the old connection");
+            assert!(load_error.contains("broken.kdl:5:18"), "{load_error}");
+            assert_eq!(broken.state().await.expect("State"), "stopped");
+            // fixed, it starts under the same object: no second ServerAdded
+            fixture_unit(tmp.path(), "broken", "");
+            while broken.state().await.expect("State") != "running" {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            std::fs::remove_file(tmp.path().join("broken.kdl")).expect("rm");
+            let signal = removed.next().await.expect("ServerRemoved");
+            assert_eq!(signal.args().expect("args").name(), "broken");
+            // (signals arrive in order: a second ServerAdded would be queued)
+            assert!(
+                added.next().now_or_never().is_none(),
+                "the server was announced once"
+            );
 
             // a stopped server: NotRunning
             manager.stop("demo").await.expect("Stop");

@@ -233,7 +233,15 @@ impl Hub {
             match change {
                 Change::Added => self.added(name).await,
                 Change::Removed => self.removed(name).await,
-                Change::Changed { .. } | Change::Invalid(_) => {
+                Change::Invalid(_) => {
+                    // A unit first seen invalid is listed (stopped, with its
+                    // LoadError), so it gets its object and ServerAdded too.
+                    self.added(name).await;
+                    for conn in self.connections() {
+                        server::emit_unit_properties(&conn, name).await;
+                    }
+                }
+                Change::Changed { .. } => {
                     self.watch(name);
                     for conn in self.connections() {
                         server::emit_unit_properties(&conn, name).await;
@@ -250,14 +258,21 @@ impl Hub {
         }
     }
 
+    /// Serves server `name` on every connection that lacks it, announcing
+    /// it there; a unit known before (invalid until now, or served from the
+    /// connection's start) is not announced twice.
     async fn added(self: &Arc<Self>, name: &str) {
         let path = server_path(name);
         for conn in self.connections() {
-            let _ = conn
+            let fresh = conn
                 .object_server()
                 .at(&path, Server::new(name, Arc::clone(&self.shared)))
-                .await;
-            if let Ok(emitter) = zbus::object_server::SignalEmitter::new(&conn, MANAGER_PATH) {
+                .await
+                // `None`: served now; `Some`: it was there already.
+                .is_ok_and(|existing| existing.is_none());
+            if fresh
+                && let Ok(emitter) = zbus::object_server::SignalEmitter::new(&conn, MANAGER_PATH)
+            {
                 let _ = Manager::server_added(&emitter, name, path.as_ref()).await;
             }
         }
