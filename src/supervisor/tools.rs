@@ -30,6 +30,7 @@ impl ToolList {
         if tools.is_empty() {
             return Self(None);
         }
+        // `Tool`s are JSON values with string keys: serializing cannot fail.
         let json = serde_json::to_string(tools).expect("tools serialize to JSON");
         let names = tools.iter().map(|t| Box::from(t.name.as_ref())).collect();
         Self(Some(Arc::new(Compact {
@@ -64,8 +65,12 @@ impl ToolList {
 
     /// The tools, parsed again.
     pub fn tools(&self) -> Vec<Tool> {
-        // The JSON was written from `Tool`s by `new`, so it reads back.
-        serde_json::from_str(self.json()).expect("a tool list reads back")
+        // The JSON was written from `Tool`s by `new`, so it reads back; a
+        // D-Bus getter must not panic if rmcp ever disagrees with itself.
+        serde_json::from_str(self.json()).unwrap_or_else(|e| {
+            tracing::error!(target: "mcpd::supervisor", "a published tool list does not read back: {e}");
+            Vec::new()
+        })
     }
 }
 
