@@ -40,13 +40,8 @@ fn an_mcp_client_uses_a_managed_server_through_the_bridge() {
     )
     .expect("write");
     let start = || {
-        let mut d = Daemon::start(
-            &[
-                "--user".as_ref(),
-                "--no-bus".as_ref(),
-                "--units".as_ref(),
-                units.path().as_os_str(),
-            ],
+        let mut d = Daemon::user_no_bus(
+            units.path(),
             &[("XDG_RUNTIME_DIR", runtime.path().as_os_str())],
         );
         d.wait_until("demo running", |d| d.latest_pid("demo").is_some());
@@ -201,15 +196,7 @@ fn the_official_python_sdk_uses_the_bridge() {
         "stdio {\n    command \"mcp-fixture\" \"--chatter\" \"0\"\n}\nreconnect {\n    initial-delay \"1h\"\n    max-delay \"2h\"\n}\n",
     )
     .expect("write");
-    let mut d = Daemon::start(
-        &[
-            "--user".as_ref(),
-            "--no-bus".as_ref(),
-            "--units".as_ref(),
-            units.path().as_os_str(),
-        ],
-        &[],
-    );
+    let mut d = Daemon::user_no_bus(units.path(), &[]);
     d.wait_until("demo running", |d| d.latest_pid("demo").is_some());
     let out = std::process::Command::new("python3")
         .arg(crate::helper::root().join("tests/data/bridge_client.py"))

@@ -113,15 +113,7 @@ fn err(out: &Output) -> String {
 fn every_command_against_a_live_daemon() {
     let tmp = tempfile::tempdir().expect("tempdir");
     units(tmp.path());
-    let mut d = Daemon::start(
-        &[
-            "--user".as_ref(),
-            "--no-bus".as_ref(),
-            "--units".as_ref(),
-            tmp.path().as_os_str(),
-        ],
-        &[],
-    );
+    let mut d = Daemon::user_no_bus(tmp.path(), &[]);
     d.wait_until("ready", |d| {
         d.latest_pid("demo").is_some()
             && d.count("retry 1/10 in 1h") == 2

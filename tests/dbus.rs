@@ -550,13 +550,8 @@ fn the_private_socket_serves_everything_without_a_bus() {
     let tmp = tempfile::tempdir().expect("tempdir");
     let runtime = tempfile::tempdir().expect("tempdir");
     fixture_unit(tmp.path(), "demo", "");
-    let mut d = Daemon::start(
-        &[
-            "--user".as_ref(),
-            "--no-bus".as_ref(),
-            "--units".as_ref(),
-            tmp.path().as_os_str(),
-        ],
+    let mut d = Daemon::user_no_bus(
+        tmp.path(),
         &[("XDG_RUNTIME_DIR", runtime.path().as_os_str())],
     );
     d.wait_until("demo running", |d| d.latest_pid("demo").is_some());

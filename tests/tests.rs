@@ -11,6 +11,7 @@ mod dbus;
 mod docs;
 mod fixture;
 mod fuzz;
+mod interop;
 mod machine;
 mod packaging;
 mod reload;

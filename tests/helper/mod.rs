@@ -74,6 +74,19 @@ pub struct Daemon {
 }
 
 impl Daemon {
+    /// A user instance on `units`, off any bus (private socket only).
+    pub fn user_no_bus(units: &Path, env: &[(&str, &std::ffi::OsStr)]) -> Self {
+        Self::start(
+            &[
+                "--user".as_ref(),
+                "--no-bus".as_ref(),
+                "--units".as_ref(),
+                units.as_os_str(),
+            ],
+            env,
+        )
+    }
+
     /// Starts `mcpd` with `args`, the fixture's directory first on PATH.
     pub fn start(args: &[&std::ffi::OsStr], env: &[(&str, &std::ffi::OsStr)]) -> Self {
         Self::start_binary(Path::new(env!("CARGO_BIN_EXE_mcpd")), args, env)
