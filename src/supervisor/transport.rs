@@ -123,6 +123,13 @@ impl StdioTransport {
     }
 }
 
+fn log_oversized() {
+    tracing::error!(
+        max_line_length = MAX_LINE,
+        "a message from the server exceeded the maximum line length; discarding it"
+    );
+}
+
 async fn write_message(
     write: &Mutex<Option<pipe::Sender>>,
     item: &TxJsonRpcMessage<RoleClient>,
@@ -156,10 +163,7 @@ impl Transport<RoleClient> for StdioTransport {
                     self.buf = BytesMut::new();
                     self.scanned = 0;
                 } else if self.buf.len() > MAX_LINE {
-                    tracing::error!(
-                        max_line_length = MAX_LINE,
-                        "a message from the server exceeded the maximum line length; discarding it"
-                    );
+                    log_oversized();
                     self.discarding = true;
                     self.buf = BytesMut::new();
                     self.scanned = 0;
@@ -174,10 +178,7 @@ impl Transport<RoleClient> for StdioTransport {
                 continue;
             }
             if line.len() > MAX_LINE + 1 {
-                tracing::error!(
-                    max_line_length = MAX_LINE,
-                    "a message from the server exceeded the maximum line length; discarding it"
-                );
+                log_oversized();
                 continue;
             }
             if line.iter().all(u8::is_ascii_whitespace) {
