@@ -43,6 +43,7 @@ struct Sizes {
     calls: usize,
     round_trips: usize,
     status_runs: usize,
+    churn_runs: usize,
     compare_secs: usize,
 }
 
@@ -57,6 +58,7 @@ impl Sizes {
             calls: mode.size("MCPD_BENCH_CALLS", 500, 20).max(1),
             round_trips: mode.size("MCPD_BENCH_ROUND_TRIPS", 1000, 20).max(1),
             status_runs: mode.size("MCPD_BENCH_STATUS_RUNS", 20, 2).max(1),
+            churn_runs: mode.size("MCPD_BENCH_CHURN_RUNS", 10_000, 40).max(1),
             compare_secs: mode.size("MCPD_BENCH_COMPARE_SECS", 30, 5),
         }
     }
@@ -351,6 +353,7 @@ fn main() {
     )
     .met(used < 10_000_000);
     let mut calls = rt.block_on(call_overhead(&d, bus.as_ref(), &sizes));
+    let churn = client_churn(&d, m, &sizes);
     drop(d);
 
     // The larger size: start-up, reload, D-Bus reads, mcpctl status
@@ -395,6 +398,7 @@ fn main() {
     });
     rows.push(mcpctl_status(&d, n, &sizes));
     drop(d);
+    rows.push(churn);
     rows.append(&mut calls.0);
     print_table("Daemon", &rows);
 
@@ -489,6 +493,73 @@ fn mcpctl_status(d: &Daemon, n: usize, sizes: &Sizes) -> Row {
         1,
     )
     .met(s.p50 < 100.0)
+}
+
+/// Open file descriptors of `pid`.
+fn fds(pid: u32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/fd")).map_or(0, Iterator::count)
+}
+
+/// The daemon's fds and RSS before and after `churn_runs` runs of `mcpctl
+/// status` (two at a time), each a private-socket client that comes and
+/// goes: what a host polling the status costs over a day.
+fn client_churn(d: &Daemon, m: usize, sizes: &Sizes) -> Row {
+    let runtime = d.runtime.path();
+    let status = || {
+        let out = Command::new(common::binary("mcpctl"))
+            .args(["--user", "status"])
+            .env("XDG_RUNTIME_DIR", runtime)
+            .env_remove("DBUS_SESSION_BUS_ADDRESS")
+            .output()
+            .expect("mcpctl");
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    let runs = |n: usize| {
+        std::thread::scope(|scope| {
+            for share in [n / 2, n - n / 2] {
+                scope.spawn(move || (0..share).for_each(|_| status()));
+            }
+        });
+    };
+    // Released connections go asynchronously: wait (bounded) for the count
+    // to stop falling.
+    let settled_fds = || {
+        let mut last = fds(d.pid());
+        for _ in 0..50 {
+            std::thread::sleep(Duration::from_millis(100));
+            let now = fds(d.pid());
+            if now == last {
+                break;
+            }
+            last = now;
+        }
+        last
+    };
+    runs(sizes.churn_runs.min(100));
+    let (fds0, rss0) = (settled_fds(), settled_rss(d));
+    runs(sizes.churn_runs);
+    let (fds1, rss1) = (settled_fds(), settled_rss(d));
+    let grew_fds = fds1.saturating_sub(fds0);
+    let grew_kib = rss1.saturating_sub(rss0);
+    Row::new(
+        format!(
+            "daemon fds and RSS after {} mcpctl status runs, {m} servers",
+            sizes.churn_runs
+        ),
+        "unchanged within 64 fds and 1 MiB",
+        format!("+{grew_fds} fds, +{grew_kib} KiB"),
+        format!(
+            "fds {fds0} → {fds1}, RSS {:.1} → {:.1} MiB",
+            rss0 as f64 / 1024.0,
+            rss1 as f64 / 1024.0
+        ),
+        sizes.churn_runs,
+    )
+    .met(grew_fds <= 64 && grew_kib <= 1024)
 }
 
 type Client = rmcp::service::RunningService<rmcp::RoleClient, ()>;

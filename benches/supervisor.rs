@@ -150,7 +150,7 @@ async fn respawn(crashes: usize) -> Vec<Row> {
     let reaped = Arc::new(Mutex::new(Vec::new()));
     let logs = LogRing::default();
     let launcher = Arc::new(Timing {
-        inner: SystemLauncher::new("bench", Host::current(Instance::User), logs.clone()),
+        inner: SystemLauncher::new("bench", Host::current(Instance::User, None), logs.clone()),
         launched: Arc::clone(&launched),
         reaped: Arc::clone(&reaped),
     });
@@ -219,7 +219,7 @@ async fn memory(servers: usize) -> Vec<Row> {
         let logs = LogRing::default();
         let launcher = Arc::new(SystemLauncher::new(
             &name,
-            Host::current(Instance::User),
+            Host::current(Instance::User, None),
             logs.clone(),
         ));
         let (sup, task) = Supervisor::spawn(&name, spec(1000, 10), launcher, logs);

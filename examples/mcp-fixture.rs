@@ -4,7 +4,8 @@
 //! a product binary: `cargo install` and the packages never ship it.
 //!
 //! Tools: `echo {text}`, `add {a, b}`, `crash {code}` (replies, then exits
-//! with `code`), `hang` (never replies), `fail {message}` (an `isError`
+//! with `code`), `hang` (never replies; logs `hang cancelled` when
+//! the client cancels it), `fail {message}` (an `isError`
 //! result), `log {text}` (a line on stderr), `set_tools {tools}` (replaces the
 //! extra tools and sends `notifications/tools/list_changed`). Extra tools echo
 //! their `text` argument. `env` and `whoami` report how the server was started.
@@ -268,7 +269,12 @@ impl ServerHandler for Fixture {
                 });
                 text(format!("crashing with exit code {code}"))
             }
-            "hang" => std::future::pending().await,
+            "hang" => {
+                // Never replies; says so on stderr when the client cancels.
+                context.ct.cancelled().await;
+                say("hang cancelled");
+                Err(ErrorData::internal_error("cancelled", None))
+            }
             "fail" => {
                 let message = arg(&request, "message")
                     .and_then(Value::as_str)

@@ -1,6 +1,5 @@
 //! `mcpctl bridge` driven by a real rmcp client as a stdio MCP server.
 
-use std::process::Stdio;
 use std::time::Duration;
 
 use rmcp::model::CallToolRequestParams;
@@ -52,18 +51,7 @@ fn an_mcp_client_uses_a_managed_server_through_the_bridge() {
     let rt = tokio::runtime::Runtime::new().expect("runtime");
     rt.block_on(async {
         tokio::time::timeout(Duration::from_secs(60), async {
-            let mut bridge = tokio::process::Command::new(env!("CARGO_BIN_EXE_mcpctl"))
-                .args(["--user", "bridge", "demo"])
-                .env("XDG_RUNTIME_DIR", runtime.path())
-                .env_remove("DBUS_SESSION_BUS_ADDRESS")
-                .stdin(Stdio::piped())
-                .stdout(Stdio::piped())
-                .stderr(Stdio::inherit())
-                .kill_on_drop(true)
-                .spawn()
-                .expect("spawn bridge");
-            let stdout = bridge.stdout.take().expect("stdout");
-            let stdin = bridge.stdin.take().expect("stdin");
+            let (mut bridge, (stdout, stdin)) = crate::helper::bridge(runtime.path(), "demo");
             let (tx, mut changed) = mpsc::unbounded_channel();
             let client = Watcher(tx)
                 .serve((stdout, stdin))
@@ -103,19 +91,7 @@ fn an_mcp_client_uses_a_managed_server_through_the_bridge() {
             assert!(tools.iter().any(|t| t.name == "extra"));
 
             // a second bridge (another host) shares the same running server
-            let mut second = tokio::process::Command::new(env!("CARGO_BIN_EXE_mcpctl"))
-                .args(["--user", "bridge", "demo"])
-                .env("XDG_RUNTIME_DIR", runtime.path())
-                .env_remove("DBUS_SESSION_BUS_ADDRESS")
-                .stdin(Stdio::piped())
-                .stdout(Stdio::piped())
-                .kill_on_drop(true)
-                .spawn()
-                .expect("spawn second bridge");
-            let (out2, in2) = (
-                second.stdout.take().expect("stdout"),
-                second.stdin.take().expect("stdin"),
-            );
+            let (_second, (out2, in2)) = crate::helper::bridge(runtime.path(), "demo");
             let other = ().serve((out2, in2)).await.expect("initialize");
             let echo = other
                 .call_tool(

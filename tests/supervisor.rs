@@ -66,7 +66,7 @@ fn spawn_in(instance: Instance, name: &str, spec: UnitSpec) -> Running {
     let logs = LogRing::default();
     let launcher = Arc::new(SystemLauncher::new(
         name,
-        Host::current(instance),
+        Host::current(instance, None),
         logs.clone(),
     ));
     let (sup, task) = Supervisor::spawn(name, spec, launcher, logs);

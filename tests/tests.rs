@@ -4,6 +4,7 @@ mod helper;
 
 mod actor;
 mod bridge;
+mod connections;
 mod ctl;
 mod daemon;
 mod dbus;

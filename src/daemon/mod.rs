@@ -8,8 +8,9 @@
 //! (debounced), status changes (for `STATUS=`) and the watchdog timer.
 //!
 //! Reading order: [`registry`] (units and reload by diff), [`watch`],
-//! [`sdnotify`], [`lock`], [`logging`].
+//! [`sdnotify`], [`lock`], [`fdlimit`], [`logging`].
 
+pub mod fdlimit;
 pub mod lock;
 pub mod logging;
 pub mod registry;
@@ -135,6 +136,23 @@ pub async fn run(
         dirs.join(":")
     );
     tracing::debug!(target: "mcpd::daemon", "holding {}", lock.path().display());
+    let child_nofile = match fdlimit::raise() {
+        Ok(Some(raised)) => {
+            tracing::debug!(
+                target: "mcpd::daemon",
+                "file descriptor limit raised from {} to {}; servers start with {}",
+                fdlimit::show(raised.inherited.current),
+                fdlimit::show(raised.now.current),
+                fdlimit::show(raised.inherited.current),
+            );
+            Some(raised.inherited)
+        }
+        Ok(None) => None,
+        Err(e) => {
+            tracing::warn!(target: "mcpd::daemon", "cannot raise the file descriptor limit: {e}");
+            None
+        }
+    };
 
     let (events_tx, mut events) = mpsc::unbounded_channel();
     let mut watcher = watch::DirWatcher::new(events_tx)?;
@@ -146,7 +164,8 @@ pub async fn run(
         units: std::sync::RwLock::new(std::collections::BTreeMap::new()),
         control: controller,
     });
-    let mut registry = Registry::new(config);
+    let host = crate::supervisor::process::Host::current(config.instance, child_nofile);
+    let mut registry = Registry::new(config, host);
     let diff = registry.reload().await;
     publish(&shared, &registry);
     let bus = crate::dbus::Service::start(Arc::clone(&shared), &runtime_dir, no_bus).await?;

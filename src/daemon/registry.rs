@@ -120,9 +120,9 @@ pub struct Registry {
 }
 
 impl Registry {
-    pub fn new(config: Config) -> Self {
+    /// A registry of `config`'s units whose children are spawned on `host`.
+    pub fn new(config: Config, host: Host) -> Self {
         let context = super::load_context(config.instance);
-        let host = Host::current(config.instance);
         Self {
             config,
             context,

@@ -10,21 +10,25 @@
 //! units ([`Shared`]) and turn calls into supervisor commands or daemon
 //! control messages; errors map to `org.mcpd1.Error.*`.
 
+mod hub;
+mod listener;
 mod manager;
 mod server;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::{Arc, RwLock};
 
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use zbus::Connection;
 use zbus::OwnedObjectPath;
 
-use crate::daemon::{Change, Control, Diff, UnitView};
+use crate::daemon::{Control, UnitView};
 use crate::unit::Instance;
 
+pub use hub::{Hub, Who};
+pub use listener::{FIRST_BACKOFF, HANDSHAKE_TIMEOUT, MAX_BACKOFF};
 pub use manager::{Manager, ManagerProxy};
 pub use server::{Server, ServerProxy};
 
@@ -89,6 +93,14 @@ pub struct Shared {
 }
 
 impl Shared {
+    /// The names of every known unit.
+    pub fn names(&self) -> Vec<String> {
+        self.units
+            .read()
+            .map(|u| u.keys().cloned().collect())
+            .unwrap_or_default()
+    }
+
     pub fn unit(&self, name: &str) -> Result<UnitView, Error> {
         self.units
             .read()
@@ -170,15 +182,6 @@ fn in_control_group(uid: u32) -> bool {
         .is_some_and(|groups| groups.contains(&group.gid))
 }
 
-/// Every live connection the objects are served on.
-#[derive(Debug)]
-pub struct Hub {
-    shared: Arc<Shared>,
-    connections: Mutex<Vec<Connection>>,
-    /// Per server: the task forwarding its status changes as signals.
-    watchers: Mutex<BTreeMap<String, JoinHandle<()>>>,
-}
-
 /// Why the D-Bus service could not start.
 #[derive(Debug, thiserror::Error)]
 pub enum StartError {
@@ -191,148 +194,20 @@ pub enum StartError {
     ZBus(#[from] zbus::Error),
 }
 
-impl Hub {
-    pub fn connections(&self) -> Vec<Connection> {
-        self.connections
-            .lock()
-            .map(|c| c.clone())
-            .unwrap_or_default()
-    }
-
-    fn add_connection(&self, conn: Connection) {
-        if let Ok(mut conns) = self.connections.lock() {
-            conns.push(conn);
-        }
-    }
-
-    /// A connection builder that serves the manager, the object manager and
-    /// every server from its first message on.
-    fn serving<'b>(&self, builder: zbus::connection::Builder<'b>) -> zbus::connection::Builder<'b> {
-        let mut builder = builder
-            .serve_at(MANAGER_PATH, zbus::fdo::ObjectManager)
-            .serve_at(MANAGER_PATH, Manager::new(Arc::clone(&self.shared)));
-        let names: Vec<String> = self
-            .shared
-            .units
-            .read()
-            .map(|u| u.keys().cloned().collect())
-            .unwrap_or_default();
-        for name in names {
-            builder = builder.serve_at(
-                server_path(&name),
-                Server::new(&name, Arc::clone(&self.shared)),
-            );
-        }
-        builder
-    }
-
-    /// Applies a reload's diff: objects and signals for added and removed
-    /// servers, property changes for changed ones, then `Reloaded`.
-    pub async fn apply(self: &Arc<Self>, diff: &Diff) {
-        for (name, change) in &diff.0 {
-            match change {
-                Change::Added => self.added(name).await,
-                Change::Removed => self.removed(name).await,
-                Change::Invalid(_) => {
-                    // A unit first seen invalid is listed (stopped, with its
-                    // LoadError), so it gets its object and ServerAdded too.
-                    self.added(name).await;
-                    for conn in self.connections() {
-                        server::emit_unit_properties(&conn, name).await;
-                    }
-                }
-                Change::Changed { .. } => {
-                    self.watch(name);
-                    for conn in self.connections() {
-                        server::emit_unit_properties(&conn, name).await;
-                    }
-                }
-                Change::Unchanged => {}
-            }
-        }
-        for conn in self.connections() {
-            let _ = manager::Manager::reloaded(
-                &zbus::object_server::SignalEmitter::new(&conn, MANAGER_PATH).expect("static path"),
-            )
-            .await;
-        }
-    }
-
-    /// Serves server `name` on every connection that lacks it, announcing
-    /// it there; a unit known before (invalid until now, or served from the
-    /// connection's start) is not announced twice.
-    async fn added(self: &Arc<Self>, name: &str) {
-        let path = server_path(name);
-        for conn in self.connections() {
-            let fresh = conn
-                .object_server()
-                .at(&path, Server::new(name, Arc::clone(&self.shared)))
-                .await
-                // `None`: served now; `Some`: it was there already.
-                .is_ok_and(|existing| existing.is_none());
-            if fresh
-                && let Ok(emitter) = zbus::object_server::SignalEmitter::new(&conn, MANAGER_PATH)
-            {
-                let _ = Manager::server_added(&emitter, name, path.as_ref()).await;
-            }
-        }
-        self.watch(name);
-    }
-
-    async fn removed(self: &Arc<Self>, name: &str) {
-        if let Some(watcher) = self.watchers.lock().ok().and_then(|mut w| w.remove(name)) {
-            watcher.abort();
-        }
-        let path = server_path(name);
-        for conn in self.connections() {
-            let _ = conn.object_server().remove::<Server, _>(&path).await;
-            if let Ok(emitter) = zbus::object_server::SignalEmitter::new(&conn, MANAGER_PATH) {
-                let _ = Manager::server_removed(&emitter, name, path.as_ref()).await;
-            }
-        }
-    }
-
-    /// (Re)starts forwarding the status changes of server `name`.
-    fn watch(self: &Arc<Self>, name: &str) {
-        let Ok(unit) = self.shared.unit(name) else {
-            return;
-        };
-        let Some(supervisor) = unit.supervisor else {
-            return;
-        };
-        let hub = Arc::clone(self);
-        let owned = name.to_owned();
-        let task = tokio::spawn(async move {
-            let mut rx = supervisor.subscribe();
-            let mut last = rx.borrow_and_update().clone();
-            while rx.changed().await.is_ok() {
-                let now = rx.borrow_and_update().clone();
-                for conn in hub.connections() {
-                    server::emit_changes(&conn, &owned, &last, &now).await;
-                }
-                last = now;
-            }
-        });
-        if let Ok(mut watchers) = self.watchers.lock()
-            && let Some(old) = watchers.insert(name.to_owned(), task)
-        {
-            old.abort();
-        }
-    }
-}
-
 /// The running D-Bus service.
 #[derive(Debug)]
 pub struct Service {
     pub hub: Arc<Hub>,
-    _accept: JoinHandle<()>,
+    accept: JoinHandle<()>,
     socket: PathBuf,
 }
 
 impl Drop for Service {
     fn drop(&mut self) {
-        self._accept.abort();
-        let _ = std::fs::remove_file(&self.socket);
+        self.accept.abort();
+        if let Err(e) = std::fs::remove_file(&self.socket) {
+            tracing::warn!(target: "mcpd::dbus", "cannot remove {}: {e}", self.socket.display());
+        }
     }
 }
 
@@ -349,54 +224,21 @@ impl Service {
         runtime_dir: &Path,
         no_bus: bool,
     ) -> Result<Self, StartError> {
-        let hub = Arc::new(Hub {
-            shared: Arc::clone(&shared),
-            connections: Mutex::new(Vec::new()),
-            watchers: Mutex::new(BTreeMap::new()),
-        });
-        let names: Vec<String> = shared
-            .units
-            .read()
-            .map(|u| u.keys().cloned().collect())
-            .unwrap_or_default();
-        for name in &names {
-            hub.watch(name);
-        }
-
+        let hub = Hub::new(Arc::clone(&shared));
         let socket = private_socket(runtime_dir);
-        let _ = std::fs::remove_file(&socket);
-        let listener =
-            tokio::net::UnixListener::bind(&socket).map_err(|source| StartError::Socket {
-                path: socket.clone(),
-                source,
-            })?;
-        secure_socket(&socket, shared.instance);
-        let accept_hub = Arc::clone(&hub);
-        let accept = tokio::spawn(async move {
-            loop {
-                let Ok((stream, _)) = listener.accept().await else {
-                    continue;
-                };
-                let hub = Arc::clone(&accept_hub);
-                tokio::spawn(async move {
-                    let Ok(stream) = stream.into_std() else {
-                        return;
-                    };
-                    // Objects are registered before the handshake completes,
-                    // so the client's first call finds them.
-                    let builder = zbus::connection::Builder::unix_stream(stream)
-                        .p2p()
-                        .server(zbus::Guid::generate());
-                    let conn = hub.serving(builder).build().await;
-                    match conn {
-                        Ok(conn) => hub.add_connection(conn),
-                        Err(e) => {
-                            tracing::debug!(target: "mcpd::dbus", "private connection failed: {e}")
-                        }
-                    }
-                });
-            }
-        });
+        let listener = listener::bind(&socket).map_err(|source| StartError::Socket {
+            path: socket.clone(),
+            source,
+        })?;
+        secure_socket(&socket, shared.instance).map_err(|source| StartError::Socket {
+            path: socket.clone(),
+            source,
+        })?;
+        let accept = tokio::spawn(listener::accept_loop(
+            listener,
+            socket.clone(),
+            Arc::downgrade(&hub),
+        ));
 
         if !no_bus {
             let builder = match shared.instance {
@@ -408,7 +250,7 @@ impl Service {
                 Ok(conn) => match conn.request_name(BUS_NAME).await {
                     Ok(()) => {
                         tracing::info!(target: "mcpd::dbus", "serving {BUS_NAME} on the {} bus", bus_kind(shared.instance));
-                        hub.add_connection(conn);
+                        hub.add(conn, Who::Bus);
                     }
                     Err(e) => {
                         tracing::warn!(target: "mcpd::dbus", "cannot own {BUS_NAME} on the {} bus: {e}", bus_kind(shared.instance))
@@ -424,7 +266,7 @@ impl Service {
         }
         Ok(Self {
             hub,
-            _accept: accept,
+            accept,
             socket,
         })
     }
@@ -438,21 +280,27 @@ fn bus_kind(instance: Instance) -> &'static str {
 }
 
 /// Mode 0600 for a user instance; 0660 with group `mcpd` (when it exists)
-/// for the system instance.
-fn secure_socket(path: &Path, instance: Instance) {
+/// for the system instance. A socket whose mode cannot be set is not
+/// served (it could be open to everyone).
+fn secure_socket(path: &Path, instance: Instance) -> std::io::Result<()> {
     use std::os::unix::fs::PermissionsExt;
     let mode = match instance {
         Instance::User => 0o600,
         Instance::System => {
             if let Ok(Some(group)) = nix::unistd::Group::from_name(CONTROL_GROUP) {
-                let _ = std::os::unix::fs::chown(path, Some(0), Some(group.gid.as_raw()));
-                0o660
+                match std::os::unix::fs::chown(path, Some(0), Some(group.gid.as_raw())) {
+                    Ok(()) => 0o660,
+                    Err(e) => {
+                        tracing::warn!(target: "mcpd::dbus", "cannot give {} to group {CONTROL_GROUP}: {e}", path.display());
+                        0o600
+                    }
+                }
             } else {
                 0o600
             }
         }
     };
-    let _ = std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode));
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))
 }
 
 #[cfg(test)]

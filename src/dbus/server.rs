@@ -239,7 +239,21 @@ impl Server {
                 self.name
             )));
         }
-        match supervisor.call_tool(name, arguments, CALL_TIMEOUT).await {
+        // A caller that disconnects abandons its call: the call is dropped
+        // (which cancels it upstream) instead of holding the connection, its
+        // fd and its objects until the server answers or CALL_TIMEOUT passes.
+        let call = tokio::select! {
+            call = supervisor.call_tool(name, arguments, CALL_TIMEOUT) => call,
+            () = conn.closed() => {
+                tracing::debug!(
+                    target: "mcpd::dbus",
+                    "CallTool {}.{name}: the caller disconnected; call cancelled",
+                    self.name
+                );
+                return Err(Error::ToolFailed("the caller disconnected".into()));
+            }
+        };
+        match call {
             Ok(result) => {
                 serde_json::to_string(&result).map_err(|e| Error::ToolFailed(e.to_string()))
             }
@@ -273,64 +287,71 @@ impl Server {
 }
 
 /// Emits PropertiesChanged for what differs between two statuses, and
-/// ToolsChanged when the published list changed.
-pub(crate) async fn emit_changes(conn: &Connection, name: &str, old: &Status, new: &Status) {
+/// ToolsChanged when the published list changed. A server no longer served
+/// on `conn` (removed meanwhile) is not an error; a failed send is.
+pub(crate) async fn emit_changes(
+    conn: &Connection,
+    name: &str,
+    old: &Status,
+    new: &Status,
+) -> zbus::Result<()> {
     let Ok(iref) = conn
         .object_server()
         .interface::<_, Server>(server_path(name))
         .await
     else {
-        return;
+        return Ok(());
     };
     let iface = iref.get().await;
     let em = iref.signal_emitter();
     if old.state != new.state {
-        let _ = iface.state_changed(em).await;
+        iface.state_changed(em).await?;
     }
     if old.reason != new.reason {
-        let _ = iface.reason_changed(em).await;
+        iface.reason_changed(em).await?;
     }
     if old.generation != new.generation {
-        let _ = iface.generation_changed(em).await;
+        iface.generation_changed(em).await?;
     }
     if old.attempt != new.attempt {
-        let _ = iface.attempt_changed(em).await;
+        iface.attempt_changed(em).await?;
     }
     if old.max_attempts != new.max_attempts {
-        let _ = iface.max_attempts_changed(em).await;
+        iface.max_attempts_changed(em).await?;
     }
     if old.next_retry != new.next_retry {
-        let _ = iface.next_retry_u_sec_changed(em).await;
+        iface.next_retry_u_sec_changed(em).await?;
     }
     if old.since != new.since {
-        let _ = iface.state_change_timestamp_changed(em).await;
+        iface.state_change_timestamp_changed(em).await?;
     }
     if old.instructions != new.instructions {
-        let _ = iface.instructions_changed(em).await;
+        iface.instructions_changed(em).await?;
     }
     if old.main_pid != new.main_pid {
-        let _ = iface.main_p_i_d_changed(em).await;
+        iface.main_p_i_d_changed(em).await?;
     }
     if old.tools_serial != new.tools_serial {
-        let _ = iface.tools_changed(em).await;
-        let _ = Server::tool_list_changed(em, new.tools_generation, tool_rows(new)).await;
+        iface.tools_changed(em).await?;
+        Server::tool_list_changed(em, new.tools_generation, tool_rows(new)).await?;
     }
+    Ok(())
 }
 
 /// Emits PropertiesChanged for what a reload may change.
-pub(crate) async fn emit_unit_properties(conn: &Connection, name: &str) {
+pub(crate) async fn emit_unit_properties(conn: &Connection, name: &str) -> zbus::Result<()> {
     let Ok(iref) = conn
         .object_server()
         .interface::<_, Server>(server_path(name))
         .await
     else {
-        return;
+        return Ok(());
     };
     let iface = iref.get().await;
     let em = iref.signal_emitter();
-    let _ = iface.description_changed(em).await;
-    let _ = iface.unit_path_changed(em).await;
-    let _ = iface.load_error_changed(em).await;
+    iface.description_changed(em).await?;
+    iface.unit_path_changed(em).await?;
+    iface.load_error_changed(em).await
 }
 
 /// Client side of `org.mcpd1.Server`.

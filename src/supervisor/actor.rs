@@ -288,11 +288,18 @@ impl Actor {
         };
         let events = self.internal_tx.clone();
         tokio::spawn(async move {
+            let mut reply = reply;
             let mut params = CallToolRequestParams::new(name);
             if let Some(arguments) = arguments {
                 params = params.with_arguments(arguments);
             }
-            let result = match tokio::time::timeout(timeout, peer.call_tool(params)).await {
+            let call = tokio::select! {
+                call = tokio::time::timeout(timeout, peer.call_tool(params)) => call,
+                // The caller is gone (a D-Bus client that disconnected):
+                // dropping the call sends the server `notifications/cancelled`.
+                () = reply.closed() => return,
+            };
+            let result = match call {
                 Err(_) => Err(CallError::Timeout(timeout)),
                 Ok(Ok(result)) => Ok(result),
                 Ok(Err(ServiceError::McpError(e))) => Err(CallError::Rejected {

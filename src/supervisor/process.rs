@@ -26,13 +26,17 @@ pub struct Host {
     pub instance: Instance,
     /// The daemon's effective uid.
     pub euid: u32,
+    /// The `RLIMIT_NOFILE` children start with, when the daemon raised its
+    /// own (`None`: they inherit the daemon's).
+    pub child_nofile: Option<rustix::process::Rlimit>,
 }
 
 impl Host {
-    pub fn current(instance: Instance) -> Self {
+    pub fn current(instance: Instance, child_nofile: Option<rustix::process::Rlimit>) -> Self {
         Self {
             instance,
             euid: rustix::process::geteuid().as_raw(),
+            child_nofile,
         }
     }
 }
@@ -55,6 +59,8 @@ pub struct Plan {
     pub cwd: PathBuf,
     /// Switch to this user (only when the daemon is root).
     pub credentials: Option<Credentials>,
+    /// Set `RLIMIT_NOFILE` to this before exec ([`Host::child_nofile`]).
+    pub nofile: Option<rustix::process::Rlimit>,
 }
 
 /// Resolves a unit's stdio spec against the daemon's environment (`env`
@@ -147,6 +153,7 @@ pub fn plan(
         env: vars,
         cwd,
         credentials,
+        nofile: host.child_nofile,
     })
 }
 
@@ -200,7 +207,8 @@ fn resolve(program: &str, path: &OsString) -> Result<PathBuf, String> {
 
 /// Forks and execs `plan` in a new process group with piped stdio. The
 /// child dies with SIGKILL if the daemon's thread that spawned it goes away
-/// (`PR_SET_PDEATHSIG`), and runs as `plan.credentials` when given.
+/// (`PR_SET_PDEATHSIG`), gets `plan.nofile` as its `RLIMIT_NOFILE`, and runs
+/// as `plan.credentials` when given.
 pub fn spawn(plan: &Plan) -> std::io::Result<tokio::process::Child> {
     use rustix::process::{Gid, Uid};
     let mut cmd = tokio::process::Command::new(&plan.program);
@@ -226,8 +234,12 @@ pub fn spawn(plan: &Plan) -> std::io::Result<tokio::process::Child> {
                 .collect::<Vec<Gid>>(),
         )
     });
+    let nofile = plan.nofile;
     let in_child = move || -> std::io::Result<()> {
         rustix::process::set_parent_process_death_signal(Some(rustix::process::Signal::KILL))?;
+        if let Some(limit) = nofile {
+            rustix::process::setrlimit(rustix::process::Resource::Nofile, limit)?;
+        }
         // The daemon may have died between fork and prctl.
         if rustix::process::getppid() != Some(parent) {
             return Err(rustix::io::Errno::SRCH.into());
@@ -241,8 +253,8 @@ pub fn spawn(plan: &Plan) -> std::io::Result<tokio::process::Child> {
     };
     #[allow(unsafe_code)]
     // SAFETY: the closure runs in the forked child before exec. It only makes
-    // raw system calls through rustix (prctl, getppid, setgroups, setresgid,
-    // setresuid), which are async-signal-safe, and allocates nothing: the
+    // raw system calls through rustix (prctl, setrlimit, getppid, setgroups,
+    // setresgid, setresuid), which are async-signal-safe, and allocates nothing: the
     // credentials were converted before the fork. Per-thread credential calls
     // are correct here because the child has exactly one thread.
     unsafe {
@@ -287,6 +299,7 @@ mod tests {
         Host {
             instance: Instance::User,
             euid: rustix::process::geteuid().as_raw(),
+            child_nofile: None,
         }
     }
 

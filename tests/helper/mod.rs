@@ -35,6 +35,32 @@ pub fn fixture_path() -> PathBuf {
     path
 }
 
+/// `mcpctl --user bridge NAME` for the daemon whose runtime dir is
+/// `runtime`, off any bus, with its stdio piped: the host's end of it.
+pub fn bridge(
+    runtime: &Path,
+    name: &str,
+) -> (
+    tokio::process::Child,
+    (tokio::process::ChildStdout, tokio::process::ChildStdin),
+) {
+    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_mcpctl"))
+        .args(["--user", "bridge", name])
+        .env("XDG_RUNTIME_DIR", runtime)
+        .env_remove("DBUS_SESSION_BUS_ADDRESS")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::inherit())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("spawn mcpctl bridge");
+    let io = (
+        child.stdout.take().expect("stdout"),
+        child.stdin.take().expect("stdin"),
+    );
+    (child, io)
+}
+
 /// Runs a command to completion with no stdin.
 pub fn run(cmd: &mut Command) -> Output {
     cmd.stdin(std::process::Stdio::null())
