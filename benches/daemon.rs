@@ -253,12 +253,12 @@ async fn pids(conn: &zbus::Connection) -> BTreeMap<String, u32> {
     let manager = ManagerProxy::new(conn).await.expect("proxy");
     let mut out = BTreeMap::new();
     for row in manager.list_servers().await.expect("ListServers") {
-        let pid = server(conn, &row.0)
+        let pid = server(conn, &row.name)
             .await
             .main_pid()
             .await
             .expect("MainPID");
-        out.insert(row.0, pid);
+        out.insert(row.name, pid);
     }
     out
 }

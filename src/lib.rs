@@ -6,5 +6,6 @@
 pub mod ctl;
 pub mod daemon;
 pub mod dbus;
+pub mod model;
 pub mod supervisor;
 pub mod unit;

@@ -581,7 +581,7 @@ fn the_private_socket_serves_everything_without_a_bus() {
             let rows = manager.list_servers().await.expect("ListServers");
             assert_eq!(rows.len(), 1);
             assert_eq!(
-                (rows[0].0.as_str(), rows[0].2.as_str(), rows[0].4),
+                (rows[0].name.as_str(), rows[0].state.as_str(), rows[0].tools),
                 ("demo", "running", 9)
             );
             assert_eq!(
@@ -589,9 +589,12 @@ fn the_private_socket_serves_everything_without_a_bus() {
                 server_path("demo")
             );
             match manager.get_server("nope").await {
-                Err(zbus::Error::MethodError(name, message, _)) => {
-                    assert_eq!(name.as_str(), "org.mcpd1.Error.NoSuchServer");
-                    assert_eq!(message.as_deref(), Some("no server named nope"));
+                Err(e @ mcpd::dbus::Error::NoSuchServer(_)) => {
+                    assert_eq!(
+                        zbus::DBusError::name(&e).as_str(),
+                        "org.mcpd1.Error.NoSuchServer"
+                    );
+                    assert_eq!(e.message(), "no server named nope");
                 }
                 other => panic!("{other:?}"),
             }
@@ -622,7 +625,7 @@ fn the_private_socket_serves_everything_without_a_bus() {
             let signal = changes.next().await.expect("ToolsChanged");
             let args = signal.args().expect("args");
             assert_eq!(*args.generation(), 1);
-            assert!(args.tools().iter().any(|t| t.0 == "extra"));
+            assert!(args.tools().iter().any(|t| t.name == "extra"));
 
             // the object manager lists the server with its interface
             let objects = zbus::fdo::ObjectManagerProxy::builder(&conn)
@@ -659,10 +662,7 @@ fn the_private_socket_serves_everything_without_a_bus() {
             assert_eq!(seen[from..], ["reconnecting", "running"]);
 
             // errors keep their names over the private socket too
-            let name_of = |e: zbus::Error| match e {
-                zbus::Error::MethodError(name, _, _) => name.to_string(),
-                other => format!("{other:?}"),
-            };
+            let name_of = |e: mcpd::dbus::Error| zbus::DBusError::name(&e).to_string();
             let bad = server
                 .call_tool("echo", "[1]")
                 .await

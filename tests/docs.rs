@@ -71,3 +71,66 @@ fn completions_are_generated_for_each_shell() {
         );
     }
 }
+
+/// Every `.rs` file under `dir` (relative to the package root), with its text.
+fn sources(dir: &str) -> Vec<(std::path::PathBuf, String)> {
+    let mut out = Vec::new();
+    let mut todo = vec![root().join(dir)];
+    while let Some(path) = todo.pop() {
+        if path.is_dir() {
+            for entry in std::fs::read_dir(&path).expect("read_dir") {
+                todo.push(entry.expect("entry").path());
+            }
+        } else if path.extension().is_some_and(|e| e == "rs") {
+            let text = std::fs::read_to_string(&path).expect("read");
+            out.push((path, text));
+        }
+    }
+    assert!(!out.is_empty(), "no sources under {dir}");
+    out
+}
+
+/// Lines of `text` that are code, not comments.
+fn code_lines(text: &str) -> impl Iterator<Item = (usize, &str)> {
+    text.lines()
+        .enumerate()
+        .map(|(i, l)| (i + 1, l))
+        .filter(|(_, l)| !l.trim_start().starts_with("//"))
+}
+
+#[test]
+fn the_dbus_adapter_does_not_reach_into_the_daemon() {
+    // ARCHITECTURE.md: the daemon wires D-Bus in; D-Bus and the daemon share
+    // only the leaf `src/model.rs`, which imports neither.
+    let mut offenders = Vec::new();
+    for (path, text) in sources("src/dbus") {
+        for (n, line) in code_lines(&text) {
+            if line.contains("crate::daemon") {
+                offenders.push(format!("{}:{n}: {}", path.display(), line.trim()));
+            }
+        }
+    }
+    let model = std::fs::read_to_string(root().join("src/model.rs")).expect("src/model.rs");
+    for (n, line) in code_lines(&model) {
+        if line.contains("crate::daemon") || line.contains("crate::dbus") {
+            offenders.push(format!("src/model.rs:{n}: {}", line.trim()));
+        }
+    }
+    assert!(offenders.is_empty(), "{}", offenders.join("\n"));
+}
+
+#[test]
+fn only_src_dbus_knows_zbus() {
+    let mut offenders = Vec::new();
+    for (path, text) in sources("src") {
+        if path.starts_with(root().join("src/dbus")) {
+            continue;
+        }
+        for (n, line) in code_lines(&text) {
+            if line.contains("zbus::") || line.contains("use zbus") {
+                offenders.push(format!("{}:{n}: {}", path.display(), line.trim()));
+            }
+        }
+    }
+    assert!(offenders.is_empty(), "{}", offenders.join("\n"));
+}

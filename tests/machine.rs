@@ -3,7 +3,9 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use mcpd::supervisor::machine::{Effect, Event, ExitStatus, Machine, Signal, State, ToolList};
+use mcpd::supervisor::machine::{
+    Effect, Event, ExitStatus, Machine, Signal, State, Timer, ToolList,
+};
 use mcpd::unit::spec::{HttpDraft, ReconnectDraft, StdioDraft};
 use mcpd::unit::{UnitDraft, UnitSpec};
 use rmcp::model::Tool;
@@ -79,12 +81,13 @@ impl Rig {
 
     /// Jumps to the machine's deadline and fires it.
     fn fire(&mut self) -> Vec<Effect> {
-        let at = self.m.deadline().expect("a deadline is set");
+        let (timer, at) = self.m.deadline().expect("a deadline is set");
         if self.m.view().next_retry.is_some() {
+            assert_eq!(timer, Timer::Retry);
             self.waits.push(at - self.now);
         }
         self.now = at;
-        self.step(Event::Deadline)
+        self.step(Event::Deadline(timer))
     }
 
     fn generation(&self) -> u64 {
@@ -108,6 +111,7 @@ impl Rig {
         self.step(Event::Established {
             generation,
             tools: list.clone(),
+            instructions: None,
         })
     }
 
@@ -268,7 +272,7 @@ fn stability_window_ends_the_outage_and_resets_the_budget() {
     assert_eq!(r.state(), State::Running);
     assert_eq!(
         r.m.deadline(),
-        Some(r.now + ms(800)),
+        Some((Timer::Stable, r.now + ms(800))),
         "stability window = max-delay"
     );
     assert!(r.fire().is_empty());
@@ -370,6 +374,7 @@ fn events_of_stale_generations_are_inert() {
         Event::Established {
             generation: 1,
             tools: tools(&["x"]),
+            instructions: Some("stale".into()),
         },
         Event::ConnectFailed {
             generation: 1,
@@ -412,7 +417,8 @@ fn stop_during_backoff_cancels_the_retry() {
     r.spawned();
     r.established(&tools(&["a"]));
     r.exited(1);
-    let retry_at = r.m.deadline().expect("retry armed");
+    let (timer, retry_at) = r.m.deadline().expect("retry armed");
+    assert_eq!(timer, Timer::Retry);
     assert!(r.step(Event::Stop).is_empty());
     let v = r.m.view();
     assert_eq!(v.state, State::Stopped);
@@ -420,7 +426,7 @@ fn stop_during_backoff_cancels_the_retry() {
     assert_eq!(r.m.deadline(), None);
     r.now = retry_at;
     assert!(
-        r.step(Event::Deadline).is_empty(),
+        r.step(Event::Deadline(Timer::Retry)).is_empty(),
         "the cancelled retry never fires"
     );
     assert_eq!(r.spawns, 1);
@@ -480,7 +486,7 @@ fn a_new_generation_waits_for_the_old_process_to_be_reaped() {
         vec![Effect::Disconnect { generation: 1 }],
         "a hang-up gets time to exit on its own"
     );
-    assert_eq!(r.m.deadline(), Some(r.now + ms(1000)));
+    assert_eq!(r.m.deadline(), Some((Timer::KillGrace, r.now + ms(1000))));
     assert_eq!(
         r.fire(),
         vec![Effect::Signal {
@@ -490,7 +496,7 @@ fn a_new_generation_waits_for_the_old_process_to_be_reaped() {
     );
     assert_eq!(
         r.m.deadline(),
-        Some(r.now + ms(1000)),
+        Some((Timer::KillGrace, r.now + ms(1000))),
         "stop-timeout before SIGKILL"
     );
     assert_eq!(
@@ -602,7 +608,7 @@ fn startup_timeout_fails_the_attempt() {
     let mut r = Rig::new(&stdio_spec(policy(100, 800, 3, true)));
     r.step(Event::Start);
     r.spawned();
-    assert_eq!(r.m.deadline(), Some(r.now + ms(3000)));
+    assert_eq!(r.m.deadline(), Some((Timer::Startup, r.now + ms(3000))));
     let fx = r.fire();
     assert_eq!(
         fx,
@@ -801,4 +807,39 @@ fn spawn_failure_needs_no_reap_and_an_http_failure_neither() {
     );
     assert_eq!(r.reason(), "connection lost: session closed");
     assert_eq!(r.fire(), spawn(2));
+}
+
+#[test]
+fn a_deadline_fires_only_for_the_timer_that_is_armed() {
+    let mut r = Rig::new(&stdio_spec(policy(100, 800, 3, true)));
+    r.step(Event::Start);
+    r.spawned();
+    let (timer, at) = r.m.deadline().expect("startup armed");
+    assert_eq!(timer, Timer::Startup);
+    r.now = at;
+    let before = r.m.view();
+    for other in [Timer::Stable, Timer::KillGrace, Timer::Retry] {
+        assert!(r.step(Event::Deadline(other)).is_empty(), "{other:?}");
+        assert_eq!(
+            r.m.view(),
+            before,
+            "{other:?} is not armed: nothing changes"
+        );
+    }
+    // not yet due: nothing either
+    r.now = at - ms(1);
+    assert!(r.step(Event::Deadline(Timer::Startup)).is_empty());
+    assert_eq!(r.m.view(), before);
+    r.now = at;
+    assert_eq!(
+        r.step(Event::Deadline(Timer::Startup)),
+        vec![
+            Effect::Disconnect { generation: 1 },
+            Effect::Signal {
+                generation: 1,
+                signal: Signal::Term
+            }
+        ]
+    );
+    assert_eq!(r.state(), State::Retrying);
 }

@@ -5,9 +5,10 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
-use mcpd::ctl::client::{Client, CtlError};
+use mcpd::ctl::client::CtlError;
 use mcpd::ctl::commands::{self, Output, Verb};
 use mcpd::ctl::exit;
+use mcpd::dbus::Client;
 use mcpd::unit::{Instance, Style};
 
 /// Control the mcpd service manager for MCP servers.
@@ -113,8 +114,8 @@ fn main() -> ExitCode {
         // An instance's own rules only when one is named, as the daemon
         // of that instance would apply them.
         let context = match (cli.system, cli.user) {
-            (true, _) => mcpd::daemon::load_context(Instance::System),
-            (_, true) => mcpd::daemon::load_context(Instance::User),
+            (true, _) => Instance::System.load_context(),
+            (_, true) => Instance::User.load_context(),
             _ => mcpd::unit::Context::default(),
         };
         return match mcpd::ctl::verify::run(paths, &context, style, &mut stderr.lock()) {
@@ -128,7 +129,7 @@ fn main() -> ExitCode {
     let instance = match (cli.system, cli.user) {
         (true, _) => Instance::System,
         (_, true) => Instance::User,
-        _ => mcpd::daemon::default_instance(),
+        _ => Instance::by_default(),
     };
     let output = Output {
         color: !no_color && std::io::stdout().is_terminal(),

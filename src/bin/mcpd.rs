@@ -5,7 +5,8 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::Parser;
-use mcpd::daemon::{self, Config, Control};
+use mcpd::daemon::{self, Config};
+use mcpd::model::Control;
 use mcpd::unit::Instance;
 use tokio::signal::unix::{SignalKind, signal};
 use tokio::sync::mpsc;

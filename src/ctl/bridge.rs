@@ -19,10 +19,10 @@ use rmcp::service::RequestContext;
 use rmcp::{ErrorData, RoleServer, ServerHandler, ServiceExt};
 use tokio::sync::Mutex;
 
-use crate::dbus::ServerProxy;
+use crate::dbus::{Client, Error, ServerProxy};
 use crate::unit::Instance;
 
-use super::client::{Client, CtlError};
+use super::client::CtlError;
 use super::exit;
 
 /// The daemon connection, replaced when the daemon restarts.
@@ -102,11 +102,14 @@ impl ServerHandler for Bridge {
                     })?;
                     return Ok(ListToolsResult::with_all_items(tools));
                 }
-                Err(zbus::Error::MethodError(_, message, _)) => {
-                    return Err(ErrorData::internal_error(message.unwrap_or_default(), None));
+                Err(e) if e.is_reply() => {
+                    return Err(ErrorData::internal_error(e.message(), None));
                 }
                 Err(e) if attempt == 1 => {
-                    return Err(ErrorData::internal_error(format!("mcpd: {e}"), None));
+                    return Err(ErrorData::internal_error(
+                        format!("mcpd: {}", e.message()),
+                        None,
+                    ));
                 }
                 // The daemon went away: reconnect once.
                 Err(_) => self.forget().await,
@@ -137,16 +140,16 @@ impl ServerHandler for Bridge {
                     })?;
                     return Ok(result.into());
                 }
-                Err(zbus::Error::MethodError(name, message, _)) => {
-                    let message = message.unwrap_or_else(|| name.to_string());
-                    if name.as_str() == "org.mcpd1.Error.InvalidArguments" {
-                        return Err(ErrorData::invalid_params(message, None));
-                    }
-                    // NotRunning, ToolFailed, AccessDenied: the daemon's words.
-                    return Ok(error_result(message));
+                Err(Error::InvalidArguments(message)) => {
+                    return Err(ErrorData::invalid_params(message, None));
                 }
+                // NotRunning, ToolFailed, AccessDenied: the daemon's words.
+                Err(e) if e.is_reply() => return Ok(error_result(e.message())),
                 Err(e) if attempt == 1 => {
-                    return Ok(error_result(format!("mcpd is not reachable: {e}")));
+                    return Ok(error_result(format!(
+                        "mcpd is not reachable: {}",
+                        e.message()
+                    )));
                 }
                 Err(_) => self.forget().await,
             }

@@ -1,11 +1,8 @@
-//! Reaching the daemon: the private socket first (it works with no bus),
-//! else the instance's bus. Everything goes through the D-Bus proxies.
+//! Reaching the daemon for `mcpctl`: [`crate::dbus::Client`] does the
+//! connecting; this maps its errors to messages and exit codes
+//! (`NoSuchServer` → 4).
 
-use std::path::PathBuf;
-
-use crate::daemon::lock::runtime_dir;
-use crate::dbus::{ManagerProxy, ServerProxy, private_socket, server_path};
-use crate::unit::Instance;
+use crate::dbus::{ConnectError, Error};
 
 use super::exit;
 
@@ -32,68 +29,30 @@ impl std::fmt::Display for CtlError {
 }
 
 /// Maps a D-Bus error to a message and exit code (4 for NoSuchServer).
-pub fn dbus_error(e: zbus::Error) -> CtlError {
-    match e {
-        zbus::Error::MethodError(name, message, _) => {
-            let message = message.unwrap_or_else(|| name.to_string());
-            let code = if name.as_str() == "org.mcpd1.Error.NoSuchServer" {
-                exit::NO_SUCH_SERVER
-            } else {
-                exit::FAILURE
-            };
-            CtlError { message, code }
-        }
-        other => CtlError::failure(format!("D-Bus: {other}")),
+pub fn dbus_error(e: Error) -> CtlError {
+    let code = match e {
+        Error::NoSuchServer(_) => exit::NO_SUCH_SERVER,
+        _ => exit::FAILURE,
+    };
+    CtlError {
+        message: e.message(),
+        code,
     }
 }
 
-/// A connection to one daemon instance.
-#[derive(Debug)]
-pub struct Client {
-    conn: zbus::Connection,
-    pub manager: ManagerProxy<'static>,
+impl From<Error> for CtlError {
+    fn from(e: Error) -> Self {
+        dbus_error(e)
+    }
 }
 
-impl Client {
-    /// Connects to `instance`'s daemon.
-    pub async fn connect(instance: Instance) -> Result<Self, CtlError> {
-        let socket: PathBuf = private_socket(&runtime_dir(instance, |v| std::env::var_os(v)));
-        let private = match std::os::unix::net::UnixStream::connect(&socket) {
-            Ok(stream) => zbus::connection::Builder::unix_stream(stream)
-                .p2p()
-                .build()
-                .await
-                .ok(),
-            Err(_) => None,
-        };
-        let conn = match private {
-            Some(conn) => conn,
-            None => {
-                let bus = match instance {
-                    Instance::System => zbus::connection::Builder::system(),
-                    Instance::User => zbus::connection::Builder::session(),
-                };
-                bus.build().await.map_err(|e| {
-                    CtlError::failure(format!(
-                        "cannot reach mcpd ({} instance): no daemon at {}, and no bus: {e}",
-                        instance.as_str(),
-                        socket.display()
-                    ))
-                })?
+impl From<ConnectError> for CtlError {
+    fn from(e: ConnectError) -> Self {
+        match e {
+            ConnectError::Manager(e) => dbus_error(e),
+            unreachable @ ConnectError::Unreachable { .. } => {
+                Self::failure(unreachable.to_string())
             }
-        };
-        let manager = ManagerProxy::new(&conn).await.map_err(dbus_error)?;
-        Ok(Self { conn, manager })
-    }
-
-    /// The server `name`; exit code 4 if there is none.
-    pub async fn server(&self, name: &str) -> Result<ServerProxy<'static>, CtlError> {
-        self.manager.get_server(name).await.map_err(dbus_error)?;
-        ServerProxy::builder(&self.conn)
-            .path(server_path(name))
-            .cache_properties(zbus::proxy::CacheProperties::No)
-            .build()
-            .await
-            .map_err(dbus_error)
+        }
     }
 }

@@ -9,10 +9,11 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use serde_json::{Value, json};
 
-use crate::dbus::ServerProxy;
+use crate::dbus::{Client, ServerProxy, ToolRow};
+use crate::supervisor::State;
 use crate::unit::{self, UnitFiles};
 
-use super::client::{Client, CtlError, dbus_error};
+use super::client::{CtlError, dbus_error};
 use super::exit;
 
 /// How output looks.
@@ -34,10 +35,10 @@ fn dot(state: &str, color: bool) -> String {
     if !color {
         return "●".into();
     }
-    let code = match state {
-        "running" => "32",
-        "starting" | "retrying" | "reconnecting" | "stopping" => "33",
-        "failed" => "31",
+    let code = match state.parse::<State>() {
+        Ok(State::Running) => "32",
+        Ok(s) if s.is_transient() => "33",
+        Ok(State::Failed) => "31",
         _ => "37",
     };
     format!("\x1b[{code}m●\x1b[0m")
@@ -58,7 +59,7 @@ struct Props {
     main_pid: u32,
     unit_path: String,
     load_error: String,
-    tools: Vec<(String, String, String)>,
+    tools: Vec<ToolRow>,
 }
 
 async fn props(server: &ServerProxy<'_>) -> Result<Props> {
@@ -95,7 +96,7 @@ impl Props {
             "main_pid": self.main_pid,
             "unit_path": self.unit_path,
             "load_error": self.load_error,
-            "tools": self.tools.iter().map(|t| t.0.clone()).collect::<Vec<_>>(),
+            "tools": self.tools.iter().map(|t| t.name.clone()).collect::<Vec<_>>(),
         })
     }
 }
@@ -183,7 +184,7 @@ fn write_block(
         };
         writeln!(out, "    Attempt: {}/{}{next}", p.attempt, p.max_attempts)?;
     }
-    let names: Vec<&str> = p.tools.iter().map(|t| t.0.as_str()).collect();
+    let names: Vec<&str> = p.tools.iter().map(|t| t.name.as_str()).collect();
     let shown = names.iter().take(5).copied().collect::<Vec<_>>().join(", ");
     let more = if names.len() > 5 { ", …" } else { "" };
     if names.is_empty() {
@@ -216,6 +217,7 @@ pub async fn status(
         let server = match client.server(name).await {
             Ok(server) => server,
             Err(e) => {
+                let e = dbus_error(e);
                 eprintln!("mcpctl: {e}");
                 code = code.max(e.code);
                 continue;
@@ -247,33 +249,27 @@ async fn overview(client: &Client, output: Output, out: &mut dyn Write) -> Resul
     if output.json {
         return list(client, output, out).await;
     }
-    let width = rows.iter().map(|r| r.0.len()).max().unwrap_or(0);
-    for (name, description, state, reason, tools, _) in &rows {
-        let detail = if reason.is_empty() {
-            description
+    let width = rows.iter().map(|r| r.name.len()).max().unwrap_or(0);
+    for r in &rows {
+        let detail = if r.reason.is_empty() {
+            &r.description
         } else {
-            reason
+            &r.reason
         };
         writeln!(
             out,
-            "{} {name:<width$}  {state:<12}  {tools:>3} tools  {detail}",
-            dot(state, output.color)
+            "{} {:<width$}  {:<12}  {:>3} tools  {detail}",
+            dot(&r.state, output.color),
+            r.name,
+            r.state,
+            r.tools,
         )
         .map_err(io)?;
     }
-    let order = [
-        "running",
-        "starting",
-        "retrying",
-        "reconnecting",
-        "failed",
-        "stopping",
-        "stopped",
-    ];
-    let summary: Vec<String> = order
+    let summary: Vec<String> = State::ALL
         .iter()
         .filter_map(|state| {
-            let n = rows.iter().filter(|r| r.2 == *state).count();
+            let n = rows.iter().filter(|r| r.state == state.as_str()).count();
             (n > 0).then(|| format!("{n} {state}"))
         })
         .collect();
@@ -288,24 +284,25 @@ pub async fn list(client: &Client, output: Output, out: &mut dyn Write) -> Resul
     if output.json {
         let rows: Vec<Value> = rows
             .iter()
-            .map(|(name, description, state, reason, tools, path)| {
-                json!({"name": name, "description": description, "state": state, "reason": reason, "tools": tools, "path": path.as_str()})
+            .map(|r| {
+                json!({"name": r.name, "description": r.description, "state": r.state, "reason": r.reason, "tools": r.tools, "path": r.path.as_str()})
             })
             .collect();
         writeln!(out, "{}", Value::Array(rows)).map_err(io)?;
         return Ok(exit::OK);
     }
-    let width = rows.iter().map(|r| r.0.len()).max().unwrap_or(4).max(4);
+    let width = rows.iter().map(|r| r.name.len()).max().unwrap_or(4).max(4);
     writeln!(
         out,
         "{:<width$}  {:<12}  {:>5}  DESCRIPTION",
         "NAME", "STATE", "TOOLS"
     )
     .map_err(io)?;
-    for (name, description, state, _, tools, _) in &rows {
+    for r in &rows {
         writeln!(
             out,
-            "{name:<width$}  {state:<12}  {tools:>5}  {description}"
+            "{:<width$}  {:<12}  {:>5}  {}",
+            r.name, r.state, r.tools, r.description
         )
         .map_err(io)?;
     }

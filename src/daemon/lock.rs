@@ -1,36 +1,10 @@
-//! The runtime directory and the lock that keeps one daemon per instance.
+//! The lock that keeps one daemon per instance, in its runtime directory
+//! ([`Instance::runtime_dir`]).
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use crate::unit::Instance;
-
-/// `/run/mcpd` for the system instance; `$XDG_RUNTIME_DIR/mcpd` for a user
-/// instance (`$TMPDIR/mcpd-UID` when the session has no runtime directory).
-/// `MCPD_RUNTIME_DIR` overrides both (several daemons on one machine, tests).
-pub fn runtime_dir(
-    instance: Instance,
-    env: impl Fn(&str) -> Option<std::ffi::OsString>,
-) -> PathBuf {
-    if let Some(dir) = env("MCPD_RUNTIME_DIR")
-        .map(PathBuf::from)
-        .filter(|p| p.is_absolute())
-    {
-        return dir;
-    }
-    match instance {
-        Instance::System => PathBuf::from("/run/mcpd"),
-        Instance::User => match env("XDG_RUNTIME_DIR")
-            .map(PathBuf::from)
-            .filter(|p| p.is_absolute())
-        {
-            Some(dir) => dir.join("mcpd"),
-            None => {
-                std::env::temp_dir().join(format!("mcpd-{}", rustix::process::geteuid().as_raw()))
-            }
-        },
-    }
-}
 
 /// Why the daemon cannot take its instance's lock.
 #[derive(Debug, thiserror::Error)]

@@ -21,11 +21,13 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::mpsc;
 
 use crate::unit::{self, Instance};
 
-pub use registry::{Change, Diff, Registry, UnitView};
+pub use registry::Registry;
+
+use crate::model::{Change, Control};
 
 /// How long a burst of file events is collected before one reload.
 pub const DEBOUNCE: Duration = Duration::from_millis(100);
@@ -48,7 +50,7 @@ impl Config {
     /// `instance` if given, else system for root and user for everyone else;
     /// `units` (from `--units`) replaces the instance's search path.
     pub fn new(instance: Option<Instance>, units: Vec<PathBuf>) -> Self {
-        let instance = instance.unwrap_or_else(default_instance);
+        let instance = instance.unwrap_or_else(Instance::by_default);
         let unit_dirs = if units.is_empty() {
             unit::search_path(instance, |var| std::env::var_os(var))
         } else {
@@ -57,43 +59,10 @@ impl Config {
         Self {
             instance,
             unit_dirs,
-            runtime_dir: lock::runtime_dir(instance, |var| std::env::var_os(var)),
+            runtime_dir: instance.runtime_dir(),
             no_bus: false,
         }
     }
-}
-
-/// System when running as root, else user (DESIGN §4).
-pub fn default_instance() -> Instance {
-    if rustix::process::geteuid().is_root() {
-        Instance::System
-    } else {
-        Instance::User
-    }
-}
-
-/// The rules of this daemon's instance for loading units.
-pub fn load_context(instance: Instance) -> unit::Context {
-    let uid = rustix::process::geteuid().as_raw();
-    let name = nix::unistd::User::from_uid(nix::unistd::Uid::from_raw(uid))
-        .ok()
-        .flatten()
-        .map(|u| u.name);
-    unit::Context {
-        instance: Some(instance),
-        own_user: Some((uid, name)),
-    }
-}
-
-/// What the daemon can be asked to do.
-#[derive(Debug)]
-pub enum Control {
-    /// Rescan the units now; the diff goes to `reply` when given.
-    Reload {
-        reply: Option<oneshot::Sender<Diff>>,
-    },
-    /// Stop every server and return.
-    Shutdown,
 }
 
 /// Why the daemon could not run.

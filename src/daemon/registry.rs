@@ -11,82 +11,18 @@
 //! and never started.
 
 use std::collections::{BTreeMap, HashMap};
-use std::fmt;
 use std::path::PathBuf;
 use std::sync::Arc;
 
 use tokio::sync::Notify;
 use tokio::task::JoinHandle;
 
+use crate::model::{Change, Diff, UnitView};
 use crate::supervisor::process::Host;
 use crate::supervisor::{LogRing, State, Status, Supervisor, system_launcher};
 use crate::unit::{self, LoadError, UnitFiles, UnitSpec};
 
 use super::Config;
-
-/// What a reload did to one unit.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Change {
-    Added,
-    /// A new spec: `restarted` when it changed how the server runs.
-    Changed {
-        restarted: bool,
-    },
-    Removed,
-    Unchanged,
-    /// The unit's files do not load; a running unit keeps its last good spec.
-    Invalid(String),
-}
-
-impl Change {
-    /// The word `mcpctl reload` and the D-Bus `Reload` method use.
-    pub fn word(&self) -> &'static str {
-        match self {
-            Change::Added => "added",
-            Change::Changed { .. } => "changed",
-            Change::Removed => "removed",
-            Change::Unchanged => "unchanged",
-            Change::Invalid(_) => "invalid",
-        }
-    }
-}
-
-/// A reload's outcome, unit by unit, sorted by name.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Diff(pub Vec<(String, Change)>);
-
-impl Diff {
-    fn count(&self, word: &str) -> usize {
-        self.0.iter().filter(|(_, c)| c.word() == word).count()
-    }
-}
-
-impl fmt::Display for Diff {
-    /// "2 added, 1 changed, 0 removed, 5 unchanged, 1 invalid"
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "{} added, {} changed, {} removed, {} unchanged, {} invalid",
-            self.count("added"),
-            self.count("changed"),
-            self.count("removed"),
-            self.count("unchanged"),
-            self.count("invalid")
-        )
-    }
-}
-
-/// What the outside (D-Bus) sees of a unit: cheap to clone.
-#[derive(Debug, Clone)]
-pub struct UnitView {
-    /// None for a unit that has never loaded.
-    pub supervisor: Option<Supervisor>,
-    /// The unit's main file.
-    pub path: PathBuf,
-    pub description: Option<String>,
-    /// The current load error, one `file:line:col: message` line each.
-    pub load_error: Option<String>,
-}
 
 /// One unit the daemon knows.
 #[derive(Debug)]
@@ -122,7 +58,7 @@ pub struct Registry {
 impl Registry {
     /// A registry of `config`'s units whose children are spawned on `host`.
     pub fn new(config: Config, host: Host) -> Self {
-        let context = super::load_context(config.instance);
+        let context = config.instance.load_context();
         Self {
             config,
             context,
@@ -338,16 +274,7 @@ impl Registry {
             .values()
             .filter(|e| e.running.is_some() && e.load_error.is_some())
             .count();
-        let order = [
-            State::Running,
-            State::Starting,
-            State::Retrying,
-            State::Reconnecting,
-            State::Failed,
-            State::Stopping,
-            State::Stopped,
-        ];
-        let mut parts: Vec<String> = order
+        let mut parts: Vec<String> = State::ALL
             .iter()
             .filter_map(|state| {
                 let n = statuses.iter().filter(|s| s.state == *state).count();

@@ -19,7 +19,7 @@ use tokio::task::JoinHandle;
 use zbus::Connection;
 use zbus::object_server::SignalEmitter;
 
-use crate::daemon::{Change, Diff};
+use crate::model::{Change, Diff};
 
 use super::manager::Manager;
 use super::server::{self, Server};

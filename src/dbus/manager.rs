@@ -8,13 +8,23 @@ use zbus::object_server::SignalEmitter;
 use zbus::{Connection, interface};
 use zbus::{ObjectPath, OwnedObjectPath};
 
-use crate::daemon::Control;
+use crate::model::Control;
 
 use super::{Error, Shared, authorize, server_path};
 
-/// One row of `ListServers`: name, description, state, reason, tool count,
-/// object path.
-pub type ServerRow = (String, String, String, String, u32, OwnedObjectPath);
+/// One row of `ListServers`, `(ssssuo)` on the wire.
+#[derive(
+    Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize, zbus::zvariant::Type,
+)]
+pub struct ServerRow {
+    pub name: String,
+    pub description: String,
+    /// One of the state words ([`crate::supervisor::State`]).
+    pub state: String,
+    pub reason: String,
+    pub tools: u32,
+    pub path: OwnedObjectPath,
+}
 
 /// The manager object.
 #[derive(Debug)]
@@ -57,14 +67,14 @@ impl Manager {
                     None => ("stopped".to_owned(), super::invalid_reason(&unit), 0),
                 };
                 let path = server_path(&name);
-                (
+                ServerRow {
                     name,
-                    unit.description.unwrap_or_default(),
+                    description: unit.description.unwrap_or_default(),
                     state,
                     reason,
-                    u32::try_from(tools).unwrap_or(u32::MAX),
+                    tools: u32::try_from(tools).unwrap_or(u32::MAX),
                     path,
-                )
+                }
             })
             .collect()
     }
@@ -169,8 +179,10 @@ impl Manager {
     }
 }
 
-/// Client side of `org.mcpd1.Manager` (mcpctl uses it).
+/// Client side of `org.mcpd1.Manager` (mcpctl uses it); see
+/// [`super::client`] for connecting.
 pub mod client {
+    use crate::dbus::Error;
 
     #[zbus::proxy(
         interface = "org.mcpd1.Manager",
@@ -178,12 +190,12 @@ pub mod client {
         default_path = "/org/mcpd1"
     )]
     pub trait Manager {
-        fn list_servers(&self) -> zbus::Result<Vec<super::ServerRow>>;
-        fn get_server(&self, name: &str) -> zbus::Result<zbus::OwnedObjectPath>;
-        fn start(&self, name: &str) -> zbus::Result<()>;
-        fn stop(&self, name: &str) -> zbus::Result<()>;
-        fn restart(&self, name: &str) -> zbus::Result<()>;
-        fn reload(&self) -> zbus::Result<Vec<(String, String)>>;
+        fn list_servers(&self) -> Result<Vec<super::ServerRow>, Error>;
+        fn get_server(&self, name: &str) -> Result<zbus::OwnedObjectPath, Error>;
+        fn start(&self, name: &str) -> Result<(), Error>;
+        fn stop(&self, name: &str) -> Result<(), Error>;
+        fn restart(&self, name: &str) -> Result<(), Error>;
+        fn reload(&self) -> Result<Vec<(String, String)>, Error>;
         #[zbus(signal)]
         fn server_added(&self, name: String, path: zbus::OwnedObjectPath) -> zbus::Result<()>;
         #[zbus(signal)]
@@ -191,11 +203,11 @@ pub mod client {
         #[zbus(signal)]
         fn reloaded(&self) -> zbus::Result<()>;
         #[zbus(property)]
-        fn version(&self) -> zbus::Result<String>;
+        fn version(&self) -> Result<String, Error>;
         #[zbus(property)]
-        fn instance(&self) -> zbus::Result<String>;
+        fn instance(&self) -> Result<String, Error>;
         #[zbus(property)]
-        fn unit_paths(&self) -> zbus::Result<Vec<String>>;
+        fn unit_paths(&self) -> Result<Vec<String>, Error>;
     }
 }
 

@@ -10,6 +10,7 @@
 //! units ([`Shared`]) and turn calls into supervisor commands or daemon
 //! control messages; errors map to `org.mcpd1.Error.*`.
 
+pub mod client;
 mod hub;
 mod listener;
 mod manager;
@@ -24,13 +25,14 @@ use tokio::task::JoinHandle;
 use zbus::Connection;
 use zbus::OwnedObjectPath;
 
-use crate::daemon::{Control, UnitView};
+use crate::model::{Control, UnitView};
 use crate::unit::Instance;
 
+pub use client::{Client, ConnectError};
 pub use hub::{Hub, Who};
 pub use listener::{FIRST_BACKOFF, HANDSHAKE_TIMEOUT, MAX_BACKOFF};
-pub use manager::{Manager, ManagerProxy};
-pub use server::{Server, ServerProxy};
+pub use manager::{Manager, ManagerProxy, ServerRow};
+pub use server::{Server, ServerProxy, ToolRow};
 
 /// The well-known bus name.
 pub const BUS_NAME: &str = "org.mcpd1";
@@ -51,6 +53,30 @@ pub enum Error {
     NotRunning(String),
     ToolFailed(String),
     AccessDenied(String),
+}
+
+impl Error {
+    /// What went wrong, in words: the daemon's own message for its errors
+    /// (and for other D-Bus errors that carry one), else the transport's.
+    pub fn message(&self) -> String {
+        match self {
+            Error::NoSuchServer(m)
+            | Error::InvalidArguments(m)
+            | Error::NotRunning(m)
+            | Error::ToolFailed(m)
+            | Error::AccessDenied(m) => m.clone(),
+            Error::ZBus(zbus::Error::MethodError(name, message, _)) => {
+                message.clone().unwrap_or_else(|| name.to_string())
+            }
+            Error::ZBus(e) => format!("D-Bus: {e}"),
+        }
+    }
+
+    /// Whether the daemon answered at all (an `org.mcpd1.Error.*` or
+    /// another D-Bus error reply), rather than the connection failing.
+    pub fn is_reply(&self) -> bool {
+        !matches!(self, Error::ZBus(e) if !matches!(e, zbus::Error::MethodError(..)))
+    }
 }
 
 /// systemd's `bus_label_escape`: letters and digits stay (a leading digit

@@ -11,8 +11,16 @@ use crate::supervisor::{CallError, Status};
 
 use super::{Error, Shared, authorize, server_path};
 
-/// A tool as published: name, description, input schema (JSON).
-pub type ToolRow = (String, String, String);
+/// A tool as published, `(sss)` on the wire.
+#[derive(
+    Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize, zbus::zvariant::Type,
+)]
+pub struct ToolRow {
+    pub name: String,
+    pub description: String,
+    /// The input schema as JSON.
+    pub input_schema: String,
+}
 
 /// How long a `CallTool` may take.
 pub const CALL_TIMEOUT: Duration = Duration::from_secs(120);
@@ -36,12 +44,10 @@ pub fn tool_rows(status: &Status) -> Vec<ToolRow> {
         .tools
         .tools()
         .iter()
-        .map(|t| {
-            (
-                t.name.to_string(),
-                t.description.as_deref().unwrap_or_default().to_owned(),
-                serde_json::to_string(&*t.input_schema).unwrap_or_else(|_| "{}".into()),
-            )
+        .map(|t| ToolRow {
+            name: t.name.to_string(),
+            description: t.description.as_deref().unwrap_or_default().to_owned(),
+            input_schema: serde_json::to_string(&*t.input_schema).unwrap_or_else(|_| "{}".into()),
         })
         .collect()
 }
@@ -354,16 +360,18 @@ pub(crate) async fn emit_unit_properties(conn: &Connection, name: &str) -> zbus:
     iface.load_error_changed(em).await
 }
 
-/// Client side of `org.mcpd1.Server`.
+/// Client side of `org.mcpd1.Server`; see [`super::client`] for connecting.
 pub mod client {
+    use crate::dbus::Error;
+
     #[zbus::proxy(interface = "org.mcpd1.Server", default_service = "org.mcpd1")]
     pub trait Server {
-        fn start(&self) -> zbus::Result<()>;
-        fn stop(&self) -> zbus::Result<()>;
-        fn restart(&self) -> zbus::Result<()>;
-        fn list_tools(&self) -> zbus::Result<String>;
-        fn call_tool(&self, name: &str, arguments_json: &str) -> zbus::Result<String>;
-        fn recent_logs(&self, n: u32) -> zbus::Result<Vec<String>>;
+        fn start(&self) -> Result<(), Error>;
+        fn stop(&self) -> Result<(), Error>;
+        fn restart(&self) -> Result<(), Error>;
+        fn list_tools(&self) -> Result<String, Error>;
+        fn call_tool(&self, name: &str, arguments_json: &str) -> Result<String, Error>;
+        fn recent_logs(&self, n: u32) -> Result<Vec<String>, Error>;
         #[zbus(signal, name = "ToolsChanged")]
         fn tool_list_changed(
             &self,
@@ -371,33 +379,33 @@ pub mod client {
             tools: Vec<super::ToolRow>,
         ) -> zbus::Result<()>;
         #[zbus(property)]
-        fn name(&self) -> zbus::Result<String>;
+        fn name(&self) -> Result<String, Error>;
         #[zbus(property)]
-        fn description(&self) -> zbus::Result<String>;
+        fn description(&self) -> Result<String, Error>;
         #[zbus(property)]
-        fn state(&self) -> zbus::Result<String>;
+        fn state(&self) -> Result<String, Error>;
         #[zbus(property)]
-        fn reason(&self) -> zbus::Result<String>;
+        fn reason(&self) -> Result<String, Error>;
         #[zbus(property)]
-        fn generation(&self) -> zbus::Result<u64>;
+        fn generation(&self) -> Result<u64, Error>;
         #[zbus(property)]
-        fn attempt(&self) -> zbus::Result<u32>;
+        fn attempt(&self) -> Result<u32, Error>;
         #[zbus(property)]
-        fn max_attempts(&self) -> zbus::Result<u32>;
+        fn max_attempts(&self) -> Result<u32, Error>;
         #[zbus(property, name = "NextRetryUSec")]
-        fn next_retry_usec(&self) -> zbus::Result<u64>;
+        fn next_retry_usec(&self) -> Result<u64, Error>;
         #[zbus(property)]
-        fn state_change_timestamp(&self) -> zbus::Result<u64>;
+        fn state_change_timestamp(&self) -> Result<u64, Error>;
         #[zbus(property, name = "MainPID")]
-        fn main_pid(&self) -> zbus::Result<u32>;
+        fn main_pid(&self) -> Result<u32, Error>;
         #[zbus(property)]
-        fn unit_path(&self) -> zbus::Result<String>;
+        fn unit_path(&self) -> Result<String, Error>;
         #[zbus(property)]
-        fn load_error(&self) -> zbus::Result<String>;
+        fn load_error(&self) -> Result<String, Error>;
         #[zbus(property)]
-        fn instructions(&self) -> zbus::Result<String>;
+        fn instructions(&self) -> Result<String, Error>;
         #[zbus(property)]
-        fn tools(&self) -> zbus::Result<Vec<super::ToolRow>>;
+        fn tools(&self) -> Result<Vec<super::ToolRow>, Error>;
     }
 }
 

@@ -3,7 +3,7 @@
 //!
 //! It waits (no polling) on operator commands, events from its generations'
 //! tasks (connected, closed, exited, list_changed, sync done) and the
-//! machine's single deadline; feeds them to the machine; performs the
+//! machine's earliest named deadline; feeds them to the machine; performs the
 //! effects; and publishes the [`Status`] on a `watch` channel. Tool-list
 //! syncs are serialized here: one in flight at a time, a burst of
 //! `list_changed` coalesces into one more sync after it.
@@ -22,7 +22,7 @@ use tokio::task::JoinHandle;
 use crate::unit::UnitSpec;
 
 use super::launch::{Client, ConnectError, GenClient, SharedLauncher, transport_error_text};
-use super::machine::{Effect, Event, Gen, Machine, State, ToolList, View};
+use super::machine::{Effect, Event, Gen, Machine, State, Timer, ToolList, View};
 use super::{CallError, Status};
 
 /// What the handle asks of the actor.
@@ -98,8 +98,6 @@ pub(crate) struct Actor {
     exiting: bool,
     last_logged: Option<(State, String, bool)>,
     clock: Clock,
-    /// The newest established generation's `initialize` instructions.
-    instructions: Option<String>,
 }
 
 /// The current instant, on tokio's clock (so paused-time tests apply).
@@ -134,23 +132,7 @@ impl Clock {
 }
 
 pub(crate) fn status_of(view: &View, clock: &Clock) -> Status {
-    let wall = |at| clock.wall(at);
-    Status {
-        state: view.state,
-        reason: view.reason.clone(),
-        generation: view.generation,
-        attempt: view.attempt,
-        max_attempts: view.max_attempts,
-        next_retry: view.next_retry.map(wall),
-        since: wall(view.since),
-        main_pid: view.main_pid,
-        last_exit: view.last_exit,
-        last_error: view.last_error.clone(),
-        tools: view.tools.clone(),
-        tools_generation: view.tools_generation,
-        tools_serial: view.tools_serial,
-        instructions: None,
-    }
+    view.clone().at(|at| clock.wall(at))
 }
 
 /// When a request failed because the connection is gone, why.
@@ -164,9 +146,13 @@ fn broken_connection(e: &ServiceError) -> Option<String> {
     }
 }
 
-async fn sleep_until(deadline: Option<Instant>) {
+/// Waits for the machine's deadline; returns which timer it was.
+async fn sleep_until(deadline: Option<(Timer, Instant)>) -> Timer {
     match deadline {
-        Some(at) => tokio::time::sleep_until(tokio::time::Instant::from_std(at)).await,
+        Some((timer, at)) => {
+            tokio::time::sleep_until(tokio::time::Instant::from_std(at)).await;
+            timer
+        }
         None => std::future::pending().await,
     }
 }
@@ -205,7 +191,6 @@ impl Actor {
             exiting: false,
             last_logged: None,
             clock: Clock::new(),
-            instructions: None,
         }
     }
 
@@ -223,7 +208,7 @@ impl Actor {
                     }
                 },
                 Some(event) = self.internal_rx.recv() => self.internal(event).await,
-                () = sleep_until(deadline) => self.step(Event::Deadline).await,
+                timer = sleep_until(deadline) => self.step(Event::Deadline(timer)).await,
             }
             self.publish();
             if self.exiting && self.machine.is_settled() {
@@ -336,7 +321,7 @@ impl Actor {
                     let res = self.gens.entry(generation).or_default();
                     res.peer = Some(client.peer().clone());
                     res.cancel = Some(client.cancellation_token());
-                    self.instructions = client
+                    let instructions = client
                         .peer_info()
                         .and_then(|info| info.instructions.clone());
                     let tx = self.internal_tx.clone();
@@ -350,6 +335,7 @@ impl Actor {
                     self.step(Event::Established {
                         generation,
                         tools: ToolList::from(tools),
+                        instructions,
                     })
                     .await;
                     self.resync_if_dirty(generation);
@@ -529,8 +515,7 @@ impl Actor {
     fn publish(&mut self) {
         let view = self.machine.view();
         self.log_transition(&view);
-        let mut status = status_of(&view, &self.clock);
-        status.instructions = self.instructions.clone();
+        let status = status_of(&view, &self.clock);
         self.status.send_if_modified(|current| {
             if *current == status {
                 false

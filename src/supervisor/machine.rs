@@ -19,9 +19,11 @@
 //! - the published tool list survives an outage and is withdrawn only on
 //!   final failure or stop; publishing an equal list changes nothing.
 //!
-//! The machine keeps at most one deadline (startup timeout, stability
-//! window, kill grace or retry time, depending on the phase); the actor
-//! sleeps until [`Machine::deadline`] and then sends [`Event::Deadline`].
+//! Deadlines have names ([`Timer`]: startup timeout, stability window,
+//! kill grace, retry); which are armed follows from the phase. The actor
+//! sleeps until the earliest ([`Machine::deadline`]) and then sends
+//! [`Event::Deadline`] naming it; a timer that is no longer armed, or not
+//! yet due, changes nothing.
 
 use std::fmt;
 use std::time::{Duration, Instant};
@@ -46,6 +48,25 @@ pub enum State {
 }
 
 impl State {
+    /// Every state, in the order summaries list them (healthy first).
+    pub const ALL: [State; 7] = [
+        State::Running,
+        State::Starting,
+        State::Retrying,
+        State::Reconnecting,
+        State::Failed,
+        State::Stopping,
+        State::Stopped,
+    ];
+
+    /// On its way somewhere: neither settled nor failed.
+    pub fn is_transient(self) -> bool {
+        matches!(
+            self,
+            State::Starting | State::Retrying | State::Reconnecting | State::Stopping
+        )
+    }
+
     pub fn as_str(self) -> &'static str {
         match self {
             State::Starting => "starting",
@@ -56,6 +77,18 @@ impl State {
             State::Stopping => "stopping",
             State::Stopped => "stopped",
         }
+    }
+}
+
+impl std::str::FromStr for State {
+    type Err = String;
+
+    /// The state word, as D-Bus and `mcpctl` show it.
+    fn from_str(word: &str) -> Result<Self, Self::Err> {
+        State::ALL
+            .into_iter()
+            .find(|s| s.as_str() == word)
+            .ok_or_else(|| format!("unknown state {word:?}"))
     }
 }
 
@@ -105,6 +138,43 @@ pub enum Signal {
     Kill,
 }
 
+/// A named deadline of the machine.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Timer {
+    /// `startup-timeout` for a generation to establish.
+    Startup,
+    /// The stability window (`max-delay`) a retry must stay established
+    /// for to end its outage.
+    Stable,
+    /// `stop-timeout` while a process is taken down: before SIGTERM (it
+    /// hung up), before SIGKILL, before failing closed.
+    KillGrace,
+    /// The backoff before the next retry.
+    Retry,
+}
+
+/// The timing rules of a unit as the machine applies them, taken from its
+/// spec in one place for [`Machine::new`] and [`Event::Apply`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Timing {
+    pub policy: ReconnectPolicy,
+    pub startup_timeout: Duration,
+    pub stop_timeout: Duration,
+    /// Generations run a process (stdio) that must be reaped.
+    pub uses_process: bool,
+}
+
+impl From<&UnitSpec> for Timing {
+    fn from(spec: &UnitSpec) -> Self {
+        Self {
+            policy: spec.reconnect(),
+            startup_timeout: spec.startup_timeout(),
+            stop_timeout: spec.stop_timeout(),
+            uses_process: matches!(spec.transport(), crate::unit::Transport::Stdio(_)),
+        }
+    }
+}
+
 /// What the machine is told.
 #[derive(Debug, Clone)]
 pub enum Event {
@@ -121,8 +191,13 @@ pub enum Event {
     Spawned { generation: Gen, pid: Option<u32> },
     /// The generation could not even be started (no process exists).
     SpawnFailed { generation: Gen, error: String },
-    /// `initialize` and a complete `tools/list` finished.
-    Established { generation: Gen, tools: ToolList },
+    /// `initialize` and a complete `tools/list` finished; `instructions`
+    /// are what the server's `initialize` answer said.
+    Established {
+        generation: Gen,
+        tools: ToolList,
+        instructions: Option<String>,
+    },
     /// Connecting failed (an error answer, a protocol error): the process,
     /// if any, is sent SIGTERM at once.
     ConnectFailed { generation: Gen, error: String },
@@ -134,8 +209,8 @@ pub enum Event {
     Exited { generation: Gen, status: ExitStatus },
     /// A `notifications/tools/list_changed` re-sync finished.
     ToolsSynced { generation: Gen, tools: ToolList },
-    /// [`Machine::deadline`] has passed.
-    Deadline,
+    /// The named timer's deadline ([`Machine::deadline`]) has passed.
+    Deadline(Timer),
 }
 
 /// What the actor must do.
@@ -219,11 +294,15 @@ enum Phase {
     Stuck { g: Generation },
 }
 
-/// A snapshot of everything observable (the supervisor's read model is
-/// built from it).
+/// A snapshot of everything observable: the machine's view with its own
+/// instants, and (as [`crate::supervisor::Status`], `View<SystemTime>`) the
+/// supervisor's read model, the same type with wall-clock times
+/// ([`View::at`]).
 #[derive(Debug, Clone, PartialEq)]
-pub struct View {
+pub struct View<T = Instant> {
     pub state: State,
+    /// Starts with `connection failed:`/`connection lost:`/`stop failed:` when
+    /// something went wrong; empty otherwise.
     pub reason: String,
     /// The newest generation number (0 before the first start).
     pub generation: Gen,
@@ -231,32 +310,56 @@ pub struct View {
     pub attempt: u32,
     pub max_attempts: u32,
     /// When the pending retry starts.
-    pub next_retry: Option<Instant>,
+    pub next_retry: Option<T>,
     /// When `state` last changed.
-    pub since: Instant,
+    pub since: T,
     pub main_pid: Option<u32>,
     pub last_exit: Option<ExitStatus>,
     pub last_error: Option<String>,
+    /// The published tool list (kept during an outage).
     pub tools: ToolList,
     /// The generation that published `tools`.
     pub tools_generation: Gen,
-    /// Increases each time the published list changes.
+    /// Increases exactly when the published tool list changes.
     pub tools_serial: u64,
+    /// The `instructions` the server sent in its `initialize` answer (the
+    /// newest established generation's).
+    pub instructions: Option<String>,
     /// A failed generation's process is still being waited for: the state
     /// and reason are decided, but the reason may still be refined by the
     /// exit status and the retry time is not known yet.
     pub settling: bool,
 }
 
+impl<T> View<T> {
+    /// The same view with its times mapped by `time` (instants to wall
+    /// clock).
+    pub fn at<U>(self, time: impl Fn(T) -> U) -> View<U> {
+        View {
+            state: self.state,
+            reason: self.reason,
+            generation: self.generation,
+            attempt: self.attempt,
+            max_attempts: self.max_attempts,
+            next_retry: self.next_retry.map(&time),
+            since: time(self.since),
+            main_pid: self.main_pid,
+            last_exit: self.last_exit,
+            last_error: self.last_error,
+            tools: self.tools,
+            tools_generation: self.tools_generation,
+            tools_serial: self.tools_serial,
+            instructions: self.instructions,
+            settling: self.settling,
+        }
+    }
+}
+
 /// One server's supervisor state.
 #[derive(Debug, Clone)]
 pub struct Machine {
     name: String,
-    policy: ReconnectPolicy,
-    startup_timeout: Duration,
-    stop_timeout: Duration,
-    /// Generations of this unit run a process (stdio) that must be reaped.
-    uses_process: bool,
+    timing: Timing,
     last_gen: Gen,
     phase: Phase,
     /// Retries started in the current outage; None outside an outage.
@@ -269,6 +372,7 @@ pub struct Machine {
     tools: ToolList,
     tools_generation: Gen,
     tools_serial: u64,
+    instructions: Option<String>,
 }
 
 impl Machine {
@@ -276,10 +380,7 @@ impl Machine {
     pub fn new(name: &str, spec: &UnitSpec, now: Instant) -> Self {
         Self {
             name: name.to_owned(),
-            policy: spec.reconnect(),
-            startup_timeout: spec.startup_timeout(),
-            stop_timeout: spec.stop_timeout(),
-            uses_process: matches!(spec.transport(), crate::unit::Transport::Stdio(_)),
+            timing: Timing::from(spec),
             last_gen: 0,
             phase: Phase::Idle,
             outage: None,
@@ -291,6 +392,7 @@ impl Machine {
             tools: ToolList::default(),
             tools_generation: 0,
             tools_serial: 0,
+            instructions: None,
         }
     }
 
@@ -323,8 +425,14 @@ impl Machine {
         }
     }
 
-    /// When the machine next needs [`Event::Deadline`].
-    pub fn deadline(&self) -> Option<Instant> {
+    /// The earliest armed timer: when the machine next needs
+    /// [`Event::Deadline`], and with which name.
+    pub fn deadline(&self) -> Option<(Timer, Instant)> {
+        self.armed().into_iter().min_by_key(|(_, at)| *at)
+    }
+
+    /// Every armed timer (today at most one: the phase's).
+    fn armed(&self) -> Option<(Timer, Instant)> {
         match &self.phase {
             Phase::Active {
                 g,
@@ -332,15 +440,23 @@ impl Machine {
                 stable_at,
             } => {
                 if g.established {
-                    *stable_at
+                    stable_at.map(|at| (Timer::Stable, at))
                 } else {
-                    Some(*started + self.startup_timeout)
+                    Some((Timer::Startup, *started + self.timing.startup_timeout))
                 }
             }
-            Phase::Ending { deadline, .. } => *deadline,
-            Phase::Backoff { at, .. } => Some(*at),
+            Phase::Ending { deadline, .. } => deadline.map(|at| (Timer::KillGrace, at)),
+            Phase::Backoff { at, .. } => Some((Timer::Retry, *at)),
             Phase::Idle | Phase::Stuck { .. } => None,
         }
+    }
+
+    /// When `timer` is due, if it is armed.
+    fn due(&self, timer: Timer) -> Option<Instant> {
+        self.armed()
+            .into_iter()
+            .find(|(armed, _)| *armed == timer)
+            .map(|(_, at)| at)
     }
 
     pub fn view(&self) -> View {
@@ -367,7 +483,7 @@ impl Machine {
             reason: self.reason.clone(),
             generation: self.last_gen,
             attempt,
-            max_attempts: self.policy.max_attempts(),
+            max_attempts: self.timing.policy.max_attempts(),
             next_retry,
             since: self.since,
             main_pid,
@@ -376,6 +492,7 @@ impl Machine {
             tools: self.tools.clone(),
             tools_generation: self.tools_generation,
             tools_serial: self.tools_serial,
+            instructions: self.instructions.clone(),
             settling: matches!(
                 self.phase,
                 Phase::Ending {
@@ -394,10 +511,7 @@ impl Machine {
             Event::Stop => self.stop(now, &mut fx),
             Event::Restart => self.restart(now, &mut fx),
             Event::Apply { spec, restart } => {
-                self.policy = spec.reconnect();
-                self.startup_timeout = spec.startup_timeout();
-                self.stop_timeout = spec.stop_timeout();
-                self.uses_process = matches!(spec.transport(), crate::unit::Transport::Stdio(_));
+                self.timing = Timing::from(&*spec);
                 // A stopped unit stays stopped; a failed one gets a new chance.
                 if restart && self.state != State::Stopped {
                     self.restart(now, &mut fx);
@@ -420,14 +534,19 @@ impl Machine {
                     self.fail(error, false, now, &mut fx);
                 }
             }
-            Event::Established { generation, tools } => {
+            Event::Established {
+                generation,
+                tools,
+                instructions,
+            } => {
                 if let Phase::Active { g, stable_at, .. } = &mut self.phase
                     && g.generation == generation
                     && !g.established
                 {
                     g.established = true;
+                    self.instructions = instructions;
                     if self.outage.is_some() {
-                        *stable_at = Some(now + self.policy.max_delay());
+                        *stable_at = Some(now + self.timing.policy.max_delay());
                     }
                     self.publish(generation, tools);
                     self.set_state(State::Running, String::new(), now);
@@ -449,7 +568,7 @@ impl Machine {
                     self.publish(generation, tools);
                 }
             }
-            Event::Deadline => self.deadline_passed(now, &mut fx),
+            Event::Deadline(timer) => self.deadline_passed(timer, now, &mut fx),
         }
         fx
     }
@@ -489,7 +608,7 @@ impl Machine {
             g: Generation {
                 generation,
                 pid: None,
-                alive: self.uses_process,
+                alive: self.timing.uses_process,
                 established: false,
                 retry,
             },
@@ -536,7 +655,7 @@ impl Machine {
                 g,
                 then,
                 kill: Sent::Nothing,
-                deadline: Some(now + self.stop_timeout),
+                deadline: Some(now + self.timing.stop_timeout),
                 closed,
             };
         } else {
@@ -548,7 +667,7 @@ impl Machine {
                 g,
                 then,
                 kill: Sent::Term,
-                deadline: Some(now + self.stop_timeout),
+                deadline: Some(now + self.timing.stop_timeout),
                 closed,
             };
         }
@@ -574,11 +693,11 @@ impl Machine {
 
     /// Retry (counting it against the outage's budget) or give up.
     fn verdict(&mut self) -> Verdict {
-        if !self.policy.enabled() {
+        if !self.timing.policy.enabled() {
             return Verdict::GiveUp;
         }
         let used = self.outage.unwrap_or(0);
-        if used >= self.policy.max_attempts() {
+        if used >= self.timing.policy.max_attempts() {
             self.outage = Some(used);
             return Verdict::GiveUp;
         }
@@ -596,11 +715,11 @@ impl Machine {
         let name = &self.name;
         match verdict {
             Verdict::Retry(_) => format!("{prefix}: {error}"),
-            Verdict::GiveUp if !self.policy.enabled() => format!(
+            Verdict::GiveUp if !self.timing.policy.enabled() => format!(
                 "{prefix}: {error}; reconnect is disabled, run `mcpctl restart {name}` to start it again"
             ),
             Verdict::GiveUp => {
-                let retries = match self.policy.max_attempts() {
+                let retries = match self.timing.policy.max_attempts() {
                     1 => "1 retry".to_owned(),
                     n => format!("{n} retries"),
                 };
@@ -620,7 +739,7 @@ impl Machine {
             Then::Recover(Verdict::Retry(retry)) => {
                 self.phase = Phase::Backoff {
                     retry,
-                    at: now + self.policy.delay(retry),
+                    at: now + self.timing.policy.delay(retry),
                 };
             }
             Then::Recover(Verdict::GiveUp) => {
@@ -672,30 +791,33 @@ impl Machine {
         }
     }
 
-    fn deadline_passed(&mut self, now: Instant, fx: &mut Vec<Effect>) {
-        if self.deadline().is_none_or(|d| now < d) {
+    fn deadline_passed(&mut self, timer: Timer, now: Instant, fx: &mut Vec<Effect>) {
+        if self.due(timer).is_none_or(|at| now < at) {
             return;
         }
-        match &mut self.phase {
-            Phase::Active { g, stable_at, .. } => {
-                if g.established {
-                    // Stayed up for the stability window: the outage is over.
-                    *stable_at = None;
-                    self.outage = None;
-                } else {
-                    let error = format!(
-                        "startup-timeout ({}) expired before initialize and tools/list completed",
-                        humantime::format_duration(self.startup_timeout)
-                    );
-                    self.fail(error, false, now, fx);
-                }
+        let stop_timeout = self.timing.stop_timeout;
+        match (timer, &mut self.phase) {
+            (Timer::Stable, Phase::Active { stable_at, .. }) => {
+                // Stayed up for the stability window: the outage is over.
+                *stable_at = None;
+                self.outage = None;
             }
-            Phase::Ending {
-                g, kill, deadline, ..
-            } => match kill {
+            (Timer::Startup, Phase::Active { .. }) => {
+                let error = format!(
+                    "startup-timeout ({}) expired before initialize and tools/list completed",
+                    humantime::format_duration(self.timing.startup_timeout)
+                );
+                self.fail(error, false, now, fx);
+            }
+            (
+                Timer::KillGrace,
+                Phase::Ending {
+                    g, kill, deadline, ..
+                },
+            ) => match kill {
                 Sent::Nothing => {
                     *kill = Sent::Term;
-                    *deadline = Some(now + self.stop_timeout);
+                    *deadline = Some(now + stop_timeout);
                     fx.push(Effect::Signal {
                         generation: g.generation,
                         signal: Signal::Term,
@@ -703,7 +825,7 @@ impl Machine {
                 }
                 Sent::Term => {
                     *kill = Sent::Kill;
-                    *deadline = Some(now + self.stop_timeout);
+                    *deadline = Some(now + stop_timeout);
                     fx.push(Effect::Signal {
                         generation: g.generation,
                         signal: Signal::Kill,
@@ -721,11 +843,12 @@ impl Machine {
                     self.set_state(State::Failed, reason, now);
                 }
             },
-            Phase::Backoff { retry, .. } => {
+            (Timer::Retry, Phase::Backoff { retry, .. }) => {
                 let retry = *retry;
                 self.begin(retry, now, fx);
             }
-            Phase::Idle | Phase::Stuck { .. } => {}
+            // `due` found the timer armed, so the phase matches it.
+            _ => {}
         }
     }
 
@@ -787,7 +910,7 @@ impl Machine {
             g,
             then,
             kill: Sent::Kill,
-            deadline: Some(now + self.stop_timeout),
+            deadline: Some(now + self.timing.stop_timeout),
             closed: false,
         };
         self.set_state(State::Stopping, String::new(), now);

@@ -30,38 +30,13 @@ use crate::unit::UnitSpec;
 
 pub use launch::{Launcher, SharedLauncher, SystemLauncher};
 pub use logs::LogRing;
-pub use machine::{ExitStatus, Gen, State, ToolList};
+pub use machine::{ExitStatus, Gen, State, Timer, Timing, ToolList};
 
 use actor::{Actor, Command};
 
-/// The read model of one server (DESIGN §3 "every state exposes").
-#[derive(Debug, Clone, PartialEq)]
-pub struct Status {
-    pub state: State,
-    /// Starts with `connection failed:`/`connection lost:`/`stop failed:` when
-    /// something went wrong; empty otherwise.
-    pub reason: String,
-    /// The newest generation (0 before the first start).
-    pub generation: Gen,
-    /// Retry number in the current outage (0 outside an outage).
-    pub attempt: u32,
-    pub max_attempts: u32,
-    pub next_retry: Option<SystemTime>,
-    /// When `state` last changed.
-    pub since: SystemTime,
-    pub main_pid: Option<u32>,
-    pub last_exit: Option<ExitStatus>,
-    pub last_error: Option<String>,
-    /// The published tool list (kept during an outage).
-    pub tools: ToolList,
-    /// The generation that published `tools`.
-    pub tools_generation: Gen,
-    /// Increases exactly when the published tool list changes.
-    pub tools_serial: u64,
-    /// The `instructions` the server sent in its `initialize` answer (the
-    /// newest established generation's).
-    pub instructions: Option<String>,
-}
+/// The read model of one server (DESIGN §3 "every state exposes"): the
+/// machine's [`View`](machine::View) with wall-clock times.
+pub type Status = machine::View<SystemTime>;
 
 /// Why a tool call did not produce a result.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -12,8 +12,8 @@ use std::sync::Arc;
 use kdl::KdlDocument;
 
 use super::diag::{LoadError, Problem};
+use super::instance::Instance;
 use super::name::UnitName;
-use super::search::Instance;
 use super::spec::{Field, SpecError, UnitSpec};
 use super::syntax::{self, Issue, Layer, Loc};
 

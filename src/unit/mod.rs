@@ -5,11 +5,12 @@
 //! supervisor and `mcpctl verify` all load units through [`load`], so they
 //! agree on what a unit means and on every error message.
 //!
-//! Reading order: [`search`] finds files, [`load`] reads them, [`syntax`]
+//! Reading order: [`instance`] (which daemon), [`search`] finds files, [`load`] reads them, [`syntax`]
 //! turns each KDL document into a located layer, [`spec`] judges the merged
 //! draft, [`diag`] renders what went wrong.
 
 pub mod diag;
+pub mod instance;
 pub mod load;
 pub mod name;
 pub mod search;
@@ -35,7 +36,8 @@ pub fn vocabulary() -> Vec<String> {
 }
 
 pub use diag::{LoadError, Problem, Style};
+pub use instance::Instance;
 pub use load::{Context, UnitFiles, load, load_in, load_with};
 pub use name::UnitName;
-pub use search::{Found, Instance, discover, search_path};
+pub use search::{Found, discover, search_path};
 pub use spec::{HttpSpec, ReconnectPolicy, Secret, StdioSpec, Transport, UnitDraft, UnitSpec};

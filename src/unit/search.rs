@@ -12,23 +12,8 @@ use std::collections::BTreeMap;
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 
+use super::instance::Instance;
 use super::load::UnitFiles;
-
-/// Which daemon instance: one per machine, or one per user.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Instance {
-    System,
-    User,
-}
-
-impl Instance {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Instance::System => "system",
-            Instance::User => "user",
-        }
-    }
-}
 
 /// The unit directories of an instance, highest priority first. `env` looks
 /// up environment variables (so tests need not change the process's own).

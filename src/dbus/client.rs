@@ -1,0 +1,124 @@
+//! The client side of `org.mcpd1`: reaching a daemon (the private socket
+//! first, since it works with no bus, else the instance's bus) and the
+//! proxies, whose methods return this module's [`Error`] so callers match
+//! variants (`Error::NoSuchServer`), never D-Bus names or zbus types.
+
+use std::path::PathBuf;
+
+use zbus::Connection;
+
+use crate::unit::Instance;
+
+use super::{Error, ManagerProxy, ServerProxy, private_socket, server_path};
+
+/// Why no daemon could be reached.
+#[derive(Debug, thiserror::Error)]
+pub enum ConnectError {
+    /// Neither the private socket nor the bus answered.
+    #[error(
+        "cannot reach mcpd ({} instance): no daemon at {}, and no bus: {bus}{}",
+        instance.as_str(),
+        socket.display(),
+        hint.as_deref().map(|h| format!("; {h}")).unwrap_or_default()
+    )]
+    Unreachable {
+        instance: Instance,
+        socket: PathBuf,
+        bus: String,
+        /// The other instance is running (`use --user`).
+        hint: Option<String>,
+    },
+    /// A connection exists but the manager does not answer on it.
+    #[error("{0}")]
+    Manager(Error),
+}
+
+/// A connection to one daemon instance.
+#[derive(Debug)]
+pub struct Client {
+    conn: Connection,
+    pub manager: ManagerProxy<'static>,
+}
+
+/// A p2p connection to the private socket of `instance`, if a daemon
+/// accepts one there.
+async fn private(instance: Instance) -> Option<Connection> {
+    let socket = private_socket(&instance.runtime_dir());
+    let stream = std::os::unix::net::UnixStream::connect(&socket).ok()?;
+    zbus::connection::Builder::unix_stream(stream)
+        .p2p()
+        .build()
+        .await
+        .ok()
+}
+
+/// When `instance` cannot be reached but the other instance of this user
+/// runs: say so (as root, `mcpctl` defaults to the system instance).
+async fn other_instance(instance: Instance) -> Option<String> {
+    let (other, flag) = match instance {
+        Instance::System => (Instance::User, "--user"),
+        Instance::User => (Instance::System, "--system"),
+    };
+    let _reachable = private(other).await?;
+    Some(format!(
+        "no {} instance is running, but a {} instance is: use {flag}",
+        instance.as_str(),
+        other.as_str()
+    ))
+}
+
+impl Client {
+    /// Connects to `instance`'s daemon.
+    pub async fn connect(instance: Instance) -> Result<Self, ConnectError> {
+        let conn = match private(instance).await {
+            Some(conn) => conn,
+            None => {
+                let bus = match instance {
+                    Instance::System => zbus::connection::Builder::system(),
+                    Instance::User => zbus::connection::Builder::session(),
+                };
+                match bus.build().await {
+                    Ok(conn) => conn,
+                    Err(e) => {
+                        return Err(ConnectError::Unreachable {
+                            instance,
+                            socket: private_socket(&instance.runtime_dir()),
+                            bus: e.to_string(),
+                            hint: other_instance(instance).await,
+                        });
+                    }
+                }
+            }
+        };
+        let manager = ManagerProxy::new(&conn)
+            .await
+            .map_err(|e| ConnectError::Manager(e.into()))?;
+        // On a bus without mcpd the first call says so; check now, so the
+        // caller gets one clear error and the other instance's hint.
+        if conn.is_bus()
+            && let Err(e) = manager.version().await
+        {
+            return Err(match other_instance(instance).await {
+                Some(hint) => ConnectError::Unreachable {
+                    instance,
+                    socket: private_socket(&instance.runtime_dir()),
+                    bus: format!("org.mcpd1 is not on the {} bus", instance.as_str()),
+                    hint: Some(hint),
+                },
+                None => ConnectError::Manager(e),
+            });
+        }
+        Ok(Self { conn, manager })
+    }
+
+    /// The server `name` (`Error::NoSuchServer` if there is none), with
+    /// property caching off: every read is the daemon's current value.
+    pub async fn server(&self, name: &str) -> Result<ServerProxy<'static>, Error> {
+        self.manager.get_server(name).await?;
+        Ok(ServerProxy::builder(&self.conn)
+            .path(server_path(name))
+            .cache_properties(zbus::proxy::CacheProperties::No)
+            .build()
+            .await?)
+    }
+}

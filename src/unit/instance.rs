@@ -1,0 +1,158 @@
+//! Which daemon instance: one per machine or one per user, with the facts
+//! that follow from it for the daemon and `mcpctl` alike (the default
+//! instance, its runtime directory, the rules its units are loaded under),
+//! so that both sides always find the same daemon.
+
+use std::ffi::OsString;
+use std::path::{Path, PathBuf};
+
+use super::load::Context;
+
+/// Which daemon instance: one per machine, or one per user.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Instance {
+    System,
+    User,
+}
+
+impl Instance {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Instance::System => "system",
+            Instance::User => "user",
+        }
+    }
+
+    /// System when running as root, else user (DESIGN §4).
+    pub fn by_default() -> Self {
+        if rustix::process::geteuid().is_root() {
+            Instance::System
+        } else {
+            Instance::User
+        }
+    }
+
+    /// The runtime directory (lock, private socket) of this instance as
+    /// seen from this process's environment; see [`runtime_dir`].
+    pub fn runtime_dir(self) -> PathBuf {
+        runtime_dir(
+            self,
+            |var| std::env::var_os(var),
+            rustix::process::geteuid().as_raw(),
+            owned_dir,
+        )
+    }
+
+    /// The rules units are loaded under by this instance's daemon, run as
+    /// this process's user.
+    pub fn load_context(self) -> Context {
+        let uid = rustix::process::geteuid().as_raw();
+        let name = nix::unistd::User::from_uid(nix::unistd::Uid::from_raw(uid))
+            .ok()
+            .flatten()
+            .map(|u| u.name);
+        Context {
+            instance: Some(self),
+            own_user: Some((uid, name)),
+        }
+    }
+}
+
+/// Whether `dir` is a directory owned by `uid`.
+fn owned_dir(dir: &Path, uid: u32) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata(dir).is_ok_and(|m| m.is_dir() && m.uid() == uid)
+}
+
+/// `/run/mcpd` for the system instance; `$XDG_RUNTIME_DIR/mcpd` for a user
+/// instance. Without `XDG_RUNTIME_DIR` (a host that spawns `mcpctl bridge`
+/// with a minimal environment, as the official MCP SDKs do) a user instance
+/// uses `/run/user/UID/mcpd` when `/run/user/UID` is a directory the user
+/// owns (where systemd-logind puts it, and where libsystemd looks), else
+/// `$TMPDIR/mcpd-UID`. `MCPD_RUNTIME_DIR` overrides all of these (several
+/// daemons on one machine, tests). `owned(dir, uid)` says whether `dir` is a
+/// directory owned by `uid`.
+pub fn runtime_dir(
+    instance: Instance,
+    env: impl Fn(&str) -> Option<OsString>,
+    uid: u32,
+    owned: impl Fn(&Path, u32) -> bool,
+) -> PathBuf {
+    let absolute = |var: &str| env(var).map(PathBuf::from).filter(|p| p.is_absolute());
+    if let Some(dir) = absolute("MCPD_RUNTIME_DIR") {
+        return dir;
+    }
+    match instance {
+        Instance::System => PathBuf::from("/run/mcpd"),
+        Instance::User => {
+            if let Some(dir) = absolute("XDG_RUNTIME_DIR") {
+                return dir.join("mcpd");
+            }
+            let logind = PathBuf::from(format!("/run/user/{uid}"));
+            if owned(&logind, uid) {
+                return logind.join("mcpd");
+            }
+            let tmp = absolute("TMPDIR").unwrap_or_else(|| PathBuf::from("/tmp"));
+            tmp.join(format!("mcpd-{uid}"))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn runtime_dirs() {
+        let env = |vars: &'static [(&'static str, &'static str)]| {
+            move |var: &str| {
+                vars.iter()
+                    .find(|(k, _)| *k == var)
+                    .map(|(_, v)| OsString::from(v))
+            }
+        };
+        let none = |_: &Path, _: u32| false;
+        let logind = |dir: &Path, uid: u32| dir == Path::new("/run/user/1000") && uid == 1000;
+        /// instance, environment, whether /run/user/1000 is the user's, want
+        type Case = (
+            Instance,
+            &'static [(&'static str, &'static str)],
+            bool,
+            &'static str,
+        );
+        let cases: [Case; 7] = [
+            (Instance::System, &[], true, "/run/mcpd"),
+            (Instance::System, &[("MCPD_RUNTIME_DIR", "/x")], false, "/x"),
+            (
+                Instance::User,
+                &[("XDG_RUNTIME_DIR", "/run/user/1000")],
+                false,
+                "/run/user/1000/mcpd",
+            ),
+            // no XDG_RUNTIME_DIR: logind's directory when the user owns it
+            (Instance::User, &[], true, "/run/user/1000/mcpd"),
+            (
+                Instance::User,
+                &[("TMPDIR", "/var/tmp")],
+                false,
+                "/var/tmp/mcpd-1000",
+            ),
+            (Instance::User, &[], false, "/tmp/mcpd-1000"),
+            // relative values are ignored
+            (
+                Instance::User,
+                &[("XDG_RUNTIME_DIR", "run"), ("MCPD_RUNTIME_DIR", "x")],
+                true,
+                "/run/user/1000/mcpd",
+            ),
+        ];
+        for (instance, vars, has_logind, want) in cases {
+            let got = if has_logind {
+                runtime_dir(instance, env(vars), 1000, logind)
+            } else {
+                runtime_dir(instance, env(vars), 1000, none)
+            };
+            assert_eq!(got, PathBuf::from(want), "{instance:?} {vars:?}");
+        }
+    }
+}
