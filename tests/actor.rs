@@ -14,13 +14,10 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 use crate::helper::fake::{Fake, Plan};
+use crate::helper::ms;
 
 /// Virtual time: generous, costs nothing.
 const BOUND: Duration = Duration::from_secs(3600);
-
-fn ms(n: u64) -> Duration {
-    Duration::from_millis(n)
-}
 
 fn spec(reconnect: ReconnectDraft) -> UnitSpec {
     UnitSpec::new(UnitDraft {
@@ -37,12 +34,7 @@ fn spec(reconnect: ReconnectDraft) -> UnitSpec {
 }
 
 fn policy(initial: u64, max: u64, attempts: i128) -> ReconnectDraft {
-    ReconnectDraft {
-        enabled: Some(true),
-        initial_delay: Some(ms(initial)),
-        max_delay: Some(ms(max)),
-        max_attempts: Some(attempts),
-    }
+    crate::helper::policy(initial, max, attempts, true)
 }
 
 struct Rig {

@@ -1,5 +1,6 @@
 //! `mcpctl bridge` driven by a real rmcp client as a stdio MCP server.
 
+use std::process::Stdio;
 use std::time::Duration;
 
 use rmcp::model::CallToolRequestParams;
@@ -187,5 +188,103 @@ fn the_official_python_sdk_uses_the_bridge() {
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
+    assert!(d.stop(Signal::TERM).success());
+}
+
+/// What the official MCP SDKs give a stdio server they spawn (Python
+/// `get_default_environment`, TypeScript `getDefaultEnvironment`).
+const SDK_DEFAULT_ENV: [&str; 6] = ["HOME", "LOGNAME", "PATH", "SHELL", "TERM", "USER"];
+
+#[test]
+fn a_host_with_the_sdks_default_environment_finds_the_user_daemon() {
+    assert!(
+        rustix::process::geteuid().is_root(),
+        "this test uses /run/user/0 as systemd-logind would create it (CI runs as root)"
+    );
+    // A user daemon as systemd starts it, with XDG_RUNTIME_DIR=/run/user/UID.
+    let logind = std::path::Path::new("/run/user/0");
+    /// Removes what the test added to /run/user/0, however it ends.
+    struct Cleanup {
+        created: bool,
+        ours: bool,
+    }
+    impl Drop for Cleanup {
+        fn drop(&mut self) {
+            let logind = std::path::Path::new("/run/user/0");
+            if self.ours {
+                let _ = std::fs::remove_dir_all(logind.join("mcpd"));
+            }
+            if self.created {
+                let _ = std::fs::remove_dir(logind);
+            }
+        }
+    }
+    let created = !logind.exists();
+    if created {
+        use std::os::unix::fs::DirBuilderExt;
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(logind)
+            .expect("create /run/user/0");
+    }
+    let _cleanup = Cleanup {
+        created,
+        ours: !logind.join("mcpd").exists(),
+    };
+    let units = tempfile::tempdir().expect("tempdir");
+    std::fs::write(
+        units.path().join("demo.kdl"),
+        "stdio {\n    command \"mcp-fixture\" \"--chatter\" \"0\"\n}\n",
+    )
+    .expect("write");
+    let mut d = Daemon::user_no_bus(units.path(), &[("XDG_RUNTIME_DIR", logind.as_os_str())]);
+    d.wait_until("demo running", |d| d.latest_pid("demo").is_some());
+
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    let listed = rt.block_on(async {
+        tokio::time::timeout(Duration::from_secs(30), async {
+            let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_mcpctl"));
+            // (as root, mcpctl would pick the system instance by default)
+            cmd.args(["--user", "bridge", "demo"]).env_clear();
+            for var in SDK_DEFAULT_ENV {
+                match var {
+                    "PATH" => cmd.env(var, "/usr/bin:/bin"),
+                    "TERM" => cmd.env(var, "dumb"),
+                    other => cmd.env(
+                        other,
+                        std::env::var_os(other).unwrap_or_else(|| "root".into()),
+                    ),
+                };
+            }
+            let mut bridge = cmd
+                .stdin(Stdio::piped())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .kill_on_drop(true)
+                .spawn()
+                .expect("spawn bridge");
+            let io = (
+                bridge.stdout.take().expect("stdout"),
+                bridge.stdin.take().expect("stdin"),
+            );
+            let client = match ().serve(io).await {
+                Ok(client) => client,
+                Err(e) => {
+                    let out = bridge.wait_with_output().await.expect("bridge");
+                    panic!(
+                        "initialize through the bridge: {e}; its stderr: {}",
+                        String::from_utf8_lossy(&out.stderr)
+                    );
+                }
+            };
+            let tools = client.list_all_tools().await.expect("tools/list");
+            client.cancel().await.expect("close");
+            tools.len()
+        })
+        .await
+        .expect("within 30 s")
+    });
+    assert_eq!(listed, 9);
     assert!(d.stop(Signal::TERM).success());
 }

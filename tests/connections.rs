@@ -7,14 +7,13 @@
 use std::io::{Read, Write};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
-use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use rmcp::ServiceExt;
 use rmcp::model::CallToolRequestParams;
 use rustix::process::Signal;
 
-use crate::helper::{Daemon, alive, mcpctl};
+use crate::helper::{Daemon, alive, mcpctl_user};
 
 /// The fixture as a unit that respawns quickly.
 fn demo_unit(dir: &Path) {
@@ -107,13 +106,7 @@ fn wait_for_fds(d: &mut Daemon, most: usize, after: &str) {
 }
 
 fn status(runtime: &Path) -> std::process::Output {
-    mcpctl()
-        .args(["--user", "status"])
-        .env("XDG_RUNTIME_DIR", runtime)
-        .env_remove("DBUS_SESSION_BUS_ADDRESS")
-        .stdin(Stdio::null())
-        .output()
-        .expect("mcpctl status")
+    mcpctl_user(runtime, &["status"])
 }
 
 /// `n` runs of `mcpctl status` on `threads` threads, each of which must
@@ -211,12 +204,7 @@ fn six_hundred_statuses_and_forty_bridges_leave_nothing_behind() {
     d.wait_until("a new demo process", |d| {
         d.latest_pid("demo").is_some_and(|p| p != old)
     });
-    let out = mcpctl()
-        .args(["--user", "status", "demo"])
-        .env("XDG_RUNTIME_DIR", &runtime)
-        .env_remove("DBUS_SESSION_BUS_ADDRESS")
-        .output()
-        .expect("mcpctl status demo");
+    let out = mcpctl_user(&runtime, &["status", "demo"]);
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(
         out.status.success() && text.contains("running"),

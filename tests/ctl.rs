@@ -6,7 +6,7 @@ use std::process::{Command, Output, Stdio};
 
 use rustix::process::Signal;
 
-use crate::helper::{Daemon, mcpctl};
+use crate::helper::{Daemon, mcpctl, mcpctl_user};
 
 /// Units in every state: running, retrying, invalid.
 fn units(dir: &Path) {
@@ -323,4 +323,106 @@ fn without_a_daemon_mcpctl_says_so() {
         message.starts_with("mcpctl: cannot reach mcpd (user instance): no daemon at "),
         "{message}"
     );
+}
+
+#[test]
+fn status_shows_local_time_and_how_the_last_process_ended() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    std::fs::write(
+        tmp.path().join("demo.kdl"),
+        "stdio {\n    command \"mcp-fixture\" \"--chatter\" \"0\"\n}\n",
+    )
+    .expect("write");
+    let mut d = Daemon::user_no_bus(tmp.path(), &[]);
+    d.wait_until("demo running", |d| d.latest_pid("demo").is_some());
+    let runtime = d.runtime_dir().expect("runtime").to_owned();
+    let status = |tz: &str| {
+        let out = mcpctl()
+            .args(["--user", "status", "demo"])
+            .env("XDG_RUNTIME_DIR", &runtime)
+            .env("TZ", tz)
+            .env_remove("DBUS_SESSION_BUS_ADDRESS")
+            .output()
+            .expect("mcpctl");
+        assert!(out.status.success(), "{}", err(&out));
+        let active = text(&out)
+            .lines()
+            .find(|l| l.trim_start().starts_with("Active:"))
+            .expect("an Active line")
+            .to_owned();
+        active
+            .split(" since ")
+            .nth(1)
+            .and_then(|s| s.split(';').next())
+            .unwrap_or_else(|| panic!("{active}"))
+            .to_owned()
+    };
+    // POSIX TZ strings need no time zone database.
+    let cet = status("CET-1");
+    let words: Vec<&str> = cet.split(' ').collect();
+    assert_eq!(words.len(), 4, "weekday date time zone: {cet}");
+    assert!(
+        ["Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun"].contains(&words[0]),
+        "{cet}"
+    );
+    assert_eq!(words[1].len(), "2026-12-01".len(), "{cet}");
+    assert_eq!(words[2].len(), "09:36:32".len(), "{cet}");
+    assert_eq!(words[3], "CET", "{cet}");
+    // the same instant, one hour later on the wall clock than UTC
+    let utc = status("UTC0");
+    let hour = |s: &str| -> u32 {
+        s.split(' ').nth(2).expect("time")[..2]
+            .parse()
+            .expect("hour")
+    };
+    assert!(utc.ends_with(" UTC"), "{utc}");
+    assert_eq!((hour(&utc) + 1) % 24, hour(&cet), "{utc} vs {cet}");
+
+    // After a crash and recovery, how it ended stays visible.
+    let old = d.latest_pid("demo").expect("pid");
+    let crash = mcpctl_user(&runtime, &["call", "demo", "crash", "{\"code\":3}"]);
+    assert!(crash.status.success(), "{}", err(&crash));
+    d.wait_until("demo running again", |d| {
+        d.latest_pid("demo").is_some_and(|p| p != old)
+    });
+    let shown = text(&mcpctl_user(&runtime, &["status", "demo"]));
+    assert!(
+        shown.contains("\n  Last exit: exited with status 3\n")
+            && shown.contains("\n Last error: process exited with status 3\n"),
+        "{shown}"
+    );
+    assert!(d.stop(Signal::TERM).success());
+}
+
+#[test]
+fn as_root_a_missing_system_instance_points_at_the_user_one() {
+    assert!(
+        rustix::process::geteuid().is_root(),
+        "mcpctl picks the system instance only for root (CI runs as root)"
+    );
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let mut d = Daemon::user_no_bus(tmp.path(), &[]);
+    d.wait_for("started 0 units");
+    // The system instance's directory, /run/mcpd, has no daemon in the
+    // tests (they give every system daemon its own MCPD_RUNTIME_DIR).
+    let out = mcpctl()
+        .arg("status")
+        .env("XDG_RUNTIME_DIR", d.runtime_dir().expect("runtime"))
+        // no system bus here, whatever the machine has
+        .env("DBUS_SYSTEM_BUS_ADDRESS", "unix:path=/nonexistent/bus")
+        .env_remove("DBUS_SESSION_BUS_ADDRESS")
+        .env_remove("MCPD_RUNTIME_DIR")
+        .output()
+        .expect("mcpctl");
+    assert_eq!(out.status.code(), Some(1));
+    let message = err(&out);
+    assert!(
+        message.starts_with(
+            "mcpctl: cannot reach mcpd (system instance): no daemon at /run/mcpd/private"
+        ) && message
+            .trim_end()
+            .ends_with("; no system instance is running, but a user instance is: use --user"),
+        "{message}"
+    );
+    assert!(d.stop(Signal::TERM).success());
 }

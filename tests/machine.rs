@@ -3,6 +3,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use crate::helper::{ms, policy};
 use mcpd::supervisor::machine::{
     Effect, Event, ExitStatus, Machine, Signal, State, Timer, ToolList,
 };
@@ -11,19 +12,6 @@ use mcpd::unit::{UnitDraft, UnitSpec};
 use rmcp::model::Tool;
 
 const PID: u32 = 4242;
-
-fn ms(n: u64) -> Duration {
-    Duration::from_millis(n)
-}
-
-fn policy(initial: u64, max: u64, attempts: i128, enabled: bool) -> ReconnectDraft {
-    ReconnectDraft {
-        enabled: Some(enabled),
-        initial_delay: Some(ms(initial)),
-        max_delay: Some(ms(max)),
-        max_attempts: Some(attempts),
-    }
-}
 
 fn stdio_spec(reconnect: ReconnectDraft) -> UnitSpec {
     UnitSpec::new(UnitDraft {

@@ -13,21 +13,13 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use crate::helper::fixture_path;
+use crate::helper::{alive, ms};
 
 /// Bound for every wait: generous, so a loaded CI machine does not flake.
 const BOUND: Duration = Duration::from_secs(30);
 
-fn ms(n: u64) -> Duration {
-    Duration::from_millis(n)
-}
-
 fn reconnect(initial: u64, max: u64, attempts: i128) -> ReconnectDraft {
-    ReconnectDraft {
-        enabled: Some(true),
-        initial_delay: Some(ms(initial)),
-        max_delay: Some(ms(max)),
-        max_attempts: Some(attempts),
-    }
+    crate::helper::policy(initial, max, attempts, true)
 }
 
 /// A unit running the fixture with `args`.
@@ -133,16 +125,6 @@ impl Running {
         tokio::time::timeout(BOUND, self.sup.shutdown(self.task))
             .await
             .expect("shutdown within bound");
-    }
-}
-
-/// Whether `pid` is a live process (zombies count as gone).
-fn alive(pid: u32) -> bool {
-    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-        Ok(stat) => stat
-            .rsplit_once(')')
-            .is_some_and(|(_, rest)| !rest.trim_start().starts_with('Z')),
-        Err(_) => false,
     }
 }
 

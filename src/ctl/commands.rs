@@ -57,6 +57,8 @@ struct Props {
     next_retry_usec: u64,
     since_usec: u64,
     main_pid: u32,
+    last_exit: String,
+    last_error: String,
     unit_path: String,
     load_error: String,
     tools: Vec<ToolRow>,
@@ -75,6 +77,8 @@ async fn props(server: &ServerProxy<'_>) -> Result<Props> {
         next_retry_usec: server.next_retry_usec().await.map_err(e)?,
         since_usec: server.state_change_timestamp().await.map_err(e)?,
         main_pid: server.main_pid().await.map_err(e)?,
+        last_exit: server.last_exit_status().await.map_err(e)?,
+        last_error: server.last_error().await.map_err(e)?,
         unit_path: server.unit_path().await.map_err(e)?,
         load_error: server.load_error().await.map_err(e)?,
         tools: server.tools().await.map_err(e)?,
@@ -94,6 +98,8 @@ impl Props {
             "next_retry_usec": self.next_retry_usec,
             "state_change_timestamp": self.since_usec,
             "main_pid": self.main_pid,
+            "last_exit": self.last_exit,
+            "last_error": self.last_error,
             "unit_path": self.unit_path,
             "load_error": self.load_error,
             "tools": self.tools.iter().map(|t| t.name.clone()).collect::<Vec<_>>(),
@@ -110,12 +116,24 @@ fn span(d: Duration) -> String {
     humantime::format_duration(Duration::from_secs(d.as_secs())).to_string()
 }
 
+/// A wall-clock time as systemctl prints it, in the system's time zone
+/// (`TZ`, else `/etc/localtime`): "Tue 2026-12-01 09:36:32 CET".
+fn local(at: SystemTime) -> String {
+    match jiff::Timestamp::try_from(at) {
+        Ok(ts) => ts
+            .to_zoned_datetime(jiff::tz::TimeZone::system())
+            .strftime("%a %Y-%m-%d %H:%M:%S %Z")
+            .to_string(),
+        Err(_) => humantime::format_rfc3339_seconds(at).to_string(),
+    }
+}
+
 fn ago(usec: u64) -> String {
     let at = time_of(usec);
     let elapsed = SystemTime::now().duration_since(at).unwrap_or_default();
     format!(
         "since {}; {} ago",
-        humantime::format_rfc3339_seconds(at),
+        local(at),
         if elapsed.as_secs() == 0 {
             "0s".into()
         } else {
@@ -165,6 +183,13 @@ fn write_block(
     }
     if p.generation != 0 {
         writeln!(out, " Generation: {}", p.generation)?;
+    }
+    if !p.last_exit.is_empty() {
+        writeln!(out, "  Last exit: {}", p.last_exit)?;
+    }
+    // (While it is not running, the reason already says it.)
+    if !p.last_error.is_empty() && !p.reason.contains(&p.last_error) {
+        writeln!(out, " Last error: {}", p.last_error)?;
     }
     if p.attempt != 0 {
         let next = if p.next_retry_usec == 0 {

@@ -96,15 +96,13 @@ pub fn bus_label_escape(label: &str) -> String {
     out
 }
 
-/// The object path of server `name`.
+/// The object path of server `name` (any name: a unit whose file name is
+/// not a valid unit name is still listed, with its load error).
 pub fn server_path(name: &str) -> OwnedObjectPath {
     let path = format!("{MANAGER_PATH}/server/{}", bus_label_escape(name));
-    // Escaped labels are always valid path elements.
-    OwnedObjectPath::try_from(path).unwrap_or_else(|_| {
-        OwnedObjectPath::from(zbus::ObjectPath::from_static_str_unchecked(
-            "/org/mcpd1/server/_",
-        ))
-    })
+    // An escaped label is letters, digits and `_`, never empty: always a
+    // valid path element.
+    OwnedObjectPath::from(zbus::ObjectPath::from_string_unchecked(path))
 }
 
 /// What every interface reads and acts through.

@@ -159,6 +159,23 @@ impl Server {
             .unwrap_or_default()
     }
 
+    /// How the server's process last ended ("exited with status 1",
+    /// "killed by signal 9 (SIGKILL)"); empty before any exit.
+    #[zbus(property)]
+    fn last_exit_status(&self) -> String {
+        self.status()
+            .and_then(|s| s.last_exit)
+            .map(|e| e.to_string())
+            .unwrap_or_default()
+    }
+
+    /// The error that ended the last failed generation (kept after it
+    /// recovers); empty when none has failed.
+    #[zbus(property)]
+    fn last_error(&self) -> String {
+        self.status().and_then(|s| s.last_error).unwrap_or_default()
+    }
+
     /// The `instructions` of the server's `initialize` answer.
     #[zbus(property)]
     fn instructions(&self) -> String {
@@ -331,6 +348,12 @@ pub(crate) async fn emit_changes(
     if old.since != new.since {
         iface.state_change_timestamp_changed(em).await?;
     }
+    if old.last_exit != new.last_exit {
+        iface.last_exit_status_changed(em).await?;
+    }
+    if old.last_error != new.last_error {
+        iface.last_error_changed(em).await?;
+    }
     if old.instructions != new.instructions {
         iface.instructions_changed(em).await?;
     }
@@ -402,6 +425,10 @@ pub mod client {
         fn unit_path(&self) -> Result<String, Error>;
         #[zbus(property)]
         fn load_error(&self) -> Result<String, Error>;
+        #[zbus(property)]
+        fn last_exit_status(&self) -> Result<String, Error>;
+        #[zbus(property)]
+        fn last_error(&self) -> Result<String, Error>;
         #[zbus(property)]
         fn instructions(&self) -> Result<String, Error>;
         #[zbus(property)]

@@ -340,14 +340,11 @@ impl Actor {
                     .await;
                     self.resync_if_dirty(generation);
                 }
-                Err(ConnectError { message, closed }) => {
-                    let error = message;
-                    let event = if closed {
-                        Event::Closed { generation, error }
-                    } else {
-                        Event::ConnectFailed { generation, error }
-                    };
-                    self.step(event).await;
+                Err(ConnectError::Closed(error)) => {
+                    self.step(Event::Closed { generation, error }).await;
+                }
+                Err(ConnectError::Failed(error)) => {
+                    self.step(Event::ConnectFailed { generation, error }).await;
                 }
             },
             Internal::Closed { generation, error } => {
@@ -444,11 +441,14 @@ impl Actor {
                                     .peer()
                                     .set_response_cache_config(ClientCacheConfig::disabled())
                                     .await;
-                                let tools =
-                                    client.list_all_tools().await.map_err(|e| ConnectError {
-                                        closed: matches!(e, ServiceError::TransportClosed),
-                                        message: format!("tools/list failed: {e}"),
-                                    })?;
+                                let tools = client.list_all_tools().await.map_err(|e| {
+                                    let message = format!("tools/list failed: {e}");
+                                    if matches!(e, ServiceError::TransportClosed) {
+                                        ConnectError::Closed(message)
+                                    } else {
+                                        ConnectError::Failed(message)
+                                    }
+                                })?;
                                 Ok((Box::new(client), tools))
                             }
                             .await;

@@ -47,29 +47,34 @@ impl std::fmt::Debug for Launched {
     }
 }
 
-/// Why connecting to a generation failed.
+/// Why connecting to a generation failed; the machine treats the two kinds
+/// differently (a hang-up gives the process time to exit on its own).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ConnectError {
-    pub message: String,
-    /// The server hung up (rather than answering wrongly).
-    pub closed: bool,
+pub enum ConnectError {
+    /// The server hung up (EOF, a closed pipe, a closed session).
+    Closed(String),
+    /// The server answered wrongly, or the request failed.
+    Failed(String),
 }
 
 impl ConnectError {
+    /// What went wrong, for the reason text.
+    pub fn message(&self) -> &str {
+        match self {
+            ConnectError::Closed(m) | ConnectError::Failed(m) => m,
+        }
+    }
+
     /// From rmcp's handshake error over HTTP: a failed request says why
     /// (refused, 401, TLS); the transport's own error chain is kept, the
     /// wrapper's type names are not.
     pub fn initialize_http(e: &rmcp::service::ClientInitializeError) -> Self {
-        let message = match e {
+        ConnectError::Failed(match e {
             rmcp::service::ClientInitializeError::TransportError { error, .. } => {
                 format!("initialize failed: {}", transport_error_text(error))
             }
             other => format!("initialize failed: {other}"),
-        };
-        Self {
-            message,
-            closed: false,
-        }
+        })
     }
 
     /// From rmcp's handshake error over a pipe: failing to write is a hang-up.
@@ -77,14 +82,10 @@ impl ConnectError {
         match e {
             // Reading EOF or writing into a closed pipe: the server hung up.
             rmcp::service::ClientInitializeError::ConnectionClosed(_)
-            | rmcp::service::ClientInitializeError::TransportError { .. } => Self {
-                message: "the server closed the connection during initialize".into(),
-                closed: true,
-            },
-            other => Self {
-                message: format!("initialize failed: {other}"),
-                closed: false,
-            },
+            | rmcp::service::ClientInitializeError::TransportError { .. } => {
+                ConnectError::Closed("the server closed the connection during initialize".into())
+            }
+            other => ConnectError::Failed(format!("initialize failed: {other}")),
         }
     }
 }

@@ -19,7 +19,9 @@ pub struct Problem {
     message: String,
     #[source_code]
     code: Option<NamedSource<Arc<str>>>,
-    #[label("{label}")]
+    /// The primary label: the report's `path:line:col` header points here,
+    /// even when a related label comes earlier in the file.
+    #[label(primary, "{label}")]
     span: Option<SourceSpan>,
     label: String,
     #[label("{related_label}")]

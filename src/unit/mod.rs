@@ -6,11 +6,13 @@
 //! agree on what a unit means and on every error message.
 //!
 //! Reading order: [`instance`] (which daemon), [`search`] finds files, [`load`] reads them, [`syntax`]
-//! turns each KDL document into a located layer, [`spec`] judges the merged
+//! turns each KDL document into a located layer by the vocabulary of
+//! [`keys`], [`spec`] judges the merged
 //! draft, [`diag`] renders what went wrong.
 
 pub mod diag;
 pub mod instance;
+pub mod keys;
 pub mod load;
 pub mod name;
 pub mod search;
@@ -19,20 +21,7 @@ mod syntax;
 
 /// Every key of the unit vocabulary, as `block.key` (top-level keys bare).
 pub fn vocabulary() -> Vec<String> {
-    let nested = [
-        ("stdio", syntax::STDIO_KEYS),
-        ("http", syntax::HTTP_KEYS),
-        ("reconnect", syntax::RECONNECT_KEYS),
-    ];
-    syntax::TOP_KEYS
-        .iter()
-        .map(|k| (*k).to_owned())
-        .chain(
-            nested
-                .iter()
-                .flat_map(|(block, keys)| keys.iter().map(move |k| format!("{block}.{k}"))),
-        )
-        .collect()
+    keys::KEYS.iter().map(keys::Key::path).collect()
 }
 
 pub use diag::{LoadError, Problem, Style};

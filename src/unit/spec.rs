@@ -125,26 +125,14 @@ pub enum Field {
 }
 
 impl Field {
-    /// The key as written in a unit file, e.g. `reconnect.max-delay`.
+    /// The key as written in a unit file, e.g. `reconnect.max-delay`
+    /// (from the vocabulary table, [`super::keys`]).
     pub fn key(&self) -> String {
         match self {
             Field::Unit => "unit".into(),
-            Field::Description => "description".into(),
-            Field::Stdio => "stdio".into(),
-            Field::Command => "stdio.command".into(),
-            Field::WorkingDirectory => "stdio.working-directory".into(),
             Field::Env(name) => format!("stdio.env {name}"),
-            Field::EnvFile(_) => "stdio.env-file".into(),
-            Field::PassEnv(_) => "stdio.pass-env".into(),
-            Field::User => "stdio.user".into(),
-            Field::Http | Field::Url => "http".into(),
-            Field::Header(_) => "http.header".into(),
-            Field::ReconnectEnabled => "reconnect.enabled".into(),
-            Field::InitialDelay => "reconnect.initial-delay".into(),
-            Field::MaxDelay => "reconnect.max-delay".into(),
-            Field::MaxAttempts => "reconnect.max-attempts".into(),
-            Field::StartupTimeout => "startup-timeout".into(),
-            Field::StopTimeout => "stop-timeout".into(),
+            Field::Url => "http".into(),
+            other => super::keys::of(other).map_or_else(|| "unit".into(), |k| k.path()),
         }
     }
 }

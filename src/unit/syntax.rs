@@ -2,10 +2,12 @@
 //!
 //! This layer checks shape and types only (known keys, argument counts, value
 //! types, duration syntax, duplicates within a file); bounds and cross-field
-//! rules belong to [`UnitSpec::new`](super::spec::UnitSpec::new). Layers from a
-//! unit file and its drop-ins are merged in order, then turned into a
-//! [`UnitDraft`] plus a map from each [`Field`] to where it was written, so
-//! spec errors can point back into the right file.
+//! rules belong to [`UnitSpec::new`](super::spec::UnitSpec::new). What each
+//! key is comes from the vocabulary table ([`super::keys`]): the reader
+//! dispatches on it and layers merge by it. Layers from a unit file and its
+//! drop-ins are merged in order, then turned into a [`UnitDraft`] plus a map
+//! from each [`Field`] to where it was written, so spec errors can point back
+//! into the right file.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::PathBuf;
@@ -14,6 +16,7 @@ use std::time::Duration;
 use kdl::{KdlDocument, KdlEntry, KdlNode, KdlValue};
 use miette::SourceSpan;
 
+use super::keys::{self, Block, Key, Kind, Merge};
 use super::spec::{Field, HttpDraft, ReconnectDraft, StdioDraft, UnitDraft};
 
 /// Where something was written: file index (into the unit's file list) and span.
@@ -41,64 +44,35 @@ pub struct Issue {
     pub related: Option<(SourceSpan, String)>,
 }
 
-/// What one file says.
+/// A value of a single-valued key, as its [`Kind`] reads it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Value {
+    String(String),
+    Path(PathBuf),
+    Strings(Vec<String>),
+    Duration(Duration),
+    Bool(bool),
+    Integer(i128),
+}
+
+/// What one file says, by key ([`keys::KEYS`]).
 #[derive(Debug, Clone, Default)]
 pub struct Layer {
-    description: Option<At<String>>,
-    stdio: Option<StdioLayer>,
-    http: Option<HttpLayer>,
-    reconnect: ReconnectLayer,
-    startup_timeout: Option<At<Duration>>,
-    stop_timeout: Option<At<Duration>>,
+    /// Keys merged with [`Merge::Replace`], by path.
+    values: BTreeMap<String, At<Value>>,
+    /// Keys merged with [`Merge::Append`] / [`Merge::AppendUnique`], by path.
+    lists: BTreeMap<String, Vec<At<String>>>,
+    /// `stdio.env`, by variable name.
+    env: BTreeMap<String, At<String>>,
+    /// `http.header`: name and value.
+    headers: Vec<At<(String, String)>>,
+    /// The blocks this file opens (`stdio`, `http`, …), where first opened.
+    blocks: BTreeMap<Block, Loc>,
     /// Fields whose value was rejected here; spec errors about them would
     /// only repeat the problem (e.g. "needs a command" after a bad command).
     poisoned: HashSet<Field>,
 }
 
-#[derive(Debug, Clone)]
-struct StdioLayer {
-    loc: Loc,
-    command: Option<At<Vec<String>>>,
-    working_directory: Option<At<PathBuf>>,
-    env: BTreeMap<String, At<String>>,
-    env_files: Vec<At<PathBuf>>,
-    pass_env: Vec<At<String>>,
-    user: Option<At<String>>,
-}
-
-#[derive(Debug, Clone)]
-struct HttpLayer {
-    loc: Loc,
-    url: Option<At<String>>,
-    headers: Vec<At<(String, String)>>,
-}
-
-#[derive(Debug, Clone, Default)]
-struct ReconnectLayer {
-    enabled: Option<At<bool>>,
-    initial_delay: Option<At<Duration>>,
-    max_delay: Option<At<Duration>>,
-    max_attempts: Option<At<i128>>,
-}
-
-pub const TOP_KEYS: &[&str] = &[
-    "description",
-    "stdio",
-    "http",
-    "reconnect",
-    "startup-timeout",
-    "stop-timeout",
-];
-pub const STDIO_KEYS: &[&str] = &[
-    "command",
-    "working-directory",
-    "env",
-    "env-file",
-    "pass-env",
-    "user",
-];
-pub const HTTP_KEYS: &[&str] = &["header"];
-pub const RECONNECT_KEYS: &[&str] = &["enabled", "initial-delay", "max-delay", "max-attempts"];
 const DURATION_HELP: &str = "write a duration such as \"500ms\", \"30s\" or \"1m30s\"";
 
 /// The closest known key to `unknown`, if any is close enough to be a typo.
@@ -184,32 +158,25 @@ impl Reader<'_> {
 
     /// Unknown key, with a suggestion from this block or a hint that the key
     /// belongs in another block.
-    fn unknown(&mut self, node: &KdlNode, block: Option<&str>, known: &[&str]) {
+    fn unknown(&mut self, node: &KdlNode, block: Block) {
         let name = node.name().value();
-        let here = match block {
-            Some(b) => format!("in `{b}`"),
-            None => "at the top level".into(),
-        };
-        let help = if let Some(close) = did_you_mean(name, known) {
+        let here = block.here();
+        let known = keys::names(block);
+        let help = if let Some(close) = did_you_mean(name, &known) {
             if close == "command" {
                 // "needs a command" would only repeat this typo.
                 self.poisoned.insert(Field::Command);
             }
             Some(format!("did you mean `{close}`?"))
-        } else if let Some((home, _)) = [
-            ("stdio", STDIO_KEYS),
-            ("http", HTTP_KEYS),
-            ("reconnect", RECONNECT_KEYS),
-            ("the top level", TOP_KEYS),
-        ]
-        .iter()
-        .find(|(_, keys)| keys.contains(&name))
+        } else if let Some(home) = [Block::Stdio, Block::Http, Block::Reconnect, Block::Top]
+            .into_iter()
+            .find(|b| keys::lookup(*b, name).is_some())
         {
-            if matches!(*home, "stdio" | "http") {
+            if matches!(home, Block::Stdio | Block::Http) {
                 // "no transport" would only repeat this misplacement.
                 self.poisoned.insert(Field::Unit);
             }
-            Some(format!("`{name}` belongs in {}", home_block(home)))
+            Some(format!("`{name}` belongs in {}", home.home()))
         } else {
             Some(format!(
                 "known keys {here}: {}",
@@ -494,41 +461,116 @@ impl Reader<'_> {
 
     fn document(&mut self, doc: &KdlDocument) -> Layer {
         let mut layer = Layer::default();
-        let mut seen = HashMap::new();
-        for node in doc.nodes() {
-            let key = node.name().value();
-            if !TOP_KEYS.contains(&key) {
-                self.unknown(node, None, TOP_KEYS);
-                continue;
-            }
-            if self.duplicate(&mut seen, node, key) {
-                continue;
-            }
-            self.annotations(node, key);
-            match key {
-                "description" => {
-                    layer.description = self.single_string(
-                        node,
-                        key,
-                        Field::Description,
-                        "\"What this server does\"",
-                    );
-                }
-                "stdio" => layer.stdio = Some(self.stdio(node)),
-                "http" => layer.http = Some(self.http(node)),
-                "reconnect" => layer.reconnect = self.reconnect(node),
-                "startup-timeout" => {
-                    layer.startup_timeout = self.duration(node, key, Field::StartupTimeout);
-                }
-                "stop-timeout" => layer.stop_timeout = self.duration(node, key, Field::StopTimeout),
-                _ => {}
-            }
-        }
+        self.settings(doc.nodes(), Block::Top, &mut layer);
         layer.poisoned = std::mem::take(&mut self.poisoned);
         layer
     }
 
-    /// The child nodes of a block, or an issue if it has none.
+    /// Reads the settings of `block`: each node a key of the table.
+    fn settings(&mut self, nodes: &[KdlNode], block: Block, layer: &mut Layer) {
+        let mut seen = HashMap::new();
+        for node in nodes {
+            let name = node.name().value();
+            let Some(key) = keys::lookup(block, name) else {
+                self.unknown(node, block);
+                continue;
+            };
+            if !key.repeatable() && self.duplicate(&mut seen, node, name) {
+                continue;
+            }
+            self.annotations(node, name);
+            self.key(key, node, layer);
+        }
+    }
+
+    /// Reads one node of `key`, as its [`Kind`] says, into `layer`.
+    fn key(&mut self, key: &'static Key, node: &KdlNode, layer: &mut Layer) {
+        let path = key.path();
+        let field = key.field.clone();
+        let at = |value: Option<At<String>>, wrap: fn(String) -> Value| {
+            value.map(|s| At {
+                value: wrap(s.value),
+                loc: s.loc,
+            })
+        };
+        let value = match key.kind {
+            Kind::Block { inner, required } => {
+                self.no_arguments(node, &path);
+                self.no_properties(node, &path);
+                layer
+                    .blocks
+                    .entry(inner)
+                    .or_insert(self.loc(node.name().span()));
+                if node.children().is_none() && !required {
+                    // The spec says what is missing ("needs a command").
+                    return;
+                }
+                let children = self.block(node, &path, required);
+                self.settings(children, inner, layer);
+                return;
+            }
+            Kind::Endpoint { inner } => {
+                self.endpoint(key, node, layer);
+                let children = self.block(node, &path, false);
+                self.settings(children, inner, layer);
+                return;
+            }
+            Kind::Env => return self.env(node, &mut layer.env),
+            Kind::Header => return self.header(node, &mut layer.headers),
+            Kind::String => at(
+                self.single_string(node, &path, field, key.example),
+                Value::String,
+            ),
+            Kind::Path if key.merge == Merge::Replace => {
+                at(self.single_string(node, &path, field, key.example), |s| {
+                    Value::Path(PathBuf::from(s))
+                })
+            }
+            Kind::Path => {
+                let list = layer.lists.entry(path.clone()).or_default();
+                let field = indexed(&key.field, list.len());
+                if let Some(s) = self.single_string(node, &path, field, key.example) {
+                    list.push(s);
+                }
+                return;
+            }
+            Kind::Strings if key.merge == Merge::Replace => self
+                .strings(node, &path, field, key.example)
+                .and_then(|parts| {
+                    let loc = parts.first()?.loc;
+                    Some(At {
+                        value: Value::Strings(parts.into_iter().map(|p| p.value).collect()),
+                        loc,
+                    })
+                }),
+            Kind::Strings => {
+                let list = layer.lists.entry(path.clone()).or_default();
+                let field = indexed(&key.field, list.len());
+                if let Some(values) = self.strings(node, &path, field, key.example) {
+                    list.extend(values);
+                }
+                return;
+            }
+            Kind::Duration => self.duration(node, &path, field).map(|d| At {
+                value: Value::Duration(d.value),
+                loc: d.loc,
+            }),
+            Kind::Bool => self.bool(node, &path, field).map(|b| At {
+                value: Value::Bool(b.value),
+                loc: b.loc,
+            }),
+            Kind::Integer => self.integer(node, &path, field).map(|i| At {
+                value: Value::Integer(i.value),
+                loc: i.loc,
+            }),
+        };
+        if let Some(value) = value {
+            layer.values.insert(path, value);
+        }
+    }
+
+    /// The child nodes of `key { … }`, or an issue if it has none and
+    /// `needs` one.
     fn block<'n>(&mut self, node: &'n KdlNode, key: &str, needs: bool) -> &'n [KdlNode] {
         match node.children() {
             Some(doc) => doc.nodes(),
@@ -545,87 +587,6 @@ impl Reader<'_> {
                 &[]
             }
         }
-    }
-
-    fn stdio(&mut self, node: &KdlNode) -> StdioLayer {
-        self.no_arguments(node, "stdio");
-        self.no_properties(node, "stdio");
-        let mut out = StdioLayer {
-            loc: self.loc(node.name().span()),
-            command: None,
-            working_directory: None,
-            env: BTreeMap::new(),
-            env_files: Vec::new(),
-            pass_env: Vec::new(),
-            user: None,
-        };
-        if node.children().is_none() {
-            // "needs a command" from the spec says what is missing.
-            return out;
-        }
-        let mut seen = HashMap::new();
-        for child in self.block(node, "stdio", true) {
-            let key = child.name().value();
-            if !STDIO_KEYS.contains(&key) {
-                self.unknown(child, Some("stdio"), STDIO_KEYS);
-                continue;
-            }
-            let repeatable = matches!(key, "env" | "env-file" | "pass-env");
-            if !repeatable && self.duplicate(&mut seen, child, key) {
-                continue;
-            }
-            self.annotations(child, key);
-            let full = format!("stdio.{key}");
-            match key {
-                "command" => {
-                    out.command = self
-                        .strings(
-                            child,
-                            &full,
-                            Field::Command,
-                            "\"/usr/bin/server\" \"--flag\"",
-                        )
-                        .and_then(|parts| {
-                            let loc = parts.first()?.loc;
-                            Some(At {
-                                value: parts.into_iter().map(|p| p.value).collect(),
-                                loc,
-                            })
-                        });
-                }
-                "working-directory" => {
-                    out.working_directory = self
-                        .single_string(child, &full, Field::WorkingDirectory, "\"/var/lib/server\"")
-                        .map(|s| At {
-                            value: PathBuf::from(s.value),
-                            loc: s.loc,
-                        });
-                }
-                "env" => self.env(child, &mut out.env),
-                "env-file" => {
-                    let field = Field::EnvFile(out.env_files.len());
-                    if let Some(s) =
-                        self.single_string(child, &full, field, "\"/etc/mcpd/server.env\"")
-                    {
-                        out.env_files.push(At {
-                            value: PathBuf::from(s.value),
-                            loc: s.loc,
-                        });
-                    }
-                }
-                "pass-env" => {
-                    let field = Field::PassEnv(out.pass_env.len());
-                    if let Some(names) = self.strings(child, &full, field, "\"HTTPS_PROXY\"") {
-                        out.pass_env.extend(names);
-                    }
-                }
-                "user" => {
-                    out.user = self.single_string(child, &full, Field::User, "\"mcp-server\"")
-                }
-                _ => {}
-            }
-        }
-        out
     }
 
     fn env(&mut self, node: &KdlNode, env: &mut BTreeMap<String, At<String>>) {
@@ -674,8 +635,14 @@ impl Reader<'_> {
         }
     }
 
-    fn http(&mut self, node: &KdlNode) -> HttpLayer {
-        self.no_properties(node, "http");
+    /// `http "URL"`: the block itself and its one URL argument.
+    fn endpoint(&mut self, key: &Key, node: &KdlNode, layer: &mut Layer) {
+        let path = key.path();
+        self.no_properties(node, &path);
+        layer
+            .blocks
+            .entry(Block::Http)
+            .or_insert(self.loc(node.name().span()));
         let args: Vec<&KdlEntry> = node
             .entries()
             .iter()
@@ -689,118 +656,93 @@ impl Reader<'_> {
                         Field::Url,
                         e.span(),
                         format!(
-                            "`http` takes one URL, found another: {}",
+                            "`{path}` takes one URL, found another: {}",
                             describe(e.value())
                         ),
                         "extra value",
                         None,
                     );
                 }
-                self.string(one, "http", &Field::Url)
+                self.string(one, &path, &Field::Url)
             }
         };
-        let mut out = HttpLayer {
-            loc: self.loc(node.name().span()),
-            url,
-            headers: Vec::new(),
-        };
-        for child in self.block(node, "http", false) {
-            let key = child.name().value();
-            if !HTTP_KEYS.contains(&key) {
-                self.unknown(child, Some("http"), HTTP_KEYS);
-                continue;
-            }
-            self.annotations(child, key);
-            let field = Field::Header(out.headers.len());
-            self.no_children(child, "http.header");
-            self.no_properties(child, "http.header");
-            let args: Vec<&KdlEntry> = child
-                .entries()
-                .iter()
-                .filter(|e| e.name().is_none())
-                .collect();
-            let [name, value] = args.as_slice() else {
-                self.bad(
-                    field,
-                    child.name().span(),
-                    format!(
-                        "`http.header` takes a name and a value, found {} value(s)",
-                        args.len()
-                    ),
-                    "expected NAME VALUE",
-                    Some("write `header \"Authorization\" \"Bearer …\"`".into()),
-                );
-                continue;
-            };
-            let name = self.string(name, "http.header", &field);
-            // Never echo a header value: it is usually a credential.
-            let value = match value.value() {
-                KdlValue::String(s) => Some(s.clone()),
-                other => {
-                    self.bad(
-                        field,
-                        value.span(),
-                        format!(
-                            "`http.header`: expected a string value, found a {}",
-                            kind(other)
-                        ),
-                        "expected a string",
-                        None,
-                    );
-                    None
-                }
-            };
-            if let (Some(name), Some(value)) = (name, value) {
-                out.headers.push(At {
-                    value: (name.value, value),
-                    loc: name.loc,
-                });
-            }
+        if let Some(url) = url {
+            layer.values.insert(
+                URL.to_owned(),
+                At {
+                    value: Value::String(url.value),
+                    loc: url.loc,
+                },
+            );
         }
-        out
     }
 
-    fn reconnect(&mut self, node: &KdlNode) -> ReconnectLayer {
-        self.no_arguments(node, "reconnect");
-        self.no_properties(node, "reconnect");
-        let mut out = ReconnectLayer::default();
-        let mut seen = HashMap::new();
-        for child in self.block(node, "reconnect", true) {
-            let key = child.name().value();
-            if !RECONNECT_KEYS.contains(&key) {
-                self.unknown(child, Some("reconnect"), RECONNECT_KEYS);
-                continue;
+    /// `header "Name" "value"`.
+    fn header(&mut self, node: &KdlNode, headers: &mut Vec<At<(String, String)>>) {
+        let field = Field::Header(headers.len());
+        self.no_children(node, "http.header");
+        self.no_properties(node, "http.header");
+        let args: Vec<&KdlEntry> = node
+            .entries()
+            .iter()
+            .filter(|e| e.name().is_none())
+            .collect();
+        let [name, value] = args.as_slice() else {
+            self.bad(
+                field,
+                node.name().span(),
+                format!(
+                    "`http.header` takes a name and a value, found {} value(s)",
+                    args.len()
+                ),
+                "expected NAME VALUE",
+                Some("write `header \"Authorization\" \"Bearer …\"`".into()),
+            );
+            return;
+        };
+        let name = self.string(name, "http.header", &field);
+        // Never echo a header value: it is usually a credential.
+        let value = match value.value() {
+            KdlValue::String(s) => Some(s.clone()),
+            other => {
+                self.bad(
+                    field,
+                    value.span(),
+                    format!(
+                        "`http.header`: expected a string value, found a {}",
+                        kind(other)
+                    ),
+                    "expected a string",
+                    None,
+                );
+                None
             }
-            if self.duplicate(&mut seen, child, key) {
-                continue;
-            }
-            self.annotations(child, key);
-            let full = format!("reconnect.{key}");
-            match key {
-                "enabled" => out.enabled = self.bool(child, &full, Field::ReconnectEnabled),
-                "initial-delay" => {
-                    out.initial_delay = self.duration(child, &full, Field::InitialDelay)
-                }
-                "max-delay" => out.max_delay = self.duration(child, &full, Field::MaxDelay),
-                "max-attempts" => out.max_attempts = self.integer(child, &full, Field::MaxAttempts),
-                _ => {}
-            }
+        };
+        if let (Some(name), Some(value)) = (name, value) {
+            headers.push(At {
+                value: (name.value, value),
+                loc: name.loc,
+            });
         }
-        out
+    }
+}
+
+/// Where the `http` node's URL argument is kept in [`Layer::values`].
+const URL: &str = "http";
+
+/// `field` for the value at `index` of a repeatable key.
+fn indexed(field: &Field, index: usize) -> Field {
+    match field {
+        Field::EnvFile(_) => Field::EnvFile(index),
+        Field::PassEnv(_) => Field::PassEnv(index),
+        Field::Header(_) => Field::Header(index),
+        other => other.clone(),
     }
 }
 
 /// `reconnect.max-attempts` → `max-attempts`, as written in the file.
 fn leaf(key: &str) -> &str {
     key.rsplit('.').next().unwrap_or(key)
-}
-
-fn home_block(home: &str) -> String {
-    if home == "the top level" {
-        home.into()
-    } else {
-        format!("the `{home}` block")
-    }
 }
 
 fn kind(value: &KdlValue) -> &'static str {
@@ -824,139 +766,175 @@ pub fn read(doc: &KdlDocument, file: usize, issues: &mut Vec<Issue>) -> Layer {
 }
 
 impl Layer {
-    /// Applies a later layer (a drop-in) on top of this one: scalars are
-    /// replaced, `env` and `header` entries replaced by name, lists extended.
+    /// Applies a later layer (a drop-in) on top of this one, key by key as
+    /// the table says: single values are replaced, lists extended (without
+    /// repeats where the key says so), `env` and `header` entries replaced
+    /// by name.
     pub fn merge(&mut self, later: Layer) {
-        fn over<T>(slot: &mut Option<T>, later: Option<T>) {
-            if later.is_some() {
-                *slot = later;
-            }
-        }
-        over(&mut self.description, later.description);
-        over(&mut self.startup_timeout, later.startup_timeout);
-        over(&mut self.stop_timeout, later.stop_timeout);
-        over(&mut self.reconnect.enabled, later.reconnect.enabled);
-        over(
-            &mut self.reconnect.initial_delay,
-            later.reconnect.initial_delay,
-        );
-        over(&mut self.reconnect.max_delay, later.reconnect.max_delay);
-        over(
-            &mut self.reconnect.max_attempts,
-            later.reconnect.max_attempts,
-        );
-        match (&mut self.stdio, later.stdio) {
-            (Some(mine), Some(theirs)) => {
-                over(&mut mine.command, theirs.command);
-                over(&mut mine.working_directory, theirs.working_directory);
-                over(&mut mine.user, theirs.user);
-                mine.env.extend(theirs.env);
-                mine.env_files.extend(theirs.env_files);
-                for name in theirs.pass_env {
-                    if !mine.pass_env.iter().any(|n| n.value == name.value) {
-                        mine.pass_env.push(name);
-                    }
+        self.values.extend(later.values);
+        for (path, values) in later.lists {
+            let unique = keys::KEYS
+                .iter()
+                .any(|k| k.path() == path && k.merge == Merge::AppendUnique);
+            let mine = self.lists.entry(path).or_default();
+            for value in values {
+                if !(unique && mine.iter().any(|v| v.value == value.value)) {
+                    mine.push(value);
                 }
             }
-            (slot @ None, theirs) => *slot = theirs,
-            (Some(_), None) => {}
         }
-        match (&mut self.http, later.http) {
-            (Some(mine), Some(theirs)) => {
-                over(&mut mine.url, theirs.url);
-                for header in theirs.headers {
-                    mine.headers
-                        .retain(|h| !h.value.0.eq_ignore_ascii_case(&header.value.0));
-                    mine.headers.push(header);
-                }
-            }
-            (slot @ None, theirs) => *slot = theirs,
-            (Some(_), None) => {}
+        self.env.extend(later.env);
+        for header in later.headers {
+            self.headers
+                .retain(|h| !h.value.0.eq_ignore_ascii_case(&header.value.0));
+            self.headers.push(header);
+        }
+        for (block, loc) in later.blocks {
+            self.blocks.entry(block).or_insert(loc);
         }
         self.poisoned.extend(later.poisoned);
     }
 
     /// The draft for [`UnitSpec::new`](super::spec::UnitSpec::new), where each
     /// field was written, and the fields already reported as bad.
-    pub fn into_draft(self, unit: Loc) -> (UnitDraft, HashMap<Field, Loc>, HashSet<Field>) {
-        let mut locs = HashMap::new();
-        locs.insert(Field::Unit, unit);
-        fn take<T>(locs: &mut HashMap<Field, Loc>, field: Field, at: Option<At<T>>) -> Option<T> {
-            at.map(|at| {
-                locs.insert(field, at.loc);
-                at.value
-            })
-        }
-        let description = take(&mut locs, Field::Description, self.description);
-        let stdio = self.stdio.map(|s| {
-            locs.insert(Field::Stdio, s.loc);
+    pub fn into_draft(mut self, unit: Loc) -> (UnitDraft, HashMap<Field, Loc>, HashSet<Field>) {
+        let mut d = Drafting {
+            locs: HashMap::from([(Field::Unit, unit)]),
+        };
+        let description = d.string(&mut self, "description");
+        let stdio = self.blocks.get(&Block::Stdio).copied().map(|loc| {
+            d.locs.insert(Field::Stdio, loc);
             // A missing command is reported at the `stdio` node.
-            locs.insert(Field::Command, s.loc);
+            d.locs.insert(Field::Command, loc);
             StdioDraft {
-                command: take(&mut locs, Field::Command, s.command).unwrap_or_default(),
-                working_directory: take(&mut locs, Field::WorkingDirectory, s.working_directory),
-                env: s
-                    .env
+                command: d.strings(&mut self, "stdio.command").unwrap_or_default(),
+                working_directory: d.path(&mut self, "stdio.working-directory"),
+                env: std::mem::take(&mut self.env)
                     .into_iter()
                     .map(|(k, v)| {
-                        locs.insert(Field::Env(k.clone()), v.loc);
+                        d.locs.insert(Field::Env(k.clone()), v.loc);
                         (k, v.value)
                     })
                     .collect(),
-                env_files: s
-                    .env_files
+                env_files: d
+                    .list(&mut self, "stdio.env-file")
                     .into_iter()
-                    .enumerate()
-                    .map(|(i, p)| {
-                        locs.insert(Field::EnvFile(i), p.loc);
-                        p.value
-                    })
+                    .map(PathBuf::from)
                     .collect(),
-                pass_env: s
-                    .pass_env
-                    .into_iter()
-                    .enumerate()
-                    .map(|(i, p)| {
-                        locs.insert(Field::PassEnv(i), p.loc);
-                        p.value
-                    })
-                    .collect(),
-                user: take(&mut locs, Field::User, s.user),
+                pass_env: d.list(&mut self, "stdio.pass-env"),
+                user: d.string(&mut self, "stdio.user"),
             }
         });
-        let http = self.http.map(|h| {
-            locs.insert(Field::Http, h.loc);
+        let http = self.blocks.get(&Block::Http).copied().map(|loc| {
+            d.locs.insert(Field::Http, loc);
             // A missing URL is reported at the `http` node.
-            locs.insert(Field::Url, h.loc);
+            d.locs.insert(Field::Url, loc);
             HttpDraft {
-                url: take(&mut locs, Field::Url, h.url).unwrap_or_default(),
-                headers: h
-                    .headers
+                url: d.string(&mut self, URL).unwrap_or_default(),
+                headers: std::mem::take(&mut self.headers)
                     .into_iter()
                     .enumerate()
                     .map(|(i, h)| {
-                        locs.insert(Field::Header(i), h.loc);
+                        d.locs.insert(Field::Header(i), h.loc);
                         h.value
                     })
                     .collect(),
             }
         });
-        let r = self.reconnect;
         let reconnect = ReconnectDraft {
-            enabled: take(&mut locs, Field::ReconnectEnabled, r.enabled),
-            initial_delay: take(&mut locs, Field::InitialDelay, r.initial_delay),
-            max_delay: take(&mut locs, Field::MaxDelay, r.max_delay),
-            max_attempts: take(&mut locs, Field::MaxAttempts, r.max_attempts),
+            enabled: d.bool(&mut self, "reconnect.enabled"),
+            initial_delay: d.duration(&mut self, "reconnect.initial-delay"),
+            max_delay: d.duration(&mut self, "reconnect.max-delay"),
+            max_attempts: d.integer(&mut self, "reconnect.max-attempts"),
         };
         let draft = UnitDraft {
             description,
             stdio,
             http,
             reconnect,
-            startup_timeout: take(&mut locs, Field::StartupTimeout, self.startup_timeout),
-            stop_timeout: take(&mut locs, Field::StopTimeout, self.stop_timeout),
+            startup_timeout: d.duration(&mut self, "startup-timeout"),
+            stop_timeout: d.duration(&mut self, "stop-timeout"),
         };
-        (draft, locs, self.poisoned)
+        (draft, d.locs, self.poisoned)
+    }
+}
+
+/// Takes values out of a merged layer by key path, recording where each
+/// was written under the key's field.
+struct Drafting {
+    locs: HashMap<Field, Loc>,
+}
+
+impl Drafting {
+    fn take(&mut self, layer: &mut Layer, path: &str) -> Option<Value> {
+        let at = layer.values.remove(path)?;
+        let field = if path == URL {
+            Field::Url
+        } else {
+            keys::KEYS.iter().find(|k| k.path() == path)?.field.clone()
+        };
+        self.locs.insert(field, at.loc);
+        Some(at.value)
+    }
+
+    fn string(&mut self, layer: &mut Layer, path: &str) -> Option<String> {
+        match self.take(layer, path)? {
+            Value::String(s) => Some(s),
+            _ => None,
+        }
+    }
+
+    fn path(&mut self, layer: &mut Layer, path: &str) -> Option<PathBuf> {
+        match self.take(layer, path)? {
+            Value::Path(p) => Some(p),
+            _ => None,
+        }
+    }
+
+    fn strings(&mut self, layer: &mut Layer, path: &str) -> Option<Vec<String>> {
+        match self.take(layer, path)? {
+            Value::Strings(v) => Some(v),
+            _ => None,
+        }
+    }
+
+    fn duration(&mut self, layer: &mut Layer, path: &str) -> Option<Duration> {
+        match self.take(layer, path)? {
+            Value::Duration(d) => Some(d),
+            _ => None,
+        }
+    }
+
+    fn bool(&mut self, layer: &mut Layer, path: &str) -> Option<bool> {
+        match self.take(layer, path)? {
+            Value::Bool(b) => Some(b),
+            _ => None,
+        }
+    }
+
+    fn integer(&mut self, layer: &mut Layer, path: &str) -> Option<i128> {
+        match self.take(layer, path)? {
+            Value::Integer(i) => Some(i),
+            _ => None,
+        }
+    }
+
+    /// A repeatable key's values in order, each recorded at its index.
+    fn list(&mut self, layer: &mut Layer, path: &str) -> Vec<String> {
+        let Some(key) = keys::KEYS.iter().find(|k| k.path() == path) else {
+            return Vec::new();
+        };
+        layer
+            .lists
+            .remove(path)
+            .unwrap_or_default()
+            .into_iter()
+            .enumerate()
+            .map(|(i, v)| {
+                self.locs.insert(indexed(&key.field, i), v.loc);
+                v.value
+            })
+            .collect()
     }
 }
 
@@ -966,12 +944,19 @@ mod tests {
 
     #[test]
     fn suggestions_are_for_typos_only() {
-        assert_eq!(did_you_mean("comand", STDIO_KEYS), Some("command"));
+        let names = keys::names;
         assert_eq!(
-            did_you_mean("max-attempt", RECONNECT_KEYS),
+            did_you_mean("comand", &names(Block::Stdio)),
+            Some("command")
+        );
+        assert_eq!(
+            did_you_mean("max-attempt", &names(Block::Reconnect)),
             Some("max-attempts")
         );
-        assert_eq!(did_you_mean("descripton", TOP_KEYS), Some("description"));
-        assert_eq!(did_you_mean("banana", TOP_KEYS), None);
+        assert_eq!(
+            did_you_mean("descripton", &names(Block::Top)),
+            Some("description")
+        );
+        assert_eq!(did_you_mean("banana", &names(Block::Top)), None);
     }
 }

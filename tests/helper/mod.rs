@@ -13,6 +13,39 @@ pub fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
 }
 
+/// `n` milliseconds.
+pub fn ms(n: u64) -> std::time::Duration {
+    std::time::Duration::from_millis(n)
+}
+
+/// A `reconnect` block: delays in milliseconds, retries per outage.
+pub fn policy(
+    initial: u64,
+    max: u64,
+    attempts: i128,
+    enabled: bool,
+) -> mcpd::unit::spec::ReconnectDraft {
+    mcpd::unit::spec::ReconnectDraft {
+        enabled: Some(enabled),
+        initial_delay: Some(ms(initial)),
+        max_delay: Some(ms(max)),
+        max_attempts: Some(attempts),
+    }
+}
+
+/// Runs `mcpctl --user ARGS` against the daemon whose runtime dir is
+/// `runtime`, off any bus, to completion.
+pub fn mcpctl_user(runtime: &Path, args: &[&str]) -> Output {
+    mcpctl()
+        .arg("--user")
+        .args(args)
+        .env("XDG_RUNTIME_DIR", runtime)
+        .env_remove("DBUS_SESSION_BUS_ADDRESS")
+        .stdin(std::process::Stdio::null())
+        .output()
+        .expect("mcpctl")
+}
+
 /// `mcpctl` as built for this test run.
 pub fn mcpctl() -> Command {
     Command::new(env!("CARGO_BIN_EXE_mcpctl"))

@@ -1,0 +1,339 @@
+//! The unit vocabulary, each key defined once: where it may appear, how its
+//! value is read, how drop-ins merge it, and the [`Field`] its errors name.
+//!
+//! The reader ([`super::syntax`]) dispatches on this table, checks
+//! duplicates and merges layers by it; [`Field::key`] names keys from it;
+//! [`super::vocabulary`] lists it (the man-page test and "did you mean"
+//! use that). Adding a key is a row here, its draft field (read in
+//! `Layer::into_draft`) and its rule in [`super::spec`].
+
+use super::spec::Field;
+
+/// Where a key may appear.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Block {
+    /// The top level of a unit file.
+    Top,
+    Stdio,
+    Http,
+    Reconnect,
+}
+
+impl Block {
+    /// The block's key (`stdio`), none for the top level.
+    pub fn name(self) -> Option<&'static str> {
+        match self {
+            Block::Top => None,
+            Block::Stdio => Some("stdio"),
+            Block::Http => Some("http"),
+            Block::Reconnect => Some("reconnect"),
+        }
+    }
+
+    /// "in `stdio`", "at the top level".
+    pub fn here(self) -> String {
+        match self.name() {
+            Some(b) => format!("in `{b}`"),
+            None => "at the top level".into(),
+        }
+    }
+
+    /// "the `stdio` block", "the top level".
+    pub fn home(self) -> String {
+        match self.name() {
+            Some(b) => format!("the `{b}` block"),
+            None => "the top level".into(),
+        }
+    }
+}
+
+/// How a key's value is written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    /// `key { … }`: no arguments, the settings of `inner` inside. Without a
+    /// block, `required` reports "needs a block"; otherwise the spec says
+    /// what is missing.
+    Block { inner: Block, required: bool },
+    /// `http "URL" { … }`: one string argument, then optionally the
+    /// settings of `inner`.
+    Endpoint { inner: Block },
+    /// One string.
+    String,
+    /// One string that is a path.
+    Path,
+    /// One or more strings.
+    Strings,
+    /// One duration string ("30s").
+    Duration,
+    /// `#true` or `#false`.
+    Bool,
+    /// One integer.
+    Integer,
+    /// `NAME="value"` properties.
+    Env,
+    /// A name and a value (never echoed: usually a credential).
+    Header,
+}
+
+/// How a later layer (a drop-in) combines with an earlier one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Merge {
+    /// Set once per file; a later layer replaces it.
+    Replace,
+    /// May repeat; every value is kept, in order.
+    Append,
+    /// May repeat; a value already there is not added again.
+    AppendUnique,
+    /// May repeat; entries are replaced by name.
+    ByName,
+}
+
+/// One key of the vocabulary.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Key {
+    pub block: Block,
+    pub name: &'static str,
+    pub kind: Kind,
+    pub merge: Merge,
+    /// What errors about the key name (for repeatable keys, the variant
+    /// with index 0 stands for every index).
+    pub field: Field,
+    /// A value to show in "write `key …`" hints.
+    pub example: &'static str,
+}
+
+impl Key {
+    /// The key as errors name it: `reconnect.max-delay`, `description`.
+    pub fn path(&self) -> String {
+        match self.block.name() {
+            Some(block) => format!("{block}.{}", self.name),
+            None => self.name.to_owned(),
+        }
+    }
+
+    /// Whether the key may be given more than once in a file.
+    pub fn repeatable(&self) -> bool {
+        self.merge != Merge::Replace
+    }
+}
+
+const fn key(
+    block: Block,
+    name: &'static str,
+    kind: Kind,
+    merge: Merge,
+    field: Field,
+    example: &'static str,
+) -> Key {
+    Key {
+        block,
+        name,
+        kind,
+        merge,
+        field,
+        example,
+    }
+}
+
+use Block::{Http, Reconnect, Stdio, Top};
+use Merge::{Append, AppendUnique, ByName, Replace};
+
+/// Every key, in the order the man page documents them.
+pub const KEYS: &[Key] = &[
+    key(
+        Top,
+        "description",
+        Kind::String,
+        Replace,
+        Field::Description,
+        "\"What this server does\"",
+    ),
+    key(
+        Top,
+        "stdio",
+        Kind::Block {
+            inner: Stdio,
+            required: false,
+        },
+        Replace,
+        Field::Stdio,
+        "{ command \"/path/to/server\" }",
+    ),
+    key(
+        Top,
+        "http",
+        Kind::Endpoint { inner: Http },
+        Replace,
+        Field::Http,
+        "\"https://host/mcp\"",
+    ),
+    key(
+        Top,
+        "reconnect",
+        Kind::Block {
+            inner: Reconnect,
+            required: true,
+        },
+        Replace,
+        Field::Unit,
+        "{ … }",
+    ),
+    key(
+        Top,
+        "startup-timeout",
+        Kind::Duration,
+        Replace,
+        Field::StartupTimeout,
+        "\"30s\"",
+    ),
+    key(
+        Top,
+        "stop-timeout",
+        Kind::Duration,
+        Replace,
+        Field::StopTimeout,
+        "\"30s\"",
+    ),
+    key(
+        Stdio,
+        "command",
+        Kind::Strings,
+        Replace,
+        Field::Command,
+        "\"/usr/bin/server\" \"--flag\"",
+    ),
+    key(
+        Stdio,
+        "working-directory",
+        Kind::Path,
+        Replace,
+        Field::WorkingDirectory,
+        "\"/var/lib/server\"",
+    ),
+    key(
+        Stdio,
+        "env",
+        Kind::Env,
+        ByName,
+        Field::Env(String::new()),
+        "GITHUB_HOST=\"github.com\"",
+    ),
+    key(
+        Stdio,
+        "env-file",
+        Kind::Path,
+        Append,
+        Field::EnvFile(0),
+        "\"/etc/mcpd/server.env\"",
+    ),
+    key(
+        Stdio,
+        "pass-env",
+        Kind::Strings,
+        AppendUnique,
+        Field::PassEnv(0),
+        "\"HTTPS_PROXY\"",
+    ),
+    key(
+        Stdio,
+        "user",
+        Kind::String,
+        Replace,
+        Field::User,
+        "\"mcp-server\"",
+    ),
+    key(
+        Http,
+        "header",
+        Kind::Header,
+        ByName,
+        Field::Header(0),
+        "\"Authorization\" \"Bearer …\"",
+    ),
+    key(
+        Reconnect,
+        "enabled",
+        Kind::Bool,
+        Replace,
+        Field::ReconnectEnabled,
+        "#true",
+    ),
+    key(
+        Reconnect,
+        "initial-delay",
+        Kind::Duration,
+        Replace,
+        Field::InitialDelay,
+        "\"30s\"",
+    ),
+    key(
+        Reconnect,
+        "max-delay",
+        Kind::Duration,
+        Replace,
+        Field::MaxDelay,
+        "\"30s\"",
+    ),
+    key(
+        Reconnect,
+        "max-attempts",
+        Kind::Integer,
+        Replace,
+        Field::MaxAttempts,
+        "10",
+    ),
+];
+
+/// The key `name` in `block`.
+pub fn lookup(block: Block, name: &str) -> Option<&'static Key> {
+    KEYS.iter().find(|k| k.block == block && k.name == name)
+}
+
+/// The names of the keys of `block`.
+pub fn names(block: Block) -> Vec<&'static str> {
+    KEYS.iter()
+        .filter(|k| k.block == block)
+        .map(|k| k.name)
+        .collect()
+}
+
+/// The key a field belongs to (repeatable fields by variant).
+pub fn of(field: &Field) -> Option<&'static Key> {
+    KEYS.iter()
+        .find(|k| std::mem::discriminant(&k.field) == std::mem::discriminant(field))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_block_is_a_key_and_every_field_names_one_key() {
+        for block in [Stdio, Http, Reconnect] {
+            let name = block.name().expect("a nested block has a name");
+            let row = lookup(Top, name).expect("the block is a top-level key");
+            assert!(matches!(
+                row.kind,
+                Kind::Block { inner, .. } | Kind::Endpoint { inner } if inner == block
+            ));
+        }
+        for (i, a) in KEYS.iter().enumerate() {
+            for b in &KEYS[i + 1..] {
+                assert!(
+                    !(a.block == b.block && a.name == b.name),
+                    "{} twice",
+                    a.path()
+                );
+                if a.field != Field::Unit {
+                    assert_ne!(
+                        std::mem::discriminant(&a.field),
+                        std::mem::discriminant(&b.field),
+                        "{} and {} name the same field",
+                        a.path(),
+                        b.path()
+                    );
+                }
+            }
+        }
+    }
+}
