@@ -205,6 +205,7 @@ fn a_host_with_the_sdks_default_environment_finds_the_user_daemon() {
     let logind = std::path::Path::new("/run/user/0");
     /// Removes what the test added to /run/user/0, however it ends.
     struct Cleanup {
+        created_parent: bool,
         created: bool,
         ours: bool,
     }
@@ -217,18 +218,29 @@ fn a_host_with_the_sdks_default_environment_finds_the_user_daemon() {
             if self.created {
                 let _ = std::fs::remove_dir(logind);
             }
+            if self.created_parent {
+                let _ = std::fs::remove_dir("/run/user");
+            }
         }
+    }
+    use std::os::unix::fs::DirBuilderExt;
+    let parent = logind.parent().expect("/run/user");
+    let created_parent = !parent.exists();
+    if created_parent {
+        std::fs::DirBuilder::new()
+            .mode(0o755)
+            .create(parent)
+            .expect("create /run/user");
     }
     let created = !logind.exists();
     if created {
-        use std::os::unix::fs::DirBuilderExt;
         std::fs::DirBuilder::new()
-            .recursive(true)
             .mode(0o700)
             .create(logind)
             .expect("create /run/user/0");
     }
     let _cleanup = Cleanup {
+        created_parent,
         created,
         ours: !logind.join("mcpd").exists(),
     };

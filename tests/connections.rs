@@ -176,10 +176,11 @@ fn six_hundred_statuses_and_forty_bridges_leave_nothing_behind() {
         "the daemon runs under the test's limit"
     );
 
-    // Warm up (allocator arenas, tokio's threads), then take the baseline.
+    // The fds before any client; then a warm-up (allocator arenas, tokio's
+    // threads) after which the RSS baseline is taken.
+    let base_fds = fds(pid);
     statuses(&runtime, 20, 2);
     bridge_sessions(&runtime, 2);
-    let base_fds = fds(pid);
     wait_for_fds(&mut d, base_fds, "after the warm-up");
     let base_rss = rss_kib(pid);
 
@@ -187,7 +188,7 @@ fn six_hundred_statuses_and_forty_bridges_leave_nothing_behind() {
     // limit of 256 three times over.
     statuses(&runtime, 600, 4);
     bridge_sessions(&runtime, 40);
-    wait_for_fds(&mut d, base_fds + 2, "once every client is gone");
+    wait_for_fds(&mut d, base_fds, "once every client is gone");
     let rss = rss_kib(pid);
     assert!(
         rss <= base_rss + 2048,
@@ -335,9 +336,10 @@ fn a_malformed_message_closes_that_connection_only() {
     d.wait_until("demo running", |d| d.latest_pid("demo").is_some());
     let socket = socket(&d);
     let runtime = runtime_dir(&d);
-    assert!(status(&runtime).status.success());
+    // Before any client.
     let base = fds(d.pid());
-    wait_for_fds(&mut d, base, "at the start");
+    assert!(status(&runtime).status.success());
+    wait_for_fds(&mut d, base, "after the first status");
 
     // The framing is right: a well-formed call is answered and the
     // connection stays open.

@@ -3,27 +3,31 @@
 //! proxies, whose methods return this module's [`Error`] so callers match
 //! variants (`Error::NoSuchServer`), never D-Bus names or zbus types.
 
-use std::path::PathBuf;
-
 use zbus::Connection;
 
 use crate::unit::Instance;
 
 use super::{Error, ManagerProxy, ServerProxy, private_socket, server_path};
 
+/// How long `mcpctl` waits for the daemon to finish the D-Bus handshake on
+/// its private socket (a daemon out of file descriptors leaves clients
+/// queued on the socket).
+pub const HANDSHAKE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// Why no daemon could be reached.
 #[derive(Debug, thiserror::Error)]
 pub enum ConnectError {
     /// Neither the private socket nor the bus answered.
     #[error(
-        "cannot reach mcpd ({} instance): no daemon at {}, and no bus: {bus}{}",
+        "cannot reach mcpd ({} instance): {private}; {bus}{}",
         instance.as_str(),
-        socket.display(),
         hint.as_deref().map(|h| format!("; {h}")).unwrap_or_default()
     )]
     Unreachable {
         instance: Instance,
-        socket: PathBuf,
+        /// What the private socket said ("no daemon at PATH").
+        private: String,
+        /// What the bus said ("no bus: …", "the session bus has no org.mcpd1").
         bus: String,
         /// The other instance is running (`use --user`).
         hint: Option<String>,
@@ -40,16 +44,32 @@ pub struct Client {
     pub manager: ManagerProxy<'static>,
 }
 
-/// A p2p connection to the private socket of `instance`, if a daemon
-/// accepts one there.
-async fn private(instance: Instance) -> Option<Connection> {
+/// A p2p connection to the private socket of `instance`, or why there is
+/// none.
+async fn private(instance: Instance) -> Result<Connection, String> {
     let socket = private_socket(&instance.runtime_dir());
-    let stream = std::os::unix::net::UnixStream::connect(&socket).ok()?;
-    zbus::connection::Builder::unix_stream(stream)
-        .p2p()
-        .build()
-        .await
-        .ok()
+    let stream = std::os::unix::net::UnixStream::connect(&socket)
+        .map_err(|_| format!("no daemon at {}", socket.display()))?;
+    let handshake = zbus::connection::Builder::unix_stream(stream).p2p().build();
+    match tokio::time::timeout(HANDSHAKE_TIMEOUT, handshake).await {
+        Ok(Ok(conn)) => Ok(conn),
+        Ok(Err(e)) => Err(format!(
+            "the daemon at {} failed the handshake: {e}",
+            socket.display()
+        )),
+        Err(_) => Err(format!(
+            "the daemon at {} did not answer within {} (is it out of file descriptors?)",
+            socket.display(),
+            humantime::format_duration(HANDSHAKE_TIMEOUT)
+        )),
+    }
+}
+
+fn bus_kind(instance: Instance) -> &'static str {
+    match instance {
+        Instance::System => "system",
+        Instance::User => "session",
+    }
 }
 
 /// When `instance` cannot be reached but the other instance of this user
@@ -59,7 +79,7 @@ async fn other_instance(instance: Instance) -> Option<String> {
         Instance::System => (Instance::User, "--user"),
         Instance::User => (Instance::System, "--system"),
     };
-    let _reachable = private(other).await?;
+    let _reachable = private(other).await.ok()?;
     Some(format!(
         "no {} instance is running, but a {} instance is: use {flag}",
         instance.as_str(),
@@ -71,8 +91,8 @@ impl Client {
     /// Connects to `instance`'s daemon.
     pub async fn connect(instance: Instance) -> Result<Self, ConnectError> {
         let conn = match private(instance).await {
-            Some(conn) => conn,
-            None => {
+            Ok(conn) => conn,
+            Err(private) => {
                 let bus = match instance {
                     Instance::System => zbus::connection::Builder::system(),
                     Instance::User => zbus::connection::Builder::session(),
@@ -82,8 +102,8 @@ impl Client {
                     Err(e) => {
                         return Err(ConnectError::Unreachable {
                             instance,
-                            socket: private_socket(&instance.runtime_dir()),
-                            bus: e.to_string(),
+                            private,
+                            bus: format!("no bus: {e}"),
                             hint: other_instance(instance).await,
                         });
                     }
@@ -101,8 +121,11 @@ impl Client {
             return Err(match other_instance(instance).await {
                 Some(hint) => ConnectError::Unreachable {
                     instance,
-                    socket: private_socket(&instance.runtime_dir()),
-                    bus: format!("org.mcpd1 is not on the {} bus", instance.as_str()),
+                    private: format!(
+                        "no daemon at {}",
+                        private_socket(&instance.runtime_dir()).display()
+                    ),
+                    bus: format!("the {} bus has no {}", bus_kind(instance), super::BUS_NAME),
                     hint: Some(hint),
                 },
                 None => ConnectError::Manager(e),

@@ -13,6 +13,7 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
+use std::time::Duration;
 
 use tokio::sync::Notify;
 use tokio::task::JoinHandle;
@@ -24,6 +25,25 @@ use crate::model::{Change, Diff};
 use super::manager::Manager;
 use super::server::{self, Server};
 use super::{MANAGER_PATH, Shared, server_path};
+
+/// How long one send to one peer may take. A client that stops reading
+/// (a suspended `mcpctl bridge`) fills its socket and would hold up the
+/// fan-out to everyone else; past this it is retired instead.
+pub const SEND_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Bounds one send; a send that does not finish in time is an error.
+async fn bounded(send: impl Future<Output = zbus::Result<()>>) -> zbus::Result<()> {
+    match tokio::time::timeout(SEND_TIMEOUT, send).await {
+        Ok(result) => result,
+        Err(_) => Err(zbus::Error::InputOutput(Arc::new(std::io::Error::new(
+            std::io::ErrorKind::TimedOut,
+            format!(
+                "the peer did not take the message within {}",
+                humantime::format_duration(SEND_TIMEOUT)
+            ),
+        )))),
+    }
+}
 
 /// Who is at the other end of a connection, for the log.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -111,10 +131,34 @@ impl Hub {
             .unwrap_or_default()
     }
 
-    /// Adds a connection to the fan-out. A private peer is released as soon
-    /// as its socket closes; the bus connection stays for the daemon's life
-    /// (its loss is logged when a send fails).
-    pub fn add(self: &Arc<Self>, conn: Connection, who: Who) {
+    /// Adds a connection to the fan-out. `served` are the servers
+    /// [`Hub::serving`] registered on it: a reload between then and now
+    /// (during the handshake) is caught up here. A private peer is released
+    /// as soon as its socket closes; the bus connection stays for the
+    /// daemon's life (its loss is logged when a send fails).
+    pub async fn add(self: &Arc<Self>, conn: Connection, who: Who, served: Vec<String>) {
+        let now = self.shared.names();
+        for name in now.iter().filter(|n| !served.contains(n)) {
+            let at = conn
+                .object_server()
+                .at(
+                    server_path(name),
+                    Server::new(name, Arc::clone(&self.shared)),
+                )
+                .await;
+            if let Err(e) = at {
+                tracing::warn!(target: "mcpd::dbus", "{who}: cannot serve {name}: {e}");
+            }
+        }
+        for name in served.iter().filter(|n| !now.contains(n)) {
+            if let Err(e) = conn
+                .object_server()
+                .remove::<Server, _>(server_path(name))
+                .await
+            {
+                tracing::warn!(target: "mcpd::dbus", "{who}: cannot withdraw {name}: {e}");
+            }
+        }
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         if let Ok(mut peers) = self.peers.lock() {
             peers.insert(
@@ -149,7 +193,9 @@ impl Hub {
         if let Some(peer) = peer {
             tracing::debug!(target: "mcpd::dbus", "{} {why}", peer.who);
             drop(peer);
-            self.released.notify_waiters();
+            // One stored permit: a release between a failed accept and the
+            // accept loop's wait is not missed.
+            self.released.notify_one();
         }
     }
 
@@ -181,21 +227,23 @@ impl Hub {
     }
 
     /// A connection builder that serves the manager, the object manager and
-    /// every server from its first message on.
+    /// every server from its first message on; with the names it serves
+    /// (for [`Hub::add`]).
     pub fn serving<'b>(
         &self,
         builder: zbus::connection::Builder<'b>,
-    ) -> zbus::connection::Builder<'b> {
+    ) -> (zbus::connection::Builder<'b>, Vec<String>) {
         let mut builder = builder
             .serve_at(MANAGER_PATH, zbus::fdo::ObjectManager)
             .serve_at(MANAGER_PATH, Manager::new(Arc::clone(&self.shared)));
-        for name in self.shared.names() {
+        let names = self.shared.names();
+        for name in &names {
             builder = builder.serve_at(
-                server_path(&name),
-                Server::new(&name, Arc::clone(&self.shared)),
+                server_path(name),
+                Server::new(name, Arc::clone(&self.shared)),
             );
         }
-        builder
+        (builder, names)
     }
 
     /// Applies a reload's diff: objects and signals for added and removed
@@ -219,10 +267,10 @@ impl Hub {
             }
         }
         for (id, peer) in self.snapshot() {
-            let sent = match SignalEmitter::new(&peer.conn, MANAGER_PATH) {
-                Ok(emitter) => Manager::reloaded(&emitter).await,
-                Err(e) => Err(e),
-            };
+            let sent = bounded(async {
+                Manager::reloaded(&SignalEmitter::new(&peer.conn, MANAGER_PATH)?).await
+            })
+            .await;
             self.sent(id, &peer, "Reloaded", sent);
         }
     }
@@ -230,7 +278,7 @@ impl Hub {
     /// PropertiesChanged for what a reload changes, everywhere.
     async fn unit_properties(&self, name: &str) {
         for (id, peer) in self.snapshot() {
-            let sent = server::emit_unit_properties(&peer.conn, name).await;
+            let sent = bounded(server::emit_unit_properties(&peer.conn, name)).await;
             self.sent(id, &peer, "property changes", sent);
         }
     }
@@ -241,7 +289,7 @@ impl Hub {
     async fn added(self: &Arc<Self>, name: &str) {
         let path = server_path(name);
         for (id, peer) in self.snapshot() {
-            let sent = async {
+            let sent = bounded(async {
                 let existing = peer
                     .conn
                     .object_server()
@@ -253,7 +301,7 @@ impl Hub {
                     Manager::server_added(&emitter, name, path.as_ref()).await?;
                 }
                 Ok(())
-            }
+            })
             .await;
             self.sent(id, &peer, "ServerAdded", sent);
         }
@@ -266,11 +314,11 @@ impl Hub {
         }
         let path = server_path(name);
         for (id, peer) in self.snapshot() {
-            let sent = async {
+            let sent = bounded(async {
                 peer.conn.object_server().remove::<Server, _>(&path).await?;
                 let emitter = SignalEmitter::new(&peer.conn, MANAGER_PATH)?;
                 Manager::server_removed(&emitter, name, path.as_ref()).await
-            }
+            })
             .await;
             self.sent(id, &peer, "ServerRemoved", sent);
         }
@@ -293,7 +341,7 @@ impl Hub {
                 let now = rx.borrow_and_update().clone();
                 let Some(hub) = hub.upgrade() else { return };
                 for (id, peer) in hub.snapshot() {
-                    let sent = server::emit_changes(&peer.conn, &owned, &last, &now).await;
+                    let sent = bounded(server::emit_changes(&peer.conn, &owned, &last, &now)).await;
                     hub.sent(id, &peer, "status changes", sent);
                 }
                 last = now;

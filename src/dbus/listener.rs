@@ -31,6 +31,8 @@ struct Streak {
     failures: u64,
     logged: Vec<io::ErrorKind>,
     backoff: Option<Duration>,
+    /// The wait before the last one (restored by [`Streak::woken`]).
+    previous: Option<Duration>,
 }
 
 impl Streak {
@@ -45,8 +47,15 @@ impl Streak {
         let wait = self
             .backoff
             .map_or(FIRST_BACKOFF, |last| (last * 2).min(MAX_BACKOFF));
+        self.previous = self.backoff;
         self.backoff = Some(wait);
         (wait, new)
+    }
+
+    /// The wait was cut short because a peer freed an fd: a retry that
+    /// fails again is not a reason to wait longer next time.
+    fn woken(&mut self) {
+        self.backoff = self.previous;
     }
 }
 
@@ -110,7 +119,11 @@ pub async fn accept_loop(listener: UnixListener, socket: PathBuf, hub: Weak<Hub>
                 }
                 tokio::select! {
                     () = tokio::time::sleep(wait) => {}
-                    () = live.peer_released() => {}
+                    () = live.peer_released() => {
+                        if let Some(s) = streak.as_mut() {
+                            s.woken();
+                        }
+                    }
                 }
             }
         }
@@ -131,8 +144,9 @@ async fn serve(stream: tokio::net::UnixStream, who: Who, hub: Arc<Hub>) {
     let builder = zbus::connection::Builder::unix_stream(stream)
         .p2p()
         .server(zbus::Guid::generate());
-    match tokio::time::timeout(HANDSHAKE_TIMEOUT, hub.serving(builder).build()).await {
-        Ok(Ok(conn)) => hub.add(conn, who),
+    let (builder, served) = hub.serving(builder);
+    match tokio::time::timeout(HANDSHAKE_TIMEOUT, builder.build()).await {
+        Ok(Ok(conn)) => hub.add(conn, who, served).await,
         Ok(Err(e)) => tracing::debug!(target: "mcpd::dbus", "{who}: handshake failed: {e}"),
         Err(_) => tracing::warn!(
             target: "mcpd::dbus",
@@ -173,6 +187,14 @@ mod tests {
         assert_eq!(waits, [100, 200, 400, 800, 1600, 3200, 6400, 6400]);
         assert_eq!(news, [true, false, true, false, false, false, false, false]);
         assert_eq!(streak.failures, 8);
+        // a wake-up by a released peer does not count as a longer wait
+        streak.woken();
+        assert_eq!(streak.failed(&emfile).0.as_millis(), 6400);
+        let mut fresh = Streak::default();
+        fresh.failed(&emfile);
+        fresh.failed(&emfile);
+        fresh.woken();
+        assert_eq!(fresh.failed(&emfile).0.as_millis(), 200);
     }
 
     #[test]

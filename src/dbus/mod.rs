@@ -29,7 +29,7 @@ use crate::model::{Control, UnitView};
 use crate::unit::Instance;
 
 pub use client::{Client, ConnectError};
-pub use hub::{Hub, Who};
+pub use hub::{Hub, SEND_TIMEOUT, Who};
 pub use listener::{FIRST_BACKOFF, HANDSHAKE_TIMEOUT, MAX_BACKOFF};
 pub use manager::{Manager, ManagerProxy, ServerRow};
 pub use server::{Server, ServerProxy, ToolRow};
@@ -269,12 +269,12 @@ impl Service {
                 Instance::System => zbus::connection::Builder::system(),
                 Instance::User => zbus::connection::Builder::session(),
             };
-            let bus = hub.serving(builder).build().await;
-            match bus {
+            let (builder, served) = hub.serving(builder);
+            match builder.build().await {
                 Ok(conn) => match conn.request_name(BUS_NAME).await {
                     Ok(()) => {
                         tracing::info!(target: "mcpd::dbus", "serving {BUS_NAME} on the {} bus", bus_kind(shared.instance));
-                        hub.add(conn, Who::Bus);
+                        hub.add(conn, Who::Bus, served).await;
                     }
                     Err(e) => {
                         tracing::warn!(target: "mcpd::dbus", "cannot own {BUS_NAME} on the {} bus: {e}", bus_kind(shared.instance))

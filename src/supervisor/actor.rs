@@ -271,6 +271,10 @@ impl Actor {
             }));
             return;
         };
+        if reply.is_closed() {
+            // The caller left before the call could start.
+            return;
+        }
         let events = self.internal_tx.clone();
         tokio::spawn(async move {
             let mut reply = reply;

@@ -96,8 +96,9 @@ pub struct Key {
     pub kind: Kind,
     pub merge: Merge,
     /// What errors about the key name (for repeatable keys, the variant
-    /// with index 0 stands for every index).
-    pub field: Field,
+    /// with index 0 stands for every index); none for a block that is only
+    /// a container (`reconnect`).
+    pub field: Option<Field>,
     /// A value to show in "write `key …`" hints.
     pub example: &'static str,
 }
@@ -122,7 +123,7 @@ const fn key(
     name: &'static str,
     kind: Kind,
     merge: Merge,
-    field: Field,
+    field: Option<Field>,
     example: &'static str,
 ) -> Key {
     Key {
@@ -145,7 +146,7 @@ pub const KEYS: &[Key] = &[
         "description",
         Kind::String,
         Replace,
-        Field::Description,
+        Some(Field::Description),
         "\"What this server does\"",
     ),
     key(
@@ -156,7 +157,7 @@ pub const KEYS: &[Key] = &[
             required: false,
         },
         Replace,
-        Field::Stdio,
+        Some(Field::Stdio),
         "{ command \"/path/to/server\" }",
     ),
     key(
@@ -164,7 +165,7 @@ pub const KEYS: &[Key] = &[
         "http",
         Kind::Endpoint { inner: Http },
         Replace,
-        Field::Http,
+        Some(Field::Http),
         "\"https://host/mcp\"",
     ),
     key(
@@ -175,7 +176,7 @@ pub const KEYS: &[Key] = &[
             required: true,
         },
         Replace,
-        Field::Unit,
+        None,
         "{ … }",
     ),
     key(
@@ -183,7 +184,7 @@ pub const KEYS: &[Key] = &[
         "startup-timeout",
         Kind::Duration,
         Replace,
-        Field::StartupTimeout,
+        Some(Field::StartupTimeout),
         "\"30s\"",
     ),
     key(
@@ -191,7 +192,7 @@ pub const KEYS: &[Key] = &[
         "stop-timeout",
         Kind::Duration,
         Replace,
-        Field::StopTimeout,
+        Some(Field::StopTimeout),
         "\"30s\"",
     ),
     key(
@@ -199,7 +200,7 @@ pub const KEYS: &[Key] = &[
         "command",
         Kind::Strings,
         Replace,
-        Field::Command,
+        Some(Field::Command),
         "\"/usr/bin/server\" \"--flag\"",
     ),
     key(
@@ -207,7 +208,7 @@ pub const KEYS: &[Key] = &[
         "working-directory",
         Kind::Path,
         Replace,
-        Field::WorkingDirectory,
+        Some(Field::WorkingDirectory),
         "\"/var/lib/server\"",
     ),
     key(
@@ -215,7 +216,7 @@ pub const KEYS: &[Key] = &[
         "env",
         Kind::Env,
         ByName,
-        Field::Env(String::new()),
+        Some(Field::Env(String::new())),
         "GITHUB_HOST=\"github.com\"",
     ),
     key(
@@ -223,7 +224,7 @@ pub const KEYS: &[Key] = &[
         "env-file",
         Kind::Path,
         Append,
-        Field::EnvFile(0),
+        Some(Field::EnvFile(0)),
         "\"/etc/mcpd/server.env\"",
     ),
     key(
@@ -231,7 +232,7 @@ pub const KEYS: &[Key] = &[
         "pass-env",
         Kind::Strings,
         AppendUnique,
-        Field::PassEnv(0),
+        Some(Field::PassEnv(0)),
         "\"HTTPS_PROXY\"",
     ),
     key(
@@ -239,7 +240,7 @@ pub const KEYS: &[Key] = &[
         "user",
         Kind::String,
         Replace,
-        Field::User,
+        Some(Field::User),
         "\"mcp-server\"",
     ),
     key(
@@ -247,7 +248,7 @@ pub const KEYS: &[Key] = &[
         "header",
         Kind::Header,
         ByName,
-        Field::Header(0),
+        Some(Field::Header(0)),
         "\"Authorization\" \"Bearer …\"",
     ),
     key(
@@ -255,7 +256,7 @@ pub const KEYS: &[Key] = &[
         "enabled",
         Kind::Bool,
         Replace,
-        Field::ReconnectEnabled,
+        Some(Field::ReconnectEnabled),
         "#true",
     ),
     key(
@@ -263,7 +264,7 @@ pub const KEYS: &[Key] = &[
         "initial-delay",
         Kind::Duration,
         Replace,
-        Field::InitialDelay,
+        Some(Field::InitialDelay),
         "\"30s\"",
     ),
     key(
@@ -271,7 +272,7 @@ pub const KEYS: &[Key] = &[
         "max-delay",
         Kind::Duration,
         Replace,
-        Field::MaxDelay,
+        Some(Field::MaxDelay),
         "\"30s\"",
     ),
     key(
@@ -279,7 +280,7 @@ pub const KEYS: &[Key] = &[
         "max-attempts",
         Kind::Integer,
         Replace,
-        Field::MaxAttempts,
+        Some(Field::MaxAttempts),
         "10",
     ),
 ];
@@ -299,8 +300,11 @@ pub fn names(block: Block) -> Vec<&'static str> {
 
 /// The key a field belongs to (repeatable fields by variant).
 pub fn of(field: &Field) -> Option<&'static Key> {
-    KEYS.iter()
-        .find(|k| std::mem::discriminant(&k.field) == std::mem::discriminant(field))
+    KEYS.iter().find(|k| {
+        k.field
+            .as_ref()
+            .is_some_and(|f| std::mem::discriminant(f) == std::mem::discriminant(field))
+    })
 }
 
 #[cfg(test)]
@@ -324,10 +328,10 @@ mod tests {
                     "{} twice",
                     a.path()
                 );
-                if a.field != Field::Unit {
+                if let (Some(fa), Some(fb)) = (&a.field, &b.field) {
                     assert_ne!(
-                        std::mem::discriminant(&a.field),
-                        std::mem::discriminant(&b.field),
+                        std::mem::discriminant(fa),
+                        std::mem::discriminant(fb),
                         "{} and {} name the same field",
                         a.path(),
                         b.path()

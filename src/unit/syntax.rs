@@ -486,7 +486,7 @@ impl Reader<'_> {
     /// Reads one node of `key`, as its [`Kind`] says, into `layer`.
     fn key(&mut self, key: &'static Key, node: &KdlNode, layer: &mut Layer) {
         let path = key.path();
-        let field = key.field.clone();
+        let field = key.field.clone().unwrap_or(Field::Unit);
         let at = |value: Option<At<String>>, wrap: fn(String) -> Value| {
             value.map(|s| At {
                 value: wrap(s.value),
@@ -528,7 +528,7 @@ impl Reader<'_> {
             }
             Kind::Path => {
                 let list = layer.lists.entry(path.clone()).or_default();
-                let field = indexed(&key.field, list.len());
+                let field = indexed(&field, list.len());
                 if let Some(s) = self.single_string(node, &path, field, key.example) {
                     list.push(s);
                 }
@@ -545,7 +545,7 @@ impl Reader<'_> {
                 }),
             Kind::Strings => {
                 let list = layer.lists.entry(path.clone()).or_default();
-                let field = indexed(&key.field, list.len());
+                let field = indexed(&field, list.len());
                 if let Some(values) = self.strings(node, &path, field, key.example) {
                     list.extend(values);
                 }
@@ -871,7 +871,11 @@ impl Drafting {
         let field = if path == URL {
             Field::Url
         } else {
-            keys::KEYS.iter().find(|k| k.path() == path)?.field.clone()
+            keys::KEYS
+                .iter()
+                .find(|k| k.path() == path)?
+                .field
+                .clone()?
         };
         self.locs.insert(field, at.loc);
         Some(at.value)
@@ -921,7 +925,11 @@ impl Drafting {
 
     /// A repeatable key's values in order, each recorded at its index.
     fn list(&mut self, layer: &mut Layer, path: &str) -> Vec<String> {
-        let Some(key) = keys::KEYS.iter().find(|k| k.path() == path) else {
+        let Some(field) = keys::KEYS
+            .iter()
+            .find(|k| k.path() == path)
+            .and_then(|k| k.field.clone())
+        else {
             return Vec::new();
         };
         layer
@@ -931,7 +939,7 @@ impl Drafting {
             .into_iter()
             .enumerate()
             .map(|(i, v)| {
-                self.locs.insert(indexed(&key.field, i), v.loc);
+                self.locs.insert(indexed(&field, i), v.loc);
                 v.value
             })
             .collect()

@@ -41,6 +41,7 @@ pub fn mcpctl_user(runtime: &Path, args: &[&str]) -> Output {
         .args(args)
         .env("XDG_RUNTIME_DIR", runtime)
         .env_remove("DBUS_SESSION_BUS_ADDRESS")
+        .env_remove("MCPD_RUNTIME_DIR")
         .stdin(std::process::Stdio::null())
         .output()
         .expect("mcpctl")
@@ -81,6 +82,7 @@ pub fn bridge(
         .args(["--user", "bridge", name])
         .env("XDG_RUNTIME_DIR", runtime)
         .env_remove("DBUS_SESSION_BUS_ADDRESS")
+        .env_remove("MCPD_RUNTIME_DIR")
         .stdin(std::process::Stdio::piped())
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::inherit())
@@ -171,8 +173,10 @@ impl Daemon {
             cmd.env("XDG_RUNTIME_DIR", dir.path());
             Some(dir)
         };
-        // No bus unless the test starts one: never a developer's session bus.
-        cmd.env_remove("DBUS_SESSION_BUS_ADDRESS");
+        // No bus unless the test starts one: never a developer's session bus;
+        // and the runtime dir chosen here, never one from the environment.
+        cmd.env_remove("DBUS_SESSION_BUS_ADDRESS")
+            .env_remove("MCPD_RUNTIME_DIR");
         cmd.args(args)
             .env("PATH", path)
             .env("MCPD_LOG", "info")
