@@ -7,5 +7,6 @@ pub mod ctl;
 pub mod daemon;
 pub mod dbus;
 pub mod model;
+pub mod mux;
 pub mod supervisor;
 pub mod unit;

@@ -16,6 +16,7 @@ mod interop;
 mod machine;
 mod packaging;
 mod reload;
+mod route;
 mod search;
 mod supervisor;
 mod unit_files;

@@ -1,0 +1,11 @@
+//! Host sessions (DESIGN §8): every host that attaches to a unit gets its
+//! own MCP session with mcpd, multiplexed onto the one upstream session of
+//! the unit's current generation.
+//!
+//! Reading order: [`route`], the pure routing core (ids and progress
+//! tokens, who answers a server→client request, subscriptions, log levels,
+//! detach and outage cleanup), table-tested like the supervisor's machine.
+//! The session layer around it (the `Attach` socket, `initialize`, the
+//! cached lists through outages) is being built on top of it (issue 14).
+
+pub mod route;

@@ -1,0 +1,679 @@
+//! The pure routing core of host sessions (DESIGN §8): many host sessions,
+//! one upstream session per generation.
+//!
+//! No I/O, no tasks, no clock: the session layer hands [`Router`] every
+//! JSON-RPC message a host or the server sends (already parsed, as
+//! `serde_json::Value`, so unknown methods and fields pass unchanged) and
+//! sends the [`Out`]s it returns. The router intervenes only where sharing
+//! one upstream demands it:
+//!
+//! - request ids and progress tokens are rewritten per host, so answers,
+//!   `notifications/progress` and `notifications/cancelled` reach exactly
+//!   the host they belong to;
+//! - server→client requests (`sampling/createMessage`, `elicitation/create`,
+//!   `roots/list`) go to the host that caused them: the only host with a
+//!   request in flight, else the most recent caller among those in flight,
+//!   else the most recent caller; it must have declared the capability, or
+//!   the server gets a JSON-RPC error saying why;
+//! - `logging/setLevel` is per host: the upstream gets the most verbose level
+//!   any host asked for, each host only messages at its own level;
+//! - `resources/subscribe` is reference-counted per URI and
+//!   `notifications/resources/updated` reaches only subscribed hosts;
+//! - a host that detaches has its requests cancelled upstream, its
+//!   subscriptions released and the requests it was asked to answer failed;
+//! - an upstream that ends fails every request in flight at once
+//!   ([`Out::Down`] for the session layer to answer with the §3 error) and,
+//!   once re-established, gets the subscriptions and log level replayed.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::fmt;
+use std::str::FromStr;
+
+use serde_json::{Value, json};
+
+/// A host session, numbered by the session layer.
+pub type HostId = u64;
+
+/// JSON-RPC: the request is not a valid request object.
+pub const INVALID_REQUEST: i64 = -32600;
+/// JSON-RPC: no such method (here: nobody can answer it).
+pub const METHOD_NOT_FOUND: i64 = -32601;
+/// JSON-RPC: internal error (here: the host that was asked went away).
+pub const INTERNAL_ERROR: i64 = -32603;
+
+/// What a host declared it can answer, from its `initialize`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Caps {
+    pub sampling: bool,
+    pub elicitation: bool,
+    pub roots: bool,
+}
+
+impl Caps {
+    /// From the `capabilities` object of a host's `initialize` params.
+    pub fn from_initialize(params: &Value) -> Self {
+        let caps = &params["capabilities"];
+        Self {
+            sampling: caps.get("sampling").is_some(),
+            elicitation: caps.get("elicitation").is_some(),
+            roots: caps.get("roots").is_some(),
+        }
+    }
+
+    /// Whether a host with these capabilities can answer `method`; `None`
+    /// for a method no capability gates (`ping`).
+    fn answers(self, method: &str) -> Option<bool> {
+        match method {
+            "sampling/createMessage" => Some(self.sampling),
+            "elicitation/create" => Some(self.elicitation),
+            "roots/list" => Some(self.roots),
+            _ => None,
+        }
+    }
+}
+
+/// MCP log levels (RFC 5424), most verbose first.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Level {
+    Debug,
+    Info,
+    Notice,
+    Warning,
+    Error,
+    Critical,
+    Alert,
+    Emergency,
+}
+
+impl Level {
+    pub const ALL: [Level; 8] = [
+        Level::Debug,
+        Level::Info,
+        Level::Notice,
+        Level::Warning,
+        Level::Error,
+        Level::Critical,
+        Level::Alert,
+        Level::Emergency,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Level::Debug => "debug",
+            Level::Info => "info",
+            Level::Notice => "notice",
+            Level::Warning => "warning",
+            Level::Error => "error",
+            Level::Critical => "critical",
+            Level::Alert => "alert",
+            Level::Emergency => "emergency",
+        }
+    }
+}
+
+impl FromStr for Level {
+    type Err = String;
+
+    fn from_str(word: &str) -> Result<Self, Self::Err> {
+        Level::ALL
+            .into_iter()
+            .find(|l| l.as_str() == word)
+            .ok_or_else(|| format!("unknown log level {word:?}"))
+    }
+}
+
+impl fmt::Display for Level {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A host that has not set a level gets messages from this level up once
+/// another host has changed the upstream's level (before that, everything
+/// the server sends, as if it were alone).
+pub const DEFAULT_LEVEL: Level = Level::Info;
+
+/// Where a message goes.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Out {
+    /// To the server, on the upstream session.
+    Server(Value),
+    /// To one host session.
+    Host(HostId, Value),
+    /// The upstream is not established: answer the host's request `id`
+    /// with the outage error (state and next retry, DESIGN §3).
+    Down { host: HostId, id: Value },
+}
+
+/// Who is waiting for the answer to an upstream request.
+#[derive(Debug, Clone, PartialEq)]
+enum Owner {
+    Host {
+        host: HostId,
+        id: Value,
+    },
+    /// mcpd's own request (a replayed subscription, an aggregated level):
+    /// the answer goes nowhere.
+    Mcpd,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+struct Pending {
+    owner: Owner,
+    /// The upstream progress token of the request, if it had one.
+    token: Option<u64>,
+}
+
+/// A server→client request handed to a host.
+#[derive(Debug, Clone, PartialEq)]
+struct Asked {
+    /// The server's own id for it.
+    server_id: Value,
+    method: String,
+}
+
+#[derive(Debug, Clone, Default)]
+struct Host {
+    caps: Caps,
+    level: Option<Level>,
+    /// When this host last sent a request (a router-wide sequence number).
+    last_call: u64,
+}
+
+/// The routing state of one unit's host sessions.
+#[derive(Debug, Default)]
+pub struct Router {
+    hosts: BTreeMap<HostId, Host>,
+    /// The upstream session is established.
+    up: bool,
+    next_id: u64,
+    calls: u64,
+    /// Upstream request id → who waits for the answer.
+    pending: HashMap<u64, Pending>,
+    /// (host, the host's id as JSON text) → upstream request id.
+    inflight: HashMap<(HostId, String), u64>,
+    /// Upstream progress token → the host's own token.
+    tokens: HashMap<u64, (HostId, Value)>,
+    /// (host, the id we gave the host) → the server's request.
+    asked: HashMap<(HostId, u64), Asked>,
+    /// Subscribed URIs and who subscribed.
+    subscriptions: BTreeMap<String, BTreeSet<HostId>>,
+    /// The level last sent upstream.
+    upstream_level: Option<Level>,
+}
+
+fn response(id: &Value, result: Value) -> Value {
+    json!({"jsonrpc": "2.0", "id": id, "result": result})
+}
+
+fn error(id: &Value, code: i64, message: impl Into<String>) -> Value {
+    json!({"jsonrpc": "2.0", "id": id, "error": {"code": code, "message": message.into()}})
+}
+
+fn method(msg: &Value) -> Option<&str> {
+    msg.get("method").and_then(Value::as_str)
+}
+
+impl Router {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// How many host sessions are attached.
+    pub fn sessions(&self) -> usize {
+        self.hosts.len()
+    }
+
+    /// A host session whose `initialize` declared `caps`.
+    pub fn attach(&mut self, host: HostId, caps: Caps) {
+        self.hosts.insert(
+            host,
+            Host {
+                caps,
+                ..Host::default()
+            },
+        );
+    }
+
+    fn fresh_id(&mut self) -> u64 {
+        self.next_id += 1;
+        self.next_id
+    }
+
+    /// Sends mcpd's own request upstream (its answer is dropped).
+    fn own_request(&mut self, method: &str, params: Value, out: &mut Vec<Out>) {
+        let id = self.fresh_id();
+        self.pending.insert(
+            id,
+            Pending {
+                owner: Owner::Mcpd,
+                token: None,
+            },
+        );
+        out.push(Out::Server(
+            json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params}),
+        ));
+    }
+
+    /// The most verbose level any host asked for.
+    fn wanted_level(&self) -> Option<Level> {
+        self.hosts.values().filter_map(|h| h.level).min()
+    }
+
+    /// Tells the server the aggregated level when it changed.
+    fn sync_level(&mut self, out: &mut Vec<Out>) {
+        let wanted = self.wanted_level();
+        if wanted.is_some() && wanted != self.upstream_level {
+            self.upstream_level = wanted;
+            if self.up
+                && let Some(level) = wanted
+            {
+                self.own_request("logging/setLevel", json!({"level": level.as_str()}), out);
+            }
+        }
+    }
+
+    /// A message from host `host`.
+    pub fn from_host(&mut self, host: HostId, mut msg: Value) -> Vec<Out> {
+        let mut out = Vec::new();
+        if !self.hosts.contains_key(&host) {
+            return out;
+        }
+        let Some(object) = msg.as_object() else {
+            out.push(Out::Host(
+                host,
+                error(
+                    &Value::Null,
+                    INVALID_REQUEST,
+                    "expected a JSON-RPC message object",
+                ),
+            ));
+            return out;
+        };
+        let id = object.get("id").cloned();
+        match (method(&msg).map(str::to_owned), id) {
+            // A request.
+            (Some(name), Some(id)) => self.host_request(host, &name, id, &mut msg, &mut out),
+            // A notification.
+            (Some(name), None) => self.host_notification(host, &name, &mut msg, &mut out),
+            // The answer to a server→client request we handed this host.
+            (None, Some(id)) => {
+                let asked = id
+                    .as_u64()
+                    .and_then(|down| self.asked.remove(&(host, down)));
+                if let Some(asked) = asked {
+                    msg["id"] = asked.server_id;
+                    out.push(Out::Server(msg));
+                }
+                // An answer to a request nobody made: dropped.
+            }
+            (None, None) => out.push(Out::Host(
+                host,
+                error(
+                    &Value::Null,
+                    INVALID_REQUEST,
+                    "a message needs a method or an id",
+                ),
+            )),
+        }
+        out
+    }
+
+    fn host_request(
+        &mut self,
+        host: HostId,
+        name: &str,
+        id: Value,
+        msg: &mut Value,
+        out: &mut Vec<Out>,
+    ) {
+        if self.inflight.contains_key(&(host, id.to_string())) {
+            out.push(Out::Host(
+                host,
+                error(
+                    &id,
+                    INVALID_REQUEST,
+                    format!("request id {id} is already in use"),
+                ),
+            ));
+            return;
+        }
+        self.calls += 1;
+        if let Some(h) = self.hosts.get_mut(&host) {
+            h.last_call = self.calls;
+        }
+        match name {
+            "ping" => {
+                out.push(Out::Host(host, response(&id, json!({}))));
+                return;
+            }
+            "logging/setLevel" => {
+                let level = msg["params"]["level"].as_str().map(Level::from_str);
+                match level {
+                    Some(Ok(level)) => {
+                        if let Some(h) = self.hosts.get_mut(&host) {
+                            h.level = Some(level);
+                        }
+                        self.sync_level(out);
+                        out.push(Out::Host(host, response(&id, json!({}))));
+                    }
+                    _ => out.push(Out::Host(
+                        host,
+                        error(&id, -32602, "logging/setLevel needs a valid `level`"),
+                    )),
+                }
+                return;
+            }
+            "resources/subscribe" | "resources/unsubscribe" => {
+                let Some(uri) = msg["params"]["uri"].as_str().map(str::to_owned) else {
+                    out.push(Out::Host(
+                        host,
+                        error(&id, -32602, format!("{name} needs a `uri`")),
+                    ));
+                    return;
+                };
+                let subscribers = self.subscriptions.entry(uri.clone()).or_default();
+                let forward = if name == "resources/subscribe" {
+                    subscribers.insert(host) && subscribers.len() == 1
+                } else {
+                    let removed = subscribers.remove(&host);
+                    let last = subscribers.is_empty();
+                    if last {
+                        self.subscriptions.remove(&uri);
+                    }
+                    removed && last
+                };
+                if !(forward && self.up) {
+                    // Shared, or replayed when the upstream is back.
+                    out.push(Out::Host(host, response(&id, json!({}))));
+                    return;
+                }
+            }
+            _ => {}
+        }
+        if !self.up {
+            out.push(Out::Down { host, id });
+            return;
+        }
+        let up_id = self.fresh_id();
+        let token = msg
+            .pointer("/params/_meta/progressToken")
+            .cloned()
+            .map(|theirs| {
+                let ours = self.fresh_id();
+                self.tokens.insert(ours, (host, theirs));
+                msg["params"]["_meta"]["progressToken"] = json!(ours);
+                ours
+            });
+        self.inflight.insert((host, id.to_string()), up_id);
+        self.pending.insert(
+            up_id,
+            Pending {
+                owner: Owner::Host { host, id },
+                token,
+            },
+        );
+        msg["id"] = json!(up_id);
+        out.push(Out::Server(msg.take()));
+    }
+
+    fn host_notification(&mut self, host: HostId, name: &str, msg: &mut Value, out: &mut Vec<Out>) {
+        match name {
+            // The upstream was initialized by mcpd.
+            "notifications/initialized" => {}
+            "notifications/cancelled" => {
+                let theirs = msg["params"]["requestId"].to_string();
+                if let Some(up) = self.inflight.get(&(host, theirs)).copied() {
+                    // The server will not answer a cancelled request.
+                    self.forget(up);
+                    msg["params"]["requestId"] = json!(up);
+                    out.push(Out::Server(msg.take()));
+                }
+            }
+            _ => {
+                if self.up {
+                    out.push(Out::Server(msg.take()));
+                }
+            }
+        }
+    }
+
+    /// Drops upstream request `up` and its progress token.
+    fn forget(&mut self, up: u64) -> Option<Pending> {
+        let pending = self.pending.remove(&up)?;
+        if let Some(token) = pending.token {
+            self.tokens.remove(&token);
+        }
+        if let Owner::Host { host, id } = &pending.owner {
+            self.inflight.remove(&(*host, id.to_string()));
+        }
+        Some(pending)
+    }
+
+    /// A message from the server on the upstream session.
+    pub fn from_server(&mut self, mut msg: Value) -> Vec<Out> {
+        let mut out = Vec::new();
+        let id = msg.get("id").cloned();
+        match (method(&msg).map(str::to_owned), id) {
+            (None, Some(id)) => {
+                let Some(up) = id.as_u64() else { return out };
+                if let Some(Pending {
+                    owner: Owner::Host { host, id },
+                    ..
+                }) = self.forget(up)
+                {
+                    msg["id"] = id;
+                    out.push(Out::Host(host, msg));
+                }
+            }
+            (Some(name), Some(id)) => self.server_request(&name, id, msg, &mut out),
+            (Some(name), None) => self.server_notification(&name, msg, &mut out),
+            (None, None) => {}
+        }
+        out
+    }
+
+    /// Who answers a server→client request `method`: see the module docs.
+    fn answerer(&self, method: &str) -> Result<HostId, String> {
+        let busy: BTreeSet<HostId> = self
+            .pending
+            .values()
+            .filter_map(|p| match &p.owner {
+                Owner::Host { host, .. } => Some(*host),
+                Owner::Mcpd => None,
+            })
+            .collect();
+        let capable = |h: &HostId| {
+            self.hosts
+                .get(h)
+                .is_some_and(|host| host.caps.answers(method) != Some(false))
+        };
+        let latest = |hosts: &mut dyn Iterator<Item = HostId>| {
+            hosts.max_by_key(|h| self.hosts.get(h).map_or(0, |host| host.last_call))
+        };
+        let cause = match busy.len() {
+            1 => busy.first().copied(),
+            0 => None,
+            _ => latest(&mut busy.iter().copied().filter(capable)),
+        };
+        match cause {
+            Some(host) if capable(&host) => Ok(host),
+            Some(host) => Err(format!(
+                "the host whose request caused {method} (session {host}) did not declare the capability"
+            )),
+            None => latest(&mut self.hosts.keys().copied().filter(capable)).ok_or_else(|| {
+                if self.hosts.is_empty() {
+                    format!("no host is attached to answer {method}")
+                } else {
+                    format!("no attached host declared the capability {method} needs")
+                }
+            }),
+        }
+    }
+
+    fn server_request(&mut self, name: &str, id: Value, mut msg: Value, out: &mut Vec<Out>) {
+        if name == "ping" {
+            out.push(Out::Server(response(&id, json!({}))));
+            return;
+        }
+        match self.answerer(name) {
+            Ok(host) => {
+                let down = self.fresh_id();
+                self.asked.insert(
+                    (host, down),
+                    Asked {
+                        server_id: id,
+                        method: name.to_owned(),
+                    },
+                );
+                msg["id"] = json!(down);
+                out.push(Out::Host(host, msg));
+            }
+            Err(why) => out.push(Out::Server(error(&id, METHOD_NOT_FOUND, why))),
+        }
+    }
+
+    fn server_notification(&mut self, name: &str, mut msg: Value, out: &mut Vec<Out>) {
+        match name {
+            "notifications/progress" => {
+                let token = msg["params"]["progressToken"].as_u64();
+                if let Some((host, theirs)) = token.and_then(|t| self.tokens.get(&t)).cloned() {
+                    msg["params"]["progressToken"] = theirs;
+                    out.push(Out::Host(host, msg));
+                }
+            }
+            "notifications/cancelled" => {
+                // The server withdraws a request it handed a host.
+                let theirs = msg["params"]["requestId"].clone();
+                let found = self
+                    .asked
+                    .iter()
+                    .find_map(|(key, a)| (a.server_id == theirs).then_some(*key));
+                if let Some((host, down)) = found {
+                    self.asked.remove(&(host, down));
+                    msg["params"]["requestId"] = json!(down);
+                    out.push(Out::Host(host, msg));
+                }
+            }
+            "notifications/message" => {
+                let level = msg["params"]["level"].as_str().map(Level::from_str);
+                let floor_default = self.upstream_level.map(|_| DEFAULT_LEVEL);
+                for (id, host) in &self.hosts {
+                    let floor = host.level.or(floor_default);
+                    let shown = match (&level, floor) {
+                        (_, None) => true,
+                        (Some(Ok(level)), Some(floor)) => *level >= floor,
+                        // An unknown level: pass it on.
+                        (_, Some(_)) => true,
+                    };
+                    if shown {
+                        out.push(Out::Host(*id, msg.clone()));
+                    }
+                }
+            }
+            "notifications/resources/updated" => {
+                let uri = msg["params"]["uri"].as_str().unwrap_or_default();
+                for host in self.subscriptions.get(uri).into_iter().flatten() {
+                    out.push(Out::Host(*host, msg.clone()));
+                }
+            }
+            // list_changed and everything else reach every host.
+            _ => {
+                for host in self.hosts.keys() {
+                    out.push(Out::Host(*host, msg.clone()));
+                }
+            }
+        }
+    }
+
+    /// Host `host` is gone: its requests are cancelled upstream, its
+    /// subscriptions released, the requests it was asked to answer failed.
+    pub fn detach(&mut self, host: HostId) -> Vec<Out> {
+        let mut out = Vec::new();
+        if self.hosts.remove(&host).is_none() {
+            return out;
+        }
+        let mine: Vec<u64> = self
+            .pending
+            .iter()
+            .filter(|(_, p)| matches!(&p.owner, Owner::Host { host: h, .. } if *h == host))
+            .map(|(up, _)| *up)
+            .collect();
+        for up in mine {
+            self.forget(up);
+            if self.up {
+                out.push(Out::Server(json!({
+                    "jsonrpc": "2.0",
+                    "method": "notifications/cancelled",
+                    "params": {"requestId": up, "reason": "the host disconnected"},
+                })));
+            }
+        }
+        let asked: Vec<(HostId, u64)> = self
+            .asked
+            .keys()
+            .filter(|(h, _)| *h == host)
+            .copied()
+            .collect();
+        for key in asked {
+            if let Some(a) = self.asked.remove(&key) {
+                out.push(Out::Server(error(
+                    &a.server_id,
+                    INTERNAL_ERROR,
+                    format!("the host asked to answer {} disconnected", a.method),
+                )));
+            }
+        }
+        let released: Vec<String> = self
+            .subscriptions
+            .iter_mut()
+            .filter_map(|(uri, hosts)| {
+                (hosts.remove(&host) && hosts.is_empty()).then(|| uri.clone())
+            })
+            .collect();
+        for uri in released {
+            self.subscriptions.remove(&uri);
+            if self.up {
+                self.own_request("resources/unsubscribe", json!({"uri": uri}), &mut out);
+            }
+        }
+        self.sync_level(&mut out);
+        out
+    }
+
+    /// The upstream session ended: every host request in flight is failed
+    /// now, server→client requests are void.
+    pub fn upstream_lost(&mut self) -> Vec<Out> {
+        self.up = false;
+        let mut failed: Vec<(HostId, Value)> = self
+            .pending
+            .drain()
+            .filter_map(|(_, p)| match p.owner {
+                Owner::Host { host, id } => Some((host, id)),
+                Owner::Mcpd => None,
+            })
+            .collect();
+        failed.sort_by_key(|(host, id)| (*host, id.to_string()));
+        self.inflight.clear();
+        self.tokens.clear();
+        self.asked.clear();
+        failed
+            .into_iter()
+            .map(|(host, id)| Out::Down { host, id })
+            .collect()
+    }
+
+    /// A new upstream session is established: subscriptions and the log
+    /// level are replayed on it.
+    pub fn upstream_ready(&mut self) -> Vec<Out> {
+        let mut out = Vec::new();
+        self.up = true;
+        let uris: Vec<String> = self.subscriptions.keys().cloned().collect();
+        for uri in uris {
+            self.own_request("resources/subscribe", json!({"uri": uri}), &mut out);
+        }
+        self.upstream_level = None;
+        self.sync_level(&mut out);
+        out
+    }
+}

@@ -1,0 +1,538 @@
+//! The pure routing core of host sessions (DESIGN §8), message by message.
+
+use mcpd::mux::route::{Caps, HostId, METHOD_NOT_FOUND, Out, Router};
+use serde_json::{Value, json};
+
+const A: HostId = 1;
+const B: HostId = 2;
+const C: HostId = 3;
+
+const ALL_CAPS: Caps = Caps {
+    sampling: true,
+    elicitation: true,
+    roots: true,
+};
+
+/// A router with an established upstream and `hosts` attached.
+fn router(hosts: &[(HostId, Caps)]) -> Router {
+    let mut r = Router::new();
+    assert!(r.upstream_ready().is_empty());
+    for (id, caps) in hosts {
+        r.attach(*id, *caps);
+    }
+    r
+}
+
+fn request(id: Value, method: &str, params: Value) -> Value {
+    json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params})
+}
+
+fn notification(method: &str, params: Value) -> Value {
+    json!({"jsonrpc": "2.0", "method": method, "params": params})
+}
+
+fn result(id: Value, result: Value) -> Value {
+    json!({"jsonrpc": "2.0", "id": id, "result": result})
+}
+
+/// The one message sent upstream.
+fn upstream(out: &[Out]) -> Value {
+    match out {
+        [Out::Server(msg)] => msg.clone(),
+        other => panic!("expected one message to the server, got {other:?}"),
+    }
+}
+
+/// The one message sent to a host.
+fn to_host(out: &[Out]) -> (HostId, Value) {
+    match out {
+        [Out::Host(host, msg)] => (*host, msg.clone()),
+        other => panic!("expected one message to a host, got {other:?}"),
+    }
+}
+
+#[test]
+fn ids_are_rewritten_per_host_and_answers_go_back() {
+    let mut r = router(&[(A, Caps::default()), (B, Caps::default())]);
+    // both hosts use id 1: upstream sees two distinct ids
+    let a = upstream(&r.from_host(A, request(json!(1), "tools/call", json!({"name": "echo"}))));
+    let b = upstream(&r.from_host(B, request(json!(1), "tools/call", json!({"name": "add"}))));
+    assert_ne!(a["id"], b["id"]);
+    assert_eq!(
+        a["params"]["name"], "echo",
+        "everything else passes unchanged"
+    );
+    // answers in the other order reach the right host with its own id
+    let (host, msg) = to_host(&r.from_server(result(b["id"].clone(), json!({"b": true}))));
+    assert_eq!(
+        (host, &msg["id"], &msg["result"]),
+        (B, &json!(1), &json!({"b": true}))
+    );
+    let (host, msg) = to_host(&r.from_server(result(a["id"].clone(), json!({"a": true}))));
+    assert_eq!((host, &msg["id"]), (A, &json!(1)));
+    // string ids and unknown methods and fields pass too
+    let x = upstream(&r.from_host(
+        A,
+        json!({"jsonrpc": "2.0", "id": "x-7", "method": "tasks/get", "params": {"taskId": "t"}, "extra": 1}),
+    ));
+    assert_eq!(
+        (x["method"].as_str(), x["extra"].as_i64()),
+        (Some("tasks/get"), Some(1))
+    );
+    let (_, msg) = to_host(&r.from_server(result(x["id"].clone(), json!({}))));
+    assert_eq!(msg["id"], "x-7");
+    // an answer nobody waits for goes nowhere
+    assert!(r.from_server(result(json!(999), json!({}))).is_empty());
+}
+
+#[test]
+fn a_reused_id_in_flight_is_rejected() {
+    let mut r = router(&[(A, Caps::default())]);
+    upstream(&r.from_host(A, request(json!(5), "tools/call", json!({}))));
+    let (host, msg) = to_host(&r.from_host(A, request(json!(5), "tools/call", json!({}))));
+    assert_eq!(host, A);
+    assert_eq!(msg["error"]["code"], -32600);
+}
+
+#[test]
+fn progress_reaches_only_the_caller_with_its_own_token() {
+    let mut r = router(&[(A, Caps::default()), (B, Caps::default())]);
+    let a = upstream(&r.from_host(
+        A,
+        request(
+            json!(1),
+            "tools/call",
+            json!({"name": "slow", "_meta": {"progressToken": "tok"}}),
+        ),
+    ));
+    let b = upstream(&r.from_host(
+        B,
+        request(
+            json!(1),
+            "tools/call",
+            json!({"name": "slow", "_meta": {"progressToken": "tok"}}),
+        ),
+    ));
+    let (ta, tb) = (
+        a["params"]["_meta"]["progressToken"].clone(),
+        b["params"]["_meta"]["progressToken"].clone(),
+    );
+    assert_ne!(ta, tb, "the same host token becomes two upstream tokens");
+    let (host, msg) = to_host(&r.from_server(notification(
+        "notifications/progress",
+        json!({"progressToken": tb, "progress": 1}),
+    )));
+    assert_eq!((host, &msg["params"]["progressToken"]), (B, &json!("tok")));
+    // once answered, the token is gone
+    to_host(&r.from_server(result(b["id"].clone(), json!({}))));
+    assert!(
+        r.from_server(notification(
+            "notifications/progress",
+            json!({"progressToken": tb, "progress": 2})
+        ))
+        .is_empty()
+    );
+}
+
+#[test]
+fn a_cancellation_names_the_upstream_id_and_ends_the_request() {
+    let mut r = router(&[(A, Caps::default())]);
+    let call = upstream(&r.from_host(A, request(json!(9), "tools/call", json!({}))));
+    let cancel = upstream(&r.from_host(
+        A,
+        notification(
+            "notifications/cancelled",
+            json!({"requestId": 9, "reason": "user"}),
+        ),
+    ));
+    assert_eq!(cancel["params"]["requestId"], call["id"]);
+    assert_eq!(cancel["params"]["reason"], "user");
+    // a late answer is dropped, and the id may be used again
+    assert!(
+        r.from_server(result(call["id"].clone(), json!({})))
+            .is_empty()
+    );
+    upstream(&r.from_host(A, request(json!(9), "tools/call", json!({}))));
+    // cancelling what is not in flight sends nothing
+    assert!(
+        r.from_host(
+            A,
+            notification("notifications/cancelled", json!({"requestId": 77}))
+        )
+        .is_empty()
+    );
+}
+
+#[test]
+fn server_requests_go_to_the_host_that_caused_them() {
+    // (hosts with a request in flight, capable hosts, who is asked)
+    struct Case {
+        busy: &'static [HostId],
+        capable: &'static [HostId],
+        asked: Result<HostId, &'static str>,
+    }
+    let cases = [
+        // B's call caused it: B answers, though A is capable too
+        Case {
+            busy: &[B],
+            capable: &[A, B],
+            asked: Ok(B),
+        },
+        // the only busy host cannot answer: an error, not someone else
+        Case {
+            busy: &[B],
+            capable: &[A],
+            asked: Err("did not declare"),
+        },
+        // several busy: the most recent capable caller
+        Case {
+            busy: &[A, C, B],
+            capable: &[A, C],
+            asked: Ok(C),
+        },
+        // nobody busy: the most recent capable caller
+        Case {
+            busy: &[],
+            capable: &[A, B],
+            asked: Ok(B),
+        },
+        // nobody capable
+        Case {
+            busy: &[],
+            capable: &[],
+            asked: Err("no attached host declared"),
+        },
+    ];
+    for (n, case) in cases.iter().enumerate() {
+        let caps = |h| {
+            if case.capable.contains(&h) {
+                ALL_CAPS
+            } else {
+                Caps::default()
+            }
+        };
+        let mut r = router(&[(A, caps(A)), (B, caps(B)), (C, caps(C))]);
+        // every host calls once (A, then B, then C), and those not busy get
+        // their answer
+        let mut ups = Vec::new();
+        for h in [A, B, C] {
+            ups.push(upstream(
+                &r.from_host(h, request(json!(1), "tools/call", json!({}))),
+            ));
+        }
+        for (h, up) in [A, B, C].into_iter().zip(&ups) {
+            if !case.busy.contains(&h) {
+                to_host(&r.from_server(result(up["id"].clone(), json!({}))));
+            }
+        }
+        // the order of the busy list says who called last
+        for h in case.busy {
+            upstream(&r.from_host(*h, request(json!(2), "ping2", json!({}))));
+        }
+        let out = r.from_server(request(json!("s1"), "sampling/createMessage", json!({})));
+        match case.asked {
+            Ok(host) => {
+                let (got, msg) = to_host(&out);
+                assert_eq!(got, host, "case {n}");
+                assert_eq!(msg["method"], "sampling/createMessage");
+                // the host's answer goes back under the server's id
+                let back =
+                    upstream(&r.from_host(host, result(msg["id"].clone(), json!({"ok": 1}))));
+                assert_eq!(
+                    (back["id"].as_str(), &back["result"]),
+                    (Some("s1"), &json!({"ok": 1}))
+                );
+            }
+            Err(why) => {
+                let msg = upstream(&out);
+                assert_eq!(msg["id"], "s1", "case {n}");
+                assert_eq!(msg["error"]["code"], METHOD_NOT_FOUND, "case {n}");
+                let text = msg["error"]["message"].as_str().unwrap_or_default();
+                assert!(text.contains(why), "case {n}: {text}");
+            }
+        }
+    }
+}
+
+#[test]
+fn an_answer_from_the_wrong_host_goes_nowhere() {
+    let mut r = router(&[(A, ALL_CAPS), (B, ALL_CAPS)]);
+    upstream(&r.from_host(A, request(json!(1), "tools/call", json!({}))));
+    let (host, msg) = to_host(&r.from_server(request(json!(3), "roots/list", json!({}))));
+    assert_eq!(host, A);
+    assert!(
+        r.from_host(B, result(msg["id"].clone(), json!({})))
+            .is_empty()
+    );
+    assert!(r.from_host(A, result(json!(12345), json!({}))).is_empty());
+    upstream(&r.from_host(A, result(msg["id"].clone(), json!({"roots": []}))));
+}
+
+#[test]
+fn pings_are_answered_on_the_spot() {
+    let mut r = router(&[(A, Caps::default())]);
+    let (host, msg) = to_host(&r.from_host(A, request(json!(4), "ping", json!({}))));
+    assert_eq!(
+        (host, &msg["id"], &msg["result"]),
+        (A, &json!(4), &json!({}))
+    );
+    let msg = upstream(&r.from_server(request(json!(8), "ping", json!({}))));
+    assert_eq!((&msg["id"], &msg["result"]), (&json!(8), &json!({})));
+}
+
+#[test]
+fn subscriptions_are_counted_and_updates_reach_subscribers_only() {
+    let mut r = router(&[
+        (A, Caps::default()),
+        (B, Caps::default()),
+        (C, Caps::default()),
+    ]);
+    let sub = |uri: &str| json!({"uri": uri});
+    // the first subscriber's request goes upstream (and its answer back)
+    let up = upstream(&r.from_host(
+        A,
+        request(json!(1), "resources/subscribe", sub("file:///x")),
+    ));
+    assert_eq!(up["method"], "resources/subscribe");
+    to_host(&r.from_server(result(up["id"].clone(), json!({}))));
+    // the second is answered by mcpd
+    let (host, msg) = to_host(&r.from_host(
+        B,
+        request(json!(1), "resources/subscribe", sub("file:///x")),
+    ));
+    assert_eq!((host, &msg["result"]), (B, &json!({})));
+    let updated = notification("notifications/resources/updated", sub("file:///x"));
+    let out = r.from_server(updated.clone());
+    let hosts: Vec<HostId> = out
+        .iter()
+        .map(|o| match o {
+            Out::Host(h, _) => *h,
+            other => panic!("{other:?}"),
+        })
+        .collect();
+    assert_eq!(hosts, [A, B], "C did not subscribe");
+    // A leaves the URI: answered locally, B still subscribed
+    to_host(&r.from_host(
+        A,
+        request(json!(2), "resources/unsubscribe", sub("file:///x")),
+    ));
+    assert_eq!(to_host(&r.from_server(updated.clone())).0, B);
+    // the last one out unsubscribes upstream
+    let up = upstream(&r.from_host(
+        B,
+        request(json!(2), "resources/unsubscribe", sub("file:///x")),
+    ));
+    assert_eq!(up["method"], "resources/unsubscribe");
+    assert!(r.from_server(updated).is_empty());
+}
+
+#[test]
+fn log_levels_are_per_host_and_the_upstream_gets_the_most_verbose() {
+    let mut r = router(&[(A, Caps::default()), (C, Caps::default())]);
+    let set = |level: &str| json!({"level": level});
+    // C asks for errors only: the server is told error
+    let out = r.from_host(C, request(json!(1), "logging/setLevel", set("error")));
+    assert_eq!(out.len(), 2, "{out:?}");
+    assert!(matches!(&out[0], Out::Server(m) if m["params"]["level"] == "error"));
+    assert!(matches!(&out[1], Out::Host(C, m) if m["result"] == json!({})));
+    // A asks for debug: the server is told debug
+    let out = r.from_host(A, request(json!(1), "logging/setLevel", set("debug")));
+    assert!(matches!(&out[0], Out::Server(m) if m["params"]["level"] == "debug"));
+    // C asking again for error changes nothing upstream
+    let out = r.from_host(C, request(json!(2), "logging/setLevel", set("error")));
+    assert!(matches!(out.as_slice(), [Out::Host(C, _)]), "{out:?}");
+    // a debug message reaches A only; an error message both
+    let message = |level: &str| {
+        notification(
+            "notifications/message",
+            json!({"level": level, "data": "x"}),
+        )
+    };
+    assert_eq!(to_host(&r.from_server(message("debug"))).0, A);
+    assert_eq!(r.from_server(message("error")).len(), 2);
+    // A leaves: the server goes back to C's level
+    let out = r.detach(A);
+    assert!(
+        matches!(out.as_slice(), [Out::Server(m)] if m["params"]["level"] == "error"),
+        "{out:?}"
+    );
+    // a bad level is the host's error, nothing upstream
+    let (host, msg) = to_host(&r.from_host(C, request(json!(3), "logging/setLevel", set("loud"))));
+    assert_eq!((host, &msg["error"]["code"]), (C, &json!(-32602)));
+}
+
+#[test]
+fn a_host_without_a_level_sees_what_the_server_sends_until_someone_changes_it() {
+    let mut r = router(&[(A, Caps::default()), (B, Caps::default())]);
+    let message = |level: &str| notification("notifications/message", json!({"level": level}));
+    assert_eq!(r.from_server(message("debug")).len(), 2);
+    r.from_host(
+        A,
+        request(json!(1), "logging/setLevel", json!({"level": "debug"})),
+    );
+    // now B gets the default floor (info), A its own
+    assert_eq!(to_host(&r.from_server(message("debug"))).0, A);
+    assert_eq!(r.from_server(message("info")).len(), 2);
+}
+
+#[test]
+fn detaching_cancels_upstream_and_releases_everything() {
+    let mut r = router(&[(A, ALL_CAPS), (B, ALL_CAPS)]);
+    let call = upstream(&r.from_host(
+        A,
+        request(
+            json!(1),
+            "tools/call",
+            json!({"_meta": {"progressToken": 1}}),
+        ),
+    ));
+    let sub = upstream(&r.from_host(
+        A,
+        request(json!(2), "resources/subscribe", json!({"uri": "u"})),
+    ));
+    to_host(&r.from_server(result(sub["id"].clone(), json!({}))));
+    let (_, asked) = to_host(&r.from_server(request(json!("s"), "elicitation/create", json!({}))));
+    let out = r.detach(A);
+    let sent: Vec<Value> = out
+        .iter()
+        .map(|o| match o {
+            Out::Server(m) => m.clone(),
+            other => panic!("only the server hears of it: {other:?}"),
+        })
+        .collect();
+    assert_eq!(sent.len(), 3, "{sent:?}");
+    assert_eq!(sent[0]["method"], "notifications/cancelled");
+    assert_eq!(sent[0]["params"]["requestId"], call["id"]);
+    assert_eq!(sent[1]["id"], "s", "the question it was asked fails");
+    assert!(
+        sent[1]["error"]["message"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("disconnected")
+    );
+    assert_eq!(sent[2]["method"], "resources/unsubscribe");
+    // nothing of A is left: its late answers and progress go nowhere
+    assert!(
+        r.from_server(result(call["id"].clone(), json!({})))
+            .is_empty()
+    );
+    assert!(
+        r.from_server(notification(
+            "notifications/progress",
+            json!({"progressToken": call["params"]["_meta"]["progressToken"]})
+        ))
+        .is_empty()
+    );
+    assert!(
+        r.from_host(A, result(asked["id"].clone(), json!({})))
+            .is_empty()
+    );
+    assert_eq!(r.sessions(), 1);
+}
+
+#[test]
+fn an_outage_fails_what_is_in_flight_and_replays_shared_state() {
+    let mut r = router(&[(A, Caps::default()), (B, Caps::default())]);
+    upstream(&r.from_host(A, request(json!(1), "tools/call", json!({}))));
+    upstream(&r.from_host(B, request(json!("b"), "tools/call", json!({}))));
+    let sub = upstream(&r.from_host(
+        A,
+        request(json!(2), "resources/subscribe", json!({"uri": "u"})),
+    ));
+    to_host(&r.from_server(result(sub["id"].clone(), json!({}))));
+    r.from_host(
+        B,
+        request(json!(3), "logging/setLevel", json!({"level": "warning"})),
+    );
+    let down = r.upstream_lost();
+    assert_eq!(
+        down,
+        [
+            Out::Down {
+                host: A,
+                id: json!(1)
+            },
+            Out::Down {
+                host: B,
+                id: json!("b")
+            }
+        ]
+    );
+    // while down: requests are the outage's, shared state is recorded
+    assert_eq!(
+        r.from_host(A, request(json!(4), "tools/call", json!({}))),
+        [Out::Down {
+            host: A,
+            id: json!(4)
+        }]
+    );
+    let (host, _) = to_host(&r.from_host(
+        B,
+        request(json!(5), "resources/subscribe", json!({"uri": "v"})),
+    ));
+    assert_eq!(host, B);
+    assert!(
+        r.from_host(
+            A,
+            notification("notifications/roots/list_changed", json!({}))
+        )
+        .is_empty()
+    );
+    // back: subscriptions and the level are replayed, by mcpd, once each
+    let replay = r.upstream_ready();
+    let methods: Vec<(String, Value)> = replay
+        .iter()
+        .map(|o| match o {
+            Out::Server(m) => (
+                m["method"].as_str().unwrap_or_default().to_owned(),
+                m["params"].clone(),
+            ),
+            other => panic!("{other:?}"),
+        })
+        .collect();
+    assert_eq!(
+        methods,
+        [
+            ("resources/subscribe".to_owned(), json!({"uri": "u"})),
+            ("resources/subscribe".to_owned(), json!({"uri": "v"})),
+            ("logging/setLevel".to_owned(), json!({"level": "warning"})),
+        ]
+    );
+    // their answers go to nobody
+    for out in replay {
+        if let Out::Server(m) = out {
+            assert!(r.from_server(result(m["id"].clone(), json!({}))).is_empty());
+        }
+    }
+}
+
+#[test]
+fn list_changed_and_other_notifications_reach_every_host() {
+    let mut r = router(&[(A, Caps::default()), (B, Caps::default())]);
+    let out = r.from_server(notification("notifications/tools/list_changed", json!({})));
+    assert_eq!(out.len(), 2);
+    // a host's own notifications (and initialized) are handled apart
+    assert!(
+        r.from_host(A, notification("notifications/initialized", json!({})))
+            .is_empty()
+    );
+    let fwd = upstream(&r.from_host(
+        A,
+        notification("notifications/roots/list_changed", json!({})),
+    ));
+    assert_eq!(fwd["method"], "notifications/roots/list_changed");
+}
+
+#[test]
+fn garbage_from_a_host_gets_an_error_and_touches_nothing() {
+    let mut r = router(&[(A, Caps::default())]);
+    for bad in [json!([1, 2]), json!("text"), json!({"jsonrpc": "2.0"})] {
+        let (host, msg) = to_host(&r.from_host(A, bad));
+        assert_eq!((host, &msg["error"]["code"]), (A, &json!(-32600)));
+    }
+    // an unknown host is ignored
+    assert!(
+        r.from_host(42, request(json!(1), "tools/call", json!({})))
+            .is_empty()
+    );
+}
