@@ -8,7 +8,8 @@
 //! the client cancels it), `fail {message}` (an `isError`
 //! result), `log {text}` (a line on stderr), `set_tools {tools}` (replaces the
 //! extra tools and sends `notifications/tools/list_changed`). Extra tools echo
-//! their `text` argument. `env` and `whoami` report how the server was started.
+//! their `text` argument (an extra tool named `roots` reports the client's
+//! roots instead). `env` and `whoami` report how the server was started.
 //!
 //! Behaviours at start are chosen by flags (see `--help`); every flag can also
 //! be given as an environment variable `MCP_FIXTURE_<FLAG>` (e.g.
@@ -329,7 +330,10 @@ impl ServerHandler for Fixture {
                     .extra
                     .lock()
                     .is_ok_and(|e| e.iter().any(|n| n == other));
-                if known {
+                if known && other == "roots" {
+                    // An extra tool named `roots` reports the client's roots.
+                    text(roots_of(&context.peer).await)
+                } else if known {
                     text(get_text()?)
                 } else {
                     Err(ErrorData::invalid_params(
@@ -339,6 +343,26 @@ impl ServerHandler for Fixture {
                 }
             }
         }
+    }
+}
+
+/// "no roots capability", or the client's roots/list answer as URIs.
+#[allow(deprecated)] // roots are deprecated by SEP-2577, current in 2025-11-25
+async fn roots_of(peer: &rmcp::Peer<RoleServer>) -> String {
+    let declared = peer
+        .peer_info()
+        .is_some_and(|info| info.capabilities.roots.is_some());
+    if !declared {
+        return "no roots capability".into();
+    }
+    match peer.list_roots().await {
+        Ok(list) => list
+            .roots
+            .iter()
+            .map(|r| r.uri.as_str())
+            .collect::<Vec<_>>()
+            .join(" "),
+        Err(e) => format!("roots/list failed: {e}"),
     }
 }
 

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use rustix::process::Signal;
 
-use crate::helper::{Daemon, alive, root, running_pid};
+use crate::helper::{Daemon, alive, mcpctl_user, root, running_pid};
 
 /// The PID in a "running (pid N, …)" log line.
 fn pid_in(line: &str) -> u32 {
@@ -279,4 +279,53 @@ fn sigterm_stops_stubborn_servers_in_parallel_within_their_stop_timeout() {
     for pid in pids {
         assert!(!alive(pid), "SIGKILLed after its stop-timeout");
     }
+}
+
+#[test]
+fn the_units_roots_answer_the_servers_roots_list() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let unit = |roots: &str| {
+        format!(
+            "stdio {{\n    command \"mcp-fixture\" \"--tools\" \"roots\" \"--chatter\" \"0\"\n}}\n{roots}"
+        )
+    };
+    std::fs::write(
+        dir.path().join("rooted.kdl"),
+        unit("roots \"file:///srv/repo\" \"file:///srv/docs/\"\n"),
+    )
+    .expect("write");
+    std::fs::write(dir.path().join("plain.kdl"), unit("")).expect("write");
+    let mut d = Daemon::user_no_bus(dir.path(), &[]);
+    d.wait_until("both running", |d| {
+        d.latest_pid("rooted").is_some() && d.latest_pid("plain").is_some()
+    });
+    let runtime = d.runtime_dir().expect("runtime").to_owned();
+    let roots = |name: &str| {
+        let out = mcpctl_user(&runtime, &["call", name, "roots"]);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).trim().to_owned()
+    };
+    assert_eq!(roots("rooted"), "file:///srv/repo file:///srv/docs/");
+    assert_eq!(
+        roots("plain"),
+        "no roots capability",
+        "without `roots` mcpd declares none"
+    );
+
+    // Roots are declared at initialize: a new list restarts the server.
+    let old = d.latest_pid("rooted").expect("pid");
+    std::fs::write(
+        dir.path().join("rooted.kdl"),
+        unit("roots \"file:///srv/other\"\n"),
+    )
+    .expect("write");
+    d.wait_until("rooted restarted", |d| {
+        d.latest_pid("rooted").is_some_and(|p| p != old)
+    });
+    assert_eq!(roots("rooted"), "file:///srv/other");
+    assert!(d.stop(Signal::TERM).success());
 }

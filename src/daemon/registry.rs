@@ -199,7 +199,10 @@ impl Registry {
                 match (&entry.spec, &entry.running) {
                     (Some(old), Some(_)) if *old == spec => Change::Unchanged,
                     (Some(old), Some((supervisor, _))) => {
-                        let restarted = old.transport() != spec.transport();
+                        // Roots are declared in `initialize`: a new list
+                        // needs a new session.
+                        let restarted =
+                            old.transport() != spec.transport() || old.roots() != spec.roots();
                         supervisor.apply(spec.clone(), restarted);
                         entry.spec = Some(spec);
                         let how = if restarted {

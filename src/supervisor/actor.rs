@@ -430,7 +430,11 @@ impl Actor {
         match effect {
             Effect::Spawn { generation } => {
                 self.sync_dirty = false;
-                let client = GenClient::new(generation, self.internal_tx.clone());
+                let client = GenClient::new(
+                    generation,
+                    self.internal_tx.clone(),
+                    self.spec.roots().to_vec(),
+                );
                 match self.launcher.launch(&self.spec, generation, client) {
                     Ok(launched) => {
                         let tx = self.internal_tx.clone();

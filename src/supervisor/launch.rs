@@ -142,11 +142,21 @@ pub trait Launcher: Send + Sync + 'static {
 pub struct GenClient {
     generation: Gen,
     events: mpsc::UnboundedSender<Internal>,
+    /// The unit's `roots`: declared, and answered to `roots/list`.
+    roots: Vec<String>,
 }
 
 impl GenClient {
-    pub(crate) fn new(generation: Gen, events: mpsc::UnboundedSender<Internal>) -> Self {
-        Self { generation, events }
+    pub(crate) fn new(
+        generation: Gen,
+        events: mpsc::UnboundedSender<Internal>,
+        roots: Vec<String>,
+    ) -> Self {
+        Self {
+            generation,
+            events,
+            roots,
+        }
     }
 }
 
@@ -158,10 +168,31 @@ impl ClientHandler for GenClient {
     }
 
     fn get_info(&self) -> ClientConfig {
+        let mut capabilities = ClientCapabilities::default();
+        if !self.roots.is_empty() {
+            #[allow(deprecated)]
+            let roots = rmcp::model::RootsCapabilities::default();
+            capabilities.roots = Some(roots);
+        }
         ClientConfig::new(
-            ClientCapabilities::default(),
+            capabilities,
             Implementation::new("mcpd", env!("CARGO_PKG_VERSION")),
         )
+    }
+
+    // Roots are deprecated by the newest MCP revision (SEP-2577) but are what
+    // servers speaking 2025-06-18 and 2025-11-25 ask for.
+    #[allow(deprecated)]
+    async fn list_roots(
+        &self,
+        _context: rmcp::service::RequestContext<RoleClient>,
+    ) -> Result<rmcp::model::ListRootsResult, rmcp::ErrorData> {
+        Ok(rmcp::model::ListRootsResult::new(
+            self.roots
+                .iter()
+                .map(|uri| rmcp::model::Root::new(uri.clone()))
+                .collect(),
+        ))
     }
 }
 

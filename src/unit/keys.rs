@@ -196,6 +196,14 @@ pub const KEYS: &[Key] = &[
         "\"30s\"",
     ),
     key(
+        Top,
+        "roots",
+        Kind::Strings,
+        AppendUnique,
+        Some(Field::Roots(0)),
+        "\"file:///srv/repo\"",
+    ),
+    key(
         Stdio,
         "command",
         Kind::Strings,

@@ -59,6 +59,8 @@ pub struct UnitSpec {
     reconnect: ReconnectPolicy,
     startup_timeout: Duration,
     stop_timeout: Duration,
+    /// `file://` URIs answered to the server's `roots/list`.
+    roots: Vec<String>,
 }
 
 /// How to reach the server.
@@ -122,6 +124,7 @@ pub enum Field {
     MaxAttempts,
     StartupTimeout,
     StopTimeout,
+    Roots(usize),
 }
 
 impl Field {
@@ -168,6 +171,8 @@ pub struct UnitDraft {
     pub reconnect: ReconnectDraft,
     pub startup_timeout: Option<Duration>,
     pub stop_timeout: Option<Duration>,
+    /// `roots`: file:// URIs.
+    pub roots: Vec<String>,
 }
 
 /// An unchecked `stdio` block.
@@ -280,6 +285,38 @@ impl Judge {
         }
     }
 
+    /// `roots`: absolute `file://` URIs (as MCP requires of roots), each
+    /// once; returned normalized.
+    fn roots(&mut self, roots: Vec<String>) -> Vec<String> {
+        let mut out: Vec<String> = Vec::new();
+        for (i, root) in roots.into_iter().enumerate() {
+            let field = Field::Roots(i);
+            match url::Url::parse(&root) {
+                Ok(url) if url.scheme() == "file" && url.host_str().is_none_or(str::is_empty) => {
+                    let normal = url.to_string();
+                    if out.contains(&normal) {
+                        self.fail(field, format!("`roots`: \"{root}\" is given twice"));
+                    } else {
+                        out.push(normal);
+                    }
+                }
+                Ok(url) if url.scheme() == "file" => {
+                    self.fail(
+                        field,
+                        format!("`roots`: \"{root}\" names a host; roots are local paths"),
+                    )
+                    .help = Some("write \"file:///path/to/dir\"".into());
+                }
+                _ => {
+                    self.fail(field, format!("`roots`: \"{root}\" is not a file:// URI"))
+                        .help =
+                        Some("MCP roots are file:// URIs: write \"file:///srv/repo\"".into());
+                }
+            }
+        }
+        out
+    }
+
     fn finish<T>(self, value: T) -> Result<T, Vec<SpecError>> {
         if self.errors.is_empty() {
             Ok(value)
@@ -367,6 +404,8 @@ impl UnitSpec {
         let stop_timeout =
             judge.duration(Field::StopTimeout, draft.stop_timeout, DEFAULT_STOP_TIMEOUT);
 
+        let roots = judge.roots(draft.roots);
+
         match transport {
             Some(transport) => judge.finish(Self {
                 description: draft.description,
@@ -374,6 +413,7 @@ impl UnitSpec {
                 reconnect,
                 startup_timeout,
                 stop_timeout,
+                roots,
             }),
             None => Err(judge.errors),
         }
@@ -400,6 +440,12 @@ impl UnitSpec {
     /// SIGTERM to the process group, then SIGKILL after this.
     pub fn stop_timeout(&self) -> Duration {
         self.stop_timeout
+    }
+
+    /// The roots mcpd answers to the server's `roots/list` (normalized
+    /// `file://` URIs); empty: mcpd declares no `roots` capability.
+    pub fn roots(&self) -> &[String] {
+        &self.roots
     }
 }
 

@@ -736,6 +736,7 @@ fn indexed(field: &Field, index: usize) -> Field {
         Field::EnvFile(_) => Field::EnvFile(index),
         Field::PassEnv(_) => Field::PassEnv(index),
         Field::Header(_) => Field::Header(index),
+        Field::Roots(_) => Field::Roots(index),
         other => other.clone(),
     }
 }
@@ -854,6 +855,7 @@ impl Layer {
             reconnect,
             startup_timeout: d.duration(&mut self, "startup-timeout"),
             stop_timeout: d.duration(&mut self, "stop-timeout"),
+            roots: d.list(&mut self, "roots"),
         };
         (draft, d.locs, self.poisoned)
     }
