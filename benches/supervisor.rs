@@ -162,7 +162,12 @@ async fn respawn(crashes: usize) -> Vec<Row> {
     for generation in 1..=crashes as u64 {
         let args = serde_json::json!({"code": 1});
         let _ = sup
-            .call_tool("crash", args.as_object().cloned(), Duration::from_secs(10))
+            .call_tool(
+                "crash",
+                args.as_object().cloned(),
+                Duration::from_secs(10),
+                Default::default(),
+            )
             .await;
         let up = wait_running(&sup, generation + 1).await;
         let reap = reaped

@@ -297,7 +297,11 @@ async fn calls_go_to_the_current_generation_or_fail_at_once() {
     let fake = Fake::new(&["a"]);
     let mut r = rig(&fake, spec(policy(5000, 10_000, 3)));
     let pid = r.running(1).await.main_pid.expect("pid");
-    let result = r.sup.call_tool("a", None, ms(1000)).await.expect("call");
+    let result = r
+        .sup
+        .call_tool("a", None, ms(1000), Default::default())
+        .await
+        .expect("call");
     assert_eq!(
         serde_json::to_value(&result.content).expect("json")[0]["text"],
         "called a"
@@ -307,7 +311,7 @@ async fn calls_go_to_the_current_generation_or_fail_at_once() {
     let asked = Instant::now();
     let err = r
         .sup
-        .call_tool("a", None, ms(1000))
+        .call_tool("a", None, ms(1000), Default::default())
         .await
         .expect_err("not running");
     assert_eq!(asked.elapsed(), Duration::ZERO, "immediate");

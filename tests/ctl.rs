@@ -426,3 +426,65 @@ fn as_root_a_missing_system_instance_points_at_the_user_one() {
     );
     assert!(d.stop(Signal::TERM).success());
 }
+
+#[test]
+fn tool_calls_are_counted_and_logged_with_their_caller_never_their_arguments() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    std::fs::write(
+        tmp.path().join("demo.kdl"),
+        "stdio {\n    command \"mcp-fixture\" \"--chatter\" \"0\"\n}\n",
+    )
+    .expect("write");
+    let mut d = Daemon::user_no_bus(tmp.path(), &[]);
+    d.wait_until("demo running", |d| d.latest_pid("demo").is_some());
+    let runtime = d.runtime_dir().expect("runtime").to_owned();
+    let call = |args: &[&str]| {
+        let child = mcpctl()
+            .arg("--user")
+            .args(args)
+            .env("XDG_RUNTIME_DIR", &runtime)
+            .env_remove("DBUS_SESSION_BUS_ADDRESS")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("mcpctl");
+        let pid = child.id();
+        (pid, child.wait_with_output().expect("mcpctl"))
+    };
+    let (ok_pid, ok) = call(&["call", "demo", "echo", "{\"text\":\"secret-argument\"}"]);
+    assert!(ok.status.success(), "{}", err(&ok));
+    let (fail_pid, _) = call(&["call", "demo", "fail", "{\"message\":\"nope\"}"]);
+    let uid = rustix::process::getuid().as_raw();
+    d.wait_for(&format!(
+        "tools/call echo by uid {uid} pid {ok_pid}: ok in "
+    ));
+    d.wait_for(&format!(
+        "tools/call fail by uid {uid} pid {fail_pid}: error result in "
+    ));
+    let line = d
+        .seen
+        .iter()
+        .find(|l| l.contains("tools/call echo"))
+        .expect("the echo line")
+        .clone();
+    for field in [
+        "mcpd_server=demo",
+        "mcpd_tool=echo",
+        &format!("mcpd_caller_uid={uid}"),
+        &format!("mcpd_caller_pid={ok_pid}"),
+        "mcpd_duration_usec=",
+    ] {
+        assert!(line.contains(field), "{field} in {line}");
+    }
+    assert_eq!(d.count("secret-argument"), 0, "arguments are never logged");
+    let shown = text(&mcpctl_user(&runtime, &["status", "demo"]));
+    assert!(shown.contains("\n      Calls: 2 (1 failed)\n"), "{shown}");
+    let json: serde_json::Value =
+        serde_json::from_str(&text(&mcpctl_user(&runtime, &["status", "--json", "demo"])))
+            .expect("json");
+    assert_eq!(
+        (json[0]["calls"].as_u64(), json[0]["failed_calls"].as_u64()),
+        (Some(2), Some(1))
+    );
+    assert!(d.stop(Signal::TERM).success());
+}

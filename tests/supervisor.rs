@@ -106,7 +106,7 @@ impl Running {
         args: serde_json::Value,
     ) -> Result<rmcp::model::CallToolResult, CallError> {
         self.sup
-            .call_tool(tool, args.as_object().cloned(), BOUND)
+            .call_tool(tool, args.as_object().cloned(), BOUND, Default::default())
             .await
     }
 

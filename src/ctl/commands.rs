@@ -59,6 +59,8 @@ struct Props {
     main_pid: u32,
     last_exit: String,
     last_error: String,
+    calls: u64,
+    failed_calls: u64,
     unit_path: String,
     load_error: String,
     tools: Vec<ToolRow>,
@@ -79,6 +81,8 @@ async fn props(server: &ServerProxy<'_>) -> Result<Props> {
         main_pid: server.main_pid().await.map_err(e)?,
         last_exit: server.last_exit_status().await.map_err(e)?,
         last_error: server.last_error().await.map_err(e)?,
+        calls: server.calls().await.map_err(e)?,
+        failed_calls: server.failed_calls().await.map_err(e)?,
         unit_path: server.unit_path().await.map_err(e)?,
         load_error: server.load_error().await.map_err(e)?,
         tools: server.tools().await.map_err(e)?,
@@ -100,6 +104,8 @@ impl Props {
             "main_pid": self.main_pid,
             "last_exit": self.last_exit,
             "last_error": self.last_error,
+            "calls": self.calls,
+            "failed_calls": self.failed_calls,
             "unit_path": self.unit_path,
             "load_error": self.load_error,
             "tools": self.tools.iter().map(|t| t.name.clone()).collect::<Vec<_>>(),
@@ -216,6 +222,9 @@ fn write_block(
         writeln!(out, "      Tools: 0")?;
     } else {
         writeln!(out, "      Tools: {} ({shown}{more})", names.len())?;
+    }
+    if p.calls != 0 {
+        writeln!(out, "      Calls: {} ({} failed)", p.calls, p.failed_calls)?;
     }
     if !logs.is_empty() {
         writeln!(out)?;

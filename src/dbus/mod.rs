@@ -190,6 +190,36 @@ pub(crate) async fn authorize(
     }
 }
 
+/// Who sent `header`: the bus's credentials of the sender, or the private
+/// socket's `SO_PEERCRED`; unknown parts are `None`.
+pub(crate) async fn caller(
+    conn: &Connection,
+    header: &zbus::message::Header<'_>,
+) -> crate::supervisor::Caller {
+    match header.sender() {
+        Some(sender) => {
+            let creds = match zbus::fdo::DBusProxy::new(conn).await {
+                Ok(dbus) => dbus
+                    .get_connection_credentials(sender.clone().into())
+                    .await
+                    .ok(),
+                Err(_) => None,
+            };
+            crate::supervisor::Caller {
+                uid: creds.as_ref().and_then(|c| c.unix_user_id()),
+                pid: creds.as_ref().and_then(|c| c.process_id()),
+            }
+        }
+        None => match conn.peer_creds().await {
+            Ok(c) => crate::supervisor::Caller {
+                uid: c.unix_user_id(),
+                pid: c.process_id(),
+            },
+            Err(_) => crate::supervisor::Caller::default(),
+        },
+    }
+}
+
 fn in_control_group(uid: u32) -> bool {
     let Ok(Some(group)) = nix::unistd::Group::from_name(CONTROL_GROUP) else {
         return false;

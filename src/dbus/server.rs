@@ -9,7 +9,7 @@ use zbus::{Connection, interface};
 
 use crate::supervisor::{CallError, Status};
 
-use super::{Error, Shared, authorize, server_path};
+use super::{Error, Shared, authorize, caller, server_path};
 
 /// A tool as published, `(sss)` on the wire.
 #[derive(
@@ -176,6 +176,24 @@ impl Server {
         self.status().and_then(|s| s.last_error).unwrap_or_default()
     }
 
+    /// Tool calls made (from D-Bus and bridges) since the daemon loaded the
+    /// unit. Not signalled: read it when needed.
+    #[zbus(property(emits_changed_signal = "false"))]
+    fn calls(&self) -> u64 {
+        self.shared
+            .supervisor(&self.name)
+            .map_or(0, |s| s.counters().calls())
+    }
+
+    /// Of [`Calls`](Self::calls), those that produced no result or an
+    /// `isError` result.
+    #[zbus(property(emits_changed_signal = "false"))]
+    fn failed_calls(&self) -> u64 {
+        self.shared
+            .supervisor(&self.name)
+            .map_or(0, |s| s.counters().failed())
+    }
+
     /// The `instructions` of the server's `initialize` answer.
     #[zbus(property)]
     fn instructions(&self) -> String {
@@ -237,6 +255,7 @@ impl Server {
         #[zbus(connection)] conn: &Connection,
     ) -> Result<String, Error> {
         authorize(&self.shared, conn, &header).await?;
+        let caller = caller(conn, &header).await;
         let arguments = if arguments_json.trim().is_empty() {
             None
         } else {
@@ -266,7 +285,7 @@ impl Server {
         // (which cancels it upstream) instead of holding the connection, its
         // fd and its objects until the server answers or CALL_TIMEOUT passes.
         let call = tokio::select! {
-            call = supervisor.call_tool(name, arguments, CALL_TIMEOUT) => call,
+            call = supervisor.call_tool(name, arguments, CALL_TIMEOUT, caller) => call,
             () = conn.closed() => {
                 tracing::debug!(
                     target: "mcpd::dbus",
@@ -429,6 +448,10 @@ pub mod client {
         fn last_exit_status(&self) -> Result<String, Error>;
         #[zbus(property)]
         fn last_error(&self) -> Result<String, Error>;
+        #[zbus(property(emits_changed_signal = "false"))]
+        fn calls(&self) -> Result<u64, Error>;
+        #[zbus(property(emits_changed_signal = "false"))]
+        fn failed_calls(&self) -> Result<u64, Error>;
         #[zbus(property)]
         fn instructions(&self) -> Result<String, Error>;
         #[zbus(property)]

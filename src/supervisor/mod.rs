@@ -9,6 +9,7 @@
 //! their rmcp clients), [`process`] (environment, credentials, process
 //! groups), [`envfile`], [`logs`].
 
+pub mod accounting;
 mod actor;
 pub mod envfile;
 pub mod launch;
@@ -28,6 +29,7 @@ use tokio::task::JoinHandle;
 
 use crate::unit::UnitSpec;
 
+pub use accounting::{Caller, Counters};
 pub use launch::{Launcher, SharedLauncher, SystemLauncher};
 pub use logs::LogRing;
 pub use machine::{ExitStatus, Gen, State, Timer, Timing, ToolList};
@@ -105,6 +107,7 @@ pub struct Supervisor {
     commands: mpsc::UnboundedSender<Command>,
     status: watch::Receiver<Status>,
     logs: LogRing,
+    counters: Arc<Counters>,
 }
 
 impl Supervisor {
@@ -131,6 +134,7 @@ impl Supervisor {
                 commands: commands_tx,
                 status: status_rx,
                 logs,
+                counters: Arc::default(),
             },
             task,
         )
@@ -165,9 +169,29 @@ impl Supervisor {
         });
     }
 
-    /// Calls a tool on the current generation. Fails at once, naming the
-    /// state, retry and next retry time, when the server is not running.
+    /// Calls a tool on the current generation for `caller`. Fails at once,
+    /// naming the state, retry and next retry time, when the server is not
+    /// running. Every call is counted and logged ([`accounting`]).
     pub async fn call_tool(
+        &self,
+        name: &str,
+        arguments: Option<JsonObject>,
+        timeout: Duration,
+        caller: Caller,
+    ) -> Result<CallToolResult, CallError> {
+        // Counted and logged however the call ends, even when the caller's
+        // future is dropped mid-call (a D-Bus client that disconnects).
+        let mut record = accounting::Record::new(&self.name, name, caller, &self.counters);
+        let result = self.send_call(name, arguments, timeout).await;
+        record.finish(match &result {
+            Ok(r) if r.is_error == Some(true) => accounting::Outcome::ErrorResult,
+            Ok(_) => accounting::Outcome::Ok,
+            Err(e) => accounting::Outcome::Failed(e.to_string()),
+        });
+        result
+    }
+
+    async fn send_call(
         &self,
         name: &str,
         arguments: Option<JsonObject>,
@@ -185,6 +209,11 @@ impl Supervisor {
             return Err(gone());
         }
         answer.await.unwrap_or_else(|_| Err(gone()))
+    }
+
+    /// The server's call counters.
+    pub fn counters(&self) -> &Counters {
+        &self.counters
     }
 
     /// The current read model.
