@@ -166,7 +166,7 @@ async fn respawn(crashes: usize) -> Vec<Row> {
                 "crash",
                 args.as_object().cloned(),
                 Duration::from_secs(10),
-                Default::default(),
+                std::future::ready(Default::default()),
             )
             .await;
         let up = wait_running(&sup, generation + 1).await;

@@ -299,7 +299,7 @@ async fn calls_go_to_the_current_generation_or_fail_at_once() {
     let pid = r.running(1).await.main_pid.expect("pid");
     let result = r
         .sup
-        .call_tool("a", None, ms(1000), Default::default())
+        .call_tool("a", None, ms(1000), std::future::ready(Default::default()))
         .await
         .expect("call");
     assert_eq!(
@@ -311,7 +311,7 @@ async fn calls_go_to_the_current_generation_or_fail_at_once() {
     let asked = Instant::now();
     let err = r
         .sup
-        .call_tool("a", None, ms(1000), Default::default())
+        .call_tool("a", None, ms(1000), std::future::ready(Default::default()))
         .await
         .expect_err("not running");
     assert_eq!(asked.elapsed(), Duration::ZERO, "immediate");

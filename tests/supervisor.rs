@@ -106,7 +106,12 @@ impl Running {
         args: serde_json::Value,
     ) -> Result<rmcp::model::CallToolResult, CallError> {
         self.sup
-            .call_tool(tool, args.as_object().cloned(), BOUND, Default::default())
+            .call_tool(
+                tool,
+                args.as_object().cloned(),
+                BOUND,
+                std::future::ready(Default::default()),
+            )
             .await
     }
 

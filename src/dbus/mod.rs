@@ -190,9 +190,22 @@ pub(crate) async fn authorize(
     }
 }
 
+/// How long finding a bus caller's credentials may take before the call
+/// is accounted to an unknown caller.
+const CALLER_LOOKUP_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(1);
+
 /// Who sent `header`: the bus's credentials of the sender, or the private
 /// socket's `SO_PEERCRED`; unknown parts are `None`.
 pub(crate) async fn caller(
+    conn: &Connection,
+    header: &zbus::message::Header<'_>,
+) -> crate::supervisor::Caller {
+    tokio::time::timeout(CALLER_LOOKUP_TIMEOUT, lookup_caller(conn, header))
+        .await
+        .unwrap_or_default()
+}
+
+async fn lookup_caller(
     conn: &Connection,
     header: &zbus::message::Header<'_>,
 ) -> crate::supervisor::Caller {

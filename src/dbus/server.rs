@@ -255,7 +255,6 @@ impl Server {
         #[zbus(connection)] conn: &Connection,
     ) -> Result<String, Error> {
         authorize(&self.shared, conn, &header).await?;
-        let caller = caller(conn, &header).await;
         let arguments = if arguments_json.trim().is_empty() {
             None
         } else {
@@ -285,7 +284,7 @@ impl Server {
         // (which cancels it upstream) instead of holding the connection, its
         // fd and its objects until the server answers or CALL_TIMEOUT passes.
         let call = tokio::select! {
-            call = supervisor.call_tool(name, arguments, CALL_TIMEOUT, caller) => call,
+            call = supervisor.call_tool(name, arguments, CALL_TIMEOUT, caller(conn, &header)) => call,
             () = conn.closed() => {
                 tracing::debug!(
                     target: "mcpd::dbus",

@@ -67,36 +67,29 @@ impl std::fmt::Display for Outcome {
 pub(crate) struct Record<'a> {
     server: &'a str,
     tool: &'a str,
-    caller: Caller,
     counters: &'a Counters,
     started: Instant,
     done: bool,
 }
 
 impl<'a> Record<'a> {
-    pub(crate) fn new(
-        server: &'a str,
-        tool: &'a str,
-        caller: Caller,
-        counters: &'a Counters,
-    ) -> Self {
+    pub(crate) fn new(server: &'a str, tool: &'a str, counters: &'a Counters) -> Self {
         Self {
             server,
             tool,
-            caller,
             counters,
             started: Instant::now(),
             done: false,
         }
     }
 
-    pub(crate) fn finish(&mut self, outcome: Outcome) {
+    pub(crate) fn finish(&mut self, caller: Caller, outcome: Outcome) {
         self.done = true;
         self.counters.record(outcome == Outcome::Ok);
         log_call(
             self.server,
             self.tool,
-            self.caller,
+            caller,
             &outcome,
             self.started.elapsed(),
         );
@@ -106,7 +99,8 @@ impl<'a> Record<'a> {
 impl Drop for Record<'_> {
     fn drop(&mut self) {
         if !self.done {
-            self.finish(Outcome::Abandoned);
+            // (Who it was may not be known yet.)
+            self.finish(Caller::default(), Outcome::Abandoned);
         }
     }
 }

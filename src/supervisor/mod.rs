@@ -169,25 +169,30 @@ impl Supervisor {
         });
     }
 
-    /// Calls a tool on the current generation for `caller`. Fails at once,
-    /// naming the state, retry and next retry time, when the server is not
-    /// running. Every call is counted and logged ([`accounting`]).
+    /// Calls a tool on the current generation for `caller` (resolved while
+    /// the call runs: finding a bus client's credentials is a round trip of
+    /// its own). Fails at once, naming the state, retry and next retry
+    /// time, when the server is not running. Every call is counted and
+    /// logged ([`accounting`]).
     pub async fn call_tool(
         &self,
         name: &str,
         arguments: Option<JsonObject>,
         timeout: Duration,
-        caller: Caller,
+        caller: impl Future<Output = Caller>,
     ) -> Result<CallToolResult, CallError> {
         // Counted and logged however the call ends, even when the caller's
         // future is dropped mid-call (a D-Bus client that disconnects).
-        let mut record = accounting::Record::new(&self.name, name, caller, &self.counters);
-        let result = self.send_call(name, arguments, timeout).await;
-        record.finish(match &result {
-            Ok(r) if r.is_error == Some(true) => accounting::Outcome::ErrorResult,
-            Ok(_) => accounting::Outcome::Ok,
-            Err(e) => accounting::Outcome::Failed(e.to_string()),
-        });
+        let mut record = accounting::Record::new(&self.name, name, &self.counters);
+        let (caller, result) = tokio::join!(caller, self.send_call(name, arguments, timeout));
+        record.finish(
+            caller,
+            match &result {
+                Ok(r) if r.is_error == Some(true) => accounting::Outcome::ErrorResult,
+                Ok(_) => accounting::Outcome::Ok,
+                Err(e) => accounting::Outcome::Failed(e.to_string()),
+            },
+        );
         result
     }
 

@@ -112,6 +112,18 @@ impl Key {
         }
     }
 
+    /// Whether `path` (as [`Key::path`] writes it) names this key; no
+    /// allocation.
+    pub fn is(&self, path: &str) -> bool {
+        match self.block.name() {
+            Some(block) => path
+                .strip_prefix(block)
+                .and_then(|rest| rest.strip_prefix('.'))
+                .is_some_and(|name| name == self.name),
+            None => path == self.name,
+        }
+    }
+
     /// Whether the key may be given more than once in a file.
     pub fn repeatable(&self) -> bool {
         self.merge != Merge::Replace
@@ -306,6 +318,11 @@ pub fn names(block: Block) -> Vec<&'static str> {
         .collect()
 }
 
+/// The key named by `path` (`reconnect.max-delay`).
+pub fn by_path(path: &str) -> Option<&'static Key> {
+    KEYS.iter().find(|k| k.is(path))
+}
+
 /// The key a field belongs to (repeatable fields by variant).
 pub fn of(field: &Field) -> Option<&'static Key> {
     KEYS.iter().find(|k| {
@@ -328,6 +345,10 @@ mod tests {
                 row.kind,
                 Kind::Block { inner, .. } | Kind::Endpoint { inner } if inner == block
             ));
+        }
+        for key in KEYS {
+            assert_eq!(by_path(&key.path()), Some(key));
+            assert!(!key.is(&format!("x{}", key.path())));
         }
         for (i, a) in KEYS.iter().enumerate() {
             for b in &KEYS[i + 1..] {

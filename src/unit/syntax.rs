@@ -774,9 +774,7 @@ impl Layer {
     pub fn merge(&mut self, later: Layer) {
         self.values.extend(later.values);
         for (path, values) in later.lists {
-            let unique = keys::KEYS
-                .iter()
-                .any(|k| k.path() == path && k.merge == Merge::AppendUnique);
+            let unique = keys::by_path(&path).is_some_and(|k| k.merge == Merge::AppendUnique);
             let mine = self.lists.entry(path).or_default();
             for value in values {
                 if !(unique && mine.iter().any(|v| v.value == value.value)) {
@@ -873,11 +871,7 @@ impl Drafting {
         let field = if path == URL {
             Field::Url
         } else {
-            keys::KEYS
-                .iter()
-                .find(|k| k.path() == path)?
-                .field
-                .clone()?
+            keys::by_path(path)?.field.clone()?
         };
         self.locs.insert(field, at.loc);
         Some(at.value)
@@ -927,11 +921,7 @@ impl Drafting {
 
     /// A repeatable key's values in order, each recorded at its index.
     fn list(&mut self, layer: &mut Layer, path: &str) -> Vec<String> {
-        let Some(field) = keys::KEYS
-            .iter()
-            .find(|k| k.path() == path)
-            .and_then(|k| k.field.clone())
-        else {
+        let Some(field) = keys::by_path(path).and_then(|k| k.field.clone()) else {
             return Vec::new();
         };
         layer
