@@ -737,3 +737,81 @@ fn the_private_socket_serves_everything_without_a_bus() {
     assert!(d.stop(Signal::TERM).success());
     assert!(!socket.exists(), "the socket is removed on exit");
 }
+
+#[test]
+fn a_tool_filter_hides_and_refuses_tools_and_changes_in_place() {
+    use futures_util::StreamExt;
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let unit = |tools: &str| {
+        format!(
+            "stdio {{\n    command \"mcp-fixture\" \"--chatter\" \"0\"\n}}\ntools {{\n{tools}}}\n"
+        )
+    };
+    std::fs::write(
+        tmp.path().join("demo.kdl"),
+        unit("    allow \"e*\" \"add\"\n    deny \"echo\"\n"),
+    )
+    .expect("write");
+    let mut d = Daemon::user_no_bus(tmp.path(), &[]);
+    d.wait_until("demo running", |d| d.latest_pid("demo").is_some());
+    let pid = d.latest_pid("demo").expect("pid");
+    let runtime = d.runtime_dir().expect("runtime").to_owned();
+    let listed = || {
+        let out = crate::helper::mcpctl_user(&runtime, &["tools", "demo"]);
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .filter_map(|l| l.split_whitespace().next().map(str::to_owned))
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(listed(), ["add", "env"], "allow e* and add, deny echo");
+    let refused =
+        crate::helper::mcpctl_user(&runtime, &["call", "demo", "echo", "{\"text\":\"x\"}"]);
+    assert!(!refused.status.success());
+    let why = String::from_utf8_lossy(&refused.stderr);
+    assert!(
+        why.contains("tool echo of server demo is filtered out by its unit's `tools` block: it matches deny \"echo\""),
+        "{why}"
+    );
+    let added = crate::helper::mcpctl_user(&runtime, &["call", "demo", "add", "{\"a\":1,\"b\":2}"]);
+    assert_eq!(String::from_utf8_lossy(&added.stdout).trim(), "3");
+
+    // Lift the deny: the list changes in place (same process) and is signalled.
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    rt.block_on(async {
+        tokio::time::timeout(Duration::from_secs(30), async {
+            let stream = std::os::unix::net::UnixStream::connect(runtime.join("mcpd/private"))
+                .expect("connect");
+            let conn = zbus::connection::Builder::unix_stream(stream)
+                .p2p()
+                .build()
+                .await
+                .expect("handshake");
+            let server = mcpd::dbus::ServerProxy::builder(&conn)
+                .path(mcpd::dbus::server_path("demo"))
+                .build()
+                .await
+                .expect("proxy");
+            let mut changes = server.receive_tool_list_changed().await.expect("subscribe");
+            std::fs::write(
+                tmp.path().join("demo.kdl"),
+                unit("    allow \"e*\" \"add\"\n"),
+            )
+            .expect("write");
+            let signal = changes.next().await.expect("ToolsChanged");
+            let names: Vec<String> = signal
+                .args()
+                .expect("args")
+                .tools()
+                .iter()
+                .map(|t| t.name.clone())
+                .collect();
+            assert_eq!(names, ["echo", "add", "env"]);
+        })
+        .await
+        .expect("within 30 s");
+    });
+    assert_eq!(d.latest_pid("demo"), Some(pid), "not restarted");
+    assert!(crate::helper::alive(pid));
+    assert_eq!(listed(), ["echo", "add", "env"]);
+    assert!(d.stop(Signal::TERM).success());
+}

@@ -831,3 +831,71 @@ fn a_deadline_fires_only_for_the_timer_that_is_armed() {
     );
     assert_eq!(r.state(), State::Retrying);
 }
+
+#[test]
+fn the_tool_filter_shapes_the_published_list_and_applies_in_place() {
+    let with = |allow: &[&str], deny: &[&str]| {
+        UnitSpec::new(UnitDraft {
+            stdio: Some(StdioDraft {
+                command: vec!["/bin/true".into()],
+                ..StdioDraft::default()
+            }),
+            tools_allow: allow.iter().map(|s| (*s).to_owned()).collect(),
+            tools_deny: deny.iter().map(|s| (*s).to_owned()).collect(),
+            ..UnitDraft::default()
+        })
+        .expect("valid")
+    };
+    let names = |r: &Rig| {
+        r.m.view()
+            .tools
+            .names()
+            .map(str::to_owned)
+            .collect::<Vec<_>>()
+    };
+    let mut r = Rig::new(&with(&[], &["b*"]));
+    r.step(Event::Start);
+    r.spawned();
+    r.established(&tools(&["a", "b1", "c"]));
+    assert_eq!(names(&r), ["a", "c"], "deny b*");
+    assert_eq!(r.m.view().tools_serial, 1);
+    /// allow, deny, published, whether the serial moves
+    type Case = (
+        &'static [&'static str],
+        &'static [&'static str],
+        &'static [&'static str],
+        bool,
+    );
+    let cases: [Case; 5] = [
+        (&[], &["c"], &["a", "b1"], true),
+        (&[], &["c"], &["a", "b1"], false),
+        (&["a", "c"], &["c"], &["a"], true),
+        (&["?1"], &[], &["b1"], true),
+        (&[], &[], &["a", "b1", "c"], true),
+    ];
+    for (allow, deny, want, moves) in cases {
+        let before = r.m.view().tools_serial;
+        let fx = r.step(Event::Apply {
+            spec: Box::new(with(allow, deny)),
+            restart: false,
+        });
+        assert!(fx.is_empty(), "applied in place: {fx:?}");
+        assert_eq!(names(&r), want, "allow {allow:?} deny {deny:?}");
+        assert_eq!(
+            r.m.view().tools_serial != before,
+            moves,
+            "allow {allow:?} deny {deny:?}"
+        );
+        assert_eq!(r.state(), State::Running);
+    }
+    // a re-sync from the server goes through the filter too
+    r.step(Event::Apply {
+        spec: Box::new(with(&[], &["c"])),
+        restart: false,
+    });
+    r.step(Event::ToolsSynced {
+        generation: 1,
+        tools: tools(&["c", "d"]),
+    });
+    assert_eq!(names(&r), ["d"]);
+}

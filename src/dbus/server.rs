@@ -273,13 +273,6 @@ impl Server {
             }
         };
         let supervisor = self.supervisor()?;
-        let status = supervisor.status();
-        if !status.tools.is_empty() && !status.tools.contains(name) {
-            return Err(Error::InvalidArguments(format!(
-                "server {} has no tool {name}",
-                self.name
-            )));
-        }
         // A caller that disconnects abandons its call: the call is dropped
         // (which cancels it upstream) instead of holding the connection, its
         // fd and its objects until the server answers or CALL_TIMEOUT passes.
@@ -299,6 +292,9 @@ impl Server {
                 serde_json::to_string(&result).map_err(|e| Error::ToolFailed(e.to_string()))
             }
             Err(e @ CallError::NotRunning { .. }) => Err(Error::NotRunning(e.to_string())),
+            Err(e @ (CallError::NoSuchTool { .. } | CallError::Filtered { .. })) => {
+                Err(Error::InvalidArguments(e.to_string()))
+            }
             // -32602 invalid params, -32601 no such method/tool
             Err(CallError::Rejected {
                 code: -32602 | -32601,

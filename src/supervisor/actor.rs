@@ -275,6 +275,22 @@ impl Actor {
             // The caller left before the call could start.
             return;
         }
+        if let Some(why) = self.spec.tool_filter().why_not(&name) {
+            let _ = reply.send(Err(CallError::Filtered {
+                server: self.name.clone(),
+                tool: name,
+                why,
+            }));
+            return;
+        }
+        let listed = self.machine.view_tools_contain(&name);
+        if listed == Some(false) {
+            let _ = reply.send(Err(CallError::NoSuchTool {
+                server: self.name.clone(),
+                tool: name,
+            }));
+            return;
+        }
         let events = self.internal_tx.clone();
         tokio::spawn(async move {
             let mut reply = reply;

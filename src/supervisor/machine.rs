@@ -28,7 +28,7 @@
 use std::fmt;
 use std::time::{Duration, Instant};
 
-use crate::unit::{ReconnectPolicy, UnitSpec};
+use crate::unit::{ReconnectPolicy, ToolFilter, UnitSpec};
 
 /// A generation number: 1 for the first attempt, never reused.
 pub type Gen = u64;
@@ -369,7 +369,11 @@ pub struct Machine {
     since: Instant,
     last_exit: Option<ExitStatus>,
     last_error: Option<String>,
+    /// The published tools: what the server listed, through `filter`.
     tools: ToolList,
+    /// What the server listed last.
+    server_tools: ToolList,
+    filter: ToolFilter,
     tools_generation: Gen,
     tools_serial: u64,
     instructions: Option<String>,
@@ -390,6 +394,8 @@ impl Machine {
             last_exit: None,
             last_error: None,
             tools: ToolList::default(),
+            server_tools: ToolList::default(),
+            filter: spec.tool_filter().clone(),
             tools_generation: 0,
             tools_serial: 0,
             instructions: None,
@@ -423,6 +429,12 @@ impl Machine {
             Phase::Active { g, .. } if g.established => Some(g.generation),
             _ => None,
         }
+    }
+
+    /// Whether the published tools include `name`; `None` while none are
+    /// published (a server that lists nothing may still take calls).
+    pub fn view_tools_contain(&self, name: &str) -> Option<bool> {
+        (!self.tools.is_empty()).then(|| self.tools.contains(name))
     }
 
     /// The earliest armed timer: when the machine next needs
@@ -512,6 +524,11 @@ impl Machine {
             Event::Restart => self.restart(now, &mut fx),
             Event::Apply { spec, restart } => {
                 self.timing = Timing::from(&*spec);
+                if *spec.tool_filter() != self.filter {
+                    // Applied in place: the published list follows at once.
+                    self.filter = spec.tool_filter().clone();
+                    self.show(self.server_tools.clone());
+                }
                 // A stopped unit stays stopped; a failed one gets a new chance.
                 if restart && self.state != State::Stopped {
                     self.restart(now, &mut fx);
@@ -587,13 +604,22 @@ impl Machine {
 
     fn publish(&mut self, generation: Gen, tools: ToolList) {
         self.tools_generation = generation;
-        if tools != self.tools {
-            self.tools = tools;
+        self.show(tools);
+    }
+
+    /// Publishes the server's `tools` through the filter; an equal list
+    /// changes nothing.
+    fn show(&mut self, tools: ToolList) {
+        let shown = tools.filtered(|name| self.filter.allows(name));
+        self.server_tools = tools;
+        if shown != self.tools {
+            self.tools = shown;
             self.tools_serial += 1;
         }
     }
 
     fn withdraw_tools(&mut self) {
+        self.server_tools = ToolList::default();
         if !self.tools.is_empty() {
             self.tools = ToolList::default();
             self.tools_serial += 1;

@@ -58,6 +58,14 @@ pub enum CallError {
     Rejected { code: i32, message: String },
     /// The connection failed during the call.
     Failed(String),
+    /// The server lists no such tool.
+    NoSuchTool { server: String, tool: String },
+    /// The unit's `tools` block filters the tool out.
+    Filtered {
+        server: String,
+        tool: String,
+        why: String,
+    },
 }
 
 impl fmt::Display for CallError {
@@ -94,6 +102,13 @@ impl fmt::Display for CallError {
                 write!(f, "the server rejected the call ({code}): {message}")
             }
             CallError::Failed(e) => write!(f, "the call failed: {e}"),
+            CallError::NoSuchTool { server, tool } => {
+                write!(f, "server {server} has no tool {tool}")
+            }
+            CallError::Filtered { server, tool, why } => write!(
+                f,
+                "tool {tool} of server {server} is filtered out by its unit's `tools` block: {why}"
+            ),
         }
     }
 }

@@ -63,6 +63,16 @@ impl ToolList {
         self.0.as_ref().map_or("[]", |c| &c.json)
     }
 
+    /// The tools `keep` accepts by name; the same list (shared, not copied)
+    /// when it accepts them all.
+    pub fn filtered(&self, keep: impl Fn(&str) -> bool) -> ToolList {
+        if self.names().all(&keep) {
+            return self.clone();
+        }
+        let kept: Vec<Tool> = self.tools().into_iter().filter(|t| keep(&t.name)).collect();
+        ToolList::new(&kept)
+    }
+
     /// The tools, parsed again.
     pub fn tools(&self) -> Vec<Tool> {
         // The JSON was written from `Tool`s by `new`, so it reads back; a
@@ -111,6 +121,21 @@ mod tests {
         assert!(list.contains("a") && !list.contains("c"));
         assert_eq!(list.tools(), tools);
         assert_eq!(format!("{list:?}"), r#"["b", "a"]"#);
+    }
+
+    #[test]
+    fn filtering_keeps_order_and_shares_an_unchanged_list() {
+        let list = ToolList::new(&[tool("read_a"), tool("delete_b"), tool("read_c")]);
+        let kept = list.filtered(|n| n.starts_with("read_"));
+        assert_eq!(kept.names().collect::<Vec<_>>(), ["read_a", "read_c"]);
+        assert_eq!(kept.tools()[1], tool("read_c"));
+        let all = list.filtered(|_| true);
+        assert_eq!(all, list);
+        assert!(
+            all.json().as_ptr() == list.json().as_ptr(),
+            "shared, not copied"
+        );
+        assert!(list.filtered(|_| false).is_empty());
     }
 
     #[test]

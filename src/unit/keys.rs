@@ -17,6 +17,7 @@ pub enum Block {
     Stdio,
     Http,
     Reconnect,
+    Tools,
 }
 
 impl Block {
@@ -27,6 +28,7 @@ impl Block {
             Block::Stdio => Some("stdio"),
             Block::Http => Some("http"),
             Block::Reconnect => Some("reconnect"),
+            Block::Tools => Some("tools"),
         }
     }
 
@@ -148,7 +150,7 @@ const fn key(
     }
 }
 
-use Block::{Http, Reconnect, Stdio, Top};
+use Block::{Http, Reconnect, Stdio, Tools, Top};
 use Merge::{Append, AppendUnique, ByName, Replace};
 
 /// Every key, in the order the man page documents them.
@@ -214,6 +216,33 @@ pub const KEYS: &[Key] = &[
         AppendUnique,
         Some(Field::Roots(0)),
         "\"file:///srv/repo\"",
+    ),
+    key(
+        Top,
+        "tools",
+        Kind::Block {
+            inner: Tools,
+            required: true,
+        },
+        Replace,
+        None,
+        "{ deny \"delete_*\" }",
+    ),
+    key(
+        Tools,
+        "allow",
+        Kind::Strings,
+        AppendUnique,
+        Some(Field::ToolsAllow(0)),
+        "\"read_*\" \"search\"",
+    ),
+    key(
+        Tools,
+        "deny",
+        Kind::Strings,
+        AppendUnique,
+        Some(Field::ToolsDeny(0)),
+        "\"delete_*\"",
     ),
     key(
         Stdio,
@@ -338,7 +367,7 @@ mod tests {
 
     #[test]
     fn every_block_is_a_key_and_every_field_names_one_key() {
-        for block in [Stdio, Http, Reconnect] {
+        for block in [Stdio, Http, Reconnect, Tools] {
             let name = block.name().expect("a nested block has a name");
             let row = lookup(Top, name).expect("the block is a top-level key");
             assert!(matches!(

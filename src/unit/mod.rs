@@ -29,4 +29,6 @@ pub use instance::Instance;
 pub use load::{Context, UnitFiles, load, load_in, load_with};
 pub use name::UnitName;
 pub use search::{Found, discover, search_path};
-pub use spec::{HttpSpec, ReconnectPolicy, Secret, StdioSpec, Transport, UnitDraft, UnitSpec};
+pub use spec::{
+    HttpSpec, ReconnectPolicy, Secret, StdioSpec, ToolFilter, Transport, UnitDraft, UnitSpec,
+};

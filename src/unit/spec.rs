@@ -61,6 +61,42 @@ pub struct UnitSpec {
     stop_timeout: Duration,
     /// `file://` URIs answered to the server's `roots/list`.
     roots: Vec<String>,
+    /// `tools { allow …; deny … }`.
+    tool_filter: ToolFilter,
+}
+
+/// Which of a server's tools are published and may be called: a tool
+/// matching a `deny` glob is not; with `allow` globs, only a tool matching
+/// one is. Deny wins.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ToolFilter {
+    allow: Vec<String>,
+    deny: Vec<String>,
+}
+
+impl ToolFilter {
+    /// No filter: every tool.
+    pub fn is_empty(&self) -> bool {
+        self.allow.is_empty() && self.deny.is_empty()
+    }
+
+    /// Whether tool `name` is published and callable.
+    pub fn allows(&self, name: &str) -> bool {
+        self.why_not(name).is_none()
+    }
+
+    /// Why tool `name` is filtered out, if it is.
+    pub fn why_not(&self, name: &str) -> Option<String> {
+        let matches = |glob: &String| wildmatch::WildMatch::new(glob).matches(name);
+        if let Some(glob) = self.deny.iter().find(|g| matches(g)) {
+            return Some(format!("it matches deny \"{glob}\""));
+        }
+        if !self.allow.is_empty() && !self.allow.iter().any(matches) {
+            let globs: Vec<String> = self.allow.iter().map(|g| format!("\"{g}\"")).collect();
+            return Some(format!("it matches no allow ({})", globs.join(", ")));
+        }
+        None
+    }
 }
 
 /// How to reach the server.
@@ -125,6 +161,8 @@ pub enum Field {
     StartupTimeout,
     StopTimeout,
     Roots(usize),
+    ToolsAllow(usize),
+    ToolsDeny(usize),
 }
 
 impl Field {
@@ -173,6 +211,10 @@ pub struct UnitDraft {
     pub stop_timeout: Option<Duration>,
     /// `roots`: file:// URIs.
     pub roots: Vec<String>,
+    /// `tools.allow` globs.
+    pub tools_allow: Vec<String>,
+    /// `tools.deny` globs.
+    pub tools_deny: Vec<String>,
 }
 
 /// An unchecked `stdio` block.
@@ -317,6 +359,30 @@ impl Judge {
         out
     }
 
+    /// Tool-name globs (`*`, `?`): not empty, no whitespace or control
+    /// characters.
+    fn globs(&mut self, field: fn(usize) -> Field, globs: Vec<String>) -> Vec<String> {
+        for (i, glob) in globs.iter().enumerate() {
+            if glob.is_empty() {
+                self.fail(
+                    field(i),
+                    format!("`{}`: a pattern is empty", field(i).key()),
+                )
+                .help = Some("write a tool name or a glob such as \"read_*\"".into());
+            } else if glob.chars().any(|c| c.is_whitespace() || c.is_control()) {
+                self.fail(
+                    field(i),
+                    format!(
+                        "`{}`: \"{}\" contains whitespace; tool names do not",
+                        field(i).key(),
+                        glob.escape_debug()
+                    ),
+                );
+            }
+        }
+        globs
+    }
+
     fn finish<T>(self, value: T) -> Result<T, Vec<SpecError>> {
         if self.errors.is_empty() {
             Ok(value)
@@ -405,6 +471,10 @@ impl UnitSpec {
             judge.duration(Field::StopTimeout, draft.stop_timeout, DEFAULT_STOP_TIMEOUT);
 
         let roots = judge.roots(draft.roots);
+        let tool_filter = ToolFilter {
+            allow: judge.globs(Field::ToolsAllow, draft.tools_allow),
+            deny: judge.globs(Field::ToolsDeny, draft.tools_deny),
+        };
 
         match transport {
             Some(transport) => judge.finish(Self {
@@ -414,6 +484,7 @@ impl UnitSpec {
                 startup_timeout,
                 stop_timeout,
                 roots,
+                tool_filter,
             }),
             None => Err(judge.errors),
         }
@@ -440,6 +511,11 @@ impl UnitSpec {
     /// SIGTERM to the process group, then SIGKILL after this.
     pub fn stop_timeout(&self) -> Duration {
         self.stop_timeout
+    }
+
+    /// Which tools are published and callable.
+    pub fn tool_filter(&self) -> &ToolFilter {
+        &self.tool_filter
     }
 
     /// The roots mcpd answers to the server's `roots/list` (normalized

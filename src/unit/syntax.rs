@@ -168,9 +168,15 @@ impl Reader<'_> {
                 self.poisoned.insert(Field::Command);
             }
             Some(format!("did you mean `{close}`?"))
-        } else if let Some(home) = [Block::Stdio, Block::Http, Block::Reconnect, Block::Top]
-            .into_iter()
-            .find(|b| keys::lookup(*b, name).is_some())
+        } else if let Some(home) = [
+            Block::Stdio,
+            Block::Http,
+            Block::Reconnect,
+            Block::Tools,
+            Block::Top,
+        ]
+        .into_iter()
+        .find(|b| keys::lookup(*b, name).is_some())
         {
             if matches!(home, Block::Stdio | Block::Http) {
                 // "no transport" would only repeat this misplacement.
@@ -737,6 +743,8 @@ fn indexed(field: &Field, index: usize) -> Field {
         Field::PassEnv(_) => Field::PassEnv(index),
         Field::Header(_) => Field::Header(index),
         Field::Roots(_) => Field::Roots(index),
+        Field::ToolsAllow(_) => Field::ToolsAllow(index),
+        Field::ToolsDeny(_) => Field::ToolsDeny(index),
         other => other.clone(),
     }
 }
@@ -854,6 +862,8 @@ impl Layer {
             startup_timeout: d.duration(&mut self, "startup-timeout"),
             stop_timeout: d.duration(&mut self, "stop-timeout"),
             roots: d.list(&mut self, "roots"),
+            tools_allow: d.list(&mut self, "tools.allow"),
+            tools_deny: d.list(&mut self, "tools.deny"),
         };
         (draft, d.locs, self.poisoned)
     }
