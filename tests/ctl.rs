@@ -387,7 +387,8 @@ fn status_shows_local_time_and_how_the_last_process_ended() {
     });
     let shown = text(&mcpctl_user(&runtime, &["status", "demo"]));
     assert!(
-        shown.contains("\n  Last exit: exited with status 3\n")
+        shown.contains("\n   Restarts: 1\n")
+            && shown.contains("\n  Last exit: exited with status 3\n")
             && shown.contains("\n Last error: process exited with status 3\n"),
         "{shown}"
     );

@@ -899,3 +899,25 @@ fn the_tool_filter_shapes_the_published_list_and_applies_in_place() {
     });
     assert_eq!(names(&r), ["d"]);
 }
+
+#[test]
+fn restarts_count_automatic_retries_only() {
+    let mut r = Rig::new(&stdio_spec(policy(100, 800, 3, true)));
+    r.step(Event::Start);
+    r.spawned();
+    r.established(&tools(&["a"]));
+    assert_eq!(r.m.view().restarts, 0, "the first start is not a restart");
+    r.exited(1);
+    r.fire();
+    assert_eq!(r.m.view().restarts, 1, "a retry is");
+    r.spawned();
+    r.established(&tools(&["a"]));
+    // an operator restart is not counted
+    r.step(Event::Restart);
+    r.exited(0);
+    assert_eq!(r.m.view().restarts, 1);
+    r.spawned();
+    r.exited(1);
+    r.fire();
+    assert_eq!(r.m.view().restarts, 2);
+}

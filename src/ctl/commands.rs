@@ -59,6 +59,7 @@ struct Props {
     main_pid: u32,
     last_exit: String,
     last_error: String,
+    restarts: u32,
     calls: u64,
     failed_calls: u64,
     unit_path: String,
@@ -81,6 +82,7 @@ async fn props(server: &ServerProxy<'_>) -> Result<Props> {
         main_pid: server.main_pid().await.map_err(e)?,
         last_exit: server.last_exit_status().await.map_err(e)?,
         last_error: server.last_error().await.map_err(e)?,
+        restarts: server.restarts().await.map_err(e)?,
         calls: server.calls().await.map_err(e)?,
         failed_calls: server.failed_calls().await.map_err(e)?,
         unit_path: server.unit_path().await.map_err(e)?,
@@ -104,6 +106,7 @@ impl Props {
             "main_pid": self.main_pid,
             "last_exit": self.last_exit,
             "last_error": self.last_error,
+            "restarts": self.restarts,
             "calls": self.calls,
             "failed_calls": self.failed_calls,
             "unit_path": self.unit_path,
@@ -189,6 +192,9 @@ fn write_block(
     }
     if p.generation != 0 {
         writeln!(out, " Generation: {}", p.generation)?;
+    }
+    if p.restarts != 0 {
+        writeln!(out, "   Restarts: {}", p.restarts)?;
     }
     if !p.last_exit.is_empty() {
         writeln!(out, "  Last exit: {}", p.last_exit)?;

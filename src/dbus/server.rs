@@ -176,6 +176,13 @@ impl Server {
         self.status().and_then(|s| s.last_error).unwrap_or_default()
     }
 
+    /// Automatic restarts (retries) since the daemon loaded the unit, as
+    /// systemd's `NRestarts`; operator restarts do not count.
+    #[zbus(property)]
+    fn restarts(&self) -> u32 {
+        self.status().map_or(0, |s| s.restarts)
+    }
+
     /// Tool calls made (from D-Bus and bridges) since the daemon loaded the
     /// unit. Not signalled: read it when needed.
     #[zbus(property(emits_changed_signal = "false"))]
@@ -362,6 +369,9 @@ pub(crate) async fn emit_changes(
     if old.since != new.since {
         iface.state_change_timestamp_changed(em).await?;
     }
+    if old.restarts != new.restarts {
+        iface.restarts_changed(em).await?;
+    }
     if old.last_exit != new.last_exit {
         iface.last_exit_status_changed(em).await?;
     }
@@ -443,6 +453,8 @@ pub mod client {
         fn last_exit_status(&self) -> Result<String, Error>;
         #[zbus(property)]
         fn last_error(&self) -> Result<String, Error>;
+        #[zbus(property)]
+        fn restarts(&self) -> Result<u32, Error>;
         #[zbus(property(emits_changed_signal = "false"))]
         fn calls(&self) -> Result<u64, Error>;
         #[zbus(property(emits_changed_signal = "false"))]

@@ -322,6 +322,8 @@ pub struct View<T = Instant> {
     pub tools_generation: Gen,
     /// Increases exactly when the published tool list changes.
     pub tools_serial: u64,
+    /// Automatic restarts (retries started), like systemd's `NRestarts`.
+    pub restarts: u32,
     /// The `instructions` the server sent in its `initialize` answer (the
     /// newest established generation's).
     pub instructions: Option<String>,
@@ -349,6 +351,7 @@ impl<T> View<T> {
             tools: self.tools,
             tools_generation: self.tools_generation,
             tools_serial: self.tools_serial,
+            restarts: self.restarts,
             instructions: self.instructions,
             settling: self.settling,
         }
@@ -376,6 +379,7 @@ pub struct Machine {
     filter: ToolFilter,
     tools_generation: Gen,
     tools_serial: u64,
+    restarts: u32,
     instructions: Option<String>,
 }
 
@@ -398,6 +402,7 @@ impl Machine {
             filter: spec.tool_filter().clone(),
             tools_generation: 0,
             tools_serial: 0,
+            restarts: 0,
             instructions: None,
         }
     }
@@ -504,6 +509,7 @@ impl Machine {
             tools: self.tools.clone(),
             tools_generation: self.tools_generation,
             tools_serial: self.tools_serial,
+            restarts: self.restarts,
             instructions: self.instructions.clone(),
             settling: matches!(
                 self.phase,
@@ -871,6 +877,7 @@ impl Machine {
             },
             (Timer::Retry, Phase::Backoff { retry, .. }) => {
                 let retry = *retry;
+                self.restarts = self.restarts.saturating_add(1);
                 self.begin(retry, now, fx);
             }
             // `due` found the timer armed, so the phase matches it.
