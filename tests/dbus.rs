@@ -263,6 +263,15 @@ fn bus_api_seen_from_busctl_and_gdbus() {
         echo.contains("over the bus") && echo.contains("isError\\\":false"),
         "{echo}"
     );
+    // accounted to the bus caller, found through the bus's credentials
+    let uid = rustix::process::getuid().as_raw();
+    let line = d.wait_for(&format!("tools/call echo by uid {uid} pid "));
+    let pid = line
+        .split(" pid ")
+        .nth(1)
+        .and_then(|rest| rest.split(':').next())
+        .unwrap_or_default();
+    assert!(pid.parse::<u32>().is_ok(), "busctl's pid: {line}");
 
     // a crash: running → reconnecting → running, and no ToolsChanged
     let mut monitor = Monitor::start(&bus);

@@ -127,12 +127,11 @@ pub async fn run(
     let mut watcher = watch::DirWatcher::new(events_tx)?;
     let runtime_dir = config.runtime_dir.clone();
     let no_bus = config.no_bus;
-    let shared = Arc::new(crate::dbus::Shared {
-        instance: config.instance,
-        unit_dirs: config.unit_dirs.clone(),
-        units: std::sync::RwLock::new(std::collections::BTreeMap::new()),
-        control: controller,
-    });
+    let shared = Arc::new(crate::dbus::Shared::new(
+        config.instance,
+        config.unit_dirs.clone(),
+        controller,
+    ));
     let host = crate::supervisor::process::Host::current(config.instance, child_nofile);
     let mut registry = Registry::new(config, host);
     let diff = registry.reload().await;

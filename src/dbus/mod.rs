@@ -114,9 +114,30 @@ pub struct Shared {
     pub units: RwLock<BTreeMap<String, UnitView>>,
     /// Reloads go to the daemon's loop.
     pub control: mpsc::UnboundedSender<Control>,
+    /// Bus callers' credentials by unique name (never reused while the bus
+    /// runs), so a client's calls after its first cost no lookup.
+    callers: std::sync::Mutex<std::collections::HashMap<String, crate::supervisor::Caller>>,
 }
 
+/// Bus callers remembered at most; the cache starts over beyond.
+const MAX_CACHED_CALLERS: usize = 1024;
+
 impl Shared {
+    /// The read model of a daemon with no units yet.
+    pub fn new(
+        instance: Instance,
+        unit_dirs: Vec<PathBuf>,
+        control: mpsc::UnboundedSender<Control>,
+    ) -> Self {
+        Self {
+            instance,
+            unit_dirs,
+            units: RwLock::new(BTreeMap::new()),
+            control,
+            callers: std::sync::Mutex::default(),
+        }
+    }
+
     /// The names of every known unit.
     pub fn names(&self) -> Vec<String> {
         self.units
@@ -168,7 +189,7 @@ pub(crate) async fn authorize(
     }
     let uid = match header.sender() {
         Some(sender) => {
-            let dbus = zbus::fdo::DBusProxy::new(conn).await?;
+            let dbus = bus_daemon(conn).await?;
             dbus.get_connection_unix_user(sender.clone().into())
                 .await
                 .map_err(|e| Error::AccessDenied(format!("cannot identify the caller: {e}")))?
@@ -197,31 +218,59 @@ const CALLER_LOOKUP_TIMEOUT: std::time::Duration = std::time::Duration::from_sec
 /// Who sent `header`: the bus's credentials of the sender, or the private
 /// socket's `SO_PEERCRED`; unknown parts are `None`.
 pub(crate) async fn caller(
+    shared: &Shared,
     conn: &Connection,
     header: &zbus::message::Header<'_>,
 ) -> crate::supervisor::Caller {
-    tokio::time::timeout(CALLER_LOOKUP_TIMEOUT, lookup_caller(conn, header))
+    tokio::time::timeout(CALLER_LOOKUP_TIMEOUT, lookup_caller(shared, conn, header))
         .await
         .unwrap_or_default()
 }
 
+/// The bus daemon's own interface, without the property cache and match
+/// rules a default proxy sets up (round trips of their own).
+async fn bus_daemon(conn: &Connection) -> zbus::Result<zbus::fdo::DBusProxy<'_>> {
+    zbus::fdo::DBusProxy::builder(conn)
+        .cache_properties(zbus::proxy::CacheProperties::No)
+        .build()
+        .await
+}
+
 async fn lookup_caller(
+    shared: &Shared,
     conn: &Connection,
     header: &zbus::message::Header<'_>,
 ) -> crate::supervisor::Caller {
     match header.sender() {
         Some(sender) => {
-            let creds = match zbus::fdo::DBusProxy::new(conn).await {
+            let known = shared
+                .callers
+                .lock()
+                .ok()
+                .and_then(|c| c.get(sender.as_str()).copied());
+            if let Some(caller) = known {
+                return caller;
+            }
+            let creds = match bus_daemon(conn).await {
                 Ok(dbus) => dbus
                     .get_connection_credentials(sender.clone().into())
                     .await
                     .ok(),
                 Err(_) => None,
             };
-            crate::supervisor::Caller {
+            let caller = crate::supervisor::Caller {
                 uid: creds.as_ref().and_then(|c| c.unix_user_id()),
                 pid: creds.as_ref().and_then(|c| c.process_id()),
+            };
+            if creds.is_some()
+                && let Ok(mut callers) = shared.callers.lock()
+            {
+                if callers.len() >= MAX_CACHED_CALLERS {
+                    callers.clear();
+                }
+                callers.insert(sender.to_string(), caller);
             }
+            caller
         }
         None => match conn.peer_creds().await {
             Ok(c) => crate::supervisor::Caller {

@@ -284,7 +284,12 @@ impl Server {
         // (which cancels it upstream) instead of holding the connection, its
         // fd and its objects until the server answers or CALL_TIMEOUT passes.
         let call = tokio::select! {
-            call = supervisor.call_tool(name, arguments, CALL_TIMEOUT, caller(conn, &header)) => call,
+            call = supervisor.call_tool(
+                name,
+                arguments,
+                CALL_TIMEOUT,
+                caller(&self.shared, conn, &header),
+            ) => call,
             () = conn.closed() => {
                 tracing::debug!(
                     target: "mcpd::dbus",
