@@ -525,10 +525,14 @@ fn a_caller_that_disconnects_mid_call_cancels_it() {
     // Without the cancellation the call (and the connection, its fd and
     // its objects) would live until CallTool's 120 s timeout.
     d.wait_for("hang cancelled");
-    d.wait_until("the abandoned call accounted for", |d| {
-        d.seen
-            .iter()
-            .any(|l| l.contains("tools/call hang") && l.contains("cancelled: the caller left"))
+    let uid = rustix::process::getuid().as_raw();
+    let pid = std::process::id();
+    d.wait_until("the abandoned call accounted for, to this process", |d| {
+        d.seen.iter().any(|l| {
+            l.contains(&format!(
+                "tools/call hang by uid {uid} pid {pid}: cancelled: the caller left"
+            ))
+        })
     });
     wait_for_fds(&mut d, base, "after the caller left");
     drop(rt);

@@ -898,6 +898,14 @@ fn the_tool_filter_shapes_the_published_list_and_applies_in_place() {
         tools: tools(&["c", "d"]),
     });
     assert_eq!(names(&r), ["d"]);
+    // a filter that hides every tool still knows which ones exist
+    r.step(Event::Apply {
+        spec: Box::new(with(&["x*"], &[])),
+        restart: false,
+    });
+    assert!(names(&r).is_empty());
+    assert_eq!(r.m.server_lists("d"), Some(true));
+    assert_eq!(r.m.server_lists("zz"), Some(false));
 }
 
 #[test]

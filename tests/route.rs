@@ -172,6 +172,12 @@ fn server_requests_go_to_the_host_that_caused_them() {
         asked: Result<HostId, &'static str>,
     }
     let cases = [
+        // the most recent caller (C) is idle; the busy host B answers
+        Case {
+            busy: &[B],
+            capable: &[B, C],
+            asked: Ok(B),
+        },
         // B's call caused it: B answers, though A is capable too
         Case {
             busy: &[B],
@@ -201,6 +207,12 @@ fn server_requests_go_to_the_host_that_caused_them() {
             busy: &[],
             capable: &[],
             asked: Err("no attached host declared"),
+        },
+        // several busy, none capable: an error, not the idle capable host
+        Case {
+            busy: &[A, B],
+            capable: &[C],
+            asked: Err("none of the hosts with a request in flight"),
         },
     ];
     for (n, case) in cases.iter().enumerate() {
@@ -533,6 +545,65 @@ fn garbage_from_a_host_gets_an_error_and_touches_nothing() {
     // an unknown host is ignored
     assert!(
         r.from_host(42, request(json!(1), "tools/call", json!({})))
+            .is_empty()
+    );
+}
+
+#[test]
+fn null_ids_and_odd_params_are_refused_not_fatal() {
+    let mut r = router(&[(A, ALL_CAPS)]);
+    let (host, msg) = to_host(&r.from_host(
+        A,
+        json!({"jsonrpc": "2.0", "id": null, "method": "tools/call", "params": {}}),
+    ));
+    assert_eq!((host, &msg["error"]["code"]), (A, &json!(-32600)));
+    // a cancellation whose params are not an object rewrites nothing
+    assert!(
+        r.from_host(
+            A,
+            json!({"jsonrpc": "2.0", "method": "notifications/cancelled", "params": 1})
+        )
+        .is_empty()
+    );
+    // the same from the server: a null id is no request to route
+    let out = r.from_server(json!({"jsonrpc": "2.0", "id": null, "method": "roots/list"}));
+    assert!(
+        out.iter()
+            .all(|o| !matches!(o, Out::Host(_, m) if m["method"] == "roots/list")),
+        "{out:?}"
+    );
+    let out = r
+        .from_server(json!({"jsonrpc": "2.0", "method": "notifications/cancelled", "params": [1]}));
+    assert!(out.is_empty(), "{out:?}");
+    let out =
+        r.from_server(json!({"jsonrpc": "2.0", "method": "notifications/progress", "params": "x"}));
+    assert!(out.is_empty(), "{out:?}");
+}
+
+#[test]
+fn an_outage_withdraws_the_questions_hosts_were_asked() {
+    let mut r = router(&[(A, ALL_CAPS)]);
+    upstream(&r.from_host(A, request(json!(1), "tools/call", json!({}))));
+    let (_, asked) = to_host(&r.from_server(request(json!("s"), "elicitation/create", json!({}))));
+    let out = r.upstream_lost();
+    assert_eq!(out.len(), 2, "{out:?}");
+    assert_eq!(
+        out[0],
+        Out::Down {
+            host: A,
+            id: json!(1)
+        }
+    );
+    match &out[1] {
+        Out::Host(A, m) => {
+            assert_eq!(m["method"], "notifications/cancelled");
+            assert_eq!(m["params"]["requestId"], asked["id"]);
+        }
+        other => panic!("{other:?}"),
+    }
+    // and its late answer goes nowhere
+    assert!(
+        r.from_host(A, result(asked["id"].clone(), json!({})))
             .is_empty()
     );
 }

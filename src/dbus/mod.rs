@@ -187,7 +187,10 @@ pub(crate) async fn authorize(
     if shared.instance == Instance::User {
         return Ok(());
     }
-    let uid = match header.sender() {
+    // Only the bus vouches for a sender name; on the private socket a peer
+    // writes its own header, so only SO_PEERCRED counts there.
+    let sender = header.sender().filter(|_| conn.is_bus());
+    let uid = match sender {
         Some(sender) => {
             let dbus = bus_daemon(conn).await?;
             dbus.get_connection_unix_user(sender.clone().into())
@@ -241,7 +244,8 @@ async fn lookup_caller(
     conn: &Connection,
     header: &zbus::message::Header<'_>,
 ) -> crate::supervisor::Caller {
-    match header.sender() {
+    // As in `authorize`: a sender name means something only on the bus.
+    match header.sender().filter(|_| conn.is_bus()) {
         Some(sender) => {
             let known = shared
                 .callers

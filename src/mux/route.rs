@@ -214,6 +214,14 @@ fn method(msg: &Value) -> Option<&str> {
     msg.get("method").and_then(Value::as_str)
 }
 
+/// Sets `params.key`; a message whose params are not an object is left
+/// as it is (a lookup through it found nothing to rewrite anyway).
+fn set_param(msg: &mut Value, key: &str, value: Value) {
+    if let Some(params) = msg.get_mut("params").and_then(Value::as_object_mut) {
+        params.insert(key.to_owned(), value);
+    }
+}
+
 impl Router {
     pub fn new() -> Self {
         Self::default()
@@ -290,7 +298,20 @@ impl Router {
             ));
             return out;
         };
-        let id = object.get("id").cloned();
+        // JSON-RPC allows a null id only in error responses; MCP ids are
+        // strings or numbers.
+        let id = object.get("id").cloned().filter(|id| !id.is_null());
+        if object.get("id").is_some_and(Value::is_null) && method(&msg).is_some() {
+            out.push(Out::Host(
+                host,
+                error(
+                    &Value::Null,
+                    INVALID_REQUEST,
+                    "a request id must be a string or a number",
+                ),
+            ));
+            return out;
+        }
         match (method(&msg).map(str::to_owned), id) {
             // A request.
             (Some(name), Some(id)) => self.host_request(host, &name, id, &mut msg, &mut out),
@@ -426,7 +447,7 @@ impl Router {
                 if let Some(up) = self.inflight.get(&(host, theirs)).copied() {
                     // The server will not answer a cancelled request.
                     self.forget(up);
-                    msg["params"]["requestId"] = json!(up);
+                    set_param(msg, "requestId", json!(up));
                     out.push(Out::Server(msg.take()));
                 }
             }
@@ -453,6 +474,11 @@ impl Router {
     /// A message from the server on the upstream session.
     pub fn from_server(&mut self, mut msg: Value) -> Vec<Out> {
         let mut out = Vec::new();
+        if msg.get("id").is_some_and(Value::is_null) {
+            // Not a request (MCP ids are strings or numbers), and an error
+            // about something unparseable belongs to nobody.
+            return out;
+        }
         let id = msg.get("id").cloned();
         match (method(&msg).map(str::to_owned), id) {
             (None, Some(id)) => {
@@ -491,10 +517,19 @@ impl Router {
         let latest = |hosts: &mut dyn Iterator<Item = HostId>| {
             hosts.max_by_key(|h| self.hosts.get(h).map_or(0, |host| host.last_call))
         };
+        // A host with a request in flight caused it: one of them answers,
+        // never an idle host.
         let cause = match busy.len() {
-            1 => busy.first().copied(),
             0 => None,
-            _ => latest(&mut busy.iter().copied().filter(capable)),
+            1 => busy.first().copied(),
+            _ => Some(
+                latest(&mut busy.iter().copied().filter(capable))
+                    .ok_or_else(|| {
+                        format!(
+                            "none of the hosts with a request in flight declared the capability {method} needs"
+                        )
+                    })?,
+            ),
         };
         match cause {
             Some(host) if capable(&host) => Ok(host),
@@ -538,7 +573,7 @@ impl Router {
             "notifications/progress" => {
                 let token = msg["params"]["progressToken"].as_u64();
                 if let Some((host, theirs)) = token.and_then(|t| self.tokens.get(&t)).cloned() {
-                    msg["params"]["progressToken"] = theirs;
+                    set_param(&mut msg, "progressToken", theirs);
                     out.push(Out::Host(host, msg));
                 }
             }
@@ -551,7 +586,7 @@ impl Router {
                     .find_map(|(key, a)| (a.server_id == theirs).then_some(*key));
                 if let Some((host, down)) = found {
                     self.asked.remove(&(host, down));
-                    msg["params"]["requestId"] = json!(down);
+                    set_param(&mut msg, "requestId", json!(down));
                     out.push(Out::Host(host, msg));
                 }
             }
@@ -593,12 +628,13 @@ impl Router {
         if self.hosts.remove(&host).is_none() {
             return out;
         }
-        let mine: Vec<u64> = self
+        let mut mine: Vec<u64> = self
             .pending
             .iter()
             .filter(|(_, p)| matches!(&p.owner, Owner::Host { host: h, .. } if *h == host))
             .map(|(up, _)| *up)
             .collect();
+        mine.sort_unstable();
         for up in mine {
             self.forget(up);
             if self.up {
@@ -609,12 +645,13 @@ impl Router {
                 })));
             }
         }
-        let asked: Vec<(HostId, u64)> = self
+        let mut asked: Vec<(HostId, u64)> = self
             .asked
             .keys()
             .filter(|(h, _)| *h == host)
             .copied()
             .collect();
+        asked.sort_unstable();
         for key in asked {
             if let Some(a) = self.asked.remove(&key) {
                 out.push(Out::Server(error(
@@ -656,10 +693,23 @@ impl Router {
         failed.sort_by_key(|(host, id)| (*host, id.to_string()));
         self.inflight.clear();
         self.tokens.clear();
-        self.asked.clear();
+        let mut asked: Vec<(HostId, u64)> = self.asked.drain().map(|(key, _)| key).collect();
+        asked.sort_unstable();
         failed
             .into_iter()
             .map(|(host, id)| Out::Down { host, id })
+            // Questions the server asked hosts are void: say so, so no
+            // dialog waits for an answer that would be dropped.
+            .chain(asked.into_iter().map(|(host, down)| {
+                Out::Host(
+                    host,
+                    json!({
+                        "jsonrpc": "2.0",
+                        "method": "notifications/cancelled",
+                        "params": {"requestId": down, "reason": "the server connection was lost"},
+                    }),
+                )
+            }))
             .collect()
     }
 

@@ -68,6 +68,8 @@ pub(crate) struct Record<'a> {
     server: &'a str,
     tool: &'a str,
     counters: &'a Counters,
+    /// Who called, once known.
+    pub(crate) caller: Caller,
     started: Instant,
     done: bool,
 }
@@ -78,18 +80,19 @@ impl<'a> Record<'a> {
             server,
             tool,
             counters,
+            caller: Caller::default(),
             started: Instant::now(),
             done: false,
         }
     }
 
-    pub(crate) fn finish(&mut self, caller: Caller, outcome: Outcome) {
+    pub(crate) fn finish(&mut self, outcome: Outcome) {
         self.done = true;
         self.counters.record(outcome == Outcome::Ok);
         log_call(
             self.server,
             self.tool,
-            caller,
+            self.caller,
             &outcome,
             self.started.elapsed(),
         );
@@ -99,8 +102,7 @@ impl<'a> Record<'a> {
 impl Drop for Record<'_> {
     fn drop(&mut self) {
         if !self.done {
-            // (Who it was may not be known yet.)
-            self.finish(Caller::default(), Outcome::Abandoned);
+            self.finish(Outcome::Abandoned);
         }
     }
 }

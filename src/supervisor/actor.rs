@@ -283,7 +283,7 @@ impl Actor {
             }));
             return;
         }
-        let listed = self.machine.view_tools_contain(&name);
+        let listed = self.machine.server_lists(&name);
         if listed == Some(false) {
             let _ = reply.send(Err(CallError::NoSuchTool {
                 server: self.name.clone(),

@@ -436,10 +436,11 @@ impl Machine {
         }
     }
 
-    /// Whether the published tools include `name`; `None` while none are
-    /// published (a server that lists nothing may still take calls).
-    pub fn view_tools_contain(&self, name: &str) -> Option<bool> {
-        (!self.tools.is_empty()).then(|| self.tools.contains(name))
+    /// Whether the server lists tool `name` (before the unit's filter);
+    /// `None` while it lists none (a server that lists nothing may still
+    /// take calls).
+    pub fn server_lists(&self, name: &str) -> Option<bool> {
+        (!self.server_tools.is_empty()).then(|| self.server_tools.contains(name))
     }
 
     /// The earliest armed timer: when the machine next needs

@@ -186,7 +186,7 @@ impl Supervisor {
 
     /// Calls a tool on the current generation for `caller` (resolved while
     /// the call runs: finding a bus client's credentials is a round trip of
-    /// its own). Fails at once, naming the state, retry and next retry
+    /// its own; a call that ends first is logged with what is known). Fails at once, naming the state, retry and next retry
     /// time, when the server is not running. Every call is counted and
     /// logged ([`accounting`]).
     pub async fn call_tool(
@@ -197,17 +197,28 @@ impl Supervisor {
         caller: impl Future<Output = Caller>,
     ) -> Result<CallToolResult, CallError> {
         // Counted and logged however the call ends, even when the caller's
-        // future is dropped mid-call (a D-Bus client that disconnects).
+        // future is dropped mid-call (a D-Bus client that disconnects). Who
+        // called is learnt while the call runs; the answer never waits for
+        // it.
         let mut record = accounting::Record::new(&self.name, name, &self.counters);
-        let (caller, result) = tokio::join!(caller, self.send_call(name, arguments, timeout));
-        record.finish(
-            caller,
-            match &result {
-                Ok(r) if r.is_error == Some(true) => accounting::Outcome::ErrorResult,
-                Ok(_) => accounting::Outcome::Ok,
-                Err(e) => accounting::Outcome::Failed(e.to_string()),
-            },
-        );
+        let call = self.send_call(name, arguments, timeout);
+        tokio::pin!(call, caller);
+        let mut known = false;
+        let result = loop {
+            tokio::select! {
+                biased;
+                who = &mut caller, if !known => {
+                    record.caller = who;
+                    known = true;
+                }
+                result = &mut call => break result,
+            }
+        };
+        record.finish(match &result {
+            Ok(r) if r.is_error == Some(true) => accounting::Outcome::ErrorResult,
+            Ok(_) => accounting::Outcome::Ok,
+            Err(e) => accounting::Outcome::Failed(e.to_string()),
+        });
         result
     }
 

@@ -373,7 +373,7 @@ impl Judge {
                 self.fail(
                     field(i),
                     format!(
-                        "`{}`: \"{}\" contains whitespace; tool names do not",
+                        "`{}`: \"{}\" contains whitespace or a control character; tool names do not",
                         field(i).key(),
                         glob.escape_debug()
                     ),
