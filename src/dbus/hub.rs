@@ -80,6 +80,14 @@ struct Peer {
     who: Who,
 }
 
+/// The task forwarding one supervisor's status changes, and that
+/// supervisor's channel (to tell whether a unit still has the same one).
+#[derive(Debug)]
+struct Watcher {
+    task: JoinHandle<()>,
+    status: tokio::sync::watch::Receiver<crate::supervisor::Status>,
+}
+
 /// Every live connection the objects are served on.
 #[derive(Debug)]
 pub struct Hub {
@@ -88,7 +96,7 @@ pub struct Hub {
     peers: Mutex<BTreeMap<u64, Peer>>,
     next_id: AtomicU64,
     /// Per server: the task forwarding its status changes as signals.
-    watchers: Mutex<BTreeMap<String, JoinHandle<()>>>,
+    watchers: Mutex<BTreeMap<String, Watcher>>,
     /// Woken whenever a peer is released: its fd is free again, so an
     /// accept loop starved of fds may retry at once.
     released: Notify,
@@ -310,7 +318,7 @@ impl Hub {
 
     async fn removed(self: &Arc<Self>, name: &str) {
         if let Some(watcher) = self.watchers.lock().ok().and_then(|mut w| w.remove(name)) {
-            watcher.abort();
+            watcher.task.abort();
         }
         let path = server_path(name);
         for (id, peer) in self.snapshot() {
@@ -324,7 +332,10 @@ impl Hub {
         }
     }
 
-    /// (Re)starts forwarding the status changes of server `name`.
+    /// Forwards the status changes of server `name`. A unit that keeps its
+    /// supervisor (a change applied in place or by a restart) keeps its
+    /// watcher: a new one would start from the current status and miss a
+    /// change made between the apply and now (a tool filter's new list).
     fn watch(self: &Arc<Self>, name: &str) {
         let Ok(unit) = self.shared.unit(name) else {
             return;
@@ -332,6 +343,14 @@ impl Hub {
         let Some(supervisor) = unit.supervisor else {
             return;
         };
+        let status = supervisor.subscribe();
+        let same = self.watchers.lock().ok().is_some_and(|w| {
+            w.get(name)
+                .is_some_and(|old| old.status.same_channel(&status) && !old.task.is_finished())
+        });
+        if same {
+            return;
+        }
         let hub = Arc::downgrade(self);
         let owned = name.to_owned();
         let task = tokio::spawn(async move {
@@ -348,9 +367,9 @@ impl Hub {
             }
         });
         if let Ok(mut watchers) = self.watchers.lock()
-            && let Some(old) = watchers.insert(name.to_owned(), task)
+            && let Some(old) = watchers.insert(name.to_owned(), Watcher { task, status })
         {
-            old.abort();
+            old.task.abort();
         }
     }
 }
@@ -358,8 +377,8 @@ impl Hub {
 impl Drop for Hub {
     fn drop(&mut self) {
         if let Ok(watchers) = self.watchers.get_mut() {
-            for (_, task) in std::mem::take(watchers) {
-                task.abort();
+            for (_, watcher) in std::mem::take(watchers) {
+                watcher.task.abort();
             }
         }
     }

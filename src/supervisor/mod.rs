@@ -115,6 +115,10 @@ impl fmt::Display for CallError {
 
 impl std::error::Error for CallError {}
 
+/// How long a finished call waits for its caller's identity (for the log)
+/// before it answers anyway.
+pub const CALLER_GRACE: Duration = Duration::from_millis(100);
+
 /// A handle to one server's supervisor. Cheap to clone.
 #[derive(Debug, Clone)]
 pub struct Supervisor {
@@ -186,7 +190,8 @@ impl Supervisor {
 
     /// Calls a tool on the current generation for `caller` (resolved while
     /// the call runs: finding a bus client's credentials is a round trip of
-    /// its own; a call that ends first is logged with what is known). Fails at once, naming the state, retry and next retry
+    /// its own; a call that ends first waits for it at most
+    /// [`CALLER_GRACE`]). Fails at once, naming the state, retry and next retry
     /// time, when the server is not running. Every call is counted and
     /// logged ([`accounting`]).
     pub async fn call_tool(
@@ -214,6 +219,15 @@ impl Supervisor {
                 result = &mut call => break result,
             }
         };
+        if !known {
+            // The lookup is local (SO_PEERCRED) or cached for a bus client
+            // after its first call: it is done within moments, and a call
+            // that ended first (a server that is not running) waits for
+            // it that long at most.
+            if let Ok(who) = tokio::time::timeout(CALLER_GRACE, &mut caller).await {
+                record.caller = who;
+            }
+        }
         record.finish(match &result {
             Ok(r) if r.is_error == Some(true) => accounting::Outcome::ErrorResult,
             Ok(_) => accounting::Outcome::Ok,
