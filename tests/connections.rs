@@ -503,17 +503,7 @@ fn a_caller_that_disconnects_mid_call_cancels_it() {
     let base = fds(d.pid());
     let rt = tokio::runtime::Runtime::new().expect("runtime");
     let conn = rt.block_on(async {
-        let stream = UnixStream::connect(&socket).expect("connect");
-        let conn = zbus::connection::Builder::unix_stream(stream)
-            .p2p()
-            .build()
-            .await
-            .expect("handshake");
-        let server = mcpd::dbus::ServerProxy::builder(&conn)
-            .path(mcpd::dbus::server_path("demo"))
-            .build()
-            .await
-            .expect("proxy");
+        let (conn, server) = crate::helper::private_server(&socket, "demo").await;
         tokio::spawn(async move {
             // Never answered: the connection closes under it.
             let _call = server.call_tool("hang", "{}").await;

@@ -788,18 +788,8 @@ fn a_tool_filter_hides_and_refuses_tools_and_changes_in_place() {
     let rt = tokio::runtime::Runtime::new().expect("runtime");
     let signalled = rt.block_on(async {
         tokio::time::timeout(Duration::from_secs(30), async {
-            let stream = std::os::unix::net::UnixStream::connect(runtime.join("mcpd/private"))
-                .expect("connect");
-            let conn = zbus::connection::Builder::unix_stream(stream)
-                .p2p()
-                .build()
-                .await
-                .expect("handshake");
-            let server = mcpd::dbus::ServerProxy::builder(&conn)
-                .path(mcpd::dbus::server_path("demo"))
-                .build()
-                .await
-                .expect("proxy");
+            let (_conn, server) =
+                crate::helper::private_server(&runtime.join("mcpd/private"), "demo").await;
             let mut changes = server.receive_tool_list_changed().await.expect("subscribe");
             std::fs::write(
                 tmp.path().join("demo.kdl"),

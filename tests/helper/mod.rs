@@ -96,6 +96,26 @@ pub fn bridge(
     (child, io)
 }
 
+/// A peer-to-peer D-Bus connection to the private socket at `socket`, and
+/// the proxy of server `name` on it.
+pub async fn private_server(
+    socket: &Path,
+    name: &str,
+) -> (zbus::Connection, mcpd::dbus::ServerProxy<'static>) {
+    let stream = std::os::unix::net::UnixStream::connect(socket).expect("connect");
+    let conn = zbus::connection::Builder::unix_stream(stream)
+        .p2p()
+        .build()
+        .await
+        .expect("handshake");
+    let server = mcpd::dbus::ServerProxy::builder(&conn)
+        .path(mcpd::dbus::server_path(name))
+        .build()
+        .await
+        .expect("proxy");
+    (conn, server)
+}
+
 /// Runs a command to completion with no stdin.
 pub fn run(cmd: &mut Command) -> Output {
     cmd.stdin(std::process::Stdio::null())
