@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 mod common;
 
 use common::{Mode, Row, print_table, rss_kib, stats};
-use mcpd::supervisor::launch::{BoxFuture, GenClient, Launched, Launcher};
+use mcpd::supervisor::launch::{BoxFuture, Launched, Launcher};
 use mcpd::supervisor::machine::{ExitStatus, Gen, Signal};
 use mcpd::supervisor::process::Host;
 use mcpd::supervisor::{LogRing, State, Supervisor, SystemLauncher};
@@ -67,17 +67,12 @@ struct Timing {
 }
 
 impl Launcher for Timing {
-    fn launch(
-        &self,
-        spec: &UnitSpec,
-        generation: Gen,
-        client: GenClient,
-    ) -> Result<Launched, String> {
+    fn launch(&self, spec: &UnitSpec, generation: Gen) -> Result<Launched, String> {
         self.launched
             .lock()
             .expect("lock")
             .push((generation, Instant::now()));
-        let mut launched = self.inner.launch(spec, generation, client)?;
+        let mut launched = self.inner.launch(spec, generation)?;
         if let Some(exit) = launched.exit.take() {
             let reaped = Arc::clone(&self.reaped);
             let wrapped: BoxFuture<ExitStatus> = Box::pin(async move {

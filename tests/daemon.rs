@@ -310,10 +310,12 @@ fn the_units_roots_answer_the_servers_roots_list() {
         String::from_utf8_lossy(&out.stdout).trim().to_owned()
     };
     assert_eq!(roots("rooted"), "file:///srv/repo file:///srv/docs/");
-    assert_eq!(
-        roots("plain"),
-        "no roots capability",
-        "without `roots` mcpd declares none"
+    // Without `roots` the question goes to a host session that declared
+    // the capability: a D-Bus call has none.
+    let plain = roots("plain");
+    assert!(
+        plain.starts_with("roots/list failed") && plain.contains("no host is attached"),
+        "{plain}"
     );
 
     // Roots are declared at initialize: a new list restarts the server.

@@ -9,3 +9,4 @@
 //! cached lists through outages) is being built on top of it (issue 14).
 
 pub mod route;
+pub mod wire;

@@ -143,6 +143,11 @@ pub enum Out {
     /// The upstream is not established: answer the host's request `id`
     /// with the outage error (state and next retry, DESIGN §3).
     Down { host: HostId, id: Value },
+    /// The server's answer to mcpd's own request [`Router::request`] `id`.
+    Answer(u64, Value),
+    /// mcpd's own request `id` gets no answer: the upstream is not
+    /// established, or ended.
+    Unanswered(u64),
 }
 
 /// Who is waiting for the answer to an upstream request.
@@ -155,6 +160,8 @@ enum Owner {
     /// mcpd's own request (a replayed subscription, an aggregated level):
     /// the answer goes nowhere.
     Mcpd,
+    /// mcpd's own request whose answer it waits for ([`Out::Answer`]).
+    Own,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -178,6 +185,8 @@ struct Host {
     level: Option<Level>,
     /// When this host last sent a request (a router-wide sequence number).
     last_call: u64,
+    /// Its requests in flight upstream.
+    busy: usize,
 }
 
 /// The routing state of one unit's host sessions.
@@ -261,6 +270,47 @@ impl Router {
         out.push(Out::Server(
             json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params}),
         ));
+    }
+
+    /// mcpd's own request `method` upstream, whose answer comes back as
+    /// [`Out::Answer`] with the returned id (or [`Out::Unanswered`]).
+    pub fn request(&mut self, method: &str, params: Value) -> (u64, Out) {
+        let id = self.fresh_id();
+        if !self.up {
+            return (id, Out::Unanswered(id));
+        }
+        self.pending.insert(
+            id,
+            Pending {
+                owner: Owner::Own,
+                token: None,
+            },
+        );
+        let msg = json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params});
+        (id, Out::Server(msg))
+    }
+
+    /// mcpd no longer waits for its own request `id`: the server is told
+    /// to stop working on it.
+    pub fn cancel(&mut self, id: u64) -> Vec<Out> {
+        match self.pending.get(&id) {
+            Some(Pending {
+                owner: Owner::Own, ..
+            }) => {
+                self.forget(id);
+                vec![Out::Server(json!({
+                    "jsonrpc": "2.0",
+                    "method": "notifications/cancelled",
+                    "params": {"requestId": id, "reason": "the caller left"},
+                }))]
+            }
+            _ => Vec::new(),
+        }
+    }
+
+    /// How many requests of host `host` are in flight upstream.
+    pub fn in_flight(&self, host: HostId) -> usize {
+        self.hosts.get(&host).map_or(0, |h| h.busy)
     }
 
     /// The most verbose level any host asked for.
@@ -427,6 +477,9 @@ impl Router {
                 ours
             });
         self.inflight.insert((host, id.to_string()), up_id);
+        if let Some(h) = self.hosts.get_mut(&host) {
+            h.busy += 1;
+        }
         self.pending.insert(
             up_id,
             Pending {
@@ -467,6 +520,9 @@ impl Router {
         }
         if let Owner::Host { host, id } = &pending.owner {
             self.inflight.remove(&(*host, id.to_string()));
+            if let Some(h) = self.hosts.get_mut(host) {
+                h.busy = h.busy.saturating_sub(1);
+            }
         }
         Some(pending)
     }
@@ -483,13 +539,13 @@ impl Router {
         match (method(&msg).map(str::to_owned), id) {
             (None, Some(id)) => {
                 let Some(up) = id.as_u64() else { return out };
-                if let Some(Pending {
-                    owner: Owner::Host { host, id },
-                    ..
-                }) = self.forget(up)
-                {
-                    msg["id"] = id;
-                    out.push(Out::Host(host, msg));
+                match self.forget(up).map(|p| p.owner) {
+                    Some(Owner::Host { host, id }) => {
+                        msg["id"] = id;
+                        out.push(Out::Host(host, msg));
+                    }
+                    Some(Owner::Own) => out.push(Out::Answer(up, msg)),
+                    Some(Owner::Mcpd) | None => {}
                 }
             }
             (Some(name), Some(id)) => self.server_request(&name, id, msg, &mut out),
@@ -506,7 +562,7 @@ impl Router {
             .values()
             .filter_map(|p| match &p.owner {
                 Owner::Host { host, .. } => Some(*host),
-                Owner::Mcpd => None,
+                Owner::Mcpd | Owner::Own => None,
             })
             .collect();
         let capable = |h: &HostId| {
@@ -682,22 +738,27 @@ impl Router {
     /// now, server→client requests are void.
     pub fn upstream_lost(&mut self) -> Vec<Out> {
         self.up = false;
-        let mut failed: Vec<(HostId, Value)> = self
-            .pending
-            .drain()
-            .filter_map(|(_, p)| match p.owner {
-                Owner::Host { host, id } => Some((host, id)),
-                Owner::Mcpd => None,
-            })
-            .collect();
+        let mut failed: Vec<(HostId, Value)> = Vec::new();
+        let mut own: Vec<u64> = Vec::new();
+        for (up, p) in self.pending.drain() {
+            match p.owner {
+                Owner::Host { host, id } => failed.push((host, id)),
+                Owner::Own => own.push(up),
+                Owner::Mcpd => {}
+            }
+        }
         failed.sort_by_key(|(host, id)| (*host, id.to_string()));
+        own.sort_unstable();
         self.inflight.clear();
         self.tokens.clear();
+        for h in self.hosts.values_mut() {
+            h.busy = 0;
+        }
         let mut asked: Vec<(HostId, u64)> = self.asked.drain().map(|(key, _)| key).collect();
         asked.sort_unstable();
-        failed
-            .into_iter()
-            .map(|(host, id)| Out::Down { host, id })
+        own.into_iter()
+            .map(Out::Unanswered)
+            .chain(failed.into_iter().map(|(host, id)| Out::Down { host, id }))
             // Questions the server asked hosts are void: say so, so no
             // dialog waits for an answer that would be dropped.
             .chain(asked.into_iter().map(|(host, down)| {

@@ -2,6 +2,7 @@
 //! server and logged at info with who made it, its outcome and duration,
 //! never its arguments.
 
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
@@ -64,22 +65,22 @@ impl std::fmt::Display for Outcome {
 /// One call being made: counted and logged when finished, or when dropped
 /// unfinished (abandoned).
 #[derive(Debug)]
-pub(crate) struct Record<'a> {
-    server: &'a str,
-    tool: &'a str,
-    counters: &'a Counters,
+pub(crate) struct Record {
+    server: Arc<str>,
+    tool: String,
+    counters: Arc<Counters>,
     /// Who called, once known.
     pub(crate) caller: Caller,
     started: Instant,
     done: bool,
 }
 
-impl<'a> Record<'a> {
-    pub(crate) fn new(server: &'a str, tool: &'a str, counters: &'a Counters) -> Self {
+impl Record {
+    pub(crate) fn new(server: &Arc<str>, tool: &str, counters: &Arc<Counters>) -> Self {
         Self {
-            server,
-            tool,
-            counters,
+            server: Arc::clone(server),
+            tool: tool.to_owned(),
+            counters: Arc::clone(counters),
             caller: Caller::default(),
             started: Instant::now(),
             done: false,
@@ -90,8 +91,8 @@ impl<'a> Record<'a> {
         self.done = true;
         self.counters.record(outcome == Outcome::Ok);
         log_call(
-            self.server,
-            self.tool,
+            &self.server,
+            &self.tool,
             self.caller,
             &outcome,
             self.started.elapsed(),
@@ -99,7 +100,7 @@ impl<'a> Record<'a> {
     }
 }
 
-impl Drop for Record<'_> {
+impl Drop for Record {
     fn drop(&mut self) {
         if !self.done {
             self.finish(Outcome::Abandoned);

@@ -11,18 +11,20 @@
 use std::collections::{HashMap, VecDeque};
 use std::time::{Duration, Instant, SystemTime};
 
-use rmcp::Peer;
-use rmcp::RoleClient;
-use rmcp::model::{CallToolRequestParams, CallToolResult, JsonObject, Tool};
-use rmcp::service::ClientCacheConfig;
-use rmcp::service::{QuitReason, RunningServiceCancellationToken, ServiceError};
+use std::sync::Arc;
+
+use rmcp::model::{CallToolResult, JsonObject};
+use serde_json::{Value, json};
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio::task::JoinHandle;
 
 use crate::unit::UnitSpec;
 
-use super::launch::{Client, ConnectError, GenClient, SharedLauncher, transport_error_text};
+use super::accounting::Counters;
+use super::launch::{ConnectError, SharedLauncher};
 use super::machine::{Effect, Event, Gen, Machine, State, Timer, ToolList, View};
+use super::sessions::Sessions;
+use super::upstream::{self, Handshake};
 use super::{CallError, Status};
 
 /// What the handle asks of the actor.
@@ -50,7 +52,7 @@ pub(crate) enum Command {
 pub(crate) enum Internal {
     Connected {
         generation: Gen,
-        result: Result<(Box<Client>, Vec<Tool>), ConnectError>,
+        result: Result<Box<Handshake>, ConnectError>,
     },
     Closed {
         generation: Gen,
@@ -65,17 +67,16 @@ pub(crate) enum Internal {
     },
     Synced {
         generation: Gen,
-        result: Result<Vec<Tool>, String>,
+        result: Result<Vec<Value>, String>,
     },
 }
 
-/// A generation's live resources.
+/// A generation's live resources (its connection, once established,
+/// belongs to the host sessions).
 #[derive(Default)]
 struct Resources {
     pid: Option<u32>,
     connect: Option<JoinHandle<()>>,
-    peer: Option<Peer<RoleClient>>,
-    cancel: Option<RunningServiceCancellationToken>,
 }
 
 pub(crate) struct Actor {
@@ -90,6 +91,8 @@ pub(crate) struct Actor {
     internal_rx: mpsc::UnboundedReceiver<Internal>,
     /// The read model, for every subscriber.
     status: watch::Sender<Status>,
+    /// The host sessions, and the established generation's connection.
+    sessions: Sessions,
     gens: HashMap<Gen, Resources>,
     /// The one tool sync in flight, if any.
     sync: Option<(Gen, JoinHandle<()>)>,
@@ -135,17 +138,6 @@ pub(crate) fn status_of(view: &View, clock: &Clock) -> Status {
     view.clone().at(|at| clock.wall(at))
 }
 
-/// When a request failed because the connection is gone, why.
-fn broken_connection(e: &ServiceError) -> Option<String> {
-    match e {
-        ServiceError::TransportSend(e) => {
-            Some(format!("request failed: {}", transport_error_text(e)))
-        }
-        ServiceError::TransportClosed => Some("the server closed the connection".into()),
-        _ => None,
-    }
-}
-
 /// Waits for the machine's deadline; returns which timer it was.
 async fn sleep_until(deadline: Option<(Timer, Instant)>) -> Timer {
     match deadline {
@@ -157,15 +149,6 @@ async fn sleep_until(deadline: Option<(Timer, Instant)>) -> Timer {
     }
 }
 
-fn describe_quit(reason: &Result<QuitReason, tokio::task::JoinError>) -> String {
-    match reason {
-        Ok(QuitReason::Closed) => "the server closed the connection".into(),
-        Ok(QuitReason::Cancelled) => "the connection was closed by mcpd".into(),
-        Ok(QuitReason::JoinError(e)) | Err(e) => format!("the connection task failed: {e}"),
-        Ok(other) => format!("the connection ended: {other:?}"),
-    }
-}
-
 impl Actor {
     pub(crate) fn new(
         name: &str,
@@ -173,10 +156,20 @@ impl Actor {
         launcher: SharedLauncher,
         commands: mpsc::UnboundedReceiver<Command>,
         status: watch::Sender<Status>,
+        counters: Arc<Counters>,
     ) -> Self {
         let (internal_tx, internal_rx) = mpsc::unbounded_channel();
         let machine = Machine::new(name, &spec, now());
+        let sessions = Sessions::spawn(
+            name,
+            status.subscribe(),
+            internal_tx.clone(),
+            counters,
+            spec.tool_filter().clone(),
+            spec.roots().to_vec(),
+        );
         Self {
+            sessions,
             name: name.to_owned(),
             spec,
             machine,
@@ -192,6 +185,11 @@ impl Actor {
             last_logged: None,
             clock: Clock::new(),
         }
+    }
+
+    /// The handle to this unit's host sessions.
+    pub(crate) fn sessions(&self) -> Sessions {
+        self.sessions.clone()
     }
 
     pub(crate) async fn run(mut self) {
@@ -217,9 +215,6 @@ impl Actor {
         }
         // Quiescent: no generation is active; drop whatever is left.
         for (_, res) in self.gens.drain() {
-            if let Some(cancel) = res.cancel {
-                cancel.cancel();
-            }
             if let Some(connect) = res.connect {
                 connect.abort();
             }
@@ -233,6 +228,8 @@ impl Actor {
             Command::Restart => self.step(Event::Restart).await,
             Command::Apply { spec, restart } => {
                 self.spec = (*spec).clone();
+                self.sessions
+                    .configure(spec.tool_filter().clone(), spec.roots().to_vec());
                 self.step(Event::Apply { spec, restart }).await;
             }
             Command::Call {
@@ -255,11 +252,7 @@ impl Actor {
         timeout: Duration,
         reply: oneshot::Sender<Result<CallToolResult, CallError>>,
     ) {
-        let current = self.machine.established().and_then(|generation| {
-            let peer = self.gens.get(&generation)?.peer.clone()?;
-            Some((generation, peer))
-        });
-        let Some((generation, peer)) = current else {
+        if self.machine.established().is_none() {
             let view = self.machine.view();
             let _ = reply.send(Err(CallError::NotRunning {
                 server: self.name.clone(),
@@ -291,37 +284,36 @@ impl Actor {
             }));
             return;
         }
-        let events = self.internal_tx.clone();
+        let sessions = self.sessions.clone();
         tokio::spawn(async move {
             let mut reply = reply;
-            let mut params = CallToolRequestParams::new(name);
+            let mut params = json!({"name": name});
             if let Some(arguments) = arguments {
-                params = params.with_arguments(arguments);
+                params["arguments"] = Value::Object(arguments);
             }
             let call = tokio::select! {
-                call = tokio::time::timeout(timeout, peer.call_tool(params)) => call,
+                call = tokio::time::timeout(timeout, sessions.request("tools/call", params)) => call,
                 // The caller is gone (a D-Bus client that disconnected):
                 // dropping the call sends the server `notifications/cancelled`.
                 () = reply.closed() => return,
             };
             let result = match call {
                 Err(_) => Err(CallError::Timeout(timeout)),
-                Ok(Ok(result)) => Ok(result),
-                Ok(Err(ServiceError::McpError(e))) => Err(CallError::Rejected {
-                    code: e.code.0,
-                    message: e.message.into_owned(),
-                }),
-                Ok(Err(e)) => match broken_connection(&e) {
-                    // The connection is broken, not the call: an HTTP
-                    // transport reports nothing else when its server dies.
-                    Some(error) => {
-                        let _ = events.send(Internal::Closed {
-                            generation,
-                            error: error.clone(),
-                        });
-                        Err(CallError::Failed(error))
-                    }
-                    None => Err(CallError::Failed(e.to_string())),
+                Ok(Err(why)) => Err(CallError::Failed(why)),
+                Ok(Ok(mut answer)) => match answer.get_mut("result").map(Value::take) {
+                    Some(result) => serde_json::from_value::<CallToolResult>(result).map_err(|e| {
+                        CallError::Failed(format!("the answer is not a tool result: {e}"))
+                    }),
+                    None => Err(CallError::Rejected {
+                        code: answer["error"]["code"]
+                            .as_i64()
+                            .and_then(|c| i32::try_from(c).ok())
+                            .unwrap_or(0),
+                        message: answer["error"]["message"]
+                            .as_str()
+                            .unwrap_or("an error without a message")
+                            .to_owned(),
+                    }),
                 },
             };
             let _ = reply.send(result);
@@ -331,34 +323,33 @@ impl Actor {
     async fn internal(&mut self, event: Internal) {
         match event {
             Internal::Connected { generation, result } => match result {
-                Ok((client, tools)) => {
+                Ok(handshake) => {
                     if self.machine.current() != Some(generation) {
-                        // Too late: that generation is already being taken down.
-                        client.cancellation_token().cancel();
+                        // Too late: that generation is already being taken
+                        // down (dropping the handshake closes its wire).
                         return;
                     }
-                    let client = *client;
-                    let res = self.gens.entry(generation).or_default();
-                    res.peer = Some(client.peer().clone());
-                    res.cancel = Some(client.cancellation_token());
-                    let instructions = client
-                        .peer_info()
-                        .and_then(|info| info.instructions.clone());
-                    let tx = self.internal_tx.clone();
-                    tokio::spawn(async move {
-                        let reason = client.waiting().await;
-                        let _ = tx.send(Internal::Closed {
-                            generation,
-                            error: describe_quit(&reason),
-                        });
-                    });
+                    let Handshake {
+                        wire,
+                        init,
+                        tools,
+                        dirty,
+                    } = *handshake;
+                    let instructions = init["instructions"].as_str().map(str::to_owned);
                     self.step(Event::Established {
                         generation,
-                        tools: ToolList::from(tools),
+                        tools: ToolList::from_values(tools),
                         instructions,
                     })
                     .await;
-                    self.resync_if_dirty(generation);
+                    if self.machine.established() == Some(generation) {
+                        // Hosts are answered from the published lists: they
+                        // must be out before the sessions see the server.
+                        self.publish();
+                        self.sessions.up(generation, wire, init);
+                        self.sync_dirty |= dirty;
+                        self.resync_if_dirty(generation);
+                    }
                 }
                 Err(ConnectError::Closed(error)) => {
                     self.step(Event::Closed { generation, error }).await;
@@ -391,12 +382,17 @@ impl Actor {
                 if self.sync.as_ref().is_some_and(|(g, _)| *g == generation) {
                     self.sync = None;
                 }
-                if let Ok(tools) = result {
-                    self.step(Event::ToolsSynced {
-                        generation,
-                        tools: ToolList::from(tools),
-                    })
-                    .await;
+                match result {
+                    Ok(tools) => {
+                        self.step(Event::ToolsSynced {
+                            generation,
+                            tools: ToolList::from_values(tools),
+                        })
+                        .await;
+                    }
+                    Err(e) => {
+                        tracing::warn!(target: "mcpd::supervisor", mcpd_server = %self.name, generation, "re-reading the tool list failed: {e}");
+                    }
                 }
                 self.resync_if_dirty(generation);
             }
@@ -412,20 +408,10 @@ impl Actor {
     }
 
     fn start_sync(&mut self, generation: Gen) {
-        let Some(peer) = self.gens.get(&generation).and_then(|r| r.peer.clone()) else {
-            return;
-        };
+        let sessions = self.sessions.clone();
         let tx = self.internal_tx.clone();
         let task = tokio::spawn(async move {
-            let result = match peer.list_all_tools().await {
-                Ok(tools) => Ok(tools),
-                Err(e) => {
-                    if let Some(error) = broken_connection(&e) {
-                        let _ = tx.send(Internal::Closed { generation, error });
-                    }
-                    Err(e.to_string())
-                }
-            };
+            let result = sessions.list_all("tools/list", "tools").await;
             let _ = tx.send(Internal::Synced { generation, result });
         });
         self.sync = Some((generation, task));
@@ -446,34 +432,15 @@ impl Actor {
         match effect {
             Effect::Spawn { generation } => {
                 self.sync_dirty = false;
-                let client = GenClient::new(
-                    generation,
-                    self.internal_tx.clone(),
-                    self.spec.roots().to_vec(),
-                );
-                match self.launcher.launch(&self.spec, generation, client) {
+                match self.launcher.launch(&self.spec, generation) {
                     Ok(launched) => {
                         let tx = self.internal_tx.clone();
                         let connect = launched.connect;
+                        let roots = self.spec.roots().to_vec();
                         let task = tokio::spawn(async move {
                             let result = async {
-                                let client = connect.await?;
-                                // rmcp caches list answers and, by default,
-                                // serves a stale list when a re-fetch fails:
-                                // a supervisor must see the failure.
-                                client
-                                    .peer()
-                                    .set_response_cache_config(ClientCacheConfig::disabled())
-                                    .await;
-                                let tools = client.list_all_tools().await.map_err(|e| {
-                                    let message = format!("tools/list failed: {e}");
-                                    if matches!(e, ServiceError::TransportClosed) {
-                                        ConnectError::Closed(message)
-                                    } else {
-                                        ConnectError::Failed(message)
-                                    }
-                                })?;
-                                Ok((Box::new(client), tools))
+                                let wire = connect.await?;
+                                upstream::handshake(wire, &roots).await.map(Box::new)
                             }
                             .await;
                             let _ = tx.send(Internal::Connected { generation, result });
@@ -490,7 +457,6 @@ impl Actor {
                             Resources {
                                 pid: launched.pid,
                                 connect: Some(task),
-                                ..Resources::default()
                             },
                         );
                         queue.push_back(Event::Spawned {
@@ -507,13 +473,10 @@ impl Actor {
                 }
             }
             Effect::Disconnect { generation } => {
-                // Quiesce: cancel the client and wait for the generation's
-                // in-flight connect and sync to finish.
+                // Quiesce: close the connection and wait for the
+                // generation's in-flight connect and sync to finish.
+                self.sessions.down(generation);
                 if let Some(res) = self.gens.get_mut(&generation) {
-                    res.peer = None;
-                    if let Some(cancel) = res.cancel.take() {
-                        cancel.cancel();
-                    }
                     if let Some(connect) = res.connect.take() {
                         connect.abort();
                         let _ = connect.await;

@@ -8,33 +8,29 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 
-use rmcp::model::{ClientCapabilities, ClientConfig, Implementation};
-use rmcp::service::{NotificationContext, RunningService};
 use rmcp::transport::StreamableHttpClientTransport;
-use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
-use rmcp::{ClientHandler, RoleClient, ServiceExt};
+use rmcp::transport::streamable_http_client::{
+    StreamableHttpClientTransportConfig, StreamableHttpError,
+};
 use tokio::io::AsyncBufReadExt;
-use tokio::sync::mpsc;
+use tokio::net::unix::pipe;
 
-use super::transport::StdioTransport;
+use crate::mux::wire::{Wire, error_chain};
 use crate::unit::{HttpSpec, StdioSpec, Transport, UnitSpec};
 
-use super::actor::Internal;
 use super::logs::LogRing;
 use super::machine::{ExitStatus, Gen, Signal};
 use super::process::{self, Host};
 
 pub type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send + 'static>>;
 
-/// A connected MCP client of one generation.
-pub type Client = RunningService<RoleClient, GenClient>;
-
 /// A started generation.
 pub struct Launched {
     /// The process (group leader) of a stdio generation.
     pub pid: Option<u32>,
-    /// Resolves once `initialize` has completed.
-    pub connect: BoxFuture<Result<Client, ConnectError>>,
+    /// Resolves to the connection to the server (the handshake is the
+    /// supervisor's).
+    pub connect: BoxFuture<Result<Wire, ConnectError>>,
     /// Resolves once the process is reaped; None when there is no process.
     pub exit: Option<BoxFuture<ExitStatus>>,
 }
@@ -64,136 +60,28 @@ impl ConnectError {
             ConnectError::Closed(m) | ConnectError::Failed(m) => m,
         }
     }
-
-    /// From rmcp's handshake error over HTTP: a failed request says why
-    /// (refused, 401, TLS); the transport's own error chain is kept, the
-    /// wrapper's type names are not.
-    pub fn initialize_http(e: &rmcp::service::ClientInitializeError) -> Self {
-        ConnectError::Failed(match e {
-            rmcp::service::ClientInitializeError::TransportError { error, .. } => {
-                format!("initialize failed: {}", transport_error_text(error))
-            }
-            other => format!("initialize failed: {other}"),
-        })
-    }
-
-    /// From rmcp's handshake error over a pipe: failing to write is a hang-up.
-    pub fn initialize(e: &rmcp::service::ClientInitializeError) -> Self {
-        match e {
-            // Reading EOF or writing into a closed pipe: the server hung up.
-            rmcp::service::ClientInitializeError::ConnectionClosed(_)
-            | rmcp::service::ClientInitializeError::TransportError { .. } => {
-                ConnectError::Closed("the server closed the connection during initialize".into())
-            }
-            other => ConnectError::Failed(format!("initialize failed: {other}")),
-        }
-    }
 }
 
-/// What went wrong in a transport, without rmcp's wrapper type names.
-pub fn transport_error_text(error: &rmcp::transport::DynamicTransportError) -> String {
-    use rmcp::transport::streamable_http_client::StreamableHttpError;
+/// What went wrong in an HTTP request, without rmcp's wrapper type names.
+pub fn http_error_text(error: &StreamableHttpError<reqwest::Error>) -> String {
     // rmcp wraps the HTTP client's error without exposing it as a source;
     // unwrap it to reach "connection refused" and the like.
-    let text = match error
-        .error
-        .downcast_ref::<StreamableHttpError<reqwest::Error>>()
-    {
-        Some(StreamableHttpError::Client(inner)) => chain(inner),
-        _ => chain(error.error.as_ref()),
+    let text = match error {
+        StreamableHttpError::Client(inner) => error_chain(inner),
+        other => error_chain(other),
     };
     text.trim_end_matches([':', ' ']).to_owned()
 }
 
-/// An error and its causes, `a: b: c`, skipping causes already quoted.
-fn chain(error: &(dyn std::error::Error + 'static)) -> String {
-    let mut message = error.to_string();
-    let mut source = error.source();
-    while let Some(cause) = source {
-        let text = cause.to_string();
-        if !message.contains(&text) {
-            message.push_str(": ");
-            message.push_str(&text);
-        }
-        source = cause.source();
-    }
-    message
-}
-
 /// Starts generations and signals their processes.
 pub trait Launcher: Send + Sync + 'static {
-    /// Starts generation `generation` of `spec`; `client` is the handler its MCP
-    /// client must use. An error means nothing was started.
-    fn launch(
-        &self,
-        spec: &UnitSpec,
-        generation: Gen,
-        client: GenClient,
-    ) -> Result<Launched, String>;
+    /// Starts generation `generation` of `spec`. An error means nothing
+    /// was started.
+    fn launch(&self, spec: &UnitSpec, generation: Gen) -> Result<Launched, String>;
     /// Signals the process group led by `pid`.
     fn signal(&self, pid: u32, signal: Signal);
     /// The process `pid` was reaped: clean up what is left of its group.
     fn reaped(&self, pid: u32);
-}
-
-/// The rmcp client handler of one generation: forwards
-/// `notifications/tools/list_changed` to the actor, tagged with the generation.
-#[derive(Debug, Clone)]
-pub struct GenClient {
-    generation: Gen,
-    events: mpsc::UnboundedSender<Internal>,
-    /// The unit's `roots`: declared, and answered to `roots/list`.
-    roots: Vec<String>,
-}
-
-impl GenClient {
-    pub(crate) fn new(
-        generation: Gen,
-        events: mpsc::UnboundedSender<Internal>,
-        roots: Vec<String>,
-    ) -> Self {
-        Self {
-            generation,
-            events,
-            roots,
-        }
-    }
-}
-
-impl ClientHandler for GenClient {
-    async fn on_tool_list_changed(&self, _context: NotificationContext<RoleClient>) {
-        let _ = self.events.send(Internal::ListChanged {
-            generation: self.generation,
-        });
-    }
-
-    fn get_info(&self) -> ClientConfig {
-        let mut capabilities = ClientCapabilities::default();
-        if !self.roots.is_empty() {
-            #[allow(deprecated)]
-            let roots = rmcp::model::RootsCapabilities::default();
-            capabilities.roots = Some(roots);
-        }
-        ClientConfig::new(
-            capabilities,
-            Implementation::new("mcpd", env!("CARGO_PKG_VERSION")),
-        )
-    }
-
-    // Roots are deprecated by the newest MCP revision (SEP-2577) but are what
-    // servers speaking 2025-06-18 and 2025-11-25 ask for.
-    #[allow(deprecated)]
-    async fn list_roots(
-        &self,
-        _context: rmcp::service::RequestContext<RoleClient>,
-    ) -> Result<rmcp::model::ListRootsResult, rmcp::ErrorData> {
-        Ok(rmcp::model::ListRootsResult::new(
-            self.roots
-                .iter()
-                .map(|uri| rmcp::model::Root::new(uri.clone()))
-                .collect(),
-        ))
-    }
 }
 
 /// Launches real children and HTTP sessions.
@@ -214,12 +102,7 @@ impl SystemLauncher {
         }
     }
 
-    fn stdio(
-        &self,
-        spec: &StdioSpec,
-        generation: Gen,
-        client: GenClient,
-    ) -> Result<Launched, String> {
+    fn stdio(&self, spec: &StdioSpec, generation: Gen) -> Result<Launched, String> {
         let plan = process::plan(spec, &self.host, &|var| std::env::var_os(var))?;
         let mut child = process::spawn(&plan)
             .map_err(|e| format!("cannot start {}: {e}", plan.program.display()))?;
@@ -229,8 +112,15 @@ impl SystemLauncher {
         else {
             return Err("child has no stdio pipes".into());
         };
-        let transport = StdioTransport::new(stdout, stdin)
-            .map_err(|e| format!("cannot read the server's stdout: {e}"))?;
+        let pipes = stdout
+            .into_owned_fd()
+            .and_then(pipe::Receiver::from_owned_fd)
+            .and_then(|read| {
+                let write = pipe::Sender::from_owned_fd(stdin.into_owned_fd()?)?;
+                Ok((read, write))
+            });
+        let (read, write) = pipes.map_err(|e| format!("cannot use the server's pipes: {e}"))?;
+        let wire = Wire::lines(read, write);
         let name = self.name.clone();
         let logs = self.logs.clone();
         tokio::spawn(async move {
@@ -251,12 +141,7 @@ impl SystemLauncher {
                 }
             }
         });
-        let connect: BoxFuture<Result<Client, ConnectError>> = Box::pin(async move {
-            client
-                .serve(transport)
-                .await
-                .map_err(|e| ConnectError::initialize(&e))
-        });
+        let connect: BoxFuture<Result<Wire, ConnectError>> = Box::pin(async move { Ok(wire) });
         let exit: BoxFuture<ExitStatus> = Box::pin(async move {
             use std::os::unix::process::ExitStatusExt;
             match child.wait().await {
@@ -276,7 +161,7 @@ impl SystemLauncher {
         })
     }
 
-    fn http(&self, spec: &HttpSpec, client: GenClient) -> Result<Launched, String> {
+    fn http(&self, spec: &HttpSpec) -> Result<Launched, String> {
         install_crypto_provider();
         let mut headers = std::collections::HashMap::new();
         for (name, value) in spec.headers() {
@@ -290,12 +175,8 @@ impl SystemLauncher {
         let config = StreamableHttpClientTransportConfig::with_uri(spec.url().as_str())
             .custom_headers(headers);
         let transport = StreamableHttpClientTransport::from_config(config);
-        let connect: BoxFuture<Result<Client, ConnectError>> = Box::pin(async move {
-            client
-                .serve(transport)
-                .await
-                .map_err(|e| ConnectError::initialize_http(&e))
-        });
+        let wire = Wire::transport(transport, http_error_text);
+        let connect: BoxFuture<Result<Wire, ConnectError>> = Box::pin(async move { Ok(wire) });
         Ok(Launched {
             pid: None,
             connect,
@@ -313,15 +194,10 @@ fn install_crypto_provider() {
 }
 
 impl Launcher for SystemLauncher {
-    fn launch(
-        &self,
-        spec: &UnitSpec,
-        generation: Gen,
-        client: GenClient,
-    ) -> Result<Launched, String> {
+    fn launch(&self, spec: &UnitSpec, generation: Gen) -> Result<Launched, String> {
         match spec.transport() {
-            Transport::Stdio(stdio) => self.stdio(stdio, generation, client),
-            Transport::Http(http) => self.http(http, client),
+            Transport::Stdio(stdio) => self.stdio(stdio, generation),
+            Transport::Http(http) => self.http(http),
         }
     }
 

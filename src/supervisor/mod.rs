@@ -5,9 +5,11 @@
 //! published [`Status`]; only the actor changes a server's state.
 //!
 //! Reading order: [`machine`] (the pure state machine: every rule of DESIGN
-//! §3), `actor` (the task that runs it), [`launch`] (children, sessions and
-//! their rmcp clients), [`process`] (environment, credentials, process
-//! groups), [`envfile`], [`logs`].
+//! §3), `actor` (the task that runs it), [`launch`] (children and HTTP
+//! sessions, as raw JSON-RPC wires), [`upstream`] (mcpd's handshake on a
+//! wire), `sessions` (the host sessions multiplexed onto the established
+//! wire), [`process`] (environment, credentials, process groups),
+//! [`envfile`], [`logs`].
 
 pub mod accounting;
 mod actor;
@@ -16,8 +18,9 @@ pub mod launch;
 pub mod logs;
 pub mod machine;
 pub mod process;
+mod sessions;
 pub mod tools;
-pub mod transport;
+pub mod upstream;
 
 use std::fmt;
 use std::sync::Arc;
@@ -122,7 +125,8 @@ pub const CALLER_GRACE: Duration = Duration::from_millis(100);
 /// A handle to one server's supervisor. Cheap to clone.
 #[derive(Debug, Clone)]
 pub struct Supervisor {
-    name: String,
+    name: Arc<str>,
+    sessions: sessions::Sessions,
     commands: mpsc::UnboundedSender<Command>,
     status: watch::Receiver<Status>,
     logs: LogRing,
@@ -145,15 +149,25 @@ impl Supervisor {
             &actor::Clock::new(),
         );
         let (status_tx, status_rx) = watch::channel(initial);
-        let actor = Actor::new(name, spec, launcher, commands_rx, status_tx);
+        let counters = Arc::<Counters>::default();
+        let actor = Actor::new(
+            name,
+            spec,
+            launcher,
+            commands_rx,
+            status_tx,
+            Arc::clone(&counters),
+        );
+        let sessions = actor.sessions();
         let task = tokio::spawn(actor.run());
         (
             Self {
-                name: name.to_owned(),
+                name: Arc::from(name),
+                sessions,
                 commands: commands_tx,
                 status: status_rx,
                 logs,
-                counters: Arc::default(),
+                counters,
             },
             task,
         )
@@ -254,6 +268,17 @@ impl Supervisor {
             return Err(gone());
         }
         answer.await.unwrap_or_else(|_| Err(gone()))
+    }
+
+    /// A new host session (DESIGN §8) on `stream`, a connected stream
+    /// socket speaking newline-delimited JSON-RPC, made by `caller`.
+    pub fn attach(&self, stream: tokio::net::UnixStream, caller: Caller) {
+        self.sessions.attach(stream, caller);
+    }
+
+    /// How many host sessions are attached.
+    pub fn sessions(&self) -> usize {
+        self.sessions.count()
     }
 
     /// The server's call counters.

@@ -11,6 +11,7 @@ use std::fmt;
 use std::sync::Arc;
 
 use rmcp::model::Tool;
+use serde_json::Value;
 
 /// The tools a generation published; cheap to clone, empty without an
 /// allocation. Equal lists have equal JSON.
@@ -27,12 +28,28 @@ struct Compact {
 impl ToolList {
     /// Keeps `tools` as JSON; `tools` itself is dropped by the caller.
     pub fn new(tools: &[Tool]) -> Self {
+        // `Tool`s are JSON values with string keys: serializing cannot fail.
+        Self::from_values(
+            tools
+                .iter()
+                .map(|t| serde_json::to_value(t).expect("tools serialize to JSON"))
+                .collect(),
+        )
+    }
+
+    /// The tools as the server sent them (every field kept, known to mcpd
+    /// or not); entries without a string `name` are not tools and are
+    /// dropped.
+    pub fn from_values(mut tools: Vec<Value>) -> Self {
+        tools.retain(|t| t.get("name").is_some_and(Value::is_string));
         if tools.is_empty() {
             return Self(None);
         }
-        // `Tool`s are JSON values with string keys: serializing cannot fail.
-        let json = serde_json::to_string(tools).expect("tools serialize to JSON");
-        let names = tools.iter().map(|t| Box::from(t.name.as_ref())).collect();
+        let names = tools
+            .iter()
+            .map(|t| Box::from(t["name"].as_str().unwrap_or_default()))
+            .collect();
+        let json = Value::Array(tools).to_string();
         Self(Some(Arc::new(Compact {
             names,
             json: json.into_boxed_str(),
@@ -69,18 +86,36 @@ impl ToolList {
         if self.names().all(&keep) {
             return self.clone();
         }
-        let kept: Vec<Tool> = self.tools().into_iter().filter(|t| keep(&t.name)).collect();
-        ToolList::new(&kept)
+        let mut kept = self.values();
+        kept.retain(|t| keep(t["name"].as_str().unwrap_or_default()));
+        ToolList::from_values(kept)
     }
 
-    /// The tools, parsed again.
+    /// The tools as JSON values, parsed again.
+    pub fn values(&self) -> Vec<Value> {
+        // Written by `from_values` from an array: it reads back.
+        serde_json::from_str(self.json()).unwrap_or_default()
+    }
+
+    /// The tools in rmcp's model (for D-Bus); a tool rmcp cannot read is
+    /// left out, and logged.
     pub fn tools(&self) -> Vec<Tool> {
-        // The JSON was written from `Tool`s by `new`, so it reads back; a
-        // D-Bus getter must not panic if rmcp ever disagrees with itself.
-        serde_json::from_str(self.json()).unwrap_or_else(|e| {
-            tracing::error!(target: "mcpd::supervisor", "a published tool list does not read back: {e}");
-            Vec::new()
-        })
+        self.values()
+            .into_iter()
+            .filter_map(|t| match serde_json::from_value::<Tool>(t) {
+                Ok(tool) => Some(tool),
+                Err(e) => {
+                    tracing::warn!(target: "mcpd::supervisor", "a tool the server listed does not fit the MCP schema: {e}");
+                    None
+                }
+            })
+            .collect()
+    }
+}
+
+impl From<Vec<Value>> for ToolList {
+    fn from(tools: Vec<Value>) -> Self {
+        Self::from_values(tools)
     }
 }
 
@@ -136,6 +171,16 @@ mod tests {
             "shared, not copied"
         );
         assert!(list.filtered(|_| false).is_empty());
+    }
+
+    #[test]
+    fn fields_mcpd_does_not_know_are_kept_and_nameless_entries_dropped() {
+        let list = ToolList::from_values(vec![
+            serde_json::json!({"name": "a", "inputSchema": {"type": "object"}, "x-future": [1, 2]}),
+            serde_json::json!({"description": "no name"}),
+        ]);
+        assert_eq!(list.len(), 1);
+        assert_eq!(list.values()[0]["x-future"], serde_json::json!([1, 2]));
     }
 
     #[test]

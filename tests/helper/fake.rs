@@ -7,7 +7,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use mcpd::supervisor::launch::{BoxFuture, ConnectError, GenClient, Launched, Launcher};
+use mcpd::mux::wire::{Stream, Wire};
+use mcpd::supervisor::launch::{BoxFuture, ConnectError, Launched, Launcher};
 use mcpd::supervisor::machine::{ExitStatus, Gen, Signal};
 use mcpd::unit::UnitSpec;
 use rmcp::model::{
@@ -212,12 +213,7 @@ impl Fake {
 }
 
 impl Launcher for Fake {
-    fn launch(
-        &self,
-        _spec: &UnitSpec,
-        generation: Gen,
-        client: GenClient,
-    ) -> Result<Launched, String> {
+    fn launch(&self, _spec: &UnitSpec, generation: Gen) -> Result<Launched, String> {
         let mut state = self.state.lock().expect("lock");
         state.launches.push(generation);
         let plan = state.plans.pop_front().unwrap_or(Plan::Serve);
@@ -255,13 +251,9 @@ impl Launcher for Fake {
                 },
             );
         }
-        let connect: BoxFuture<Result<mcpd::supervisor::launch::Client, ConnectError>> =
-            Box::pin(async move {
-                client
-                    .serve(tokio::io::split(client_io))
-                    .await
-                    .map_err(|e| ConnectError::initialize(&e))
-            });
+        let (read, write) = tokio::io::split(client_io);
+        let wire = Wire::lines(Stream(read), write);
+        let connect: BoxFuture<Result<Wire, ConnectError>> = Box::pin(async move { Ok(wire) });
         Ok(Launched {
             pid: Some(pid),
             connect,

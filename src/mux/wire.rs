@@ -1,0 +1,425 @@
+//! JSON-RPC on the wire, as `serde_json::Value`s: the framing of stdio
+//! (newline-delimited messages) shared by the upstream pipes and the host
+//! sessions' sockets, and [`Wire`], a connection to a server that carries
+//! whatever JSON-RPC it says, unknown methods and fields included.
+//!
+//! A reader holds no buffer while its peer is idle: it waits for the
+//! descriptor to become readable before it takes one, and releases it once
+//! every buffered line is handled (with one connection per server and one
+//! per host session, 8 KiB kept per idle connection would dominate the
+//! daemon's memory).
+
+use std::io;
+
+use serde_json::Value;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::sync::mpsc;
+use tokio_util::bytes::BytesMut;
+
+/// The most a single message (one line) may hold.
+pub const MAX_LINE: usize = 16 * 1024 * 1024;
+
+/// How much a read takes at once.
+const CHUNK: usize = 8 * 1024;
+
+/// Something lines are read from.
+pub trait Source: Send + 'static {
+    /// Appends what can be read now to `buf` (waiting until something
+    /// can); `Ok(0)` at end of file.
+    fn fill(&mut self, buf: &mut BytesMut) -> impl Future<Output = io::Result<usize>> + Send;
+}
+
+macro_rules! readable_source {
+    ($t:ty) => {
+        impl Source for $t {
+            async fn fill(&mut self, buf: &mut BytesMut) -> io::Result<usize> {
+                loop {
+                    self.readable().await?;
+                    buf.reserve(CHUNK);
+                    match self.try_read_buf(buf) {
+                        Ok(n) => return Ok(n),
+                        Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                            if buf.is_empty() {
+                                *buf = BytesMut::new();
+                            }
+                        }
+                        Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                        Err(e) => return Err(e),
+                    }
+                }
+            }
+        }
+    };
+}
+
+readable_source!(tokio::net::unix::pipe::Receiver);
+readable_source!(tokio::net::unix::OwnedReadHalf);
+
+/// Any byte stream (in-memory pipes in tests): holds a buffer while waiting.
+#[derive(Debug)]
+pub struct Stream<R>(pub R);
+
+impl<R: AsyncRead + Unpin + Send + 'static> Source for Stream<R> {
+    async fn fill(&mut self, buf: &mut BytesMut) -> io::Result<usize> {
+        buf.reserve(CHUNK);
+        let n = self.0.read_buf(buf).await?;
+        if buf.is_empty() {
+            *buf = BytesMut::new();
+        }
+        Ok(n)
+    }
+}
+
+/// One line read.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Frame {
+    /// A JSON object: a message (whether it is a valid one is for the
+    /// router to say).
+    Message(Value),
+    /// A line that is not a JSON object: why.
+    Garbage(String),
+    /// A line longer than [`MAX_LINE`] (dropped).
+    TooLong,
+}
+
+/// Reads newline-delimited JSON messages from a [`Source`].
+#[derive(Debug)]
+pub struct Lines<S> {
+    source: S,
+    /// Bytes read and not yet handled; empty (unallocated) when idle.
+    buf: BytesMut,
+    /// How far `buf` is known to hold no newline.
+    scanned: usize,
+    /// Dropping the rest of an oversized line.
+    discarding: bool,
+}
+
+impl<S: Source> Lines<S> {
+    pub fn new(source: S) -> Self {
+        Self {
+            source,
+            buf: BytesMut::new(),
+            scanned: 0,
+            discarding: false,
+        }
+    }
+
+    /// The next whole line in `buf` (newline included), if there is one.
+    fn take_line(&mut self) -> Option<BytesMut> {
+        let newline = self.buf[self.scanned..].iter().position(|b| *b == b'\n')?;
+        let line = self.buf.split_to(self.scanned + newline + 1);
+        self.scanned = 0;
+        if self.buf.is_empty() {
+            // Release the allocation the line shared.
+            self.buf = BytesMut::new();
+        }
+        Some(line)
+    }
+
+    /// The bytes allocated for reading (0 when idle).
+    pub fn buffered(&self) -> usize {
+        self.buf.capacity()
+    }
+
+    /// The next line; `None` at end of file or on a read error (any bytes
+    /// left are an incomplete last message).
+    pub async fn next(&mut self) -> Option<Frame> {
+        loop {
+            let Some(line) = self.take_line() else {
+                self.scanned = self.buf.len();
+                if self.discarding {
+                    self.buf = BytesMut::new();
+                    self.scanned = 0;
+                } else if self.buf.len() > MAX_LINE {
+                    self.discarding = true;
+                    self.buf = BytesMut::new();
+                    self.scanned = 0;
+                    return Some(Frame::TooLong);
+                }
+                match self.source.fill(&mut self.buf).await {
+                    Ok(0) => return None,
+                    Ok(_) => continue,
+                    Err(e) => {
+                        tracing::debug!("read failed: {e}");
+                        return None;
+                    }
+                }
+            };
+            if std::mem::take(&mut self.discarding) {
+                continue;
+            }
+            if line.len() > MAX_LINE + 1 {
+                return Some(Frame::TooLong);
+            }
+            let mut text: &[u8] = &line;
+            if let Some(rest) = text.strip_prefix("\u{feff}".as_bytes()) {
+                text = rest;
+            }
+            if text.iter().all(u8::is_ascii_whitespace) {
+                continue;
+            }
+            return Some(match serde_json::from_slice::<Value>(text) {
+                Ok(value @ Value::Object(_)) => Frame::Message(value),
+                Ok(Value::Array(_)) => {
+                    Frame::Garbage("JSON-RPC batches are not part of MCP (since 2025-06-18)".into())
+                }
+                Ok(_) => Frame::Garbage("expected a JSON-RPC message object".into()),
+                Err(e) => Frame::Garbage(format!("not JSON: {e}")),
+            });
+        }
+    }
+}
+
+/// A message as one line, newline included.
+pub fn line(message: &Value) -> Vec<u8> {
+    // A `Value` always serializes.
+    let mut bytes = serde_json::to_vec(message).unwrap_or_default();
+    bytes.push(b'\n');
+    bytes
+}
+
+/// An error and its sources, as one line.
+pub fn error_chain(error: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(e) = source {
+        let next = e.to_string();
+        if !text.contains(&next) {
+            text.push_str(": ");
+            text.push_str(&next);
+        }
+        source = e.source();
+    }
+    text
+}
+
+/// What a server connection reports.
+pub type Incoming = Result<Value, String>;
+
+/// A connection to a server carrying raw JSON-RPC: messages to the server
+/// on `tx` (dropping every sender closes the connection), messages from it
+/// on `rx`. The connection is gone when `rx` ends, or at an `Err`: a
+/// request that could not be sent, and why.
+#[derive(Debug)]
+pub struct Wire {
+    pub tx: mpsc::UnboundedSender<Value>,
+    pub rx: mpsc::UnboundedReceiver<Incoming>,
+}
+
+impl Wire {
+    /// Newline-delimited messages: read from `source`, written to `sink`.
+    /// Lines that are not messages are logged and dropped.
+    pub fn lines<S, W>(source: S, sink: W) -> Self
+    where
+        S: Source,
+        W: AsyncWrite + Unpin + Send + 'static,
+    {
+        let (tx, mut outgoing) = mpsc::unbounded_channel::<Value>();
+        let (incoming, rx) = mpsc::unbounded_channel();
+        // The writer reports a failed write without keeping the connection
+        // open once the reader has seen the end.
+        let reader_closed = incoming.downgrade();
+        tokio::spawn(async move {
+            let mut lines = Lines::new(source);
+            loop {
+                tokio::select! {
+                    frame = lines.next() => match frame {
+                        Some(Frame::Message(message)) => {
+                            if incoming.send(Ok(message)).is_err() {
+                                break;
+                            }
+                        }
+                        Some(Frame::Garbage(why)) => {
+                            tracing::debug!("ignoring a line from the server: {why}");
+                        }
+                        Some(Frame::TooLong) => tracing::error!(
+                            max_line_length = MAX_LINE,
+                            "a message from the server exceeded the maximum line length; discarding it"
+                        ),
+                        None => break,
+                    },
+                    // Nobody listens any more: stop reading.
+                    () = incoming.closed() => break,
+                }
+            }
+        });
+        tokio::spawn(async move {
+            let mut sink = sink;
+            while let Some(message) = outgoing.recv().await {
+                let bytes = line(&message);
+                let written = async {
+                    sink.write_all(&bytes).await?;
+                    sink.flush().await
+                };
+                if let Err(e) = written.await {
+                    // A closed pipe is the server going away: its reader
+                    // sees the end of file.
+                    if e.kind() != io::ErrorKind::BrokenPipe
+                        && let Some(incoming) = reader_closed.upgrade()
+                    {
+                        let _ = incoming.send(Err(format!("cannot write to the server: {e}")));
+                    }
+                    break;
+                }
+            }
+            // Closing the sink (the child's stdin) tells the server to go.
+            let _ = sink.shutdown().await;
+        });
+        Self { tx, rx }
+    }
+
+    /// Over an rmcp client transport (Streamable HTTP): messages are
+    /// converted to rmcp's types on the way, so only what rmcp's model
+    /// knows of a message reaches the server. `describe` words a failed
+    /// send (which ends the connection).
+    pub fn transport<T>(transport: T, describe: fn(&T::Error) -> String) -> Self
+    where
+        T: rmcp::transport::Transport<rmcp::RoleClient> + Send + 'static,
+    {
+        use rmcp::model::ClientJsonRpcMessage;
+        let (tx, mut outgoing) = mpsc::unbounded_channel::<Value>();
+        let (incoming, rx) = mpsc::unbounded_channel();
+        tokio::spawn(async move {
+            let mut transport = transport;
+            loop {
+                tokio::select! {
+                    message = outgoing.recv() => {
+                        let Some(message) = message else { break };
+                        let typed = match serde_json::from_value::<ClientJsonRpcMessage>(message.clone()) {
+                            Ok(typed) => typed,
+                            Err(e) => {
+                                // Answer a request rmcp cannot carry, so no
+                                // caller waits for it.
+                                if let (Some(id), Some(_)) = (message.get("id"), message.get("method")) {
+                                    let _ = incoming.send(Ok(serde_json::json!({
+                                        "jsonrpc": "2.0", "id": id,
+                                        "error": {"code": -32602, "message": format!("mcpd cannot send this request over HTTP: {e}")},
+                                    })));
+                                }
+                                continue;
+                            }
+                        };
+                        let send = transport.send(typed);
+                        let failed = incoming.clone();
+                        tokio::spawn(async move {
+                            if let Err(e) = send.await {
+                                let _ = failed.send(Err(describe(&e)));
+                            }
+                        });
+                    }
+                    message = transport.receive() => match message {
+                        Some(message) => match serde_json::to_value(&message) {
+                            Ok(value) => {
+                                if incoming.send(Ok(value)).is_err() {
+                                    break;
+                                }
+                            }
+                            Err(e) => tracing::debug!("ignoring a message from the server: {e}"),
+                        },
+                        None => break,
+                    },
+                }
+            }
+            let _ = transport.close().await;
+        });
+        Self { tx, rx }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::net::unix::pipe;
+
+    const PING: &str = r#"{"jsonrpc":"2.0","id":7,"method":"ping"}"#;
+
+    fn rig() -> (Lines<pipe::Receiver>, pipe::Sender) {
+        let (tx, rx) = pipe::pipe().expect("pipe");
+        (Lines::new(rx), tx)
+    }
+
+    fn ping() -> Frame {
+        Frame::Message(serde_json::from_str(PING).expect("JSON"))
+    }
+
+    #[tokio::test]
+    async fn a_message_split_across_reads_and_messages_sharing_a_read() {
+        let (mut lines, mut w) = rig();
+        let (head, tail) = PING.split_at(10);
+        w.write_all(head.as_bytes()).await.expect("write");
+        let rest = format!("{tail}\n{PING}\r\n");
+        let writer = tokio::spawn(async move {
+            tokio::task::yield_now().await;
+            w.write_all(rest.as_bytes()).await.expect("write");
+            w
+        });
+        assert_eq!(lines.next().await, Some(ping()));
+        assert_eq!(lines.next().await, Some(ping()));
+        assert_eq!(lines.buffered(), 0, "idle: no buffer held");
+        drop(writer.await.expect("writer"));
+        assert_eq!(lines.next().await, None, "end of file ends the stream");
+    }
+
+    #[tokio::test]
+    async fn garbage_is_reported_blank_lines_skipped_and_a_bom_allowed() {
+        let (mut lines, mut w) = rig();
+        let input = format!("not json\n\n   \n[1]\n\"x\"\n\u{feff}{PING}\n");
+        w.write_all(input.as_bytes()).await.expect("write");
+        assert!(
+            matches!(lines.next().await, Some(Frame::Garbage(why)) if why.starts_with("not JSON"))
+        );
+        assert!(matches!(lines.next().await, Some(Frame::Garbage(why)) if why.contains("batches")));
+        assert!(matches!(lines.next().await, Some(Frame::Garbage(why)) if why.contains("object")));
+        assert_eq!(lines.next().await, Some(ping()));
+    }
+
+    #[tokio::test]
+    async fn an_oversized_line_is_reported_once_and_the_next_message_arrives() {
+        let (mut lines, mut w) = rig();
+        let writer = tokio::spawn(async move {
+            let big = vec![b'x'; MAX_LINE + 10];
+            w.write_all(&big).await.expect("write");
+            w.write_all(format!("\n{PING}\n").as_bytes())
+                .await
+                .expect("write");
+            w
+        });
+        assert_eq!(lines.next().await, Some(Frame::TooLong));
+        assert_eq!(lines.next().await, Some(ping()));
+        assert!(lines.buffered() < MAX_LINE, "the long line was not kept");
+        drop(writer.await.expect("writer"));
+    }
+
+    #[tokio::test]
+    async fn a_wire_writes_one_line_per_message_and_closes_its_sink() {
+        let (server_out, client_in) = pipe::pipe().expect("pipe");
+        let (client_out, server_in) = pipe::pipe().expect("pipe");
+        let mut wire = Wire::lines(client_in, client_out);
+        let mut from_client = Lines::new(server_in);
+        wire.tx
+            .send(serde_json::json!({"jsonrpc": "2.0", "method": "x"}))
+            .expect("send");
+        assert!(matches!(from_client.next().await, Some(Frame::Message(m)) if m["method"] == "x"));
+        let mut server_out = server_out;
+        server_out
+            .write_all(format!("{PING}\n").as_bytes())
+            .await
+            .expect("write");
+        assert_eq!(
+            wire.rx.recv().await,
+            Some(Ok(serde_json::from_str(PING).expect("JSON")))
+        );
+        drop(wire.tx);
+        assert_eq!(
+            from_client.next().await,
+            None,
+            "closed once every sender is gone"
+        );
+        drop(server_out);
+        assert_eq!(
+            wire.rx.recv().await,
+            None,
+            "the server's end of file ends it"
+        );
+    }
+}
