@@ -1,211 +1,318 @@
-//! `mcpctl bridge NAME`: a stdio MCP server that forwards to a server the
-//! daemon manages, so any MCP host can use it by launching this command.
+//! `mcpctl bridge NAME`: `Attach()` plus a byte pump between stdin/stdout
+//! and the socket it returns, so any MCP host can use a managed server by
+//! launching this command (DESIGN §8).
 //!
-//! `tools/list` and `tools/call` go to the daemon over D-Bus; the daemon's
-//! `ToolsChanged` becomes `notifications/tools/list_changed`. While the
-//! managed server is in backoff, calls return the daemon's error as an
-//! `isError` result and the bridge stays up; when the daemon restarts, the
-//! bridge reconnects to it.
+//! The bridge copies lines; it reads of each message only its `id` and
+//! `method` (not its params or result), which is what it needs to survive
+//! a daemon restart: it keeps the host's `initialize` request, and
+//! remembers which of the host's requests are unanswered. When the daemon
+//! goes away, those requests are answered with an error at once; the bridge
+//! attaches again (backing off from 100 ms to 5 s, answering requests
+//! meanwhile with an error), replays the `initialize` exchange (the answer
+//! to the replay is not passed on) and tells the host the tools may have
+//! changed. The host notices nothing but the failed requests.
 
-use std::sync::Arc;
+use std::borrow::Cow;
+use std::collections::HashSet;
 use std::time::Duration;
 
-use futures_util::StreamExt;
-use rmcp::model::{
-    CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, Implementation,
-    ListToolsResult, PaginatedRequestParams, ServerCapabilities, ServerConfig, Tool,
-};
-use rmcp::service::RequestContext;
-use rmcp::{ErrorData, RoleServer, ServerHandler, ServiceExt};
-use tokio::sync::Mutex;
+use serde::Deserialize;
+use serde_json::Value;
+use serde_json::value::RawValue;
+use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncWrite, AsyncWriteExt, BufReader};
+use tokio::net::UnixStream;
+use tokio::net::unix::{OwnedReadHalf, OwnedWriteHalf};
 
-use crate::dbus::{Client, Error, ServerProxy};
+use crate::dbus::Client;
 use crate::unit::Instance;
 
 use super::client::CtlError;
 use super::exit;
 
-/// The daemon connection, replaced when the daemon restarts.
-struct Link {
-    _client: Client,
-    server: ServerProxy<'static>,
+/// The parts of a message the bridge looks at.
+#[derive(Deserialize)]
+struct Head<'a> {
+    #[serde(borrow)]
+    id: Option<&'a RawValue>,
+    #[serde(borrow)]
+    method: Option<Cow<'a, str>>,
+    #[serde(borrow)]
+    params: Option<&'a RawValue>,
 }
 
-#[derive(Clone)]
-struct Bridge {
-    name: String,
-    instance: Instance,
-    link: Arc<Mutex<Option<Link>>>,
-    /// The managed server's own `initialize` instructions.
-    instructions: String,
+/// An id as the daemon writes it back (compact JSON).
+fn id_key(id: &RawValue) -> Option<String> {
+    let id: Value = serde_json::from_str(id.get()).ok()?;
+    (!id.is_null()).then(|| id.to_string())
 }
 
-async fn connect(instance: Instance, name: &str) -> Result<Link, CtlError> {
+/// What the bridge knows of the host's session.
+#[derive(Debug, Default)]
+struct Session {
+    /// The host's `initialize` request, to replay after a re-attach.
+    initialize: Option<Vec<u8>>,
+    /// The id of a replayed `initialize`, whose answer the host must not see.
+    swallow: Option<String>,
+    /// The host's requests not answered yet.
+    pending: HashSet<String>,
+}
+
+impl Session {
+    /// A line from the host, on its way to the daemon.
+    fn host_line(&mut self, line: &[u8]) {
+        let Ok(head) = serde_json::from_slice::<Head>(line) else {
+            return;
+        };
+        match (head.method.as_deref(), head.id.and_then(id_key)) {
+            (Some(method), Some(id)) => {
+                if method == "initialize" {
+                    self.initialize = Some(line.to_vec());
+                }
+                self.pending.insert(id);
+            }
+            (Some("notifications/cancelled"), None) => {
+                // A cancelled request gets no answer.
+                let cancelled = head
+                    .params
+                    .and_then(|p| serde_json::from_str::<Value>(p.get()).ok())
+                    .map(|p| p["requestId"].to_string());
+                if let Some(id) = cancelled {
+                    self.pending.remove(&id);
+                }
+            }
+            _ => {}
+        }
+    }
+
+    /// A line from the daemon: whether the host gets it.
+    fn daemon_line(&mut self, line: &[u8]) -> bool {
+        let Ok(head) = serde_json::from_slice::<Head>(line) else {
+            return true;
+        };
+        if head.method.is_none()
+            && let Some(id) = head.id.and_then(id_key)
+        {
+            if self.swallow.as_ref() == Some(&id) {
+                self.swallow = None;
+                return false;
+            }
+            self.pending.remove(&id);
+        }
+        true
+    }
+
+    /// The daemon is gone: every unanswered request fails now.
+    fn lost(&mut self, why: &str) -> Vec<u8> {
+        let mut out = Vec::new();
+        for id in self.pending.drain() {
+            out.extend_from_slice(error_line(&id, why).as_bytes());
+        }
+        self.swallow = None;
+        out
+    }
+}
+
+fn error_line(id: &str, message: &str) -> String {
+    let message = Value::String(message.to_owned());
+    format!(
+        "{{\"jsonrpc\":\"2.0\",\"id\":{id},\"error\":{{\"code\":-32000,\"message\":{message}}}}}\n"
+    )
+}
+
+/// Attaches to server `name`: the session's socket (the D-Bus connection
+/// is not kept).
+async fn attach(instance: Instance, name: &str) -> Result<UnixStream, CtlError> {
     let client = Client::connect(instance).await?;
-    let server = client.server(name).await?;
-    Ok(Link {
-        _client: client,
-        server,
-    })
+    let fd = client.attach(name).await?;
+    let socket = std::os::unix::net::UnixStream::from(fd);
+    let failed = |e: std::io::Error| CtlError::failure(format!("cannot use the session: {e}"));
+    socket.set_nonblocking(true).map_err(failed)?;
+    UnixStream::from_std(socket).map_err(failed)
 }
 
-fn error_result(message: String) -> CallToolResponse {
-    CallToolResult::error(vec![ContentBlock::text(message)]).into()
-}
-
-impl Bridge {
-    /// The current link's proxy, connecting (again) if needed.
-    async fn server(&self) -> Result<ServerProxy<'static>, CtlError> {
-        let mut link = self.link.lock().await;
-        if link.is_none() {
-            *link = Some(connect(self.instance, &self.name).await?);
-        }
-        link.as_ref()
-            .map(|l| l.server.clone())
-            .ok_or_else(|| CtlError::failure("not connected"))
-    }
-
-    async fn forget(&self) {
-        *self.link.lock().await = None;
+/// Reads one line into `buf` (kept across cancellations: a partial line
+/// stays there); false at end of file or on an error.
+async fn read_line<R: AsyncRead + Unpin>(from: &mut BufReader<R>, buf: &mut Vec<u8>) -> bool {
+    match from.read_until(b'\n', buf).await {
+        Ok(0) | Err(_) => false,
+        Ok(_) => true,
     }
 }
 
-impl ServerHandler for Bridge {
-    fn get_info(&self) -> ServerConfig {
-        ServerConfig::new(
-            ServerCapabilities::builder()
-                .enable_tools()
-                .enable_tool_list_changed()
-                .build(),
-        )
-        .with_server_info(Implementation::new(
-            format!("mcpd:{}", self.name),
-            env!("CARGO_PKG_VERSION"),
-        ))
-        .with_instructions(self.instructions.clone())
-    }
+async fn write<W: AsyncWrite + Unpin>(to: &mut W, bytes: &[u8]) -> bool {
+    to.write_all(bytes).await.is_ok() && to.flush().await.is_ok()
+}
 
-    async fn list_tools(
-        &self,
-        _request: Option<PaginatedRequestParams>,
-        _context: RequestContext<RoleServer>,
-    ) -> Result<ListToolsResult, ErrorData> {
-        for attempt in 0..2 {
-            let server = self
-                .server()
-                .await
-                .map_err(|e| ErrorData::internal_error(e.message, None))?;
-            match server.list_tools().await {
-                Ok(json) => {
-                    let tools: Vec<Tool> = serde_json::from_str(&json).map_err(|e| {
-                        ErrorData::internal_error(format!("bad tool list from mcpd: {e}"), None)
-                    })?;
-                    return Ok(ListToolsResult::with_all_items(tools));
-                }
-                Err(e) if e.is_reply() => {
-                    return Err(ErrorData::internal_error(e.message(), None));
-                }
-                Err(e) if attempt == 1 => {
-                    return Err(ErrorData::internal_error(
-                        format!("mcpd: {}", e.message()),
-                        None,
-                    ));
-                }
-                // The daemon went away: reconnect once.
-                Err(_) => self.forget().await,
-            }
-        }
-        Err(ErrorData::internal_error("mcpd is not reachable", None))
-    }
+/// One attached session's halves.
+struct Attached {
+    read: BufReader<OwnedReadHalf>,
+    write: OwnedWriteHalf,
+}
 
-    async fn call_tool(
-        &self,
-        request: CallToolRequestParams,
-        _context: RequestContext<RoleServer>,
-    ) -> Result<CallToolResponse, ErrorData> {
-        let arguments = request
-            .arguments
-            .as_ref()
-            .map(|a| serde_json::Value::Object(a.clone()).to_string())
-            .unwrap_or_default();
-        for attempt in 0..2 {
-            let server = match self.server().await {
-                Ok(server) => server,
-                Err(e) => return Ok(error_result(format!("mcpd is not reachable: {e}"))),
-            };
-            match server.call_tool(&request.name, &arguments).await {
-                Ok(json) => {
-                    let result: CallToolResult = serde_json::from_str(&json).map_err(|e| {
-                        ErrorData::internal_error(format!("bad result from mcpd: {e}"), None)
-                    })?;
-                    return Ok(result.into());
-                }
-                Err(Error::InvalidArguments(message)) => {
-                    return Err(ErrorData::invalid_params(message, None));
-                }
-                // NotRunning, ToolFailed, AccessDenied: the daemon's words.
-                Err(e) if e.is_reply() => return Ok(error_result(e.message())),
-                Err(e) if attempt == 1 => {
-                    return Ok(error_result(format!(
-                        "mcpd is not reachable: {}",
-                        e.message()
-                    )));
-                }
-                Err(_) => self.forget().await,
-            }
+impl Attached {
+    fn new(socket: UnixStream) -> Self {
+        let (read, write) = socket.into_split();
+        Self {
+            read: BufReader::new(read),
+            write,
         }
-        Ok(error_result("mcpd is not reachable".into()))
     }
+}
+
+/// Attaches again after the daemon went away, and replays the host's
+/// `initialize` exchange on the new session (its answer is not passed on);
+/// the host is told the tools may have changed.
+async fn reattach<W: AsyncWrite + Unpin>(
+    instance: Instance,
+    name: &str,
+    session: &mut Session,
+    host_out: &mut W,
+) -> Result<Attached, String> {
+    let mut link = Attached::new(attach(instance, name).await.map_err(|e| e.message)?);
+    if let Some(init) = &session.initialize {
+        session.swallow = serde_json::from_slice::<Head>(init)
+            .ok()
+            .and_then(|h| h.id.and_then(id_key));
+        let initialized = b"{\"jsonrpc\":\"2.0\",\"method\":\"notifications/initialized\"}\n";
+        if !(write(&mut link.write, init).await && write(&mut link.write, initialized).await) {
+            return Err("the new session closed at once".into());
+        }
+        let changed = b"{\"jsonrpc\":\"2.0\",\"method\":\"notifications/tools/list_changed\"}\n";
+        // A host that is gone is noticed by the pump.
+        let _ = write(host_out, changed).await;
+    }
+    Ok(link)
 }
 
 /// Serves `name` on stdin/stdout until the host closes stdin.
 pub async fn run(instance: Instance, name: &str) -> Result<u8, CtlError> {
     // Fail early (exit 4) for a server that does not exist.
-    let first = connect(instance, name).await?;
-    let instructions = first.server.instructions().await.unwrap_or_default();
-    let instructions = if instructions.is_empty() {
-        format!("Tools of the MCP server \"{name}\", kept running by mcpd.")
-    } else {
-        instructions
-    };
-    let bridge = Bridge {
-        name: name.to_owned(),
-        instance,
-        link: Arc::new(Mutex::new(Some(first))),
-        instructions,
-    };
-    let service = bridge
-        .clone()
-        .serve(rmcp::transport::stdio())
-        .await
-        .map_err(|e| CtlError::failure(format!("MCP handshake with the host failed: {e}")))?;
-    let peer = service.peer().clone();
-    let forward = tokio::spawn(async move {
-        let mut delay = Duration::from_millis(100);
-        loop {
-            if let Ok(server) = bridge.server().await {
-                if let Ok(mut changes) = server.receive_tool_list_changed().await {
-                    delay = Duration::from_millis(100);
-                    while changes.next().await.is_some() {
-                        if peer.notify_tool_list_changed().await.is_err() {
-                            return;
+    let mut attached = Some(Attached::new(attach(instance, name).await?));
+    let mut host_in = BufReader::new(tokio::io::stdin());
+    let mut host_out = tokio::io::stdout();
+    let mut session = Session::default();
+    let mut from_host = Vec::new();
+    let mut from_daemon = Vec::new();
+    let mut delay = Duration::from_millis(100);
+    let mut complained = false;
+    loop {
+        let Some(link) = attached.as_mut() else {
+            // Detached: attach again when due, or at once for a request.
+            tokio::select! {
+                more = read_line(&mut host_in, &mut from_host) => {
+                    if !more {
+                        return Ok(exit::OK);
+                    }
+                    match reattach(instance, name, &mut session, &mut host_out).await {
+                        Ok(mut link) => {
+                            session.host_line(&from_host);
+                            if write(&mut link.write, &from_host).await {
+                                attached = Some(link);
+                            }
+                        }
+                        Err(why) => {
+                            session.host_line(&from_host);
+                            let failed = session.lost(&format!("mcpd is not reachable: {why}"));
+                            if !write(&mut host_out, &failed).await {
+                                return Ok(exit::OK);
+                            }
+                        }
+                    }
+                    from_host.clear();
+                }
+                () = tokio::time::sleep(delay) => {
+                    match reattach(instance, name, &mut session, &mut host_out).await {
+                        Ok(link) => attached = Some(link),
+                        Err(why) => {
+                            if !complained {
+                                eprintln!("mcpctl bridge: cannot attach to {name} again: {why}; retrying");
+                                complained = true;
+                            }
+                            delay = (delay * 2).min(Duration::from_secs(5));
                         }
                     }
                 }
-                // The daemon went away; after reconnecting the list may differ.
-                bridge.forget().await;
             }
-            tokio::time::sleep(delay).await;
-            delay = (delay * 2).min(Duration::from_secs(5));
-            if let Ok(server) = bridge.server().await
-                && server.name().await.is_ok()
-                && peer.notify_tool_list_changed().await.is_err()
-            {
-                return;
+            if attached.is_some() {
+                if complained {
+                    eprintln!("mcpctl bridge: attached to {name} again");
+                }
+                complained = false;
+                delay = Duration::from_millis(100);
+                from_daemon.clear();
+            }
+            continue;
+        };
+        tokio::select! {
+            more = read_line(&mut host_in, &mut from_host) => {
+                if !more {
+                    // The host is done: so is its session.
+                    let _ = link.write.shutdown().await;
+                    return Ok(exit::OK);
+                }
+                session.host_line(&from_host);
+                let sent = write(&mut link.write, &from_host).await;
+                from_host.clear();
+                if !sent {
+                    let failed = session.lost("the connection to mcpd was lost");
+                    attached = None;
+                    if !write(&mut host_out, &failed).await {
+                        return Ok(exit::OK);
+                    }
+                }
+            }
+            more = read_line(&mut link.read, &mut from_daemon) => {
+                if !more || !from_daemon.ends_with(b"\n") {
+                    // The daemon went away (restarted, or the unit was removed).
+                    let failed = session.lost("the connection to mcpd was lost");
+                    attached = None;
+                    from_daemon.clear();
+                    if !write(&mut host_out, &failed).await {
+                        return Ok(exit::OK);
+                    }
+                    continue;
+                }
+                let pass = session.daemon_line(&from_daemon);
+                if pass && !write(&mut host_out, &from_daemon).await {
+                    return Ok(exit::OK);
+                }
+                from_daemon.clear();
             }
         }
-    });
-    let _ = service.waiting().await;
-    forward.abort();
-    Ok(exit::OK)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn requests_are_pending_until_answered_and_failed_when_the_daemon_goes() {
+        let mut s = Session::default();
+        s.host_line(br#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{}}"#);
+        assert!(s.daemon_line(br#"{"jsonrpc":"2.0","id":1,"result":{}}"#));
+        s.host_line(br#"{"jsonrpc":"2.0","id":"a","method":"tools/call","params":{}}"#);
+        s.host_line(br#"{"jsonrpc":"2.0","id":2,"method":"tools/call"}"#);
+        s.host_line(
+            br#"{"jsonrpc":"2.0","method":"notifications/cancelled","params":{"requestId":2}}"#,
+        );
+        let failed = String::from_utf8(s.lost("gone")).expect("utf-8");
+        assert_eq!(
+            failed,
+            "{\"jsonrpc\":\"2.0\",\"id\":\"a\",\"error\":{\"code\":-32000,\"message\":\"gone\"}}\n"
+        );
+        assert!(s.pending.is_empty());
+        assert!(s.initialize.is_some(), "kept for the replay");
+    }
+
+    #[test]
+    fn the_answer_to_a_replayed_initialize_is_not_passed_on() {
+        let mut s = Session {
+            swallow: Some("1".into()),
+            ..Session::default()
+        };
+        assert!(!s.daemon_line(br#"{"jsonrpc":"2.0","id":1,"result":{}}"#));
+        assert!(s.daemon_line(br#"{"jsonrpc":"2.0","id":1,"result":{}}"#));
+        assert!(s.daemon_line(b"not json at all\n"), "copied, not judged");
+    }
 }

@@ -136,6 +136,13 @@ impl Client {
 
     /// The server `name` (`Error::NoSuchServer` if there is none), with
     /// property caching off: every read is the daemon's current value.
+    /// A new host session on server `name` (`Attach`): a stream socket
+    /// speaking MCP with the daemon, which outlives this client.
+    pub async fn attach(&self, name: &str) -> Result<std::os::fd::OwnedFd, Error> {
+        let fd = self.server(name).await?.attach().await?;
+        Ok(fd.into())
+    }
+
     pub async fn server(&self, name: &str) -> Result<ServerProxy<'static>, Error> {
         self.manager.get_server(name).await?;
         Ok(ServerProxy::builder(&self.conn)

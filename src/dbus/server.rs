@@ -316,6 +316,37 @@ impl Server {
         }
     }
 
+    /// A new host session (DESIGN §8): a connected stream socket on which
+    /// the caller speaks MCP (newline-delimited JSON-RPC) with mcpd, which
+    /// multiplexes it onto the server's one upstream session. Allowed as
+    /// `CallTool`; the session's calls are accounted to the caller.
+    async fn attach(
+        &self,
+        #[zbus(header)] header: Header<'_>,
+        #[zbus(connection)] conn: &Connection,
+    ) -> Result<zbus::OwnedFd, Error> {
+        authorize(&self.shared, conn, &header).await?;
+        let supervisor = self.supervisor()?;
+        let who = caller(&self.shared, conn, &header).await;
+        let failed = |e: std::io::Error| {
+            Error::ZBus(zbus::Error::Failure(format!(
+                "cannot make a socket for the session: {e}"
+            )))
+        };
+        let (ours, theirs) = std::os::unix::net::UnixStream::pair().map_err(failed)?;
+        ours.set_nonblocking(true).map_err(failed)?;
+        supervisor.attach(tokio::net::UnixStream::from_std(ours).map_err(failed)?, who);
+        Ok(std::os::fd::OwnedFd::from(theirs).into())
+    }
+
+    /// Host sessions attached now.
+    #[zbus(property(emits_changed_signal = "false"))]
+    fn sessions(&self) -> u32 {
+        self.shared
+            .supervisor(&self.name)
+            .map_or(0, |s| u32::try_from(s.sessions()).unwrap_or(u32::MAX))
+    }
+
     /// The last `n` lines the server wrote to stderr.
     fn recent_logs(&self, n: u32) -> Vec<String> {
         self.shared
@@ -424,6 +455,9 @@ pub mod client {
         fn list_tools(&self) -> Result<String, Error>;
         fn call_tool(&self, name: &str, arguments_json: &str) -> Result<String, Error>;
         fn recent_logs(&self, n: u32) -> Result<Vec<String>, Error>;
+        fn attach(&self) -> Result<zbus::OwnedFd, Error>;
+        #[zbus(property(emits_changed_signal = "false"))]
+        fn sessions(&self) -> Result<u32, Error>;
         #[zbus(signal, name = "ToolsChanged")]
         fn tool_list_changed(
             &self,

@@ -252,6 +252,9 @@ struct Host {
     caller: Caller,
     /// Answered its `initialize`.
     initialized: bool,
+    /// What it sent while its `initialize` waits for the first
+    /// generation, handled in order once it is answered.
+    held: Vec<Frame>,
     /// Its `tools/call`s in flight, by its request id (as JSON text).
     calls: HashMap<String, Record>,
 }
@@ -390,6 +393,7 @@ impl Task {
                 _kill: kill,
                 caller,
                 initialized: false,
+                held: Vec::new(),
                 calls: HashMap::new(),
             },
         );
@@ -536,6 +540,15 @@ impl Task {
             let text = self.down_text(None);
             for (host, id, _) in std::mem::take(&mut self.waiting) {
                 self.send(host, &error(&id, SERVER_DOWN, text.clone()));
+                // What it sent meanwhile is answered (as uninitialized).
+                let held = self
+                    .hosts
+                    .get_mut(&host)
+                    .map(|h| std::mem::take(&mut h.held))
+                    .unwrap_or_default();
+                for frame in held {
+                    self.on_host(host, frame);
+                }
             }
         }
     }
@@ -577,9 +590,20 @@ impl Task {
     }
 
     fn on_host(&mut self, host: HostId, frame: Frame) {
-        let Some(h) = self.hosts.get(&host) else {
+        let waiting = self.waiting.iter().any(|(h, _, _)| *h == host);
+        let Some(h) = self.hosts.get_mut(&host) else {
             return;
         };
+        if waiting {
+            // Pipelined behind its initialize (a bridge replaying one).
+            if h.held.len() < BACKLOG {
+                h.held.push(frame);
+            } else {
+                self.doomed
+                    .push((host, "it sent too much before its initialize was answered"));
+            }
+            return;
+        }
         let message = match frame {
             Frame::Message(message) => message,
             Frame::Garbage(why) => {
