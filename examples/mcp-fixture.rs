@@ -8,8 +8,12 @@
 //! the client cancels it), `fail {message}` (an `isError`
 //! result), `log {text}` (a line on stderr), `set_tools {tools}` (replaces the
 //! extra tools and sends `notifications/tools/list_changed`). Extra tools echo
-//! their `text` argument (an extra tool named `roots` reports the client's
-//! roots instead). `env` and `whoami` report how the server was started.
+//! their `text` argument; some names do more, for the host-session tests:
+//! `roots` reports the client's roots, `progress {steps}` sends that many
+//! progress notifications first, `sample {text}` asks the client for a
+//! sampling and returns its answer, `levels` sends one log message at each
+//! level, `touch {uri}` sends `notifications/resources/updated`. `env` and
+//! `whoami` report how the server was started.
 //!
 //! Behaviours at start are chosen by flags (see `--help`); every flag can also
 //! be given as an environment variable `MCP_FIXTURE_<FLAG>` (e.g.
@@ -197,12 +201,17 @@ fn text(s: impl Into<String>) -> Result<CallToolResponse, ErrorData> {
     Ok(CallToolResult::success(vec![Content::text(s)]).into())
 }
 
+// Logging and subscriptions are deprecated by SEP-2577, current in 2025-11-25.
+#[allow(deprecated)]
 impl ServerHandler for Fixture {
     fn get_info(&self) -> ServerConfig {
         ServerConfig::new(
             ServerCapabilities::builder()
                 .enable_tools()
                 .enable_tool_list_changed()
+                .enable_logging()
+                .enable_resources()
+                .enable_resources_subscribe()
                 .build(),
         )
         .with_server_info(Implementation::new(
@@ -233,6 +242,33 @@ impl ServerHandler for Fixture {
             page.next_cursor = Some(end.to_string());
         }
         Ok(page)
+    }
+
+    async fn set_level(
+        &self,
+        request: rmcp::model::SetLevelRequestParams,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<(), ErrorData> {
+        say(&format!("log level {:?}", request.level));
+        Ok(())
+    }
+
+    async fn subscribe(
+        &self,
+        request: rmcp::model::SubscribeRequestParams,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<(), ErrorData> {
+        say(&format!("subscribe {}", request.uri));
+        Ok(())
+    }
+
+    async fn unsubscribe(
+        &self,
+        request: rmcp::model::UnsubscribeRequestParams,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<(), ErrorData> {
+        say(&format!("unsubscribe {}", request.uri));
+        Ok(())
     }
 
     async fn call_tool(
@@ -333,6 +369,8 @@ impl ServerHandler for Fixture {
                 if known && other == "roots" {
                     // An extra tool named `roots` reports the client's roots.
                     text(roots_of(&context.peer).await)
+                } else if known && let Some(result) = special(other, &request, &context).await {
+                    result
                 } else if known {
                     text(get_text()?)
                 } else {
@@ -344,6 +382,88 @@ impl ServerHandler for Fixture {
             }
         }
     }
+}
+
+/// The extra tools that do more than echo (see the module docs). Logging,
+/// sampling and subscriptions are deprecated by SEP-2577 but current in
+/// 2025-11-25, which is what hosts speak.
+#[allow(deprecated)]
+async fn special(
+    name: &str,
+    request: &CallToolRequestParams,
+    context: &RequestContext<RoleServer>,
+) -> Option<Result<CallToolResponse, ErrorData>> {
+    use rmcp::model::{
+        CreateMessageRequestParams, LoggingLevel, LoggingMessageNotificationParam,
+        ProgressNotificationParam, ResourceUpdatedNotificationParam, SamplingMessage,
+    };
+    let peer = &context.peer;
+    Some(match name {
+        "progress" => {
+            let steps = arg(request, "steps").and_then(Value::as_u64).unwrap_or(3);
+            if let Some(token) = context.meta.get_progress_token() {
+                for step in 1..=steps {
+                    let param = ProgressNotificationParam::new(token.clone(), step as f64)
+                        .with_total(steps as f64);
+                    if let Err(e) = peer.notify_progress(param).await {
+                        say(&format!("cannot notify progress: {e}"));
+                    }
+                }
+            }
+            text(format!("{steps} steps"))
+        }
+        "sample" => {
+            let prompt = arg(request, "text").and_then(Value::as_str).unwrap_or("hi");
+            let params =
+                CreateMessageRequestParams::new(vec![SamplingMessage::user_text(prompt)], 10);
+            match peer.create_message(params).await {
+                Ok(answer) => text(
+                    serde_json::to_value(&answer.message.content)
+                        .ok()
+                        .and_then(|c| {
+                            c.get("text")
+                                .or_else(|| c.get(0).and_then(|c| c.get("text")))
+                                .and_then(Value::as_str)
+                                .map(str::to_owned)
+                        })
+                        .unwrap_or_default(),
+                ),
+                Err(e) => text(format!("sampling failed: {e}")),
+            }
+        }
+        "levels" => {
+            for level in [
+                LoggingLevel::Debug,
+                LoggingLevel::Info,
+                LoggingLevel::Notice,
+                LoggingLevel::Warning,
+                LoggingLevel::Error,
+                LoggingLevel::Critical,
+                LoggingLevel::Alert,
+                LoggingLevel::Emergency,
+            ] {
+                let param =
+                    LoggingMessageNotificationParam::new(level, json!(format!("{level:?}")));
+                if let Err(e) = peer.notify_logging_message(param).await {
+                    say(&format!("cannot log: {e}"));
+                }
+            }
+            text("8 levels")
+        }
+        "touch" => {
+            let uri = arg(request, "uri")
+                .and_then(Value::as_str)
+                .unwrap_or("fixture://a");
+            if let Err(e) = peer
+                .notify_resource_updated(ResourceUpdatedNotificationParam::new(uri))
+                .await
+            {
+                say(&format!("cannot notify: {e}"));
+            }
+            text(format!("touched {uri}"))
+        }
+        _ => return None,
+    })
 }
 
 /// "no roots capability", or the client's roots/list answer as URIs.

@@ -10,6 +10,7 @@ mod daemon;
 mod dbus;
 
 mod docs;
+mod fidelity;
 mod fixture;
 mod fuzz;
 mod interop;
@@ -18,6 +19,7 @@ mod packaging;
 mod reload;
 mod route;
 mod search;
+mod sessions;
 mod supervisor;
 mod unit_files;
 mod verify;

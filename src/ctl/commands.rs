@@ -62,6 +62,7 @@ struct Props {
     restarts: u32,
     calls: u64,
     failed_calls: u64,
+    sessions: u32,
     unit_path: String,
     load_error: String,
     tools: Vec<ToolRow>,
@@ -85,6 +86,7 @@ async fn props(server: &ServerProxy<'_>) -> Result<Props> {
         restarts: server.restarts().await.map_err(e)?,
         calls: server.calls().await.map_err(e)?,
         failed_calls: server.failed_calls().await.map_err(e)?,
+        sessions: server.sessions().await.map_err(e)?,
         unit_path: server.unit_path().await.map_err(e)?,
         load_error: server.load_error().await.map_err(e)?,
         tools: server.tools().await.map_err(e)?,
@@ -109,6 +111,7 @@ impl Props {
             "restarts": self.restarts,
             "calls": self.calls,
             "failed_calls": self.failed_calls,
+            "sessions": self.sessions,
             "unit_path": self.unit_path,
             "load_error": self.load_error,
             "tools": self.tools.iter().map(|t| t.name.clone()).collect::<Vec<_>>(),
@@ -229,8 +232,17 @@ fn write_block(
     } else {
         writeln!(out, "      Tools: {} ({shown}{more})", names.len())?;
     }
-    if p.calls != 0 {
-        writeln!(out, "      Calls: {} ({} failed)", p.calls, p.failed_calls)?;
+    let sessions = match p.sessions {
+        0 => String::new(),
+        1 => "; 1 session".to_owned(),
+        n => format!("; {n} sessions"),
+    };
+    if p.calls != 0 || p.sessions != 0 {
+        writeln!(
+            out,
+            "      Calls: {} ({} failed){sessions}",
+            p.calls, p.failed_calls
+        )?;
     }
     if !logs.is_empty() {
         writeln!(out)?;

@@ -25,7 +25,7 @@ pub const HOST_VERSIONS: [&str; 4] = ["2024-11-05", "2025-03-26", "2025-06-18", 
 pub fn client_capabilities() -> Value {
     json!({
         "sampling": {},
-        "elicitation": {},
+        "elicitation": {"form": {}, "url": {}},
         "roots": {"listChanged": true},
     })
 }

@@ -1,0 +1,90 @@
+//! The whole protocol through mcpd (DESIGN §8): what the official MCP
+//! Python SDK gets from the reference server
+//! (`@modelcontextprotocol/server-everything`, pinned in
+//! `tests/npm/package-lock.json`, installed by `.ci/run`) through
+//! `mcpctl bridge` is what it gets directly.
+
+use std::path::PathBuf;
+
+use rustix::process::Signal;
+use serde_json::Value;
+
+use crate::helper::{Daemon, mcpctl_user, root};
+
+/// The reference server's entry point.
+pub fn everything() -> PathBuf {
+    let path = root()
+        .join("target/npm/node_modules/@modelcontextprotocol/server-everything/dist/index.js");
+    assert!(
+        path.is_file(),
+        "{} is missing: .ci/run installs tests/npm (npm ci --prefix target/npm)",
+        path.display()
+    );
+    path
+}
+
+/// Runs `tests/data/fidelity.py` against `command`: every check's outcome.
+fn fidelity(command: &[&str], runtime: Option<&std::path::Path>) -> Value {
+    let mut cmd = std::process::Command::new("python3");
+    cmd.arg(root().join("tests/data/fidelity.py"))
+        .args(command)
+        .env("PYTHONWARNINGS", "ignore")
+        .env_remove("DBUS_SESSION_BUS_ADDRESS");
+    if let Some(runtime) = runtime {
+        cmd.env("XDG_RUNTIME_DIR", runtime);
+    }
+    let out = cmd.output().expect("python3");
+    assert!(
+        out.status.success(),
+        "stdout: {}\nstderr: {}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).expect("one JSON object")
+}
+
+#[test]
+fn the_python_sdk_gets_through_the_bridge_what_it_gets_directly() {
+    let server = everything();
+    let server = server.to_str().expect("utf-8 path");
+    let direct = fidelity(&["node", server, "stdio"], None);
+    // Every check passes directly (else the comparison proves nothing).
+    for (check, outcome) in direct.as_object().expect("object") {
+        assert!(
+            !outcome.as_str().is_some_and(|o| o.starts_with("error")),
+            "{check} fails even directly: {outcome}"
+        );
+    }
+    assert_eq!(
+        direct["tools"].as_array().map(Vec::len),
+        Some(17),
+        "{direct}"
+    );
+    assert_eq!(
+        direct["progress"]["steps"],
+        serde_json::json!([1.0, 2.0, 3.0])
+    );
+
+    let units = tempfile::tempdir().expect("tempdir");
+    std::fs::write(
+        units.path().join("everything.kdl"),
+        format!("stdio {{\n    command \"node\" \"{server}\" \"stdio\"\n}}\n"),
+    )
+    .expect("write");
+    let mut d = Daemon::user_no_bus(units.path(), &[]);
+    // The reference server adds its capability-gated tools after
+    // `initialized`: mcpd re-reads the list on its list_changed.
+    d.wait_until("17 tools", |d| {
+        let runtime = d.runtime_dir().expect("runtime");
+        let out = mcpctl_user(runtime, &["tools", "everything"]);
+        String::from_utf8_lossy(&out.stdout).lines().count() >= 17
+    });
+    let runtime = d.runtime_dir().expect("runtime").to_owned();
+    let mcpctl = env!("CARGO_BIN_EXE_mcpctl");
+    let bridged = fidelity(&[mcpctl, "--user", "bridge", "everything"], Some(&runtime));
+    for (check, outcome) in direct.as_object().expect("object") {
+        assert_eq!(&bridged[check], outcome, "{check} differs through mcpd");
+    }
+    assert_eq!(direct, bridged);
+    assert!(d.stop(Signal::TERM).success());
+}

@@ -1,0 +1,334 @@
+//! Host sessions sharing one server (DESIGN §8): several `mcpctl bridge`
+//! hosts (rmcp clients) on one fixture server, through the real daemon.
+// Sampling, logging and subscriptions are deprecated by SEP-2577 but are
+// current in 2025-11-25, which is what hosts speak.
+#![allow(deprecated)]
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use rmcp::model::{
+    CallToolRequestParams, ClientCapabilities, ClientConfig, CreateMessageRequestParams,
+    CreateMessageResult, Implementation, LoggingMessageNotificationParam,
+    ProgressNotificationParam, ResourceUpdatedNotificationParam,
+};
+use rmcp::service::{NotificationContext, RequestContext, RunningService};
+use rmcp::{ClientHandler, ErrorData, RoleClient, ServiceExt};
+use rustix::process::Signal;
+use serde_json::{Value, json};
+
+use crate::helper::{Daemon, mcpctl_user};
+
+/// What a host received.
+#[derive(Debug, Default)]
+struct Seen {
+    progress: Vec<(String, f64)>,
+    levels: Vec<String>,
+    updated: Vec<String>,
+}
+
+/// A host: answers sampling with its own label when it declared sampling.
+#[derive(Clone)]
+struct Host {
+    label: &'static str,
+    sampling: bool,
+    seen: Arc<Mutex<Seen>>,
+}
+
+impl Host {
+    fn new(label: &'static str, sampling: bool) -> Self {
+        Self {
+            label,
+            sampling,
+            seen: Arc::default(),
+        }
+    }
+
+    fn seen<T>(&self, f: impl FnOnce(&Seen) -> T) -> T {
+        f(&self.seen.lock().expect("lock"))
+    }
+}
+
+impl ClientHandler for Host {
+    fn get_info(&self) -> ClientConfig {
+        let capabilities: ClientCapabilities = serde_json::from_value(if self.sampling {
+            json!({"sampling": {}})
+        } else {
+            json!({})
+        })
+        .expect("capabilities");
+        ClientConfig::new(capabilities, Implementation::new(self.label, "1"))
+    }
+
+    async fn create_message(
+        &self,
+        _params: CreateMessageRequestParams,
+        _context: RequestContext<RoleClient>,
+    ) -> Result<CreateMessageResult, ErrorData> {
+        Ok(serde_json::from_value(json!({
+            "model": "test",
+            "role": "assistant",
+            "content": {"type": "text", "text": format!("answer from {}", self.label)},
+        }))
+        .expect("result"))
+    }
+
+    async fn on_progress(
+        &self,
+        params: ProgressNotificationParam,
+        _context: NotificationContext<RoleClient>,
+    ) {
+        let token = serde_json::to_value(&params.progress_token).expect("token");
+        self.seen.lock().expect("lock").progress.push((
+            token
+                .as_str()
+                .map_or_else(|| token.to_string(), str::to_owned),
+            params.progress,
+        ));
+    }
+
+    async fn on_logging_message(
+        &self,
+        params: LoggingMessageNotificationParam,
+        _context: NotificationContext<RoleClient>,
+    ) {
+        let level = serde_json::to_value(params.level).expect("level");
+        self.seen
+            .lock()
+            .expect("lock")
+            .levels
+            .push(level.as_str().unwrap_or_default().to_owned());
+    }
+
+    async fn on_resource_updated(
+        &self,
+        params: ResourceUpdatedNotificationParam,
+        _context: NotificationContext<RoleClient>,
+    ) {
+        self.seen.lock().expect("lock").updated.push(params.uri);
+    }
+}
+
+type Client = RunningService<RoleClient, Host>;
+
+fn call(name: &str, arguments: Value) -> CallToolRequestParams {
+    let Value::Object(arguments) = arguments else {
+        panic!("arguments must be an object")
+    };
+    CallToolRequestParams::new(name.to_owned()).with_arguments(arguments)
+}
+
+async fn text(client: &Client, name: &str, arguments: Value) -> String {
+    let result = client
+        .call_tool(call(name, arguments))
+        .await
+        .unwrap_or_else(|e| panic!("{name}: {e}"));
+    serde_json::to_value(&result.content).expect("json")[0]["text"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned()
+}
+
+/// Waits (bounded: 5 s) until `done` holds.
+async fn eventually(what: &str, done: impl Fn() -> bool) {
+    for _ in 0..500 {
+        if done() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("{what} did not happen within 5 s");
+}
+
+/// Waits until `done` holds for what `host` received.
+async fn until(host: &Host, what: &str, done: impl Fn(&Seen) -> bool) {
+    let what = format!("{}: {what}", host.label);
+    eventually(&what, || host.seen(&done)).await;
+}
+
+fn status(runtime: &std::path::Path) -> String {
+    String::from_utf8_lossy(&mcpctl_user(runtime, &["status", "shared"]).stdout).into_owned()
+}
+
+fn recent_logs(runtime: &std::path::Path) -> String {
+    let out = mcpctl_user(runtime, &["logs", "shared", "-n", "200"]);
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+#[test]
+fn three_hosts_share_one_server_and_each_gets_only_its_own() {
+    let units = tempfile::tempdir().expect("tempdir");
+    std::fs::write(
+        units.path().join("shared.kdl"),
+        "stdio {\n    command \"mcp-fixture\" \"--chatter\" \"0\" \"--tools\" \"progress,sample,levels,touch\"\n}\n",
+    )
+    .expect("write");
+    let mut d = Daemon::user_no_bus(units.path(), &[]);
+    d.wait_until("shared running", |d| d.latest_pid("shared").is_some());
+    let runtime = d.runtime_dir().expect("runtime").to_owned();
+    let pid = d.latest_pid("shared").expect("pid");
+
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    rt.block_on(async {
+        tokio::time::timeout(Duration::from_secs(90), async {
+            let (a, b, c) = (
+                Host::new("A", true),
+                Host::new("B", true),
+                Host::new("C", false),
+            );
+            let mut bridges = Vec::new();
+            let mut connect = async |host: &Host| {
+                let (child, io) = crate::helper::bridge(&runtime, "shared");
+                bridges.push(child);
+                host.clone().serve(io).await.expect("initialize")
+            };
+            let ca = connect(&a).await;
+            let cb = connect(&b).await;
+            let cc = connect(&c).await;
+            let shown = status(&runtime);
+            assert!(shown.contains("; 3 sessions"), "{shown}");
+
+            // Progress reaches only the caller, with its own token, even
+            // when two hosts use the same token at once.
+            let progress = |steps: u64| {
+                serde_json::from_value::<CallToolRequestParams>(json!({
+                    "name": "progress",
+                    "arguments": {"steps": steps},
+                    "_meta": {"progressToken": "same-token"},
+                }))
+                .expect("params")
+            };
+            let (ra, rb) = tokio::join!(ca.call_tool(progress(3)), cb.call_tool(progress(2)));
+            ra.expect("A's progress call");
+            rb.expect("B's progress call");
+            until(&a, "3 progress", |s| s.progress.len() == 3).await;
+            until(&b, "2 progress", |s| s.progress.len() == 2).await;
+            // (rmcp numbers its requests' progress tokens itself: both
+            // hosts used the same token at once.)
+            let tokens = |h: &Host| {
+                h.seen(|s| {
+                    s.progress
+                        .iter()
+                        .map(|(t, _)| t.clone())
+                        .collect::<std::collections::BTreeSet<_>>()
+                })
+            };
+            assert_eq!(tokens(&a).len(), 1, "{:?}", tokens(&a));
+            assert_eq!(
+                tokens(&a),
+                tokens(&b),
+                "the same token, each host its own progress"
+            );
+            assert!(c.seen(|s| s.progress.is_empty()));
+
+            // A sampling request caused by B's call is answered by B.
+            assert_eq!(
+                text(&cb, "sample", json!({"text": "q"})).await,
+                "answer from B"
+            );
+            assert_eq!(
+                text(&ca, "sample", json!({"text": "q"})).await,
+                "answer from A"
+            );
+            // C declared no sampling: the server gets an error naming why.
+            let refused = text(&cc, "sample", json!({"text": "q"})).await;
+            assert!(
+                refused.starts_with("sampling failed") && refused.contains("capability"),
+                "{refused}"
+            );
+            assert_eq!(
+                d.latest_pid("shared"),
+                Some(pid),
+                "the server keeps running"
+            );
+
+            // A's subscription delivers updates to A only.
+            ca.subscribe(rmcp::model::SubscribeRequestParams::new("fixture://a"))
+                .await
+                .expect("subscribe");
+            text(&cc, "touch", json!({"uri": "fixture://a"})).await;
+            until(&a, "the update", |s| s.updated == ["fixture://a"]).await;
+            // B and C would have it queued before this answer.
+            text(&cb, "echo", json!({"text": "sync"})).await;
+            text(&cc, "echo", json!({"text": "sync"})).await;
+            assert!(b.seen(|s| s.updated.is_empty()) && c.seen(|s| s.updated.is_empty()));
+
+            // Levels: A asks for debug, C for error; the server gets debug,
+            // C never sees anything below error.
+            let level = |l: &str| {
+                rmcp::model::SetLevelRequestParams::new(
+                    serde_json::from_value(json!(l)).expect("level"),
+                )
+            };
+            ca.set_level(level("debug")).await.expect("A's level");
+            cc.set_level(level("error")).await.expect("C's level");
+            text(&cb, "levels", json!({})).await;
+            until(&a, "8 levels", |s| s.levels.len() == 8).await;
+            until(&c, "4 levels", |s| s.levels.len() == 4).await;
+            text(&cc, "echo", json!({"text": "sync"})).await;
+            // (rmcp hands notifications to the handler concurrently.)
+            let mut levels = c.seen(|s| s.levels.clone());
+            levels.sort();
+            assert_eq!(levels, ["alert", "critical", "emergency", "error"]);
+
+            // 3 × 1,000 concurrent calls: every answer matches its request.
+            fn many<'a>(
+                client: &'a Client,
+                label: &'static str,
+            ) -> impl Future<Output = Vec<()>> + 'a {
+                let calls = (0..1000).map(move |i| {
+                    let want = format!("{label}-{i}");
+                    let request = client.call_tool(call("echo", json!({"text": want})));
+                    async move {
+                        let result = request.await.expect("echo");
+                        let got = serde_json::to_value(&result.content).expect("json")[0]["text"]
+                            .as_str()
+                            .unwrap_or_default()
+                            .to_owned();
+                        assert_eq!(got, want);
+                    }
+                });
+                futures_util::future::join_all(calls)
+            }
+            tokio::join!(many(&ca, "A"), many(&cb, "B"), many(&cc, "C"));
+
+            // A cancelled call is cancelled upstream; so is the call of a
+            // host that disconnects mid-call.
+            let hang = tokio::time::timeout(
+                Duration::from_millis(200),
+                ca.call_tool(call("hang", json!({}))),
+            );
+            assert!(hang.await.is_err(), "hang never answers");
+            let dropped = tokio::spawn({
+                let peer = cc.peer().clone();
+                async move { peer.call_tool(call("hang", json!({}))).await }
+            });
+            eventually("two hangs", || {
+                recent_logs(&runtime).matches("call hang").count() == 2
+            })
+            .await;
+            cc.cancel().await.expect("C leaves");
+            let _ = dropped.await;
+            eventually("both hangs cancelled upstream", || {
+                recent_logs(&runtime).matches("hang cancelled").count() == 2
+            })
+            .await;
+
+            // A and B still work; C's session is gone.
+            assert_eq!(text(&ca, "echo", json!({"text": "still"})).await, "still");
+            eventually("C's session gone", || {
+                status(&runtime).contains("; 2 sessions")
+            })
+            .await;
+            ca.cancel().await.expect("close");
+            cb.cancel().await.expect("close");
+            for mut bridge in bridges {
+                let exit = bridge.wait().await.expect("bridge exits");
+                assert!(exit.success(), "{exit:?}");
+            }
+        })
+        .await
+        .expect("within 90 s");
+    });
+    assert!(d.stop(Signal::TERM).success());
+}
