@@ -244,6 +244,22 @@ impl ServerHandler for Fixture {
         Ok(page)
     }
 
+    async fn list_resources(
+        &self,
+        _request: Option<PaginatedRequestParams>,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<rmcp::model::ListResourcesResult, ErrorData> {
+        let resource: rmcp::model::Resource = serde_json::from_value(json!({
+            "uri": "fixture://a",
+            "name": "a",
+            "description": "The resource `touch` updates",
+        }))
+        .map_err(|e| ErrorData::internal_error(e.to_string(), None))?;
+        Ok(rmcp::model::ListResourcesResult::with_all_items(vec![
+            resource,
+        ]))
+    }
+
     async fn set_level(
         &self,
         request: rmcp::model::SetLevelRequestParams,

@@ -86,5 +86,56 @@ fn the_python_sdk_gets_through_the_bridge_what_it_gets_directly() {
         assert_eq!(&bridged[check], outcome, "{check} differs through mcpd");
     }
     assert_eq!(direct, bridged);
+
+    // The lists are published beside the tools, and reads go through.
+    let lines = |args: &[&str]| {
+        let out = mcpctl_user(&runtime, args);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let resources = lines(&["resources", "everything"]);
+    assert!(
+        resources.starts_with("demo://resource/static/document/architecture.md"),
+        "{resources}"
+    );
+    assert!(resources.lines().count() >= 7, "{resources}");
+    let templates = lines(&["resources", "--templates", "everything"]);
+    assert_eq!(templates.lines().count(), 2, "{templates}");
+    let prompts = lines(&["prompts", "everything"]);
+    assert_eq!(prompts.lines().count(), 4, "{prompts}");
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    rt.block_on(async {
+        let (_conn, server) =
+            crate::helper::private_server(&runtime.join("mcpd/private"), "everything").await;
+        let read: Value = serde_json::from_str(
+            &server
+                .read_resource("demo://resource/static/document/architecture.md")
+                .await
+                .expect("ReadResource"),
+        )
+        .expect("JSON");
+        assert!(
+            read["contents"][0]["text"]
+                .as_str()
+                .is_some_and(|t| t.contains("Architecture"))
+        );
+        let prompt: Value = serde_json::from_str(
+            &server
+                .get_prompt("simple-prompt", "")
+                .await
+                .expect("GetPrompt"),
+        )
+        .expect("JSON");
+        assert_eq!(prompt["messages"][0]["role"], "user", "{prompt}");
+        let missing = server
+            .read_resource("demo://nothing")
+            .await
+            .expect_err("no such resource");
+        assert!(!missing.message().is_empty());
+    });
     assert!(d.stop(Signal::TERM).success());
 }

@@ -25,6 +25,7 @@ struct Seen {
     progress: Vec<(String, f64)>,
     levels: Vec<String>,
     updated: Vec<String>,
+    tools_changed: usize,
 }
 
 /// A host: answers sampling with its own label when it declared sampling.
@@ -106,6 +107,10 @@ impl ClientHandler for Host {
         _context: NotificationContext<RoleClient>,
     ) {
         self.seen.lock().expect("lock").updated.push(params.uri);
+    }
+
+    async fn on_tool_list_changed(&self, _context: NotificationContext<RoleClient>) {
+        self.seen.lock().expect("lock").tools_changed += 1;
     }
 }
 
@@ -329,6 +334,129 @@ fn three_hosts_share_one_server_and_each_gets_only_its_own() {
         })
         .await
         .expect("within 90 s");
+    });
+    assert!(d.stop(Signal::TERM).success());
+}
+
+#[test]
+fn hosts_stay_attached_through_an_outage_and_get_their_state_back() {
+    let units = tempfile::tempdir().expect("tempdir");
+    let env = units.path().join("fixture.env");
+    std::fs::write(&env, "MCP_FIXTURE_TOOLS=touch\n").expect("write");
+    std::fs::write(
+        units.path().join("outage.kdl"),
+        format!(
+            "stdio {{\n    command \"mcp-fixture\" \"--chatter\" \"0\"\n    env-file \"{}\"\n}}\nreconnect {{\n    initial-delay \"1h\"\n    max-delay \"2h\"\n}}\n",
+            env.display()
+        ),
+    )
+    .expect("write");
+    let mut d = Daemon::user_no_bus(units.path(), &[]);
+    d.wait_until("outage running", |d| d.latest_pid("outage").is_some());
+    let runtime = d.runtime_dir().expect("runtime").to_owned();
+    let logs = |needle: &str| {
+        let out = mcpctl_user(&runtime, &["logs", "outage", "-n", "500"]);
+        String::from_utf8_lossy(&out.stdout).matches(needle).count()
+    };
+    let state = || {
+        String::from_utf8_lossy(&mcpctl_user(&runtime, &["status", "outage"]).stdout).into_owned()
+    };
+
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    rt.block_on(async {
+        tokio::time::timeout(Duration::from_secs(60), async {
+            let (a, b) = (Host::new("A", false), Host::new("B", false));
+            let mut bridges = Vec::new();
+            let mut clients = Vec::new();
+            for host in [&a, &b] {
+                let (child, io) = crate::helper::bridge(&runtime, "outage");
+                bridges.push(child);
+                clients.push(host.clone().serve(io).await.expect("initialize"));
+            }
+            let (ca, cb) = (&clients[0], &clients[1]);
+            let tools = ca.list_all_tools().await.expect("tools").len();
+            ca.subscribe(rmcp::model::SubscribeRequestParams::new("fixture://a"))
+                .await
+                .expect("subscribe");
+            let level = rmcp::model::SetLevelRequestParams::new(
+                serde_json::from_value(json!("debug")).expect("level"),
+            );
+            ca.set_level(level).await.expect("level");
+            eventually("subscribed and level set", || {
+                logs("subscribe fixture://a") == 1 && logs("log level Debug") == 1
+            })
+            .await;
+
+            // A call in flight when the server dies gets the error at once.
+            let hang = tokio::spawn({
+                let peer = ca.peer().clone();
+                async move { peer.call_tool(call("hang", json!({}))).await }
+            });
+            eventually("the hang started", || logs("call hang") == 1).await;
+            text(cb, "crash", json!({"code": 3})).await;
+            let failed = hang.await.expect("task").expect_err("the server died");
+            assert!(failed.to_string().contains("connection lost"), "{failed}");
+
+            // During the outage lists are answered, other requests get the
+            // state and the next retry.
+            eventually("reconnecting", || state().contains("reconnecting")).await;
+            assert_eq!(ca.list_all_tools().await.expect("tools kept").len(), tools);
+            let resources = cb.list_all_resources().await.expect("resources kept");
+            assert_eq!(resources[0].uri, "fixture://a");
+            let down = cb.call_tool(call("echo", json!({"text": "x"}))).await;
+            let down = format!("{down:?}");
+            assert!(
+                down.contains("server outage is reconnecting (retry 1/10, next in "),
+                "{down}"
+            );
+
+            // Back with the same list: both sessions work without
+            // reattaching, subscription and level are replayed, and nobody
+            // is told the tools changed.
+            assert!(
+                mcpctl_user(&runtime, &["restart", "outage"])
+                    .status
+                    .success()
+            );
+            eventually("running again", || state().contains("Active: running")).await;
+            assert_eq!(text(ca, "echo", json!({"text": "a"})).await, "a");
+            assert_eq!(text(cb, "echo", json!({"text": "b"})).await, "b");
+            eventually("replayed", || {
+                logs("subscribe fixture://a") == 2 && logs("log level Debug") == 2
+            })
+            .await;
+            text(cb, "touch", json!({"uri": "fixture://a"})).await;
+            until(&a, "the update after the outage", |s| s.updated.len() == 1).await;
+            text(ca, "echo", json!({"text": "sync"})).await;
+            text(cb, "echo", json!({"text": "sync"})).await;
+            let changed = |h: &Host| h.seen(|s| s.tools_changed);
+            assert_eq!(
+                (changed(&a), changed(&b)),
+                (0, 0),
+                "the same list is no news"
+            );
+
+            // Back with another list: each host is told once.
+            std::fs::write(&env, "MCP_FIXTURE_TOOLS=touch,extra\n").expect("write");
+            text(cb, "crash", json!({"code": 3})).await;
+            eventually("reconnecting again", || state().contains("reconnecting")).await;
+            assert!(
+                mcpctl_user(&runtime, &["restart", "outage"])
+                    .status
+                    .success()
+            );
+            eventually("both told", || changed(&a) == 1 && changed(&b) == 1).await;
+            let listed = cb.list_all_tools().await.expect("tools");
+            assert!(listed.iter().any(|t| t.name == "extra"), "{listed:?}");
+            for client in clients {
+                client.cancel().await.expect("close");
+            }
+            for mut bridge in bridges {
+                assert!(bridge.wait().await.expect("bridge exits").success());
+            }
+        })
+        .await
+        .expect("within 60 s");
     });
     assert!(d.stop(Signal::TERM).success());
 }

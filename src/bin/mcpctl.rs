@@ -64,6 +64,15 @@ enum Command {
     Reload,
     /// List a server's tools.
     Tools { name: String },
+    /// List a server's resources (or, with --templates, its resource
+    /// templates): URI and description.
+    Resources {
+        name: String,
+        #[arg(long)]
+        templates: bool,
+    },
+    /// List a server's prompts: name and description.
+    Prompts { name: String },
     /// Call a tool; ARGUMENTS is a JSON object, or - to read it from stdin.
     /// Exit 1 when the tool reports an error.
     Call {
@@ -156,6 +165,17 @@ fn main() -> ExitCode {
             Command::Restart { names } => commands::control(&client, Verb::Restart, &names).await,
             Command::Reload => commands::reload(&client, output, &mut out).await,
             Command::Tools { name } => commands::tools(&client, &name, output, &mut out).await,
+            Command::Resources { name, templates } => {
+                let listing = if templates {
+                    commands::Listing::Templates
+                } else {
+                    commands::Listing::Resources
+                };
+                commands::items(&client, &name, listing, output, &mut out).await
+            }
+            Command::Prompts { name } => {
+                commands::items(&client, &name, commands::Listing::Prompts, output, &mut out).await
+            }
             Command::Call {
                 name,
                 tool,

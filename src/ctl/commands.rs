@@ -426,27 +426,58 @@ pub async fn reload(client: &Client, output: Output, out: &mut dyn Write) -> Res
 pub async fn tools(client: &Client, name: &str, output: Output, out: &mut dyn Write) -> Result<u8> {
     let server = client.server(name).await?;
     let list = server.list_tools().await.map_err(dbus_error)?;
+    print_list(&list, "name", output, out)
+}
+
+/// What `resources` lists.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Listing {
+    Resources,
+    Templates,
+    Prompts,
+}
+
+/// `resources NAME [--templates]`, `prompts NAME`: one line per item, its
+/// URI (or name) and the first line of its description.
+pub async fn items(
+    client: &Client,
+    name: &str,
+    listing: Listing,
+    output: Output,
+    out: &mut dyn Write,
+) -> Result<u8> {
+    let server = client.server(name).await?;
+    let (list, key) = match listing {
+        Listing::Resources => (server.list_resources().await, "uri"),
+        Listing::Templates => (server.list_resource_templates().await, "uriTemplate"),
+        Listing::Prompts => (server.list_prompts().await, "name"),
+    };
+    print_list(&list.map_err(dbus_error)?, key, output, out)
+}
+
+fn print_list(list: &str, key: &str, output: Output, out: &mut dyn Write) -> Result<u8> {
     if output.json {
         writeln!(out, "{list}").map_err(io)?;
         return Ok(exit::OK);
     }
-    let tools: Vec<Value> =
-        serde_json::from_str(&list).map_err(|e| CtlError::failure(e.to_string()))?;
-    let width = tools
+    let items: Vec<Value> =
+        serde_json::from_str(list).map_err(|e| CtlError::failure(e.to_string()))?;
+    let width = items
         .iter()
-        .filter_map(|t| t["name"].as_str())
+        .filter_map(|t| t[key].as_str())
         .map(str::len)
         .max()
         .unwrap_or(0);
-    for tool in &tools {
-        let name = tool["name"].as_str().unwrap_or_default();
-        let description = tool["description"]
+    for item in &items {
+        let name = item[key].as_str().unwrap_or_default();
+        let description = item["description"]
             .as_str()
             .unwrap_or_default()
             .lines()
             .next()
             .unwrap_or_default();
-        writeln!(out, "{name:<width$}  {description}").map_err(io)?;
+        let line = format!("{name:<width$}  {description}");
+        writeln!(out, "{}", line.trim_end()).map_err(io)?;
     }
     Ok(exit::OK)
 }

@@ -7,7 +7,7 @@ use zbus::message::Header;
 use zbus::object_server::SignalEmitter;
 use zbus::{Connection, interface};
 
-use crate::supervisor::{CallError, Status};
+use crate::supervisor::{CallError, ListKind, Status};
 
 use super::{Error, Shared, authorize, caller, server_path};
 
@@ -71,6 +71,48 @@ impl Server {
 
     fn supervisor(&self) -> Result<crate::supervisor::Supervisor, Error> {
         self.shared.supervisor(&self.name)
+    }
+
+    fn list(&self, kind: ListKind) -> String {
+        self.shared
+            .supervisor(&self.name)
+            .ok()
+            .and_then(|s| s.list(kind))
+            .map_or_else(|| "[]".to_owned(), |l| l.to_string())
+    }
+
+    /// A request to the running server; its result as JSON.
+    async fn ask(&self, method: &str, params: serde_json::Value) -> Result<String, Error> {
+        let supervisor = self.supervisor()?;
+        if supervisor.status().state != crate::supervisor::State::Running {
+            return Err(Error::NotRunning(supervisor.not_running().to_string()));
+        }
+        match supervisor.request(method, params, CALL_TIMEOUT).await {
+            Ok(result) => Ok(result.to_string()),
+            Err(CallError::Rejected {
+                code: -32602 | -32601 | -32002,
+                message,
+            }) => Err(Error::InvalidArguments(message)),
+            Err(e) => Err(Error::ToolFailed(e.to_string())),
+        }
+    }
+}
+
+/// `arguments_json`: a JSON object, or nothing.
+fn arguments_object(
+    arguments_json: &str,
+) -> Result<Option<serde_json::Map<String, serde_json::Value>>, Error> {
+    if arguments_json.trim().is_empty() {
+        return Ok(None);
+    }
+    match serde_json::from_str::<serde_json::Value>(arguments_json) {
+        Ok(serde_json::Value::Object(map)) => Ok(Some(map)),
+        Ok(_) => Err(Error::InvalidArguments(
+            "arguments must be a JSON object".into(),
+        )),
+        Err(e) => Err(Error::InvalidArguments(format!(
+            "arguments are not valid JSON: {e}"
+        ))),
     }
 }
 
@@ -262,23 +304,7 @@ impl Server {
         #[zbus(connection)] conn: &Connection,
     ) -> Result<String, Error> {
         authorize(&self.shared, conn, &header).await?;
-        let arguments = if arguments_json.trim().is_empty() {
-            None
-        } else {
-            match serde_json::from_str::<serde_json::Value>(arguments_json) {
-                Ok(serde_json::Value::Object(map)) => Some(map),
-                Ok(_) => {
-                    return Err(Error::InvalidArguments(
-                        "arguments must be a JSON object".into(),
-                    ));
-                }
-                Err(e) => {
-                    return Err(Error::InvalidArguments(format!(
-                        "arguments are not valid JSON: {e}"
-                    )));
-                }
-            }
-        };
+        let arguments = arguments_object(arguments_json)?;
         let supervisor = self.supervisor()?;
         // A caller that disconnects abandons its call: the call is dropped
         // (which cancels it upstream) instead of holding the connection, its
@@ -314,6 +340,50 @@ impl Server {
             }) => Err(Error::InvalidArguments(message)),
             Err(e) => Err(Error::ToolFailed(e.to_string())),
         }
+    }
+
+    /// The server's resources (MCP `Resource` objects) as a JSON array.
+    fn list_resources(&self) -> String {
+        self.list(ListKind::Resources)
+    }
+
+    /// The server's resource templates as a JSON array.
+    fn list_resource_templates(&self) -> String {
+        self.list(ListKind::Templates)
+    }
+
+    /// The server's prompts as a JSON array.
+    fn list_prompts(&self) -> String {
+        self.list(ListKind::Prompts)
+    }
+
+    /// Reads resource `uri`: the MCP `ReadResourceResult` as JSON.
+    async fn read_resource(
+        &self,
+        uri: &str,
+        #[zbus(header)] header: Header<'_>,
+        #[zbus(connection)] conn: &Connection,
+    ) -> Result<String, Error> {
+        authorize(&self.shared, conn, &header).await?;
+        self.ask("resources/read", serde_json::json!({"uri": uri}))
+            .await
+    }
+
+    /// Gets prompt `name` with a JSON object of arguments (or an empty
+    /// string): the MCP `GetPromptResult` as JSON.
+    async fn get_prompt(
+        &self,
+        name: &str,
+        arguments_json: &str,
+        #[zbus(header)] header: Header<'_>,
+        #[zbus(connection)] conn: &Connection,
+    ) -> Result<String, Error> {
+        authorize(&self.shared, conn, &header).await?;
+        let mut params = serde_json::json!({"name": name});
+        if let Some(arguments) = arguments_object(arguments_json)? {
+            params["arguments"] = serde_json::Value::Object(arguments);
+        }
+        self.ask("prompts/get", params).await
     }
 
     /// A new host session (DESIGN §8): a connected stream socket on which
@@ -453,6 +523,11 @@ pub mod client {
         fn stop(&self) -> Result<(), Error>;
         fn restart(&self) -> Result<(), Error>;
         fn list_tools(&self) -> Result<String, Error>;
+        fn list_resources(&self) -> Result<String, Error>;
+        fn list_resource_templates(&self) -> Result<String, Error>;
+        fn list_prompts(&self) -> Result<String, Error>;
+        fn read_resource(&self, uri: &str) -> Result<String, Error>;
+        fn get_prompt(&self, name: &str, arguments_json: &str) -> Result<String, Error>;
         fn call_tool(&self, name: &str, arguments_json: &str) -> Result<String, Error>;
         fn recent_logs(&self, n: u32) -> Result<Vec<String>, Error>;
         fn attach(&self) -> Result<zbus::OwnedFd, Error>;

@@ -36,6 +36,7 @@ pub use accounting::{Caller, Counters};
 pub use launch::{Launcher, SharedLauncher, SystemLauncher};
 pub use logs::LogRing;
 pub use machine::{ExitStatus, Gen, State, Timer, Timing, ToolList};
+pub use sessions::Kind as ListKind;
 
 use actor::{Actor, Command};
 
@@ -117,6 +118,20 @@ impl fmt::Display for CallError {
 }
 
 impl std::error::Error for CallError {}
+
+impl CallError {
+    /// Why server `server` cannot answer now: its state and next retry.
+    pub fn not_running(server: &str, status: &Status) -> Self {
+        CallError::NotRunning {
+            server: server.to_owned(),
+            state: status.state,
+            reason: status.reason.clone(),
+            attempt: status.attempt,
+            max_attempts: status.max_attempts,
+            next_retry: status.next_retry,
+        }
+    }
+}
 
 /// How long a finished call waits for its caller's identity (for the log)
 /// before it answers anyway.
@@ -279,6 +294,45 @@ impl Supervisor {
     /// How many host sessions are attached.
     pub fn sessions(&self) -> usize {
         self.sessions.count()
+    }
+
+    /// The server's resources, resource templates or prompts as a JSON
+    /// array, kept like the tools (through outages, withdrawn when it fails
+    /// or stops); None when it does not offer them or they were not read.
+    pub fn list(&self, kind: ListKind) -> Option<Arc<str>> {
+        self.sessions.list(kind)
+    }
+
+    /// The error a request gets now that the server is not running.
+    pub fn not_running(&self) -> CallError {
+        CallError::not_running(&self.name, &self.status())
+    }
+
+    /// A request of mcpd's own to the running server (`resources/read`,
+    /// `prompts/get`): its `result`, or why there is none.
+    pub async fn request(
+        &self,
+        method: &str,
+        params: serde_json::Value,
+        timeout: Duration,
+    ) -> Result<serde_json::Value, CallError> {
+        let answer = tokio::time::timeout(timeout, self.sessions.request(method, params))
+            .await
+            .map_err(|_| CallError::Timeout(timeout))?
+            .map_err(CallError::Failed)?;
+        match answer.get("result") {
+            Some(result) => Ok(result.clone()),
+            None => Err(CallError::Rejected {
+                code: answer["error"]["code"]
+                    .as_i64()
+                    .and_then(|c| i32::try_from(c).ok())
+                    .unwrap_or(0),
+                message: answer["error"]["message"]
+                    .as_str()
+                    .unwrap_or("an error without a message")
+                    .to_owned(),
+            }),
+        }
     }
 
     /// The server's call counters.

@@ -103,6 +103,7 @@ pub(crate) struct Sessions {
     tx: mpsc::UnboundedSender<Input>,
     tokens: Arc<AtomicU64>,
     count: Arc<AtomicUsize>,
+    lists: Lists,
 }
 
 /// Cancels mcpd's own request upstream when its caller stops waiting.
@@ -131,6 +132,7 @@ impl Sessions {
     ) -> Self {
         let (tx, rx) = mpsc::unbounded_channel();
         let count = Arc::new(AtomicUsize::new(0));
+        let lists = Lists::default();
         let serial = status.borrow().tools_serial;
         let task = Task {
             name: Arc::from(name),
@@ -142,6 +144,8 @@ impl Sessions {
             init: None,
             waiting: Vec::new(),
             own: HashMap::new(),
+            lists: Arc::clone(&lists),
+            caches: Default::default(),
             tokens: HashMap::new(),
             status,
             serial,
@@ -157,7 +161,14 @@ impl Sessions {
             tx,
             tokens: Arc::new(AtomicU64::new(0)),
             count,
+            lists,
         }
+    }
+
+    /// A list as published (a JSON array), if the server offers it and it
+    /// has been read.
+    pub(crate) fn list(&self, kind: Kind) -> Option<Arc<str>> {
+        self.lists.lock().ok()?[kind.index()].clone()
     }
 
     /// A new host session on `stream`, made by `caller`.
@@ -244,6 +255,80 @@ impl Sessions {
     }
 }
 
+/// A list mcpd keeps for hosts besides the tools (those are the
+/// machine's): read after each handshake and on the server's
+/// `list_changed`, answered from here, kept through outages.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    Resources,
+    Templates,
+    Prompts,
+}
+
+impl Kind {
+    pub const ALL: [Kind; 3] = [Kind::Resources, Kind::Templates, Kind::Prompts];
+
+    fn index(self) -> usize {
+        self as usize
+    }
+
+    pub fn method(self) -> &'static str {
+        match self {
+            Kind::Resources => "resources/list",
+            Kind::Templates => "resources/templates/list",
+            Kind::Prompts => "prompts/list",
+        }
+    }
+
+    /// The member of the result holding the items.
+    pub fn key(self) -> &'static str {
+        match self {
+            Kind::Resources => "resources",
+            Kind::Templates => "resourceTemplates",
+            Kind::Prompts => "prompts",
+        }
+    }
+
+    /// The server capability that offers it.
+    fn capability(self) -> &'static str {
+        match self {
+            Kind::Resources | Kind::Templates => "resources",
+            Kind::Prompts => "prompts",
+        }
+    }
+
+    fn changed(self) -> &'static str {
+        match self {
+            Kind::Resources | Kind::Templates => "notifications/resources/list_changed",
+            Kind::Prompts => "notifications/prompts/list_changed",
+        }
+    }
+}
+
+/// The lists as JSON arrays, shared with the D-Bus side.
+pub(crate) type Lists = Arc<std::sync::Mutex<[Option<Arc<str>>; 3]>>;
+
+/// A list being read.
+#[derive(Debug, Default)]
+struct Reading {
+    items: Vec<Value>,
+    cursor: Option<Value>,
+}
+
+#[derive(Debug, Default)]
+struct Cache {
+    /// Being read now.
+    reading: Option<Reading>,
+    /// The server said it changed while it was being read.
+    dirty: bool,
+}
+
+/// Who waits for the answer to mcpd's own request.
+enum Waiter {
+    Caller(u64, oneshot::Sender<Result<Value, String>>),
+    Page(Kind),
+}
+
 /// One attached host.
 struct Host {
     out: mpsc::Sender<Vec<u8>>,
@@ -278,7 +363,10 @@ struct Task {
     /// Hosts whose `initialize` waits for the first generation.
     waiting: Vec<(HostId, Value, Value)>,
     /// mcpd's own requests: upstream id → who waits.
-    own: HashMap<u64, (u64, oneshot::Sender<Result<Value, String>>)>,
+    own: HashMap<u64, Waiter>,
+    /// The resource, template and prompt lists (`Kind`), and their reads.
+    lists: Lists,
+    caches: [Cache; 3],
     /// Their tokens → upstream id.
     tokens: HashMap<u64, u64>,
     status: watch::Receiver<Status>,
@@ -361,7 +449,7 @@ impl Task {
                 reply,
             } => {
                 let (id, out) = self.router.request(&method, params);
-                self.own.insert(id, (token, reply));
+                self.own.insert(id, Waiter::Caller(token, reply));
                 self.tokens.insert(token, id);
                 self.deliver(vec![out], None);
             }
@@ -453,15 +541,7 @@ impl Task {
         if s.state == State::Running {
             return format!("server {} is reconnecting", self.name);
         }
-        CallError::NotRunning {
-            server: self.name.to_string(),
-            state: s.state,
-            reason: s.reason.clone(),
-            attempt: s.attempt,
-            max_attempts: s.max_attempts,
-            next_retry: s.next_retry,
-        }
-        .to_string()
+        CallError::not_running(&self.name, &s).to_string()
     }
 
     fn deliver(&mut self, outs: Vec<Out>, lost: Option<&str>) {
@@ -477,18 +557,23 @@ impl Task {
                     let text = self.down_text(lost);
                     self.send(host, &error(&id, SERVER_DOWN, text));
                 }
-                Out::Answer(id, message) => {
-                    if let Some((token, reply)) = self.own.remove(&id) {
+                Out::Answer(id, message) => match self.own.remove(&id) {
+                    Some(Waiter::Caller(token, reply)) => {
                         self.tokens.remove(&token);
                         let _ = reply.send(Ok(message));
                     }
-                }
-                Out::Unanswered(id) => {
-                    if let Some((token, reply)) = self.own.remove(&id) {
+                    Some(Waiter::Page(kind)) => self.page(kind, message),
+                    None => {}
+                },
+                Out::Unanswered(id) => match self.own.remove(&id) {
+                    Some(Waiter::Caller(token, reply)) => {
                         self.tokens.remove(&token);
                         let _ = reply.send(Err(self.down_text(lost)));
                     }
-                }
+                    // Read again on the next handshake.
+                    Some(Waiter::Page(kind)) => self.caches[kind.index()].reading = None,
+                    None => {}
+                },
             }
         }
     }
@@ -499,9 +584,16 @@ impl Task {
             tx: wire.tx,
             rx: wire.rx,
         });
+        let offered: Vec<Kind> = Kind::ALL
+            .into_iter()
+            .filter(|k| init["capabilities"].get(k.capability()).is_some())
+            .collect();
         self.init = Some(init);
         let outs = self.router.upstream_ready();
         self.deliver(outs, None);
+        for kind in offered {
+            self.read_list(kind);
+        }
         for (host, id, params) in std::mem::take(&mut self.waiting) {
             self.initialize(host, &id, &params);
         }
@@ -524,16 +616,16 @@ impl Task {
         };
         if serial != self.serial {
             self.serial = serial;
-            let changed = json!({"jsonrpc": "2.0", "method": "notifications/tools/list_changed"});
-            let ready: Vec<HostId> = self
-                .hosts
-                .iter()
-                .filter(|(_, h)| h.initialized)
-                .map(|(id, _)| *id)
-                .collect();
-            let bytes = line(&changed);
-            for host in ready {
-                self.send_bytes(host, bytes.clone());
+            self.broadcast("notifications/tools/list_changed");
+        }
+        if matches!(state, State::Failed | State::Stopped) {
+            // Withdrawn with the tools.
+            for kind in Kind::ALL {
+                self.caches[kind.index()] = Cache::default();
+                let old = self.set_list(kind, None);
+                if old.is_some_and(|l| &*l != "[]") {
+                    self.broadcast(kind.changed());
+                }
             }
         }
         if matches!(state, State::Failed | State::Stopped) && !self.waiting.is_empty() {
@@ -551,6 +643,113 @@ impl Task {
                 }
             }
         }
+    }
+
+    /// Sends notification `method` to every initialized host.
+    fn broadcast(&mut self, method: &str) {
+        let bytes = line(&json!({"jsonrpc": "2.0", "method": method}));
+        let ready: Vec<HostId> = self
+            .hosts
+            .iter()
+            .filter(|(_, h)| h.initialized)
+            .map(|(id, _)| *id)
+            .collect();
+        for host in ready {
+            self.send_bytes(host, bytes.clone());
+        }
+    }
+
+    /// Publishes list `kind`; returns the one it replaces.
+    fn set_list(&mut self, kind: Kind, list: Option<Arc<str>>) -> Option<Arc<str>> {
+        match self.lists.lock() {
+            Ok(mut lists) => std::mem::replace(&mut lists[kind.index()], list),
+            Err(_) => None,
+        }
+    }
+
+    fn cached(&self, kind: Kind) -> Option<Arc<str>> {
+        self.lists.lock().ok()?[kind.index()].clone()
+    }
+
+    /// Reads list `kind` from the server (again, once the read in flight
+    /// is done, if one is).
+    fn read_list(&mut self, kind: Kind) {
+        let cache = &mut self.caches[kind.index()];
+        if cache.reading.is_some() {
+            cache.dirty = true;
+            return;
+        }
+        cache.reading = Some(Reading::default());
+        self.request_page(kind, None);
+    }
+
+    fn request_page(&mut self, kind: Kind, cursor: Option<Value>) {
+        let params = match cursor {
+            Some(cursor) => json!({"cursor": cursor}),
+            None => json!({}),
+        };
+        let (id, out) = self.router.request(kind.method(), params);
+        self.own.insert(id, Waiter::Page(kind));
+        self.deliver(vec![out], None);
+    }
+
+    /// A page of list `kind` arrived.
+    fn page(&mut self, kind: Kind, mut answer: Value) {
+        let cache = &mut self.caches[kind.index()];
+        let Some(reading) = cache.reading.as_mut() else {
+            return;
+        };
+        let items = answer
+            .pointer_mut(&format!("/result/{}", kind.key()))
+            .map(Value::take);
+        let Some(Value::Array(items)) = items else {
+            let why = answer
+                .pointer("/error/message")
+                .and_then(Value::as_str)
+                .unwrap_or("the answer has no list");
+            tracing::warn!(target: "mcpd::sessions", mcpd_server = %self.name, "{} failed: {why}", kind.method());
+            cache.reading = None;
+            return;
+        };
+        reading.items.extend(items);
+        let next = answer
+            .pointer("/result/nextCursor")
+            .filter(|c| !c.is_null())
+            .cloned();
+        if let Some(next) = next
+            && reading.cursor.as_ref() != Some(&next)
+        {
+            reading.cursor = Some(next.clone());
+            self.request_page(kind, Some(next));
+            return;
+        }
+        let items = cache.reading.take().map(|r| r.items).unwrap_or_default();
+        let dirty = std::mem::take(&mut cache.dirty);
+        let new: Arc<str> = Arc::from(Value::Array(items).to_string());
+        let old = self.set_list(kind, Some(Arc::clone(&new)));
+        // Hosts attached before the first read had the server's own answers.
+        if old.is_some_and(|old| old != new) {
+            self.broadcast(kind.changed());
+        }
+        if dirty {
+            self.read_list(kind);
+        }
+    }
+
+    /// Answers a host's list request from the cache, if the list is kept.
+    fn answer_list(&mut self, host: HostId, id: &Value, method: &str) -> bool {
+        let Some(kind) = Kind::ALL.into_iter().find(|k| k.method() == method) else {
+            return false;
+        };
+        let Some(list) = self.cached(kind) else {
+            return false;
+        };
+        let bytes = format!(
+            "{{\"jsonrpc\":\"2.0\",\"id\":{id},\"result\":{{\"{}\":{list}}}}}\n",
+            kind.key()
+        );
+        self.send_bytes(host, bytes.into_bytes());
+        true
     }
 
     /// Answers host `host`'s `initialize` with the server's own result.
@@ -664,7 +863,9 @@ impl Task {
             }
             (Some(name), Some(id)) => {
                 let name = name.to_owned();
-                self.host_request(host, &name, id, message);
+                if !self.answer_list(host, &id, &name) {
+                    self.host_request(host, &name, id, message);
+                }
             }
             (Some("notifications/cancelled"), None) => {
                 let theirs = message.pointer("/params/requestId").map(Value::to_string);
@@ -735,6 +936,20 @@ impl Task {
                     let _ = self.events.send(Internal::ListChanged {
                         generation: up.generation,
                     });
+                }
+                return;
+            }
+            Some(
+                changed @ ("notifications/resources/list_changed"
+                | "notifications/prompts/list_changed"),
+            ) if !has_id => {
+                // Read again first; hosts hear of it if the list differs.
+                let kinds: Vec<Kind> = Kind::ALL
+                    .into_iter()
+                    .filter(|k| k.changed() == changed)
+                    .collect();
+                for kind in kinds {
+                    self.read_list(kind);
                 }
                 return;
             }
