@@ -607,3 +607,55 @@ fn an_outage_withdraws_the_questions_hosts_were_asked() {
             .is_empty()
     );
 }
+
+#[test]
+fn the_server_goes_back_to_the_default_level_when_the_last_host_with_a_level_leaves() {
+    let mut r = router(&[(A, Caps::default()), (B, Caps::default())]);
+    let out = r.from_host(
+        A,
+        request(json!(1), "logging/setLevel", json!({"level": "debug"})),
+    );
+    assert!(matches!(&out[0], Out::Server(m) if m["params"]["level"] == "debug"));
+    let out = r.detach(A);
+    assert!(
+        matches!(out.as_slice(), [Out::Server(m)] if m["params"]["level"] == "info"),
+        "{out:?}"
+    );
+    // B never set one: it sees info and up, as before A left
+    let debug = notification(
+        "notifications/message",
+        json!({"level": "debug", "data": "x"}),
+    );
+    assert!(r.from_server(debug).is_empty());
+    // nothing more to reset when B leaves too
+    assert!(r.detach(B).is_empty());
+}
+
+#[test]
+fn mcpds_own_requests_share_the_id_space_and_can_be_cancelled() {
+    let mut r = router(&[(A, Caps::default())]);
+    let host = upstream(&r.from_host(A, request(json!(1), "tools/call", json!({}))));
+    let (id, out) = r.request("tools/list", json!({}));
+    let Out::Server(own) = out else {
+        panic!("{out:?}")
+    };
+    assert_eq!(own["id"], json!(id));
+    assert_ne!(own["id"], host["id"], "never the id of a host's request");
+    // the answer comes back to mcpd, not to a host
+    let out = r.from_server(result(json!(id), json!({"tools": []})));
+    assert!(
+        matches!(out.as_slice(), [Out::Answer(i, m)] if *i == id && m["result"]["tools"] == json!([]))
+    );
+    // a cancelled one tells the server, and its late answer goes nowhere
+    let (id, _) = r.request("tools/call", json!({"name": "slow"}));
+    let out = upstream(&r.cancel(id));
+    assert_eq!(out["method"], "notifications/cancelled");
+    assert_eq!(out["params"]["requestId"], json!(id));
+    assert!(r.from_server(result(json!(id), json!({}))).is_empty());
+    // one in flight when the upstream ends is unanswered; none while down
+    let (id, _) = r.request("tools/list", json!({}));
+    let out = r.upstream_lost();
+    assert!(out.contains(&Out::Unanswered(id)), "{out:?}");
+    let (id, out) = r.request("tools/list", json!({}));
+    assert_eq!(out, Out::Unanswered(id));
+}

@@ -151,10 +151,6 @@ async fn until(host: &Host, what: &str, done: impl Fn(&Seen) -> bool) {
     eventually(&what, || host.seen(&done)).await;
 }
 
-fn status(runtime: &std::path::Path) -> String {
-    String::from_utf8_lossy(&mcpctl_user(runtime, &["status", "shared"]).stdout).into_owned()
-}
-
 fn recent_logs(runtime: &std::path::Path) -> String {
     let out = mcpctl_user(runtime, &["logs", "shared", "-n", "200"]);
     String::from_utf8_lossy(&out.stdout).into_owned()
@@ -173,6 +169,7 @@ fn three_hosts_share_one_server_and_each_gets_only_its_own() {
     let runtime = d.runtime_dir().expect("runtime").to_owned();
     let pid = d.latest_pid("shared").expect("pid");
 
+    let mut b_pid = None;
     let rt = tokio::runtime::Runtime::new().expect("runtime");
     rt.block_on(async {
         tokio::time::timeout(Duration::from_secs(90), async {
@@ -190,7 +187,8 @@ fn three_hosts_share_one_server_and_each_gets_only_its_own() {
             let ca = connect(&a).await;
             let cb = connect(&b).await;
             let cc = connect(&c).await;
-            let shown = status(&runtime);
+            b_pid = bridges[1].id();
+            let shown = status_of(&runtime, "shared");
             assert!(shown.contains("; 3 sessions"), "{shown}");
 
             // Progress reaches only the caller, with its own token, even
@@ -322,7 +320,7 @@ fn three_hosts_share_one_server_and_each_gets_only_its_own() {
             // A and B still work; C's session is gone.
             assert_eq!(text(&ca, "echo", json!({"text": "still"})).await, "still");
             eventually("C's session gone", || {
-                status(&runtime).contains("; 2 sessions")
+                status_of(&runtime, "shared").contains("; 2 sessions")
             })
             .await;
             ca.cancel().await.expect("close");
@@ -335,6 +333,13 @@ fn three_hosts_share_one_server_and_each_gets_only_its_own() {
         .await
         .expect("within 90 s");
     });
+    // Every call of a host session is accounted to the bridge's process.
+    let uid = rustix::process::getuid().as_raw();
+    let b_pid = b_pid.expect("B's bridge pid");
+    let line = d.wait_for(&format!("tools/call sample by uid {uid} pid {b_pid}: ok"));
+    assert!(line.contains("mcpd_caller_pid"), "{line}");
+    let status = status_of(&runtime, "shared");
+    assert!(status.contains("Calls: 30"), "{status}");
     assert!(d.stop(Signal::TERM).success());
 }
 
@@ -459,4 +464,144 @@ fn hosts_stay_attached_through_an_outage_and_get_their_state_back() {
         .expect("within 60 s");
     });
     assert!(d.stop(Signal::TERM).success());
+}
+
+/// A host that writes raw lines: `mcpctl bridge` with piped stdio.
+struct Raw {
+    _bridge: tokio::process::Child,
+    write: tokio::process::ChildStdin,
+    read: tokio::io::Lines<tokio::io::BufReader<tokio::process::ChildStdout>>,
+}
+
+impl Raw {
+    fn new(runtime: &std::path::Path, name: &str) -> Self {
+        use tokio::io::AsyncBufReadExt;
+        let (bridge, (stdout, stdin)) = crate::helper::bridge(runtime, name);
+        Self {
+            _bridge: bridge,
+            write: stdin,
+            read: tokio::io::BufReader::new(stdout).lines(),
+        }
+    }
+
+    async fn send(&mut self, bytes: &[u8]) {
+        use tokio::io::AsyncWriteExt;
+        self.write.write_all(bytes).await.expect("write");
+        self.write.flush().await.expect("flush");
+    }
+
+    async fn line(&mut self) -> Value {
+        let line = tokio::time::timeout(Duration::from_secs(10), self.read.next_line())
+            .await
+            .expect("an answer within 10 s")
+            .expect("read")
+            .expect("a line");
+        serde_json::from_str(&line).unwrap_or_else(|e| panic!("{e}: {line}"))
+    }
+}
+
+#[test]
+fn a_host_sending_garbage_or_a_flood_gets_errors_and_disturbs_nobody() {
+    let units = tempfile::tempdir().expect("tempdir");
+    std::fs::write(
+        units.path().join("robust.kdl"),
+        "stdio {\n    command \"mcp-fixture\" \"--chatter\" \"0\"\n}\n",
+    )
+    .expect("write");
+    let mut d = Daemon::user_no_bus(units.path(), &[]);
+    d.wait_until("robust running", |d| d.latest_pid("robust").is_some());
+    let runtime = d.runtime_dir().expect("runtime").to_owned();
+    let pid = d.latest_pid("robust");
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    rt.block_on(async {
+        tokio::time::timeout(Duration::from_secs(60), async {
+            let good = Host::new("good", false);
+            let (_good_bridge, io) = crate::helper::bridge(&runtime, "robust");
+            let good = good.serve(io).await.expect("initialize");
+            let mut bad = Raw::new(&runtime, "robust");
+
+            bad.send(b"this is not json\n").await;
+            let e = bad.line().await;
+            assert_eq!((e["id"].clone(), e["error"]["code"].clone()), (Value::Null, json!(-32700)), "{e}");
+            bad.send(b"[1, 2]\n").await;
+            assert_eq!(bad.line().await["error"]["code"], -32700);
+            bad.send(b"{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"tools/list\"}\n").await;
+            let e = bad.line().await;
+            assert_eq!(e["id"], 1);
+            assert!(e["error"]["message"].as_str().is_some_and(|m| m.contains("initialize")), "{e}");
+            bad.send(b"{\"jsonrpc\":\"2.0\",\"id\":2,\"method\":\"initialize\",\"params\":{\"protocolVersion\":\"2025-06-18\",\"capabilities\":{},\"clientInfo\":{\"name\":\"raw\",\"version\":\"1\"}}}\n").await;
+            let init = bad.line().await;
+            assert_eq!(init["result"]["protocolVersion"], "2025-06-18", "{init}");
+            bad.send(b"{\"jsonrpc\":\"2.0\",\"method\":\"notifications/initialized\"}\n").await;
+            // Each host negotiates its own revision with mcpd.
+            for (asked, got) in [
+                ("2024-11-05", "2024-11-05"),
+                ("2025-03-26", "2025-03-26"),
+                ("2025-11-25", "2025-11-25"),
+                ("2099-01-01", "2025-11-25"),
+            ] {
+                let mut other = Raw::new(&runtime, "robust");
+                other
+                    .send(format!("{{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"initialize\",\"params\":{{\"protocolVersion\":\"{asked}\",\"capabilities\":{{}},\"clientInfo\":{{\"name\":\"raw\",\"version\":\"1\"}}}}}}\n").as_bytes())
+                    .await;
+                let init = other.line().await;
+                assert_eq!(init["result"]["protocolVersion"], got, "{init}");
+                assert_eq!(init["result"]["serverInfo"]["name"], "mcp-fixture");
+            }
+
+            // An answer to a request nobody made goes nowhere; the session
+            // still answers the next request.
+            bad.send(b"{\"jsonrpc\":\"2.0\",\"id\":99,\"result\":{}}\n").await;
+            bad.send(b"{\"jsonrpc\":\"2.0\",\"id\":3,\"method\":\"ping\"}\n").await;
+            assert_eq!(bad.line().await, json!({"jsonrpc": "2.0", "id": 3, "result": {}}));
+
+            // A message over 16 MiB is refused; the next one works.
+            let mut big = b"{\"jsonrpc\":\"2.0\",\"id\":4,\"method\":\"tools/call\",\"params\":{\"name\":\"echo\",\"arguments\":{\"text\":\"".to_vec();
+            big.resize(big.len() + 17 * 1024 * 1024, b'x');
+            big.extend_from_slice(b"\"}}}\n");
+            bad.send(&big).await;
+            let e = bad.line().await;
+            assert_eq!(e["error"]["code"], -32600, "{e}");
+            bad.send(b"{\"jsonrpc\":\"2.0\",\"id\":5,\"method\":\"tools/call\",\"params\":{\"name\":\"echo\",\"arguments\":{\"text\":\"fine\"}}}\n").await;
+            assert_eq!(bad.line().await["result"]["content"][0]["text"], "fine");
+
+            // A flood: 1,100 calls that never end. What exceeds the
+            // session's limit is refused at once; the other host is served.
+            let mut flood = Vec::new();
+            for i in 0..1100 {
+                flood.extend_from_slice(
+                    format!("{{\"jsonrpc\":\"2.0\",\"id\":{},\"method\":\"tools/call\",\"params\":{{\"name\":\"hang\"}}}}\n", 100 + i)
+                        .as_bytes(),
+                );
+            }
+            bad.send(&flood).await;
+            for _ in 0..76 {
+                let e = bad.line().await;
+                assert!(
+                    e["error"]["message"].as_str().is_some_and(|m| m.starts_with("too many requests in flight")),
+                    "{e}"
+                );
+            }
+            assert_eq!(text(&good, "echo", json!({"text": "served"})).await, "served");
+
+            // The flooding host leaves: its calls are cancelled upstream,
+            // the server and the other host carry on.
+            drop(bad);
+            eventually("the flood's session gone", || status_of(&runtime, "robust").contains("; 1 session")).await;
+            assert_eq!(text(&good, "echo", json!({"text": "still"})).await, "still");
+            good.cancel().await.expect("close");
+        })
+        .await
+        .expect("within 60 s");
+    });
+    assert_eq!(
+        d.latest_pid("robust"),
+        pid,
+        "the server was never restarted"
+    );
+    assert!(d.stop(Signal::TERM).success());
+}
+
+fn status_of(runtime: &std::path::Path, name: &str) -> String {
+    String::from_utf8_lossy(&mcpctl_user(runtime, &["status", name]).stdout).into_owned()
 }

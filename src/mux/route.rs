@@ -319,8 +319,14 @@ impl Router {
     }
 
     /// Tells the server the aggregated level when it changed.
+    /// Once no host asks for a level any more, the server is set back to
+    /// [`DEFAULT_LEVEL`] (a debug level nobody reads would flood the
+    /// session for nothing).
     fn sync_level(&mut self, out: &mut Vec<Out>) {
-        let wanted = self.wanted_level();
+        let wanted = match self.wanted_level() {
+            Some(level) => Some(level),
+            None => self.upstream_level.map(|_| DEFAULT_LEVEL),
+        };
         if wanted.is_some() && wanted != self.upstream_level {
             self.upstream_level = wanted;
             if self.up
