@@ -383,6 +383,10 @@ impl Actor {
                     self.sync = None;
                 }
                 match result {
+                    // The server changed its list while it was being read
+                    // (page by page): what was read may mix both lists.
+                    // Only a read no list_changed overtook is published.
+                    Ok(_) if self.sync_dirty => {}
                     Ok(tools) => {
                         self.step(Event::ToolsSynced {
                             generation,
