@@ -1,5 +1,6 @@
 //! The whole protocol through mcpd (DESIGN §8): what the official MCP
-//! Python SDK gets from the reference server
+//! Python SDK (and, for initialize, list, call, progress and sampling, the
+//! TypeScript SDK) gets from the reference server
 //! (`@modelcontextprotocol/server-everything`, pinned in
 //! `tests/npm/package-lock.json`, installed by `.ci/run`) through
 //! `mcpctl bridge` is what it gets directly.
@@ -44,7 +45,7 @@ fn fidelity(command: &[&str], runtime: Option<&std::path::Path>) -> Value {
 }
 
 #[test]
-fn the_python_sdk_gets_through_the_bridge_what_it_gets_directly() {
+fn two_official_sdks_get_through_the_bridge_what_they_get_directly() {
     let server = everything();
     let server = server.to_str().expect("utf-8 path");
     let direct = fidelity(&["node", server, "stdio"], None);
@@ -85,6 +86,44 @@ fn the_python_sdk_gets_through_the_bridge_what_it_gets_directly() {
     for (check, outcome) in direct.as_object().expect("object") {
         assert_eq!(&bridged[check], outcome, "{check} differs through mcpd");
     }
+    assert_eq!(direct, bridged);
+
+    // A second client stack: the official TypeScript SDK, declaring
+    // sampling only. Through mcpd it also sees the tools the reference
+    // server lists for mcpd's fuller capabilities (one upstream session,
+    // shared): everything else is the same.
+    let modules = root().join("target/npm/node_modules");
+    let modules = modules.to_str().expect("utf-8 path");
+    let ts = |command: &[&str], runtime: Option<&std::path::Path>| {
+        let mut cmd = std::process::Command::new("node");
+        cmd.arg(root().join("tests/data/ts_client.mjs"))
+            .arg(modules)
+            .args(command)
+            .env_remove("DBUS_SESSION_BUS_ADDRESS");
+        if let Some(runtime) = runtime {
+            cmd.env("XDG_RUNTIME_DIR", runtime);
+        }
+        let out = cmd.output().expect("node");
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_slice::<Value>(&out.stdout).expect("one JSON object")
+    };
+    let mut direct = ts(&["node", server, "stdio"], None);
+    let mut bridged = ts(&[mcpctl, "--user", "bridge", "everything"], Some(&runtime));
+    assert_eq!(direct["sampling"], true, "{direct}");
+    assert_eq!(direct["progress"]["inOrder"], true, "{direct}");
+    let names = |v: &mut Value| -> Vec<String> {
+        serde_json::from_value(v["tools"].take()).expect("tool names")
+    };
+    let (few, all) = (names(&mut direct), names(&mut bridged));
+    assert!(
+        few.iter().all(|t| all.contains(t)),
+        "{few:?} within {all:?}"
+    );
+    assert_eq!(all.len(), 17, "{all:?}");
     assert_eq!(direct, bridged);
 
     // The lists are published beside the tools, and reads go through.
