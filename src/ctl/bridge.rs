@@ -184,12 +184,60 @@ async fn reattach<W: AsyncWrite + Unpin>(
     Ok(link)
 }
 
+type HostIn = Box<dyn AsyncRead + Unpin + Send>;
+type HostOut = Box<dyn AsyncWrite + Unpin + Send>;
+
+/// The host's end: stdin and stdout as non-blocking pipes or sockets when
+/// they are (as hosts start servers), so copying needs no thread; tokio's
+/// blocking stdio otherwise (a terminal, a file).
+fn host_stdio() -> (HostIn, HostOut) {
+    use rustix::fs::FileType;
+    use std::os::fd::AsFd;
+    let kind = |fd: std::os::fd::BorrowedFd<'_>| {
+        rustix::fs::fstat(fd)
+            .ok()
+            .map(|st| FileType::from_raw_mode(st.st_mode))
+    };
+    let stdin = std::io::stdin();
+    let input: HostIn = match (kind(stdin.as_fd()), stdin.as_fd().try_clone_to_owned()) {
+        (Some(FileType::Fifo), Ok(fd)) => match tokio::net::unix::pipe::Receiver::from_owned_fd(fd)
+        {
+            Ok(pipe) => Box::new(pipe),
+            Err(_) => Box::new(tokio::io::stdin()),
+        },
+        (Some(FileType::Socket), Ok(fd)) => match socket(fd) {
+            Some(socket) => Box::new(socket),
+            None => Box::new(tokio::io::stdin()),
+        },
+        _ => Box::new(tokio::io::stdin()),
+    };
+    let stdout = std::io::stdout();
+    let output: HostOut = match (kind(stdout.as_fd()), stdout.as_fd().try_clone_to_owned()) {
+        (Some(FileType::Fifo), Ok(fd)) => match tokio::net::unix::pipe::Sender::from_owned_fd(fd) {
+            Ok(pipe) => Box::new(pipe),
+            Err(_) => Box::new(tokio::io::stdout()),
+        },
+        (Some(FileType::Socket), Ok(fd)) => match socket(fd) {
+            Some(socket) => Box::new(socket),
+            None => Box::new(tokio::io::stdout()),
+        },
+        _ => Box::new(tokio::io::stdout()),
+    };
+    (input, output)
+}
+
+fn socket(fd: std::os::fd::OwnedFd) -> Option<UnixStream> {
+    let socket = std::os::unix::net::UnixStream::from(fd);
+    socket.set_nonblocking(true).ok()?;
+    UnixStream::from_std(socket).ok()
+}
+
 /// Serves `name` on stdin/stdout until the host closes stdin.
 pub async fn run(instance: Instance, name: &str) -> Result<u8, CtlError> {
     // Fail early (exit 4) for a server that does not exist.
     let mut attached = Some(Attached::new(attach(instance, name).await?));
-    let mut host_in = BufReader::new(tokio::io::stdin());
-    let mut host_out = tokio::io::stdout();
+    let (host_in, mut host_out) = host_stdio();
+    let mut host_in = BufReader::new(host_in);
     let mut session = Session::default();
     let mut from_host = Vec::new();
     let mut from_daemon = Vec::new();

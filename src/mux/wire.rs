@@ -10,6 +10,8 @@
 //! daemon's memory).
 
 use std::io;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use serde_json::Value;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
@@ -193,8 +195,188 @@ pub fn error_chain(error: &(dyn std::error::Error + 'static)) -> String {
     text
 }
 
+/// A descriptor written to without waiting (pipes, sockets).
+pub trait TryWrite: Send + Sync + 'static {
+    fn try_write(&self, bytes: &[u8]) -> io::Result<usize>;
+    fn writable(&self) -> impl Future<Output = io::Result<()>> + Send;
+}
+
+macro_rules! try_write_sink {
+    ($t:ty) => {
+        impl TryWrite for $t {
+            fn try_write(&self, bytes: &[u8]) -> io::Result<usize> {
+                <$t>::try_write(self, bytes)
+            }
+            async fn writable(&self) -> io::Result<()> {
+                <$t>::writable(self).await
+            }
+        }
+    };
+}
+
+try_write_sink!(tokio::net::unix::pipe::Sender);
+try_write_sink!(tokio::net::unix::OwnedWriteHalf);
+
+/// Why a message could not be queued.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Refused {
+    /// More than the limit is waiting: the reader is not reading.
+    Full,
+    /// The connection failed or was closed.
+    Closed,
+}
+
+/// Writes lines to a descriptor from one task without waiting on it: what
+/// the descriptor takes now is written at once (no task switch on the way
+/// to the peer), the rest is queued for a writer task, and then everything
+/// queues behind it, so order is kept. Dropping the outbox closes the
+/// descriptor once the queue is written.
+#[derive(Debug)]
+pub struct Outbox<W> {
+    sink: Arc<W>,
+    /// Messages queued or being written by the writer task.
+    queued: Arc<AtomicUsize>,
+    queue: mpsc::UnboundedSender<Vec<u8>>,
+    limit: usize,
+}
+
+impl<W: TryWrite> Outbox<W> {
+    /// An outbox that refuses more than `limit` waiting messages;
+    /// `failed` hears of a failed write (once).
+    pub fn new(sink: W, limit: usize, failed: Option<mpsc::WeakUnboundedSender<Incoming>>) -> Self {
+        let sink = Arc::new(sink);
+        let queued = Arc::new(AtomicUsize::new(0));
+        let (queue, mut rx) = mpsc::unbounded_channel::<Vec<u8>>();
+        let (writer, count) = (Arc::clone(&sink), Arc::clone(&queued));
+        tokio::spawn(async move {
+            while let Some(bytes) = rx.recv().await {
+                if let Err(e) = write_all(&*writer, &bytes).await {
+                    // A closed pipe is the peer going away: its reader
+                    // sees the end of file.
+                    if e.kind() != io::ErrorKind::BrokenPipe
+                        && let Some(incoming) = failed.as_ref().and_then(|f| f.upgrade())
+                    {
+                        let _ = incoming.send(Err(format!("cannot write to the server: {e}")));
+                    }
+                    // Further sends are refused as closed.
+                    count.store(usize::MAX / 2, Ordering::Relaxed);
+                    return;
+                }
+                count.fetch_sub(1, Ordering::Relaxed);
+            }
+        });
+        Self {
+            sink,
+            queued,
+            queue,
+            limit,
+        }
+    }
+
+    /// Writes `bytes` now if the descriptor takes them, else queues them.
+    pub fn send(&self, mut bytes: Vec<u8>) -> Result<(), Refused> {
+        let queued = self.queued.load(Ordering::Relaxed);
+        if queued >= usize::MAX / 4 {
+            return Err(Refused::Closed);
+        }
+        if queued == 0 {
+            let mut written = 0;
+            loop {
+                match self.sink.try_write(&bytes[written..]) {
+                    Ok(n) => {
+                        written += n;
+                        if written == bytes.len() {
+                            return Ok(());
+                        }
+                    }
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                    // WouldBlock, or an error the writer task will meet
+                    // and report.
+                    Err(_) => break,
+                }
+            }
+            bytes.drain(..written);
+        } else if queued >= self.limit {
+            return Err(Refused::Full);
+        }
+        self.queued.fetch_add(1, Ordering::Relaxed);
+        self.queue.send(bytes).map_err(|_| Refused::Closed)
+    }
+}
+
+async fn write_all<W: TryWrite>(sink: &W, mut bytes: &[u8]) -> io::Result<()> {
+    while !bytes.is_empty() {
+        sink.writable().await?;
+        match sink.try_write(bytes) {
+            Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+            Ok(n) => bytes = &bytes[n..],
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted
+                ) => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
+/// Sends messages to a server.
+#[derive(Debug, Clone)]
+pub struct Sender(SenderKind);
+
+#[derive(Debug, Clone)]
+enum SenderKind {
+    /// To a task that serializes and writes them.
+    Values(mpsc::UnboundedSender<Value>),
+    /// Written at once where possible (the child's stdin).
+    Pipe(Arc<Outbox<tokio::net::unix::pipe::Sender>>),
+}
+
+/// The connection is closed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Closed;
+
+impl Sender {
+    pub fn send(&self, message: Value) -> Result<(), Closed> {
+        match &self.0 {
+            SenderKind::Values(tx) => tx.send(message).map_err(|_| Closed),
+            SenderKind::Pipe(outbox) => outbox.send(line(&message)).map_err(|_| Closed),
+        }
+    }
+}
+
 /// What a server connection reports.
 pub type Incoming = Result<Value, String>;
+
+/// Reads a server's lines into `incoming` until the end of file, or until
+/// nobody listens.
+fn read_lines<S: Source>(source: S, incoming: mpsc::UnboundedSender<Incoming>) {
+    tokio::spawn(async move {
+        let mut lines = Lines::new(source);
+        loop {
+            tokio::select! {
+                frame = lines.next() => match frame {
+                    Some(Frame::Message(message)) => {
+                        if incoming.send(Ok(message)).is_err() {
+                            break;
+                        }
+                    }
+                    Some(Frame::Garbage(why)) => {
+                        tracing::debug!("ignoring a line from the server: {why}");
+                    }
+                    Some(Frame::TooLong) => tracing::error!(
+                        max_line_length = MAX_LINE,
+                        "a message from the server exceeded the maximum line length; discarding it"
+                    ),
+                    None => break,
+                },
+                // Nobody listens any more: stop reading.
+                () = incoming.closed() => break,
+            }
+        }
+    });
+}
 
 /// A connection to a server carrying raw JSON-RPC: messages to the server
 /// on `tx` (dropping every sender closes the connection), messages from it
@@ -202,7 +384,7 @@ pub type Incoming = Result<Value, String>;
 /// request that could not be sent, and why.
 #[derive(Debug)]
 pub struct Wire {
-    pub tx: mpsc::UnboundedSender<Value>,
+    pub tx: Sender,
     pub rx: mpsc::UnboundedReceiver<Incoming>,
 }
 
@@ -219,30 +401,7 @@ impl Wire {
         // The writer reports a failed write without keeping the connection
         // open once the reader has seen the end.
         let reader_closed = incoming.downgrade();
-        tokio::spawn(async move {
-            let mut lines = Lines::new(source);
-            loop {
-                tokio::select! {
-                    frame = lines.next() => match frame {
-                        Some(Frame::Message(message)) => {
-                            if incoming.send(Ok(message)).is_err() {
-                                break;
-                            }
-                        }
-                        Some(Frame::Garbage(why)) => {
-                            tracing::debug!("ignoring a line from the server: {why}");
-                        }
-                        Some(Frame::TooLong) => tracing::error!(
-                            max_line_length = MAX_LINE,
-                            "a message from the server exceeded the maximum line length; discarding it"
-                        ),
-                        None => break,
-                    },
-                    // Nobody listens any more: stop reading.
-                    () = incoming.closed() => break,
-                }
-            }
-        });
+        read_lines(source, incoming);
         tokio::spawn(async move {
             let mut sink = sink;
             while let Some(message) = outgoing.recv().await {
@@ -265,7 +424,25 @@ impl Wire {
             // Closing the sink (the child's stdin) tells the server to go.
             let _ = sink.shutdown().await;
         });
-        Self { tx, rx }
+        Self {
+            tx: Sender(SenderKind::Values(tx)),
+            rx,
+        }
+    }
+
+    /// Over a child's pipes: as [`Wire::lines`], but a message the pipe
+    /// takes at once is written by the sender itself.
+    pub fn pipes(
+        source: tokio::net::unix::pipe::Receiver,
+        sink: tokio::net::unix::pipe::Sender,
+    ) -> Self {
+        let (incoming, rx) = mpsc::unbounded_channel();
+        let outbox = Outbox::new(sink, usize::MAX / 8, Some(incoming.downgrade()));
+        read_lines(source, incoming);
+        Self {
+            tx: Sender(SenderKind::Pipe(Arc::new(outbox))),
+            rx,
+        }
     }
 
     /// Over an rmcp client transport (Streamable HTTP): messages are
@@ -322,7 +499,10 @@ impl Wire {
             }
             let _ = transport.close().await;
         });
-        Self { tx, rx }
+        Self {
+            tx: Sender(SenderKind::Values(tx)),
+            rx,
+        }
     }
 }
 
@@ -391,10 +571,32 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn an_outbox_writes_at_once_queues_the_rest_in_order_and_refuses_past_its_limit() {
+        let (tx, rx) = pipe::pipe().expect("pipe");
+        let outbox = Outbox::new(tx, 3, None);
+        // One message larger than the pipe holds: part now, part queued.
+        let big = vec![b'a'; 256 * 1024];
+        outbox.send(big.clone()).expect("first");
+        outbox.send(b"b\n".to_vec()).expect("behind it");
+        outbox.send(b"c\n".to_vec()).expect("behind it");
+        assert_eq!(outbox.send(b"d\n".to_vec()), Err(Refused::Full));
+        drop(outbox);
+        let mut all = Vec::new();
+        let mut rx = rx;
+        tokio::io::AsyncReadExt::read_to_end(&mut rx, &mut all)
+            .await
+            .expect("read");
+        let mut want = big;
+        want.extend_from_slice(b"b\nc\n");
+        assert_eq!(all.len(), want.len());
+        assert!(all == want, "in order, nothing lost, closed once written");
+    }
+
+    #[tokio::test]
     async fn a_wire_writes_one_line_per_message_and_closes_its_sink() {
         let (server_out, client_in) = pipe::pipe().expect("pipe");
         let (client_out, server_in) = pipe::pipe().expect("pipe");
-        let mut wire = Wire::lines(client_in, client_out);
+        let mut wire = Wire::pipes(client_in, client_out);
         let mut from_client = Lines::new(server_in);
         wire.tx
             .send(serde_json::json!({"jsonrpc": "2.0", "method": "x"}))

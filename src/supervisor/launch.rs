@@ -120,7 +120,7 @@ impl SystemLauncher {
                 Ok((read, write))
             });
         let (read, write) = pipes.map_err(|e| format!("cannot use the server's pipes: {e}"))?;
-        let wire = Wire::lines(read, write);
+        let wire = Wire::pipes(read, write);
         let name = self.name.clone();
         let logs = self.logs.clone();
         tokio::spawn(async move {

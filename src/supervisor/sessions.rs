@@ -4,8 +4,9 @@
 //!
 //! Each host is a stream socket (from `Attach`) speaking newline-delimited
 //! JSON-RPC, with a reader task (at most [`BACKLOG`] messages queued here
-//! per host, so a flooding host waits on itself) and a writer task (a
-//! bounded queue: a host that stops reading is detached, never waited
+//! per host, so a flooding host waits on itself) and an [`Outbox`]: what
+//! the socket takes is written at once, the rest queued (at most
+//! [`QUEUE`] messages: a host that stops reading is detached, never waited
 //! for). The upstream is the [`Wire`] the actor hands over once a
 //! generation's handshake is done, and takes back when it ends. What the
 //! router does not decide is done here, where the unit's state is known:
@@ -28,12 +29,11 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 use serde_json::{Value, json};
-use tokio::io::AsyncWriteExt;
 use tokio::net::UnixStream;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, oneshot, watch};
 
 use crate::mux::route::{self, Caps, HostId, Out, Router};
-use crate::mux::wire::{Frame, Incoming, Lines, MAX_LINE, Wire, line};
+use crate::mux::wire::{Frame, Incoming, Lines, MAX_LINE, Outbox, Refused, Wire, line};
 use crate::unit::ToolFilter;
 
 use super::accounting::{Caller, Counters, Outcome, Record};
@@ -331,7 +331,7 @@ enum Waiter {
 
 /// One attached host.
 struct Host {
-    out: mpsc::Sender<Vec<u8>>,
+    out: Outbox<tokio::net::unix::OwnedWriteHalf>,
     /// Dropped with the host: stops its reader.
     _kill: oneshot::Sender<()>,
     caller: Caller,
@@ -346,7 +346,7 @@ struct Host {
 
 struct Upstream {
     generation: Gen,
-    tx: mpsc::UnboundedSender<Value>,
+    tx: crate::mux::wire::Sender,
     rx: mpsc::UnboundedReceiver<Incoming>,
 }
 
@@ -470,10 +470,9 @@ impl Task {
         self.next_host += 1;
         let host = self.next_host;
         let (read, write) = stream.into_split();
-        let (out, queue) = mpsc::channel(QUEUE);
+        let out = Outbox::new(write, QUEUE, None);
         let (kill, killed) = oneshot::channel();
         tokio::spawn(read_host(host, Lines::new(read), input, killed));
-        tokio::spawn(write_host(queue, write));
         self.hosts.insert(
             host,
             Host {
@@ -509,12 +508,12 @@ impl Task {
         let Some(h) = self.hosts.get(&host) else {
             return;
         };
-        match h.out.try_send(bytes) {
+        match h.out.send(bytes) {
             Ok(()) => {}
-            Err(mpsc::error::TrySendError::Full(_)) => {
+            Err(Refused::Full) => {
                 self.doomed.push((host, "it stopped reading its messages"));
             }
-            Err(mpsc::error::TrySendError::Closed(_)) => {
+            Err(Refused::Closed) => {
                 self.doomed.push((host, "its connection failed"));
             }
         }
@@ -1043,19 +1042,4 @@ async fn read_host(
         }
     }
     let _ = input.send(Input::HostGone { host });
-}
-
-async fn write_host(
-    mut queue: mpsc::Receiver<Vec<u8>>,
-    mut write: tokio::net::unix::OwnedWriteHalf,
-) {
-    let mut batch = Vec::new();
-    while queue.recv_many(&mut batch, 64).await > 0 {
-        for bytes in batch.drain(..) {
-            if write.write_all(&bytes).await.is_err() {
-                return;
-            }
-        }
-    }
-    let _ = write.shutdown().await;
 }

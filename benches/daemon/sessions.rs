@@ -1,0 +1,277 @@
+//! Host sessions (issue 14 targets): `mcpctl bridge` in front of the
+//! reference server (`@modelcontextprotocol/server-everything`, from
+//! `target/npm`, which `.ci/run` installs) vs a direct stdio session; the
+//! bridge's start-up and RSS; 8 hosts on one server vs one direct session
+//! with 8 calls in flight; the daemon's memory per idle host session.
+
+use std::io::{BufRead, Write};
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use rmcp::ServiceExt;
+use rmcp::model::CallToolRequestParams;
+
+use super::common::{self, Bus, Row, rss_kib, stats};
+use super::{Client, Daemon, Sizes, private, server, time};
+
+/// The reference server's entry point, if installed.
+fn everything() -> Result<PathBuf, String> {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("target/npm/node_modules/@modelcontextprotocol/server-everything/dist/index.js");
+    if !path.is_file() {
+        return Err(format!(
+            "{} is missing (.ci/run installs tests/npm)",
+            path.display()
+        ));
+    }
+    Ok(path)
+}
+
+/// `program args` with piped stdio, for a daemon's runtime dir.
+fn spawn(
+    program: &Path,
+    args: &[&str],
+    runtime: &Path,
+) -> (
+    tokio::process::Child,
+    (tokio::process::ChildStdout, tokio::process::ChildStdin),
+) {
+    let mut child = tokio::process::Command::new(program)
+        .args(args)
+        .env("XDG_RUNTIME_DIR", runtime)
+        .env_remove("DBUS_SESSION_BUS_ADDRESS")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("spawn");
+    let io = (
+        child.stdout.take().expect("stdout"),
+        child.stdin.take().expect("stdin"),
+    );
+    (child, io)
+}
+
+fn params(tool: &str, arguments: serde_json::Value) -> CallToolRequestParams {
+    let serde_json::Value::Object(arguments) = arguments else {
+        unreachable!("arguments are an object")
+    };
+    CallToolRequestParams::new(tool.to_owned()).with_arguments(arguments)
+}
+
+/// Round trips of `tool`, one at a time.
+async fn round_trips(
+    client: &Client,
+    calls: usize,
+    tool: &str,
+    arguments: serde_json::Value,
+) -> Vec<f64> {
+    time(calls, || async {
+        let result = client
+            .call_tool(params(tool, arguments.clone()))
+            .await
+            .expect("call");
+        assert_ne!(result.is_error, Some(true), "{result:?}");
+    })
+    .await
+}
+
+/// server-everything's `echo`, direct and through the bridge.
+async fn everything_overhead(bus: Option<&Bus>, sizes: &Sizes) -> Result<Row, String> {
+    let server = everything()?;
+    let server = server.to_str().ok_or("a non-UTF-8 path")?.to_owned();
+    let units = tempfile::tempdir().map_err(|e| e.to_string())?;
+    std::fs::write(
+        units.path().join("everything.kdl"),
+        format!("stdio {{\n    command \"node\" \"{server}\" \"stdio\"\n}}\n"),
+    )
+    .map_err(|e| e.to_string())?;
+    let d = Daemon::start(units.path(), bus);
+    d.until(1, super::running);
+    let echo = serde_json::json!({"message": "x"});
+    let (_direct, io) = spawn(Path::new("node"), &[&server, "stdio"], d.runtime.path());
+    let direct = ().serve(io).await.map_err(|e| e.to_string())?;
+    let direct_xs = round_trips(&direct, sizes.calls, "echo", echo.clone()).await;
+    let _ = direct.cancel().await;
+    let (_bridge, io) = spawn(
+        &common::binary("mcpctl"),
+        &["--user", "bridge", "everything"],
+        d.runtime.path(),
+    );
+    let bridged = ().serve(io).await.map_err(|e| e.to_string())?;
+    let bridged_xs = round_trips(&bridged, sizes.calls, "echo", echo).await;
+    let _ = bridged.cancel().await;
+    let (direct, bridged) = (stats(direct_xs), stats(bridged_xs));
+    let ratio = bridged.p50 / direct.p50;
+    Ok(Row::new(
+        "server-everything echo through mcpctl bridge, vs direct stdio",
+        "p50 ≤ 1.25× direct",
+        format!("{:.3} ms vs {:.3} ms: {ratio:.2}×", bridged.p50, direct.p50),
+        format!("p95 {:.3} vs {:.3} ms", bridged.p95, direct.p95),
+        bridged.runs,
+    )
+    .met(ratio <= 1.25))
+}
+
+/// `mcpctl bridge` from exec to the answer to `initialize`, and its RSS.
+fn bridge_start(d: &Daemon, sizes: &Sizes) -> Vec<Row> {
+    let initialize = br#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"bench","version":"1"}}}
+"#;
+    let mut xs = Vec::new();
+    let mut rss = Vec::new();
+    for _ in 0..sizes.bridge_starts {
+        let t = Instant::now();
+        let mut child = Command::new(common::binary("mcpctl"))
+            .args(["--user", "bridge", "u0"])
+            .env("XDG_RUNTIME_DIR", d.runtime.path())
+            .env_remove("DBUS_SESSION_BUS_ADDRESS")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawn mcpctl bridge");
+        let mut stdin = child.stdin.take().expect("stdin");
+        stdin.write_all(initialize).expect("write");
+        let mut answer = String::new();
+        std::io::BufReader::new(child.stdout.take().expect("stdout"))
+            .read_line(&mut answer)
+            .expect("read");
+        xs.push(t.elapsed().as_secs_f64() * 1000.0);
+        assert!(answer.contains("\"result\""), "{answer}");
+        rss.push(rss_kib(&child.id().to_string()) as f64 / 1024.0);
+        drop(stdin);
+        let _ = child.wait();
+    }
+    let start = stats(xs);
+    let rss = stats(rss);
+    vec![
+        Row::ms(
+            "mcpctl bridge: exec to the answer to initialize",
+            "≤ 10 ms",
+            start,
+            2,
+        )
+        .met(start.p50 <= 10.0),
+        Row::new(
+            "mcpctl bridge RSS, attached",
+            "≤ 4 MiB",
+            format!("{:.1} MiB", rss.p50),
+            format!("{:.1}..{:.1} MiB", rss.min, rss.max),
+            rss.runs,
+        )
+        .met(rss.p50 <= 4.0),
+    ]
+}
+
+/// 8 bridges on one server, each making its calls one at a time, vs one
+/// direct session with 8 calls in flight.
+async fn eight_hosts(d: &Daemon, sizes: &Sizes) -> Row {
+    let fixture = common::binary("examples/mcp-fixture");
+    let per_host = sizes.host_calls;
+    let echo = || params("echo", serde_json::json!({"text": "x"}));
+    let (_direct, io) = spawn(&fixture, &["--chatter", "0"], d.runtime.path());
+    let direct = ().serve(io).await.expect("initialize");
+    let t = Instant::now();
+    let lanes = (0..8).map(|_| async {
+        for _ in 0..per_host {
+            direct.call_tool(echo()).await.expect("echo");
+        }
+    });
+    futures_util::future::join_all(lanes).await;
+    let direct_rate = (8 * per_host) as f64 / t.elapsed().as_secs_f64();
+    let _ = direct.cancel().await;
+
+    let mut bridges = Vec::new();
+    let mut clients = Vec::new();
+    for _ in 0..8 {
+        let (child, io) = spawn(
+            &common::binary("mcpctl"),
+            &["--user", "bridge", "u0"],
+            d.runtime.path(),
+        );
+        bridges.push(child);
+        clients.push(().serve(io).await.expect("initialize"));
+    }
+    let t = Instant::now();
+    let hosts = clients.iter().map(|client| async move {
+        for _ in 0..per_host {
+            client.call_tool(echo()).await.expect("echo");
+        }
+    });
+    futures_util::future::join_all(hosts).await;
+    let shared_rate = (8 * per_host) as f64 / t.elapsed().as_secs_f64();
+    for client in clients {
+        let _ = client.cancel().await;
+    }
+    let share = shared_rate / direct_rate;
+    Row::new(
+        format!("8 hosts × {per_host} calls on one server through bridges, vs one direct session with 8 in flight"),
+        "≥ 80 % of direct",
+        format!("{shared_rate:.0} vs {direct_rate:.0} calls/s: {:.0} %", share * 100.0),
+        "-",
+        1,
+    )
+    .met(share >= 0.8)
+}
+
+/// The daemon's RSS growth per idle, initialized host session.
+async fn idle_sessions(d: &Daemon, sizes: &Sizes) -> Row {
+    let n = sizes.sessions;
+    let conn = private(d).await;
+    let u0 = server(&conn, "u0").await;
+    // A first one, so what every session shares is allocated already.
+    let mut sockets = Vec::new();
+    let open = async || {
+        let fd: std::os::fd::OwnedFd = u0.attach().await.expect("Attach").into();
+        let socket = UnixStream::from(fd);
+        let mut writer = socket.try_clone().expect("clone");
+        writer
+            .write_all(br#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"bench","version":"1"}}}
+"#)
+            .expect("write");
+        let mut answer = String::new();
+        std::io::BufReader::new(socket.try_clone().expect("clone"))
+            .read_line(&mut answer)
+            .expect("read");
+        assert!(answer.contains("\"result\""), "{answer}");
+        socket
+    };
+    sockets.push(open().await);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let before = rss_kib(&d.pid().to_string());
+    for _ in 0..n {
+        sockets.push(open().await);
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let after = rss_kib(&d.pid().to_string());
+    let per = after.saturating_sub(before) as f64 / n as f64;
+    drop(sockets);
+    Row::new(
+        format!("daemon memory per idle host session ({n} attached and initialized)"),
+        "≤ 16 KiB",
+        format!("{per:.1} KiB"),
+        format!(
+            "RSS {:.1} → {:.1} MiB",
+            before as f64 / 1024.0,
+            after as f64 / 1024.0
+        ),
+        1,
+    )
+    .met(per <= 16.0)
+}
+
+/// Every host-session row.
+pub async fn rows(d: &Daemon, bus: Option<&Bus>, sizes: &Sizes) -> Vec<Row> {
+    let mut rows = Vec::new();
+    rows.push(match everything_overhead(bus, sizes).await {
+        Ok(row) => row,
+        Err(reason) => Row::skipped("server-everything echo through mcpctl bridge", &reason),
+    });
+    rows.extend(bridge_start(d, sizes));
+    rows.push(eight_hosts(d, sizes).await);
+    rows.push(idle_sessions(d, sizes).await);
+    rows
+}
