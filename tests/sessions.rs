@@ -605,3 +605,42 @@ fn a_host_sending_garbage_or_a_flood_gets_errors_and_disturbs_nobody() {
 fn status_of(runtime: &std::path::Path, name: &str) -> String {
     String::from_utf8_lossy(&mcpctl_user(runtime, &["status", name]).stdout).into_owned()
 }
+
+#[test]
+fn what_a_host_pipelines_behind_an_initialize_that_waits_is_answered_in_order() {
+    let units = tempfile::tempdir().expect("tempdir");
+    std::fs::write(
+        units.path().join("slow.kdl"),
+        "stdio {\n    command \"mcp-fixture\" \"--chatter\" \"0\" \"--slow-start\" \"1s\"\n}\n",
+    )
+    .expect("write");
+    let mut d = Daemon::user_no_bus(units.path(), &[]);
+    d.wait_for("mcpd::supervisor: starting");
+    let runtime = d.runtime_dir().expect("runtime").to_owned();
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    rt.block_on(async {
+        tokio::time::timeout(Duration::from_secs(30), async {
+            // While the server starts: initialize, initialized and two
+            // requests in one write, as a bridge replaying a session does.
+            let mut host = Raw::new(&runtime, "slow");
+            host.send(concat!(
+                r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"raw","version":"1"}}}"#, "\n",
+                r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#, "\n",
+                r#"{"jsonrpc":"2.0","id":2,"method":"tools/list"}"#, "\n",
+                r#"{"jsonrpc":"2.0","id":3,"method":"tools/call","params":{"name":"echo","arguments":{"text":"after"}}}"#, "\n",
+            ).as_bytes())
+            .await;
+            let init = host.line().await;
+            assert_eq!(init["id"], 1, "{init}");
+            assert_eq!(init["result"]["serverInfo"]["name"], "mcp-fixture");
+            let tools = host.line().await;
+            assert_eq!(tools["id"], 2, "{tools}");
+            assert!(tools["result"]["tools"].as_array().is_some_and(|t| t.len() == 9), "{tools}");
+            let echo = host.line().await;
+            assert_eq!(echo["result"]["content"][0]["text"], "after", "{echo}");
+        })
+        .await
+        .expect("within 30 s");
+    });
+    assert!(d.stop(Signal::TERM).success());
+}

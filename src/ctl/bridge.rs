@@ -46,6 +46,17 @@ fn id_key(id: &RawValue) -> Option<String> {
     (!id.is_null()).then(|| id.to_string())
 }
 
+/// What becomes of a line from the daemon.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Verdict {
+    /// The host gets it.
+    Pass,
+    /// The answer to a replayed `initialize`.
+    Swallow,
+    /// The replayed `initialize` was refused.
+    Reattach,
+}
+
 /// What the bridge knows of the host's session.
 #[derive(Debug, Default)]
 struct Session {
@@ -85,20 +96,28 @@ impl Session {
     }
 
     /// A line from the daemon: whether the host gets it.
-    fn daemon_line(&mut self, line: &[u8]) -> bool {
+    fn daemon_line(&mut self, line: &[u8]) -> Verdict {
         let Ok(head) = serde_json::from_slice::<Head>(line) else {
-            return true;
+            return Verdict::Pass;
         };
         if head.method.is_none()
             && let Some(id) = head.id.and_then(id_key)
         {
             if self.swallow.as_ref() == Some(&id) {
                 self.swallow = None;
-                return false;
+                // A refused replay leaves the new session uninitialized:
+                // attach again later rather than fail every request.
+                let refused =
+                    serde_json::from_slice::<Value>(line).is_ok_and(|m| m.get("error").is_some());
+                return if refused {
+                    Verdict::Reattach
+                } else {
+                    Verdict::Swallow
+                };
             }
             self.pending.remove(&id);
         }
-        true
+        Verdict::Pass
     }
 
     /// The daemon is gone: every unanswered request fails now.
@@ -243,6 +262,8 @@ pub async fn run(instance: Instance, name: &str) -> Result<u8, CtlError> {
     let mut from_daemon = Vec::new();
     let mut delay = Duration::from_millis(100);
     let mut complained = false;
+    // The last replayed initialize was refused: keep backing off.
+    let mut refused = false;
     loop {
         let Some(link) = attached.as_mut() else {
             // Detached: attach again when due, or at once for a request.
@@ -256,6 +277,11 @@ pub async fn run(instance: Instance, name: &str) -> Result<u8, CtlError> {
                             session.host_line(&from_host);
                             if write(&mut link.write, &from_host).await {
                                 attached = Some(link);
+                            } else {
+                                let failed = session.lost("the connection to mcpd was lost");
+                                if !write(&mut host_out, &failed).await {
+                                    return Ok(exit::OK);
+                                }
                             }
                         }
                         Err(why) => {
@@ -286,7 +312,9 @@ pub async fn run(instance: Instance, name: &str) -> Result<u8, CtlError> {
                     eprintln!("mcpctl bridge: attached to {name} again");
                 }
                 complained = false;
-                delay = Duration::from_millis(100);
+                if !refused {
+                    delay = Duration::from_millis(100);
+                }
                 from_daemon.clear();
             }
             continue;
@@ -320,9 +348,22 @@ pub async fn run(instance: Instance, name: &str) -> Result<u8, CtlError> {
                     }
                     continue;
                 }
-                let pass = session.daemon_line(&from_daemon);
-                if pass && !write(&mut host_out, &from_daemon).await {
-                    return Ok(exit::OK);
+                match session.daemon_line(&from_daemon) {
+                    Verdict::Pass => {
+                        if !write(&mut host_out, &from_daemon).await {
+                            return Ok(exit::OK);
+                        }
+                    }
+                    Verdict::Swallow => refused = false,
+                    Verdict::Reattach => {
+                        refused = true;
+                        delay = (delay * 2).min(Duration::from_secs(5));
+                        let failed = session.lost("the server refused the session; the bridge is reconnecting");
+                        attached = None;
+                        if !write(&mut host_out, &failed).await {
+                            return Ok(exit::OK);
+                        }
+                    }
                 }
                 from_daemon.clear();
             }
@@ -338,7 +379,10 @@ mod tests {
     fn requests_are_pending_until_answered_and_failed_when_the_daemon_goes() {
         let mut s = Session::default();
         s.host_line(br#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{}}"#);
-        assert!(s.daemon_line(br#"{"jsonrpc":"2.0","id":1,"result":{}}"#));
+        assert_eq!(
+            s.daemon_line(br#"{"jsonrpc":"2.0","id":1,"result":{}}"#),
+            Verdict::Pass
+        );
         s.host_line(br#"{"jsonrpc":"2.0","id":"a","method":"tools/call","params":{}}"#);
         s.host_line(br#"{"jsonrpc":"2.0","id":2,"method":"tools/call"}"#);
         s.host_line(
@@ -359,8 +403,26 @@ mod tests {
             swallow: Some("1".into()),
             ..Session::default()
         };
-        assert!(!s.daemon_line(br#"{"jsonrpc":"2.0","id":1,"result":{}}"#));
-        assert!(s.daemon_line(br#"{"jsonrpc":"2.0","id":1,"result":{}}"#));
-        assert!(s.daemon_line(b"not json at all\n"), "copied, not judged");
+        assert_eq!(
+            s.daemon_line(br#"{"jsonrpc":"2.0","id":1,"result":{}}"#),
+            Verdict::Swallow
+        );
+        assert_eq!(
+            s.daemon_line(br#"{"jsonrpc":"2.0","id":1,"result":{}}"#),
+            Verdict::Pass
+        );
+        assert_eq!(
+            s.daemon_line(b"not json at all\n"),
+            Verdict::Pass,
+            "copied, not judged"
+        );
+        s.swallow = Some("2".into());
+        assert_eq!(
+            s.daemon_line(
+                br#"{"jsonrpc":"2.0","id":2,"error":{"code":-32000,"message":"failed"}}"#
+            ),
+            Verdict::Reattach,
+            "a refused replay: attach again later"
+        );
     }
 }

@@ -304,6 +304,17 @@ impl<W: TryWrite> Outbox<W> {
     }
 }
 
+impl Outbox<tokio::net::unix::OwnedWriteHalf> {
+    /// Shuts the socket down both ways now, whatever is still queued: the
+    /// peer sees the end at once, and a writer task waiting for it to read
+    /// fails and ends.
+    pub fn shutdown(&self) {
+        use std::os::fd::AsFd;
+        let stream: &tokio::net::UnixStream = (*self.sink).as_ref();
+        let _ = rustix::net::shutdown(stream.as_fd(), rustix::net::Shutdown::Both);
+    }
+}
+
 async fn write_all<W: TryWrite>(sink: &W, mut bytes: &[u8]) -> io::Result<()> {
     while !bytes.is_empty() {
         sink.writable().await?;

@@ -321,6 +321,9 @@ struct Cache {
     reading: Option<Reading>,
     /// The server said it changed while it was being read.
     dirty: bool,
+    /// The read was asked for by the server's `list_changed`: hosts are
+    /// told of the result even when there was no list before.
+    notify: bool,
 }
 
 /// Who waits for the answer to mcpd's own request.
@@ -497,7 +500,10 @@ impl Task {
         }
         self.waiting.retain(|(h, _, _)| *h != host);
         self.count.store(self.hosts.len(), Ordering::Relaxed);
-        // Its calls in flight are dropped: logged as abandoned.
+        // The host sees its session end at once, whatever its writer task
+        // still waits to write; its calls in flight are dropped (logged as
+        // abandoned).
+        gone.out.shutdown();
         drop(gone);
         let outs = self.router.detach(host);
         self.deliver(outs, None);
@@ -590,8 +596,13 @@ impl Task {
         self.init = Some(init);
         let outs = self.router.upstream_ready();
         self.deliver(outs, None);
-        for kind in offered {
-            self.read_list(kind);
+        for kind in Kind::ALL {
+            if offered.contains(&kind) {
+                self.read_list(kind, false);
+            } else if self.set_list(kind, None).is_some_and(|old| &*old != "[]") {
+                // This generation offers it no more.
+                self.broadcast(kind.changed());
+            }
         }
         for (host, id, params) in std::mem::take(&mut self.waiting) {
             self.initialize(host, &id, &params);
@@ -672,8 +683,9 @@ impl Task {
 
     /// Reads list `kind` from the server (again, once the read in flight
     /// is done, if one is).
-    fn read_list(&mut self, kind: Kind) {
+    fn read_list(&mut self, kind: Kind, notify: bool) {
         let cache = &mut self.caches[kind.index()];
+        cache.notify |= notify;
         if cache.reading.is_some() {
             cache.dirty = true;
             return;
@@ -708,6 +720,12 @@ impl Task {
                 .unwrap_or("the answer has no list");
             tracing::warn!(target: "mcpd::sessions", mcpd_server = %self.name, "{} failed: {why}", kind.method());
             cache.reading = None;
+            if std::mem::take(&mut cache.notify) {
+                // Hosts ask the server themselves now (nothing is cached
+                // to answer from).
+                self.set_list(kind, None);
+                self.broadcast(kind.changed());
+            }
             return;
         };
         reading.items.extend(items);
@@ -724,14 +742,21 @@ impl Task {
         }
         let items = cache.reading.take().map(|r| r.items).unwrap_or_default();
         let dirty = std::mem::take(&mut cache.dirty);
+        let notify = std::mem::take(&mut cache.notify);
         let new: Arc<str> = Arc::from(Value::Array(items).to_string());
         let old = self.set_list(kind, Some(Arc::clone(&new)));
-        // Hosts attached before the first read had the server's own answers.
-        if old.is_some_and(|old| old != new) {
+        // Hosts attached before the first read had the server's own
+        // answers: they hear of it only if it changed, or if the server
+        // said so.
+        let changed = match old {
+            Some(old) => old != new,
+            None => notify,
+        };
+        if changed {
             self.broadcast(kind.changed());
         }
         if dirty {
-            self.read_list(kind);
+            self.read_list(kind, true);
         }
     }
 
@@ -780,11 +805,19 @@ impl Task {
         {
             tools.insert("listChanged".into(), json!(true));
         }
-        if let Some(h) = self.hosts.get_mut(&host) {
-            h.initialized = true;
-        }
+        let held = match self.hosts.get_mut(&host) {
+            Some(h) => {
+                h.initialized = true;
+                std::mem::take(&mut h.held)
+            }
+            None => Vec::new(),
+        };
         self.router.attach(host, Caps::from_initialize(params));
         self.send(host, &json!({"jsonrpc": "2.0", "id": id, "result": result}));
+        // What it sent meanwhile, in order.
+        for frame in held {
+            self.on_host(host, frame);
+        }
     }
 
     fn on_host(&mut self, host: HostId, frame: Frame) {
@@ -913,13 +946,23 @@ impl Task {
                 return;
             }
             let key = id.to_string();
-            if let Some(h) = self.hosts.get_mut(&host)
-                && !h.calls.contains_key(&key)
-            {
-                let mut record = Record::new(&self.name, &tool, &self.counters);
-                record.caller = h.caller;
-                h.calls.insert(key, record);
+            let Some(h) = self.hosts.get_mut(&host) else {
+                return;
+            };
+            if h.calls.contains_key(&key) {
+                // Not routed: the router's refusal would end the record of
+                // the call that holds the id.
+                let refusal = error(
+                    &id,
+                    route::INVALID_REQUEST,
+                    format!("request id {id} is already in use"),
+                );
+                self.send_bytes(host, line(&refusal));
+                return;
             }
+            let mut record = Record::new(&self.name, &tool, &self.counters);
+            record.caller = h.caller;
+            h.calls.insert(key, record);
         }
         let outs = self.router.from_host(host, message);
         self.deliver(outs, None);
@@ -948,7 +991,7 @@ impl Task {
                     .filter(|k| k.changed() == changed)
                     .collect();
                 for kind in kinds {
-                    self.read_list(kind);
+                    self.read_list(kind, true);
                 }
                 return;
             }
