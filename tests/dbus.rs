@@ -627,6 +627,7 @@ fn the_private_socket_serves_everything_without_a_bus() {
             assert_eq!(tools[0]["name"], "echo");
 
             let mut changes = server.receive_tool_list_changed().await.expect("subscribe");
+            let mut lists = server.receive_list_changed().await.expect("subscribe");
             server
                 .call_tool("set_tools", "{\"tools\":[\"extra\"]}")
                 .await
@@ -635,6 +636,9 @@ fn the_private_socket_serves_everything_without_a_bus() {
             let args = signal.args().expect("args");
             assert_eq!(*args.generation(), 1);
             assert!(args.tools().iter().any(|t| t.name == "extra"));
+            let signal = lists.next().await.expect("ListChanged");
+            let args = signal.args().expect("args");
+            assert_eq!((*args.generation(), args.which.as_str()), (1, "tools"));
 
             // the object manager lists the server with its interface
             let objects = zbus::fdo::ObjectManagerProxy::builder(&conn)

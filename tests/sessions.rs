@@ -490,6 +490,16 @@ impl Raw {
         self.write.flush().await.expect("flush");
     }
 
+    /// The next answer (notifications on the way are skipped).
+    async fn answer(&mut self) -> Value {
+        loop {
+            let line = self.line().await;
+            if line.get("method").is_none() {
+                return line;
+            }
+        }
+    }
+
     async fn line(&mut self) -> Value {
         let line = tokio::time::timeout(Duration::from_secs(10), self.read.next_line())
             .await
@@ -630,13 +640,13 @@ fn what_a_host_pipelines_behind_an_initialize_that_waits_is_answered_in_order() 
                 r#"{"jsonrpc":"2.0","id":3,"method":"tools/call","params":{"name":"echo","arguments":{"text":"after"}}}"#, "\n",
             ).as_bytes())
             .await;
-            let init = host.line().await;
+            let init = host.answer().await;
             assert_eq!(init["id"], 1, "{init}");
             assert_eq!(init["result"]["serverInfo"]["name"], "mcp-fixture");
-            let tools = host.line().await;
+            let tools = host.answer().await;
             assert_eq!(tools["id"], 2, "{tools}");
             assert!(tools["result"]["tools"].as_array().is_some_and(|t| t.len() == 9), "{tools}");
-            let echo = host.line().await;
+            let echo = host.answer().await;
             assert_eq!(echo["result"]["content"][0]["text"], "after", "{echo}");
         })
         .await

@@ -21,6 +21,7 @@ use zbus::Connection;
 use zbus::object_server::SignalEmitter;
 
 use crate::model::{Change, Diff};
+use crate::supervisor::ListKind;
 
 use super::manager::Manager;
 use super::server::{self, Server};
@@ -356,14 +357,44 @@ impl Hub {
         let task = tokio::spawn(async move {
             let mut rx = supervisor.subscribe();
             let mut last = rx.borrow_and_update().clone();
-            while rx.changed().await.is_ok() {
-                let now = rx.borrow_and_update().clone();
-                let Some(hub) = hub.upgrade() else { return };
-                for (id, peer) in hub.snapshot() {
-                    let sent = bounded(server::emit_changes(&peer.conn, &owned, &last, &now)).await;
-                    hub.sent(id, &peer, "status changes", sent);
+            let mut lists = supervisor.subscribe_lists();
+            let mut last_lists = *lists.borrow_and_update();
+            loop {
+                tokio::select! {
+                    changed = rx.changed() => {
+                        if changed.is_err() {
+                            return;
+                        }
+                        let now = rx.borrow_and_update().clone();
+                        let Some(hub) = hub.upgrade() else { return };
+                        for (id, peer) in hub.snapshot() {
+                            let sent = bounded(server::emit_changes(&peer.conn, &owned, &last, &now)).await;
+                            hub.sent(id, &peer, "status changes", sent);
+                        }
+                        last = now;
+                    }
+                    changed = lists.changed() => {
+                        if changed.is_err() {
+                            return;
+                        }
+                        let now = *lists.borrow_and_update();
+                        let Some(hub) = hub.upgrade() else { return };
+                        let mut which: Vec<&str> = ListKind::ALL
+                            .into_iter()
+                            .filter(|k| now[*k as usize] != last_lists[*k as usize])
+                            .map(ListKind::which)
+                            .collect();
+                        which.dedup();
+                        let generation = last.generation;
+                        for (id, peer) in hub.snapshot() {
+                            for list in &which {
+                                let sent = bounded(server::emit_list_changed(&peer.conn, &owned, generation, list)).await;
+                                hub.sent(id, &peer, "ListChanged", sent);
+                            }
+                        }
+                        last_lists = now;
+                    }
                 }
-                last = now;
             }
         });
         if let Ok(mut watchers) = self.watchers.lock()

@@ -427,6 +427,15 @@ impl Server {
             .unwrap_or_default()
     }
 
+    /// A published list changed: `which` is `tools`, `resources` (the
+    /// resources or their templates) or `prompts`.
+    #[zbus(signal, name = "ListChanged")]
+    pub async fn list_changed(
+        emitter: &SignalEmitter<'_>,
+        generation: u64,
+        which: &str,
+    ) -> zbus::Result<()>;
+
     /// Emitted exactly when the published tool list changes.
     #[zbus(signal, name = "ToolsChanged")]
     pub async fn tool_list_changed(
@@ -493,8 +502,26 @@ pub(crate) async fn emit_changes(
     if old.tools_serial != new.tools_serial {
         iface.tools_changed(em).await?;
         Server::tool_list_changed(em, new.tools_generation, tool_rows(new)).await?;
+        Server::list_changed(em, new.tools_generation, "tools").await?;
     }
     Ok(())
+}
+
+/// Emits `ListChanged(generation, which)` for server `name`.
+pub(crate) async fn emit_list_changed(
+    conn: &Connection,
+    name: &str,
+    generation: u64,
+    which: &str,
+) -> zbus::Result<()> {
+    let Ok(iref) = conn
+        .object_server()
+        .interface::<_, Server>(server_path(name))
+        .await
+    else {
+        return Ok(());
+    };
+    Server::list_changed(iref.signal_emitter(), generation, which).await
 }
 
 /// Emits PropertiesChanged for what a reload may change.
@@ -533,6 +560,8 @@ pub mod client {
         fn attach(&self) -> Result<zbus::OwnedFd, Error>;
         #[zbus(property(emits_changed_signal = "false"))]
         fn sessions(&self) -> Result<u32, Error>;
+        #[zbus(signal, name = "ListChanged")]
+        fn list_changed(&self, generation: u64, which: String) -> zbus::Result<()>;
         #[zbus(signal, name = "ToolsChanged")]
         fn tool_list_changed(
             &self,

@@ -308,6 +308,12 @@ impl Supervisor {
         CallError::not_running(&self.name, &self.status())
     }
 
+    /// The serials of the resource, template and prompt lists (indexed as
+    /// [`ListKind::ALL`]): each rises when its list changes.
+    pub fn subscribe_lists(&self) -> watch::Receiver<[u64; 3]> {
+        self.sessions.changes()
+    }
+
     /// A request of mcpd's own to the running server (`resources/read`,
     /// `prompts/get`): its `result`, or why there is none.
     pub async fn request(

@@ -104,6 +104,8 @@ pub(crate) struct Sessions {
     tokens: Arc<AtomicU64>,
     count: Arc<AtomicUsize>,
     lists: Lists,
+    /// Serials of the three lists, raised when one changes.
+    changes: watch::Receiver<[u64; 3]>,
 }
 
 /// Cancels mcpd's own request upstream when its caller stops waiting.
@@ -133,6 +135,7 @@ impl Sessions {
         let (tx, rx) = mpsc::unbounded_channel();
         let count = Arc::new(AtomicUsize::new(0));
         let lists = Lists::default();
+        let (changes_tx, changes) = watch::channel([0; 3]);
         let serial = status.borrow().tools_serial;
         let task = Task {
             name: Arc::from(name),
@@ -145,6 +148,7 @@ impl Sessions {
             waiting: Vec::new(),
             own: HashMap::new(),
             lists: Arc::clone(&lists),
+            changes: changes_tx,
             caches: Default::default(),
             tokens: HashMap::new(),
             status,
@@ -162,7 +166,14 @@ impl Sessions {
             tokens: Arc::new(AtomicU64::new(0)),
             count,
             lists,
+            changes,
         }
+    }
+
+    /// The serials of the resource, template and prompt lists (indexed as
+    /// [`Kind::ALL`]): each rises when its list changes.
+    pub(crate) fn changes(&self) -> watch::Receiver<[u64; 3]> {
+        self.changes.clone()
     }
 
     /// A list as published (a JSON array), if the server offers it and it
@@ -268,6 +279,14 @@ pub enum Kind {
 impl Kind {
     pub const ALL: [Kind; 3] = [Kind::Resources, Kind::Templates, Kind::Prompts];
 
+    /// Its name in D-Bus `ListChanged` (templates are resources).
+    pub fn which(self) -> &'static str {
+        match self {
+            Kind::Resources | Kind::Templates => "resources",
+            Kind::Prompts => "prompts",
+        }
+    }
+
     fn index(self) -> usize {
         self as usize
     }
@@ -369,6 +388,7 @@ struct Task {
     own: HashMap<u64, Waiter>,
     /// The resource, template and prompt lists (`Kind`), and their reads.
     lists: Lists,
+    changes: watch::Sender<[u64; 3]>,
     caches: [Cache; 3],
     /// Their tokens → upstream id.
     tokens: HashMap<u64, u64>,
@@ -594,6 +614,14 @@ impl Task {
             .filter(|k| init["capabilities"].get(k.capability()).is_some())
             .collect();
         self.init = Some(init);
+        // The actor published this generation's tools before handing it
+        // over: hosts attached already are told now if they differ; hosts
+        // answered from now on have them.
+        let serial = self.status.borrow().tools_serial;
+        if serial != self.serial {
+            self.serial = serial;
+            self.broadcast("notifications/tools/list_changed");
+        }
         let outs = self.router.upstream_ready();
         self.deliver(outs, None);
         for kind in Kind::ALL {
@@ -671,10 +699,15 @@ impl Task {
 
     /// Publishes list `kind`; returns the one it replaces.
     fn set_list(&mut self, kind: Kind, list: Option<Arc<str>>) -> Option<Arc<str>> {
-        match self.lists.lock() {
-            Ok(mut lists) => std::mem::replace(&mut lists[kind.index()], list),
+        let old = match self.lists.lock() {
+            Ok(mut lists) => std::mem::replace(&mut lists[kind.index()], list.clone()),
             Err(_) => None,
+        };
+        if old != list {
+            self.changes
+                .send_modify(|serials| serials[kind.index()] += 1);
         }
+        old
     }
 
     fn cached(&self, kind: Kind) -> Option<Arc<str>> {
