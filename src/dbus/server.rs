@@ -454,11 +454,7 @@ pub(crate) async fn emit_changes(
     old: &Status,
     new: &Status,
 ) -> zbus::Result<()> {
-    let Ok(iref) = conn
-        .object_server()
-        .interface::<_, Server>(server_path(name))
-        .await
-    else {
+    let Some(iref) = served(conn, name).await else {
         return Ok(());
     };
     let iface = iref.get().await;
@@ -507,6 +503,17 @@ pub(crate) async fn emit_changes(
     Ok(())
 }
 
+/// Server `name`'s object on `conn`, if it is still served there.
+async fn served(
+    conn: &Connection,
+    name: &str,
+) -> Option<zbus::object_server::InterfaceRef<Server>> {
+    conn.object_server()
+        .interface::<_, Server>(server_path(name))
+        .await
+        .ok()
+}
+
 /// Emits `ListChanged(generation, which)` for server `name`.
 pub(crate) async fn emit_list_changed(
     conn: &Connection,
@@ -514,11 +521,7 @@ pub(crate) async fn emit_list_changed(
     generation: u64,
     which: &str,
 ) -> zbus::Result<()> {
-    let Ok(iref) = conn
-        .object_server()
-        .interface::<_, Server>(server_path(name))
-        .await
-    else {
+    let Some(iref) = served(conn, name).await else {
         return Ok(());
     };
     Server::list_changed(iref.signal_emitter(), generation, which).await
@@ -526,11 +529,7 @@ pub(crate) async fn emit_list_changed(
 
 /// Emits PropertiesChanged for what a reload may change.
 pub(crate) async fn emit_unit_properties(conn: &Connection, name: &str) -> zbus::Result<()> {
-    let Ok(iref) = conn
-        .object_server()
-        .interface::<_, Server>(server_path(name))
-        .await
-    else {
+    let Some(iref) = served(conn, name).await else {
         return Ok(());
     };
     let iface = iref.get().await;
