@@ -602,23 +602,7 @@ async fn time_mcp_calls(client: Client, calls: usize) -> Vec<f64> {
 /// rows and the comparison row.
 async fn call_overhead(d: &Daemon, bus: Option<&Bus>, sizes: &Sizes) -> (Vec<Row>, Vec<Row>) {
     use rmcp::ServiceExt;
-    let spawn = |program: PathBuf, args: &[&str]| {
-        let mut child = tokio::process::Command::new(program)
-            .args(args)
-            .env("XDG_RUNTIME_DIR", d.runtime.path())
-            .env_remove("DBUS_SESSION_BUS_ADDRESS")
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .kill_on_drop(true)
-            .spawn()
-            .expect("spawn");
-        let io = (
-            child.stdout.take().expect("stdout"),
-            child.stdin.take().expect("stdin"),
-        );
-        (child, io)
-    };
+    let spawn = |program: PathBuf, args: &[&str]| sessions::spawn(&program, args, d.runtime.path());
     let (_direct, io) = spawn(common::binary("examples/mcp-fixture"), &["--chatter", "0"]);
     let direct = ().serve(io).await.expect("initialize");
     let (_bridge, io) = spawn(common::binary("mcpctl"), &["--user", "bridge", "u0"]);

@@ -30,7 +30,7 @@ fn everything() -> Result<PathBuf, String> {
 }
 
 /// `program args` with piped stdio, for a daemon's runtime dir.
-fn spawn(
+pub fn spawn(
     program: &Path,
     args: &[&str],
     runtime: &Path,

@@ -300,21 +300,11 @@ impl Actor {
             let result = match call {
                 Err(_) => Err(CallError::Timeout(timeout)),
                 Ok(Err(why)) => Err(CallError::Failed(why)),
-                Ok(Ok(mut answer)) => match answer.get_mut("result").map(Value::take) {
-                    Some(result) => serde_json::from_value::<CallToolResult>(result).map_err(|e| {
+                Ok(Ok(answer)) => CallError::result_of(answer).and_then(|result| {
+                    serde_json::from_value::<CallToolResult>(result).map_err(|e| {
                         CallError::Failed(format!("the answer is not a tool result: {e}"))
-                    }),
-                    None => Err(CallError::Rejected {
-                        code: answer["error"]["code"]
-                            .as_i64()
-                            .and_then(|c| i32::try_from(c).ok())
-                            .unwrap_or(0),
-                        message: answer["error"]["message"]
-                            .as_str()
-                            .unwrap_or("an error without a message")
-                            .to_owned(),
-                    }),
-                },
+                    })
+                }),
             };
             let _ = reply.send(result);
         });

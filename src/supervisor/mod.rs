@@ -120,6 +120,24 @@ impl fmt::Display for CallError {
 impl std::error::Error for CallError {}
 
 impl CallError {
+    /// The `result` of a server's answer, or the error it answered with.
+    pub(crate) fn result_of(mut answer: serde_json::Value) -> Result<serde_json::Value, Self> {
+        if let Some(result) = answer.get_mut("result") {
+            return Ok(result.take());
+        }
+        let error = &answer["error"];
+        Err(CallError::Rejected {
+            code: error["code"]
+                .as_i64()
+                .and_then(|c| i32::try_from(c).ok())
+                .unwrap_or(0),
+            message: error["message"]
+                .as_str()
+                .unwrap_or("an error without a message")
+                .to_owned(),
+        })
+    }
+
     /// Why server `server` cannot answer now: its state and next retry.
     pub fn not_running(server: &str, status: &Status) -> Self {
         CallError::NotRunning {
@@ -326,19 +344,7 @@ impl Supervisor {
             .await
             .map_err(|_| CallError::Timeout(timeout))?
             .map_err(CallError::Failed)?;
-        match answer.get("result") {
-            Some(result) => Ok(result.clone()),
-            None => Err(CallError::Rejected {
-                code: answer["error"]["code"]
-                    .as_i64()
-                    .and_then(|c| i32::try_from(c).ok())
-                    .unwrap_or(0),
-                message: answer["error"]["message"]
-                    .as_str()
-                    .unwrap_or("an error without a message")
-                    .to_owned(),
-            }),
-        }
+        CallError::result_of(answer)
     }
 
     /// The server's call counters.
