@@ -654,3 +654,47 @@ fn what_a_host_pipelines_behind_an_initialize_that_waits_is_answered_in_order() 
     });
     assert!(d.stop(Signal::TERM).success());
 }
+
+#[test]
+fn a_host_that_stops_reading_is_detached_and_its_socket_closed() {
+    use std::io::Write;
+    let units = tempfile::tempdir().expect("tempdir");
+    std::fs::write(
+        units.path().join("deaf.kdl"),
+        "stdio {\n    command \"mcp-fixture\" \"--chatter\" \"0\"\n}\n",
+    )
+    .expect("write");
+    let mut d = Daemon::user_no_bus(units.path(), &[]);
+    d.wait_until("deaf running", |d| d.latest_pid("deaf").is_some());
+    let runtime = d.runtime_dir().expect("runtime").to_owned();
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    let socket = rt.block_on(async {
+        let (_conn, server) =
+            crate::helper::private_server(&runtime.join("mcpd/private"), "deaf").await;
+        let fd: std::os::fd::OwnedFd = server.attach().await.expect("Attach").into();
+        std::os::unix::net::UnixStream::from(fd)
+    });
+    // Pings are answered by mcpd itself; the host never reads the answers.
+    let mut writer = &socket;
+    writer
+        .write_all(b"{\"jsonrpc\":\"2.0\",\"id\":0,\"method\":\"initialize\",\"params\":{\"protocolVersion\":\"2025-11-25\",\"capabilities\":{},\"clientInfo\":{\"name\":\"deaf\",\"version\":\"1\"}}}\n")
+        .expect("write");
+    socket
+        .set_write_timeout(Some(Duration::from_secs(10)))
+        .expect("timeout");
+    let mut refused = None;
+    for i in 1..200_000 {
+        let ping = format!("{{\"jsonrpc\":\"2.0\",\"id\":{i},\"method\":\"ping\"}}\n");
+        if let Err(e) = writer.write_all(ping.as_bytes()) {
+            refused = Some(e);
+            break;
+        }
+    }
+    // The daemon detached it and shut the socket down, instead of waiting
+    // on it forever: the host's writes fail.
+    let refused = refused.expect("the session was closed");
+    assert_eq!(refused.kind(), std::io::ErrorKind::BrokenPipe, "{refused}");
+    d.wait_for("it stopped reading its messages");
+    assert!(status_of(&runtime, "deaf").contains("Active: running"));
+    assert!(d.stop(Signal::TERM).success());
+}
