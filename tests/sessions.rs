@@ -693,7 +693,14 @@ fn a_host_that_stops_reading_is_detached_and_its_socket_closed() {
     // The daemon detached it and shut the socket down, instead of waiting
     // on it forever: the host's writes fail.
     let refused = refused.expect("the session was closed");
-    assert_eq!(refused.kind(), std::io::ErrorKind::BrokenPipe, "{refused}");
+    // (Reset once the daemon's end is closed with the pings unread.)
+    assert!(
+        matches!(
+            refused.kind(),
+            std::io::ErrorKind::BrokenPipe | std::io::ErrorKind::ConnectionReset
+        ),
+        "{refused}"
+    );
     d.wait_for("it stopped reading its messages");
     assert!(status_of(&runtime, "deaf").contains("Active: running"));
     assert!(d.stop(Signal::TERM).success());
