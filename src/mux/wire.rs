@@ -487,13 +487,27 @@ impl Wire {
                                 continue;
                             }
                         };
-                        let send = transport.send(typed);
+                        // Poll the send once here, so it takes its place in
+                        // the transport's queue in the order it was sent
+                        // (`notifications/initialized` before the requests
+                        // after it); its HTTP round trip goes on apart.
+                        let mut send = Box::pin(transport.send(typed));
+                        let first = std::future::poll_fn(|cx| {
+                            std::task::Poll::Ready(send.as_mut().poll(cx))
+                        })
+                        .await;
                         let failed = incoming.clone();
-                        tokio::spawn(async move {
-                            if let Err(e) = send.await {
+                        let report = move |sent: Result<(), T::Error>| {
+                            if let Err(e) = sent {
                                 let _ = failed.send(Err(describe(&e)));
                             }
-                        });
+                        };
+                        match first {
+                            std::task::Poll::Ready(sent) => report(sent),
+                            std::task::Poll::Pending => {
+                                tokio::spawn(async move { report(send.await) });
+                            }
+                        }
                     }
                     message = transport.receive() => match message {
                         Some(message) => match serde_json::to_value(&message) {
@@ -523,6 +537,64 @@ mod tests {
     use tokio::net::unix::pipe;
 
     const PING: &str = r#"{"jsonrpc":"2.0","id":7,"method":"ping"}"#;
+
+    /// A transport that records each message when its send is first
+    /// polled, as rmcp's worker transports queue it to their worker.
+    struct Recording(mpsc::UnboundedSender<String>);
+
+    impl rmcp::transport::Transport<rmcp::RoleClient> for Recording {
+        type Error = std::io::Error;
+
+        fn send(
+            &mut self,
+            item: rmcp::model::ClientJsonRpcMessage,
+        ) -> impl Future<Output = Result<(), Self::Error>> + Send + 'static {
+            let seen = self.0.clone();
+            async move {
+                let value = serde_json::to_value(&item).expect("serialize");
+                let method = value["method"].as_str().unwrap_or("?").to_owned();
+                let _ = seen.send(method);
+                Ok(())
+            }
+        }
+
+        async fn receive(&mut self) -> Option<rmcp::model::ServerJsonRpcMessage> {
+            std::future::pending().await
+        }
+
+        async fn close(&mut self) -> Result<(), Self::Error> {
+            Ok(())
+        }
+    }
+
+    // A multi-thread runtime runs the task spawned last first (its LIFO
+    // slot): sends spawned unpolled reached the transport out of order,
+    // `tools/list` before `notifications/initialized`.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 1)]
+    async fn messages_reach_an_rmcp_transport_in_the_order_sent() {
+        let (recorder, mut seen) = mpsc::unbounded_channel();
+        let wire = Wire::transport(Recording(recorder), |e| e.to_string());
+        let sent = [
+            "notifications/initialized",
+            "tools/list",
+            "ping",
+            "resources/list",
+        ];
+        for (id, method) in sent.iter().enumerate() {
+            let message = if method.starts_with("notifications/") {
+                serde_json::json!({"jsonrpc": "2.0", "method": method})
+            } else {
+                serde_json::json!({"jsonrpc": "2.0", "id": id, "method": method})
+            };
+            wire.tx.send(message).expect("the wire is open");
+        }
+        let mut order = Vec::new();
+        while order.len() < sent.len() {
+            let next = tokio::time::timeout(std::time::Duration::from_secs(10), seen.recv());
+            order.push(next.await.expect("in time").expect("recorded"));
+        }
+        assert_eq!(order, sent);
+    }
 
     fn rig() -> (Lines<pipe::Receiver>, pipe::Sender) {
         let (tx, rx) = pipe::pipe().expect("pipe");
