@@ -7,7 +7,7 @@ use crate::helper::{ms, policy};
 use mcpd::supervisor::machine::{
     Effect, Event, ExitStatus, Machine, Signal, State, Timer, ToolList,
 };
-use mcpd::unit::spec::{HttpDraft, ReconnectDraft, StdioDraft};
+use mcpd::unit::spec::{HealthDraft, HttpDraft, ReconnectDraft, StdioDraft};
 use mcpd::unit::{UnitDraft, UnitSpec};
 use rmcp::model::Tool;
 
@@ -142,8 +142,11 @@ fn first_start_establishes_and_publishes_tools() {
         (v.tools.len(), v.tools_serial, v.tools_generation),
         (2, 1, 1)
     );
-    // no outage: no stability window to wait for
-    assert_eq!(r.m.deadline(), None);
+    // no outage: no stability window to wait for, only the first probe
+    assert_eq!(
+        r.m.deadline(),
+        Some((Timer::Probe, r.now + Duration::from_secs(30)))
+    );
     // a second start is a no-op
     assert!(r.step(Event::Start).is_empty());
 }
@@ -263,8 +266,13 @@ fn stability_window_ends_the_outage_and_resets_the_budget() {
         Some((Timer::Stable, r.now + ms(800))),
         "stability window = max-delay"
     );
+    let stable = r.now;
     assert!(r.fire().is_empty());
-    assert_eq!(r.m.deadline(), None);
+    assert_eq!(
+        r.m.deadline(),
+        Some((Timer::Probe, stable + Duration::from_secs(30))),
+        "only the probe timer is left"
+    );
     // a later loss is a new outage: retry 1 again, initial delay again
     r.exited(1);
     let v = r.m.view();
@@ -928,4 +936,234 @@ fn restarts_count_automatic_retries_only() {
     r.exited(1);
     r.fire();
     assert_eq!(r.m.view().restarts, 2);
+}
+
+/// A stdio unit probed after `interval` ms of silence, each probe waiting
+/// `timeout` ms, `failures` misses ending the generation.
+fn probed(interval: u64, timeout: u64, failures: i128) -> UnitSpec {
+    UnitSpec::new(UnitDraft {
+        stdio: Some(StdioDraft {
+            command: vec!["/bin/true".into()],
+            ..StdioDraft::default()
+        }),
+        reconnect: policy(100, 800, 3, true),
+        health: HealthDraft {
+            interval: Some(ms(interval)),
+            timeout: Some(ms(timeout)),
+            failures: Some(failures),
+            ..HealthDraft::default()
+        },
+        ..UnitDraft::default()
+    })
+    .expect("valid spec")
+}
+
+/// A rig with generation 1 established at its `now`.
+fn running(spec: &UnitSpec) -> Rig {
+    let mut r = Rig::new(spec);
+    r.step(Event::Start);
+    r.spawned();
+    r.established(&tools(&["a"]));
+    assert_eq!(r.state(), State::Running);
+    r
+}
+
+fn probe(generation: u64, probe: u64) -> Vec<Effect> {
+    vec![Effect::Probe { generation, probe }]
+}
+
+#[test]
+fn a_probe_goes_only_after_interval_of_silence_and_any_message_defers_it() {
+    let mut r = running(&probed(1000, 200, 3));
+    let up = r.now;
+    assert_eq!(r.m.deadline(), Some((Timer::Probe, up + ms(1000))));
+    // the server spoke 600 ms in: silence starts again
+    r.advance(ms(700));
+    assert!(
+        r.step(Event::Heard {
+            generation: 1,
+            at: up + ms(600)
+        })
+        .is_empty()
+    );
+    assert_eq!(r.m.deadline(), Some((Timer::Probe, up + ms(1600))));
+    // a deadline that is no longer due changes nothing
+    r.now = up + ms(1000);
+    assert!(r.step(Event::Deadline(Timer::Probe)).is_empty());
+    // an older sign of life changes nothing either
+    r.step(Event::Heard {
+        generation: 1,
+        at: up + ms(100),
+    });
+    assert_eq!(r.m.deadline(), Some((Timer::Probe, up + ms(1600))));
+    assert_eq!(r.fire(), probe(1, 1));
+    assert_eq!(r.m.deadline(), Some((Timer::ProbeTimeout, up + ms(1800))));
+    // answered in time: its round trip is published, silence starts again
+    r.advance(ms(3));
+    assert!(
+        r.step(Event::ProbeAnswered {
+            generation: 1,
+            probe: 1,
+            rtt: ms(3)
+        })
+        .is_empty()
+    );
+    let health = r.m.view().health;
+    assert_eq!(
+        (health.enabled, health.missed, health.last_ping),
+        (true, 0, Some((ms(3), r.now)))
+    );
+    assert_eq!(r.m.deadline(), Some((Timer::Probe, r.now + ms(1000))));
+    assert_eq!(r.state(), State::Running);
+}
+
+#[test]
+fn consecutive_misses_end_the_generation_after_interval_plus_failures_times_timeout() {
+    let mut r = running(&probed(1000, 200, 3));
+    let up = r.now;
+    assert_eq!(r.fire(), probe(1, 1));
+    // a miss sends the next probe at once
+    assert_eq!(r.fire(), probe(1, 2));
+    assert_eq!(r.m.view().health.missed, 1);
+    assert_eq!(r.state(), State::Running);
+    assert_eq!(r.fire(), probe(1, 3));
+    assert_eq!(r.m.view().health.missed, 2);
+    assert_eq!(
+        r.fire(),
+        vec![
+            Effect::Disconnect { generation: 1 },
+            Effect::Signal {
+                generation: 1,
+                signal: Signal::Term
+            }
+        ],
+        "the third miss ends it like a failed connection: SIGTERM at once"
+    );
+    assert_eq!(r.now - up, ms(1000 + 3 * 200));
+    assert_eq!(r.state(), State::Reconnecting);
+    assert_eq!(
+        r.reason(),
+        "connection lost: no answer to ping (3 probes, 200ms each)"
+    );
+    // then the usual path: reaped, backoff, retry
+    r.exited(143);
+    assert_eq!(r.m.view().attempt, 1);
+    assert_eq!(r.fire(), spawn(2));
+}
+
+#[test]
+fn one_allowed_failure_is_named_in_the_singular() {
+    let mut r = running(&probed(500, 100, 1));
+    assert_eq!(r.fire(), probe(1, 1));
+    r.fire();
+    assert_eq!(
+        r.reason(),
+        "connection lost: no answer to ping (1 probe, 100ms each)"
+    );
+}
+
+#[test]
+fn a_probe_answered_after_its_timeout_is_still_a_miss() {
+    let mut r = running(&probed(1000, 200, 3));
+    assert_eq!(r.fire(), probe(1, 1));
+    assert_eq!(r.fire(), probe(1, 2));
+    r.advance(ms(50));
+    // probe 1's answer, too late
+    assert!(
+        r.step(Event::ProbeAnswered {
+            generation: 1,
+            probe: 1,
+            rtt: ms(250)
+        })
+        .is_empty()
+    );
+    let health = r.m.view().health;
+    assert_eq!((health.missed, health.last_ping), (1, None));
+    assert_eq!(
+        r.m.deadline().map(|(t, _)| t),
+        Some(Timer::ProbeTimeout),
+        "probe 2 still waits"
+    );
+    // probe 2 answered in time: the count starts over
+    r.step(Event::ProbeAnswered {
+        generation: 1,
+        probe: 2,
+        rtt: ms(50),
+    });
+    assert_eq!(r.m.view().health.missed, 0);
+    assert_eq!(r.m.deadline(), Some((Timer::Probe, r.now + ms(1000))));
+}
+
+#[test]
+fn a_server_that_talks_while_probed_is_alive() {
+    // e.g. progress of a long call: the ping itself may wait behind it
+    let mut r = running(&probed(1000, 200, 2));
+    assert_eq!(r.fire(), probe(1, 1));
+    assert_eq!(r.fire(), probe(1, 2));
+    r.advance(ms(100));
+    r.step(Event::Heard {
+        generation: 1,
+        at: r.now,
+    });
+    assert_eq!(r.m.view().health.missed, 0);
+    assert_eq!(r.m.deadline(), Some((Timer::Probe, r.now + ms(1000))));
+    assert_eq!(r.state(), State::Running);
+}
+
+#[test]
+fn no_probe_while_no_generation_is_established() {
+    let mut r = Rig::new(&probed(500, 200, 3));
+    r.step(Event::Start);
+    r.spawned();
+    // connecting: only the startup timeout
+    assert_eq!(r.m.deadline().map(|(t, _)| t), Some(Timer::Startup));
+    r.established(&tools(&["a"]));
+    assert_eq!(r.fire(), probe(1, 1));
+    r.exited(1);
+    // backoff, then connecting again: no probe timer, and generation 1's
+    // events are inert
+    assert_eq!(r.m.deadline().map(|(t, _)| t), Some(Timer::Retry));
+    assert!(
+        r.step(Event::ProbeAnswered {
+            generation: 1,
+            probe: 1,
+            rtt: ms(1)
+        })
+        .is_empty()
+    );
+    assert_eq!(r.fire(), spawn(2));
+    r.spawned();
+    r.step(Event::Heard {
+        generation: 1,
+        at: r.now,
+    });
+    assert_eq!(r.m.deadline().map(|(t, _)| t), Some(Timer::Startup));
+    // the new generation starts with a clean slate
+    r.established(&tools(&["a"]));
+    let health = r.m.view().health;
+    assert_eq!((health.missed, health.last_ping), (0, None));
+    assert_eq!(r.m.deadline(), Some((Timer::Probe, r.now + ms(500))));
+}
+
+#[test]
+fn disabled_health_sends_nothing() {
+    let spec = UnitSpec::new(UnitDraft {
+        stdio: Some(StdioDraft {
+            command: vec!["/bin/true".into()],
+            ..StdioDraft::default()
+        }),
+        health: HealthDraft {
+            enabled: Some(false),
+            ..HealthDraft::default()
+        },
+        ..UnitDraft::default()
+    })
+    .expect("valid spec");
+    let mut r = running(&spec);
+    assert_eq!(r.m.deadline(), None);
+    assert!(!r.m.view().health.enabled);
+    r.advance(Duration::from_secs(3600));
+    assert!(r.step(Event::Deadline(Timer::Probe)).is_empty());
+    assert!(r.step(Event::Deadline(Timer::ProbeTimeout)).is_empty());
+    assert_eq!(r.state(), State::Running);
 }

@@ -69,6 +69,13 @@ pub(crate) enum Internal {
         generation: Gen,
         result: Result<Vec<Value>, String>,
     },
+    /// Probe `probe` was answered in time (`refused`: with an error).
+    Probed {
+        generation: Gen,
+        probe: u64,
+        rtt: Duration,
+        refused: Option<String>,
+    },
 }
 
 /// A generation's live resources (its connection, once established,
@@ -100,6 +107,8 @@ pub(crate) struct Actor {
     sync_dirty: bool,
     exiting: bool,
     last_logged: Option<(State, String, bool)>,
+    /// The generation whose error answer to `ping` was logged.
+    ping_refused: Option<Gen>,
     clock: Clock,
 }
 
@@ -183,6 +192,7 @@ impl Actor {
             sync_dirty: false,
             exiting: false,
             last_logged: None,
+            ping_refused: None,
             clock: Clock::new(),
         }
     }
@@ -206,7 +216,16 @@ impl Actor {
                     }
                 },
                 Some(event) = self.internal_rx.recv() => self.internal(event).await,
-                timer = sleep_until(deadline) => self.step(Event::Deadline(timer)).await,
+                timer = sleep_until(deadline) => {
+                    if matches!(timer, Timer::Probe | Timer::ProbeTimeout)
+                        && let Some(generation) = self.machine.established()
+                    {
+                        // Any message since counts: the probe may not be due.
+                        let at = self.sessions.heard();
+                        self.step(Event::Heard { generation, at }).await;
+                    }
+                    self.step(Event::Deadline(timer)).await;
+                }
             }
             self.publish();
             if self.exiting && self.machine.is_settled() {
@@ -390,6 +409,26 @@ impl Actor {
                 }
                 self.resync_if_dirty(generation);
             }
+            Internal::Probed {
+                generation,
+                probe,
+                rtt,
+                refused,
+            } => {
+                if let Some(error) = refused
+                    && self.ping_refused != Some(generation)
+                {
+                    // It answered, so it is alive; say so once.
+                    self.ping_refused = Some(generation);
+                    tracing::warn!(target: "mcpd::supervisor", mcpd_server = %self.name, generation, "the server answers ping with an error ({error}); counted as alive");
+                }
+                self.step(Event::ProbeAnswered {
+                    generation,
+                    probe,
+                    rtt,
+                })
+                .await;
+            }
         }
     }
 
@@ -465,6 +504,27 @@ impl Actor {
                 if let Some(pid) = self.gens.get(&generation).and_then(|r| r.pid) {
                     self.launcher.signal(pid, signal);
                 }
+            }
+            Effect::Probe { generation, probe } => {
+                let sessions = self.sessions.clone();
+                let tx = self.internal_tx.clone();
+                let timeout = self.spec.health().timeout();
+                tokio::spawn(async move {
+                    let sent = now();
+                    // Unanswered in time, it is the machine's miss; the
+                    // ping is cancelled upstream.
+                    if let Ok(Ok(answer)) = tokio::time::timeout(timeout, sessions.probe()).await {
+                        let refused = answer
+                            .get("error")
+                            .map(|e| e["message"].as_str().unwrap_or("no message").to_owned());
+                        let _ = tx.send(Internal::Probed {
+                            generation,
+                            probe,
+                            rtt: now().saturating_duration_since(sent),
+                            refused,
+                        });
+                    }
+                });
             }
             Effect::Disconnect { generation } => {
                 // Quiesce: close the connection and wait for the

@@ -19,8 +19,16 @@
 //! - the published tool list survives an outage and is withdrawn only on
 //!   final failure or stop; publishing an equal list changes nothing.
 //!
+//! - liveness (invariant 9): an established generation is probed only
+//!   after `health.interval` of silence from the server; a probe answered
+//!   within `health.timeout` (or any other message) is life, and
+//!   `health.failures` misses in a row end the generation. The actor sends
+//!   the pings and reports when the server was last heard from; the
+//!   machine counts and decides.
+//!
 //! Deadlines have names ([`Timer`]: startup timeout, stability window,
-//! kill grace, retry); which are armed follows from the phase. The actor
+//! probe, probe timeout, kill grace, retry); which are armed follows from
+//! the phase. The actor
 //! sleeps until the earliest ([`Machine::deadline`]) and then sends
 //! [`Event::Deadline`] naming it; a timer that is no longer armed, or not
 //! yet due, changes nothing.
@@ -28,7 +36,7 @@
 use std::fmt;
 use std::time::{Duration, Instant};
 
-use crate::unit::{ReconnectPolicy, ToolFilter, UnitSpec};
+use crate::unit::{HealthPolicy, ReconnectPolicy, ToolFilter, UnitSpec};
 
 /// A generation number: 1 for the first attempt, never reused.
 pub type Gen = u64;
@@ -151,6 +159,10 @@ pub enum Timer {
     KillGrace,
     /// The backoff before the next retry.
     Retry,
+    /// `health.interval` of silence from an established server: probe it.
+    Probe,
+    /// `health.timeout` for the probe in flight.
+    ProbeTimeout,
 }
 
 /// The timing rules of a unit as the machine applies them, taken from its
@@ -162,6 +174,7 @@ pub struct Timing {
     pub stop_timeout: Duration,
     /// Generations run a process (stdio) that must be reaped.
     pub uses_process: bool,
+    pub health: HealthPolicy,
 }
 
 impl From<&UnitSpec> for Timing {
@@ -171,6 +184,7 @@ impl From<&UnitSpec> for Timing {
             startup_timeout: spec.startup_timeout(),
             stop_timeout: spec.stop_timeout(),
             uses_process: matches!(spec.transport(), crate::unit::Transport::Stdio(_)),
+            health: spec.health(),
         }
     }
 }
@@ -209,6 +223,15 @@ pub enum Event {
     Exited { generation: Gen, status: ExitStatus },
     /// A `notifications/tools/list_changed` re-sync finished.
     ToolsSynced { generation: Gen, tools: ToolList },
+    /// The server's newest message (answers to probes aside) arrived at
+    /// `at`: it is alive. The actor reports it before a probe deadline.
+    Heard { generation: Gen, at: Instant },
+    /// Probe number `probe` was answered, after `rtt`.
+    ProbeAnswered {
+        generation: Gen,
+        probe: u64,
+        rtt: Duration,
+    },
     /// The named timer's deadline ([`Machine::deadline`]) has passed.
     Deadline(Timer),
 }
@@ -225,6 +248,9 @@ pub enum Effect {
     /// Close the generation's client and cancel its in-flight work (connect,
     /// tool sync); wait for them to finish.
     Disconnect { generation: Gen },
+    /// Send the server an MCP `ping`; report [`Event::ProbeAnswered`] with
+    /// `probe` if it is answered.
+    Probe { generation: Gen, probe: u64 },
 }
 
 /// What the next generation after a failure will be.
@@ -266,6 +292,17 @@ struct Generation {
     retry: u32,
 }
 
+/// What the probes of an established generation know.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Liveness {
+    /// The last sign of life: established, a message, an answered probe.
+    heard: Instant,
+    /// The probe in flight: its number and when it was sent.
+    probe: Option<(u64, Instant)>,
+    /// Probes unanswered in a row.
+    missed: u32,
+}
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum Phase {
     /// Stopped, or failed with nothing left running.
@@ -276,6 +313,8 @@ enum Phase {
         started: Instant,
         /// While established during an outage: when the outage ends.
         stable_at: Option<Instant>,
+        /// Once established.
+        live: Option<Liveness>,
     },
     /// A generation is being taken down.
     Ending {
@@ -331,6 +370,19 @@ pub struct View<T = Instant> {
     /// and reason are decided, but the reason may still be refined by the
     /// exit status and the retry time is not known yet.
     pub settling: bool,
+    pub health: Health<T>,
+}
+
+/// What the liveness probes found (DESIGN §3, invariant 9).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Health<T = Instant> {
+    /// `health.enabled`.
+    pub enabled: bool,
+    /// Probes of the established generation unanswered in a row.
+    pub missed: u32,
+    /// The established generation's newest answered probe: its round
+    /// trip, and when it was answered.
+    pub last_ping: Option<(Duration, T)>,
 }
 
 impl<T> View<T> {
@@ -354,6 +406,11 @@ impl<T> View<T> {
             restarts: self.restarts,
             instructions: self.instructions,
             settling: self.settling,
+            health: Health {
+                enabled: self.health.enabled,
+                missed: self.health.missed,
+                last_ping: self.health.last_ping.map(|(rtt, at)| (rtt, time(at))),
+            },
         }
     }
 }
@@ -381,6 +438,10 @@ pub struct Machine {
     tools_serial: u64,
     restarts: u32,
     instructions: Option<String>,
+    /// Probes sent, for their numbers.
+    probes: u64,
+    /// The established generation's newest answered probe.
+    last_ping: Option<(Duration, Instant)>,
 }
 
 impl Machine {
@@ -404,6 +465,8 @@ impl Machine {
             tools_serial: 0,
             restarts: 0,
             instructions: None,
+            probes: 0,
+            last_ping: None,
         }
     }
 
@@ -446,26 +509,36 @@ impl Machine {
     /// The earliest armed timer: when the machine next needs
     /// [`Event::Deadline`], and with which name.
     pub fn deadline(&self) -> Option<(Timer, Instant)> {
-        self.armed().into_iter().min_by_key(|(_, at)| *at)
+        self.armed().into_iter().flatten().min_by_key(|(_, at)| *at)
     }
 
-    /// Every armed timer (today at most one: the phase's).
-    fn armed(&self) -> Option<(Timer, Instant)> {
+    /// Every armed timer: the phase's, and an established generation's
+    /// probe timer.
+    fn armed(&self) -> [Option<(Timer, Instant)>; 2] {
         match &self.phase {
             Phase::Active {
                 g,
                 started,
                 stable_at,
+                live,
             } => {
                 if g.established {
-                    stable_at.map(|at| (Timer::Stable, at))
+                    let health = self.timing.health;
+                    let probe = live.filter(|_| health.enabled()).map(|l| match l.probe {
+                        Some((_, sent)) => (Timer::ProbeTimeout, sent + health.timeout()),
+                        None => (Timer::Probe, l.heard + health.interval()),
+                    });
+                    [stable_at.map(|at| (Timer::Stable, at)), probe]
                 } else {
-                    Some((Timer::Startup, *started + self.timing.startup_timeout))
+                    [
+                        Some((Timer::Startup, *started + self.timing.startup_timeout)),
+                        None,
+                    ]
                 }
             }
-            Phase::Ending { deadline, .. } => deadline.map(|at| (Timer::KillGrace, at)),
-            Phase::Backoff { at, .. } => Some((Timer::Retry, *at)),
-            Phase::Idle | Phase::Stuck { .. } => None,
+            Phase::Ending { deadline, .. } => [deadline.map(|at| (Timer::KillGrace, at)), None],
+            Phase::Backoff { at, .. } => [Some((Timer::Retry, *at)), None],
+            Phase::Idle | Phase::Stuck { .. } => [None, None],
         }
     }
 
@@ -473,6 +546,7 @@ impl Machine {
     fn due(&self, timer: Timer) -> Option<Instant> {
         self.armed()
             .into_iter()
+            .flatten()
             .find(|(armed, _)| *armed == timer)
             .map(|(_, at)| at)
     }
@@ -519,6 +593,14 @@ impl Machine {
                     ..
                 }
             ),
+            health: Health {
+                enabled: self.timing.health.enabled(),
+                missed: match &self.phase {
+                    Phase::Active { live: Some(l), .. } => l.missed,
+                    _ => 0,
+                },
+                last_ping: self.last_ping,
+            },
         }
     }
 
@@ -563,11 +645,19 @@ impl Machine {
                 tools,
                 instructions,
             } => {
-                if let Phase::Active { g, stable_at, .. } = &mut self.phase
+                if let Phase::Active {
+                    g, stable_at, live, ..
+                } = &mut self.phase
                     && g.generation == generation
                     && !g.established
                 {
                     g.established = true;
+                    *live = Some(Liveness {
+                        heard: now,
+                        probe: None,
+                        missed: 0,
+                    });
+                    self.last_ping = None;
                     self.instructions = instructions;
                     if self.outage.is_some() {
                         *stable_at = Some(now + self.timing.policy.max_delay());
@@ -592,9 +682,62 @@ impl Machine {
                     self.publish(generation, tools);
                 }
             }
+            Event::Heard { generation, at } => {
+                if let Some(live) = self.live(generation)
+                    && at > live.heard
+                {
+                    live.heard = at;
+                    if live.probe.is_some_and(|(_, sent)| at >= sent) {
+                        // It spoke while probed: alive, whatever the ping.
+                        live.probe = None;
+                        live.missed = 0;
+                    }
+                }
+            }
+            Event::ProbeAnswered {
+                generation,
+                probe,
+                rtt,
+            } => {
+                if let Some(live) = self.live(generation)
+                    && live.probe.is_some_and(|(n, _)| n == probe)
+                {
+                    live.probe = None;
+                    live.missed = 0;
+                    live.heard = live.heard.max(now);
+                    self.last_ping = Some((rtt, now));
+                }
+                // Otherwise it came after its timeout: a miss already.
+            }
             Event::Deadline(timer) => self.deadline_passed(timer, now, &mut fx),
         }
         fx
+    }
+
+    /// The liveness of `generation`, if it is established.
+    fn live(&mut self, generation: Gen) -> Option<&mut Liveness> {
+        match &mut self.phase {
+            Phase::Active {
+                g, live: Some(l), ..
+            } if g.generation == generation => Some(l),
+            _ => None,
+        }
+    }
+
+    /// Sends the next probe of the established generation.
+    fn probe(&mut self, now: Instant, fx: &mut Vec<Effect>) {
+        let probe = self.probes + 1;
+        if let Phase::Active {
+            g, live: Some(l), ..
+        } = &mut self.phase
+        {
+            self.probes = probe;
+            l.probe = Some((probe, now));
+            fx.push(Effect::Probe {
+                generation: g.generation,
+                probe,
+            });
+        }
     }
 
     fn is_active(&self, generation: Gen) -> bool {
@@ -647,6 +790,7 @@ impl Machine {
             },
             started: now,
             stable_at: None,
+            live: None,
         };
         if retry == 0 {
             self.set_state(State::Starting, String::new(), now);
@@ -834,6 +978,31 @@ impl Machine {
                 // Stayed up for the stability window: the outage is over.
                 *stable_at = None;
                 self.outage = None;
+            }
+            (Timer::Probe, Phase::Active { .. }) => self.probe(now, fx),
+            (
+                Timer::ProbeTimeout,
+                Phase::Active {
+                    live: Some(live), ..
+                },
+            ) => {
+                live.probe = None;
+                live.missed += 1;
+                let health = self.timing.health;
+                if live.missed >= health.failures() {
+                    let probes = match health.failures() {
+                        1 => "1 probe".to_owned(),
+                        n => format!("{n} probes"),
+                    };
+                    let error = format!(
+                        "no answer to ping ({probes}, {} each)",
+                        humantime::format_duration(health.timeout())
+                    );
+                    self.fail(error, false, now, fx);
+                } else {
+                    // Missed: the next probe goes at once.
+                    self.probe(now, fx);
+                }
             }
             (Timer::Startup, Phase::Active { .. }) => {
                 let error = format!(

@@ -275,6 +275,11 @@ pub fn signal_group(pid: u32, signal: Signal) {
         .and_then(rustix::process::Pid::from_raw)
     {
         let _ = rustix::process::kill_process_group(pid, sig);
+        if signal == Signal::Term {
+            // A stopped process (SIGSTOP, a debugger) cannot act on SIGTERM
+            // until it runs again; systemd sends SIGCONT after it too.
+            let _ = rustix::process::kill_process_group(pid, rustix::process::Signal::CONT);
+        }
     }
 }
 

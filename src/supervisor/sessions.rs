@@ -27,6 +27,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::time::Instant;
 
 use serde_json::{Value, json};
 use tokio::net::UnixStream;
@@ -91,6 +92,9 @@ enum Input {
         method: String,
         params: Value,
         reply: oneshot::Sender<Result<Value, String>>,
+        /// A liveness probe: its answer is not a sign of life (the
+        /// machine judges it by its timeout).
+        probe: bool,
     },
     Cancel {
         token: u64,
@@ -106,6 +110,40 @@ pub(crate) struct Sessions {
     lists: Lists,
     /// Serials of the three lists, raised when one changes.
     changes: watch::Receiver<[u64; 3]>,
+    heard: Arc<Heard>,
+}
+
+/// When the server last sent a message (answers to probes aside): one
+/// store per message, read only when a probe is due.
+#[derive(Debug)]
+struct Heard {
+    base: Instant,
+    /// Nanoseconds after `base`.
+    after: AtomicU64,
+}
+
+impl Heard {
+    fn new() -> Self {
+        Self {
+            base: now(),
+            after: AtomicU64::new(0),
+        }
+    }
+
+    fn now(&self) {
+        let after = now().saturating_duration_since(self.base).as_nanos();
+        self.after
+            .store(u64::try_from(after).unwrap_or(u64::MAX), Ordering::Relaxed);
+    }
+
+    fn get(&self) -> Instant {
+        self.base + std::time::Duration::from_nanos(self.after.load(Ordering::Relaxed))
+    }
+}
+
+/// The current instant, on tokio's clock, as the actor reads it.
+fn now() -> Instant {
+    tokio::time::Instant::now().into_std()
 }
 
 /// Cancels mcpd's own request upstream when its caller stops waiting.
@@ -137,7 +175,9 @@ impl Sessions {
         let lists = Lists::default();
         let (changes_tx, changes) = watch::channel([0; 3]);
         let serial = status.borrow().tools_serial;
+        let heard = Arc::new(Heard::new());
         let task = Task {
+            heard: Arc::clone(&heard),
             name: Arc::from(name),
             input: tx.downgrade(),
             router: Router::new(),
@@ -167,7 +207,20 @@ impl Sessions {
             count,
             lists,
             changes,
+            heard,
         }
+    }
+
+    /// When the server last sent a message other than an answer to a
+    /// probe (its handshake included).
+    pub(crate) fn heard(&self) -> Instant {
+        self.heard.get()
+    }
+
+    /// A liveness probe: MCP `ping`, its whole answer. The caller bounds
+    /// the wait; dropping it cancels the ping.
+    pub(crate) async fn probe(&self) -> Result<Value, String> {
+        self.send_request("ping", json!({}), true).await
     }
 
     /// The serials of the resource, template and prompt lists (indexed as
@@ -215,6 +268,15 @@ impl Sessions {
     /// or an `error` member), or why there is none. Dropping the future
     /// cancels the request upstream.
     pub(crate) async fn request(&self, method: &str, params: Value) -> Result<Value, String> {
+        self.send_request(method, params, false).await
+    }
+
+    async fn send_request(
+        &self,
+        method: &str,
+        params: Value,
+        probe: bool,
+    ) -> Result<Value, String> {
         let token = self.tokens.fetch_add(1, Ordering::Relaxed);
         let (reply, answer) = oneshot::channel();
         let sent = self.tx.send(Input::Request {
@@ -222,6 +284,7 @@ impl Sessions {
             method: method.to_owned(),
             params,
             reply,
+            probe,
         });
         if sent.is_err() {
             return Err("the server's sessions have ended".into());
@@ -348,6 +411,8 @@ struct Cache {
 /// Who waits for the answer to mcpd's own request.
 enum Waiter {
     Caller(u64, oneshot::Sender<Result<Value, String>>),
+    /// A liveness probe's caller.
+    Probe(u64, oneshot::Sender<Result<Value, String>>),
     Page(Kind),
 }
 
@@ -402,6 +467,7 @@ struct Task {
     count: Arc<AtomicUsize>,
     /// Hosts to detach once the current message is handled.
     doomed: Vec<(HostId, &'static str)>,
+    heard: Arc<Heard>,
 }
 
 fn error(id: &Value, code: i64, message: impl Into<String>) -> Value {
@@ -470,9 +536,15 @@ impl Task {
                 method,
                 params,
                 reply,
+                probe,
             } => {
                 let (id, out) = self.router.request(&method, params);
-                self.own.insert(id, Waiter::Caller(token, reply));
+                let waiter = if probe {
+                    Waiter::Probe(token, reply)
+                } else {
+                    Waiter::Caller(token, reply)
+                };
+                self.own.insert(id, waiter);
                 self.tokens.insert(token, id);
                 self.deliver(vec![out], None);
             }
@@ -583,7 +655,7 @@ impl Task {
                     self.send(host, &error(&id, SERVER_DOWN, text));
                 }
                 Out::Answer(id, message) => match self.own.remove(&id) {
-                    Some(Waiter::Caller(token, reply)) => {
+                    Some(Waiter::Caller(token, reply) | Waiter::Probe(token, reply)) => {
                         self.tokens.remove(&token);
                         let _ = reply.send(Ok(message));
                     }
@@ -591,7 +663,7 @@ impl Task {
                     None => {}
                 },
                 Out::Unanswered(id) => match self.own.remove(&id) {
-                    Some(Waiter::Caller(token, reply)) => {
+                    Some(Waiter::Caller(token, reply) | Waiter::Probe(token, reply)) => {
                         self.tokens.remove(&token);
                         let _ = reply.send(Err(self.down_text(lost)));
                     }
@@ -1004,6 +1076,9 @@ impl Task {
     fn on_server(&mut self, message: Value) {
         let method = message.get("method").and_then(Value::as_str);
         let has_id = message.get("id").is_some_and(|id| !id.is_null());
+        if method.is_some() {
+            self.heard.now();
+        }
         match method {
             Some("notifications/tools/list_changed") if !has_id => {
                 // Hosts hear of it once mcpd has re-synced (status_changed).
@@ -1038,7 +1113,17 @@ impl Task {
             Some("notifications/message") => self.journal(&message),
             _ => {}
         }
+        let answer = method.is_none();
         let outs = self.router.from_server(message);
+        if answer {
+            // An answer: to anything but a probe, a sign of life.
+            let probed = outs.iter().any(|out| {
+                matches!(out, Out::Answer(id, _) if matches!(self.own.get(id), Some(Waiter::Probe(..))))
+            });
+            if !probed {
+                self.heard.now();
+            }
+        }
         self.deliver(outs, None);
     }
 

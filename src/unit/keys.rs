@@ -17,6 +17,7 @@ pub enum Block {
     Stdio,
     Http,
     Reconnect,
+    Health,
     Tools,
 }
 
@@ -28,6 +29,7 @@ impl Block {
             Block::Stdio => Some("stdio"),
             Block::Http => Some("http"),
             Block::Reconnect => Some("reconnect"),
+            Block::Health => Some("health"),
             Block::Tools => Some("tools"),
         }
     }
@@ -75,6 +77,8 @@ pub enum Kind {
     Env,
     /// A name and a value (never echoed: usually a credential).
     Header,
+    /// A line count and a duration (`10000 "30s"`), or `#false`.
+    RateLimit,
 }
 
 /// How a later layer (a drop-in) combines with an earlier one.
@@ -150,7 +154,7 @@ const fn key(
     }
 }
 
-use Block::{Http, Reconnect, Stdio, Tools, Top};
+use Block::{Health, Http, Reconnect, Stdio, Tools, Top};
 use Merge::{Append, AppendUnique, ByName, Replace};
 
 /// Every key, in the order the man page documents them.
@@ -192,6 +196,25 @@ pub const KEYS: &[Key] = &[
         Replace,
         None,
         "{ … }",
+    ),
+    key(
+        Top,
+        "health",
+        Kind::Block {
+            inner: Health,
+            required: true,
+        },
+        Replace,
+        None,
+        "{ interval \"30s\"; }",
+    ),
+    key(
+        Top,
+        "log-rate-limit",
+        Kind::RateLimit,
+        Replace,
+        Some(Field::LogRateLimit),
+        "10000 \"30s\"",
     ),
     key(
         Top,
@@ -332,6 +355,38 @@ pub const KEYS: &[Key] = &[
         Some(Field::MaxAttempts),
         "10",
     ),
+    key(
+        Health,
+        "enabled",
+        Kind::Bool,
+        Replace,
+        Some(Field::HealthEnabled),
+        "#true",
+    ),
+    key(
+        Health,
+        "interval",
+        Kind::Duration,
+        Replace,
+        Some(Field::HealthInterval),
+        "\"30s\"",
+    ),
+    key(
+        Health,
+        "timeout",
+        Kind::Duration,
+        Replace,
+        Some(Field::HealthTimeout),
+        "\"10s\"",
+    ),
+    key(
+        Health,
+        "failures",
+        Kind::Integer,
+        Replace,
+        Some(Field::HealthFailures),
+        "3",
+    ),
 ];
 
 /// The key `name` in `block`.
@@ -367,7 +422,7 @@ mod tests {
 
     #[test]
     fn every_block_is_a_key_and_every_field_names_one_key() {
-        for block in [Stdio, Http, Reconnect, Tools] {
+        for block in [Stdio, Http, Reconnect, Health, Tools] {
             let name = block.name().expect("a nested block has a name");
             let row = lookup(Top, name).expect("the block is a top-level key");
             assert!(matches!(

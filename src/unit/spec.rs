@@ -22,6 +22,24 @@ pub const DEFAULT_STARTUP_TIMEOUT: Duration = Duration::from_secs(30);
 /// Default `stop-timeout`.
 pub const DEFAULT_STOP_TIMEOUT: Duration = Duration::from_secs(5);
 
+/// Default `health.interval`: silence before a probe.
+pub const DEFAULT_HEALTH_INTERVAL: Duration = Duration::from_secs(30);
+/// Default `health.timeout`: how long a probe waits for its answer.
+pub const DEFAULT_HEALTH_TIMEOUT: Duration = Duration::from_secs(10);
+/// Default `health.failures`: consecutive unanswered probes that end a
+/// generation.
+pub const DEFAULT_HEALTH_FAILURES: u32 = 3;
+/// Most `health.failures` accepted.
+pub const MAX_HEALTH_FAILURES: u32 = 100;
+/// Default `log-rate-limit`: journald's `RateLimitBurst=` and
+/// `RateLimitIntervalSec=`.
+pub const DEFAULT_LOG_RATE_LIMIT: RateLimit = RateLimit {
+    lines: 10_000,
+    interval: Duration::from_secs(30),
+};
+/// Most lines per interval `log-rate-limit` accepts.
+pub const MAX_LOG_RATE_LINES: u32 = 1_000_000;
+
 /// Shortest duration any key accepts.
 pub const MIN_DURATION: Duration = Duration::from_millis(1);
 /// Longest duration any key accepts.
@@ -57,6 +75,9 @@ pub struct UnitSpec {
     description: Option<String>,
     transport: Transport,
     reconnect: ReconnectPolicy,
+    health: HealthPolicy,
+    /// None: `log-rate-limit #false`.
+    log_rate_limit: Option<RateLimit>,
     startup_timeout: Duration,
     stop_timeout: Duration,
     /// `file://` URIs answered to the server's `roots/list`.
@@ -138,6 +159,22 @@ pub struct ReconnectPolicy {
     max_attempts: u32,
 }
 
+/// Liveness probes (DESIGN §3, invariant 9).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HealthPolicy {
+    enabled: bool,
+    interval: Duration,
+    timeout: Duration,
+    failures: u32,
+}
+
+/// At most `lines` stderr lines per `interval` reach the log.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RateLimit {
+    pub lines: u32,
+    pub interval: Duration,
+}
+
 /// A key of the unit vocabulary, used to point errors at their origin.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Field {
@@ -158,6 +195,11 @@ pub enum Field {
     InitialDelay,
     MaxDelay,
     MaxAttempts,
+    HealthEnabled,
+    HealthInterval,
+    HealthTimeout,
+    HealthFailures,
+    LogRateLimit,
     StartupTimeout,
     StopTimeout,
     Roots(usize),
@@ -207,6 +249,9 @@ pub struct UnitDraft {
     pub stdio: Option<StdioDraft>,
     pub http: Option<HttpDraft>,
     pub reconnect: ReconnectDraft,
+    pub health: HealthDraft,
+    /// `log-rate-limit`: `Some(None)` is `#false`; the count is checked here.
+    pub log_rate_limit: Option<Option<(i128, Duration)>>,
     pub startup_timeout: Option<Duration>,
     pub stop_timeout: Option<Duration>,
     /// `roots`: file:// URIs.
@@ -245,6 +290,15 @@ pub struct ReconnectDraft {
     pub max_attempts: Option<i128>,
 }
 
+/// An unchecked `health` block.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct HealthDraft {
+    pub enabled: Option<bool>,
+    pub interval: Option<Duration>,
+    pub timeout: Option<Duration>,
+    pub failures: Option<i128>,
+}
+
 /// Collects the errors of one validation.
 #[derive(Default)]
 struct Judge {
@@ -278,6 +332,30 @@ impl Judge {
             );
         }
         d
+    }
+
+    fn rate_limit(&mut self, value: Option<Option<(i128, Duration)>>) -> Option<RateLimit> {
+        let (lines, interval) = match value {
+            None => return Some(DEFAULT_LOG_RATE_LIMIT),
+            Some(None) => return None,
+            Some(Some(limit)) => limit,
+        };
+        let interval = self.duration(Field::LogRateLimit, Some(interval), interval);
+        match u32::try_from(lines) {
+            Ok(lines) if (1..=MAX_LOG_RATE_LINES).contains(&lines) => {
+                Some(RateLimit { lines, interval })
+            }
+            _ => {
+                self.fail(
+                    Field::LogRateLimit,
+                    format!(
+                        "`log-rate-limit` must allow between 1 and {MAX_LOG_RATE_LINES} lines, got {lines}"
+                    ),
+                )
+                .help = Some("to log every line, write `log-rate-limit #false`".into());
+                Some(DEFAULT_LOG_RATE_LIMIT)
+            }
+        }
     }
 
     fn no_nul(&mut self, field: Field, value: &str) {
@@ -462,6 +540,8 @@ impl UnitSpec {
         };
 
         let reconnect = ReconnectPolicy::judge(&mut judge, draft.reconnect);
+        let health = HealthPolicy::judge(&mut judge, draft.health);
+        let log_rate_limit = judge.rate_limit(draft.log_rate_limit);
         let startup_timeout = judge.duration(
             Field::StartupTimeout,
             draft.startup_timeout,
@@ -481,6 +561,8 @@ impl UnitSpec {
                 description: draft.description,
                 transport,
                 reconnect,
+                health,
+                log_rate_limit,
                 startup_timeout,
                 stop_timeout,
                 roots,
@@ -501,6 +583,15 @@ impl UnitSpec {
 
     pub fn reconnect(&self) -> ReconnectPolicy {
         self.reconnect
+    }
+
+    pub fn health(&self) -> HealthPolicy {
+        self.health
+    }
+
+    /// How many stderr lines reach the log; None: all of them.
+    pub fn log_rate_limit(&self) -> Option<RateLimit> {
+        self.log_rate_limit
     }
 
     /// `initialize` plus a complete `tools/list` must finish within this.
@@ -681,6 +772,97 @@ impl HttpSpec {
     /// Extra request headers; values are secrets.
     pub fn headers(&self) -> &[(String, Secret)] {
         &self.headers
+    }
+}
+
+impl HealthPolicy {
+    /// Builds a policy, judging every bound (see [`UnitSpec::new`]).
+    pub fn new(draft: HealthDraft) -> Result<Self, Vec<SpecError>> {
+        let mut judge = Judge::default();
+        let policy = Self::judge(&mut judge, draft);
+        judge.finish(policy)
+    }
+
+    fn judge(judge: &mut Judge, draft: HealthDraft) -> Self {
+        let interval = judge.duration(
+            Field::HealthInterval,
+            draft.interval,
+            DEFAULT_HEALTH_INTERVAL,
+        );
+        // A shorter interval than the default timeout lowers the default.
+        let timeout = match draft.timeout {
+            None => DEFAULT_HEALTH_TIMEOUT.min(interval),
+            given => judge.duration(Field::HealthTimeout, given, DEFAULT_HEALTH_TIMEOUT),
+        };
+        if timeout > interval {
+            let e = judge.fail(
+                Field::HealthTimeout,
+                format!(
+                    "`health.timeout` ({}) is longer than `health.interval` ({})",
+                    humantime::format_duration(timeout),
+                    humantime::format_duration(interval),
+                ),
+            );
+            e.related = Some(Field::HealthInterval);
+            e.help = Some(
+                "a probe is sent after `interval` of silence and waits `timeout` for its answer"
+                    .into(),
+            );
+        }
+        let failures = match draft.failures {
+            None => DEFAULT_HEALTH_FAILURES,
+            Some(n) => match u32::try_from(n) {
+                Ok(n) if (1..=MAX_HEALTH_FAILURES).contains(&n) => n,
+                _ => {
+                    judge
+                        .fail(
+                            Field::HealthFailures,
+                            format!(
+                                "`health.failures` must be between 1 and {MAX_HEALTH_FAILURES}, got {n}"
+                            ),
+                        )
+                        .help = Some("to never probe, write `enabled #false` instead".into());
+                    DEFAULT_HEALTH_FAILURES
+                }
+            },
+        };
+        Self {
+            enabled: draft.enabled.unwrap_or(true),
+            interval,
+            timeout,
+            failures,
+        }
+    }
+
+    /// Whether the server is probed at all.
+    pub fn enabled(&self) -> bool {
+        self.enabled
+    }
+
+    /// Silence from the server before a probe.
+    pub fn interval(&self) -> Duration {
+        self.interval
+    }
+
+    /// How long a probe waits for its answer.
+    pub fn timeout(&self) -> Duration {
+        self.timeout
+    }
+
+    /// Consecutive unanswered probes that end the generation.
+    pub fn failures(&self) -> u32 {
+        self.failures
+    }
+}
+
+impl Default for HealthPolicy {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            interval: DEFAULT_HEALTH_INTERVAL,
+            timeout: DEFAULT_HEALTH_TIMEOUT,
+            failures: DEFAULT_HEALTH_FAILURES,
+        }
     }
 }
 

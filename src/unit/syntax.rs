@@ -17,7 +17,7 @@ use kdl::{KdlDocument, KdlEntry, KdlNode, KdlValue};
 use miette::SourceSpan;
 
 use super::keys::{self, Block, Key, Kind, Merge};
-use super::spec::{Field, HttpDraft, ReconnectDraft, StdioDraft, UnitDraft};
+use super::spec::{Field, HealthDraft, HttpDraft, ReconnectDraft, StdioDraft, UnitDraft};
 
 /// Where something was written: file index (into the unit's file list) and span.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -53,6 +53,8 @@ enum Value {
     Duration(Duration),
     Bool(bool),
     Integer(i128),
+    /// `log-rate-limit`: None for `#false`.
+    RateLimit(Option<(i128, Duration)>),
 }
 
 /// What one file says, by key ([`keys::KEYS`]).
@@ -434,6 +436,68 @@ impl Reader<'_> {
         }
     }
 
+    /// `KEY 10000 "30s"` or `KEY #false`.
+    fn rate_limit(
+        &mut self,
+        node: &KdlNode,
+        key: &str,
+        field: Field,
+    ) -> Option<At<Option<(i128, Duration)>>> {
+        self.no_children(node, key);
+        self.no_properties(node, key);
+        let args: Vec<&KdlEntry> = node
+            .entries()
+            .iter()
+            .filter(|e| e.name().is_none())
+            .collect();
+        let help = format!("write `{key} 10000 \"30s\"` (lines per interval) or `{key} #false`");
+        let loc = self.loc(node.name().span());
+        match args.as_slice() {
+            [one] if matches!(one.value(), KdlValue::Bool(false)) => {
+                return Some(At { value: None, loc });
+            }
+            [lines, interval] => {
+                if let (KdlValue::Integer(n), KdlValue::String(text)) =
+                    (lines.value(), interval.value())
+                {
+                    return match humantime::parse_duration(text) {
+                        Ok(d) => Some(At {
+                            value: Some((*n, d)),
+                            loc,
+                        }),
+                        Err(e) => {
+                            self.bad(
+                                field,
+                                interval.span(),
+                                format!("`{key}`: \"{text}\" is not a duration: {e}"),
+                                "not a duration",
+                                Some(DURATION_HELP.into()),
+                            );
+                            None
+                        }
+                    };
+                }
+            }
+            _ => {}
+        }
+        let found = match args.as_slice() {
+            [] => "nothing".to_owned(),
+            args => args
+                .iter()
+                .map(|a| describe(a.value()))
+                .collect::<Vec<_>>()
+                .join(" and "),
+        };
+        self.bad(
+            field,
+            args.first().map_or(node.name().span(), |a| a.span()),
+            format!("`{key}` takes a line count and a duration, or #false; found {found}"),
+            "expected lines and a duration",
+            Some(help),
+        );
+        None
+    }
+
     /// One or more string arguments, no properties, no block.
     fn strings(
         &mut self,
@@ -568,6 +632,10 @@ impl Reader<'_> {
             Kind::Integer => self.integer(node, &path, field).map(|i| At {
                 value: Value::Integer(i.value),
                 loc: i.loc,
+            }),
+            Kind::RateLimit => self.rate_limit(node, &path, field).map(|r| At {
+                value: Value::RateLimit(r.value),
+                loc: r.loc,
             }),
         };
         if let Some(value) = value {
@@ -854,11 +922,23 @@ impl Layer {
             max_delay: d.duration(&mut self, "reconnect.max-delay"),
             max_attempts: d.integer(&mut self, "reconnect.max-attempts"),
         };
+        let health = HealthDraft {
+            enabled: d.bool(&mut self, "health.enabled"),
+            interval: d.duration(&mut self, "health.interval"),
+            timeout: d.duration(&mut self, "health.timeout"),
+            failures: d.integer(&mut self, "health.failures"),
+        };
+        let log_rate_limit = match d.take(&mut self, "log-rate-limit") {
+            Some(Value::RateLimit(limit)) => Some(limit),
+            _ => None,
+        };
         let draft = UnitDraft {
             description,
             stdio,
             http,
             reconnect,
+            health,
+            log_rate_limit,
             startup_timeout: d.duration(&mut self, "startup-timeout"),
             stop_timeout: d.duration(&mut self, "stop-timeout"),
             roots: d.list(&mut self, "roots"),
