@@ -12,7 +12,8 @@
 //! `roots` reports the client's roots, `progress {steps}` sends that many
 //! progress notifications first, `sample {text}` asks the client for a
 //! sampling and returns its answer, `levels` sends one log message at each
-//! level, `touch {uri}` sends `notifications/resources/updated`. `env` and
+//! level, `touch {uri}` sends `notifications/resources/updated`, `sleep {ms}`
+//! answers after that long, saying nothing meanwhile. `env` and
 //! `whoami` report how the server was started.
 //!
 //! Behaviours at start are chosen by flags (see `--help`); every flag can also
@@ -111,6 +112,17 @@ struct Args {
     /// Tools per `tools/list` page (0: all in one page).
     #[arg(long, env = "MCP_FIXTURE_PAGE_SIZE", default_value_t = 0)]
     page_size: usize,
+    /// Write numbered lines to stderr as fast as it can, from the start.
+    #[arg(long, env = "MCP_FIXTURE_STDERR_FLOOD")]
+    stderr_flood: bool,
+    /// Once serving, send `notifications/tools/list_changed` this many
+    /// times a second, for ever; say "listed N" at each `tools/list`.
+    #[arg(
+        long,
+        env = "MCP_FIXTURE_LIST_CHANGED_STORM",
+        value_name = "PER_SECOND"
+    )]
+    list_changed_storm: Option<u32>,
 }
 
 #[derive(Clone)]
@@ -118,6 +130,9 @@ struct Fixture {
     name: String,
     extra: Arc<Mutex<Vec<String>>>,
     page_size: usize,
+    /// With --list-changed-storm: `tools/list` calls so far, each said on
+    /// stderr ("listed N").
+    listed: Option<Arc<std::sync::atomic::AtomicUsize>>,
 }
 
 fn say(line: &str) {
@@ -226,6 +241,10 @@ impl ServerHandler for Fixture {
         request: Option<PaginatedRequestParams>,
         _context: RequestContext<RoleServer>,
     ) -> Result<ListToolsResult, ErrorData> {
+        if let Some(listed) = &self.listed {
+            let n = listed.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
+            say(&format!("listed {n}"));
+        }
         let tools = self.tools();
         if self.page_size == 0 {
             return Ok(ListToolsResult::with_all_items(tools));
@@ -466,6 +485,11 @@ async fn special(
             }
             text("8 levels")
         }
+        "sleep" => {
+            let ms = arg(request, "ms").and_then(Value::as_u64).unwrap_or(1000);
+            tokio::time::sleep(Duration::from_millis(ms)).await;
+            text(format!("slept {ms} ms"))
+        }
         "touch" => {
             let uri = arg(request, "uri")
                 .and_then(Value::as_str)
@@ -613,6 +637,16 @@ async fn main() -> std::process::ExitCode {
     for i in 1..args.chatter {
         say(&format!("chatter line {i}"));
     }
+    if args.stderr_flood {
+        std::thread::spawn(|| {
+            let mut err = std::io::stderr().lock();
+            for n in 0u64.. {
+                if writeln!(err, "flood line {n}").is_err() {
+                    return;
+                }
+            }
+        });
+    }
     let mut spawns = 0;
     if let Some(file) = &args.count_file {
         match count_spawn(file) {
@@ -707,6 +741,7 @@ async fn main() -> std::process::ExitCode {
         name: args.name,
         extra: Arc::new(Mutex::new(args.tools)),
         page_size: args.page_size,
+        listed: args.list_changed_storm.map(|_| Arc::default()),
     };
     if let Some(addr) = args.http.clone() {
         return serve_http(
@@ -725,6 +760,18 @@ async fn main() -> std::process::ExitCode {
             return std::process::ExitCode::from(1);
         }
     };
+    if let Some(rate) = args.list_changed_storm.filter(|r| *r > 0) {
+        let peer = service.peer().clone();
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(Duration::from_secs(1) / rate);
+            loop {
+                tick.tick().await;
+                if peer.notify_tool_list_changed().await.is_err() {
+                    return;
+                }
+            }
+        });
+    }
     let reason = service.waiting().await;
     if linger {
         say(&format!("stdin closed ({reason:?}); lingering"));

@@ -751,3 +751,162 @@ async fn large_and_concurrent_messages_cross_the_stdio_transport_intact() {
     assert_eq!(r.sup.status().generation, 1);
     r.shutdown().await;
 }
+
+/// Probes after `interval` ms of silence, `timeout` ms each, `failures`
+/// misses ending the generation.
+fn health(interval: u64, timeout: u64, failures: i128) -> mcpd::unit::spec::HealthDraft {
+    mcpd::unit::spec::HealthDraft {
+        interval: Some(ms(interval)),
+        timeout: Some(ms(timeout)),
+        failures: Some(failures),
+        ..Default::default()
+    }
+}
+
+fn stop_process(pid: u32) {
+    let pid = rustix::process::Pid::from_raw(i32::try_from(pid).expect("pid")).expect("pid");
+    rustix::process::kill_process(pid, rustix::process::Signal::STOP).expect("SIGSTOP");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stopped_server_is_noticed_by_its_probes_killed_and_replaced() {
+    let mut r = spawn(
+        "frozen",
+        fixture_unit(&[], reconnect(10, 1000, 3), |d| {
+            d.health = health(300, 200, 2);
+            d.stop_timeout = Some(ms(500));
+        }),
+    );
+    let first = r.running(1).await;
+    let pid = first.main_pid.expect("pid");
+    // probes answered while it runs: the round trip is published
+    let pinged = r
+        .until("a probe answered", |s| s.health.last_ping.is_some())
+        .await;
+    assert_eq!((pinged.generation, pinged.main_pid), (1, Some(pid)));
+    stop_process(pid);
+    let lost = r
+        .until("reconnecting", |s| s.state == State::Reconnecting)
+        .await;
+    assert_eq!(
+        lost.reason,
+        "connection lost: no answer to ping (2 probes, 200ms each)"
+    );
+    assert_eq!(lost.tools.len(), first.tools.len(), "tools kept");
+    // SIGTERM (with SIGCONT) reaches the stopped process; it is gone
+    // before a new one starts
+    let again = r.running(2).await;
+    assert_ne!(again.main_pid, Some(pid));
+    assert!(!alive(pid), "the stopped process was killed and reaped");
+    assert_eq!(again.restarts, 1);
+    r.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_call_is_not_a_dead_server() {
+    let mut r = spawn(
+        "busy",
+        fixture_unit(&["--tools", "sleep"], reconnect(10, 1000, 3), |d| {
+            d.health = health(1000, 1000, 2);
+        }),
+    );
+    let first = r.running(1).await;
+    // 6 s without a word about the call: the probes meanwhile are answered
+    assert_eq!(
+        r.text("sleep", serde_json::json!({"ms": 6000})).await,
+        "slept 6000 ms"
+    );
+    let after = r.sup.status();
+    assert_eq!(
+        (after.state, after.generation, after.main_pid),
+        (State::Running, 1, first.main_pid)
+    );
+    assert!(after.health.last_ping.is_some(), "it was probed meanwhile");
+    assert_eq!(after.health.missed, 0);
+    // a call's own timeout fails that call, not the server
+    let timed_out = r
+        .sup
+        .call_tool(
+            "hang",
+            None,
+            ms(300),
+            std::future::ready(Default::default()),
+        )
+        .await
+        .expect_err("hang times out");
+    assert!(matches!(timed_out, CallError::Timeout(_)), "{timed_out}");
+    let after = r.sup.status();
+    assert_eq!((after.state, after.generation), (State::Running, 1));
+    r.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_http_server_that_stops_answering_is_noticed_without_a_call() {
+    let port = free_port();
+    let mut server = http_fixture(port, "t");
+    let url = format!("http://127.0.0.1:{port}/mcp");
+    let spec = UnitSpec::new(UnitDraft {
+        http: Some(mcpd::unit::spec::HttpDraft {
+            url: url.clone(),
+            headers: vec![("Authorization".into(), "Bearer t".into())],
+        }),
+        reconnect: reconnect(50, 200, 1000),
+        health: health(300, 200, 2),
+        startup_timeout: Some(Duration::from_secs(20)),
+        ..UnitDraft::default()
+    })
+    .expect("valid spec");
+    let mut r = spawn("remote3", spec);
+    r.until("running", |s| s.state == State::Running).await;
+    r.until("a probe answered", |s| s.health.last_ping.is_some())
+        .await;
+    stop_process(server.id().expect("pid"));
+    let lost = r
+        .until("reconnecting", |s| s.state == State::Reconnecting)
+        .await;
+    assert_eq!(
+        lost.reason,
+        "connection lost: no answer to ping (2 probes, 200ms each)"
+    );
+    let _ = server.kill().await;
+    let _ = server.wait().await;
+    r.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_list_changed_storm_is_read_at_most_every_100ms() {
+    let r = spawn(
+        "storm",
+        fixture_unit(
+            &["--list-changed-storm", "2000"],
+            reconnect(10, 1000, 3),
+            |_| {},
+        ),
+    );
+    let listed = |n: usize| {
+        let logs = r.sup.logs().clone();
+        async move {
+            let needle = format!("listed {n}");
+            tokio::time::timeout(BOUND, async {
+                while !logs.tail(usize::MAX).iter().any(|l| l.ends_with(&needle)) {
+                    tokio::time::sleep(ms(5)).await;
+                }
+                std::time::Instant::now()
+            })
+            .await
+            .unwrap_or_else(|_| panic!("the server was never listed {n} times"))
+        }
+    };
+    // reads 2 to 7 are re-syncs: at least 100 ms apart however fast the
+    // notifications come (without the spacing, 5 take a few ms)
+    let second = listed(2).await;
+    let seventh = listed(7).await;
+    assert!(
+        seventh - second >= ms(500),
+        "5 re-syncs in {:?}",
+        seventh - second
+    );
+    let status = r.sup.status();
+    assert_eq!((status.state, status.generation), (State::Running, 1));
+    r.shutdown().await;
+}

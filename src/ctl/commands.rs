@@ -60,6 +60,10 @@ struct Props {
     last_exit: String,
     last_error: String,
     restarts: u32,
+    health_enabled: bool,
+    probes_missed: u32,
+    last_ping_usec: u64,
+    last_ping_timestamp: u64,
     calls: u64,
     failed_calls: u64,
     sessions: u32,
@@ -84,6 +88,10 @@ async fn props(server: &ServerProxy<'_>) -> Result<Props> {
         last_exit: server.last_exit_status().await.map_err(e)?,
         last_error: server.last_error().await.map_err(e)?,
         restarts: server.restarts().await.map_err(e)?,
+        health_enabled: server.health_enabled().await.map_err(e)?,
+        probes_missed: server.probes_missed().await.map_err(e)?,
+        last_ping_usec: server.last_ping_usec().await.map_err(e)?,
+        last_ping_timestamp: server.last_ping_timestamp().await.map_err(e)?,
         calls: server.calls().await.map_err(e)?,
         failed_calls: server.failed_calls().await.map_err(e)?,
         sessions: server.sessions().await.map_err(e)?,
@@ -109,6 +117,10 @@ impl Props {
             "last_exit": self.last_exit,
             "last_error": self.last_error,
             "restarts": self.restarts,
+            "health_enabled": self.health_enabled,
+            "probes_missed": self.probes_missed,
+            "last_ping_usec": self.last_ping_usec,
+            "last_ping_timestamp": self.last_ping_timestamp,
             "calls": self.calls,
             "failed_calls": self.failed_calls,
             "sessions": self.sessions,
@@ -152,6 +164,45 @@ fn ago(usec: u64) -> String {
             span(elapsed)
         }
     )
+}
+
+/// The `Health:` line: what the liveness probes found, while there is
+/// something to probe.
+fn health(p: &Props) -> Option<String> {
+    if !p.health_enabled {
+        return Some("off".into());
+    }
+    if p.state != "running" {
+        return None;
+    }
+    Some(match p.probes_missed {
+        0 if p.last_ping_usec == 0 => "ok, not probed yet".into(),
+        0 => {
+            let elapsed = SystemTime::now()
+                .duration_since(time_of(p.last_ping_timestamp))
+                .unwrap_or_default();
+            format!(
+                "ok, ping {} ms {} ago",
+                format_ms(p.last_ping_usec),
+                if elapsed.as_secs() == 0 {
+                    "0s".into()
+                } else {
+                    span(elapsed)
+                }
+            )
+        }
+        1 => "1 probe unanswered".into(),
+        n => format!("{n} probes unanswered"),
+    })
+}
+
+/// µs as milliseconds: "0.4", "12", "1500".
+fn format_ms(usec: u64) -> String {
+    if usec < 10_000 {
+        format!("{:.1}", usec as f64 / 1000.0)
+    } else {
+        (usec / 1000).to_string()
+    }
 }
 
 fn write_block(
@@ -198,6 +249,9 @@ fn write_block(
     }
     if p.restarts != 0 {
         writeln!(out, "   Restarts: {}", p.restarts)?;
+    }
+    if let Some(health) = health(p) {
+        writeln!(out, "     Health: {health}")?;
     }
     if !p.last_exit.is_empty() {
         writeln!(out, "  Last exit: {}", p.last_exit)?;

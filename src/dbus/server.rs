@@ -225,6 +225,39 @@ impl Server {
         self.status().map_or(0, |s| s.restarts)
     }
 
+    /// Whether the server is probed for liveness (`health.enabled`).
+    #[zbus(property)]
+    fn health_enabled(&self) -> bool {
+        self.status().is_some_and(|s| s.health.enabled)
+    }
+
+    /// Probes of the established generation unanswered in a row.
+    #[zbus(property)]
+    fn probes_missed(&self) -> u32 {
+        self.status().map_or(0, |s| s.health.missed)
+    }
+
+    /// The round trip of the established generation's newest answered
+    /// probe, in µs; 0 before one. Not signalled (it changes with every
+    /// probe): read it when needed.
+    #[zbus(property(emits_changed_signal = "false"), name = "LastPingUSec")]
+    fn last_ping_usec(&self) -> u64 {
+        self.status()
+            .and_then(|s| s.health.last_ping)
+            .map_or(0, |(rtt, _)| {
+                u64::try_from(rtt.as_micros()).unwrap_or(u64::MAX).max(1)
+            })
+    }
+
+    /// When that probe was answered, µs since the epoch; 0 before one. Not
+    /// signalled.
+    #[zbus(property(emits_changed_signal = "false"))]
+    fn last_ping_timestamp(&self) -> u64 {
+        self.status()
+            .and_then(|s| s.health.last_ping)
+            .map_or(0, |(_, at)| usec(at))
+    }
+
     /// Tool calls made (from D-Bus and bridges) since the daemon loaded the
     /// unit. Not signalled: read it when needed.
     #[zbus(property(emits_changed_signal = "false"))]
@@ -483,6 +516,12 @@ pub(crate) async fn emit_changes(
     if old.restarts != new.restarts {
         iface.restarts_changed(em).await?;
     }
+    if old.health.enabled != new.health.enabled {
+        iface.health_enabled_changed(em).await?;
+    }
+    if old.health.missed != new.health.missed {
+        iface.probes_missed_changed(em).await?;
+    }
     if old.last_exit != new.last_exit {
         iface.last_exit_status_changed(em).await?;
     }
@@ -597,6 +636,14 @@ pub mod client {
         fn last_error(&self) -> Result<String, Error>;
         #[zbus(property)]
         fn restarts(&self) -> Result<u32, Error>;
+        #[zbus(property)]
+        fn health_enabled(&self) -> Result<bool, Error>;
+        #[zbus(property)]
+        fn probes_missed(&self) -> Result<u32, Error>;
+        #[zbus(property(emits_changed_signal = "false"), name = "LastPingUSec")]
+        fn last_ping_usec(&self) -> Result<u64, Error>;
+        #[zbus(property(emits_changed_signal = "false"))]
+        fn last_ping_timestamp(&self) -> Result<u64, Error>;
         #[zbus(property(emits_changed_signal = "false"))]
         fn calls(&self) -> Result<u64, Error>;
         #[zbus(property(emits_changed_signal = "false"))]

@@ -103,14 +103,23 @@ pub(crate) struct Actor {
     gens: HashMap<Gen, Resources>,
     /// The one tool sync in flight, if any.
     sync: Option<(Gen, JoinHandle<()>)>,
-    /// A list_changed arrived while a sync (or the initial list) was in flight.
+    /// A list_changed arrived while a sync (or the initial list) was in
+    /// flight, or too soon after the last sync began.
     sync_dirty: bool,
+    /// When the last sync began: the next waits [`SYNC_SPACING`].
+    sync_began: Option<Instant>,
+    /// The throttled sync waits until then.
+    sync_at: Option<Instant>,
     exiting: bool,
     last_logged: Option<(State, String, bool)>,
     /// The generation whose error answer to `ping` was logged.
     ping_refused: Option<Gen>,
     clock: Clock,
 }
+
+/// Tool-list re-syncs of one server begin at least this far apart: a
+/// `list_changed` storm costs ten reads a second (DESIGN §3, invariant 10).
+pub(crate) const SYNC_SPACING: Duration = Duration::from_millis(100);
 
 /// The current instant, on tokio's clock (so paused-time tests apply).
 fn now() -> Instant {
@@ -145,6 +154,14 @@ impl Clock {
 
 pub(crate) fn status_of(view: &View, clock: &Clock) -> Status {
     view.clone().at(|at| clock.wall(at))
+}
+
+/// Waits until `at`, or for ever.
+async fn sleep_until_opt(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(tokio::time::Instant::from_std(at)).await,
+        None => std::future::pending().await,
+    }
 }
 
 /// Waits for the machine's deadline; returns which timer it was.
@@ -190,6 +207,8 @@ impl Actor {
             gens: HashMap::new(),
             sync: None,
             sync_dirty: false,
+            sync_began: None,
+            sync_at: None,
             exiting: false,
             last_logged: None,
             ping_refused: None,
@@ -216,6 +235,12 @@ impl Actor {
                     }
                 },
                 Some(event) = self.internal_rx.recv() => self.internal(event).await,
+                () = sleep_until_opt(self.sync_at) => {
+                    self.sync_at = None;
+                    if let Some(generation) = self.machine.established() {
+                        self.resync_if_dirty(generation);
+                    }
+                }
                 timer = sleep_until(deadline) => {
                     if matches!(timer, Timer::Probe | Timer::ProbeTimeout)
                         && let Some(generation) = self.machine.established()
@@ -247,6 +272,7 @@ impl Actor {
             Command::Restart => self.step(Event::Restart).await,
             Command::Apply { spec, restart } => {
                 self.spec = (*spec).clone();
+                self.launcher.configure(&spec);
                 self.sessions
                     .configure(spec.tool_filter().clone(), spec.roots().to_vec());
                 self.step(Event::Apply { spec, restart }).await;
@@ -380,12 +406,10 @@ impl Actor {
                 if self.machine.current() != Some(generation) {
                     return;
                 }
-                if self.sync.is_none() && self.machine.established() == Some(generation) {
-                    self.start_sync(generation);
-                } else {
-                    // Coalesce: one more sync once the current one is done.
-                    self.sync_dirty = true;
-                }
+                // Coalesce: one more sync once the current one is done and
+                // the spacing has passed.
+                self.sync_dirty = true;
+                self.resync_if_dirty(generation);
             }
             Internal::Synced { generation, result } => {
                 if self.sync.as_ref().is_some_and(|(g, _)| *g == generation) {
@@ -432,15 +456,27 @@ impl Actor {
         }
     }
 
-    /// One more sync if a list_changed arrived while the last was running.
+    /// One more sync if a list_changed arrived while the last was running,
+    /// once [`SYNC_SPACING`] has passed since it began.
     fn resync_if_dirty(&mut self, generation: Gen) {
-        if self.sync_dirty && self.machine.established() == Some(generation) {
-            self.sync_dirty = false;
-            self.start_sync(generation);
+        if !self.sync_dirty || self.sync.is_some() || self.machine.established() != Some(generation)
+        {
+            return;
         }
+        let now = now();
+        if let Some(began) = self.sync_began
+            && now < began + SYNC_SPACING
+        {
+            self.sync_at = Some(began + SYNC_SPACING);
+            return;
+        }
+        self.sync_dirty = false;
+        self.start_sync(generation);
     }
 
     fn start_sync(&mut self, generation: Gen) {
+        self.sync_began = Some(now());
+        self.sync_at = None;
         let sessions = self.sessions.clone();
         let tx = self.internal_tx.clone();
         let task = tokio::spawn(async move {
@@ -548,6 +584,7 @@ impl Actor {
                     }
                 }
                 self.sync_dirty = false;
+                self.sync_at = None;
             }
         }
     }

@@ -12,13 +12,12 @@ use rmcp::transport::StreamableHttpClientTransport;
 use rmcp::transport::streamable_http_client::{
     StreamableHttpClientTransportConfig, StreamableHttpError,
 };
-use tokio::io::AsyncBufReadExt;
 use tokio::net::unix::pipe;
 
 use crate::mux::wire::{Wire, error_chain};
 use crate::unit::{HttpSpec, StdioSpec, Transport, UnitSpec};
 
-use super::logs::LogRing;
+use super::logs::{self, LogRing};
 use super::machine::{ExitStatus, Gen, Signal};
 use super::process::{self, Host};
 
@@ -82,6 +81,8 @@ pub trait Launcher: Send + Sync + 'static {
     fn signal(&self, pid: u32, signal: Signal);
     /// The process `pid` was reaped: clean up what is left of its group.
     fn reaped(&self, pid: u32);
+    /// The unit changed in place: apply what the launcher keeps of it.
+    fn configure(&self, _spec: &UnitSpec) {}
 }
 
 /// Launches real children and HTTP sessions.
@@ -120,27 +121,23 @@ impl SystemLauncher {
                 Ok((read, write))
             });
         let (read, write) = pipes.map_err(|e| format!("cannot use the server's pipes: {e}"))?;
+        let stderr = stderr
+            .into_owned_fd()
+            .and_then(pipe::Receiver::from_owned_fd)
+            .map_err(|e| format!("cannot use the server's stderr: {e}"))?;
         let wire = Wire::pipes(read, write);
         let name = self.name.clone();
-        let logs = self.logs.clone();
-        tokio::spawn(async move {
-            // Small: most servers write little to stderr, and there is one
-            // of these per server.
-            let mut reader = tokio::io::BufReader::with_capacity(1024, stderr);
-            let mut buf = Vec::new();
-            loop {
-                buf.clear();
-                match reader.read_until(b'\n', &mut buf).await {
-                    Ok(0) | Err(_) => break,
-                    Ok(_) => {
-                        let line = String::from_utf8_lossy(&buf);
-                        let line = line.trim_end_matches(['\n', '\r']);
-                        tracing::info!(target: "mcpd::server", mcpd_server = %name, generation = generation, "{line}");
-                        logs.push(line);
-                    }
+        tokio::spawn(logs::pump(
+            stderr,
+            self.logs.clone(),
+            move |line, report| {
+                if report {
+                    tracing::warn!(target: "mcpd::server", mcpd_server = %name, generation = generation, "{line}");
+                } else {
+                    tracing::info!(target: "mcpd::server", mcpd_server = %name, generation = generation, "{line}");
                 }
-            }
-        });
+            },
+        ));
         let connect: BoxFuture<Result<Wire, ConnectError>> = Box::pin(async move { Ok(wire) });
         let exit: BoxFuture<ExitStatus> = Box::pin(async move {
             use std::os::unix::process::ExitStatusExt;
@@ -195,6 +192,7 @@ fn install_crypto_provider() {
 
 impl Launcher for SystemLauncher {
     fn launch(&self, spec: &UnitSpec, generation: Gen) -> Result<Launched, String> {
+        self.configure(spec);
         match spec.transport() {
             Transport::Stdio(stdio) => self.stdio(stdio, generation),
             Transport::Http(http) => self.http(http),
@@ -208,6 +206,10 @@ impl Launcher for SystemLauncher {
     fn reaped(&self, pid: u32) {
         // Grandchildren left in the group would outlive their server.
         process::signal_group(pid, Signal::Kill);
+    }
+
+    fn configure(&self, spec: &UnitSpec) {
+        self.logs.set_limit(spec.log_rate_limit());
     }
 }
 

@@ -1,7 +1,12 @@
-//! The last lines a server wrote to stderr, kept in memory for `status`.
+//! What a server writes to stderr: the last lines, kept in memory for
+//! `status`, and the rate limit of what reaches the log (DESIGN §3,
+//! invariant 10: journald's defaults, 10,000 lines per 30 s).
 
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use crate::unit::RateLimit;
 
 /// Lines kept per server.
 pub const CAPACITY: usize = 200;
@@ -9,13 +14,214 @@ pub const CAPACITY: usize = 200;
 pub const MAX_LINE: usize = 4096;
 
 /// A bounded ring of log lines, shared by the stderr reader (writer) and
-/// status queries (readers).
+/// status queries (readers), and the unit's log rate limit, which spans
+/// its generations (a crash loop does not reset it).
 #[derive(Debug, Clone, Default)]
 pub struct LogRing {
     lines: Arc<Mutex<VecDeque<String>>>,
+    limiter: Arc<Mutex<Limiter>>,
+}
+
+/// The rate limit's state: a window of `interval` opened by its first
+/// line, the first `lines` of it logged, the rest counted.
+#[derive(Debug, Clone, Default)]
+pub struct Limiter {
+    limit: Option<RateLimit>,
+    window: Option<Instant>,
+    logged: u32,
+    suppressed: u64,
+}
+
+/// What to do with one line.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Admit {
+    /// Log this line.
+    pub log: bool,
+    /// First say that this many lines of the window before were dropped.
+    pub suppressed: Option<u64>,
+}
+
+impl Limiter {
+    /// A limiter applying `limit` (None: log everything).
+    pub fn new(limit: Option<RateLimit>) -> Self {
+        Self {
+            limit,
+            ..Self::default()
+        }
+    }
+
+    /// A changed `log-rate-limit`, applied from the next line on.
+    pub fn set(&mut self, limit: Option<RateLimit>) {
+        if self.limit != limit {
+            self.limit = limit;
+            self.window = None;
+            self.logged = 0;
+        }
+    }
+
+    /// One line, written at `now`.
+    pub fn admit(&mut self, now: Instant) -> Admit {
+        let Some(limit) = self.limit else {
+            return Admit {
+                log: true,
+                suppressed: self.take_suppressed(),
+            };
+        };
+        let mut suppressed = None;
+        if self
+            .window
+            .is_none_or(|start| now.saturating_duration_since(start) >= limit.interval)
+        {
+            suppressed = self.take_suppressed();
+            self.window = Some(now);
+            self.logged = 0;
+        }
+        if self.logged < limit.lines {
+            self.logged += 1;
+            Admit {
+                log: true,
+                suppressed,
+            }
+        } else {
+            self.suppressed += 1;
+            Admit {
+                log: false,
+                suppressed,
+            }
+        }
+    }
+
+    /// Lines dropped and not yet reported (at the end of the stream).
+    pub fn take_suppressed(&mut self) -> Option<u64> {
+        (self.suppressed > 0).then(|| std::mem::take(&mut self.suppressed))
+    }
+
+    /// The limit, for the report line.
+    pub fn limit(&self) -> Option<RateLimit> {
+        self.limit
+    }
+}
+
+/// "suppressed 12 lines (log-rate-limit 10000 per 30s)".
+pub fn suppressed_line(n: u64, limit: Option<RateLimit>) -> String {
+    let lines = if n == 1 { "line" } else { "lines" };
+    match limit {
+        Some(l) => format!(
+            "suppressed {n} {lines} (log-rate-limit {} per {})",
+            l.lines,
+            humantime::format_duration(l.interval)
+        ),
+        None => format!("suppressed {n} {lines}"),
+    }
+}
+
+/// The longest line read from stderr; a longer one is cut into pieces.
+pub const MAX_READ_LINE: usize = 64 * 1024;
+
+/// Reads a server's stderr until it closes: every line into `ring`, and
+/// as many as the rate limit admits into the log: `log(line, false)`, and
+/// `log(report, true)` for the `suppressed N lines` reports. Reads in
+/// large chunks while the server writes, holding no buffer while it is
+/// quiet; a flood costs the daemon a read per 64 KiB and a scan, not a
+/// log record per line.
+pub async fn pump(
+    stderr: tokio::net::unix::pipe::Receiver,
+    ring: LogRing,
+    log: impl Fn(&str, bool),
+) {
+    const CHUNK: usize = 64 * 1024;
+    let mut partial: Vec<u8> = Vec::new();
+    let mut ends: Vec<usize> = Vec::new();
+    'read: loop {
+        if stderr.readable().await.is_err() {
+            break;
+        }
+        let mut buf = vec![0u8; CHUNK];
+        loop {
+            let n = match stderr.try_read(&mut buf) {
+                Ok(0) => break 'read,
+                Ok(n) => n,
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                Err(_) => break 'read,
+            };
+            let chunk = &buf[..n];
+            ends.clear();
+            ends.extend(memchr::memchr_iter(b'\n', chunk));
+            let lines = ends.len();
+            // Only the newest lines of a chunk can stay in the ring.
+            let keep_from = lines.saturating_sub(CAPACITY);
+            let now = Instant::now();
+            let mut start = 0;
+            for (i, &end) in ends.iter().enumerate() {
+                let piece = &chunk[start..end];
+                start = end + 1;
+                let line: &[u8] = if partial.is_empty() {
+                    piece
+                } else {
+                    partial.extend_from_slice(piece);
+                    &partial
+                };
+                ring.line(line, now, i >= keep_from, &log);
+                partial.clear();
+            }
+            partial.extend_from_slice(&chunk[start..]);
+            if partial.len() >= MAX_READ_LINE {
+                ring.line(&partial, now, true, &log);
+                partial.clear();
+            }
+        }
+    }
+    if !partial.is_empty() {
+        ring.line(&partial, Instant::now(), true, &log);
+    }
+    let (suppressed, limit) = match ring.limiter.lock() {
+        Ok(mut l) => (l.take_suppressed(), l.limit()),
+        Err(_) => (None, None),
+    };
+    if let Some(n) = suppressed {
+        log(&suppressed_line(n, limit), true);
+    }
 }
 
 impl LogRing {
+    /// Applies a unit's `log-rate-limit`.
+    pub fn set_limit(&self, limit: Option<RateLimit>) {
+        if let Ok(mut l) = self.limiter.lock() {
+            l.set(limit);
+        }
+    }
+
+    /// One line of stderr (without its newline), at `now`: logged if the
+    /// limit admits it (after the report of a window that dropped lines),
+    /// kept in the ring if `keep`.
+    fn line(&self, raw: &[u8], now: Instant, keep: bool, log: &impl Fn(&str, bool)) {
+        let (admit, limit) = match self.limiter.lock() {
+            Ok(mut l) => (l.admit(now), l.limit()),
+            Err(_) => (
+                Admit {
+                    log: true,
+                    suppressed: None,
+                },
+                None,
+            ),
+        };
+        if let Some(n) = admit.suppressed {
+            log(&suppressed_line(n, limit), true);
+        }
+        if !admit.log && !keep {
+            return;
+        }
+        let text = String::from_utf8_lossy(raw);
+        let text = text.trim_end_matches('\r');
+        if admit.log {
+            log(text, false);
+        }
+        if keep {
+            self.push(text);
+        }
+    }
+
     /// Appends a line, dropping the oldest beyond [`CAPACITY`].
     pub fn push(&self, line: &str) {
         let mut line = line.trim_end_matches(['\n', '\r']).to_owned();
@@ -51,6 +257,97 @@ impl LogRing {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::Duration;
+
+    const LIMIT: RateLimit = RateLimit {
+        lines: 3,
+        interval: Duration::from_secs(30),
+    };
+
+    #[test]
+    fn the_limit_logs_a_burst_then_counts_and_reports_once_per_window() {
+        let t0 = Instant::now();
+        let mut l = Limiter::new(Some(LIMIT));
+        let logged = |a: Admit| (a.log, a.suppressed);
+        for _ in 0..3 {
+            assert_eq!(logged(l.admit(t0)), (true, None));
+        }
+        for i in 0..5 {
+            assert_eq!(logged(l.admit(t0 + Duration::from_secs(i))), (false, None));
+        }
+        // the window opened by the first line ends 30 s later: the next
+        // line reports what was dropped, and is logged
+        assert_eq!(
+            logged(l.admit(t0 + Duration::from_secs(30))),
+            (true, Some(5))
+        );
+        assert_eq!(l.take_suppressed(), None);
+        assert_eq!(
+            suppressed_line(5, Some(LIMIT)),
+            "suppressed 5 lines (log-rate-limit 3 per 30s)"
+        );
+    }
+
+    #[test]
+    fn no_limit_logs_everything_and_a_changed_limit_starts_a_new_window() {
+        let t0 = Instant::now();
+        let mut l = Limiter::new(None);
+        for _ in 0..100_000 {
+            assert!(l.admit(t0).log);
+        }
+        l.set(Some(LIMIT));
+        for _ in 0..3 {
+            assert!(l.admit(t0).log);
+        }
+        assert!(!l.admit(t0).log);
+        l.set(None);
+        assert_eq!(
+            (l.admit(t0).log, l.admit(t0).suppressed),
+            (true, None),
+            "the dropped line was reported with the first line after"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_flood_is_read_in_chunks_logged_up_to_the_limit_and_kept_newest_first() {
+        let (mut tx, rx) = tokio::net::unix::pipe::pipe().expect("pipe");
+        let ring = LogRing::default();
+        ring.set_limit(Some(RateLimit {
+            lines: 10,
+            interval: Duration::from_secs(3600),
+        }));
+        let logged = Arc::new(Mutex::new(Vec::new()));
+        let sink = Arc::clone(&logged);
+        let pump = tokio::spawn(pump(rx, ring.clone(), move |line, report| {
+            sink.lock().expect("lock").push((line.to_owned(), report));
+        }));
+        use tokio::io::AsyncWriteExt;
+        let mut text = String::new();
+        for i in 0..50_000 {
+            text.push_str(&format!("line {i}\n"));
+        }
+        // a last line without its newline, split across writes
+        text.push_str("the e");
+        tx.write_all(text.as_bytes()).await.expect("write");
+        tx.write_all(b"nd").await.expect("write");
+        drop(tx);
+        pump.await.expect("pump");
+        let logged = logged.lock().expect("lock").clone();
+        assert_eq!(logged.len(), 11, "{logged:?}");
+        assert_eq!(logged[0], ("line 0".to_owned(), false));
+        assert_eq!(logged[9], ("line 9".to_owned(), false));
+        assert_eq!(
+            logged[10],
+            (
+                "suppressed 49991 lines (log-rate-limit 10 per 1h)".to_owned(),
+                true
+            ),
+            "reported when the stream ends"
+        );
+        let tail = ring.tail(3);
+        assert_eq!(tail, ["line 49998", "line 49999", "the end"]);
+        assert_eq!(ring.tail(usize::MAX).len(), CAPACITY);
+    }
 
     #[test]
     fn keeps_the_newest_lines() {
