@@ -489,3 +489,75 @@ fn tool_calls_are_counted_and_logged_with_their_caller_never_their_arguments() {
     );
     assert!(d.stop(Signal::TERM).success());
 }
+
+#[test]
+fn status_shows_health_and_a_flooding_server_is_rate_limited() {
+    let units = tempfile::tempdir().expect("tempdir");
+    let dir = units.path();
+    std::fs::write(
+        dir.join("probed.kdl"),
+        "stdio { command \"mcp-fixture\"; }\nhealth {\n    interval \"100ms\"\n    timeout \"100ms\"\n}\n",
+    )
+    .expect("write");
+    std::fs::write(
+        dir.join("unprobed.kdl"),
+        "stdio { command \"mcp-fixture\"; }\nhealth { enabled #false; }\n",
+    )
+    .expect("write");
+    std::fs::write(
+        dir.join("flood.kdl"),
+        "stdio { command \"mcp-fixture\" \"--stderr-flood\"; }\nlog-rate-limit 20 \"1s\"\n",
+    )
+    .expect("write");
+    let mut d = Daemon::user_no_bus(dir, &[]);
+    let runtime = d.runtime_dir().expect("runtime").to_owned();
+    // the limit lets 20 lines a second through, then says what it dropped
+    let report = d.wait_for("suppressed ");
+    assert!(
+        report.contains("flood") && report.contains("lines (log-rate-limit 20 per 1s)"),
+        "{report}"
+    );
+    // the daemon answers while the server floods; the ring has its newest lines
+    let logs = text(&mcpctl_user(&runtime, &["logs", "flood"]));
+    let newest: u64 = logs
+        .lines()
+        .filter_map(|l| {
+            l.rsplit_once("flood line ")
+                .and_then(|(_, n)| n.parse().ok())
+        })
+        .max()
+        .unwrap_or_else(|| panic!("no flood lines kept:\n{logs}"));
+    assert!(newest > 1000, "the ring keeps the newest lines: {newest}");
+    let flood_lines = d.seen.iter().filter(|l| l.contains("flood line ")).count();
+    assert!(
+        flood_lines <= 40,
+        "{flood_lines} flood lines reached the log"
+    );
+
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    let shown = loop {
+        let shown = text(&mcpctl_user(&runtime, &["status", "probed"]));
+        if shown.contains("\n     Health: ok, ping ") {
+            break shown;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "never probed:\n{shown}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    };
+    let line = shown
+        .lines()
+        .find(|l| l.contains("Health:"))
+        .expect("health line");
+    assert!(line.ends_with(" ago") && line.contains(" ms "), "{line}");
+    let json = mcpctl_user(&runtime, &["--json", "status", "probed"]);
+    let json: serde_json::Value = serde_json::from_slice(&json.stdout).expect("json");
+    let probed = &json[0];
+    assert_eq!(probed["health_enabled"], true, "{json}");
+    assert!(probed["last_ping_usec"].as_u64() > Some(0), "{json}");
+    assert_eq!(probed["probes_missed"], 0, "{json}");
+    let off = text(&mcpctl_user(&runtime, &["status", "unprobed"]));
+    assert!(off.contains("\n     Health: off\n"), "{off}");
+    assert!(d.stop(Signal::TERM).success());
+}

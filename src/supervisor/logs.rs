@@ -91,6 +91,17 @@ impl Limiter {
         }
     }
 
+    /// Whether lines written at `now` are dropped: the window's lines are
+    /// used up.
+    pub fn over(&self, now: Instant) -> bool {
+        match (self.limit, self.window) {
+            (Some(limit), Some(start)) => {
+                self.logged >= limit.lines && now.saturating_duration_since(start) < limit.interval
+            }
+            _ => false,
+        }
+    }
+
     /// Lines dropped and not yet reported (at the end of the stream).
     pub fn take_suppressed(&mut self) -> Option<u64> {
         (self.suppressed > 0).then(|| std::mem::take(&mut self.suppressed))
@@ -115,6 +126,20 @@ pub fn suppressed_line(n: u64, limit: Option<RateLimit>) -> String {
     }
 }
 
+/// While a server is over its log rate limit, its stderr is read at most
+/// this often, and its pipe holds only [`FLOOD_PIPE`] bytes: the server's
+/// writes wait for the reader, as for any reader that is behind, so a
+/// flood of small writes costs the daemon a few reads (and a few wake-ups:
+/// every write to a pipe wakes its poller) instead of one per line, and
+/// what is read is still the newest.
+pub const FLOOD_PACE: std::time::Duration = std::time::Duration::from_millis(25);
+
+/// The pipe size while flooding (a page); the usual is restored after.
+pub const FLOOD_PIPE: usize = 4096;
+
+/// The usual pipe size on Linux.
+const PIPE: usize = 64 * 1024;
+
 /// The longest line read from stderr; a longer one is cut into pieces.
 pub const MAX_READ_LINE: usize = 64 * 1024;
 
@@ -122,8 +147,9 @@ pub const MAX_READ_LINE: usize = 64 * 1024;
 /// as many as the rate limit admits into the log: `log(line, false)`, and
 /// `log(report, true)` for the `suppressed N lines` reports. Reads in
 /// large chunks while the server writes, holding no buffer while it is
-/// quiet; a flood costs the daemon a read per 64 KiB and a scan, not a
-/// log record per line.
+/// quiet; over the limit, at most every [`FLOOD_PACE`], so a flood costs
+/// the daemon a read per 64 KiB and a scan, not a log record (or a
+/// wake-up) per line.
 pub async fn pump(
     stderr: tokio::net::unix::pipe::Receiver,
     ring: LogRing,
@@ -132,6 +158,7 @@ pub async fn pump(
     const CHUNK: usize = 64 * 1024;
     let mut partial: Vec<u8> = Vec::new();
     let mut ends: Vec<usize> = Vec::new();
+    let mut flooding = false;
     'read: loop {
         if stderr.readable().await.is_err() {
             break;
@@ -141,7 +168,19 @@ pub async fn pump(
             let n = match stderr.try_read(&mut buf) {
                 Ok(0) => break 'read,
                 Ok(n) => n,
-                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                    let over = ring.over(Instant::now());
+                    if over != flooding {
+                        flooding = over;
+                        let size = if over { FLOOD_PIPE } else { PIPE };
+                        let _ = rustix::pipe::fcntl_setpipe_size(&stderr, size);
+                    }
+                    if over {
+                        drop(buf);
+                        tokio::time::sleep(FLOOD_PACE).await;
+                    }
+                    break;
+                }
                 Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
                 Err(_) => break 'read,
             };
@@ -153,6 +192,10 @@ pub async fn pump(
             let keep_from = lines.saturating_sub(CAPACITY);
             let now = Instant::now();
             let mut start = 0;
+            // One lock for the chunk, not one per line.
+            let Ok(mut limiter) = ring.limiter.lock() else {
+                break 'read;
+            };
             for (i, &end) in ends.iter().enumerate() {
                 let piece = &chunk[start..end];
                 start = end + 1;
@@ -162,18 +205,20 @@ pub async fn pump(
                     partial.extend_from_slice(piece);
                     &partial
                 };
-                ring.line(line, now, i >= keep_from, &log);
+                ring.line(&mut limiter, line, now, i >= keep_from, &log);
                 partial.clear();
             }
             partial.extend_from_slice(&chunk[start..]);
             if partial.len() >= MAX_READ_LINE {
-                ring.line(&partial, now, true, &log);
+                ring.line(&mut limiter, &partial, now, true, &log);
                 partial.clear();
             }
         }
     }
-    if !partial.is_empty() {
-        ring.line(&partial, Instant::now(), true, &log);
+    if !partial.is_empty()
+        && let Ok(mut limiter) = ring.limiter.lock()
+    {
+        ring.line(&mut limiter, &partial, Instant::now(), true, &log);
     }
     let (suppressed, limit) = match ring.limiter.lock() {
         Ok(mut l) => (l.take_suppressed(), l.limit()),
@@ -185,6 +230,11 @@ pub async fn pump(
 }
 
 impl LogRing {
+    /// Whether lines written now are dropped.
+    fn over(&self, now: Instant) -> bool {
+        self.limiter.lock().is_ok_and(|l| l.over(now))
+    }
+
     /// Applies a unit's `log-rate-limit`.
     pub fn set_limit(&self, limit: Option<RateLimit>) {
         if let Ok(mut l) = self.limiter.lock() {
@@ -195,19 +245,17 @@ impl LogRing {
     /// One line of stderr (without its newline), at `now`: logged if the
     /// limit admits it (after the report of a window that dropped lines),
     /// kept in the ring if `keep`.
-    fn line(&self, raw: &[u8], now: Instant, keep: bool, log: &impl Fn(&str, bool)) {
-        let (admit, limit) = match self.limiter.lock() {
-            Ok(mut l) => (l.admit(now), l.limit()),
-            Err(_) => (
-                Admit {
-                    log: true,
-                    suppressed: None,
-                },
-                None,
-            ),
-        };
+    fn line(
+        &self,
+        limiter: &mut Limiter,
+        raw: &[u8],
+        now: Instant,
+        keep: bool,
+        log: &impl Fn(&str, bool),
+    ) {
+        let admit = limiter.admit(now);
         if let Some(n) = admit.suppressed {
-            log(&suppressed_line(n, limit), true);
+            log(&suppressed_line(n, limiter.limit()), true);
         }
         if !admit.log && !keep {
             return;
@@ -323,7 +371,7 @@ mod tests {
         }));
         use tokio::io::AsyncWriteExt;
         let mut text = String::new();
-        for i in 0..50_000 {
+        for i in 0..10_000 {
             text.push_str(&format!("line {i}\n"));
         }
         // a last line without its newline, split across writes
@@ -339,13 +387,13 @@ mod tests {
         assert_eq!(
             logged[10],
             (
-                "suppressed 49991 lines (log-rate-limit 10 per 1h)".to_owned(),
+                "suppressed 9991 lines (log-rate-limit 10 per 1h)".to_owned(),
                 true
             ),
             "reported when the stream ends"
         );
         let tail = ring.tail(3);
-        assert_eq!(tail, ["line 49998", "line 49999", "the end"]);
+        assert_eq!(tail, ["line 9998", "line 9999", "the end"]);
         assert_eq!(ring.tail(usize::MAX).len(), CAPACITY);
     }
 
