@@ -16,16 +16,23 @@
 //! 7. host sessions (`sessions`): server-everything through the bridge vs
 //!    direct, the bridge's start-up and RSS, 8 hosts on one server, the
 //!    daemon's memory per idle session;
-//! 8. comparisons: `bench/compare.py` (respawn delay under supervisord).
+//! 8. liveness (`liveness`): idle CPU with probes at the defaults, hung
+//!    server detection time, the daemon's CPU under a stderr flood and a
+//!    `list_changed` storm;
+//! 9. comparisons: `bench/compare.py` (respawn delay under supervisord).
 //!
 //! Run through `bench/run` (release build); `cargo test` runs it as a smoke
 //! run (see `common`). Sizes: `MCPD_BENCH_UNITS` (500),
 //! `MCPD_BENCH_IDLE_UNITS` (100, also the smaller start-up size),
 //! `MCPD_BENCH_STARTS` (3 start-ups per size), `MCPD_BENCH_RELOADS` (20),
 //! `MCPD_BENCH_IDLE_SECS` (10), `MCPD_BENCH_CALLS` (500 tool calls per
-//! path), `MCPD_BENCH_COMPARE_SECS` (30 per supervisor).
+//! path), `MCPD_BENCH_COMPARE_SECS` (30 per supervisor),
+//! `MCPD_BENCH_PROBE_SECS` (31: the idle window with probes),
+//! `MCPD_BENCH_DETECTIONS` (5 hung servers), `MCPD_BENCH_FLOOD_SECS` (5).
 
 mod common;
+#[path = "daemon/liveness.rs"]
+mod liveness;
 #[path = "daemon/sessions.rs"]
 mod sessions;
 
@@ -53,6 +60,9 @@ struct Sizes {
     bridge_starts: usize,
     host_calls: usize,
     sessions: usize,
+    probe_secs: u64,
+    detections: usize,
+    flood_secs: u64,
 }
 
 impl Sizes {
@@ -71,6 +81,9 @@ impl Sizes {
             bridge_starts: mode.size("MCPD_BENCH_BRIDGE_STARTS", 30, 2).max(1),
             host_calls: mode.size("MCPD_BENCH_HOST_CALLS", 1000, 10).max(1),
             sessions: mode.size("MCPD_BENCH_SESSIONS", 500, 5).max(1),
+            probe_secs: mode.size("MCPD_BENCH_PROBE_SECS", 31, 1) as u64,
+            detections: mode.size("MCPD_BENCH_DETECTIONS", 5, 1).max(1),
+            flood_secs: mode.size("MCPD_BENCH_FLOOD_SECS", 5, 1) as u64,
         }
     }
 }
@@ -413,6 +426,7 @@ fn main() {
     rows.push(churn);
     rows.append(&mut calls.0);
     rows.append(&mut host_sessions);
+    rows.extend(liveness::rows(&sizes, bus.as_ref()));
     print_table("Daemon", &rows);
 
     let mut comparisons = calls.1;

@@ -169,6 +169,9 @@ fn ago(usec: u64) -> String {
 /// The `Health:` line: what the liveness probes found, while there is
 /// something to probe.
 fn health(p: &Props) -> Option<String> {
+    if matches!(p.state.as_str(), "stopped" | "failed") {
+        return None;
+    }
     if !p.health_enabled {
         return Some("off".into());
     }

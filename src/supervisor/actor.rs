@@ -64,6 +64,8 @@ pub(crate) enum Internal {
     },
     ListChanged {
         generation: Gen,
+        /// Cleared when taken, so the next notification sends a notice.
+        pending: Arc<std::sync::atomic::AtomicBool>,
     },
     Synced {
         generation: Gen,
@@ -402,7 +404,11 @@ impl Actor {
                 }
                 self.step(Event::Exited { generation, status }).await;
             }
-            Internal::ListChanged { generation } => {
+            Internal::ListChanged {
+                generation,
+                pending,
+            } => {
+                pending.store(false, std::sync::atomic::Ordering::Release);
                 if self.machine.current() != Some(generation) {
                     return;
                 }

@@ -178,6 +178,7 @@ impl Sessions {
         let heard = Arc::new(Heard::new());
         let task = Task {
             heard: Arc::clone(&heard),
+            list_changed: Arc::default(),
             name: Arc::from(name),
             input: tx.downgrade(),
             router: Router::new(),
@@ -468,6 +469,8 @@ struct Task {
     /// Hosts to detach once the current message is handled.
     doomed: Vec<(HostId, &'static str)>,
     heard: Arc<Heard>,
+    /// A `tools/list_changed` notice is on its way to the actor.
+    list_changed: Arc<std::sync::atomic::AtomicBool>,
 }
 
 fn error(id: &Value, code: i64, message: impl Into<String>) -> Value {
@@ -1082,9 +1085,14 @@ impl Task {
         match method {
             Some("notifications/tools/list_changed") if !has_id => {
                 // Hosts hear of it once mcpd has re-synced (status_changed).
-                if let Some(up) = &self.upstream {
+                // One notice at a time: a storm wakes the actor once per
+                // notice it takes, not once per notification.
+                if let Some(up) = &self.upstream
+                    && !self.list_changed.swap(true, Ordering::AcqRel)
+                {
                     let _ = self.events.send(Internal::ListChanged {
                         generation: up.generation,
+                        pending: Arc::clone(&self.list_changed),
                     });
                 }
                 return;
