@@ -81,6 +81,14 @@ struct Args {
     /// Start a `sleep` grandchild in the same process group; write its PID to FILE.
     #[arg(long, env = "MCP_FIXTURE_GRANDCHILD", value_name = "FILE")]
     grandchild: Option<PathBuf>,
+    /// Start a `sleep` helper in a session of its own (`setsid`, as Node's
+    /// `detached: true` does); write its PID to FILE.
+    #[arg(long, env = "MCP_FIXTURE_DETACHED_HELPER", value_name = "FILE")]
+    detached_helper: Option<PathBuf>,
+    /// Daemonize a `sleep` helper (double fork, own session), write its PID
+    /// to FILE, and exit 0 at once.
+    #[arg(long, env = "MCP_FIXTURE_DAEMONIZE", value_name = "FILE")]
+    daemonize: Option<PathBuf>,
     /// Print a line that is not JSON-RPC on stdout before serving.
     #[arg(long, env = "MCP_FIXTURE_GARBAGE_STDOUT")]
     garbage_stdout: bool,
@@ -708,6 +716,40 @@ async fn main() -> std::process::ExitCode {
         },
         None => None,
     };
+    let _detached = match &args.detached_helper {
+        Some(file) => match std::process::Command::new("setsid")
+            .args(["sleep", "100000"])
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+        {
+            Ok(child) => {
+                if let Err(e) = std::fs::write(file, format!("{}\n", child.id())) {
+                    say(&format!("cannot write {}: {e}", file.display()));
+                }
+                Some(child)
+            }
+            Err(e) => {
+                say(&format!("cannot start a detached helper: {e}"));
+                None
+            }
+        },
+        None => None,
+    };
+    if let Some(file) = &args.daemonize {
+        // The shell forks the helper into the background and exits: the
+        // helper's parent is gone before this process is.
+        let script = format!(
+            "setsid sleep 100000 </dev/null >/dev/null 2>&1 & echo $! > '{}'",
+            file.display()
+        );
+        let status = std::process::Command::new("sh")
+            .args(["-c", &script])
+            .status();
+        say(&format!("daemonized a helper ({status:?}); exiting 0"));
+        return std::process::ExitCode::SUCCESS;
+    }
     if let Some(delay) = args.slow_start {
         say(&format!(
             "slow start: sleeping {}",

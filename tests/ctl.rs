@@ -84,6 +84,21 @@ fn masked(out: &Output, dir: &Path) -> String {
             line.truncate(at + "next retry in ".len());
             line.push_str("<duration>");
         }
+        for key in ["Tasks: ", "Memory: ", "CPU: "] {
+            if let Some(at) = line.find(key) {
+                line.truncate(at + key.len());
+                line.push_str("<usage>");
+            }
+        }
+        if let (Some(start), Some(end)) =
+            (line.find("Containment: cgroup /"), line.find("/mcpd-user-"))
+        {
+            // the v2 hierarchy's mount point differs between systems
+            line.replace_range(start + "Containment: cgroup ".len()..end, "<v2>");
+        }
+        if let Some(at) = line.find("mcpd-user-") {
+            line.replace_range(at..at + "mcpd-user-".len() + 16, "mcpd-user-<hash>");
+        }
         if let (Some(open), Some(close)) = (line.find("mcp-fixture["), line.find("]:")) {
             line.replace_range(open + "mcp-fixture[".len()..close, "<pid>");
         }

@@ -61,10 +61,17 @@ fn sigkill_of_the_daemon_leaves_no_child_alive() {
     );
     let first = pid_in(&d.wait_for("running (pid"));
     let second = pid_in(&d.wait_for("running (pid"));
+    let subtree = crate::helper::cgroup_of(first)
+        .parent()
+        .expect("the daemon's subtree")
+        .to_owned();
     let status = d.stop(Signal::KILL);
     assert!(!status.success());
     wait_gone(first);
     wait_gone(second);
+    // (what a next daemon of this runtime directory would clean up:
+    // tests/containment.rs)
+    crate::helper::remove_cgroup_tree(&subtree);
 }
 
 #[test]

@@ -5,6 +5,7 @@ mod helper;
 mod actor;
 mod bridge;
 mod connections;
+mod containment;
 mod ctl;
 mod daemon;
 mod dbus;

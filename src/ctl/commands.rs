@@ -64,6 +64,10 @@ struct Props {
     probes_missed: u32,
     last_ping_usec: u64,
     last_ping_timestamp: u64,
+    containment: String,
+    tasks: u64,
+    memory: u64,
+    cpu_nsec: u64,
     calls: u64,
     failed_calls: u64,
     sessions: u32,
@@ -92,6 +96,10 @@ async fn props(server: &ServerProxy<'_>) -> Result<Props> {
         probes_missed: server.probes_missed().await.map_err(e)?,
         last_ping_usec: server.last_ping_usec().await.map_err(e)?,
         last_ping_timestamp: server.last_ping_timestamp().await.map_err(e)?,
+        containment: server.containment().await.map_err(e)?,
+        tasks: server.tasks_current().await.map_err(e)?,
+        memory: server.memory_current().await.map_err(e)?,
+        cpu_nsec: server.cpu_usage_nsec().await.map_err(e)?,
         calls: server.calls().await.map_err(e)?,
         failed_calls: server.failed_calls().await.map_err(e)?,
         sessions: server.sessions().await.map_err(e)?,
@@ -121,6 +129,10 @@ impl Props {
             "probes_missed": self.probes_missed,
             "last_ping_usec": self.last_ping_usec,
             "last_ping_timestamp": self.last_ping_timestamp,
+            "containment": self.containment,
+            "tasks_current": known(self.tasks),
+            "memory_current": known(self.memory),
+            "cpu_usage_nsec": known(self.cpu_nsec),
             "calls": self.calls,
             "failed_calls": self.failed_calls,
             "sessions": self.sessions,
@@ -199,6 +211,31 @@ fn health(p: &Props) -> Option<String> {
     })
 }
 
+/// `u64::MAX` (unknown) as null.
+fn known(v: u64) -> Value {
+    if v == u64::MAX { Value::Null } else { json!(v) }
+}
+
+/// Bytes as systemctl prints them: "68.2M", "512K", "900B".
+fn bytes(n: u64) -> String {
+    const UNITS: [(&str, u64); 3] = [("G", 1 << 30), ("M", 1 << 20), ("K", 1 << 10)];
+    for (unit, size) in UNITS {
+        if n >= size {
+            return format!("{:.1}{unit}", n as f64 / size as f64);
+        }
+    }
+    format!("{n}B")
+}
+
+/// CPU time as systemctl prints it: "1.234s", "56ms".
+fn cpu(nsec: u64) -> String {
+    if nsec >= 1_000_000_000 {
+        format!("{:.3}s", nsec as f64 / 1e9)
+    } else {
+        format!("{}ms", nsec / 1_000_000)
+    }
+}
+
 /// µs as milliseconds: "0.4", "12", "1500".
 fn format_ms(usec: u64) -> String {
     if usec < 10_000 {
@@ -255,6 +292,18 @@ fn write_block(
     }
     if let Some(health) = health(p) {
         writeln!(out, "     Health: {health}")?;
+    }
+    if p.tasks != u64::MAX {
+        writeln!(out, "      Tasks: {}", p.tasks)?;
+    }
+    if p.memory != u64::MAX {
+        writeln!(out, "     Memory: {} (sum of RSS)", bytes(p.memory))?;
+    }
+    if p.cpu_nsec != u64::MAX {
+        writeln!(out, "        CPU: {}", cpu(p.cpu_nsec))?;
+    }
+    if !p.containment.is_empty() && !matches!(p.state.as_str(), "stopped" | "failed") {
+        writeln!(out, "Containment: {}", p.containment)?;
     }
     if !p.last_exit.is_empty() {
         writeln!(out, "  Last exit: {}", p.last_exit)?;

@@ -132,7 +132,9 @@ pub async fn run(
         config.unit_dirs.clone(),
         controller,
     ));
-    let host = crate::supervisor::process::Host::current(config.instance, child_nofile);
+    let mut host = crate::supervisor::process::Host::current(config.instance, child_nofile);
+    host.cgroups = contain(config.instance, &runtime_dir).await;
+    let cgroups = host.cgroups.clone();
     let mut registry = Registry::new(config, host);
     let diff = registry.reload().await;
     publish(&shared, &registry);
@@ -211,6 +213,10 @@ pub async fn run(
     tracing::info!(target: "mcpd::daemon", "stopping {}", count(registry.entries().len(), "unit"));
     registry.shutdown().await;
     drop(bus);
+    if let Some(cgroups) = cgroups {
+        // Every server's cgroup went with its last process.
+        cgroups.remove();
+    }
     tracing::info!(target: "mcpd::daemon", "stopped");
     drop(lock);
     Ok(())
@@ -229,5 +235,29 @@ fn count(n: usize, noun: &str) -> String {
         format!("1 {noun}")
     } else {
         format!("{n} {noun}s")
+    }
+}
+
+/// Sets up the servers' cgroups (DESIGN §10) and kills what an earlier
+/// daemon of this instance and runtime directory left in them; without a
+/// usable cgroup v2 hierarchy, says once that servers are contained by
+/// process groups only.
+async fn contain(
+    instance: crate::unit::Instance,
+    runtime_dir: &std::path::Path,
+) -> Option<crate::supervisor::cgroup::Cgroups> {
+    match crate::supervisor::cgroup::Cgroups::setup(instance, runtime_dir) {
+        Ok(cgroups) => {
+            for (server, n) in cgroups.recover().await {
+                let processes = if n == 1 { "process" } else { "processes" };
+                tracing::warn!(target: "mcpd::daemon", mcpd_server = %server, "killed {n} leftover {processes} of server {server}");
+            }
+            tracing::info!(target: "mcpd::daemon", "servers run in cgroups under {}", cgroups.dir().display());
+            Some(cgroups)
+        }
+        Err(why) => {
+            tracing::warn!(target: "mcpd::daemon", "servers are contained by process groups only, not cgroups: {why}");
+            None
+        }
     }
 }

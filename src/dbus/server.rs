@@ -69,6 +69,10 @@ impl Server {
             .map(|s| s.status())
     }
 
+    fn usage(&self) -> Option<crate::supervisor::cgroup::Usage> {
+        self.shared.supervisor(&self.name).ok()?.usage()
+    }
+
     fn supervisor(&self) -> Result<crate::supervisor::Supervisor, Error> {
         self.shared.supervisor(&self.name)
     }
@@ -256,6 +260,39 @@ impl Server {
         self.status()
             .and_then(|s| s.health.last_ping)
             .map_or(0, |(_, at)| usec(at))
+    }
+
+    /// How the server's processes are contained: "cgroup DIR" or "process
+    /// group"; empty for an HTTP server.
+    #[zbus(property(emits_changed_signal = "false"))]
+    fn containment(&self) -> String {
+        self.shared
+            .supervisor(&self.name)
+            .map(|s| s.containment())
+            .unwrap_or_default()
+    }
+
+    /// Threads of the server's processes now (its cgroup's); `u64::MAX`
+    /// when not known (not running, or no cgroup). Not signalled.
+    #[zbus(property(emits_changed_signal = "false"))]
+    fn tasks_current(&self) -> u64 {
+        self.usage().map_or(u64::MAX, |u| u.tasks)
+    }
+
+    /// Bytes resident in the server's processes now (the sum of their
+    /// RSS); `u64::MAX` when not known. Not signalled.
+    #[zbus(property(emits_changed_signal = "false"))]
+    fn memory_current(&self) -> u64 {
+        self.usage().map_or(u64::MAX, |u| u.memory)
+    }
+
+    /// CPU time of everything that ran in the server's cgroup this
+    /// generation, in ns; `u64::MAX` when not known. Not signalled.
+    #[zbus(property(emits_changed_signal = "false"), name = "CPUUsageNSec")]
+    fn cpu_usage_nsec(&self) -> u64 {
+        self.usage().and_then(|u| u.cpu).map_or(u64::MAX, |d| {
+            u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
+        })
     }
 
     /// Tool calls made (from D-Bus and bridges) since the daemon loaded the
@@ -644,6 +681,14 @@ pub mod client {
         fn last_ping_usec(&self) -> Result<u64, Error>;
         #[zbus(property(emits_changed_signal = "false"))]
         fn last_ping_timestamp(&self) -> Result<u64, Error>;
+        #[zbus(property(emits_changed_signal = "false"))]
+        fn containment(&self) -> Result<String, Error>;
+        #[zbus(property(emits_changed_signal = "false"))]
+        fn tasks_current(&self) -> Result<u64, Error>;
+        #[zbus(property(emits_changed_signal = "false"))]
+        fn memory_current(&self) -> Result<u64, Error>;
+        #[zbus(property(emits_changed_signal = "false"), name = "CPUUsageNSec")]
+        fn cpu_usage_nsec(&self) -> Result<u64, Error>;
         #[zbus(property(emits_changed_signal = "false"))]
         fn calls(&self) -> Result<u64, Error>;
         #[zbus(property(emits_changed_signal = "false"))]

@@ -17,6 +17,7 @@ use tokio::net::unix::pipe;
 use crate::mux::wire::{Wire, error_chain};
 use crate::unit::{HttpSpec, StdioSpec, Transport, UnitSpec};
 
+use super::cgroup::{Cgroup, Usage};
 use super::logs::{self, LogRing};
 use super::machine::{ExitStatus, Gen, Signal};
 use super::process::{self, Host};
@@ -83,6 +84,15 @@ pub trait Launcher: Send + Sync + 'static {
     fn reaped(&self, pid: u32);
     /// The unit changed in place: apply what the launcher keeps of it.
     fn configure(&self, _spec: &UnitSpec) {}
+    /// How its processes are contained: "cgroup DIR", "process group";
+    /// empty when it runs none (HTTP).
+    fn containment(&self) -> String {
+        "process group".into()
+    }
+    /// What the running generation's processes use, where known.
+    fn usage(&self) -> Option<Usage> {
+        None
+    }
 }
 
 /// Launches real children and HTTP sessions.
@@ -91,6 +101,8 @@ pub struct SystemLauncher {
     name: String,
     host: Host,
     logs: LogRing,
+    /// The unit is an HTTP one (as last configured): no processes.
+    http: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl SystemLauncher {
@@ -100,13 +112,20 @@ impl SystemLauncher {
             name: name.to_owned(),
             host,
             logs,
+            http: Arc::default(),
         }
     }
 
     fn stdio(&self, spec: &StdioSpec, generation: Gen) -> Result<Launched, String> {
         let plan = process::plan(spec, &self.host, &|var| std::env::var_os(var))?;
-        let mut child = process::spawn(&plan)
-            .map_err(|e| format!("cannot start {}: {e}", plan.program.display()))?;
+        let cgroup = self.cgroup();
+        let procs = cgroup.as_ref().map(Cgroup::prepare).transpose()?;
+        let mut child = process::spawn(&plan, procs).map_err(|e| {
+            if let Some(cgroup) = &cgroup {
+                cgroup.remove();
+            }
+            format!("cannot start {}: {e}", plan.program.display())
+        })?;
         let pid = child.id();
         let (Some(stdin), Some(stdout), Some(stderr)) =
             (child.stdin.take(), child.stdout.take(), child.stderr.take())
@@ -141,7 +160,7 @@ impl SystemLauncher {
         let connect: BoxFuture<Result<Wire, ConnectError>> = Box::pin(async move { Ok(wire) });
         let exit: BoxFuture<ExitStatus> = Box::pin(async move {
             use std::os::unix::process::ExitStatusExt;
-            match child.wait().await {
+            let status = match child.wait().await {
                 Ok(status) => match (status.code(), status.signal()) {
                     (Some(code), _) => ExitStatus::Code(code),
                     (None, Some(sig)) => ExitStatus::Signal(sig),
@@ -149,13 +168,28 @@ impl SystemLauncher {
                 },
                 // Cannot wait: treat as gone rather than blocking forever.
                 Err(_) => ExitStatus::Code(-1),
+            };
+            if let Some(cgroup) = cgroup {
+                // The generation is over when all of it is gone: helpers
+                // the main process left behind die first (invariant 11).
+                if cgroup.populated() {
+                    cgroup.kill();
+                }
+                cgroup.emptied().await;
+                cgroup.remove();
             }
+            status
         });
         Ok(Launched {
             pid,
             connect,
             exit: Some(exit),
         })
+    }
+
+    /// This unit's cgroup, when the daemon contains its servers in cgroups.
+    fn cgroup(&self) -> Option<Cgroup> {
+        self.host.cgroups.as_ref().map(|c| c.server(&self.name))
     }
 
     fn http(&self, spec: &HttpSpec) -> Result<Launched, String> {
@@ -200,16 +234,41 @@ impl Launcher for SystemLauncher {
     }
 
     fn signal(&self, pid: u32, signal: Signal) {
-        process::signal_group(pid, signal);
+        match (self.cgroup(), signal) {
+            (Some(cgroup), Signal::Term) => cgroup.terminate(),
+            (Some(cgroup), Signal::Kill) => cgroup.kill(),
+            (None, signal) => process::signal_group(pid, signal),
+        }
     }
 
     fn reaped(&self, pid: u32) {
-        // Grandchildren left in the group would outlive their server.
-        process::signal_group(pid, Signal::Kill);
+        // Grandchildren left in the group would outlive their server (a
+        // cgroup's are killed before the exit is reported).
+        if self.cgroup().is_none() {
+            process::signal_group(pid, Signal::Kill);
+        }
+    }
+
+    fn containment(&self) -> String {
+        if self.http.load(std::sync::atomic::Ordering::Relaxed) {
+            return String::new();
+        }
+        match self.cgroup() {
+            Some(cgroup) => format!("cgroup {}", cgroup.dir().display()),
+            None => "process group".into(),
+        }
+    }
+
+    fn usage(&self) -> Option<Usage> {
+        self.cgroup().filter(|c| c.populated()).map(|c| c.usage())
     }
 
     fn configure(&self, spec: &UnitSpec) {
         self.logs.set_limit(spec.log_rate_limit());
+        self.http.store(
+            matches!(spec.transport(), Transport::Http(_)),
+            std::sync::atomic::Ordering::Relaxed,
+        );
     }
 }
 

@@ -9,10 +9,12 @@
 //! sessions, as raw JSON-RPC wires), [`upstream`] (mcpd's handshake on a
 //! wire), `sessions` (the host sessions multiplexed onto the established
 //! wire), [`process`] (environment, credentials, process groups),
+//! [`cgroup`] (containment),
 //! [`envfile`], [`logs`].
 
 pub mod accounting;
 mod actor;
+pub mod cgroup;
 pub mod envfile;
 pub mod launch;
 pub mod logs;
@@ -156,7 +158,7 @@ impl CallError {
 pub const CALLER_GRACE: Duration = Duration::from_millis(100);
 
 /// A handle to one server's supervisor. Cheap to clone.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct Supervisor {
     name: Arc<str>,
     sessions: sessions::Sessions,
@@ -164,6 +166,16 @@ pub struct Supervisor {
     status: watch::Receiver<Status>,
     logs: LogRing,
     counters: Arc<Counters>,
+    launcher: SharedLauncher,
+}
+
+impl fmt::Debug for Supervisor {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Supervisor")
+            .field("name", &self.name)
+            .field("status", &*self.status.borrow())
+            .finish_non_exhaustive()
+    }
 }
 
 impl Supervisor {
@@ -183,10 +195,11 @@ impl Supervisor {
         );
         let (status_tx, status_rx) = watch::channel(initial);
         let counters = Arc::<Counters>::default();
+        launcher.configure(&spec);
         let actor = Actor::new(
             name,
             spec,
-            launcher,
+            Arc::clone(&launcher),
             commands_rx,
             status_tx,
             Arc::clone(&counters),
@@ -201,9 +214,21 @@ impl Supervisor {
                 status: status_rx,
                 logs,
                 counters,
+                launcher,
             },
             task,
         )
+    }
+
+    /// How the server's processes are contained ("cgroup DIR", "process
+    /// group"; empty for HTTP).
+    pub fn containment(&self) -> String {
+        self.launcher.containment()
+    }
+
+    /// What its processes use now, where the containment tells.
+    pub fn usage(&self) -> Option<cgroup::Usage> {
+        self.launcher.usage()
     }
 
     pub fn name(&self) -> &str {

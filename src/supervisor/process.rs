@@ -29,6 +29,8 @@ pub struct Host {
     /// The `RLIMIT_NOFILE` children start with, when the daemon raised its
     /// own (`None`: they inherit the daemon's).
     pub child_nofile: Option<rustix::process::Rlimit>,
+    /// Where servers' cgroups go; `None`: process groups only.
+    pub cgroups: Option<super::cgroup::Cgroups>,
 }
 
 impl Host {
@@ -37,6 +39,7 @@ impl Host {
             instance,
             euid: rustix::process::geteuid().as_raw(),
             child_nofile,
+            cgroups: None,
         }
     }
 }
@@ -206,10 +209,14 @@ fn resolve(program: &str, path: &OsString) -> Result<PathBuf, String> {
 }
 
 /// Forks and execs `plan` in a new process group with piped stdio. The
-/// child dies with SIGKILL if the daemon's thread that spawned it goes away
+/// child joins the cgroup whose `cgroup.procs` is `cgroup` first, dies
+/// with SIGKILL if the daemon's thread that spawned it goes away
 /// (`PR_SET_PDEATHSIG`), gets `plan.nofile` as its `RLIMIT_NOFILE`, and runs
 /// as `plan.credentials` when given.
-pub fn spawn(plan: &Plan) -> std::io::Result<tokio::process::Child> {
+pub fn spawn(
+    plan: &Plan,
+    cgroup: Option<std::os::fd::OwnedFd>,
+) -> std::io::Result<tokio::process::Child> {
     use rustix::process::{Gid, Uid};
     let mut cmd = tokio::process::Command::new(&plan.program);
     cmd.args(&plan.args)
@@ -236,6 +243,10 @@ pub fn spawn(plan: &Plan) -> std::io::Result<tokio::process::Child> {
     });
     let nofile = plan.nofile;
     let in_child = move || -> std::io::Result<()> {
+        if let Some(procs) = &cgroup {
+            // "0": the writing process, before it can fork anything.
+            rustix::io::write(procs, b"0")?;
+        }
         rustix::process::set_parent_process_death_signal(Some(rustix::process::Signal::KILL))?;
         if let Some(limit) = nofile {
             rustix::process::setrlimit(rustix::process::Resource::Nofile, limit)?;
@@ -253,8 +264,9 @@ pub fn spawn(plan: &Plan) -> std::io::Result<tokio::process::Child> {
     };
     #[allow(unsafe_code)]
     // SAFETY: the closure runs in the forked child before exec. It only makes
-    // raw system calls through rustix (prctl, setrlimit, getppid, setgroups,
-    // setresgid, setresuid), which are async-signal-safe, and allocates nothing: the
+    // raw system calls through rustix (write, prctl, setrlimit, getppid,
+    // setgroups, setresgid, setresuid), which are async-signal-safe, and
+    // allocates nothing: the
     // credentials were converted before the fork. Per-thread credential calls
     // are correct here because the child has exactly one thread.
     unsafe {
@@ -305,6 +317,7 @@ mod tests {
             instance: Instance::User,
             euid: rustix::process::geteuid().as_raw(),
             child_nofile: None,
+            cgroups: None,
         }
     }
 

@@ -332,10 +332,44 @@ impl Daemon {
 }
 
 impl Drop for Daemon {
+    /// A daemon a test did not stop is stopped as an operator would
+    /// (SIGTERM, bounded), so it removes its servers' cgroups; SIGKILL only
+    /// if it does not exit.
     fn drop(&mut self) {
+        if matches!(self.child.try_wait(), Ok(None)) {
+            self.signal(rustix::process::Signal::TERM);
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+            while matches!(self.child.try_wait(), Ok(None)) && std::time::Instant::now() < deadline
+            {
+                std::thread::sleep(std::time::Duration::from_millis(10));
+            }
+        }
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// The cgroup v2 directory of process `pid` (the daemon's servers' are
+/// below its subtree).
+pub fn cgroup_of(pid: u32) -> PathBuf {
+    let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").expect("mountinfo");
+    let mount = mcpd::supervisor::cgroup::v2_mount(&mountinfo).expect("a cgroup v2 hierarchy");
+    let own = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).expect("cgroup");
+    let path = mcpd::supervisor::cgroup::v2_path(&own).expect("a v2 path");
+    mount.join(path.trim_start_matches('/'))
+}
+
+/// Removes the (empty) cgroups a SIGKILLed daemon left: its subtree and
+/// the server cgroups in it.
+pub fn remove_cgroup_tree(subtree: &Path) {
+    if let Ok(entries) = std::fs::read_dir(subtree) {
+        for entry in entries.flatten() {
+            if entry.file_type().is_ok_and(|t| t.is_dir()) {
+                std::fs::remove_dir(entry.path()).expect("an empty server cgroup");
+            }
+        }
+    }
+    std::fs::remove_dir(subtree).expect("the daemon's subtree");
 }
 
 /// The PID in a "running (pid N, …)" or "running again (pid N, …)" log line.

@@ -1,0 +1,289 @@
+//! Containment (DESIGN §10, invariant 11) with the real daemon, real
+//! cgroups and processes that escape their process group: each stdio
+//! server has a cgroup v2 of its own, and everything in it dies with it.
+//! CI runs as root on a machine with a writable cgroup v2 hierarchy.
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use rustix::process::Signal;
+
+use crate::helper::{Daemon, alive, cgroup_of, mcpctl_user};
+
+const BOUND: Duration = Duration::from_secs(30);
+
+/// A unit running the fixture with `args`.
+fn unit(dir: &Path, name: &str, args: &[&str]) {
+    let args: String = args.iter().map(|a| format!(" \"{a}\"")).collect();
+    std::fs::write(
+        dir.join(format!("{name}.kdl")),
+        format!(
+            "stdio {{\n    command \"mcp-fixture\" \"--chatter\" \"0\"{args}\n}}\nreconnect {{\n    initial-delay \"50ms\"\n    max-delay \"1s\"\n}}\nstop-timeout \"1s\"\n"
+        ),
+    )
+    .expect("write unit");
+}
+
+/// A daemon on `units` with its runtime directory in `runtime`.
+fn daemon(units: &Path, runtime: &Path) -> Daemon {
+    Daemon::user_no_bus(units, &[("XDG_RUNTIME_DIR", runtime.as_os_str())])
+}
+
+/// Waits (bounded) for `path` to hold a PID.
+fn pid_in(path: &Path) -> u32 {
+    let deadline = Instant::now() + BOUND;
+    loop {
+        if let Some(pid) = std::fs::read_to_string(path)
+            .ok()
+            .and_then(|s| s.trim().parse().ok())
+        {
+            return pid;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{} never got a PID",
+            path.display()
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+fn wait_gone(pid: u32, what: &str) {
+    let deadline = Instant::now() + BOUND;
+    while alive(pid) {
+        assert!(
+            Instant::now() < deadline,
+            "{what} (pid {pid}) is still alive"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// A daemon's directories, kept for the test's length.
+struct Dirs {
+    _units: tempfile::TempDir,
+    runtime: tempfile::TempDir,
+    _files: tempfile::TempDir,
+}
+
+/// A daemon on one unit `name` whose fixture is given `flag` FILE: it
+/// writes the PID of the helper it starts to FILE, returned.
+fn with_helper(name: &str, flag: &str) -> (Dirs, std::path::PathBuf, Daemon) {
+    let units = tempfile::tempdir().expect("tempdir");
+    let runtime = tempfile::tempdir().expect("tempdir");
+    let files = tempfile::tempdir().expect("tempdir");
+    let helper = files.path().join("helper");
+    unit(units.path(), name, &[flag, &helper.display().to_string()]);
+    let d = daemon(units.path(), runtime.path());
+    let dirs = Dirs {
+        _units: units,
+        runtime,
+        _files: files,
+    };
+    (dirs, helper, d)
+}
+
+#[test]
+fn a_detached_helper_dies_with_stop_and_with_a_crash_of_its_server() {
+    let (dirs, helper, mut d) = with_helper("spawner", "--detached-helper");
+    let runtime = &dirs.runtime;
+    d.wait_until("spawner running", |d| d.latest_pid("spawner").is_some());
+    let main = d.latest_pid("spawner").expect("pid");
+    let first = pid_in(&helper);
+    let cgroup = cgroup_of(main);
+    assert!(cgroup.ends_with("spawner"), "{}", cgroup.display());
+    assert_eq!(
+        cgroup_of(first),
+        cgroup,
+        "the helper is in its server's cgroup"
+    );
+    // its own session: a process-group kill would miss it
+    assert_ne!(
+        rustix::process::getsid(rustix::process::Pid::from_raw(first as i32)).ok(),
+        rustix::process::getsid(rustix::process::Pid::from_raw(main as i32)).ok()
+    );
+    let shown =
+        String::from_utf8_lossy(&mcpctl_user(runtime.path(), &["status", "spawner"]).stdout)
+            .into_owned();
+    assert!(
+        shown.contains(&format!("Containment: cgroup {}", cgroup.display())),
+        "{shown}"
+    );
+    for line in ["      Tasks: ", "     Memory: ", "        CPU: "] {
+        assert!(shown.contains(line), "{line:?} in {shown}");
+    }
+
+    // A crash: the helper is gone before the next generation runs.
+    std::fs::remove_file(&helper).expect("rm");
+    let crash = mcpctl_user(
+        runtime.path(),
+        &["call", "spawner", "crash", "{\"code\":3}"],
+    );
+    assert!(crash.status.success());
+    d.wait_until("spawner running again", |d| {
+        d.latest_pid("spawner").is_some_and(|p| p != main)
+    });
+    assert!(
+        !alive(first),
+        "the first helper outlived its server's crash"
+    );
+    let second = pid_in(&helper);
+
+    // A stop: the helper goes with it.
+    let stop = mcpctl_user(runtime.path(), &["stop", "spawner"]);
+    assert!(stop.status.success());
+    wait_gone(second, "the second helper after stop");
+    let deadline = Instant::now() + BOUND;
+    while cgroup.exists() {
+        assert!(
+            Instant::now() < deadline,
+            "the server's cgroup is not removed"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let subtree = cgroup.parent().expect("subtree").to_owned();
+    assert!(d.stop(Signal::TERM).success());
+    assert!(
+        !subtree.exists(),
+        "the daemon removes its subtree when it exits"
+    );
+}
+
+#[test]
+fn a_server_that_daemonizes_a_child_and_exits_ends_only_when_the_child_is_gone() {
+    let (_dirs, helper, mut d) = with_helper("forker", "--daemonize");
+    let helper_pid = pid_in(&helper);
+    // The main process exited 0 at once: that is the reason, and its
+    // daemonized child was killed before the retry.
+    d.wait_for("connection failed: process exited with status 0");
+    wait_gone(helper_pid, "the daemonized helper");
+    // each retry starts only once the last one's cgroup is empty: never two
+    // helpers alive at once
+    let mut seen = vec![helper_pid];
+    let deadline = Instant::now() + BOUND;
+    while seen.len() < 3 {
+        assert!(Instant::now() < deadline, "no more retries");
+        if let Some(pid) = std::fs::read_to_string(&helper)
+            .ok()
+            .and_then(|s| s.trim().parse::<u32>().ok())
+            .filter(|p| !seen.contains(p))
+        {
+            for old in &seen {
+                assert!(!alive(*old), "helper {old} alive beside helper {pid}");
+            }
+            seen.push(pid);
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert!(d.stop(Signal::TERM).success());
+    for pid in seen {
+        wait_gone(pid, "a helper after the daemon stopped");
+    }
+}
+
+#[test]
+fn a_killed_daemons_leftovers_are_killed_by_the_next_and_never_anothers() {
+    let units = tempfile::tempdir().expect("tempdir");
+    let mine = tempfile::tempdir().expect("tempdir");
+    let theirs = tempfile::tempdir().expect("tempdir");
+    let files = tempfile::tempdir().expect("tempdir");
+    let (my_helper, their_helper) = (files.path().join("mine"), files.path().join("theirs"));
+    let units2 = tempfile::tempdir().expect("tempdir");
+    // the same unit name in two daemons with different runtime directories
+    unit(
+        units.path(),
+        "same",
+        &["--detached-helper", &my_helper.display().to_string()],
+    );
+    unit(
+        units2.path(),
+        "same",
+        &["--detached-helper", &their_helper.display().to_string()],
+    );
+    let other = {
+        let mut other = daemon(units2.path(), theirs.path());
+        other.wait_until("their server running", |d| d.latest_pid("same").is_some());
+        other
+    };
+    let theirs_pid = pid_in(&their_helper);
+    let mut d = daemon(units.path(), mine.path());
+    d.wait_until("my server running", |d| d.latest_pid("same").is_some());
+    let orphan = pid_in(&my_helper);
+    assert_ne!(cgroup_of(orphan), cgroup_of(theirs_pid));
+    // SIGKILL: the server dies with the daemon (PR_SET_PDEATHSIG), its
+    // detached helper does not
+    assert!(!d.stop(Signal::KILL).success());
+    assert!(alive(orphan), "the helper survived its daemon");
+    std::fs::remove_file(&my_helper).expect("rm");
+    let mut again = daemon(units.path(), mine.path());
+    again.wait_for("killed 1 leftover process of server same");
+    wait_gone(orphan, "the leftover helper");
+    again.wait_until("my server running again", |d| {
+        d.latest_pid("same").is_some()
+    });
+    let new = pid_in(&my_helper);
+    assert!(alive(theirs_pid), "the other daemon's server was touched");
+    assert!(again.stop(Signal::TERM).success());
+    wait_gone(new, "my new helper");
+    assert!(alive(theirs_pid), "the other daemon's server was touched");
+    assert!(other.stop(Signal::TERM).success());
+    wait_gone(theirs_pid, "their helper");
+}
+
+#[test]
+fn without_a_writable_cgroup_hierarchy_servers_run_in_process_groups_and_it_says_so() {
+    let units = tempfile::tempdir().expect("tempdir");
+    let runtime = tempfile::tempdir().expect("tempdir");
+    unit(units.path(), "plain", &[]);
+    // nobody cannot write the hierarchy
+    for dir in [units.path(), runtime.path()] {
+        std::fs::set_permissions(dir, std::os::unix::fs::PermissionsExt::from_mode(0o777))
+            .expect("chmod");
+    }
+    std::fs::set_permissions(
+        units.path().join("plain.kdl"),
+        std::os::unix::fs::PermissionsExt::from_mode(0o644),
+    )
+    .expect("chmod");
+    let mcpd = Path::new(env!("CARGO_BIN_EXE_mcpd"));
+    let setpriv = Path::new("/usr/bin/setpriv");
+    let mut d = Daemon::start_binary(
+        setpriv,
+        &[
+            "--reuid=65534".as_ref(),
+            "--regid=65534".as_ref(),
+            "--clear-groups".as_ref(),
+            mcpd.as_os_str(),
+            "--user".as_ref(),
+            "--no-bus".as_ref(),
+            "--units".as_ref(),
+            units.path().as_os_str(),
+        ],
+        // (the servers' working directory is the user's home)
+        &[
+            ("XDG_RUNTIME_DIR", runtime.path().as_os_str()),
+            ("HOME", runtime.path().as_os_str()),
+        ],
+    );
+    let warning = d.wait_for("contained by process groups only");
+    assert!(warning.contains("cannot create cgroup"), "{warning}");
+    assert_eq!(d.count("contained by process groups only"), 1);
+    d.wait_until("plain running", |d| d.latest_pid("plain").is_some());
+    let shown = String::from_utf8_lossy(
+        &std::process::Command::new("setpriv")
+            .args(["--reuid=65534", "--regid=65534", "--clear-groups"])
+            .arg(env!("CARGO_BIN_EXE_mcpctl"))
+            .args(["--user", "status", "plain"])
+            .env("XDG_RUNTIME_DIR", runtime.path())
+            .env_remove("DBUS_SESSION_BUS_ADDRESS")
+            .output()
+            .expect("mcpctl")
+            .stdout,
+    )
+    .into_owned();
+    assert!(shown.contains("Containment: process group"), "{shown}");
+    assert!(!shown.contains("Tasks:"), "{shown}");
+    let main = d.latest_pid("plain").expect("pid");
+    assert!(d.stop(Signal::TERM).success());
+    wait_gone(main, "the server");
+}
