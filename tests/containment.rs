@@ -287,3 +287,65 @@ fn without_a_writable_cgroup_hierarchy_servers_run_in_process_groups_and_it_says
     assert!(d.stop(Signal::TERM).success());
     wait_gone(main, "the server");
 }
+
+#[test]
+fn limits_reach_the_server_or_its_start_fails_saying_what_is_missing() {
+    let units = tempfile::tempdir().expect("tempdir");
+    let runtime = tempfile::tempdir().expect("tempdir");
+    std::fs::write(
+        units.path().join("capped.kdl"),
+        "stdio { command \"mcp-fixture\"; }\nlimits { nofile 64; }\n",
+    )
+    .expect("write");
+    std::fs::write(
+        units.path().join("bounded.kdl"),
+        "stdio { command \"mcp-fixture\"; }\nlimits { memory-max \"256M\"; }\nreconnect { enabled #false; }\n",
+    )
+    .expect("write");
+    let mut d = daemon(units.path(), runtime.path());
+    d.wait_until("capped running", |d| d.latest_pid("capped").is_some());
+    let pid = d.latest_pid("capped").expect("pid");
+    let limits = std::fs::read_to_string(format!("/proc/{pid}/limits")).expect("limits");
+    let nofile = limits
+        .lines()
+        .find(|l| l.starts_with("Max open files"))
+        .expect("a Max open files line");
+    assert_eq!(
+        nofile.split_whitespace().collect::<Vec<_>>(),
+        ["Max", "open", "files", "64", "64", "files"],
+        "{nofile}"
+    );
+    // memory-max needs the memory controller: enforced where it is
+    // delegated, else the start fails and says so (never unlimited)
+    let servers = cgroup_of(pid).parent().expect("servers").to_owned();
+    let controllers =
+        std::fs::read_to_string(servers.join("cgroup.controllers")).unwrap_or_default();
+    if controllers.split_whitespace().any(|c| c == "memory") {
+        d.wait_until("bounded running", |d| d.latest_pid("bounded").is_some());
+        let max = std::fs::read_to_string(servers.join("bounded/memory.max")).expect("memory.max");
+        assert_eq!(max.trim(), (256u64 << 20).to_string());
+    } else {
+        let failing = |l: &String| l.contains("mcpd_server=bounded") && l.contains("failed");
+        d.wait_until("bounded failed", |d| d.seen.iter().any(failing));
+        let failed = d
+            .seen
+            .iter()
+            .find(|l| failing(l))
+            .cloned()
+            .unwrap_or_default();
+        assert!(
+            failed.contains("connection failed: `limits.memory-max` needs the cgroup memory controller, which is not delegated to")
+                && failed.contains("reconnect is disabled"),
+            "{failed}"
+        );
+        assert_eq!(d.starts("bounded"), 0, "it never ran unlimited");
+        let shown =
+            String::from_utf8_lossy(&mcpctl_user(runtime.path(), &["status", "bounded"]).stdout)
+                .into_owned();
+        assert!(
+            shown.contains("failed (connection failed: `limits.memory-max` needs"),
+            "{shown}"
+        );
+    }
+    assert!(d.stop(Signal::TERM).success());
+}

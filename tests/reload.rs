@@ -189,3 +189,35 @@ fn sighup_reloads_leave_unchanged_units_alone() {
     assert_eq!((d.starts("a"), d.starts("b")), (1, 1));
     assert!(d.stop(Signal::TERM).success());
 }
+
+#[test]
+fn a_changed_limit_restarts_the_server_with_it_and_health_applies_in_place() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let dir = tmp.path();
+    write(&dir.join("a.kdl"), &unit("A", "a1"));
+    let mut d = start(dir, &["a"]);
+    let a1 = d.latest_pid("a").expect("a");
+    // liveness settings are the supervisor's: no new process
+    write(
+        &dir.join("a.kdl"),
+        &(unit("A", "a1") + "health { interval \"1m\"; }\n"),
+    );
+    d.wait_for("unit a changed, applied in place");
+    assert!(alive(a1));
+    // a limit is set on a new process
+    write(
+        &dir.join("a.kdl"),
+        &(unit("A", "a1") + "health { interval \"1m\"; }\nlimits { nofile 100; }\n"),
+    );
+    d.wait_for("unit a changed, restarting it");
+    d.wait_until("a new a", |d| d.latest_pid("a").is_some_and(|p| p != a1));
+    let a2 = d.latest_pid("a").expect("a");
+    let limits = std::fs::read_to_string(format!("/proc/{a2}/limits")).expect("limits");
+    assert!(
+        limits
+            .lines()
+            .any(|l| l.starts_with("Max open files") && l.split_whitespace().nth(3) == Some("100")),
+        "{limits}"
+    );
+    assert!(d.stop(Signal::TERM).success());
+}

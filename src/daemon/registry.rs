@@ -200,9 +200,11 @@ impl Registry {
                     (Some(old), Some(_)) if *old == spec => Change::Unchanged,
                     (Some(old), Some((supervisor, _))) => {
                         // Roots are declared in `initialize`: a new list
-                        // needs a new session.
-                        let restarted =
-                            old.transport() != spec.transport() || old.roots() != spec.roots();
+                        // needs a new session; limits are set on a new
+                        // process.
+                        let restarted = old.transport() != spec.transport()
+                            || old.roots() != spec.roots()
+                            || old.limits() != spec.limits();
                         supervisor.apply(spec.clone(), restarted);
                         entry.spec = Some(spec);
                         let how = if restarted {

@@ -24,7 +24,7 @@ use std::os::fd::{AsFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use crate::unit::Instance;
+use crate::unit::{Instance, Limits};
 
 /// The mount point of the cgroup v2 hierarchy in a `/proc/self/mountinfo`.
 pub fn v2_mount(mountinfo: &str) -> Option<PathBuf> {
@@ -236,6 +236,52 @@ impl Cgroup {
             .open(self.dir.join("cgroup.procs"))
             .map(OwnedFd::from)
             .map_err(|e| format!("cannot open {}/cgroup.procs: {e}", self.dir.display()))
+    }
+
+    /// Sets `limits`' cgroup controls (`memory.max`, `pids.max`,
+    /// `cpu.weight`), enabling each controller for the servers' cgroups;
+    /// an error names what cannot be enforced (the start fails: a limit
+    /// is never dropped).
+    pub fn limit(&self, limits: &Limits) -> Result<(), String> {
+        let controls = [
+            ("memory", "memory.max", "memory-max", limits.memory_max),
+            ("pids", "pids.max", "tasks-max", limits.tasks_max),
+            ("cpu", "cpu.weight", "cpu-weight", limits.cpu_weight),
+        ];
+        let parent = self.dir.parent().unwrap_or(&self.dir);
+        let available =
+            std::fs::read_to_string(parent.join("cgroup.controllers")).unwrap_or_default();
+        for (controller, file, key, value) in controls {
+            let Some(value) = value else { continue };
+            if !available.split_whitespace().any(|c| c == controller) {
+                let have = if available.trim().is_empty() {
+                    "none".to_owned()
+                } else {
+                    available.trim().to_owned()
+                };
+                return Err(format!(
+                    "`limits.{key}` needs the cgroup {controller} controller, which is not delegated to {} (available: {have})",
+                    parent.display()
+                ));
+            }
+            std::fs::write(
+                parent.join("cgroup.subtree_control"),
+                format!("+{controller}"),
+            )
+            .map_err(|e| {
+                format!(
+                    "`limits.{key}`: cannot enable the {controller} controller in {}: {e}",
+                    parent.display()
+                )
+            })?;
+            std::fs::write(self.dir.join(file), value.to_string()).map_err(|e| {
+                format!(
+                    "`limits.{key}`: cannot write {}/{file}: {e}",
+                    self.dir.display()
+                )
+            })?;
+        }
+        Ok(())
     }
 
     /// The processes in it.

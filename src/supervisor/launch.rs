@@ -15,7 +15,7 @@ use rmcp::transport::streamable_http_client::{
 use tokio::net::unix::pipe;
 
 use crate::mux::wire::{Wire, error_chain};
-use crate::unit::{HttpSpec, StdioSpec, Transport, UnitSpec};
+use crate::unit::{HttpSpec, Limits, StdioSpec, Transport, UnitSpec};
 
 use super::cgroup::{Cgroup, Usage};
 use super::logs::{self, LogRing};
@@ -116,10 +116,28 @@ impl SystemLauncher {
         }
     }
 
-    fn stdio(&self, spec: &StdioSpec, generation: Gen) -> Result<Launched, String> {
-        let plan = process::plan(spec, &self.host, &|var| std::env::var_os(var))?;
+    fn stdio(&self, spec: &StdioSpec, limits: Limits, generation: Gen) -> Result<Launched, String> {
+        let mut plan = process::plan(spec, &self.host, &|var| std::env::var_os(var))?;
+        if let Some(n) = limits.nofile {
+            plan.nofile = Some(process::nofile_limit(n, self.host.euid)?);
+        }
         let cgroup = self.cgroup();
-        let procs = cgroup.as_ref().map(Cgroup::prepare).transpose()?;
+        if limits.needs_cgroup() && cgroup.is_none() {
+            return Err(
+                "`limits` needs cgroups, but servers are contained by process groups only (see the daemon's warning at start)".into(),
+            );
+        }
+        let procs = match &cgroup {
+            Some(cgroup) => {
+                let procs = cgroup.prepare()?;
+                if let Err(e) = cgroup.limit(&limits) {
+                    cgroup.remove();
+                    return Err(e);
+                }
+                Some(procs)
+            }
+            None => None,
+        };
         let mut child = process::spawn(&plan, procs).map_err(|e| {
             if let Some(cgroup) = &cgroup {
                 cgroup.remove();
@@ -228,7 +246,7 @@ impl Launcher for SystemLauncher {
     fn launch(&self, spec: &UnitSpec, generation: Gen) -> Result<Launched, String> {
         self.configure(spec);
         match spec.transport() {
-            Transport::Stdio(stdio) => self.stdio(stdio, generation),
+            Transport::Stdio(stdio) => self.stdio(stdio, spec.limits(), generation),
             Transport::Http(http) => self.http(http),
         }
     }

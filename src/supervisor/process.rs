@@ -275,6 +275,31 @@ pub fn spawn(
     cmd.spawn()
 }
 
+/// `limits.nofile` as the child's soft and hard `RLIMIT_NOFILE`, if the
+/// daemon may grant it: above its own hard limit only as root, and never
+/// above the kernel's `fs.nr_open`.
+pub fn nofile_limit(n: u64, euid: u32) -> Result<rustix::process::Rlimit, String> {
+    let hard = rustix::process::getrlimit(rustix::process::Resource::Nofile).maximum;
+    if euid != 0 && hard.is_some_and(|hard| n > hard) {
+        return Err(format!(
+            "`limits.nofile` {n} is above the daemon's hard limit of {} open files, which only root may raise",
+            hard.unwrap_or_default()
+        ));
+    }
+    let nr_open = std::fs::read_to_string("/proc/sys/fs/nr_open")
+        .ok()
+        .and_then(|s| s.trim().parse::<u64>().ok());
+    if let Some(max) = nr_open.filter(|max| n > *max) {
+        return Err(format!(
+            "`limits.nofile` {n} is above the kernel's fs.nr_open ({max})"
+        ));
+    }
+    Ok(rustix::process::Rlimit {
+        current: Some(n),
+        maximum: Some(n),
+    })
+}
+
 /// Sends `signal` to the process group led by `pid`. Errors (the group is
 /// already gone) are ignored: the reaper reports what happened.
 pub fn signal_group(pid: u32, signal: Signal) {

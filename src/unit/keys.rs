@@ -18,6 +18,7 @@ pub enum Block {
     Http,
     Reconnect,
     Health,
+    Limits,
     Tools,
 }
 
@@ -30,6 +31,7 @@ impl Block {
             Block::Http => Some("http"),
             Block::Reconnect => Some("reconnect"),
             Block::Health => Some("health"),
+            Block::Limits => Some("limits"),
             Block::Tools => Some("tools"),
         }
     }
@@ -79,6 +81,9 @@ pub enum Kind {
     Header,
     /// A line count and a duration (`10000 "30s"`), or `#false`.
     RateLimit,
+    /// A size in bytes: an integer, or a string with a K/M/G/T suffix
+    /// (powers of 1024, as systemd reads them).
+    Size,
 }
 
 /// How a later layer (a drop-in) combines with an earlier one.
@@ -154,7 +159,7 @@ const fn key(
     }
 }
 
-use Block::{Health, Http, Reconnect, Stdio, Tools, Top};
+use Block::{Health, Http, Limits, Reconnect, Stdio, Tools, Top};
 use Merge::{Append, AppendUnique, ByName, Replace};
 
 /// Every key, in the order the man page documents them.
@@ -207,6 +212,17 @@ pub const KEYS: &[Key] = &[
         Replace,
         None,
         "{ interval \"30s\"; }",
+    ),
+    key(
+        Top,
+        "limits",
+        Kind::Block {
+            inner: Limits,
+            required: true,
+        },
+        Replace,
+        None,
+        "{ nofile 1024; }",
     ),
     key(
         Top,
@@ -356,6 +372,38 @@ pub const KEYS: &[Key] = &[
         "10",
     ),
     key(
+        Limits,
+        "memory-max",
+        Kind::Size,
+        Replace,
+        Some(Field::MemoryMax),
+        "\"512M\"",
+    ),
+    key(
+        Limits,
+        "tasks-max",
+        Kind::Integer,
+        Replace,
+        Some(Field::TasksMax),
+        "64",
+    ),
+    key(
+        Limits,
+        "cpu-weight",
+        Kind::Integer,
+        Replace,
+        Some(Field::CpuWeight),
+        "100",
+    ),
+    key(
+        Limits,
+        "nofile",
+        Kind::Integer,
+        Replace,
+        Some(Field::Nofile),
+        "1024",
+    ),
+    key(
         Health,
         "enabled",
         Kind::Bool,
@@ -422,7 +470,7 @@ mod tests {
 
     #[test]
     fn every_block_is_a_key_and_every_field_names_one_key() {
-        for block in [Stdio, Http, Reconnect, Health, Tools] {
+        for block in [Stdio, Http, Reconnect, Health, Limits, Tools] {
             let name = block.name().expect("a nested block has a name");
             let row = lookup(Top, name).expect("the block is a top-level key");
             assert!(matches!(

@@ -76,6 +76,7 @@ pub struct UnitSpec {
     transport: Transport,
     reconnect: ReconnectPolicy,
     health: HealthPolicy,
+    limits: Limits,
     /// None: `log-rate-limit #false`.
     log_rate_limit: Option<RateLimit>,
     startup_timeout: Duration,
@@ -199,6 +200,10 @@ pub enum Field {
     HealthInterval,
     HealthTimeout,
     HealthFailures,
+    MemoryMax,
+    TasksMax,
+    CpuWeight,
+    Nofile,
     LogRateLimit,
     StartupTimeout,
     StopTimeout,
@@ -250,6 +255,7 @@ pub struct UnitDraft {
     pub http: Option<HttpDraft>,
     pub reconnect: ReconnectDraft,
     pub health: HealthDraft,
+    pub limits: LimitsDraft,
     /// `log-rate-limit`: `Some(None)` is `#false`; the count is checked here.
     pub log_rate_limit: Option<Option<(i128, Duration)>>,
     pub startup_timeout: Option<Duration>,
@@ -288,6 +294,37 @@ pub struct ReconnectDraft {
     pub initial_delay: Option<Duration>,
     pub max_delay: Option<Duration>,
     pub max_attempts: Option<i128>,
+}
+
+/// An unchecked `limits` block.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct LimitsDraft {
+    /// Bytes.
+    pub memory_max: Option<i128>,
+    pub tasks_max: Option<i128>,
+    pub cpu_weight: Option<i128>,
+    pub nofile: Option<i128>,
+}
+
+/// Resource limits of a stdio server (DESIGN §10): cgroup controls and
+/// rlimits. Each is enforced or the start fails; none is ever dropped.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Limits {
+    /// `memory.max`, bytes.
+    pub memory_max: Option<u64>,
+    /// `pids.max`.
+    pub tasks_max: Option<u64>,
+    /// `cpu.weight`, 1..10000.
+    pub cpu_weight: Option<u64>,
+    /// `RLIMIT_NOFILE`, soft and hard.
+    pub nofile: Option<u64>,
+}
+
+impl Limits {
+    /// Whether any needs a cgroup controller.
+    pub fn needs_cgroup(&self) -> bool {
+        self.memory_max.is_some() || self.tasks_max.is_some() || self.cpu_weight.is_some()
+    }
 }
 
 /// An unchecked `health` block.
@@ -332,6 +369,35 @@ impl Judge {
             );
         }
         d
+    }
+
+    fn limits(&mut self, draft: LimitsDraft) -> Limits {
+        let mut bounded = |field: Field, value: Option<i128>, min: u64, max: u64, unit: &str| {
+            let n = value?;
+            match u64::try_from(n) {
+                Ok(n) if (min..=max).contains(&n) => Some(n),
+                _ => {
+                    let key = field.key();
+                    self.fail(
+                        field,
+                        format!("`{key}` must be between {min} and {max}{unit}, got {n}"),
+                    );
+                    None
+                }
+            }
+        };
+        Limits {
+            memory_max: bounded(
+                Field::MemoryMax,
+                draft.memory_max,
+                1 << 20,
+                u64::MAX >> 1,
+                " bytes",
+            ),
+            tasks_max: bounded(Field::TasksMax, draft.tasks_max, 1, 4_194_304, ""),
+            cpu_weight: bounded(Field::CpuWeight, draft.cpu_weight, 1, 10_000, ""),
+            nofile: bounded(Field::Nofile, draft.nofile, 8, 1 << 30, ""),
+        }
     }
 
     fn rate_limit(&mut self, value: Option<Option<(i128, Duration)>>) -> Option<RateLimit> {
@@ -541,6 +607,13 @@ impl UnitSpec {
 
         let reconnect = ReconnectPolicy::judge(&mut judge, draft.reconnect);
         let health = HealthPolicy::judge(&mut judge, draft.health);
+        let limits = judge.limits(draft.limits);
+        if matches!(transport, Some(Transport::Http(_))) && limits != Limits::default() {
+            judge.fail(
+                Field::Http,
+                "`limits` applies to the processes of a stdio server; an `http` unit has none",
+            );
+        }
         let log_rate_limit = judge.rate_limit(draft.log_rate_limit);
         let startup_timeout = judge.duration(
             Field::StartupTimeout,
@@ -562,6 +635,7 @@ impl UnitSpec {
                 transport,
                 reconnect,
                 health,
+                limits,
                 log_rate_limit,
                 startup_timeout,
                 stop_timeout,
@@ -587,6 +661,11 @@ impl UnitSpec {
 
     pub fn health(&self) -> HealthPolicy {
         self.health
+    }
+
+    /// Resource limits of the server's processes.
+    pub fn limits(&self) -> Limits {
+        self.limits
     }
 
     /// How many stderr lines reach the log; None: all of them.

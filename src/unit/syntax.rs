@@ -17,7 +17,9 @@ use kdl::{KdlDocument, KdlEntry, KdlNode, KdlValue};
 use miette::SourceSpan;
 
 use super::keys::{self, Block, Key, Kind, Merge};
-use super::spec::{Field, HealthDraft, HttpDraft, ReconnectDraft, StdioDraft, UnitDraft};
+use super::spec::{
+    Field, HealthDraft, HttpDraft, LimitsDraft, ReconnectDraft, StdioDraft, UnitDraft,
+};
 
 /// Where something was written: file index (into the unit's file list) and span.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -55,6 +57,8 @@ enum Value {
     Integer(i128),
     /// `log-rate-limit`: None for `#false`.
     RateLimit(Option<(i128, Duration)>),
+    /// Bytes (not yet bounded).
+    Size(i128),
 }
 
 /// What one file says, by key ([`keys::KEYS`]).
@@ -436,6 +440,35 @@ impl Reader<'_> {
         }
     }
 
+    /// A size: `1048576`, or `"512M"` (K, M, G, T: powers of 1024).
+    fn size(&mut self, node: &KdlNode, key: &str, field: Field) -> Option<At<i128>> {
+        let entry = self.single(node, key, &field, "\"512M\"")?;
+        let loc = self.loc(entry.span());
+        let parsed = match entry.value() {
+            KdlValue::Integer(n) => Ok(*n),
+            KdlValue::String(text) => {
+                parse_size(text).ok_or_else(|| format!("\"{text}\" is not a size"))
+            }
+            other => Err(format!("expected a size, found {}", describe(other))),
+        };
+        match parsed {
+            Ok(value) => Some(At { value, loc }),
+            Err(e) => {
+                self.bad(
+                    field,
+                    entry.span(),
+                    format!("`{key}`: {e}"),
+                    "not a size",
+                    Some(
+                        "write bytes, or a number with K, M, G or T (powers of 1024): \"512M\""
+                            .into(),
+                    ),
+                );
+                None
+            }
+        }
+    }
+
     /// `KEY 10000 "30s"` or `KEY #false`.
     fn rate_limit(
         &mut self,
@@ -633,6 +666,10 @@ impl Reader<'_> {
                 value: Value::Integer(i.value),
                 loc: i.loc,
             }),
+            Kind::Size => self.size(node, &path, field).map(|r| At {
+                value: Value::Size(r.value),
+                loc: r.loc,
+            }),
             Kind::RateLimit => self.rate_limit(node, &path, field).map(|r| At {
                 value: Value::RateLimit(r.value),
                 loc: r.loc,
@@ -817,6 +854,22 @@ fn indexed(field: &Field, index: usize) -> Field {
     }
 }
 
+/// "512M" → 536870912; K, M, G, T are powers of 1024, a bare number is bytes.
+fn parse_size(text: &str) -> Option<i128> {
+    let text = text.trim();
+    let (digits, shift) = match text.char_indices().last()? {
+        (i, 'K' | 'k') => (&text[..i], 10),
+        (i, 'M' | 'm') => (&text[..i], 20),
+        (i, 'G' | 'g') => (&text[..i], 30),
+        (i, 'T' | 't') => (&text[..i], 40),
+        _ => (text, 0),
+    };
+    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    digits.parse::<i128>().ok()?.checked_mul(1 << shift)
+}
+
 /// `reconnect.max-attempts` → `max-attempts`, as written in the file.
 fn leaf(key: &str) -> &str {
     key.rsplit('.').next().unwrap_or(key)
@@ -928,6 +981,15 @@ impl Layer {
             timeout: d.duration(&mut self, "health.timeout"),
             failures: d.integer(&mut self, "health.failures"),
         };
+        let limits = LimitsDraft {
+            memory_max: match d.take(&mut self, "limits.memory-max") {
+                Some(Value::Size(n)) => Some(n),
+                _ => None,
+            },
+            tasks_max: d.integer(&mut self, "limits.tasks-max"),
+            cpu_weight: d.integer(&mut self, "limits.cpu-weight"),
+            nofile: d.integer(&mut self, "limits.nofile"),
+        };
         let log_rate_limit = match d.take(&mut self, "log-rate-limit") {
             Some(Value::RateLimit(limit)) => Some(limit),
             _ => None,
@@ -938,6 +1000,7 @@ impl Layer {
             http,
             reconnect,
             health,
+            limits,
             log_rate_limit,
             startup_timeout: d.duration(&mut self, "startup-timeout"),
             stop_timeout: d.duration(&mut self, "stop-timeout"),
