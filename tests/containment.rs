@@ -349,3 +349,65 @@ fn limits_reach_the_server_or_its_start_fails_saying_what_is_missing() {
     }
     assert!(d.stop(Signal::TERM).success());
 }
+
+/// Threads and resident bytes of the processes in `cgroup`, from /proc.
+fn from_proc(cgroup: &Path) -> (u64, u64) {
+    let procs = std::fs::read_to_string(cgroup.join("cgroup.procs")).unwrap_or_default();
+    let mut threads = 0;
+    let mut rss = 0;
+    for pid in procs.lines() {
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+        let field = |name: &str| {
+            status
+                .lines()
+                .find_map(|l| l.strip_prefix(name))
+                .and_then(|v| v.split_whitespace().next()?.parse::<u64>().ok())
+                .unwrap_or(0)
+        };
+        threads += field("Threads:");
+        rss += field("VmRSS:") * 1024;
+    }
+    (threads, rss)
+}
+
+#[test]
+fn status_shows_what_the_servers_processes_use_as_proc_counts_it() {
+    let (dirs, helper, mut d) = with_helper("pair", "--grandchild");
+    d.wait_until("pair running", |d| d.latest_pid("pair").is_some());
+    let main = d.latest_pid("pair").expect("pid");
+    let _ = pid_in(&helper);
+    let cgroup = cgroup_of(main);
+    let deadline = Instant::now() + BOUND;
+    loop {
+        let out = mcpctl_user(dirs.runtime.path(), &["--json", "status", "pair"]);
+        let json: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+        let (threads, rss) = from_proc(&cgroup);
+        let shown = &json[0];
+        let tasks = shown["tasks_current"].as_u64();
+        let memory = shown["memory_current"].as_u64().unwrap_or(0);
+        // two processes; the numbers move a little between the two reads
+        let close = memory.abs_diff(rss) <= rss / 10;
+        if tasks == Some(threads)
+            && close
+            && std::fs::read_to_string(cgroup.join("cgroup.procs"))
+                .unwrap_or_default()
+                .lines()
+                .count()
+                == 2
+        {
+            assert!(shown["cpu_usage_nsec"].as_u64() > Some(0), "{shown}");
+            assert_eq!(
+                shown["containment"],
+                format!("cgroup {}", cgroup.display()),
+                "{shown}"
+            );
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "status says {tasks:?} tasks and {memory} bytes, /proc {threads} threads and {rss} bytes"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(d.stop(Signal::TERM).success());
+}
