@@ -85,6 +85,10 @@ struct Args {
     /// `detached: true` does); write its PID to FILE.
     #[arg(long, env = "MCP_FIXTURE_DETACHED_HELPER", value_name = "FILE")]
     detached_helper: Option<PathBuf>,
+    /// Start N `sleep` helpers that ignore SIGTERM, each in a session of
+    /// its own (a process tree that only SIGKILL ends).
+    #[arg(long, env = "MCP_FIXTURE_HELPERS", value_name = "N")]
+    helpers: Option<usize>,
     /// Daemonize a `sleep` helper (double fork, own session), write its PID
     /// to FILE, and exit 0 at once.
     #[arg(long, env = "MCP_FIXTURE_DAEMONIZE", value_name = "FILE")]
@@ -737,6 +741,19 @@ async fn main() -> std::process::ExitCode {
         },
         None => None,
     };
+    let _helpers: Vec<std::process::Child> = (0..args.helpers.unwrap_or(0))
+        .filter_map(|_| {
+            // SIG_IGN survives exec: the sleep ignores SIGTERM too.
+            std::process::Command::new("setsid")
+                .args(["sh", "-c", "trap '' TERM; exec sleep 100000"])
+                .stdin(std::process::Stdio::null())
+                .stdout(std::process::Stdio::null())
+                .stderr(std::process::Stdio::null())
+                .spawn()
+                .map_err(|e| say(&format!("cannot start a helper: {e}")))
+                .ok()
+        })
+        .collect();
     if let Some(file) = &args.daemonize {
         // The shell forks the helper into the background and exits: the
         // helper's parent is gone before this process is.
