@@ -379,12 +379,23 @@ impl Server {
         // A caller that disconnects abandons its call: the call is dropped
         // (which cancels it upstream) instead of holding the connection, its
         // fd and its objects until the server answers or CALL_TIMEOUT passes.
+        // A peer of the private socket is known from SO_PEERCRED at once:
+        // learnt before the call, so a call it abandons a moment later is
+        // still accounted to it. A bus caller costs a round trip to the bus,
+        // learnt while the call runs.
+        let who = if conn.is_bus() {
+            futures_util::future::Either::Left(caller(&self.shared, conn, &header))
+        } else {
+            futures_util::future::Either::Right(std::future::ready(
+                caller(&self.shared, conn, &header).await,
+            ))
+        };
         let call = tokio::select! {
             call = supervisor.call_tool(
                 name,
                 arguments,
                 CALL_TIMEOUT,
-                caller(&self.shared, conn, &header),
+                who,
             ) => call,
             () = conn.closed() => {
                 tracing::debug!(
