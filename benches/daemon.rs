@@ -18,7 +18,8 @@
 //!    daemon's memory per idle session;
 //! 8. liveness (`liveness`): idle CPU with probes at the defaults, hung
 //!    server detection time, the daemon's CPU under a stderr flood and a
-//!    `list_changed` storm;
+//!    `list_changed` storm, another server's call latency and `mcpctl
+//!    status` beside the flood;
 //! 9. comparisons: `bench/compare.py` (respawn delay under supervisord).
 //!
 //! Run through `bench/run` (release build); `cargo test` runs it as a smoke
@@ -426,7 +427,7 @@ fn main() {
     rows.push(churn);
     rows.append(&mut calls.0);
     rows.append(&mut host_sessions);
-    rows.extend(liveness::rows(&sizes, bus.as_ref()));
+    rows.extend(liveness::rows(&rt, &sizes, bus.as_ref()));
     print_table("Daemon", &rows);
 
     let mut comparisons = calls.1;

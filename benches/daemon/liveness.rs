@@ -3,13 +3,14 @@
 //! server's first probe; how exactly a hung (SIGSTOPped) server is noticed
 //! against interval + failures × timeout; the daemon's CPU while one
 //! server floods stderr and while one sends 2,000 `tools/list_changed` a
-//! second.
+//! second; another server's call latency and `mcpctl status` beside a
+//! flood.
 
 use std::path::Path;
 use std::time::{Duration, Instant};
 
 use super::common::{self, Bus, Row, stats};
-use super::{Daemon, Sizes, cpu_ns, running};
+use super::{Daemon, Sizes, cpu_ns, private, running, server, time};
 
 /// A fixture unit with `extra` KDL and `args` appended to its command.
 fn fixture(dir: &Path, name: &str, args: &[&str], extra: &str) {
@@ -27,11 +28,73 @@ fn fixture(dir: &Path, name: &str, args: &[&str], extra: &str) {
     .expect("write unit");
 }
 
-pub fn rows(sizes: &Sizes, bus: Option<&Bus>) -> Vec<Row> {
+pub fn rows(rt: &tokio::runtime::Runtime, sizes: &Sizes, bus: Option<&Bus>) -> Vec<Row> {
     let mut rows = vec![idle_with_probes(sizes, bus)];
     rows.push(detection(sizes));
     rows.extend(floods(sizes));
+    rows.extend(rt.block_on(beside_a_flood(sizes)));
     rows
+}
+
+/// Another server's D-Bus `CallTool` echo p50 with a flooding neighbour vs
+/// without, and `mcpctl status` of the flooding server meanwhile.
+async fn beside_a_flood(sizes: &Sizes) -> Vec<Row> {
+    let calls = sizes.calls;
+    let mut p50 = Vec::new();
+    let mut status = Vec::new();
+    for flood in [false, true] {
+        let dir = tempfile::tempdir().expect("tempdir");
+        fixture(dir.path(), "calm", &[], "");
+        if flood {
+            fixture(dir.path(), "bad", &["--stderr-flood"], "");
+        }
+        let d = Daemon::start(dir.path(), None);
+        d.until(if flood { 2 } else { 1 }, running);
+        let conn = private(&d).await;
+        let calm = server(&conn, "calm").await;
+        let xs = time(calls, || async {
+            calm.call_tool("echo", r#"{"text":"x"}"#)
+                .await
+                .expect("echo");
+        })
+        .await;
+        p50.push(stats(xs).p50);
+        if flood {
+            let runtime = d.runtime.path().to_owned();
+            status = (0..sizes.status_runs)
+                .map(|_| {
+                    let t = Instant::now();
+                    let out = std::process::Command::new(common::binary("mcpctl"))
+                        .args(["--user", "status", "bad"])
+                        .env("XDG_RUNTIME_DIR", &runtime)
+                        .env_remove("DBUS_SESSION_BUS_ADDRESS")
+                        .output()
+                        .expect("mcpctl");
+                    assert!(out.status.success());
+                    t.elapsed().as_secs_f64() * 1000.0
+                })
+                .collect();
+        }
+    }
+    let (quiet, flooded) = (p50[0], p50[1]);
+    let s = stats(status);
+    vec![
+        Row::new(
+            "stderr flood: another server's CallTool echo, p50 beside the flood vs without",
+            "within 2×",
+            format!("{flooded:.3} vs {quiet:.3} ms: {:.2}×", flooded / quiet),
+            "-",
+            calls,
+        )
+        .met(flooded <= 2.0 * quiet),
+        Row::ms(
+            "stderr flood: mcpctl status of the flooding server, whole process",
+            "< 100 ms",
+            s,
+            1,
+        )
+        .met(s.p50 < 100.0),
+    ]
 }
 
 /// CPU over a window from 1 s after all are running to 1 s past their
