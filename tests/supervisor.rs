@@ -763,9 +763,19 @@ fn health(interval: u64, timeout: u64, failures: i128) -> mcpd::unit::spec::Heal
     }
 }
 
-fn stop_process(pid: u32) {
+/// SIGSTOPs `pid`, and waits until the probes (`health(_, 200, 2)`) end
+/// the generation.
+async fn freeze_until_lost(r: &mut Running, pid: u32) -> Status {
     let pid = rustix::process::Pid::from_raw(i32::try_from(pid).expect("pid")).expect("pid");
     rustix::process::kill_process(pid, rustix::process::Signal::STOP).expect("SIGSTOP");
+    let lost = r
+        .until("reconnecting", |s| s.state == State::Reconnecting)
+        .await;
+    assert_eq!(
+        lost.reason,
+        "connection lost: no answer to ping (2 probes, 200ms each)"
+    );
+    lost
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -784,14 +794,7 @@ async fn a_stopped_server_is_noticed_by_its_probes_killed_and_replaced() {
         .until("a probe answered", |s| s.health.last_ping.is_some())
         .await;
     assert_eq!((pinged.generation, pinged.main_pid), (1, Some(pid)));
-    stop_process(pid);
-    let lost = r
-        .until("reconnecting", |s| s.state == State::Reconnecting)
-        .await;
-    assert_eq!(
-        lost.reason,
-        "connection lost: no answer to ping (2 probes, 200ms each)"
-    );
+    let lost = freeze_until_lost(&mut r, pid).await;
     assert_eq!(lost.tools.len(), first.tools.len(), "tools kept");
     // SIGTERM (with SIGCONT) reaches the stopped process; it is gone
     // before a new one starts
@@ -860,14 +863,7 @@ async fn an_http_server_that_stops_answering_is_noticed_without_a_call() {
     r.until("running", |s| s.state == State::Running).await;
     r.until("a probe answered", |s| s.health.last_ping.is_some())
         .await;
-    stop_process(server.id().expect("pid"));
-    let lost = r
-        .until("reconnecting", |s| s.state == State::Reconnecting)
-        .await;
-    assert_eq!(
-        lost.reason,
-        "connection lost: no answer to ping (2 probes, 200ms each)"
-    );
+    freeze_until_lost(&mut r, server.id().expect("pid")).await;
     let _ = server.kill().await;
     let _ = server.wait().await;
     r.shutdown().await;

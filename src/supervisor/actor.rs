@@ -124,7 +124,7 @@ pub(crate) struct Actor {
 pub(crate) const SYNC_SPACING: Duration = Duration::from_millis(100);
 
 /// The current instant, on tokio's clock (so paused-time tests apply).
-fn now() -> Instant {
+pub(crate) fn now() -> Instant {
     tokio::time::Instant::now().into_std()
 }
 

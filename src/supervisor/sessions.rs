@@ -38,7 +38,7 @@ use crate::mux::wire::{Frame, Incoming, Lines, MAX_LINE, Outbox, Refused, Wire, 
 use crate::unit::ToolFilter;
 
 use super::accounting::{Caller, Counters, Outcome, Record};
-use super::actor::Internal;
+use super::actor::{Internal, now};
 use super::machine::{Gen, State};
 use super::upstream::{HOST_VERSIONS, PROTOCOL_VERSION, roots_result};
 use super::{CallError, Status};
@@ -139,11 +139,6 @@ impl Heard {
     fn get(&self) -> Instant {
         self.base + std::time::Duration::from_nanos(self.after.load(Ordering::Relaxed))
     }
-}
-
-/// The current instant, on tokio's clock, as the actor reads it.
-fn now() -> Instant {
-    tokio::time::Instant::now().into_std()
 }
 
 /// Cancels mcpd's own request upstream when its caller stops waiting.

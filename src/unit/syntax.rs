@@ -278,11 +278,7 @@ impl Reader<'_> {
     ) -> Option<&'n KdlEntry> {
         self.no_children(node, key);
         self.no_properties(node, key);
-        let args: Vec<&KdlEntry> = node
-            .entries()
-            .iter()
-            .filter(|e| e.name().is_none())
-            .collect();
+        let args = arguments(node);
         match args.as_slice() {
             [one] => Some(*one),
             [] => {
@@ -478,11 +474,7 @@ impl Reader<'_> {
     ) -> Option<At<Option<(i128, Duration)>>> {
         self.no_children(node, key);
         self.no_properties(node, key);
-        let args: Vec<&KdlEntry> = node
-            .entries()
-            .iter()
-            .filter(|e| e.name().is_none())
-            .collect();
+        let args = arguments(node);
         let help = format!("write `{key} 10000 \"30s\"` (lines per interval) or `{key} #false`");
         let loc = self.loc(node.name().span());
         match args.as_slice() {
@@ -754,11 +746,7 @@ impl Reader<'_> {
             .blocks
             .entry(Block::Http)
             .or_insert(self.loc(node.name().span()));
-        let args: Vec<&KdlEntry> = node
-            .entries()
-            .iter()
-            .filter(|e| e.name().is_none())
-            .collect();
+        let args = arguments(node);
         let url = match args.as_slice() {
             [] => None,
             [one, rest @ ..] => {
@@ -793,11 +781,7 @@ impl Reader<'_> {
         let field = Field::Header(headers.len());
         self.no_children(node, "http.header");
         self.no_properties(node, "http.header");
-        let args: Vec<&KdlEntry> = node
-            .entries()
-            .iter()
-            .filter(|e| e.name().is_none())
-            .collect();
+        let args = arguments(node);
         let [name, value] = args.as_slice() else {
             self.bad(
                 field,
@@ -868,6 +852,14 @@ fn parse_size(text: &str) -> Option<i128> {
         return None;
     }
     digits.parse::<i128>().ok()?.checked_mul(1 << shift)
+}
+
+/// A node's positional arguments (its entries without a name).
+fn arguments(node: &KdlNode) -> Vec<&KdlEntry> {
+    node.entries()
+        .iter()
+        .filter(|e| e.name().is_none())
+        .collect()
 }
 
 /// `reconnect.max-attempts` → `max-attempts`, as written in the file.
