@@ -13,7 +13,9 @@
 //! progress notifications first, `sample {text}` asks the client for a
 //! sampling and returns its answer, `levels` sends one log message at each
 //! level, `touch {uri}` sends `notifications/resources/updated`, `sleep {ms}`
-//! answers after that long, saying nothing meanwhile. `env` and
+//! answers after that long, saying nothing meanwhile; `read`, `write`
+//! (a path), `connect` (an address), `listen` (its own 127.0.0.1) and `exec`
+//! (a command line) report `ok` or the OS error, for the sandbox tests. `env` and
 //! `whoami` report how the server was started.
 //!
 //! Behaviours at start are chosen by flags (see `--help`); every flag can also
@@ -496,6 +498,58 @@ async fn special(
                 }
             }
             text("8 levels")
+        }
+        // The sandbox probes: each reports `ok …` or the OS error.
+        "read" => {
+            let path = arg(request, "text").and_then(Value::as_str).unwrap_or("");
+            text(match std::fs::read(path) {
+                Ok(bytes) => format!("ok {} bytes", bytes.len()),
+                Err(e) => format!("error: {e}"),
+            })
+        }
+        "write" => {
+            let path = arg(request, "text").and_then(Value::as_str).unwrap_or("");
+            text(match std::fs::write(path, "written by mcp-fixture\n") {
+                Ok(()) => "ok".to_owned(),
+                Err(e) => format!("error: {e}"),
+            })
+        }
+        "connect" => {
+            let addr = arg(request, "text").and_then(Value::as_str).unwrap_or("");
+            text(match std::net::TcpStream::connect(addr) {
+                Ok(_) => "ok".to_owned(),
+                Err(e) => format!("error: {e}"),
+            })
+        }
+        "listen" => {
+            // A listener on this process's own 127.0.0.1, and a connection to it.
+            let result = std::net::TcpListener::bind("127.0.0.1:0").and_then(|listener| {
+                let addr = listener.local_addr()?;
+                std::net::TcpStream::connect(addr).map(|_| listener)
+            });
+            text(match result {
+                Ok(_) => "ok".to_owned(),
+                Err(e) => format!("error: {e}"),
+            })
+        }
+        "exec" => {
+            // `text` is a command line split on spaces; stdout and the status.
+            let line = arg(request, "text").and_then(Value::as_str).unwrap_or("");
+            let mut words = line.split_whitespace();
+            let Some(program) = words.next() else {
+                return Some(text("error: no command"));
+            };
+            text(
+                match std::process::Command::new(program).args(words).output() {
+                    Ok(out) => format!(
+                        "{} {}{}",
+                        out.status,
+                        String::from_utf8_lossy(&out.stdout).trim(),
+                        String::from_utf8_lossy(&out.stderr).trim()
+                    ),
+                    Err(e) => format!("error: {e}"),
+                },
+            )
         }
         "sleep" => {
             let ms = arg(request, "ms").and_then(Value::as_u64).unwrap_or(1000);

@@ -65,6 +65,7 @@ struct Props {
     last_ping_usec: u64,
     last_ping_timestamp: u64,
     containment: String,
+    sandbox: String,
     tasks: u64,
     memory: u64,
     cpu_nsec: u64,
@@ -97,6 +98,7 @@ async fn props(server: &ServerProxy<'_>) -> Result<Props> {
         last_ping_usec: server.last_ping_usec().await.map_err(e)?,
         last_ping_timestamp: server.last_ping_timestamp().await.map_err(e)?,
         containment: server.containment().await.map_err(e)?,
+        sandbox: server.sandbox().await.map_err(e)?,
         tasks: server.tasks_current().await.map_err(e)?,
         memory: server.memory_current().await.map_err(e)?,
         cpu_nsec: server.cpu_usage_nsec().await.map_err(e)?,
@@ -130,6 +132,7 @@ impl Props {
             "last_ping_usec": self.last_ping_usec,
             "last_ping_timestamp": self.last_ping_timestamp,
             "containment": self.containment,
+            "sandbox": self.sandbox,
             "tasks_current": known(self.tasks),
             "memory_current": known(self.memory),
             "cpu_usage_nsec": known(self.cpu_nsec),
@@ -302,8 +305,13 @@ fn write_block(
     if p.cpu_nsec != u64::MAX {
         writeln!(out, "        CPU: {}", cpu(p.cpu_nsec))?;
     }
-    if !p.containment.is_empty() && !matches!(p.state.as_str(), "stopped" | "failed") {
-        writeln!(out, "Containment: {}", p.containment)?;
+    if !matches!(p.state.as_str(), "stopped" | "failed") {
+        if !p.containment.is_empty() {
+            writeln!(out, "Containment: {}", p.containment)?;
+        }
+        if !p.sandbox.is_empty() {
+            writeln!(out, "    Sandbox: {}", p.sandbox)?;
+        }
     }
     if !p.last_exit.is_empty() {
         writeln!(out, "  Last exit: {}", p.last_exit)?;

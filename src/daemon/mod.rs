@@ -134,6 +134,7 @@ pub async fn run(
     ));
     let mut host = crate::supervisor::process::Host::current(config.instance, child_nofile);
     host.cgroups = contain(config.instance, &runtime_dir).await;
+    host.scratch = scratch(&runtime_dir);
     let cgroups = host.cgroups.clone();
     let mut registry = Registry::new(config, host);
     let diff = registry.reload().await;
@@ -236,6 +237,31 @@ fn count(n: usize, noun: &str) -> String {
     } else {
         format!("{n} {noun}s")
     }
+}
+
+/// The directory sandboxed servers' private temp directories go in
+/// (`RUNTIME/tmp`), emptied of what an earlier daemon left there. Mode 0711:
+/// a server running as another user reaches its own directory (0700) and
+/// cannot list the others.
+fn scratch(runtime_dir: &std::path::Path) -> std::path::PathBuf {
+    use std::os::unix::fs::DirBuilderExt;
+    let dir = runtime_dir.join("tmp");
+    if dir.exists() {
+        match std::fs::remove_dir_all(&dir) {
+            Ok(()) => {
+                tracing::info!(target: "mcpd::daemon", "removed the servers' temp directories an earlier daemon left in {}", dir.display())
+            }
+            Err(e) => tracing::warn!(target: "mcpd::daemon", "cannot empty {}: {e}", dir.display()),
+        }
+    }
+    let made = std::fs::DirBuilder::new().mode(0o711).create(&dir);
+    if let Err(e) = made.and_then(|()| {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o711))
+    }) {
+        tracing::warn!(target: "mcpd::daemon", "cannot create {}: {e}; sandboxed servers cannot start", dir.display());
+    }
+    dir
 }
 
 /// Sets up the servers' cgroups (DESIGN §10) and kills what an earlier

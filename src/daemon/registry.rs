@@ -201,10 +201,11 @@ impl Registry {
                     (Some(old), Some((supervisor, _))) => {
                         // Roots are declared in `initialize`: a new list
                         // needs a new session; limits are set on a new
-                        // process.
+                        // process, and so is a sandbox.
                         let restarted = old.transport() != spec.transport()
                             || old.roots() != spec.roots()
-                            || old.limits() != spec.limits();
+                            || old.limits() != spec.limits()
+                            || old.sandbox() != spec.sandbox();
                         supervisor.apply(spec.clone(), restarted);
                         entry.spec = Some(spec);
                         let how = if restarted {

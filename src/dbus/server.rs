@@ -272,6 +272,16 @@ impl Server {
             .unwrap_or_default()
     }
 
+    /// How the server's last generation was confined ("landlock v7,
+    /// network none"); empty when the unit has no `sandbox`.
+    #[zbus(property(emits_changed_signal = "false"))]
+    fn sandbox(&self) -> String {
+        self.shared
+            .supervisor(&self.name)
+            .map(|s| s.sandbox())
+            .unwrap_or_default()
+    }
+
     /// Threads of the server's processes now (its cgroup's); `u64::MAX`
     /// when not known (not running, or no cgroup). Not signalled.
     #[zbus(property(emits_changed_signal = "false"))]
@@ -694,6 +704,8 @@ pub mod client {
         fn last_ping_timestamp(&self) -> Result<u64, Error>;
         #[zbus(property(emits_changed_signal = "false"))]
         fn containment(&self) -> Result<String, Error>;
+        #[zbus(property(emits_changed_signal = "false"))]
+        fn sandbox(&self) -> Result<String, Error>;
         #[zbus(property(emits_changed_signal = "false"))]
         fn tasks_current(&self) -> Result<u64, Error>;
         #[zbus(property(emits_changed_signal = "false"))]

@@ -15,12 +15,13 @@ use rmcp::transport::streamable_http_client::{
 use tokio::net::unix::pipe;
 
 use crate::mux::wire::{Wire, error_chain};
-use crate::unit::{HttpSpec, Limits, StdioSpec, Transport, UnitSpec};
+use crate::unit::{HttpSpec, Limits, Sandbox, StdioSpec, Transport, UnitSpec};
 
 use super::cgroup::{Cgroup, Usage};
 use super::logs::{self, LogRing};
 use super::machine::{ExitStatus, Gen, Signal};
 use super::process::{self, Host};
+use super::sandbox::{self, Confinement};
 
 pub type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send + 'static>>;
 
@@ -93,6 +94,11 @@ pub trait Launcher: Send + Sync + 'static {
     fn usage(&self) -> Option<Usage> {
         None
     }
+    /// How the last generation was sandboxed ("landlock v7, network
+    /// none"); empty when it was not.
+    fn sandbox(&self) -> String {
+        String::new()
+    }
 }
 
 /// Launches real children and HTTP sessions.
@@ -103,6 +109,8 @@ pub struct SystemLauncher {
     logs: LogRing,
     /// The unit is an HTTP one (as last configured): no processes.
     http: Arc<std::sync::atomic::AtomicBool>,
+    /// How the last generation was sandboxed, for status.
+    enforced: Arc<std::sync::Mutex<String>>,
 }
 
 impl SystemLauncher {
@@ -113,14 +121,40 @@ impl SystemLauncher {
             host,
             logs,
             http: Arc::default(),
+            enforced: Arc::default(),
         }
     }
 
-    fn stdio(&self, spec: &StdioSpec, limits: Limits, generation: Gen) -> Result<Launched, String> {
-        let mut plan = process::plan(spec, &self.host, &|var| std::env::var_os(var))?;
+    fn stdio(
+        &self,
+        spec: &StdioSpec,
+        limits: Limits,
+        sandboxed: Option<&Sandbox>,
+        generation: Gen,
+    ) -> Result<Launched, String> {
+        if let Ok(mut enforced) = self.enforced.lock() {
+            enforced.clear();
+        }
+        let tmp = match sandboxed {
+            Some(_) => Some(
+                PrivateTmp::create(&self.host.scratch, &self.name, generation)
+                    .map_err(|why| format!("cannot sandbox the server: {why}"))?,
+            ),
+            None => None,
+        };
+        let mut plan = process::plan(
+            spec,
+            &self.host,
+            &|var| std::env::var_os(var),
+            tmp.as_ref().map(|t| t.path.as_path()),
+        )?;
         if let Some(n) = limits.nofile {
             plan.nofile = Some(process::nofile_limit(n, self.host.euid)?);
         }
+        let confinement = match (sandboxed, &tmp) {
+            (Some(sandboxed), Some(tmp)) => Some(self.confine(sandboxed, spec, &plan, tmp)?),
+            _ => None,
+        };
         let cgroup = self.cgroup();
         if limits.needs_cgroup() && cgroup.is_none() {
             return Err(
@@ -138,11 +172,10 @@ impl SystemLauncher {
             }
             None => None,
         };
-        let mut child = process::spawn(&plan, procs).map_err(|e| {
+        let mut child = process::spawn(&plan, procs, confinement).inspect_err(|_| {
             if let Some(cgroup) = &cgroup {
                 cgroup.remove();
             }
-            format!("cannot start {}: {e}", plan.program.display())
         })?;
         let pid = child.id();
         let (Some(stdin), Some(stdout), Some(stderr)) =
@@ -196,6 +229,11 @@ impl SystemLauncher {
                 cgroup.emptied().await;
                 cgroup.remove();
             }
+            if let Some(tmp) = tmp {
+                // What the server left there may be large: not on the
+                // actor's thread.
+                let _ = tokio::task::spawn_blocking(move || drop(tmp)).await;
+            }
             status
         });
         Ok(Launched {
@@ -203,6 +241,44 @@ impl SystemLauncher {
             connect,
             exit: Some(exit),
         })
+    }
+
+    /// Decides and prepares a generation's sandbox: its Landlock ruleset,
+    /// its namespaces, its private temp directory handed to its user.
+    /// Fails closed.
+    fn confine(
+        &self,
+        sandboxed: &Sandbox,
+        spec: &StdioSpec,
+        plan: &process::Plan,
+        tmp: &PrivateTmp,
+    ) -> Result<Confinement, String> {
+        let cannot = |why: String| format!("cannot sandbox the server: {why}");
+        let enforcement = sandbox::decide(sandboxed.network, &self.host.sandbox).map_err(cannot)?;
+        if let Some(c) = &plan.credentials {
+            tmp.give(c.uid, c.gid).map_err(cannot)?;
+        }
+        let home = plan.var("HOME").cloned().unwrap_or_default();
+        let path = plan.var("PATH").cloned().unwrap_or_default();
+        let grants = sandbox::grants(
+            sandboxed,
+            sandbox::Site {
+                program: &plan.program,
+                working_directory: spec.working_directory(),
+                tmpdir: &tmp.path,
+                path: &path,
+                home: std::path::Path::new(&home),
+            },
+        );
+        let ids = (
+            rustix::process::geteuid().as_raw(),
+            rustix::process::getegid().as_raw(),
+        );
+        let confinement = Confinement::prepare(enforcement, &grants, ids).map_err(cannot)?;
+        if let Ok(mut enforced) = self.enforced.lock() {
+            *enforced = enforcement.to_string();
+        }
+        Ok(confinement)
     }
 
     /// This unit's cgroup, when the daemon contains its servers in cgroups.
@@ -234,6 +310,56 @@ impl SystemLauncher {
     }
 }
 
+/// A sandboxed generation's private temp directory (mode 0700, owned by
+/// the server's user), removed with everything in it when dropped.
+#[derive(Debug)]
+struct PrivateTmp {
+    path: std::path::PathBuf,
+}
+
+impl PrivateTmp {
+    fn create(scratch: &std::path::Path, name: &str, generation: Gen) -> Result<Self, String> {
+        use std::os::unix::fs::DirBuilderExt;
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.subsec_nanos());
+        let path = scratch.join(format!("{name}.{generation}.{nanos:08x}"));
+        let failed = |path: &std::path::Path, e: std::io::Error| {
+            format!(
+                "cannot create its temp directory {}: {}",
+                path.display(),
+                crate::unit::diag::io_text(&e)
+            )
+        };
+        std::fs::DirBuilder::new()
+            .mode(0o700)
+            .create(&path)
+            .map_err(|e| failed(&path, e))?;
+        Ok(Self { path })
+    }
+
+    /// Hands the directory to the server's user.
+    fn give(&self, uid: u32, gid: u32) -> Result<(), String> {
+        rustix::fs::chown(
+            &self.path,
+            Some(rustix::fs::Uid::from_raw(uid)),
+            Some(rustix::fs::Gid::from_raw(gid)),
+        )
+        .map_err(|e| {
+            format!(
+                "cannot give its temp directory {} to uid {uid}: {e}",
+                self.path.display()
+            )
+        })
+    }
+}
+
+impl Drop for PrivateTmp {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.path);
+    }
+}
+
 /// rustls needs a process-wide crypto provider; we build with ring only.
 fn install_crypto_provider() {
     static ONCE: std::sync::Once = std::sync::Once::new();
@@ -246,7 +372,7 @@ impl Launcher for SystemLauncher {
     fn launch(&self, spec: &UnitSpec, generation: Gen) -> Result<Launched, String> {
         self.configure(spec);
         match spec.transport() {
-            Transport::Stdio(stdio) => self.stdio(stdio, spec.limits(), generation),
+            Transport::Stdio(stdio) => self.stdio(stdio, spec.limits(), spec.sandbox(), generation),
             Transport::Http(http) => self.http(http),
         }
     }
@@ -279,6 +405,10 @@ impl Launcher for SystemLauncher {
 
     fn usage(&self) -> Option<Usage> {
         self.cgroup().filter(|c| c.populated()).map(|c| c.usage())
+    }
+
+    fn sandbox(&self) -> String {
+        self.enforced.lock().map(|s| s.clone()).unwrap_or_default()
     }
 
     fn configure(&self, spec: &UnitSpec) {

@@ -9,7 +9,7 @@
 //! sessions, as raw JSON-RPC wires), [`upstream`] (mcpd's handshake on a
 //! wire), `sessions` (the host sessions multiplexed onto the established
 //! wire), [`process`] (environment, credentials, process groups),
-//! [`cgroup`] (containment),
+//! [`cgroup`] (containment), [`sandbox`] (confinement),
 //! [`envfile`], [`logs`].
 
 pub mod accounting;
@@ -20,6 +20,7 @@ pub mod launch;
 pub mod logs;
 pub mod machine;
 pub mod process;
+pub mod sandbox;
 mod sessions;
 pub mod tools;
 pub mod upstream;
@@ -224,6 +225,12 @@ impl Supervisor {
     /// group"; empty for HTTP).
     pub fn containment(&self) -> String {
         self.launcher.containment()
+    }
+
+    /// How the last generation was sandboxed ("landlock v7, network
+    /// none"); empty when it was not.
+    pub fn sandbox(&self) -> String {
+        self.launcher.sandbox()
     }
 
     /// What its processes use now, where the containment tells.

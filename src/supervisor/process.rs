@@ -16,6 +16,7 @@ use crate::unit::{Instance, StdioSpec};
 
 use super::envfile;
 use super::machine::Signal;
+use super::sandbox::{Confinement, Failed};
 
 /// PATH for children when the daemon has none.
 pub const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
@@ -31,6 +32,11 @@ pub struct Host {
     pub child_nofile: Option<rustix::process::Rlimit>,
     /// Where servers' cgroups go; `None`: process groups only.
     pub cgroups: Option<super::cgroup::Cgroups>,
+    /// What the kernel offers a `sandbox`.
+    pub sandbox: super::sandbox::Offer,
+    /// Where sandboxed servers' private temp directories are made (the
+    /// daemon's runtime directory's `tmp`, emptied at start).
+    pub scratch: PathBuf,
 }
 
 impl Host {
@@ -40,6 +46,8 @@ impl Host {
             euid: rustix::process::geteuid().as_raw(),
             child_nofile,
             cgroups: None,
+            sandbox: super::sandbox::Offer::probe(rustix::process::geteuid().as_raw()),
+            scratch: std::env::temp_dir(),
         }
     }
 }
@@ -68,11 +76,14 @@ pub struct Plan {
 
 /// Resolves a unit's stdio spec against the daemon's environment (`env`
 /// looks up the daemon's variables). Reads env-files now: they are read at
-/// every spawn, so edits apply on the next start.
+/// every spawn, so edits apply on the next start. `private_tmp` is a
+/// sandboxed generation's temp directory: its `TMPDIR` (unless the unit
+/// sets one) and its working directory unless the unit names one.
 pub fn plan(
     spec: &StdioSpec,
     host: &Host,
     env: &dyn Fn(&str) -> Option<OsString>,
+    private_tmp: Option<&Path>,
 ) -> Result<Plan, String> {
     let mut target_home = None;
     let mut user_env = Vec::new();
@@ -110,9 +121,10 @@ pub fn plan(
         .or_else(|| env("HOME"))
         .unwrap_or_else(|| "/".into());
 
-    let cwd = match spec.working_directory() {
-        Some(dir) => dir.to_owned(),
-        None => match host.instance {
+    let cwd = match (spec.working_directory(), private_tmp) {
+        (Some(dir), _) => dir.to_owned(),
+        (None, Some(tmp)) => tmp.to_owned(),
+        (None, None) => match host.instance {
             Instance::System => PathBuf::from("/"),
             Instance::User => PathBuf::from(&home),
         },
@@ -130,6 +142,9 @@ pub fn plan(
 
     let mut vars: Vec<(String, OsString)> =
         vec![("PATH".into(), path.clone()), ("HOME".into(), home)];
+    if let Some(tmp) = private_tmp {
+        vars.push(("TMPDIR".into(), tmp.as_os_str().to_owned()));
+    }
     if let Some(lang) = env("LANG") {
         vars.push(("LANG".into(), lang));
     }
@@ -158,6 +173,13 @@ pub fn plan(
         credentials,
         nofile: host.child_nofile,
     })
+}
+
+impl Plan {
+    /// The value the child gets for `key`.
+    pub fn var(&self, key: &str) -> Option<&OsString> {
+        self.env.iter().find(|(k, _)| k == key).map(|(_, v)| v)
+    }
 }
 
 fn set(vars: &mut Vec<(String, OsString)>, key: String, value: OsString) {
@@ -208,15 +230,76 @@ fn resolve(program: &str, path: &OsString) -> Result<PathBuf, String> {
         })
 }
 
+/// A step of the child's set-up before exec, named when it fails.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+enum Step {
+    Cgroup = 1,
+    DeathSignal,
+    Nofile,
+    ParentGone,
+    Credentials,
+    Namespace,
+    IdMap,
+    Loopback,
+    NoNewPrivs,
+    Landlock,
+}
+
+impl Step {
+    const ALL: [Step; 10] = [
+        Step::Cgroup,
+        Step::DeathSignal,
+        Step::Nofile,
+        Step::ParentGone,
+        Step::Credentials,
+        Step::Namespace,
+        Step::IdMap,
+        Step::Loopback,
+        Step::NoNewPrivs,
+        Step::Landlock,
+    ];
+
+    fn what(self) -> &'static str {
+        match self {
+            Step::Cgroup => "joining its cgroup",
+            Step::DeathSignal => "setting its parent-death signal",
+            Step::Nofile => "setting its file descriptor limit",
+            Step::ParentGone => "checking that the daemon is still there",
+            Step::Credentials => "switching to its user",
+            Step::Namespace => Failed::Namespace.what(),
+            Step::IdMap => Failed::IdMap.what(),
+            Step::Loopback => Failed::Loopback.what(),
+            Step::NoNewPrivs => Failed::NoNewPrivs.what(),
+            Step::Landlock => Failed::Landlock.what(),
+        }
+    }
+}
+
+impl From<Failed> for Step {
+    fn from(f: Failed) -> Self {
+        match f {
+            Failed::Namespace => Step::Namespace,
+            Failed::IdMap => Step::IdMap,
+            Failed::Loopback => Step::Loopback,
+            Failed::NoNewPrivs => Step::NoNewPrivs,
+            Failed::Landlock => Step::Landlock,
+        }
+    }
+}
+
 /// Forks and execs `plan` in a new process group with piped stdio. The
 /// child joins the cgroup whose `cgroup.procs` is `cgroup` first, dies
 /// with SIGKILL if the daemon's thread that spawned it goes away
-/// (`PR_SET_PDEATHSIG`), gets `plan.nofile` as its `RLIMIT_NOFILE`, and runs
-/// as `plan.credentials` when given.
+/// (`PR_SET_PDEATHSIG`), gets `plan.nofile` as its `RLIMIT_NOFILE`, enters
+/// the network namespace of `confinement`, runs as `plan.credentials` when
+/// given, and enters its Landlock domain last. An error names the step of
+/// that set-up that failed.
 pub fn spawn(
     plan: &Plan,
     cgroup: Option<std::os::fd::OwnedFd>,
-) -> std::io::Result<tokio::process::Child> {
+    confinement: Option<Confinement>,
+) -> Result<tokio::process::Child, String> {
     use rustix::process::{Gid, Uid};
     let mut cmd = tokio::process::Command::new(&plan.program);
     cmd.args(&plan.args)
@@ -242,37 +325,108 @@ pub fn spawn(
         )
     });
     let nofile = plan.nofile;
-    let in_child = move || -> std::io::Result<()> {
+    // The child writes the step that failed here (one byte) before it
+    // reports the error number the usual way.
+    let (report, reported) = rustix::pipe::pipe_with(
+        rustix::pipe::PipeFlags::CLOEXEC | rustix::pipe::PipeFlags::NONBLOCK,
+    )
+    .map_err(|e| format!("cannot start {}: {e}", plan.program.display()))?;
+    let mut confinement = confinement;
+    let mut in_child = move || -> Result<(), (Step, rustix::io::Errno)> {
         if let Some(procs) = &cgroup {
             // "0": the writing process, before it can fork anything.
-            rustix::io::write(procs, b"0")?;
+            rustix::io::write(procs, b"0").map_err(|e| (Step::Cgroup, e))?;
         }
-        rustix::process::set_parent_process_death_signal(Some(rustix::process::Signal::KILL))?;
+        rustix::process::set_parent_process_death_signal(Some(rustix::process::Signal::KILL))
+            .map_err(|e| (Step::DeathSignal, e))?;
         if let Some(limit) = nofile {
-            rustix::process::setrlimit(rustix::process::Resource::Nofile, limit)?;
+            rustix::process::setrlimit(rustix::process::Resource::Nofile, limit)
+                .map_err(|e| (Step::Nofile, e))?;
         }
         // The daemon may have died between fork and prctl.
         if rustix::process::getppid() != Some(parent) {
-            return Err(rustix::io::Errno::SRCH.into());
+            return Err((Step::ParentGone, rustix::io::Errno::SRCH));
+        }
+        if let Some(c) = &confinement {
+            c.enter_namespace().map_err(|(f, e)| (f.into(), e))?;
         }
         if let Some((uid, gid, groups)) = &creds {
-            rustix::thread::set_thread_groups(groups)?;
-            rustix::thread::set_thread_res_gid(*gid, *gid, *gid)?;
-            rustix::thread::set_thread_res_uid(*uid, *uid, *uid)?;
+            let step = |e| (Step::Credentials, e);
+            rustix::thread::set_thread_groups(groups).map_err(step)?;
+            rustix::thread::set_thread_res_gid(*gid, *gid, *gid).map_err(step)?;
+            rustix::thread::set_thread_res_uid(*uid, *uid, *uid).map_err(step)?;
+        }
+        if let Some(c) = &mut confinement {
+            c.restrict().map_err(|(f, e)| (f.into(), e))?;
         }
         Ok(())
     };
+    let pre_exec = move || -> std::io::Result<()> {
+        in_child().map_err(|(step, errno)| {
+            let _ = rustix::io::write(&report, &[step as u8]);
+            errno.into()
+        })
+    };
     #[allow(unsafe_code)]
     // SAFETY: the closure runs in the forked child before exec. It only makes
-    // raw system calls through rustix (write, prctl, setrlimit, getppid,
-    // setgroups, setresgid, setresuid), which are async-signal-safe, and
-    // allocates nothing: the
-    // credentials were converted before the fork. Per-thread credential calls
-    // are correct here because the child has exactly one thread.
+    // raw system calls through rustix and libc (write, prctl, setrlimit,
+    // getppid, unshare, open, ioctl, setgroups, setresgid, setresuid,
+    // landlock_restrict_self), which are async-signal-safe, and allocates
+    // nothing: the credentials, id maps and the Landlock ruleset were made
+    // before the fork. Per-thread credential calls are correct here because
+    // the child has exactly one thread.
     unsafe {
-        cmd.pre_exec(in_child);
+        cmd.pre_exec(pre_exec);
     }
-    cmd.spawn()
+    cmd.spawn().map_err(|e| {
+        let mut byte = [0u8];
+        let step = match rustix::io::read(&reported, &mut byte) {
+            Ok(1) => Step::ALL.into_iter().find(|s| *s as u8 == byte[0]),
+            _ => None,
+        };
+        match step {
+            Some(step) => format!(
+                "cannot start {}: {}: {}",
+                plan.program.display(),
+                step.what(),
+                errno_text(&e)
+            ),
+            None => format!(
+                "cannot start {}: {}",
+                plan.program.display(),
+                errno_text(&e)
+            ),
+        }
+    })
+}
+
+/// "Operation not permitted (EPERM)": what an errno means and its name, for
+/// reasons an operator searches for.
+fn errno_text(e: &std::io::Error) -> String {
+    let text = crate::unit::diag::io_text(e);
+    match e.raw_os_error().and_then(errno_name) {
+        Some(name) => format!("{text} ({name})"),
+        None => text,
+    }
+}
+
+fn errno_name(n: i32) -> Option<&'static str> {
+    Some(match n {
+        libc::EPERM => "EPERM",
+        libc::ENOENT => "ENOENT",
+        libc::EACCES => "EACCES",
+        libc::EINVAL => "EINVAL",
+        libc::ENOSPC => "ENOSPC",
+        libc::ENOMEM => "ENOMEM",
+        libc::EAGAIN => "EAGAIN",
+        libc::ENOSYS => "ENOSYS",
+        libc::EOPNOTSUPP => "EOPNOTSUPP",
+        libc::ESRCH => "ESRCH",
+        libc::EBADF => "EBADF",
+        libc::E2BIG => "E2BIG",
+        libc::ENOEXEC => "ENOEXEC",
+        _ => return None,
+    })
 }
 
 /// `limits.nofile` as the child's soft and hard `RLIMIT_NOFILE`, if the
@@ -343,6 +497,8 @@ mod tests {
             euid: rustix::process::geteuid().as_raw(),
             child_nofile: None,
             cgroups: None,
+            sandbox: crate::supervisor::sandbox::Offer::probe(0),
+            scratch: std::env::temp_dir(),
         }
     }
 
@@ -370,7 +526,7 @@ mod tests {
             pass_env: vec!["HTTPS_PROXY".into(), "UNSET".into()],
             ..StdioDraft::default()
         });
-        let plan = plan(&spec, &host(), &daemon_env).expect("plan");
+        let plan = plan(&spec, &host(), &daemon_env, None).expect("plan");
         let env: Vec<(&str, &str)> = plan
             .env
             .iter()
@@ -397,7 +553,7 @@ mod tests {
             command: vec!["no-such-mcp-server".into()],
             ..StdioDraft::default()
         });
-        let e = plan(&missing_cmd, &host(), &daemon_env).expect_err("missing");
+        let e = plan(&missing_cmd, &host(), &daemon_env, None).expect_err("missing");
         assert_eq!(
             e,
             "command no-such-mcp-server: not found in PATH (/usr/bin:/bin)"
@@ -408,7 +564,7 @@ mod tests {
             working_directory: Some("/nonexistent/dir".into()),
             ..StdioDraft::default()
         });
-        let e = plan(&missing_dir, &host(), &daemon_env).expect_err("missing");
+        let e = plan(&missing_dir, &host(), &daemon_env, None).expect_err("missing");
         assert!(e.starts_with("working directory /nonexistent/dir: "), "{e}");
 
         let missing_file = stdio(StdioDraft {
@@ -416,7 +572,7 @@ mod tests {
             env_files: vec!["/nonexistent/x.env".into()],
             ..StdioDraft::default()
         });
-        let e = plan(&missing_file, &host(), &daemon_env).expect_err("missing");
+        let e = plan(&missing_file, &host(), &daemon_env, None).expect_err("missing");
         assert!(e.starts_with("env-file /nonexistent/x.env: "), "{e}");
 
         let unknown_user = stdio(StdioDraft {
@@ -424,7 +580,7 @@ mod tests {
             user: Some("no-such-user-mcpd".into()),
             ..StdioDraft::default()
         });
-        let e = plan(&unknown_user, &host(), &daemon_env).expect_err("unknown");
+        let e = plan(&unknown_user, &host(), &daemon_env, None).expect_err("unknown");
         assert_eq!(e, "user no-such-user-mcpd: no such user");
     }
 }

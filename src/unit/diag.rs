@@ -212,6 +212,15 @@ impl fmt::Display for LoadError {
 
 impl std::error::Error for LoadError {}
 
+/// What an I/O error says, without Rust's " (os error N)".
+pub fn io_text(e: &std::io::Error) -> String {
+    let text = e.to_string();
+    match text.find(" (os error") {
+        Some(at) => text[..at].to_owned(),
+        None => text,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

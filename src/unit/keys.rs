@@ -19,6 +19,7 @@ pub enum Block {
     Reconnect,
     Health,
     Limits,
+    Sandbox,
     Tools,
 }
 
@@ -32,6 +33,7 @@ impl Block {
             Block::Reconnect => Some("reconnect"),
             Block::Health => Some("health"),
             Block::Limits => Some("limits"),
+            Block::Sandbox => Some("sandbox"),
             Block::Tools => Some("tools"),
         }
     }
@@ -159,7 +161,7 @@ const fn key(
     }
 }
 
-use Block::{Health, Http, Limits, Reconnect, Stdio, Tools, Top};
+use Block::{Health, Http, Limits, Reconnect, Sandbox, Stdio, Tools, Top};
 use Merge::{Append, AppendUnique, ByName, Replace};
 
 /// Every key, in the order the man page documents them.
@@ -223,6 +225,17 @@ pub const KEYS: &[Key] = &[
         Replace,
         None,
         "{ nofile 1024; }",
+    ),
+    key(
+        Top,
+        "sandbox",
+        Kind::Block {
+            inner: Sandbox,
+            required: false,
+        },
+        Replace,
+        Some(Field::Sandbox),
+        "{ network \"none\"; }",
     ),
     key(
         Top,
@@ -404,6 +417,30 @@ pub const KEYS: &[Key] = &[
         "1024",
     ),
     key(
+        Sandbox,
+        "read-only-paths",
+        Kind::Strings,
+        AppendUnique,
+        Some(Field::ReadOnlyPaths(0)),
+        "\"/srv/data\"",
+    ),
+    key(
+        Sandbox,
+        "read-write-paths",
+        Kind::Strings,
+        AppendUnique,
+        Some(Field::ReadWritePaths(0)),
+        "\"/var/lib/server\"",
+    ),
+    key(
+        Sandbox,
+        "network",
+        Kind::String,
+        Replace,
+        Some(Field::Network),
+        "\"none\"",
+    ),
+    key(
         Health,
         "enabled",
         Kind::Bool,
@@ -470,7 +507,7 @@ mod tests {
 
     #[test]
     fn every_block_is_a_key_and_every_field_names_one_key() {
-        for block in [Stdio, Http, Reconnect, Health, Limits, Tools] {
+        for block in [Stdio, Http, Reconnect, Health, Limits, Sandbox, Tools] {
             let name = block.name().expect("a nested block has a name");
             let row = lookup(Top, name).expect("the block is a top-level key");
             assert!(matches!(

@@ -140,6 +140,9 @@ pub fn load_with(
         if let Some(e) = context_error(&draft, context) {
             located.push(spec_problem(&sources, &locs, e));
         }
+        for e in missing_paths(&draft) {
+            located.push(spec_problem(&sources, &locs, e));
+        }
         match UnitSpec::new(draft) {
             Ok(spec) if problems.is_empty() && located.is_empty() => return Ok(spec),
             Ok(_) => {}
@@ -178,6 +181,40 @@ fn context_error(draft: &super::spec::UnitDraft, context: &Context) -> Option<Sp
         related: None,
         help: Some("remove `user`, or install the unit for the system instance".into()),
     })
+}
+
+/// The paths a `sandbox` grants must exist when the unit loads: a typo
+/// would otherwise only show as a server that cannot reach its files.
+fn missing_paths(draft: &super::spec::UnitDraft) -> Vec<SpecError> {
+    let Some(sandbox) = &draft.sandbox else {
+        return Vec::new();
+    };
+    type Indexed = fn(usize) -> Field;
+    let lists: [(Indexed, &Vec<String>); 2] = [
+        (Field::ReadOnlyPaths, &sandbox.read_only_paths),
+        (Field::ReadWritePaths, &sandbox.read_write_paths),
+    ];
+    let mut errors = Vec::new();
+    for (field, paths) in lists {
+        for (i, path) in paths.iter().enumerate() {
+            if !path.starts_with('/') || path.contains('\0') {
+                continue; // the spec says what is wrong with it
+            }
+            if let Err(e) = std::fs::metadata(path) {
+                errors.push(SpecError {
+                    field: field(i),
+                    message: format!(
+                        "`{}`: {path}: {}",
+                        field(i).key(),
+                        lowercase_first(&super::diag::io_text(&e))
+                    ),
+                    related: None,
+                    help: Some("create it first, or remove it from the sandbox".into()),
+                });
+            }
+        }
+    }
+    errors
 }
 
 /// Reads a file as a KDL 2 document, or says precisely why it is not one.

@@ -77,6 +77,8 @@ pub struct UnitSpec {
     reconnect: ReconnectPolicy,
     health: HealthPolicy,
     limits: Limits,
+    /// `sandbox { … }`; None: the server runs unconfined.
+    sandbox: Option<Sandbox>,
     /// None: `log-rate-limit #false`.
     log_rate_limit: Option<RateLimit>,
     startup_timeout: Duration,
@@ -204,6 +206,10 @@ pub enum Field {
     TasksMax,
     CpuWeight,
     Nofile,
+    Sandbox,
+    ReadOnlyPaths(usize),
+    ReadWritePaths(usize),
+    Network,
     LogRateLimit,
     StartupTimeout,
     StopTimeout,
@@ -256,6 +262,8 @@ pub struct UnitDraft {
     pub reconnect: ReconnectDraft,
     pub health: HealthDraft,
     pub limits: LimitsDraft,
+    /// `sandbox`: Some when the block is given (even empty).
+    pub sandbox: Option<SandboxDraft>,
     /// `log-rate-limit`: `Some(None)` is `#false`; the count is checked here.
     pub log_rate_limit: Option<Option<(i128, Duration)>>,
     pub startup_timeout: Option<Duration>,
@@ -324,6 +332,51 @@ impl Limits {
     /// Whether any needs a cgroup controller.
     pub fn needs_cgroup(&self) -> bool {
         self.memory_max.is_some() || self.tasks_max.is_some() || self.cpu_weight.is_some()
+    }
+}
+
+/// An unchecked `sandbox` block.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SandboxDraft {
+    pub read_only_paths: Vec<String>,
+    pub read_write_paths: Vec<String>,
+    pub network: Option<String>,
+}
+
+/// The confinement of a stdio server (DESIGN §10). What it may read besides
+/// `read_only` (system directories, its program's prefix, its working
+/// directory) is the supervisor's to work out at each start.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Sandbox {
+    /// Readable (and executable) besides the defaults; absolute.
+    pub read_only: Vec<PathBuf>,
+    /// The only writable places besides the private `TMPDIR`; absolute.
+    pub read_write: Vec<PathBuf>,
+    pub network: Network,
+}
+
+/// `sandbox.network`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Network {
+    /// No network at all: an empty network namespace.
+    None,
+    /// A private loopback only.
+    Loopback,
+    /// The host's network (no confinement).
+    #[default]
+    Host,
+}
+
+impl Network {
+    pub const ALL: [Network; 3] = [Network::None, Network::Loopback, Network::Host];
+
+    /// As written in a unit.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Network::None => "none",
+            Network::Loopback => "loopback",
+            Network::Host => "host",
+        }
     }
 }
 
@@ -397,6 +450,46 @@ impl Judge {
             tasks_max: bounded(Field::TasksMax, draft.tasks_max, 1, 4_194_304, ""),
             cpu_weight: bounded(Field::CpuWeight, draft.cpu_weight, 1, 10_000, ""),
             nofile: bounded(Field::Nofile, draft.nofile, 8, 1 << 30, ""),
+        }
+    }
+
+    fn sandbox(&mut self, draft: SandboxDraft) -> Sandbox {
+        let mut paths = |field: fn(usize) -> Field, list: Vec<String>| -> Vec<PathBuf> {
+            let mut out: Vec<PathBuf> = Vec::new();
+            for (i, path) in list.into_iter().enumerate() {
+                let path = PathBuf::from(path);
+                self.absolute_path(field(i), &path);
+                if out.contains(&path) {
+                    let key = field(i).key();
+                    self.fail(
+                        field(i),
+                        format!("`{key}`: \"{}\" is given twice", path.display()),
+                    );
+                }
+                out.push(path);
+            }
+            out
+        };
+        let read_only = paths(Field::ReadOnlyPaths, draft.read_only_paths);
+        let read_write = paths(Field::ReadWritePaths, draft.read_write_paths);
+        let network = match draft.network.as_deref() {
+            None => Network::default(),
+            Some(value) => match Network::ALL.into_iter().find(|n| n.as_str() == value) {
+                Some(network) => network,
+                None => {
+                    self.fail(
+                        Field::Network,
+                        format!("`sandbox.network`: \"{value}\" is not a network mode"),
+                    )
+                    .help = Some("write \"none\", \"loopback\" or \"host\"".into());
+                    Network::default()
+                }
+            },
+        };
+        Sandbox {
+            read_only,
+            read_write,
+            network,
         }
     }
 
@@ -614,6 +707,13 @@ impl UnitSpec {
                 "`limits` applies to the processes of a stdio server; an `http` unit has none",
             );
         }
+        let sandbox = draft.sandbox.map(|d| judge.sandbox(d));
+        if matches!(transport, Some(Transport::Http(_))) && sandbox.is_some() {
+            judge.fail(
+                Field::Sandbox,
+                "`sandbox` confines the processes of a stdio server; an `http` unit has none",
+            );
+        }
         let log_rate_limit = judge.rate_limit(draft.log_rate_limit);
         let startup_timeout = judge.duration(
             Field::StartupTimeout,
@@ -636,6 +736,7 @@ impl UnitSpec {
                 reconnect,
                 health,
                 limits,
+                sandbox,
                 log_rate_limit,
                 startup_timeout,
                 stop_timeout,
@@ -666,6 +767,11 @@ impl UnitSpec {
     /// Resource limits of the server's processes.
     pub fn limits(&self) -> Limits {
         self.limits
+    }
+
+    /// How the server is confined; None: not at all.
+    pub fn sandbox(&self) -> Option<&Sandbox> {
+        self.sandbox.as_ref()
     }
 
     /// How many stderr lines reach the log; None: all of them.

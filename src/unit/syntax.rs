@@ -18,7 +18,7 @@ use miette::SourceSpan;
 
 use super::keys::{self, Block, Key, Kind, Merge};
 use super::spec::{
-    Field, HealthDraft, HttpDraft, LimitsDraft, ReconnectDraft, StdioDraft, UnitDraft,
+    Field, HealthDraft, HttpDraft, LimitsDraft, ReconnectDraft, SandboxDraft, StdioDraft, UnitDraft,
 };
 
 /// Where something was written: file index (into the unit's file list) and span.
@@ -178,6 +178,7 @@ impl Reader<'_> {
             Block::Stdio,
             Block::Http,
             Block::Reconnect,
+            Block::Sandbox,
             Block::Tools,
             Block::Top,
         ]
@@ -834,6 +835,8 @@ fn indexed(field: &Field, index: usize) -> Field {
         Field::Roots(_) => Field::Roots(index),
         Field::ToolsAllow(_) => Field::ToolsAllow(index),
         Field::ToolsDeny(_) => Field::ToolsDeny(index),
+        Field::ReadOnlyPaths(_) => Field::ReadOnlyPaths(index),
+        Field::ReadWritePaths(_) => Field::ReadWritePaths(index),
         other => other.clone(),
     }
 }
@@ -982,6 +985,14 @@ impl Layer {
             cpu_weight: d.integer(&mut self, "limits.cpu-weight"),
             nofile: d.integer(&mut self, "limits.nofile"),
         };
+        let sandbox = self.blocks.get(&Block::Sandbox).copied().map(|loc| {
+            d.locs.insert(Field::Sandbox, loc);
+            SandboxDraft {
+                read_only_paths: d.list(&mut self, "sandbox.read-only-paths"),
+                read_write_paths: d.list(&mut self, "sandbox.read-write-paths"),
+                network: d.string(&mut self, "sandbox.network"),
+            }
+        });
         let log_rate_limit = match d.take(&mut self, "log-rate-limit") {
             Some(Value::RateLimit(limit)) => Some(limit),
             _ => None,
@@ -993,6 +1004,7 @@ impl Layer {
             reconnect,
             health,
             limits,
+            sandbox,
             log_rate_limit,
             startup_timeout: d.duration(&mut self, "startup-timeout"),
             stop_timeout: d.duration(&mut self, "stop-timeout"),
