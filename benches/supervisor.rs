@@ -5,6 +5,8 @@
 //! 2. re-established: respawn → initialize + tools/list done (target < 50 ms);
 //!    both again with the servers in cgroups (issue 16: within 5 ms with
 //!    cgroups on), where this machine lets the benchmark make them;
+//!    and spawn to established with a sandbox, network host and none
+//!    (issue 17: within 5 ms of without);
 //! 3. stop of a 20-process tree that ignores SIGTERM, in a cgroup: all gone
 //!    within stop-timeout + 50 ms (`MCPD_BENCH_TREES` runs, 5);
 //! 4. heap per idle supervised server, counted by a global allocator, and
@@ -108,7 +110,16 @@ fn fixture() -> PathBuf {
 }
 
 fn spec(delay_ms: u64, attempts: i128) -> UnitSpec {
+    sandboxed_spec(delay_ms, attempts, None)
+}
+
+/// [`spec`] with `sandbox { network NETWORK; }` when given.
+fn sandboxed_spec(delay_ms: u64, attempts: i128, network: Option<&str>) -> UnitSpec {
     UnitSpec::new(UnitDraft {
+        sandbox: network.map(|n| mcpd::unit::spec::SandboxDraft {
+            network: Some(n.to_owned()),
+            ..Default::default()
+        }),
         stdio: Some(StdioDraft {
             command: vec![
                 fixture().display().to_string(),
@@ -221,17 +232,23 @@ async fn tree_stop(runs: usize, cgroups: &Cgroups) -> Row {
     .met(s.p50 <= 50.0)
 }
 
-async fn respawn(crashes: usize, cgroups: Option<&Cgroups>) -> Vec<Row> {
-    const DELAY_MS: u64 = 100;
+/// Respawns after crashes: for each, (respawn after reap minus backoff,
+/// spawn to established) in ms.
+async fn crashes(
+    crashes: usize,
+    host: Host,
+    spec: UnitSpec,
+    delay_ms: u64,
+) -> (Vec<f64>, Vec<f64>) {
     let launched = Arc::new(Mutex::new(Vec::new()));
     let reaped = Arc::new(Mutex::new(Vec::new()));
     let logs = LogRing::default();
     let launcher = Arc::new(Timing {
-        inner: SystemLauncher::new("bench", host(cgroups), logs.clone()),
+        inner: SystemLauncher::new("bench", host, logs.clone()),
         launched: Arc::clone(&launched),
         reaped: Arc::clone(&reaped),
     });
-    let (sup, task) = Supervisor::spawn("bench", spec(DELAY_MS, 1_000_000), launcher, logs);
+    let (sup, task) = Supervisor::spawn("bench", spec, launcher, logs);
     sup.start();
     wait_running(&sup, 1).await;
     let mut late = Vec::new();
@@ -262,10 +279,16 @@ async fn respawn(crashes: usize, cgroups: Option<&Cgroups>) -> Vec<Row> {
         let (Some(reap), Some(spawn)) = (reap, spawn) else {
             panic!("generation {generation}: no reap or respawn recorded");
         };
-        late.push((spawn - reap).as_secs_f64() * 1000.0 - DELAY_MS as f64);
+        late.push((spawn - reap).as_secs_f64() * 1000.0 - delay_ms as f64);
         establish.push((up - spawn).as_secs_f64() * 1000.0);
     }
     sup.shutdown(task).await;
+    (late, establish)
+}
+
+async fn respawn(n: usize, cgroups: Option<&Cgroups>) -> Vec<Row> {
+    const DELAY_MS: u64 = 100;
+    let (late, establish) = crashes(n, host(cgroups), spec(DELAY_MS, 1_000_000), DELAY_MS).await;
     let how = if cgroups.is_some() { ", cgroups" } else { "" };
     vec![
         {
@@ -289,6 +312,48 @@ async fn respawn(crashes: usize, cgroups: Option<&Cgroups>) -> Vec<Row> {
             .met(s.p50 < 50.0)
         },
     ]
+}
+
+/// Spawn to established with a sandbox (issue 17: within 5 ms of
+/// without), beside runs without it in the same process.
+async fn sandboxed(n: usize) -> Vec<Row> {
+    const DELAY_MS: u64 = 20;
+    let scratch = tempfile::tempdir().expect("scratch");
+    let mut host = host(None);
+    host.scratch = scratch.path().to_owned();
+    if let Err(why) = mcpd::supervisor::sandbox::decide(mcpd::unit::Network::None, &host.sandbox) {
+        return vec![Row::skipped("spawn to established, sandboxed", &why)];
+    }
+    // Unsandboxed before and after, against drift over the run.
+    let (_, mut plain) = crashes(n, host.clone(), spec(DELAY_MS, 1_000_000), DELAY_MS).await;
+    let mut boxed = Vec::new();
+    for network in ["host", "none"] {
+        let spec = sandboxed_spec(DELAY_MS, 1_000_000, Some(network));
+        boxed.push((network, crashes(n, host.clone(), spec, DELAY_MS).await.1));
+    }
+    plain.extend(
+        crashes(n, host.clone(), spec(DELAY_MS, 1_000_000), DELAY_MS)
+            .await
+            .1,
+    );
+    let plain = stats(plain).p50;
+    let mut rows = Vec::new();
+    for (network, boxed) in boxed {
+        let mut s = stats(boxed.iter().map(|b| b - plain).collect());
+        s.p50 = stats(boxed).p50 - plain;
+        rows.push(
+            Row::ms(
+                format!(
+                    "spawn to established, sandbox (landlock, network {network}) minus none ({plain:.2} ms)"
+                ),
+                "within 5 ms",
+                s,
+                2,
+            )
+            .met(s.p50 <= 5.0),
+        );
+    }
+    rows
 }
 
 async fn memory(servers: usize) -> Vec<Row> {
@@ -357,6 +422,7 @@ fn main() {
         }
         Err(why) => rows.push(Row::skipped("respawn and tree stop with cgroups", &why)),
     }
+    rows.extend(runtime.block_on(sandboxed(crashes)));
     rows.extend(runtime.block_on(memory(servers)));
     print_table("Supervisor", &rows);
 }

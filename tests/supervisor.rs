@@ -55,12 +55,13 @@ fn spawn(name: &str, spec: UnitSpec) -> Running {
 }
 
 fn spawn_in(instance: Instance, name: &str, spec: UnitSpec) -> Running {
+    spawn_on(Host::current(instance, None), name, spec)
+}
+
+/// [`spawn`] by a daemon that sees `host`.
+fn spawn_on(host: Host, name: &str, spec: UnitSpec) -> Running {
     let logs = LogRing::default();
-    let launcher = Arc::new(SystemLauncher::new(
-        name,
-        Host::current(instance, None),
-        logs.clone(),
-    ));
+    let launcher = Arc::new(SystemLauncher::new(name, host, logs.clone()));
     let (sup, task) = Supervisor::spawn(name, spec, launcher, logs);
     let rx = sup.subscribe();
     sup.start();
@@ -523,6 +524,80 @@ async fn user_switches_identity_with_groups_when_root() {
         );
     }
     r.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sandbox_the_kernel_cannot_give_fails_the_start_and_never_runs_unconfined() {
+    use mcpd::supervisor::sandbox::Offer;
+    let scratch = tempfile::tempdir().expect("scratch");
+    let count = scratch.path().join("spawns");
+    let gone = tempfile::tempdir().expect("rw");
+    let sandboxed = |network: &str, rw: Option<&Path>| {
+        let count = count.display().to_string();
+        let network = network.to_owned();
+        let rw = rw.map(|p| p.display().to_string());
+        fixture_unit(&["--count-file", &count], reconnect(10, 100, 1), move |d| {
+            d.sandbox = Some(mcpd::unit::spec::SandboxDraft {
+                network: Some(network),
+                read_write_paths: rw.into_iter().collect(),
+                ..Default::default()
+            });
+        })
+    };
+    let host = |landlock: Result<i32, &str>, root: bool, userns: Result<(), &str>| {
+        let mut host = Host::current(Instance::User, None);
+        host.sandbox = Offer {
+            landlock: landlock.map_err(str::to_owned),
+            root,
+            userns: userns.map_err(str::to_owned),
+        };
+        host.scratch = scratch.path().to_owned();
+        host
+    };
+    let cases = [
+        (
+            host(
+                Err("Landlock is built in but not enabled at boot"),
+                true,
+                Ok(()),
+            ),
+            sandboxed("host", None),
+            "cannot sandbox the server: the sandbox needs Landlock: Landlock is built in but not enabled at boot",
+        ),
+        (
+            host(Ok(2), true, Ok(())),
+            sandboxed("host", None),
+            "the kernel's Landlock is ABI v2, and the sandbox needs v3",
+        ),
+        (
+            host(
+                Ok(7),
+                false,
+                Err("user namespaces are disabled (user.max_user_namespaces = 0)"),
+            ),
+            sandboxed("none", None),
+            "`network \"none\"` needs a network namespace, which an unprivileged daemon creates inside a user namespace: user namespaces are disabled (user.max_user_namespaces = 0)",
+        ),
+        (
+            // A granted path that went away after the unit loaded.
+            Host {
+                scratch: scratch.path().to_owned(),
+                ..Host::current(Instance::User, None)
+            },
+            sandboxed("host", Some(&gone.path().join("vanished"))),
+            "cannot sandbox the server: sandbox read-write path",
+        ),
+    ];
+    for (i, (host, spec, reason)) in cases.into_iter().enumerate() {
+        let mut r = spawn_on(host, &format!("boxed{i}"), spec);
+        let s = r.until("failed", |s| s.state == State::Failed).await;
+        assert!(s.reason.contains(reason), "case {i}: {}", s.reason);
+        r.shutdown().await;
+    }
+    assert!(!count.exists(), "a server ran unconfined");
+    // Nothing left behind: no private temp directories.
+    let left: Vec<_> = std::fs::read_dir(scratch.path()).expect("ls").collect();
+    assert!(left.is_empty(), "{left:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

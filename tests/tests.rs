@@ -19,6 +19,7 @@ mod machine;
 mod packaging;
 mod reload;
 mod route;
+mod sandbox;
 mod search;
 mod sessions;
 mod supervisor;
