@@ -305,7 +305,7 @@ fn limits_reach_the_server_or_its_start_fails_saying_what_is_missing() {
     let runtime = tempfile::tempdir().expect("tempdir");
     std::fs::write(
         units.path().join("capped.kdl"),
-        "stdio { command \"mcp-fixture\"; }\nlimits { nofile 64; }\n",
+        "stdio { command \"mcp-fixture\"; }\nlimits { nofile 64; core \"1M\"; }\n",
     )
     .expect("write");
     std::fs::write(
@@ -325,6 +325,15 @@ fn limits_reach_the_server_or_its_start_fails_saying_what_is_missing() {
         nofile.split_whitespace().collect::<Vec<_>>(),
         ["Max", "open", "files", "64", "64", "files"],
         "{nofile}"
+    );
+    let core = limits
+        .lines()
+        .find(|l| l.starts_with("Max core file size"))
+        .expect("a Max core file size line");
+    assert_eq!(
+        core.split_whitespace().collect::<Vec<_>>(),
+        ["Max", "core", "file", "size", "1048576", "1048576", "bytes"],
+        "{core}"
     );
     // memory-max needs the memory controller: enforced where it is
     // delegated, else the start fails and says so (never unlimited)

@@ -169,6 +169,25 @@ fn initial_failure_says_connection_failed_and_retries() {
 }
 
 #[test]
+fn an_oom_kill_says_so_in_the_reason() {
+    let mut r = Rig::new(&stdio_spec(policy(100, 800, 3, true)));
+    r.step(Event::Start);
+    r.spawned();
+    r.established(&tools(&["a"]));
+    let generation = r.generation();
+    r.step(Event::Exited {
+        generation,
+        status: ExitStatus::OutOfMemory,
+    });
+    let v = r.m.view();
+    assert_eq!(
+        v.reason,
+        "connection lost: process killed by the OOM killer"
+    );
+    assert_eq!(v.last_exit, Some(ExitStatus::OutOfMemory));
+}
+
+#[test]
 fn established_loss_says_connection_lost_and_keeps_tools() {
     let mut r = Rig::new(&stdio_spec(policy(100, 800, 3, true)));
     let list = tools(&["a"]);

@@ -334,6 +334,14 @@ impl Cgroup {
         }
     }
 
+    /// How many processes the OOM killer killed in it (`memory.events`;
+    /// 0 without the memory controller).
+    pub fn oom_kills(&self) -> u64 {
+        std::fs::read_to_string(self.dir.join("memory.events"))
+            .map(|events| oom_kill_count(&events))
+            .unwrap_or(0)
+    }
+
     /// Whether any process is in it (`cgroup.events`).
     pub fn populated(&self) -> bool {
         std::fs::read_to_string(self.dir.join("cgroup.events"))
@@ -421,9 +429,26 @@ impl Watch {
     }
 }
 
+/// The `oom_kill` count of a `memory.events` file.
+fn oom_kill_count(events: &str) -> u64 {
+    events
+        .lines()
+        .find_map(|l| l.strip_prefix("oom_kill "))
+        .and_then(|n| n.trim().parse().ok())
+        .unwrap_or(0)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn oom_kills_are_read_from_memory_events() {
+        let events = "low 0\nhigh 0\nmax 12\noom 2\noom_kill 1\noom_group_kill 0\n";
+        assert_eq!(oom_kill_count(events), 1);
+        assert_eq!(oom_kill_count("low 0\noom 0\n"), 0);
+        assert_eq!(oom_kill_count(""), 0);
+    }
 
     #[test]
     fn finds_the_v2_mount_on_unified_and_hybrid_systems() {

@@ -151,11 +151,15 @@ impl SystemLauncher {
         if let Some(n) = limits.nofile {
             plan.nofile = Some(process::nofile_limit(n, self.host.euid)?);
         }
+        if let Some(n) = limits.core {
+            plan.core = Some(process::core_limit(n, self.host.euid)?);
+        }
         let confinement = match (sandboxed, &tmp) {
             (Some(sandboxed), Some(tmp)) => Some(self.confine(sandboxed, spec, &plan, tmp)?),
             _ => None,
         };
         let cgroup = self.cgroup();
+        let mut oom_kills = 0;
         if limits.needs_cgroup() && cgroup.is_none() {
             return Err(
                 "`limits` needs cgroups, but servers are contained by process groups only (see the daemon's warning at start)".into(),
@@ -164,6 +168,7 @@ impl SystemLauncher {
         let procs = match &cgroup {
             Some(cgroup) => {
                 let procs = cgroup.prepare()?;
+                oom_kills = cgroup.oom_kills();
                 if let Err(e) = cgroup.limit(&limits) {
                     cgroup.remove();
                     return Err(e);
@@ -211,7 +216,7 @@ impl SystemLauncher {
         let connect: BoxFuture<Result<Wire, ConnectError>> = Box::pin(async move { Ok(wire) });
         let exit: BoxFuture<ExitStatus> = Box::pin(async move {
             use std::os::unix::process::ExitStatusExt;
-            let status = match child.wait().await {
+            let mut status = match child.wait().await {
                 Ok(status) => match (status.code(), status.signal()) {
                     (Some(code), _) => ExitStatus::Code(code),
                     (None, Some(sig)) => ExitStatus::Signal(sig),
@@ -227,6 +232,10 @@ impl SystemLauncher {
                     cgroup.kill();
                 }
                 cgroup.emptied().await;
+                if cgroup.oom_kills() > oom_kills {
+                    // As systemd's `oom-kill` result: any of its processes.
+                    status = ExitStatus::OutOfMemory;
+                }
                 cgroup.remove();
             }
             if let Some(tmp) = tmp {

@@ -111,6 +111,9 @@ impl fmt::Display for State {
 pub enum ExitStatus {
     Code(i32),
     Signal(i32),
+    /// The kernel's OOM killer killed a process of the server (its
+    /// cgroup's `memory.events` counted an `oom_kill`).
+    OutOfMemory,
 }
 
 impl fmt::Display for ExitStatus {
@@ -121,6 +124,7 @@ impl fmt::Display for ExitStatus {
                 Some(name) => write!(f, "killed by signal {s} ({name})"),
                 None => write!(f, "killed by signal {s}"),
             },
+            ExitStatus::OutOfMemory => f.write_str("killed by the OOM killer"),
         }
     }
 }

@@ -72,6 +72,8 @@ pub struct Plan {
     pub credentials: Option<Credentials>,
     /// Set `RLIMIT_NOFILE` to this before exec ([`Host::child_nofile`]).
     pub nofile: Option<rustix::process::Rlimit>,
+    /// Set `RLIMIT_CORE` to this before exec (`limits.core`).
+    pub core: Option<rustix::process::Rlimit>,
 }
 
 /// Resolves a unit's stdio spec against the daemon's environment (`env`
@@ -172,6 +174,7 @@ pub fn plan(
         cwd,
         credentials,
         nofile: host.child_nofile,
+        core: None,
     })
 }
 
@@ -237,6 +240,7 @@ enum Step {
     Cgroup = 1,
     DeathSignal,
     Nofile,
+    Core,
     ParentGone,
     Credentials,
     Namespace,
@@ -247,10 +251,11 @@ enum Step {
 }
 
 impl Step {
-    const ALL: [Step; 10] = [
+    const ALL: [Step; 11] = [
         Step::Cgroup,
         Step::DeathSignal,
         Step::Nofile,
+        Step::Core,
         Step::ParentGone,
         Step::Credentials,
         Step::Namespace,
@@ -265,6 +270,7 @@ impl Step {
             Step::Cgroup => "joining its cgroup",
             Step::DeathSignal => "setting its parent-death signal",
             Step::Nofile => "setting its file descriptor limit",
+            Step::Core => "setting its core dump limit",
             Step::ParentGone => "checking that the daemon is still there",
             Step::Credentials => "switching to its user",
             Step::Namespace => Failed::Namespace.what(),
@@ -325,6 +331,7 @@ pub fn spawn(
         )
     });
     let nofile = plan.nofile;
+    let core = plan.core;
     // The child writes the step that failed here (one byte) before it
     // reports the error number the usual way.
     let (report, reported) = rustix::pipe::pipe_with(
@@ -342,6 +349,10 @@ pub fn spawn(
         if let Some(limit) = nofile {
             rustix::process::setrlimit(rustix::process::Resource::Nofile, limit)
                 .map_err(|e| (Step::Nofile, e))?;
+        }
+        if let Some(limit) = core {
+            rustix::process::setrlimit(rustix::process::Resource::Core, limit)
+                .map_err(|e| (Step::Core, e))?;
         }
         // The daemon may have died between fork and prctl.
         if rustix::process::getppid() != Some(parent) {
@@ -426,6 +437,22 @@ fn errno_name(n: i32) -> Option<&'static str> {
         libc::E2BIG => "E2BIG",
         libc::ENOEXEC => "ENOEXEC",
         _ => return None,
+    })
+}
+
+/// `limits.core` as the child's soft and hard `RLIMIT_CORE`, if the daemon
+/// may grant it: above its own hard limit only as root.
+pub fn core_limit(n: u64, euid: u32) -> Result<rustix::process::Rlimit, String> {
+    let hard = rustix::process::getrlimit(rustix::process::Resource::Core).maximum;
+    if euid != 0 && hard.is_some_and(|hard| n > hard) {
+        return Err(format!(
+            "`limits.core` {n} is above the daemon's hard limit of {} bytes, which only root may raise",
+            hard.unwrap_or_default()
+        ));
+    }
+    Ok(rustix::process::Rlimit {
+        current: Some(n),
+        maximum: Some(n),
     })
 }
 

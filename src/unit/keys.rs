@@ -416,6 +416,7 @@ pub const KEYS: &[Key] = &[
         Some(Field::Nofile),
         "1024",
     ),
+    key(Limits, "core", Kind::Size, Replace, Some(Field::Core), "0"),
     key(
         Sandbox,
         "read-only-paths",

@@ -206,6 +206,7 @@ pub enum Field {
     TasksMax,
     CpuWeight,
     Nofile,
+    Core,
     Sandbox,
     ReadOnlyPaths(usize),
     ReadWritePaths(usize),
@@ -312,6 +313,8 @@ pub struct LimitsDraft {
     pub tasks_max: Option<i128>,
     pub cpu_weight: Option<i128>,
     pub nofile: Option<i128>,
+    /// Bytes.
+    pub core: Option<i128>,
 }
 
 /// Resource limits of a stdio server (DESIGN §10): cgroup controls and
@@ -326,6 +329,8 @@ pub struct Limits {
     pub cpu_weight: Option<u64>,
     /// `RLIMIT_NOFILE`, soft and hard.
     pub nofile: Option<u64>,
+    /// `RLIMIT_CORE`, soft and hard, bytes (0: no core dumps).
+    pub core: Option<u64>,
 }
 
 impl Limits {
@@ -450,6 +455,7 @@ impl Judge {
             tasks_max: bounded(Field::TasksMax, draft.tasks_max, 1, 4_194_304, ""),
             cpu_weight: bounded(Field::CpuWeight, draft.cpu_weight, 1, 10_000, ""),
             nofile: bounded(Field::Nofile, draft.nofile, 8, 1 << 30, ""),
+            core: bounded(Field::Core, draft.core, 0, u64::MAX >> 1, " bytes"),
         }
     }
 

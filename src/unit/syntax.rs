@@ -984,6 +984,10 @@ impl Layer {
             tasks_max: d.integer(&mut self, "limits.tasks-max"),
             cpu_weight: d.integer(&mut self, "limits.cpu-weight"),
             nofile: d.integer(&mut self, "limits.nofile"),
+            core: match d.take(&mut self, "limits.core") {
+                Some(Value::Size(n)) => Some(n),
+                _ => None,
+            },
         };
         let sandbox = self.blocks.get(&Block::Sandbox).copied().map(|loc| {
             d.locs.insert(Field::Sandbox, loc);
