@@ -796,6 +796,7 @@ fn spawn_failure_needs_no_reap_and_an_http_failure_neither() {
         http: Some(HttpDraft {
             url: "http://127.0.0.1:9/mcp".into(),
             headers: vec![],
+            ..Default::default()
         }),
         reconnect: policy(100, 800, 2, true),
         ..UnitDraft::default()

@@ -659,7 +659,11 @@ fn http_unit(url: &str, token: &str, reconnect: ReconnectDraft) -> UnitSpec {
     UnitSpec::new(UnitDraft {
         http: Some(mcpd::unit::spec::HttpDraft {
             url: url.to_owned(),
-            headers: vec![("Authorization".into(), format!("Bearer {token}"))],
+            headers: vec![(
+                "Authorization".into(),
+                mcpd::unit::spec::HeaderDraft::Value(format!("Bearer {token}")),
+            )],
+            ..Default::default()
         }),
         reconnect,
         startup_timeout: Some(Duration::from_secs(20)),
@@ -728,6 +732,49 @@ async fn http_unit_with_a_wrong_token_fails_without_showing_it() {
     assert!(failed.reason.contains("401"), "{}", failed.reason);
     assert!(!failed.reason.contains("wrong-token"), "{}", failed.reason);
     assert_eq!(failed.generation, 3);
+    r.shutdown().await;
+    let _ = server.kill().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_header_from_an_env_file_is_read_at_connect_and_a_missing_one_named() {
+    use mcpd::unit::spec::{HeaderDraft, HttpDraft};
+    let port = free_port();
+    let mut server = http_fixture(port, "from-the-env-file");
+    let url = format!("http://127.0.0.1:{port}/mcp");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let env = dir.path().join("remote.env");
+    std::fs::write(&env, "API_TOKEN=\"Bearer from-the-env-file\"\n").expect("env-file");
+    let unit = |var: &str| {
+        UnitSpec::new(UnitDraft {
+            http: Some(HttpDraft {
+                url: url.clone(),
+                env_files: vec![env.clone()],
+                headers: vec![("Authorization".into(), HeaderDraft::Env(var.into()))],
+            }),
+            reconnect: reconnect(20, 40, 1),
+            startup_timeout: Some(Duration::from_secs(20)),
+            ..UnitDraft::default()
+        })
+        .expect("valid")
+    };
+    let mut r = spawn("fromenv", unit("API_TOKEN"));
+    r.until("running", |s| s.state == State::Running).await;
+    assert_eq!(
+        r.text("echo", serde_json::json!({"text": "hi"})).await,
+        "hi"
+    );
+    r.shutdown().await;
+    let mut r = spawn("unset", unit("OTHER_TOKEN"));
+    let failed = r.until("failed", |s| s.state == State::Failed).await;
+    assert!(
+        failed.reason.contains(&format!(
+            "header Authorization: OTHER_TOKEN is not set in {}",
+            env.display()
+        )),
+        "{}",
+        failed.reason
+    );
     r.shutdown().await;
     let _ = server.kill().await;
 }
@@ -927,6 +974,7 @@ async fn an_http_server_that_stops_answering_is_noticed_without_a_call() {
         http: Some(mcpd::unit::spec::HttpDraft {
             url: url.clone(),
             headers: vec![("Authorization".into(), "Bearer t".into())],
+            ..Default::default()
         }),
         reconnect: reconnect(50, 200, 1000),
         health: health(300, 200, 2),

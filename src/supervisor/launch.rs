@@ -15,7 +15,7 @@ use rmcp::transport::streamable_http_client::{
 use tokio::net::unix::pipe;
 
 use crate::mux::wire::{Wire, error_chain};
-use crate::unit::{HttpSpec, Limits, Sandbox, StdioSpec, Transport, UnitSpec};
+use crate::unit::{HeaderValue, HttpSpec, Limits, Sandbox, StdioSpec, Transport, UnitSpec};
 
 use super::cgroup::{Cgroup, Usage};
 use super::logs::{self, LogRing};
@@ -298,10 +298,31 @@ impl SystemLauncher {
     fn http(&self, spec: &HttpSpec) -> Result<Launched, String> {
         install_crypto_provider();
         let mut headers = std::collections::HashMap::new();
+        // Read at every connect, as a stdio server's are at every spawn.
+        let mut vars = Vec::new();
+        for file in spec.env_files() {
+            vars.extend(super::envfile::read(file)?);
+        }
         for (name, value) in spec.headers() {
+            let text = match value {
+                HeaderValue::Literal(secret) => secret.expose(),
+                HeaderValue::Env(var) => vars
+                    .iter()
+                    .rev()
+                    .find(|(k, _)| k == var)
+                    .map(|(_, v)| v.as_str())
+                    .ok_or_else(|| {
+                        let files: Vec<String> = spec
+                            .env_files()
+                            .iter()
+                            .map(|f| f.display().to_string())
+                            .collect();
+                        format!("header {name}: {var} is not set in {}", files.join(", "))
+                    })?,
+            };
             let name = http::HeaderName::from_bytes(name.as_bytes())
                 .map_err(|_| format!("header {name}: invalid name"))?;
-            let mut value = http::HeaderValue::from_str(value.expose())
+            let mut value = http::HeaderValue::from_str(text)
                 .map_err(|_| format!("header {name}: invalid value"))?;
             value.set_sensitive(true);
             headers.insert(name, value);

@@ -346,6 +346,14 @@ pub const KEYS: &[Key] = &[
     ),
     key(
         Http,
+        "env-file",
+        Kind::Path,
+        Append,
+        Some(Field::HttpEnvFile(0)),
+        "\"/etc/mcpd/server.env\"",
+    ),
+    key(
+        Http,
         "header",
         Kind::Header,
         ByName,

@@ -146,7 +146,30 @@ pub struct StdioSpec {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct HttpSpec {
     url: url::Url,
-    headers: Vec<(String, Secret)>,
+    env_files: Vec<PathBuf>,
+    headers: Vec<(String, HeaderValue)>,
+}
+
+/// A request header's value: written in the unit, or a variable of the
+/// unit's `env-file`s, read at each connect (DESIGN §11: secrets stay out
+/// of unit files).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum HeaderValue {
+    Literal(Secret),
+    Env(String),
+}
+
+/// An unchecked header value.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum HeaderDraft {
+    Value(String),
+    Env(String),
+}
+
+impl From<&str> for HeaderDraft {
+    fn from(value: &str) -> Self {
+        HeaderDraft::Value(value.to_owned())
+    }
 }
 
 /// A value that is never shown: `Debug` and `Display` print `<redacted>`.
@@ -193,6 +216,7 @@ pub enum Field {
     User,
     Http,
     Url,
+    HttpEnvFile(usize),
     Header(usize),
     ReconnectEnabled,
     InitialDelay,
@@ -293,7 +317,8 @@ pub struct StdioDraft {
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct HttpDraft {
     pub url: String,
-    pub headers: Vec<(String, String)>,
+    pub env_files: Vec<PathBuf>,
+    pub headers: Vec<(String, HeaderDraft)>,
 }
 
 /// An unchecked `reconnect` block.
@@ -944,16 +969,43 @@ impl HttpSpec {
                     format!("`http.header`: \"{name}\" is set by the MCP transport and cannot be overridden"),
                 );
             }
-            if value.chars().any(|c| c.is_control() && c != '\t') {
-                // The value is a secret: say what is wrong without showing it.
-                judge.fail(
-                    Field::Header(i),
-                    format!("`http.header`: the value of \"{name}\" contains a control character"),
-                );
-            }
-            headers.push((name, Secret(value)));
+            let value = match value {
+                HeaderDraft::Value(value) => {
+                    if value.chars().any(|c| c.is_control() && c != '\t') {
+                        // The value is a secret: say what is wrong without showing it.
+                        judge.fail(
+                            Field::Header(i),
+                            format!("`http.header`: the value of \"{name}\" contains a control character"),
+                        );
+                    }
+                    HeaderValue::Literal(Secret(value))
+                }
+                HeaderDraft::Env(var) => {
+                    if !is_env_name(&var) {
+                        judge.fail(
+                            Field::Header(i),
+                            format!("`http.header`: env=\"{var}\" is not a valid environment variable name"),
+                        );
+                    } else if draft.env_files.is_empty() {
+                        judge.fail(
+                            Field::Header(i),
+                            format!("`http.header`: \"{name}\" takes its value from {var} in an `env-file`, but the `http` block has none"),
+                        )
+                        .help = Some("add `env-file \"/path/to/NAME.env\"` holding `VAR=value`".into());
+                    }
+                    HeaderValue::Env(var)
+                }
+            };
+            headers.push((name, value));
         }
-        Some(Self { url: url?, headers })
+        for (i, path) in draft.env_files.iter().enumerate() {
+            judge.absolute_path(Field::HttpEnvFile(i), path);
+        }
+        Some(Self {
+            url: url?,
+            env_files: draft.env_files,
+            headers,
+        })
     }
 
     pub fn url(&self) -> &url::Url {
@@ -961,8 +1013,13 @@ impl HttpSpec {
     }
 
     /// Extra request headers; values are secrets.
-    pub fn headers(&self) -> &[(String, Secret)] {
+    pub fn headers(&self) -> &[(String, HeaderValue)] {
         &self.headers
+    }
+
+    /// Files of `KEY=VALUE` lines that `header … env=` values come from.
+    pub fn env_files(&self) -> &[PathBuf] {
+        &self.env_files
     }
 }
 
@@ -1248,6 +1305,7 @@ mod tests {
             http: Some(HttpDraft {
                 url: "http://127.0.0.1:1/mcp".into(),
                 headers: vec![],
+                ..Default::default()
             }),
             ..draft()
         };
@@ -1279,6 +1337,7 @@ mod tests {
             http: Some(HttpDraft {
                 url: "https://mcp.example.com/mcp".into(),
                 headers: vec![("Authorization".into(), "Bearer hunter2".into())],
+                env_files: vec![],
             }),
             ..UnitDraft::default()
         })
@@ -1290,6 +1349,7 @@ mod tests {
             http: Some(HttpDraft {
                 url: "https://mcp.example.com/mcp".into(),
                 headers: vec![("X-Token".into(), "hunter2\n".into())],
+                env_files: vec![],
             }),
             ..UnitDraft::default()
         })

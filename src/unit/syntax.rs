@@ -18,7 +18,8 @@ use miette::SourceSpan;
 
 use super::keys::{self, Block, Key, Kind, Merge};
 use super::spec::{
-    Field, HealthDraft, HttpDraft, LimitsDraft, ReconnectDraft, SandboxDraft, StdioDraft, UnitDraft,
+    Field, HeaderDraft, HealthDraft, HttpDraft, LimitsDraft, ReconnectDraft, SandboxDraft,
+    StdioDraft, UnitDraft,
 };
 
 /// Where something was written: file index (into the unit's file list) and span.
@@ -71,7 +72,7 @@ pub struct Layer {
     /// `stdio.env`, by variable name.
     env: BTreeMap<String, At<String>>,
     /// `http.header`: name and value.
-    headers: Vec<At<(String, String)>>,
+    headers: Vec<At<(String, HeaderDraft)>>,
     /// The blocks this file opens (`stdio`, `http`, …), where first opened.
     blocks: BTreeMap<Block, Loc>,
     /// Fields whose value was rejected here; spec errors about them would
@@ -778,11 +779,45 @@ impl Reader<'_> {
     }
 
     /// `header "Name" "value"`.
-    fn header(&mut self, node: &KdlNode, headers: &mut Vec<At<(String, String)>>) {
+    fn header(&mut self, node: &KdlNode, headers: &mut Vec<At<(String, HeaderDraft)>>) {
         let field = Field::Header(headers.len());
         self.no_children(node, "http.header");
-        self.no_properties(node, "http.header");
+        let props: Vec<&kdl::KdlEntry> = node
+            .entries()
+            .iter()
+            .filter(|e| e.name().is_some())
+            .collect();
         let args = arguments(node);
+        // `header "Authorization" env="API_TOKEN"`: the value from an env-file.
+        if let ([name], [prop]) = (args.as_slice(), props.as_slice())
+            && prop.name().is_some_and(|n| n.value() == "env")
+        {
+            let name = self.string(name, "http.header", &field);
+            let var = match prop.value() {
+                KdlValue::String(s) => Some(s.clone()),
+                other => {
+                    self.bad(
+                        field,
+                        prop.span(),
+                        format!(
+                            "`http.header`: `env` names a variable, found a {}",
+                            kind(other)
+                        ),
+                        "expected a string",
+                        None,
+                    );
+                    None
+                }
+            };
+            if let (Some(name), Some(var)) = (name, var) {
+                headers.push(At {
+                    value: (name.value, HeaderDraft::Env(var)),
+                    loc: name.loc,
+                });
+            }
+            return;
+        }
+        self.no_properties(node, "http.header");
         let [name, value] = args.as_slice() else {
             self.bad(
                 field,
@@ -791,15 +826,15 @@ impl Reader<'_> {
                     "`http.header` takes a name and a value, found {} value(s)",
                     args.len()
                 ),
-                "expected NAME VALUE",
-                Some("write `header \"Authorization\" \"Bearer …\"`".into()),
+                "expected NAME VALUE or NAME env=\"VAR\"",
+                Some("write `header \"Authorization\" \"Bearer …\"`, or `header \"Authorization\" env=\"API_TOKEN\"` with the value in an `env-file`".into()),
             );
             return;
         };
         let name = self.string(name, "http.header", &field);
         // Never echo a header value: it is usually a credential.
         let value = match value.value() {
-            KdlValue::String(s) => Some(s.clone()),
+            KdlValue::String(s) => Some(HeaderDraft::Value(s.clone())),
             other => {
                 self.bad(
                     field,
@@ -830,6 +865,7 @@ const URL: &str = "http";
 fn indexed(field: &Field, index: usize) -> Field {
     match field {
         Field::EnvFile(_) => Field::EnvFile(index),
+        Field::HttpEnvFile(_) => Field::HttpEnvFile(index),
         Field::PassEnv(_) => Field::PassEnv(index),
         Field::Header(_) => Field::Header(index),
         Field::Roots(_) => Field::Roots(index),
@@ -954,6 +990,11 @@ impl Layer {
             d.locs.insert(Field::Url, loc);
             HttpDraft {
                 url: d.string(&mut self, URL).unwrap_or_default(),
+                env_files: d
+                    .list(&mut self, "http.env-file")
+                    .into_iter()
+                    .map(PathBuf::from)
+                    .collect(),
                 headers: std::mem::take(&mut self.headers)
                     .into_iter()
                     .enumerate()
