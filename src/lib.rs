@@ -3,6 +3,7 @@
 //! The library holds everything; the binaries `mcpd` and `mcpctl` only parse
 //! arguments and call into it. See `ARCHITECTURE.md` for the code map.
 
+pub mod adopt;
 pub mod ctl;
 pub mod daemon;
 pub mod dbus;

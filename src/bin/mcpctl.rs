@@ -103,6 +103,36 @@ enum Command {
         #[arg(required = true, value_name = "PATH")]
         paths: Vec<PathBuf>,
     },
+    /// Turn the MCP servers configured in hosts into units: HOST is one of
+    /// claude-desktop, claude-code, cursor, vscode, windsurf, gemini, codex
+    /// (none: every host found), or a host's config FILE.
+    ///
+    /// Secrets (env and header values) go to NAME.env (mode 0600) beside
+    /// the unit. Exit status 1 when anything failed.
+    Import {
+        #[arg(value_name = "HOST|FILE")]
+        sources: Vec<String>,
+        /// Show what would be written; write nothing.
+        #[arg(long)]
+        dry_run: bool,
+        /// Replace units that exist.
+        #[arg(long)]
+        force: bool,
+        /// Only these entries (host name or unit name).
+        #[arg(long, value_name = "NAME", num_args = 1..)]
+        only: Vec<String>,
+    },
+    /// Point HOST's config at `mcpctl bridge` for the named units (default:
+    /// every entry that is a unit), keeping a backup beside it.
+    Connect {
+        host: String,
+        names: Vec<String>,
+        /// Print the change as a diff; write nothing.
+        #[arg(long)]
+        dry_run: bool,
+    },
+    /// Undo `mcpctl connect HOST`.
+    Disconnect { host: String },
 }
 
 fn main() -> ExitCode {
@@ -140,6 +170,56 @@ fn main() -> ExitCode {
         (_, true) => Instance::User,
         _ => Instance::by_default(),
     };
+    let env = |var: &str| std::env::var_os(var);
+    let offline = match &cli.command {
+        Command::Import {
+            sources,
+            dry_run,
+            force,
+            only,
+        } => {
+            let options = mcpd::ctl::import::ImportOptions {
+                sources: sources.clone(),
+                dry_run: *dry_run,
+                force: *force,
+                only: only.clone(),
+            };
+            Some(mcpd::ctl::import::import(
+                instance,
+                &options,
+                &env,
+                &mut std::io::stdout().lock(),
+            ))
+        }
+        Command::Connect {
+            host,
+            names,
+            dry_run,
+        } => Some(mcpd::ctl::import::connect(
+            instance,
+            host,
+            names,
+            *dry_run,
+            &env,
+            &mut std::io::stdout().lock(),
+        )),
+        Command::Disconnect { host } => Some(mcpd::ctl::import::disconnect(
+            instance,
+            host,
+            &env,
+            &mut std::io::stdout().lock(),
+        )),
+        _ => None,
+    };
+    if let Some(result) = offline {
+        return match result {
+            Ok(code) => ExitCode::from(code),
+            Err(e) => {
+                eprintln!("mcpctl: {e}");
+                ExitCode::from(e.code)
+            }
+        };
+    }
     let output = Output {
         color: !no_color && std::io::stdout().is_terminal(),
         json: cli.json,
@@ -203,7 +283,11 @@ fn main() -> ExitCode {
                 drop(client);
                 mcpd::ctl::bridge::run(instance, &name).await
             }
-            Command::Verify { .. } | Command::Completions { .. } => Ok(exit::OK),
+            Command::Verify { .. }
+            | Command::Completions { .. }
+            | Command::Import { .. }
+            | Command::Connect { .. }
+            | Command::Disconnect { .. } => Ok(exit::OK),
         }
     });
     match result {

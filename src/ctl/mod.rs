@@ -4,6 +4,7 @@
 pub mod bridge;
 pub mod client;
 pub mod commands;
+pub mod import;
 pub mod verify;
 
 /// Exit codes shared by every subcommand (systemctl's convention).

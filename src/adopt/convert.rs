@@ -1,0 +1,535 @@
+//! A host's entry → a unit file and its env-file (DESIGN §11). Pure: the
+//! caller hands in how to look up variables and read files.
+//!
+//! Secrets never land in a unit: every `env` value and every header value
+//! goes to the env-file, which the unit names (`env-file`, `header … env=`).
+//! A value that is only `${KEY}` for its own key becomes `pass-env KEY`.
+//! Variables elsewhere (command, arguments, URL) are not expanded into a
+//! unit: such an entry is refused with the reason, unless the variable is
+//! unset and has a default.
+
+use std::path::{Path, PathBuf};
+
+use super::hosts::{Entry, HeaderValue, Host, Server, Syntax};
+
+/// A converted entry.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Imported {
+    /// The unit file's text.
+    pub unit: String,
+    /// The env-file's `NAME=value` pairs; empty: the unit has none.
+    pub secrets: Vec<(String, String)>,
+}
+
+impl Imported {
+    /// The env-file's text (mode 0600 is the writer's).
+    pub fn env_file(&self, unit: &str, host: Host) -> String {
+        let mut out = format!(
+            "# Secrets of unit {unit}, imported by `mcpctl import` from {}.\n",
+            host.name()
+        );
+        for (k, v) in &self.secrets {
+            // Quoted whole: the env-file reader strips one pair of quotes.
+            out.push_str(&format!("{k}=\"{v}\"\n"));
+        }
+        out
+    }
+}
+
+/// What conversion may look at.
+pub struct Lookup<'a> {
+    /// The importing user's environment.
+    pub var: &'a dyn Fn(&str) -> Option<String>,
+    /// A file's contents (`${file:PATH}`).
+    pub file: &'a dyn Fn(&Path) -> Option<String>,
+    pub home: &'a Path,
+}
+
+impl std::fmt::Debug for Lookup<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Lookup")
+            .field("home", &self.home)
+            .finish_non_exhaustive()
+    }
+}
+
+/// A unit name for a host's entry name: `[A-Za-z0-9][A-Za-z0-9_-]{0,63}`,
+/// other characters mapped to `-` (`@scope/server` → `scope-server`).
+pub fn unit_name(name: &str) -> Option<String> {
+    let mapped: String = name
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '_' || c == '-' {
+                c
+            } else {
+                '-'
+            }
+        })
+        .collect();
+    let mut out = String::new();
+    for c in mapped.trim_start_matches(['-', '_']).chars() {
+        // No runs of dashes from mapped characters.
+        if !(c == '-' && out.ends_with('-')) {
+            out.push(c);
+        }
+    }
+    let out: String = out.trim_end_matches('-').chars().take(64).collect();
+    (!out.is_empty()).then_some(out)
+}
+
+/// A piece of a value as the host would expand it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Piece {
+    Text(String),
+    Var {
+        name: String,
+        default: Option<String>,
+        /// Windsurf: an unset variable is empty.
+        empty: bool,
+    },
+    File(String),
+    Input(String),
+}
+
+/// Splits `value` by `host`'s variable syntax.
+fn pieces(syntax: Syntax, value: &str, base: &Path, home: &Path) -> Result<Vec<Piece>, String> {
+    let mut out = Vec::new();
+    let mut text = String::new();
+    let mut rest = value;
+    while let Some(at) = rest.find('$') {
+        text.push_str(&rest[..at]);
+        let after = &rest[at + 1..];
+        if syntax == Syntax::Plain {
+            text.push('$');
+            rest = after;
+            continue;
+        }
+        if let Some(body) = after.strip_prefix('{') {
+            let Some(end) = body.find('}') else {
+                text.push('$');
+                rest = after;
+                continue;
+            };
+            let inner = &body[..end];
+            rest = &body[end + 1..];
+            let piece = match (syntax, inner.split_once(':')) {
+                (Syntax::Editor | Syntax::Windsurf, Some(("env", name))) => Piece::Var {
+                    name: name.to_owned(),
+                    default: None,
+                    empty: syntax == Syntax::Windsurf,
+                },
+                (Syntax::Windsurf, Some(("file", path))) => Piece::File(path.to_owned()),
+                (Syntax::Editor, Some(("input", id))) => Piece::Input(id.to_owned()),
+                (Syntax::Editor, None) => Piece::Text(match inner {
+                    "userHome" => home.display().to_string(),
+                    "workspaceFolder" => base.display().to_string(),
+                    "workspaceFolderBasename" => base
+                        .file_name()
+                        .map(|n| n.to_string_lossy().into_owned())
+                        .unwrap_or_default(),
+                    "pathSeparator" | "/" => "/".into(),
+                    other => return Err(format!("it uses ${{{other}}}, which mcpd cannot expand")),
+                }),
+                (Syntax::Shell | Syntax::ShellBare, _) => {
+                    let (name, default) = match inner.split_once(":-") {
+                        Some((name, default)) => (name, Some(default.to_owned())),
+                        None => (inner, None),
+                    };
+                    Piece::Var {
+                        name: name.to_owned(),
+                        default,
+                        empty: false,
+                    }
+                }
+                _ => return Err(format!("it uses ${{{inner}}}, which mcpd cannot expand")),
+            };
+            if let Piece::Text(t) = piece {
+                text.push_str(&t);
+                continue;
+            }
+            if !text.is_empty() {
+                out.push(Piece::Text(std::mem::take(&mut text)));
+            }
+            out.push(piece);
+        } else if syntax == Syntax::ShellBare
+            && after.starts_with(|c: char| c.is_ascii_alphabetic() || c == '_')
+        {
+            let end = after
+                .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+                .unwrap_or(after.len());
+            if !text.is_empty() {
+                out.push(Piece::Text(std::mem::take(&mut text)));
+            }
+            out.push(Piece::Var {
+                name: after[..end].to_owned(),
+                default: None,
+                empty: false,
+            });
+            rest = &after[end..];
+        } else {
+            text.push('$');
+            rest = after;
+        }
+    }
+    text.push_str(rest);
+    if !text.is_empty() || out.is_empty() {
+        out.push(Piece::Text(text));
+    }
+    Ok(out)
+}
+
+/// Where a value is, for reasons.
+struct Place<'a> {
+    what: &'a str,
+    host: Host,
+}
+
+/// The value as the host would run it, where it may hold a secret (env,
+/// headers): variables from the importing environment, files read now.
+fn secret(pieces: &[Piece], at: &Place<'_>, lookup: &Lookup<'_>) -> Result<String, String> {
+    let mut out = String::new();
+    for piece in pieces {
+        match piece {
+            Piece::Text(t) => out.push_str(t),
+            Piece::Var {
+                name,
+                default,
+                empty,
+            } => match ((lookup.var)(name), default) {
+                (Some(value), _) => out.push_str(&value),
+                (None, Some(default)) => out.push_str(default),
+                (None, None) if *empty => {}
+                (None, None) => {
+                    return Err(format!(
+                        "{} uses ${{{name}}}, which is not set here: set it and import again",
+                        at.what
+                    ));
+                }
+            },
+            Piece::File(path) => {
+                let path = match path.strip_prefix("~/") {
+                    Some(rest) => lookup.home.join(rest),
+                    None => PathBuf::from(path),
+                };
+                let text = (lookup.file)(&path).ok_or_else(|| {
+                    format!("{} reads {}, which cannot be read", at.what, path.display())
+                })?;
+                out.push_str(text.trim());
+            }
+            Piece::Input(id) => {
+                return Err(format!(
+                    "{} asks for ${{input:{id}}} when {} starts it; write the value into the env-file by hand",
+                    at.what,
+                    at.host.name()
+                ));
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// The value where a unit holds it in the clear (command, arguments, URL,
+/// paths): only text, and defaults of unset variables.
+fn plain(pieces: &[Piece], at: &Place<'_>, lookup: &Lookup<'_>) -> Result<String, String> {
+    let mut out = String::new();
+    for piece in pieces {
+        match piece {
+            Piece::Text(t) => out.push_str(t),
+            Piece::Var {
+                name,
+                default: Some(default),
+                ..
+            } if (lookup.var)(name).is_none() => out.push_str(default),
+            Piece::Var { name, .. } => {
+                return Err(format!(
+                    "{} uses ${{{name}}}; a unit does not expand variables there (it could hold a secret): move it into `env`",
+                    at.what
+                ));
+            }
+            Piece::File(_) | Piece::Input(_) => {
+                return Err(format!(
+                    "{} takes a value {} fills in at start; mcpd cannot",
+                    at.what,
+                    at.host.name()
+                ));
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// A KDL 2 string literal.
+pub fn kdl(s: &str) -> String {
+    let mut out = String::with_capacity(s.len() + 2);
+    out.push('"');
+    for c in s.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            '\t' => out.push_str("\\t"),
+            c if c.is_control() => out.push_str(&format!("\\u{{{:x}}}", c as u32)),
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+    out
+}
+
+/// An env-file variable for header `name`: `Authorization` → `AUTHORIZATION`.
+fn header_var(name: &str, taken: &[(String, String)]) -> String {
+    let mut var: String = name
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() {
+                c.to_ascii_uppercase()
+            } else {
+                '_'
+            }
+        })
+        .collect();
+    if var.starts_with(|c: char| c.is_ascii_digit()) || var.is_empty() {
+        var.insert(0, '_');
+    }
+    let mut candidate = var.clone();
+    let mut n = 2;
+    while taken.iter().any(|(k, _)| *k == candidate) {
+        candidate = format!("{var}_{n}");
+        n += 1;
+    }
+    candidate
+}
+
+/// Programs that fetch their server on first start: give them time.
+const FETCHERS: &[&str] = &["npx", "uvx", "bunx", "pnpx", "pipx", "docker", "podman"];
+
+/// Converts `entry` into a unit whose env-file would be `env_file`.
+pub fn convert(entry: &Entry, env_file: &Path, lookup: &Lookup<'_>) -> Result<Imported, String> {
+    let syntax = entry.host.syntax();
+    let split = |value: &str| pieces(syntax, value, &entry.base, lookup.home);
+    let place = |what: &'static str| Place {
+        what,
+        host: entry.host,
+    };
+    let absolute = |path: String| -> String {
+        if path.starts_with('/') {
+            path
+        } else {
+            entry.base.join(path).display().to_string()
+        }
+    };
+    let mut secrets: Vec<(String, String)> = Vec::new();
+    let mut lines = vec![
+        format!(
+            "// Imported by `mcpctl import` from {} ({}, entry {}).",
+            entry.host.name(),
+            entry.file.display().to_string().replace(['\n', '\r'], " "),
+            kdl(&entry.name)
+        ),
+        format!(
+            "description {}",
+            kdl(&format!(
+                "{}, imported from {}",
+                entry.name,
+                entry.host.name()
+            ))
+        ),
+    ];
+    match &entry.server {
+        Server::Unusable(why) => return Err(why.clone()),
+        Server::Stdio {
+            command,
+            args,
+            env,
+            cwd,
+            env_file: host_env_file,
+            pass,
+        } => {
+            let mut command = plain(&split(command)?, &place("its command"), lookup)?;
+            if command.contains('/') {
+                command = absolute(command);
+            }
+            let mut words = vec![kdl(&command)];
+            for arg in args {
+                words.push(kdl(&plain(&split(arg)?, &place("an argument"), lookup)?));
+            }
+            let mut pass_env: Vec<String> = pass.clone();
+            for (key, value) in env {
+                if !crate::unit::spec::is_env_name(key) {
+                    return Err(format!(
+                        "its env names \"{key}\", which is not a valid variable name"
+                    ));
+                }
+                let parts = split(value)?;
+                if let [
+                    Piece::Var {
+                        name,
+                        default: None,
+                        ..
+                    },
+                ] = parts.as_slice()
+                    && name == key
+                {
+                    // `KEY: ${KEY}`: the daemon's own value, as the host's.
+                    pass_env.push(key.clone());
+                    continue;
+                }
+                let value = secret(&parts, &place("its env"), lookup)?;
+                secrets.push((key.clone(), value));
+            }
+            lines.push("stdio {".into());
+            lines.push(format!("    command {}", words.join(" ")));
+            if let Some(cwd) = cwd {
+                let cwd = absolute(plain(&split(cwd)?, &place("its cwd"), lookup)?);
+                lines.push(format!("    working-directory {}", kdl(&cwd)));
+            }
+            if let Some(file) = host_env_file {
+                let file = absolute(plain(&split(file)?, &place("its envFile"), lookup)?);
+                lines.push(format!("    env-file {}", kdl(&file)));
+            }
+            if !secrets.is_empty() {
+                lines.push(format!(
+                    "    env-file {}",
+                    kdl(&env_file.display().to_string())
+                ));
+            }
+            if !pass_env.is_empty() {
+                let names: Vec<String> = pass_env.iter().map(|n| kdl(n)).collect();
+                lines.push(format!("    pass-env {}", names.join(" ")));
+            }
+            lines.push("}".into());
+            let program = Path::new(&command)
+                .file_name()
+                .and_then(|n| n.to_str())
+                .unwrap_or("");
+            if FETCHERS.contains(&program) {
+                lines.push("// It fetches the server on first start.".into());
+                lines.push("startup-timeout \"2m\"".into());
+            }
+        }
+        Server::Remote { url, sse, headers } => {
+            if *sse {
+                return Err(
+                    "it uses the SSE transport, which mcpd does not speak (Streamable HTTP only)"
+                        .into(),
+                );
+            }
+            let url = plain(&split(url)?, &place("its url"), lookup)?;
+            let mut header_lines = Vec::new();
+            for (name, value) in headers {
+                let value = match value {
+                    HeaderValue::Text(text) => secret(&split(text)?, &place("a header"), lookup)?,
+                    HeaderValue::Env { var, prefix } => match (lookup.var)(var) {
+                        Some(value) => format!("{prefix}{value}"),
+                        None => {
+                            return Err(format!(
+                                "its header {name} comes from {var}, which is not set here: set it and import again"
+                            ));
+                        }
+                    },
+                };
+                let var = header_var(name, &secrets);
+                header_lines.push(format!("    header {} env={}", kdl(name), kdl(&var)));
+                secrets.push((var, value));
+            }
+            if header_lines.is_empty() {
+                lines.push(format!("http {}", kdl(&url)));
+            } else {
+                lines.push(format!("http {} {{", kdl(&url)));
+                lines.push(format!(
+                    "    env-file {}",
+                    kdl(&env_file.display().to_string())
+                ));
+                lines.extend(header_lines);
+                lines.push("}".into());
+            }
+        }
+    }
+    for (key, value) in &secrets {
+        if value.contains(['\n', '\r', '\0']) {
+            return Err(format!(
+                "the value of {key} spans lines, which an env-file cannot hold"
+            ));
+        }
+    }
+    lines.push(String::new());
+    Ok(Imported {
+        unit: lines.join("\n"),
+        secrets,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn entry_names_become_unit_names() {
+        let table = [
+            ("github", Some("github")),
+            ("@scope/server", Some("scope-server")),
+            ("My Server (local)", Some("My-Server-local")),
+            ("__x", Some("x")),
+            ("/// ", None),
+        ];
+        for (name, want) in table {
+            assert_eq!(unit_name(name).as_deref(), want, "{name}");
+        }
+        assert_eq!(unit_name(&"a".repeat(80)).map(|n| n.len()), Some(64));
+    }
+
+    #[test]
+    fn each_host_expands_its_own_syntax() {
+        let base = Path::new("/p");
+        let home = Path::new("/h");
+        let var = |n: &str| Piece::Var {
+            name: n.into(),
+            default: None,
+            empty: false,
+        };
+        let t = |s: &str| Piece::Text(s.into());
+        assert_eq!(
+            pieces(Syntax::Plain, "${A}", base, home),
+            Ok(vec![t("${A}")])
+        );
+        assert_eq!(
+            pieces(Syntax::Shell, "Bearer ${TOKEN}", base, home),
+            Ok(vec![t("Bearer "), var("TOKEN")])
+        );
+        assert_eq!(
+            pieces(Syntax::Shell, "${URL:-https://x}/mcp", base, home),
+            Ok(vec![
+                Piece::Var {
+                    name: "URL".into(),
+                    default: Some("https://x".into()),
+                    empty: false
+                },
+                t("/mcp")
+            ])
+        );
+        assert_eq!(pieces(Syntax::Shell, "$A", base, home), Ok(vec![t("$A")]));
+        assert_eq!(
+            pieces(Syntax::ShellBare, "$A-b", base, home),
+            Ok(vec![var("A"), t("-b")])
+        );
+        assert_eq!(
+            pieces(Syntax::Editor, "${workspaceFolder}/x ${env:K}", base, home),
+            Ok(vec![t("/p/x "), var("K")])
+        );
+        assert_eq!(
+            pieces(Syntax::Editor, "${input:key}", base, home),
+            Ok(vec![Piece::Input("key".into())])
+        );
+        assert!(pieces(Syntax::Editor, "${command:x}", base, home).is_err());
+        assert_eq!(
+            pieces(Syntax::Windsurf, "${file:~/t}", base, home),
+            Ok(vec![Piece::File("~/t".into())])
+        );
+    }
+
+    #[test]
+    fn strings_are_kdl_literals() {
+        assert_eq!(kdl("a\"b\\c\nd"), "\"a\\\"b\\\\c\\nd\"");
+    }
+}

@@ -1,0 +1,11 @@
+//! Adoption (DESIGN §11): the MCP servers users already configured in their
+//! hosts become units, and hosts are pointed at `mcpctl bridge`.
+//!
+//! Reading order: [`hosts`] (which hosts, where their files are, how an
+//! entry reads), [`convert`] (an entry → a unit and its env-file, pure),
+//! [`connect`] (rewriting a host's file and undoing it, pure). The command
+//! around them, with the file I/O, is `ctl::import`.
+
+pub mod connect;
+pub mod convert;
+pub mod hosts;

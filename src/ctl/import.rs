@@ -1,0 +1,580 @@
+//! `mcpctl import`, `connect` and `disconnect` (DESIGN §11): the file I/O
+//! around [`crate::adopt`]. None needs a running daemon; a running one
+//! picks imported units up by itself (it watches its unit directories).
+
+use std::collections::BTreeMap;
+use std::ffi::OsString;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use crate::adopt::connect::{self, Record};
+use crate::adopt::convert::{self, Imported, Lookup};
+use crate::adopt::hosts::{self, Dirs, Entry, Host};
+use crate::unit::Instance;
+
+use super::client::CtlError;
+use super::exit;
+
+/// What `mcpctl import` was asked.
+#[derive(Debug, Clone, Default)]
+pub struct ImportOptions {
+    /// Host names or files; none: every host found.
+    pub sources: Vec<String>,
+    pub dry_run: bool,
+    pub force: bool,
+    /// Only these entries (by their name in the host, or their unit name).
+    pub only: Vec<String>,
+}
+
+/// The user's directories, from `env`.
+pub fn dirs(env: &dyn Fn(&str) -> Option<OsString>) -> Result<Dirs, CtlError> {
+    let absolute = |var: &str| env(var).map(PathBuf::from).filter(|p| p.is_absolute());
+    let home = absolute("HOME").ok_or_else(|| CtlError::failure("HOME is not set"))?;
+    Ok(Dirs {
+        config: absolute("XDG_CONFIG_HOME").unwrap_or_else(|| home.join(".config")),
+        codex: absolute("CODEX_HOME").unwrap_or_else(|| home.join(".codex")),
+        project: std::env::current_dir().unwrap_or_else(|_| home.clone()),
+        home,
+    })
+}
+
+/// Where the instance's own units go: the first directory of its search
+/// path (`~/.config/mcpd/units`, `/etc/mcpd/units`).
+pub fn unit_dir(
+    instance: Instance,
+    env: &dyn Fn(&str) -> Option<OsString>,
+) -> Result<PathBuf, CtlError> {
+    crate::unit::search_path(instance, env)
+        .into_iter()
+        .next()
+        .ok_or_else(|| CtlError::failure("no unit directory for this instance (is HOME set?)"))
+}
+
+/// One line of the table.
+struct Row {
+    host: String,
+    entry: String,
+    unit: String,
+    result: String,
+    failed: bool,
+}
+
+/// A host file to read.
+struct Source {
+    host: Host,
+    path: PathBuf,
+}
+
+fn sources(options: &ImportOptions, dirs: &Dirs, rows: &mut Vec<Row>) -> Vec<Source> {
+    let mut out = Vec::new();
+    let existing = |host: Host| -> Vec<Source> {
+        host.files(dirs)
+            .into_iter()
+            .filter(|p| p.is_file())
+            .map(|path| Source { host, path })
+            .collect()
+    };
+    if options.sources.is_empty() {
+        for host in Host::ALL {
+            out.extend(existing(host));
+        }
+        return out;
+    }
+    for source in &options.sources {
+        if let Some(host) = Host::by_name(source) {
+            let found = existing(host);
+            if found.is_empty() {
+                let looked: Vec<String> = host
+                    .files(dirs)
+                    .iter()
+                    .map(|p| p.display().to_string())
+                    .collect();
+                rows.push(Row {
+                    host: host.name().into(),
+                    entry: "-".into(),
+                    unit: "-".into(),
+                    result: format!("failed: no config file (looked at {})", looked.join(", ")),
+                    failed: true,
+                });
+            }
+            out.extend(found);
+        } else {
+            let path = PathBuf::from(source);
+            let text = std::fs::read_to_string(&path).unwrap_or_default();
+            out.push(Source {
+                host: Host::detect(&path, &text),
+                path,
+            });
+        }
+    }
+    out
+}
+
+/// `mcpctl import`: writes a unit (and an env-file for its secrets) for
+/// each server the hosts have, prints what it did, exits 1 when anything
+/// failed.
+pub fn import(
+    instance: Instance,
+    options: &ImportOptions,
+    env: &dyn Fn(&str) -> Option<OsString>,
+    out: &mut dyn Write,
+) -> Result<u8, CtlError> {
+    let dirs = dirs(env)?;
+    let units = unit_dir(instance, env)?;
+    let mut rows = Vec::new();
+    let var = |name: &str| env(name).and_then(|v| v.into_string().ok());
+    let file = |path: &Path| std::fs::read_to_string(path).ok();
+    let lookup = Lookup {
+        var: &var,
+        file: &file,
+        home: &dirs.home,
+    };
+    // Unit name → (entry, imported) of what is imported in this run.
+    let mut planned: BTreeMap<String, (Entry, Imported)> = BTreeMap::new();
+    for source in sources(options, &dirs, &mut rows) {
+        let host = source.host;
+        let text = match std::fs::read_to_string(&source.path) {
+            Ok(text) => text,
+            Err(e) => {
+                rows.push(Row {
+                    host: host.name().into(),
+                    entry: "-".into(),
+                    unit: "-".into(),
+                    result: format!("failed: {}: {e}", source.path.display()),
+                    failed: true,
+                });
+                continue;
+            }
+        };
+        let base = hosts::base_of(host, &source.path, &dirs);
+        let entries = match hosts::read(host, &source.path, &text, &base) {
+            Ok(entries) => entries,
+            Err(e) => {
+                rows.push(Row {
+                    host: host.name().into(),
+                    entry: "-".into(),
+                    unit: "-".into(),
+                    result: format!(
+                        "failed: {}:{}:{}: {}; nothing imported from it",
+                        source.path.display(),
+                        e.line,
+                        e.column,
+                        e.message
+                    ),
+                    failed: true,
+                });
+                continue;
+            }
+        };
+        for entry in entries {
+            let mut row = Row {
+                host: host.name().into(),
+                entry: entry.name.clone(),
+                unit: "-".into(),
+                result: String::new(),
+                failed: false,
+            };
+            let Some(mut name) = convert::unit_name(&entry.name) else {
+                row.result = "failed: no unit name can be made of this name".into();
+                row.failed = true;
+                rows.push(row);
+                continue;
+            };
+            if !options.only.is_empty()
+                && !options.only.iter().any(|o| *o == entry.name || *o == name)
+            {
+                continue;
+            }
+            if entry.disabled {
+                row.result = format!("skipped: disabled in {}", host.name());
+                rows.push(row);
+                continue;
+            }
+            // What mcpd cannot run is skipped, not failed.
+            let skip = match &entry.server {
+                hosts::Server::Unusable(why) => Some(why.clone()),
+                hosts::Server::Remote { sse: true, .. } => Some(
+                    "it uses the SSE transport, which mcpd does not speak (Streamable HTTP only)"
+                        .into(),
+                ),
+                _ => None,
+            };
+            if let Some(why) = skip {
+                row.result = format!("skipped: {why}");
+                rows.push(row);
+                continue;
+            }
+            let imported =
+                |name: &str| convert::convert(&entry, &units.join(format!("{name}.env")), &lookup);
+            let mut converted = match imported(&name) {
+                Ok(c) => c,
+                Err(why) => {
+                    row.result = format!("failed: {why}");
+                    row.failed = true;
+                    rows.push(row);
+                    continue;
+                }
+            };
+            if let Some((other, before)) = planned.get(&name) {
+                if same(before, &converted) {
+                    row.unit = format!("{name}.kdl");
+                    row.result = format!("merged: the same server as {}'s", other.host.name());
+                    rows.push(row);
+                    continue;
+                }
+                let renamed = convert::unit_name(&format!("{name}-{}", host.name()))
+                    .unwrap_or_else(|| name.clone());
+                row.result = format!(
+                    "renamed: {name} is {}'s, a different server; ",
+                    other.host.name()
+                );
+                name = renamed;
+                converted = match imported(&name) {
+                    Ok(c) => c,
+                    Err(why) => {
+                        row.result = format!("failed: {why}");
+                        row.failed = true;
+                        rows.push(row);
+                        continue;
+                    }
+                };
+            }
+            row.unit = format!("{name}.kdl");
+            let outcome = place(&units, &name, host, &converted, instance, options);
+            row.failed = outcome.is_err();
+            row.result += &match outcome {
+                Ok(done) => done,
+                Err(why) => format!("failed: {why}"),
+            };
+            rows.push(row);
+            planned.insert(name, (entry, converted));
+        }
+    }
+    print_table(&rows, out).map_err(|e| CtlError::failure(format!("cannot write: {e}")))?;
+    let imported = rows
+        .iter()
+        .any(|r| r.result.starts_with("imported") || r.result.contains("; imported"));
+    if imported && !options.dry_run {
+        writeln!(
+            out,
+            "\nUnits are in {}; a running mcpd starts them by itself.",
+            units.display()
+        )
+        .map_err(|e| CtlError::failure(format!("cannot write: {e}")))?;
+    }
+    Ok(if rows.iter().any(|r| r.failed) {
+        exit::FAILURE
+    } else {
+        exit::OK
+    })
+}
+
+/// Whether two conversions are the same server (their origin comments aside).
+fn same(a: &Imported, b: &Imported) -> bool {
+    let body = |i: &Imported| -> String {
+        i.unit
+            .lines()
+            .filter(|l| !l.starts_with("// Imported by") && !l.starts_with("description "))
+            .collect::<Vec<_>>()
+            .join("\n")
+    };
+    body(a) == body(b) && a.secrets == b.secrets
+}
+
+/// Verifies and writes one unit (and its env-file), or says why not.
+fn place(
+    units: &Path,
+    name: &str,
+    host: Host,
+    converted: &Imported,
+    instance: Instance,
+    options: &ImportOptions,
+) -> Result<String, String> {
+    let unit_path = units.join(format!("{name}.kdl"));
+    let env_path = units.join(format!("{name}.env"));
+    let env_text = (!converted.secrets.is_empty()).then(|| converted.env_file(name, host));
+    // Verified with the daemon's own loader before anything is written.
+    let files = crate::unit::UnitFiles {
+        main: unit_path.clone(),
+        dropins: Vec::new(),
+    };
+    let bytes = converted.unit.clone().into_bytes();
+    if let Err(e) = crate::unit::load_with(&files, &instance.load_context(), |_| Ok(bytes.clone()))
+    {
+        let text = e.render(crate::unit::Style::Plain);
+        let first = text
+            .lines()
+            .find(|l| !l.trim().is_empty())
+            .unwrap_or("")
+            .trim();
+        return Err(format!("the unit would not load: {first}"));
+    }
+    let existing = std::fs::read_to_string(&unit_path).ok();
+    let existing_env = std::fs::read_to_string(&env_path).ok();
+    if existing.as_deref() == Some(converted.unit.as_str()) && existing_env == env_text {
+        return Ok("unchanged".into());
+    }
+    if existing.is_some() && !options.force {
+        return Ok(format!(
+            "skipped: {} exists (--force replaces it)",
+            unit_path.display()
+        ));
+    }
+    let secrets = match converted.secrets.len() {
+        0 => String::new(),
+        1 => format!(", 1 secret in {name}.env"),
+        n => format!(", {n} secrets in {name}.env"),
+    };
+    if options.dry_run {
+        return Ok(format!("would import{secrets}"));
+    }
+    std::fs::create_dir_all(units)
+        .map_err(|e| format!("cannot create {}: {e}", units.display()))?;
+    if let Some(text) = &env_text {
+        write_atomically(&env_path, text.as_bytes(), 0o600)?;
+    }
+    write_atomically(&unit_path, converted.unit.as_bytes(), 0o644)?;
+    Ok(format!("imported{secrets}"))
+}
+
+/// Writes `path` through a temporary file in its directory (created with
+/// `mode`, so a secret is never readable by others), fsynced and renamed.
+pub fn write_atomically(path: &Path, bytes: &[u8], mode: u32) -> Result<(), String> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let tmp = path.with_file_name(format!(".{name}.mcpctl-{}", std::process::id()));
+    let fail = |e: std::io::Error| format!("cannot write {}: {e}", path.display());
+    let result = (|| {
+        let mut file = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(mode)
+            .open(&tmp)?;
+        file.write_all(bytes)?;
+        file.sync_all()?;
+        std::fs::rename(&tmp, path)
+    })();
+    if result.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    result.map_err(fail)
+}
+
+fn print_table(rows: &[Row], out: &mut dyn Write) -> std::io::Result<()> {
+    if rows.is_empty() {
+        return writeln!(out, "No MCP servers found in any host's configuration.");
+    }
+    let width = |f: fn(&Row) -> &str, title: &str| {
+        rows.iter()
+            .map(|r| f(r).chars().count())
+            .max()
+            .unwrap_or(0)
+            .max(title.len())
+    };
+    let (h, e, u) = (
+        width(|r| &r.host, "HOST"),
+        width(|r| &r.entry, "ENTRY"),
+        width(|r| &r.unit, "UNIT"),
+    );
+    writeln!(out, "{:h$}  {:e$}  {:u$}  RESULT", "HOST", "ENTRY", "UNIT")?;
+    for r in rows {
+        writeln!(
+            out,
+            "{:h$}  {:e$}  {:u$}  {}",
+            r.host, r.entry, r.unit, r.result
+        )?;
+    }
+    Ok(())
+}
+
+/// The files `connect` keeps beside a host's file.
+fn beside(file: &Path, suffix: &str) -> PathBuf {
+    let mut name = file.as_os_str().to_owned();
+    name.push(suffix);
+    PathBuf::from(name)
+}
+
+/// The command line a host runs for unit `unit`.
+fn bridge_line(instance: Instance, unit: &str) -> Vec<String> {
+    let mcpctl = std::env::current_exe()
+        .ok()
+        .and_then(|p| std::fs::canonicalize(p).ok())
+        .map_or_else(|| "mcpctl".to_owned(), |p| p.display().to_string());
+    vec![
+        mcpctl,
+        format!("--{}", instance.as_str()),
+        "bridge".into(),
+        unit.into(),
+    ]
+}
+
+/// `mcpctl connect HOST [NAME…]`: points the host's user-level file at
+/// `mcpctl bridge` for the named units (by default: every entry of that file
+/// that is a unit of this instance), keeping a backup beside it.
+pub fn connect(
+    instance: Instance,
+    host: &str,
+    names: &[String],
+    dry_run: bool,
+    env: &dyn Fn(&str) -> Option<OsString>,
+    out: &mut dyn Write,
+) -> Result<u8, CtlError> {
+    let host = Host::by_name(host).ok_or_else(|| unknown_host(host))?;
+    let dirs = dirs(env)?;
+    let file = host.files(&dirs).into_iter().next().expect("a user file");
+    let text = std::fs::read_to_string(&file)
+        .map_err(|e| CtlError::failure(format!("{}: {e}", file.display())))?;
+    let base = hosts::base_of(host, &file, &dirs);
+    let entries = hosts::read(host, &file, &text, &base).map_err(|e| {
+        CtlError::failure(format!(
+            "{}:{}:{}: {}",
+            file.display(),
+            e.line,
+            e.column,
+            e.message
+        ))
+    })?;
+    let search = crate::unit::search_path(instance, env);
+    let is_unit = |unit: &str| {
+        search
+            .iter()
+            .any(|d| d.join(format!("{unit}.kdl")).is_file())
+    };
+    let mut servers: Vec<(String, String)> = Vec::new();
+    if names.is_empty() {
+        for entry in &entries {
+            if let Some(unit) = convert::unit_name(&entry.name).filter(|u| is_unit(u)) {
+                servers.push((entry.name.clone(), unit));
+            }
+        }
+        if servers.is_empty() {
+            return Err(CtlError::failure(format!(
+                "none of the servers in {} is a unit of the {} instance: run `mcpctl import {}` first",
+                file.display(),
+                instance.as_str(),
+                host.name()
+            )));
+        }
+    } else {
+        for unit in names {
+            if !is_unit(unit) {
+                return Err(CtlError::failure(format!(
+                    "no unit {unit} in the {} instance's unit directories",
+                    instance.as_str()
+                )));
+            }
+            let entry = entries
+                .iter()
+                .find(|e| convert::unit_name(&e.name).as_deref() == Some(unit.as_str()))
+                .map_or_else(|| unit.clone(), |e| e.name.clone());
+            servers.push((entry, unit.clone()));
+        }
+    }
+    let record_path = beside(&file, ".mcpd-connect.json");
+    let backup = beside(&file, ".mcpd-backup");
+    let earlier: Option<Record> = std::fs::read_to_string(&record_path)
+        .ok()
+        .and_then(|t| serde_json::from_str(&t).ok());
+    let bridge = |unit: &str| bridge_line(instance, unit);
+    let connected = connect::connect(host, &text, &servers, &bridge)
+        .map_err(|e| CtlError::failure(format!("{}: {e}", file.display())))?;
+    let w = |e: std::io::Error| CtlError::failure(format!("cannot write: {e}"));
+    if dry_run {
+        let diff = similar::TextDiff::from_lines(&text, &connected);
+        let shown = file.display().to_string();
+        write!(out, "{}", diff.unified_diff().header(&shown, &shown)).map_err(w)?;
+        return Ok(exit::OK);
+    }
+    if !backup.exists() {
+        write_atomically(&backup, text.as_bytes(), mode_of(&file)).map_err(CtlError::failure)?;
+    }
+    let mut all = earlier.map(|r| r.servers).unwrap_or_default();
+    for server in &servers {
+        if !all.contains(server) {
+            all.push(server.clone());
+        }
+    }
+    let record = Record {
+        servers: all,
+        connected: connected.clone(),
+    };
+    let record_text = serde_json::to_string_pretty(&record).expect("a record serializes");
+    write_atomically(&record_path, record_text.as_bytes(), 0o600).map_err(CtlError::failure)?;
+    write_atomically(&file, connected.as_bytes(), mode_of(&file)).map_err(CtlError::failure)?;
+    for (entry, unit) in &servers {
+        writeln!(out, "{}: {entry} → mcpctl bridge {unit}", host.name()).map_err(w)?;
+    }
+    writeln!(
+        out,
+        "Backup: {} (`mcpctl disconnect {}` restores it). Restart {} to use mcpd.",
+        backup.display(),
+        host.name(),
+        host.name()
+    )
+    .map_err(w)?;
+    Ok(exit::OK)
+}
+
+/// `mcpctl disconnect HOST`: puts back what `connect` changed.
+pub fn disconnect(
+    instance: Instance,
+    host: &str,
+    env: &dyn Fn(&str) -> Option<OsString>,
+    out: &mut dyn Write,
+) -> Result<u8, CtlError> {
+    let host = Host::by_name(host).ok_or_else(|| unknown_host(host))?;
+    let dirs = dirs(env)?;
+    let file = host.files(&dirs).into_iter().next().expect("a user file");
+    let record_path = beside(&file, ".mcpd-connect.json");
+    let backup = beside(&file, ".mcpd-backup");
+    let (Ok(original), Ok(record)) = (
+        std::fs::read_to_string(&backup),
+        std::fs::read_to_string(&record_path),
+    ) else {
+        return Err(CtlError::failure(format!(
+            "{} is not connected to mcpd: there is no {}",
+            host.name(),
+            backup.display()
+        )));
+    };
+    let record: Record = serde_json::from_str(&record)
+        .map_err(|e| CtlError::failure(format!("{}: {e}", record_path.display())))?;
+    let current = std::fs::read_to_string(&file)
+        .map_err(|e| CtlError::failure(format!("{}: {e}", file.display())))?;
+    let bridge = |unit: &str| bridge_line(instance, unit);
+    let restored = connect::disconnect(host, &current, &original, &record, &bridge).map_err(|c| {
+        CtlError::failure(format!(
+            "{} changed since `mcpctl connect` in a way that cannot be undone: {}; the original is in {}",
+            file.display(),
+            c.0,
+            backup.display()
+        ))
+    })?;
+    write_atomically(&file, restored.as_bytes(), mode_of(&file)).map_err(CtlError::failure)?;
+    let _ = std::fs::remove_file(&record_path);
+    let _ = std::fs::remove_file(&backup);
+    let how = if current == record.connected {
+        "restored byte for byte"
+    } else {
+        "its entries put back; other changes kept"
+    };
+    writeln!(out, "{}: {} {how}.", host.name(), file.display())
+        .map_err(|e| CtlError::failure(format!("cannot write: {e}")))?;
+    Ok(exit::OK)
+}
+
+fn mode_of(path: &Path) -> u32 {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::metadata(path).map_or(0o600, |m| m.permissions().mode() & 0o7777)
+}
+
+fn unknown_host(name: &str) -> CtlError {
+    let known: Vec<&str> = Host::ALL.iter().map(|h| h.name()).collect();
+    CtlError::failure(format!(
+        "unknown host \"{name}\": expected one of {}",
+        known.join(", ")
+    ))
+}
