@@ -3,6 +3,7 @@
 mod helper;
 
 mod actor;
+mod adopt;
 mod bridge;
 mod connections;
 mod containment;

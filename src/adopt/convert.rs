@@ -313,11 +313,13 @@ pub fn convert(entry: &Entry, env_file: &Path, lookup: &Lookup<'_>) -> Result<Im
         host: entry.host,
     };
     let absolute = |path: String| -> String {
-        if path.starts_with('/') {
-            path
-        } else {
-            entry.base.join(path).display().to_string()
-        }
+        let joined = entry.base.join(&path);
+        // `./x` and `x/./y` without the dots.
+        let clean: PathBuf = joined
+            .components()
+            .filter(|c| !matches!(c, std::path::Component::CurDir))
+            .collect();
+        clean.display().to_string()
     };
     let mut secrets: Vec<(String, String)> = Vec::new();
     let mut lines = vec![

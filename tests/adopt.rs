@@ -1,0 +1,255 @@
+//! `mcpctl import`, `connect` and `disconnect` (DESIGN §11) against host
+//! files written in each host's documented format (`tests/data/hosts/`),
+//! in a temporary HOME, and end to end with the daemon.
+
+use std::os::unix::fs::PermissionsExt;
+use std::path::Path;
+use std::process::{Command, Output};
+
+use crate::helper::{Daemon, check_snapshot, fixture_path, mcpctl, mcpctl_user, root};
+
+fn copy_tree(from: &Path, to: &Path) {
+    for entry in std::fs::read_dir(from).expect("read_dir") {
+        let entry = entry.expect("entry");
+        let target = to.join(entry.file_name());
+        if entry.file_type().expect("type").is_dir() {
+            std::fs::create_dir_all(&target).expect("mkdir");
+            copy_tree(&entry.path(), &target);
+        } else {
+            std::fs::copy(entry.path(), &target).expect("copy");
+        }
+    }
+}
+
+/// `mcpctl --user ARGS` as a user whose HOME is `home`, in `project`,
+/// with only `vars` besides.
+fn as_user(home: &Path, project: &Path, vars: &[(String, String)], args: &[&str]) -> Output {
+    let mut cmd = mcpctl();
+    cmd.arg("--user")
+        .args(args)
+        .env_clear()
+        .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+        .env("HOME", home)
+        .current_dir(project);
+    for (k, v) in vars {
+        cmd.env(k, v);
+    }
+    cmd.output().expect("mcpctl")
+}
+
+/// Everything in `dir`, file by file with its mode.
+fn listing(dir: &Path) -> String {
+    let mut names: Vec<_> = std::fs::read_dir(dir)
+        .map(|d| d.flatten().map(|e| e.path()).collect())
+        .unwrap_or_default();
+    names.sort();
+    let mut out = String::new();
+    for path in names {
+        let mode = std::fs::metadata(&path).expect("stat").permissions().mode() & 0o777;
+        let name = path.file_name().expect("name").to_string_lossy();
+        out.push_str(&format!("--- {name} ({mode:o})\n"));
+        out.push_str(&std::fs::read_to_string(&path).expect("read"));
+    }
+    out
+}
+
+#[test]
+fn every_hosts_documented_format_imports_to_its_snapshot() {
+    let cases = root().join("tests/data/hosts");
+    let mut failures = Vec::new();
+    let mut dirs: Vec<_> = std::fs::read_dir(&cases)
+        .expect("cases")
+        .flatten()
+        .filter(|e| e.path().is_dir())
+        .map(|e| e.path())
+        .collect();
+    dirs.sort();
+    assert!(dirs.len() >= 8, "a case per host and a malformed one");
+    for case in dirs {
+        let home = tempfile::tempdir().expect("home");
+        let project = tempfile::tempdir().expect("project");
+        copy_tree(&case.join("home"), home.path());
+        if case.join("project").is_dir() {
+            copy_tree(&case.join("project"), project.path());
+        }
+        let vars: Vec<(String, String)> = std::fs::read_to_string(case.join("env"))
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| l.split_once('='))
+            .map(|(k, v)| (k.to_owned(), v.to_owned()))
+            .collect();
+        let out = as_user(home.path(), project.path(), &vars, &["import"]);
+        let units = home.path().join(".config/mcpd/units");
+        let mut actual = format!(
+            "exit {}\n{}{}",
+            out.status.code().unwrap_or(-1),
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        actual.push_str(&listing(&units));
+        let actual = actual
+            .replace(&home.path().display().to_string(), "$HOME")
+            .replace(&project.path().display().to_string(), "$PROJECT");
+        // Every unit written loads, and no secret of `env` is in one.
+        for (_, value) in &vars {
+            for kdl in std::fs::read_dir(&units).into_iter().flatten().flatten() {
+                if kdl.path().extension().is_some_and(|e| e == "kdl") {
+                    let text = std::fs::read_to_string(kdl.path()).expect("unit");
+                    assert!(
+                        !text.contains(value.as_str()),
+                        "{}: a secret in {text}",
+                        case.display()
+                    );
+                }
+            }
+        }
+        if units.is_dir() {
+            let verify = as_user(
+                home.path(),
+                project.path(),
+                &vars,
+                &["verify", &units.display().to_string()],
+            );
+            assert!(
+                verify.status.success(),
+                "{}: {}",
+                case.display(),
+                String::from_utf8_lossy(&verify.stderr)
+            );
+        }
+        if let Some(why) = check_snapshot(&case.join("expected"), &actual) {
+            failures.push(why);
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n\n"));
+}
+
+#[test]
+fn imported_servers_run_and_hosts_connect_and_disconnect_byte_for_byte() {
+    let home = tempfile::tempdir().expect("home");
+    let runtime = tempfile::tempdir().expect("runtime");
+    let h = home.path();
+    std::fs::create_dir_all(h.join(".config/Claude")).expect("mkdir");
+    std::fs::create_dir_all(h.join(".cursor")).expect("mkdir");
+    let desktop = h.join(".config/Claude/claude_desktop_config.json");
+    let original = format!(
+        "{{\n  \"mcpServers\": {{\n    \"fixture\": {{\n      \"command\": \"{}\",\n      \"args\": [\"--chatter\", \"0\"],\n      \"env\": {{ \"FIXTURE_SECRET\": \"s3cr3t-value\" }}\n    }}\n  }},\n  \"globalShortcut\": \"Ctrl+Space\"\n}}\n",
+        fixture_path().display()
+    );
+    std::fs::write(&desktop, &original).expect("desktop config");
+    std::fs::write(
+        h.join(".cursor/mcp.json"),
+        "{\n  \"mcpServers\": {\n    \"remote\": {\n      \"url\": \"https://mcp.example.com/mcp\",\n      \"headers\": { \"Authorization\": \"Bearer tok-in-cursor\" }\n    }\n  }\n}\n",
+    )
+    .expect("cursor config");
+    let user = |args: &[&str]| as_user(h, h, &[], args);
+    let out = user(&["import", "claude-desktop", "cursor"]);
+    let shown = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "{shown}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let units = h.join(".config/mcpd/units");
+    for name in ["fixture", "remote"] {
+        let unit = std::fs::read_to_string(units.join(format!("{name}.kdl"))).expect("unit");
+        assert!(
+            !unit.contains("s3cr3t-value") && !unit.contains("tok-in-cursor"),
+            "{unit}"
+        );
+        let env = units.join(format!("{name}.env"));
+        let mode = std::fs::metadata(&env)
+            .expect("env-file")
+            .permissions()
+            .mode()
+            & 0o777;
+        assert_eq!(mode, 0o600, "{}", env.display());
+    }
+    assert!(
+        std::fs::read_to_string(units.join("remote.env"))
+            .expect("env")
+            .contains("AUTHORIZATION=\"Bearer tok-in-cursor\"")
+    );
+    // A second import changes nothing and says so.
+    let before = listing(&units);
+    let again = user(&["import", "claude-desktop", "cursor"]);
+    assert!(again.status.success());
+    assert!(String::from_utf8_lossy(&again.stdout).contains("unchanged"));
+    assert_eq!(listing(&units), before);
+
+    // The daemon runs the imported stdio unit, with its secret.
+    let mut d = Daemon::user_no_bus(
+        &units,
+        &[
+            ("XDG_RUNTIME_DIR", runtime.path().as_os_str()),
+            ("HOME", h.as_os_str()),
+        ],
+    );
+    d.wait_until("fixture running", |d| d.latest_pid("fixture").is_some());
+    let echo = mcpctl_user(
+        runtime.path(),
+        &["call", "fixture", "echo", "{\"text\":\"hi\"}"],
+    );
+    assert_eq!(String::from_utf8_lossy(&echo.stdout).trim(), "hi");
+    let env = mcpctl_user(runtime.path(), &["call", "fixture", "env", "{}"]);
+    let env: serde_json::Value = serde_json::from_slice(&env.stdout).expect("env");
+    assert_eq!(env["FIXTURE_SECRET"], "s3cr3t-value");
+
+    // connect: the entry runs `mcpctl bridge fixture`, every other key stays.
+    let out = user(&["connect", "claude-desktop"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let connected = std::fs::read_to_string(&desktop).expect("config");
+    let value: serde_json::Value = serde_json::from_str(&connected).expect("json");
+    assert_eq!(value["globalShortcut"], "Ctrl+Space");
+    assert_eq!(
+        value["mcpServers"]["fixture"]["args"],
+        serde_json::json!(["--user", "bridge", "fixture"])
+    );
+    let bridge = value["mcpServers"]["fixture"]["command"]
+        .as_str()
+        .expect("command");
+    assert!(Path::new(bridge).is_absolute(), "{bridge}");
+    // … and a host starting it that way reaches the managed server.
+    let mut host = Command::new(bridge)
+        .args(["--user", "bridge", "fixture"])
+        .env("XDG_RUNTIME_DIR", runtime.path())
+        .env_remove("DBUS_SESSION_BUS_ADDRESS")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("bridge");
+    {
+        use std::io::{BufRead, Write};
+        let mut stdin = host.stdin.take().expect("stdin");
+        writeln!(stdin, "{{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"initialize\",\"params\":{{\"protocolVersion\":\"2025-06-18\",\"capabilities\":{{}},\"clientInfo\":{{\"name\":\"t\",\"version\":\"1\"}}}}}}").expect("write");
+        let mut line = String::new();
+        std::io::BufReader::new(host.stdout.take().expect("stdout"))
+            .read_line(&mut line)
+            .expect("read");
+        assert!(
+            line.contains("\"id\":1") && line.contains("serverInfo"),
+            "{line}"
+        );
+        drop(stdin);
+    }
+    let _ = host.wait();
+    // disconnect: the original, byte for byte.
+    let out = user(&["disconnect", "claude-desktop"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(std::fs::read_to_string(&desktop).expect("config"), original);
+    assert!(
+        !h.join(".config/Claude/claude_desktop_config.json.mcpd-backup")
+            .exists()
+    );
+    let again = user(&["disconnect", "claude-desktop"]);
+    assert!(!again.status.success(), "not connected any more");
+    drop(d);
+}
