@@ -705,3 +705,54 @@ fn a_host_that_stops_reading_is_detached_and_its_socket_closed() {
     assert!(status_of(&runtime, "deaf").contains("Active: running"));
     assert!(d.stop(Signal::TERM).success());
 }
+
+#[test]
+fn a_tool_filter_shapes_what_hosts_see_and_a_reload_lifts_it_in_place() {
+    let units = tempfile::tempdir().expect("tempdir");
+    let unit = units.path().join("filtered.kdl");
+    let write = |filter: &str| {
+        std::fs::write(
+            &unit,
+            format!("stdio {{\n    command \"mcp-fixture\" \"--chatter\" \"0\"\n}}\n{filter}\n"),
+        )
+        .expect("write");
+    };
+    write("tools { deny \"add\" \"cra*\"; }");
+    let mut d = Daemon::user_no_bus(units.path(), &[]);
+    d.wait_until("filtered running", |d| d.latest_pid("filtered").is_some());
+    let runtime = d.runtime_dir().expect("runtime").to_owned();
+    let pid = d.latest_pid("filtered").expect("pid");
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    rt.block_on(async {
+        tokio::time::timeout(Duration::from_secs(60), async {
+            let host = Host::new("H", false);
+            let (_child, io) = crate::helper::bridge(&runtime, "filtered");
+            let client = host.clone().serve(io).await.expect("initialize");
+            let names = |tools: Vec<rmcp::model::Tool>| -> Vec<String> {
+                tools.into_iter().map(|t| t.name.to_string()).collect()
+            };
+            let listed = names(client.list_all_tools().await.expect("tools/list"));
+            assert!(listed.contains(&"echo".to_owned()), "{listed:?}");
+            assert!(
+                !listed.iter().any(|n| n == "add" || n == "crash"),
+                "{listed:?}"
+            );
+            let refused = client.call_tool(call("add", json!({"a": 1, "b": 2}))).await;
+            let shown = match refused {
+                Ok(result) => serde_json::to_string(&result).expect("json"),
+                Err(e) => e.to_string(),
+            };
+            assert!(shown.contains("deny"), "a clear error: {shown}");
+            // Lifting the filter: hosts are told, the server is not restarted.
+            write("");
+            until(&host, "tools list_changed", |s| s.tools_changed >= 1).await;
+            let listed = names(client.list_all_tools().await.expect("tools/list"));
+            assert!(listed.contains(&"add".to_owned()), "{listed:?}");
+            assert_eq!(text(&client, "add", json!({"a": 1, "b": 2})).await, "3");
+            client.cancel().await.expect("close");
+        })
+        .await
+        .expect("within 60 s");
+    });
+    assert_eq!(d.latest_pid("filtered"), Some(pid), "not restarted");
+}
