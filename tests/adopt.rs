@@ -170,6 +170,15 @@ fn imported_servers_run_and_hosts_connect_and_disconnect_byte_for_byte() {
             .expect("env")
             .contains("AUTHORIZATION=\"Bearer tok-in-cursor\"")
     );
+    // A name that is no host and no file is refused, naming the hosts.
+    let bad = user(&["import", "cursr"]);
+    assert_eq!(bad.status.code(), Some(1));
+    assert!(
+        String::from_utf8_lossy(&bad.stdout)
+            .contains("\"cursr\" is neither a host (claude-desktop,"),
+        "{}",
+        String::from_utf8_lossy(&bad.stdout)
+    );
     // A second import changes nothing and says so.
     let before = listing(&units);
     let again = user(&["import", "claude-desktop", "cursor"]);

@@ -98,6 +98,18 @@ fn sources(options: &ImportOptions, dirs: &Dirs, rows: &mut Vec<Row>) -> Vec<Sou
                 });
             }
             out.extend(found);
+        } else if !Path::new(source).exists() {
+            let known: Vec<&str> = Host::ALL.iter().map(|h| h.name()).collect();
+            rows.push(Row {
+                host: "-".into(),
+                entry: "-".into(),
+                unit: "-".into(),
+                result: format!(
+                    "failed: \"{source}\" is neither a host ({}) nor a file",
+                    known.join(", ")
+                ),
+                failed: true,
+            });
         } else {
             let path = PathBuf::from(source);
             let text = std::fs::read_to_string(&path).unwrap_or_default();
