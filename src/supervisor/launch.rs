@@ -111,7 +111,15 @@ pub struct SystemLauncher {
     http: Arc<std::sync::atomic::AtomicBool>,
     /// How the last generation was sandboxed, for status.
     enforced: Arc<std::sync::Mutex<String>>,
+    /// The last [`Launcher::usage`] reading and when it was taken.
+    usage: Arc<std::sync::Mutex<Option<(std::time::Instant, Usage)>>>,
 }
+
+/// How long a usage reading serves: one D-Bus `GetAll` (or the
+/// `InterfacesAdded` a new client gets for every server) reads the three
+/// usage properties back to back, and each reading opens several files
+/// per process.
+const USAGE_FRESH: std::time::Duration = std::time::Duration::from_millis(100);
 
 impl SystemLauncher {
     /// A launcher for unit `name`; child stderr lines go to `logs` and the log.
@@ -122,6 +130,7 @@ impl SystemLauncher {
             logs,
             http: Arc::default(),
             enforced: Arc::default(),
+            usage: Arc::default(),
         }
     }
 
@@ -434,7 +443,18 @@ impl Launcher for SystemLauncher {
     }
 
     fn usage(&self) -> Option<Usage> {
-        self.cgroup().filter(|c| c.populated()).map(|c| c.usage())
+        let now = std::time::Instant::now();
+        if let Ok(cached) = self.usage.lock()
+            && let Some((at, usage)) = *cached
+            && now.duration_since(at) < USAGE_FRESH
+        {
+            return Some(usage);
+        }
+        let usage = self.cgroup().filter(|c| c.populated()).map(|c| c.usage())?;
+        if let Ok(mut cached) = self.usage.lock() {
+            *cached = Some((now, usage));
+        }
+        Some(usage)
     }
 
     fn sandbox(&self) -> String {
