@@ -262,3 +262,88 @@ fn imported_servers_run_and_hosts_connect_and_disconnect_byte_for_byte() {
     assert!(!again.status.success(), "not connected any more");
     drop(d);
 }
+
+#[test]
+fn dry_run_writes_nothing_only_picks_entries_and_force_replaces() {
+    let home = tempfile::tempdir().expect("home");
+    let h = home.path();
+    std::fs::create_dir_all(h.join(".cursor")).expect("mkdir");
+    let config = h.join(".cursor/mcp.json");
+    std::fs::write(
+        &config,
+        "{\n  // two servers\n  \"mcpServers\": {\n    \"one\": { \"command\": \"one-mcp\" },\n    \"two\": { \"command\": \"two-mcp\", \"args\": [\"--v1\"] }\n  }\n}\n",
+    )
+    .expect("config");
+    let user = |args: &[&str]| as_user(h, h, &[], args);
+    let stdout = |out: &Output| String::from_utf8_lossy(&out.stdout).into_owned();
+    let units = h.join(".config/mcpd/units");
+
+    let dry = user(&["import", "--dry-run", "cursor"]);
+    assert!(dry.status.success());
+    assert!(
+        stdout(&dry)
+            .lines()
+            .any(|l| l.starts_with("cursor  one ") && l.ends_with("would import")),
+        "{}",
+        stdout(&dry)
+    );
+    assert!(!units.exists(), "a dry run writes nothing");
+
+    let only = user(&["import", "cursor", "--only", "two"]);
+    assert!(only.status.success(), "{}", stdout(&only));
+    assert!(units.join("two.kdl").is_file());
+    assert!(!units.join("one.kdl").exists(), "{}", stdout(&only));
+
+    // The host's entry changed: kept without --force, replaced with it.
+    std::fs::write(
+        &config,
+        std::fs::read_to_string(&config)
+            .expect("read")
+            .replace("--v1", "--v2"),
+    )
+    .expect("edit");
+    let kept = user(&["import", "cursor", "--only", "two"]);
+    assert!(kept.status.success());
+    assert!(
+        stdout(&kept).contains("exists (--force replaces it)"),
+        "{}",
+        stdout(&kept)
+    );
+    assert!(
+        std::fs::read_to_string(units.join("two.kdl"))
+            .expect("unit")
+            .contains("--v1")
+    );
+    let forced = user(&["import", "cursor", "--only", "two", "--force"]);
+    assert!(forced.status.success());
+    assert!(
+        std::fs::read_to_string(units.join("two.kdl"))
+            .expect("unit")
+            .contains("--v2")
+    );
+
+    // connect --dry-run prints the diff and changes nothing.
+    let before = std::fs::read_to_string(&config).expect("read");
+    let diff = user(&["connect", "--dry-run", "cursor"]);
+    assert!(
+        diff.status.success(),
+        "{}",
+        String::from_utf8_lossy(&diff.stderr)
+    );
+    let shown = stdout(&diff);
+    assert!(
+        shown.starts_with(&format!("--- {}", config.display())),
+        "{shown}"
+    );
+    assert!(
+        shown.contains("-    \"two\": { \"command\": \"two-mcp\", \"args\": [\"--v2\"] }"),
+        "{shown}"
+    );
+    assert!(shown.contains("\"bridge\", \"two\""), "{shown}");
+    assert!(
+        !shown.contains("\"bridge\", \"one\""),
+        "only units are connected: {shown}"
+    );
+    assert_eq!(std::fs::read_to_string(&config).expect("read"), before);
+    assert!(!h.join(".cursor/mcp.json.mcpd-backup").exists());
+}

@@ -78,7 +78,7 @@ fn sources(options: &ImportOptions, dirs: &Dirs, rows: &mut Vec<Row>) -> Vec<Sou
         for host in Host::ALL {
             out.extend(existing(host));
         }
-        return out;
+        return dedup(out);
     }
     for source in &options.sources {
         if let Some(host) = Host::by_name(source) {
@@ -119,7 +119,17 @@ fn sources(options: &ImportOptions, dirs: &Dirs, rows: &mut Vec<Row>) -> Vec<Sou
             });
         }
     }
-    out
+    dedup(out)
+}
+
+/// Each file once: in the home directory, a host's project file is its
+/// user file.
+fn dedup(sources: Vec<Source>) -> Vec<Source> {
+    let mut seen = std::collections::HashSet::new();
+    sources
+        .into_iter()
+        .filter(|s| seen.insert(std::fs::canonicalize(&s.path).unwrap_or_else(|_| s.path.clone())))
+        .collect()
 }
 
 /// `mcpctl import`: writes a unit (and an env-file for its secrets) for
