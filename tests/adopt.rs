@@ -78,7 +78,18 @@ fn every_hosts_documented_format_imports_to_its_snapshot() {
             .filter_map(|l| l.split_once('='))
             .map(|(k, v)| (k.to_owned(), v.to_owned()))
             .collect();
-        let out = as_user(home.path(), project.path(), &vars, &["import"]);
+        // A project's files are read only when the host is named.
+        let host = case
+            .file_name()
+            .and_then(|n| n.to_str())
+            .unwrap_or_default()
+            .to_owned();
+        let args: Vec<&str> = if case.join("project").is_dir() {
+            vec!["import", &host]
+        } else {
+            vec!["import"]
+        };
+        let out = as_user(home.path(), project.path(), &vars, &args);
         let units = home.path().join(".config/mcpd/units");
         let mut actual = format!(
             "exit {}\n{}{}",
@@ -322,6 +333,24 @@ fn dry_run_writes_nothing_only_picks_entries_and_force_replaces() {
             .contains("--v2")
     );
 
+    // A project's servers (a repository just cloned) only when the host
+    // is named.
+    let project = tempfile::tempdir().expect("project");
+    std::fs::create_dir_all(project.path().join(".vscode")).expect("mkdir");
+    std::fs::write(
+        project.path().join(".vscode/mcp.json"),
+        "{ \"servers\": { \"repo-tool\": { \"type\": \"stdio\", \"command\": \"./run-me\" } } }",
+    )
+    .expect("project config");
+    let all = as_user(h, project.path(), &[], &["import", "--dry-run"]);
+    assert!(!stdout(&all).contains("repo-tool"), "{}", stdout(&all));
+    let named = as_user(h, project.path(), &[], &["import", "--dry-run", "vscode"]);
+    assert!(
+        stdout(&named).contains("repo-tool.kdl"),
+        "{}",
+        stdout(&named)
+    );
+
     // connect --dry-run prints the diff and changes nothing.
     let before = std::fs::read_to_string(&config).expect("read");
     let diff = user(&["connect", "--dry-run", "cursor"]);
@@ -346,4 +375,30 @@ fn dry_run_writes_nothing_only_picks_entries_and_force_replaces() {
     );
     assert_eq!(std::fs::read_to_string(&config).expect("read"), before);
     assert!(!h.join(".cursor/mcp.json.mcpd-backup").exists());
+
+    // Edits between two connects survive disconnect.
+    assert!(user(&["connect", "cursor"]).status.success());
+    let connected = std::fs::read_to_string(&config).expect("read");
+    std::fs::write(
+        &config,
+        connected.replacen("{\n", "{\n  \"theme\": \"dark\",\n", 1),
+    )
+    .expect("edit");
+    assert!(user(&["connect", "cursor", "two"]).status.success());
+    let out = user(&["disconnect", "cursor"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let after = std::fs::read_to_string(&config).expect("read");
+    assert!(
+        after.contains("\"theme\": \"dark\""),
+        "the edit is kept: {after}"
+    );
+    assert!(
+        after.contains("two-mcp") && after.contains("--v2"),
+        "{after}"
+    );
+    assert!(!after.contains("bridge"), "{after}");
 }

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use rustix::process::Signal;
 
-use crate::helper::{Daemon, alive, cgroup_of, mcpctl_user};
+use crate::helper::{Daemon, alive, cgroup_of, mcpctl_user, session_of};
 
 const BOUND: Duration = Duration::from_secs(30);
 
@@ -30,19 +30,6 @@ fn daemon(units: &Path, runtime: &Path) -> Daemon {
 }
 
 /// Waits (bounded) for `path` to hold a PID.
-/// The session id of `pid`, from `/proc/PID/stat` (field 6). Not getsid(2):
-/// in a container the server's session may be led from outside the pid
-/// namespace, and getsid then reports 0, which rustix refuses.
-fn session_of(pid: u32) -> u32 {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("stat");
-    let after = &stat[stat.rfind(')').expect("comm") + 2..];
-    after
-        .split(' ')
-        .nth(3)
-        .and_then(|s| s.parse().ok())
-        .expect("session field")
-}
-
 fn pid_in(path: &Path) -> u32 {
     let deadline = Instant::now() + BOUND;
     loop {

@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use crate::helper::{Daemon, fixture_path, mcpctl, mcpctl_user, root};
+use crate::helper::{Daemon, fixture_path, mcpctl, mcpctl_user, root, session_of};
 
 const BOUND: Duration = Duration::from_secs(30);
 
@@ -125,6 +125,24 @@ fn a_sandboxed_server_reaches_only_what_it_is_granted_and_keeps_it_across_restar
     assert_eq!(open("connect", &host_port), "ok");
     assert!(open("exec", &format!("cat {}", secret.display())).contains("the user's secret"));
     assert!(!status(rt, "open").contains("Sandbox:"));
+    let bounding = |server: &str| {
+        probe(rt, server, "exec", "grep CapBnd /proc/self/status")
+            .split_whitespace()
+            .last()
+            .unwrap_or_default()
+            .to_owned()
+    };
+    assert_ne!(
+        bounding("open"),
+        "0000000000000000",
+        "root keeps its capabilities outside"
+    );
+    let open_pid = d.latest_pid("open").expect("pid");
+    assert_ne!(
+        session_of(open_pid),
+        open_pid,
+        "unsandboxed, the daemon's session"
+    );
 
     for name in ["none", "lo"] {
         let boxed = |tool, text: &str| probe(rt, name, tool, text);
@@ -161,6 +179,13 @@ fn a_sandboxed_server_reaches_only_what_it_is_granted_and_keeps_it_across_restar
             "{name} wrote through /proc/self/root: {answer}"
         );
         assert!(!outside.exists());
+        // Root, but with no capability left to use, nor one exec could give.
+        assert_eq!(bounding(name), "0000000000000000", "{name}");
+        let caps = probe(rt, name, "exec", "grep CapEff /proc/self/status");
+        assert!(caps.ends_with("0000000000000000"), "{name}: {caps}");
+        // A session of its own: no controlling terminal to push input into.
+        let pid = d.latest_pid(name).expect("pid");
+        assert_eq!(session_of(pid), pid, "{name} leads its own session");
         // The host's loopback is out of reach either way.
         let answer = boxed("connect", &host_port);
         assert!(

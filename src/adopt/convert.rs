@@ -269,12 +269,36 @@ pub fn kdl(s: &str) -> String {
             '\n' => out.push_str("\\n"),
             '\r' => out.push_str("\\r"),
             '\t' => out.push_str("\\t"),
-            c if c.is_control() => out.push_str(&format!("\\u{{{:x}}}", c as u32)),
+            c if c.is_control() || kdl_disallowed(c) => {
+                out.push_str(&format!("\\u{{{:x}}}", c as u32));
+            }
             c => out.push(c),
         }
     }
     out.push('"');
     out
+}
+
+/// Characters KDL 2 takes as newlines or forbids in a document.
+fn kdl_disallowed(c: char) -> bool {
+    matches!(
+        c,
+        '\u{85}' | '\u{2028}' | '\u{2029}' | '\u{200e}' | '\u{200f}' | '\u{202a}'..='\u{202e}'
+            | '\u{2066}'..='\u{2069}' | '\u{feff}'
+    )
+}
+
+/// A comment's text on one line.
+fn one_line(text: &str) -> String {
+    text.chars()
+        .map(|c| {
+            if c.is_control() || kdl_disallowed(c) {
+                ' '
+            } else {
+                c
+            }
+        })
+        .collect()
 }
 
 /// An env-file variable for header `name`: `Authorization` → `AUTHORIZATION`.
@@ -326,7 +350,7 @@ pub fn convert(entry: &Entry, env_file: &Path, lookup: &Lookup<'_>) -> Result<Im
         format!(
             "// Imported by `mcpctl import` from {} ({}, entry {}).",
             entry.host.name(),
-            entry.file.display().to_string().replace(['\n', '\r'], " "),
+            one_line(&entry.file.display().to_string()),
             kdl(&entry.name)
         ),
         format!(
@@ -533,5 +557,7 @@ mod tests {
     #[test]
     fn strings_are_kdl_literals() {
         assert_eq!(kdl("a\"b\\c\nd"), "\"a\\\"b\\\\c\\nd\"");
+        assert_eq!(kdl("a\u{2028}b\u{feff}"), "\"a\\u{2028}b\\u{feff}\"");
+        assert_eq!(one_line("/x\u{2028}y\nz"), "/x y z");
     }
 }

@@ -67,22 +67,29 @@ struct Source {
 
 fn sources(options: &ImportOptions, dirs: &Dirs, rows: &mut Vec<Row>) -> Vec<Source> {
     let mut out = Vec::new();
-    let existing = |host: Host| -> Vec<Source> {
-        host.files(dirs)
+    let existing = |host: Host, projects: bool| -> Vec<Source> {
+        let files = host.files(dirs);
+        let take = if projects { files.len() } else { 1 };
+        files
             .into_iter()
+            .take(take)
             .filter(|p| p.is_file())
             .map(|path| Source { host, path })
             .collect()
     };
     if options.sources.is_empty() {
+        // The user's own files only: a project's (`.mcp.json`, `.vscode/`
+        // in the working directory) may come from a repository just
+        // cloned, and its commands would run; those are read when the
+        // host is named.
         for host in Host::ALL {
-            out.extend(existing(host));
+            out.extend(existing(host, false));
         }
         return dedup(out);
     }
     for source in &options.sources {
         if let Some(host) = Host::by_name(source) {
-            let found = existing(host);
+            let found = existing(host, true);
             if found.is_empty() {
                 let looked: Vec<String> = host
                     .files(dirs)
@@ -244,8 +251,14 @@ pub fn import(
                     rows.push(row);
                     continue;
                 }
-                let renamed = convert::unit_name(&format!("{name}-{}", host.name()))
+                let base = convert::unit_name(&format!("{name}-{}", host.name()))
                     .unwrap_or_else(|| name.clone());
+                let mut renamed = base.clone();
+                let mut n = 2;
+                while planned.contains_key(&renamed) {
+                    renamed = format!("{base}-{n}");
+                    n += 1;
+                }
                 row.result = format!(
                     "renamed: {name} is {}'s, a different server; ",
                     other.host.name()
@@ -355,7 +368,12 @@ fn place(
     if let Some(text) = &env_text {
         write_atomically(&env_path, text.as_bytes(), 0o600)?;
     }
-    write_atomically(&unit_path, converted.unit.as_bytes(), 0o644)?;
+    if env_text.is_none() {
+        // A replaced unit's secrets must not outlive it.
+        let _ = std::fs::remove_file(&env_path);
+    }
+    // 0600: an argument may hold what the host kept in the clear.
+    write_atomically(&unit_path, converted.unit.as_bytes(), 0o600)?;
     Ok(format!("imported{secrets}"))
 }
 
@@ -446,7 +464,7 @@ pub fn connect(
 ) -> Result<u8, CtlError> {
     let host = Host::by_name(host).ok_or_else(|| unknown_host(host))?;
     let dirs = dirs(env)?;
-    let file = host.files(&dirs).into_iter().next().expect("a user file");
+    let file = user_file(host, &dirs);
     let text = std::fs::read_to_string(&file)
         .map_err(|e| CtlError::failure(format!("{}: {e}", file.display())))?;
     let base = hosts::base_of(host, &file, &dirs);
@@ -510,9 +528,16 @@ pub fn connect(
         write!(out, "{}", diff.unified_diff().header(&shown, &shown)).map_err(w)?;
         return Ok(exit::OK);
     }
-    if !backup.exists() {
+    // The original is the file before the first connect; a backup without
+    // a record is left from a connect that did not finish.
+    if earlier.is_none() {
         write_atomically(&backup, text.as_bytes(), mode_of(&file)).map_err(CtlError::failure)?;
     }
+    // Byte for byte only while nobody else changed the file: edits made
+    // between two connects are kept by disconnect's merge.
+    let exact = earlier
+        .as_ref()
+        .is_none_or(|r| !r.connected.is_empty() && r.connected == text);
     let mut all = earlier.map(|r| r.servers).unwrap_or_default();
     for server in &servers {
         if !all.contains(server) {
@@ -521,7 +546,11 @@ pub fn connect(
     }
     let record = Record {
         servers: all,
-        connected: connected.clone(),
+        connected: if exact {
+            connected.clone()
+        } else {
+            String::new()
+        },
     };
     let record_text = serde_json::to_string_pretty(&record).expect("a record serializes");
     write_atomically(&record_path, record_text.as_bytes(), 0o600).map_err(CtlError::failure)?;
@@ -549,7 +578,7 @@ pub fn disconnect(
 ) -> Result<u8, CtlError> {
     let host = Host::by_name(host).ok_or_else(|| unknown_host(host))?;
     let dirs = dirs(env)?;
-    let file = host.files(&dirs).into_iter().next().expect("a user file");
+    let file = user_file(host, &dirs);
     let record_path = beside(&file, ".mcpd-connect.json");
     let backup = beside(&file, ".mcpd-backup");
     let (Ok(original), Ok(record)) = (
@@ -586,6 +615,13 @@ pub fn disconnect(
     writeln!(out, "{}: {} {how}.", host.name(), file.display())
         .map_err(|e| CtlError::failure(format!("cannot write: {e}")))?;
     Ok(exit::OK)
+}
+
+/// The host's user-level file, through symlinks (a dotfile manager's link
+/// stays a link: the file it points to is what is edited).
+fn user_file(host: Host, dirs: &Dirs) -> PathBuf {
+    let file = host.files(dirs).into_iter().next().expect("a user file");
+    std::fs::canonicalize(&file).unwrap_or(file)
 }
 
 fn mode_of(path: &Path) -> u32 {

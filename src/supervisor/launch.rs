@@ -292,7 +292,12 @@ impl SystemLauncher {
             rustix::process::geteuid().as_raw(),
             rustix::process::getegid().as_raw(),
         );
-        let confinement = Confinement::prepare(enforcement, &grants, ids).map_err(cannot)?;
+        let as_root = match &plan.credentials {
+            Some(c) => c.uid == 0,
+            None => ids.0 == 0,
+        };
+        let confinement =
+            Confinement::prepare(enforcement, &grants, ids, as_root).map_err(cannot)?;
         if let Ok(mut enforced) = self.enforced.lock() {
             *enforced = enforcement.to_string();
         }

@@ -237,7 +237,8 @@ fn resolve(program: &str, path: &OsString) -> Result<PathBuf, String> {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[repr(u8)]
 enum Step {
-    Cgroup = 1,
+    Session = 1,
+    Cgroup,
     DeathSignal,
     Nofile,
     Core,
@@ -247,11 +248,13 @@ enum Step {
     IdMap,
     Loopback,
     NoNewPrivs,
+    Capabilities,
     Landlock,
 }
 
 impl Step {
-    const ALL: [Step; 11] = [
+    const ALL: [Step; 13] = [
+        Step::Session,
         Step::Cgroup,
         Step::DeathSignal,
         Step::Nofile,
@@ -262,11 +265,13 @@ impl Step {
         Step::IdMap,
         Step::Loopback,
         Step::NoNewPrivs,
+        Step::Capabilities,
         Step::Landlock,
     ];
 
     fn what(self) -> &'static str {
         match self {
+            Step::Session => "starting its own session",
             Step::Cgroup => "joining its cgroup",
             Step::DeathSignal => "setting its parent-death signal",
             Step::Nofile => "setting its file descriptor limit",
@@ -277,6 +282,7 @@ impl Step {
             Step::IdMap => Failed::IdMap.what(),
             Step::Loopback => Failed::Loopback.what(),
             Step::NoNewPrivs => Failed::NoNewPrivs.what(),
+            Step::Capabilities => Failed::Capabilities.what(),
             Step::Landlock => Failed::Landlock.what(),
         }
     }
@@ -289,6 +295,7 @@ impl From<Failed> for Step {
             Failed::IdMap => Step::IdMap,
             Failed::Loopback => Step::Loopback,
             Failed::NoNewPrivs => Step::NoNewPrivs,
+            Failed::Capabilities => Step::Capabilities,
             Failed::Landlock => Step::Landlock,
         }
     }
@@ -315,8 +322,14 @@ pub fn spawn(
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
-        .process_group(0)
         .kill_on_drop(true);
+    // A sandboxed child leads a session of its own (setsid below, which a
+    // process group leader may not call): no controlling terminal to push
+    // input into. Either way it leads its own process group.
+    let session = confinement.is_some();
+    if !session {
+        cmd.process_group(0);
+    }
     let parent = rustix::process::getpid();
     // Everything the child needs is computed here, before the fork: the
     // closure below must not allocate.
@@ -340,6 +353,9 @@ pub fn spawn(
     .map_err(|e| format!("cannot start {}: {e}", plan.program.display()))?;
     let mut confinement = confinement;
     let mut in_child = move || -> Result<(), (Step, rustix::io::Errno)> {
+        if session {
+            rustix::process::setsid().map_err(|e| (Step::Session, e))?;
+        }
         if let Some(procs) = &cgroup {
             // "0": the writing process, before it can fork anything.
             rustix::io::write(procs, b"0").map_err(|e| (Step::Cgroup, e))?;
@@ -366,6 +382,12 @@ pub fn spawn(
             rustix::thread::set_thread_groups(groups).map_err(step)?;
             rustix::thread::set_thread_res_gid(*gid, *gid, *gid).map_err(step)?;
             rustix::thread::set_thread_res_uid(*uid, *uid, *uid).map_err(step)?;
+            // A change of credentials clears the parent-death signal.
+            rustix::process::set_parent_process_death_signal(Some(rustix::process::Signal::KILL))
+                .map_err(|e| (Step::DeathSignal, e))?;
+            if rustix::process::getppid() != Some(parent) {
+                return Err((Step::ParentGone, rustix::io::Errno::SRCH));
+            }
         }
         if let Some(c) = &mut confinement {
             c.restrict().map_err(|(f, e)| (f.into(), e))?;

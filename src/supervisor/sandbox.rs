@@ -236,9 +236,8 @@ pub fn grants(sandbox: &Sandbox, site: Site<'_>) -> Grants {
         g.optional.push(PathBuf::from(dir));
     }
     for program in programs(site.program, site.path) {
-        if let Some(prefix) = prefix(&program, site.home) {
-            g.read.push(prefix);
-        }
+        // Without a prefix, the program file alone.
+        g.read.push(prefix(&program, site.home).unwrap_or(program));
     }
     // On systemd systems this is a symlink into /run.
     if let Ok(resolv) = std::fs::canonicalize("/etc/resolv.conf") {
@@ -324,16 +323,38 @@ fn interpreter(line: &str) -> Option<Interpreter> {
 
 /// Directories far wider than any installation: a prefix is never one.
 const BROAD: &[&str] = &[
-    "/", "/tmp", "/var/tmp", "/dev/shm", "/run", "/var", "/home", "/root",
+    "/",
+    "/tmp",
+    "/var",
+    "/var/tmp",
+    "/var/lib",
+    "/var/cache",
+    "/var/log",
+    "/dev/shm",
+    "/run",
+    "/srv",
+    "/mnt",
+    "/media",
+    "/home",
+    "/root",
 ];
 
 /// The installation prefix of `program`: the parent of the directory that
 /// holds it (`/opt/venv/bin/tool` → `/opt/venv`), so its libraries and
-/// data are readable. Never `/`, a shared directory such as `/tmp` or the
-/// home directory itself: then only the program's own directory.
+/// data are readable. Never `/`, a shared directory such as `/tmp` or
+/// `/var/lib`, anyone's home directory or a directory directly in the
+/// user's home (`~/.local` and `~/.cargo` hold keyrings and credentials):
+/// then only the program's own directory, or (when that is one of them) no
+/// prefix at all.
 fn prefix(program: &Path, home: &Path) -> Option<PathBuf> {
-    let broad =
-        |p: &Path| p.as_os_str().is_empty() || p == home || BROAD.iter().any(|b| p == Path::new(b));
+    let home = std::fs::canonicalize(home).unwrap_or_else(|_| home.to_owned());
+    let broad = |p: &Path| {
+        p.as_os_str().is_empty()
+            || p == home
+            || p.parent() == Some(home.as_path())
+            || p.parent() == Some(Path::new("/home"))
+            || BROAD.iter().any(|b| p == Path::new(b))
+    };
     let dir = program.parent()?;
     if broad(dir) {
         return None;
@@ -355,6 +376,10 @@ pub struct Confinement {
     /// `/proc/self/uid_map` and `gid_map` lines for [`Namespace::UserNet`].
     uid_map: Vec<u8>,
     gid_map: Vec<u8>,
+    /// The server runs as root: it gives up every capability, so that
+    /// uid 0 is only an owner of files (no module loading, no BPF, no
+    /// reboot, no raw devices), and cannot get them back by exec.
+    drop_capabilities: bool,
 }
 
 /// What failed in the child.
@@ -364,6 +389,7 @@ pub enum Failed {
     IdMap,
     Loopback,
     NoNewPrivs,
+    Capabilities,
     Landlock,
 }
 
@@ -374,6 +400,7 @@ impl Failed {
             Failed::IdMap => "mapping its uid and gid into its user namespace",
             Failed::Loopback => "bringing up its private loopback",
             Failed::NoNewPrivs => "setting no_new_privs",
+            Failed::Capabilities => "dropping its capabilities",
             Failed::Landlock => "entering its Landlock domain",
         }
     }
@@ -381,11 +408,13 @@ impl Failed {
 
 impl Confinement {
     /// Opens every granted path and builds the ruleset. `ids` are the
-    /// daemon's own uid and gid (mapped into a user namespace).
+    /// daemon's own uid and gid (mapped into a user namespace); `as_root`:
+    /// the server will run as uid 0.
     pub fn prepare(
         enforcement: Enforcement,
         grants: &Grants,
         ids: (u32, u32),
+        as_root: bool,
     ) -> Result<Self, String> {
         let abi = ABI::from(enforcement.landlock);
         let text = |e: landlock::RulesetError| format!("cannot build the Landlock ruleset: {e}");
@@ -435,6 +464,7 @@ impl Confinement {
             loopback: enforcement.network == Network::Loopback,
             uid_map: format!("{0} {0} 1\n", ids.0).into_bytes(),
             gid_map: format!("{0} {0} 1\n", ids.1).into_bytes(),
+            drop_capabilities: as_root,
         })
     }
 
@@ -478,6 +508,9 @@ impl Confinement {
     /// gains nothing) and the Landlock domain.
     pub fn restrict(&mut self) -> Result<(), (Failed, rustix::io::Errno)> {
         rustix::thread::set_no_new_privs(true).map_err(|e| (Failed::NoNewPrivs, e))?;
+        if self.drop_capabilities {
+            drop_capabilities().map_err(|e| (Failed::Capabilities, e))?;
+        }
         let Some(ruleset) = self.ruleset.take() else {
             return Err((Failed::Landlock, rustix::io::Errno::BADF));
         };
@@ -499,6 +532,29 @@ impl Confinement {
         }
         Ok(())
     }
+}
+
+/// Empties the bounding set (so exec as root grants nothing), then the
+/// thread's own sets.
+fn drop_capabilities() -> rustix::io::Result<()> {
+    for cap in 0..64 {
+        #[allow(unsafe_code)]
+        // SAFETY: prctl(PR_CAPBSET_DROP, cap) takes two integers.
+        let done = unsafe { libc::prctl(libc::PR_CAPBSET_DROP, cap as libc::c_ulong, 0, 0, 0) };
+        // EINVAL: past the kernel's last capability.
+        if done != 0 && errno() != libc::EINVAL {
+            return Err(rustix::io::Errno::from_raw_os_error(errno()));
+        }
+    }
+    rustix::thread::clear_ambient_capability_set()?;
+    rustix::thread::set_capabilities(
+        None,
+        rustix::thread::CapabilitySets {
+            effective: rustix::thread::CapabilitySet::empty(),
+            permitted: rustix::thread::CapabilitySet::empty(),
+            inheritable: rustix::thread::CapabilitySet::empty(),
+        },
+    )
 }
 
 fn errno() -> i32 {
@@ -636,13 +692,21 @@ mod tests {
             ("/usr/bin/node", Some("/usr")),
             // Parent would be / or the home directory: the program's own.
             ("/bin/sh", Some("/bin")),
-            ("/home/u/bin/tool", Some("/home/u/bin")),
+            ("/home/u/bin/tool", None),
             ("/tmp/build/server", Some("/tmp/build")),
-            ("/home/other/server", Some("/home/other")),
+            // Never a directory directly in home, nor anyone's home.
+            ("/home/u/.local/bin/uvx", Some("/home/u/.local/bin")),
+            ("/home/u/.cargo/bin/tool", Some("/home/u/.cargo/bin")),
+            (
+                "/home/u/.nvm/versions/node/v20/bin/node",
+                Some("/home/u/.nvm/versions/node/v20"),
+            ),
+            ("/var/lib/tool/server", Some("/var/lib/tool")),
             // Directly in / or home: nothing beyond the program itself.
             ("/tool", None),
             ("/home/u/tool", None),
             ("/tmp/server", None),
+            ("/home/other/server", None),
         ];
         for (program, want) in table {
             assert_eq!(

@@ -397,3 +397,16 @@ pub fn cmdline(pid: u32) -> Vec<String> {
         .map(|a| String::from_utf8_lossy(a).into_owned())
         .collect()
 }
+
+/// The session id of `pid`, from `/proc/PID/stat` (field 6). Not getsid(2):
+/// in a container the server's session may be led from outside the pid
+/// namespace, and getsid then reports 0, which rustix refuses.
+pub fn session_of(pid: u32) -> u32 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("stat");
+    let after = &stat[stat.rfind(')').expect("comm") + 2..];
+    after
+        .split(' ')
+        .nth(3)
+        .and_then(|s| s.parse().ok())
+        .expect("session field")
+}
