@@ -238,6 +238,10 @@ fn a_sandboxed_server_reaches_only_what_it_is_granted_and_keeps_it_across_restar
     wait("the temp directory removed at stop", || {
         !Path::new(&second).exists()
     });
+    // A daemon that exits leaves no temp directories behind.
+    assert!(rt.join("mcpd/tmp").is_dir());
+    assert!(d.stop(rustix::process::Signal::TERM).success());
+    assert!(!rt.join("mcpd/tmp").exists());
     drop(listener);
 }
 

@@ -135,6 +135,7 @@ pub async fn run(
     let mut host = crate::supervisor::process::Host::current(config.instance, child_nofile);
     host.cgroups = contain(config.instance, &runtime_dir).await;
     host.scratch = scratch(&runtime_dir);
+    let scratch_dir = host.scratch.clone();
     let cgroups = host.cgroups.clone();
     let mut registry = Registry::new(config, host);
     let diff = registry.reload().await;
@@ -218,6 +219,8 @@ pub async fn run(
         // Every server's cgroup went with its last process.
         cgroups.remove();
     }
+    // Emptied by the servers' ends, as their cgroups.
+    let _ = std::fs::remove_dir(&scratch_dir);
     tracing::info!(target: "mcpd::daemon", "stopped");
     drop(lock);
     Ok(())
