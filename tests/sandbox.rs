@@ -378,6 +378,23 @@ fn an_unprivileged_daemon_confines_its_servers_inside_a_user_namespace() {
         String::from_utf8_lossy(&out.stdout).trim().to_owned()
     };
     assert_eq!(call("listen", ""), "ok", "its own loopback is up");
+    // A directory it leaves that nobody may list is removed with its
+    // temp directory all the same.
+    let env = Command::new("setpriv")
+        .args(as_nobody)
+        .arg(env!("CARGO_BIN_EXE_mcpctl"))
+        .args(["--user", "call", "lo", "env", "{}"])
+        .env("XDG_RUNTIME_DIR", runtime.path())
+        .env_remove("DBUS_SESSION_BUS_ADDRESS")
+        .output()
+        .expect("mcpctl");
+    let env: serde_json::Value = serde_json::from_slice(&env.stdout).expect("env");
+    let tmpdir = PathBuf::from(env["TMPDIR"].as_str().expect("TMPDIR"));
+    let locked = tmpdir.join("locked");
+    let made = call("exec", &format!("mkdir -p {}/inner", locked.display()));
+    assert!(made.starts_with("exit status: 0"), "{made}");
+    let made = call("exec", &format!("chmod 000 {}", locked.display()));
+    assert!(made.starts_with("exit status: 0"), "{made}");
     let answer = call("connect", &host_port);
     assert!(answer.starts_with("error:"), "reached the host: {answer}");
     // The daemon's own files are out of reach.
@@ -395,6 +412,8 @@ fn an_unprivileged_daemon_confines_its_servers_inside_a_user_namespace() {
         map.split_whitespace().collect::<Vec<_>>(),
         ["65534", "65534", "1"]
     );
+    assert!(d.stop(rustix::process::Signal::TERM).success());
+    assert!(!tmpdir.exists(), "{} outlived its server", tmpdir.display());
     drop(listener);
 }
 

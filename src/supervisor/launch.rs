@@ -400,7 +400,25 @@ impl PrivateTmp {
 
 impl Drop for PrivateTmp {
     fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.path);
+        if std::fs::remove_dir_all(&self.path).is_err() {
+            // The server may have left directories nobody may list (mode
+            // 000), which only root removes as they are. Its processes are
+            // gone by now: nothing races the walk.
+            unlock(&self.path);
+            let _ = std::fs::remove_dir_all(&self.path);
+        }
+    }
+}
+
+/// Makes `dir` and every directory below it (symlinks not followed) ours
+/// to list and empty.
+fn unlock(dir: &std::path::Path) {
+    use std::os::unix::fs::PermissionsExt;
+    let _ = std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700));
+    for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        if entry.file_type().is_ok_and(|t| t.is_dir()) {
+            unlock(&entry.path());
+        }
     }
 }
 
