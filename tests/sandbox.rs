@@ -360,12 +360,12 @@ fn an_unprivileged_daemon_confines_its_servers_inside_a_user_namespace() {
         ],
     );
     d.wait_until("lo running", |d| d.latest_pid("lo").is_some());
-    let call = |tool: &str, text: &str| {
-        let json = serde_json::json!({ "text": text }).to_string();
+    // `mcpctl --user call lo TOOL ARGS` as nobody: its output.
+    let mcpctl_call = |tool: &str, json: &str| {
         let out = Command::new("setpriv")
             .args(as_nobody)
             .arg(env!("CARGO_BIN_EXE_mcpctl"))
-            .args(["--user", "call", "lo", tool, &json])
+            .args(["--user", "call", "lo", tool, json])
             .env("XDG_RUNTIME_DIR", runtime.path())
             .env_remove("DBUS_SESSION_BUS_ADDRESS")
             .output()
@@ -377,18 +377,13 @@ fn an_unprivileged_daemon_confines_its_servers_inside_a_user_namespace() {
         );
         String::from_utf8_lossy(&out.stdout).trim().to_owned()
     };
+    let call = |tool: &str, text: &str| {
+        mcpctl_call(tool, &serde_json::json!({ "text": text }).to_string())
+    };
     assert_eq!(call("listen", ""), "ok", "its own loopback is up");
     // A directory it leaves that nobody may list is removed with its
     // temp directory all the same.
-    let env = Command::new("setpriv")
-        .args(as_nobody)
-        .arg(env!("CARGO_BIN_EXE_mcpctl"))
-        .args(["--user", "call", "lo", "env", "{}"])
-        .env("XDG_RUNTIME_DIR", runtime.path())
-        .env_remove("DBUS_SESSION_BUS_ADDRESS")
-        .output()
-        .expect("mcpctl");
-    let env: serde_json::Value = serde_json::from_slice(&env.stdout).expect("env");
+    let env: serde_json::Value = serde_json::from_str(&mcpctl_call("env", "{}")).expect("env");
     let tmpdir = PathBuf::from(env["TMPDIR"].as_str().expect("TMPDIR"));
     let locked = tmpdir.join("locked");
     let made = call("exec", &format!("mkdir -p {}/inner", locked.display()));

@@ -59,6 +59,19 @@ struct Row {
     failed: bool,
 }
 
+impl Row {
+    /// A source that could not be read at all.
+    fn failed_source(host: &str, why: String) -> Self {
+        Row {
+            host: host.into(),
+            entry: "-".into(),
+            unit: "-".into(),
+            result: format!("failed: {why}"),
+            failed: true,
+        }
+    }
+}
+
 /// A host file to read.
 struct Source {
     host: Host,
@@ -96,27 +109,21 @@ fn sources(options: &ImportOptions, dirs: &Dirs, rows: &mut Vec<Row>) -> Vec<Sou
                     .iter()
                     .map(|p| p.display().to_string())
                     .collect();
-                rows.push(Row {
-                    host: host.name().into(),
-                    entry: "-".into(),
-                    unit: "-".into(),
-                    result: format!("failed: no config file (looked at {})", looked.join(", ")),
-                    failed: true,
-                });
+                rows.push(Row::failed_source(
+                    host.name(),
+                    format!("no config file (looked at {})", looked.join(", ")),
+                ));
             }
             out.extend(found);
         } else if !Path::new(source).exists() {
             let known: Vec<&str> = Host::ALL.iter().map(|h| h.name()).collect();
-            rows.push(Row {
-                host: "-".into(),
-                entry: "-".into(),
-                unit: "-".into(),
-                result: format!(
-                    "failed: \"{source}\" is neither a host ({}) nor a file",
+            rows.push(Row::failed_source(
+                "-",
+                format!(
+                    "\"{source}\" is neither a host ({}) nor a file",
                     known.join(", ")
                 ),
-                failed: true,
-            });
+            ));
         } else {
             let path = PathBuf::from(source);
             let text = std::fs::read_to_string(&path).unwrap_or_default();
@@ -165,13 +172,10 @@ pub fn import(
         let text = match std::fs::read_to_string(&source.path) {
             Ok(text) => text,
             Err(e) => {
-                rows.push(Row {
-                    host: host.name().into(),
-                    entry: "-".into(),
-                    unit: "-".into(),
-                    result: format!("failed: {}: {e}", source.path.display()),
-                    failed: true,
-                });
+                rows.push(Row::failed_source(
+                    host.name(),
+                    format!("{}: {e}", source.path.display()),
+                ));
                 continue;
             }
         };
@@ -179,19 +183,16 @@ pub fn import(
         let entries = match hosts::read(host, &source.path, &text, &base) {
             Ok(entries) => entries,
             Err(e) => {
-                rows.push(Row {
-                    host: host.name().into(),
-                    entry: "-".into(),
-                    unit: "-".into(),
-                    result: format!(
-                        "failed: {}:{}:{}: {}; nothing imported from it",
+                rows.push(Row::failed_source(
+                    host.name(),
+                    format!(
+                        "{}:{}:{}: {}; nothing imported from it",
                         source.path.display(),
                         e.line,
                         e.column,
                         e.message
                     ),
-                    failed: true,
-                });
+                ));
                 continue;
             }
         };

@@ -235,21 +235,16 @@ fn resolve(program: &str, path: &OsString) -> Result<PathBuf, String> {
 
 /// A step of the child's set-up before exec, named when it fails.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[repr(u8)]
 enum Step {
-    Session = 1,
+    Session,
     Cgroup,
     DeathSignal,
     Nofile,
     Core,
     ParentGone,
     Credentials,
-    Namespace,
-    IdMap,
-    Loopback,
-    NoNewPrivs,
-    Capabilities,
-    Landlock,
+    /// A step of the sandbox's ([`Confinement`]).
+    Sandbox(Failed),
 }
 
 impl Step {
@@ -261,13 +256,25 @@ impl Step {
         Step::Core,
         Step::ParentGone,
         Step::Credentials,
-        Step::Namespace,
-        Step::IdMap,
-        Step::Loopback,
-        Step::NoNewPrivs,
-        Step::Capabilities,
-        Step::Landlock,
+        Step::Sandbox(Failed::Namespace),
+        Step::Sandbox(Failed::IdMap),
+        Step::Sandbox(Failed::Loopback),
+        Step::Sandbox(Failed::NoNewPrivs),
+        Step::Sandbox(Failed::Capabilities),
+        Step::Sandbox(Failed::Landlock),
     ];
+
+    /// The byte the child reports it by: its place in [`Step::ALL`], from 1.
+    fn byte(self) -> u8 {
+        Step::ALL
+            .iter()
+            .position(|s| *s == self)
+            .map_or(0, |i| i as u8 + 1)
+    }
+
+    fn from_byte(byte: u8) -> Option<Step> {
+        Step::ALL.get(usize::from(byte).checked_sub(1)?).copied()
+    }
 
     fn what(self) -> &'static str {
         match self {
@@ -278,25 +285,7 @@ impl Step {
             Step::Core => "setting its core dump limit",
             Step::ParentGone => "checking that the daemon is still there",
             Step::Credentials => "switching to its user",
-            Step::Namespace => Failed::Namespace.what(),
-            Step::IdMap => Failed::IdMap.what(),
-            Step::Loopback => Failed::Loopback.what(),
-            Step::NoNewPrivs => Failed::NoNewPrivs.what(),
-            Step::Capabilities => Failed::Capabilities.what(),
-            Step::Landlock => Failed::Landlock.what(),
-        }
-    }
-}
-
-impl From<Failed> for Step {
-    fn from(f: Failed) -> Self {
-        match f {
-            Failed::Namespace => Step::Namespace,
-            Failed::IdMap => Step::IdMap,
-            Failed::Loopback => Step::Loopback,
-            Failed::NoNewPrivs => Step::NoNewPrivs,
-            Failed::Capabilities => Step::Capabilities,
-            Failed::Landlock => Step::Landlock,
+            Step::Sandbox(failed) => failed.what(),
         }
     }
 }
@@ -375,7 +364,8 @@ pub fn spawn(
             return Err((Step::ParentGone, rustix::io::Errno::SRCH));
         }
         if let Some(c) = &confinement {
-            c.enter_namespace().map_err(|(f, e)| (f.into(), e))?;
+            c.enter_namespace()
+                .map_err(|(f, e)| (Step::Sandbox(f), e))?;
         }
         if let Some((uid, gid, groups)) = &creds {
             let step = |e| (Step::Credentials, e);
@@ -390,13 +380,13 @@ pub fn spawn(
             }
         }
         if let Some(c) = &mut confinement {
-            c.restrict().map_err(|(f, e)| (f.into(), e))?;
+            c.restrict().map_err(|(f, e)| (Step::Sandbox(f), e))?;
         }
         Ok(())
     };
     let pre_exec = move || -> std::io::Result<()> {
         in_child().map_err(|(step, errno)| {
-            let _ = rustix::io::write(&report, &[step as u8]);
+            let _ = rustix::io::write(&report, &[step.byte()]);
             errno.into()
         })
     };
@@ -414,7 +404,7 @@ pub fn spawn(
     cmd.spawn().map_err(|e| {
         let mut byte = [0u8];
         let step = match rustix::io::read(&reported, &mut byte) {
-            Ok(1) => Step::ALL.into_iter().find(|s| *s as u8 == byte[0]),
+            Ok(1) => Step::from_byte(byte[0]),
             _ => None,
         };
         match step {
@@ -594,6 +584,16 @@ mod tests {
         );
         assert!(plan.program.is_absolute(), "{:?}", plan.program);
         assert_eq!(plan.cwd, PathBuf::from("/tmp"));
+    }
+
+    #[test]
+    fn every_step_of_the_childs_set_up_is_named_by_its_own_byte() {
+        for step in Step::ALL {
+            assert_ne!(step.byte(), 0);
+            assert_eq!(Step::from_byte(step.byte()), Some(step));
+        }
+        assert_eq!(Step::from_byte(0), None);
+        assert_eq!(Step::from_byte(200), None);
     }
 
     #[test]
