@@ -198,7 +198,7 @@ async fn tree_stop(runs: usize, cgroups: &Cgroups) -> Row {
             ..UnitDraft::default()
         })
         .expect("valid spec");
-        let (sup, task) = Supervisor::spawn(&format!("tree{run}"), spec, launcher, logs);
+        let (sup, task) = Supervisor::spawn(&format!("tree{run}"), spec, launcher, logs, None);
         sup.start();
         wait_running(&sup, 1).await;
         let tree = cgroups.server("tree");
@@ -248,7 +248,7 @@ async fn crashes(
         launched: Arc::clone(&launched),
         reaped: Arc::clone(&reaped),
     });
-    let (sup, task) = Supervisor::spawn("bench", spec, launcher, logs);
+    let (sup, task) = Supervisor::spawn("bench", spec, launcher, logs, None);
     sup.start();
     wait_running(&sup, 1).await;
     let mut late = Vec::new();
@@ -370,7 +370,7 @@ async fn memory(servers: usize) -> Vec<Row> {
             Host::current(Instance::User, None),
             logs.clone(),
         ));
-        let (sup, task) = Supervisor::spawn(&name, spec(1000, 10), launcher, logs);
+        let (sup, task) = Supervisor::spawn(&name, spec(1000, 10), launcher, logs, None);
         sup.start();
         running.push((sup, task));
     }

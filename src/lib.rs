@@ -7,6 +7,7 @@ pub mod adopt;
 pub mod ctl;
 pub mod daemon;
 pub mod dbus;
+pub mod files;
 pub mod model;
 pub mod mux;
 pub mod supervisor;

@@ -5,7 +5,7 @@ use std::time::{Duration, Instant};
 
 use crate::helper::{ms, policy};
 use mcpd::supervisor::machine::{
-    Effect, Event, ExitStatus, Machine, Signal, State, Timer, ToolList,
+    Cached, Effect, Event, ExitStatus, Machine, Signal, State, Timer, ToolList,
 };
 use mcpd::unit::spec::{HealthDraft, HttpDraft, ReconnectDraft, StdioDraft};
 use mcpd::unit::{UnitDraft, UnitSpec};
@@ -1186,4 +1186,270 @@ fn disabled_health_sends_nothing() {
     assert!(r.step(Event::Deadline(Timer::Probe)).is_empty());
     assert!(r.step(Event::Deadline(Timer::ProbeTimeout)).is_empty());
     assert_eq!(r.state(), State::Running);
+}
+
+// On-demand units (DESIGN §9).
+
+/// An on-demand stdio unit idling `idle_ms` after its last use (no
+/// probes, so the only timers are the ones under test).
+fn on_demand(idle_ms: u64, start: &str) -> UnitSpec {
+    UnitSpec::new(UnitDraft {
+        stdio: Some(StdioDraft {
+            command: vec!["/bin/true".into()],
+            ..StdioDraft::default()
+        }),
+        reconnect: policy(100, 400, 2, true),
+        health: HealthDraft {
+            enabled: Some(false),
+            ..HealthDraft::default()
+        },
+        startup_timeout: Some(ms(3000)),
+        stop_timeout: Some(ms(1000)),
+        start: Some(start.into()),
+        idle_stop: (start == "on-demand").then(|| ms(idle_ms)),
+        ..UnitDraft::default()
+    })
+    .expect("valid spec")
+}
+
+fn cached(names: &[&str]) -> Option<Cached> {
+    Some(Cached {
+        tools: tools(names),
+        instructions: Some("from the cache".into()),
+    })
+}
+
+#[test]
+fn an_on_demand_unit_with_a_cache_idles_with_its_lists_and_one_first_use_starts_it() {
+    let mut r = Rig::new(&on_demand(1000, "on-demand"));
+    assert!(r.step(Event::Arm { cached: cached(&["a", "b"]) }).is_empty(), "no process");
+    let v = r.m.view();
+    assert_eq!(v.state, State::Idle);
+    assert_eq!(v.reason, "waiting for first use");
+    assert_eq!(v.tools, tools(&["a", "b"]), "the cached list is published");
+    assert_eq!(v.instructions.as_deref(), Some("from the cache"));
+    assert_eq!(v.main_pid, None);
+    assert_eq!(r.m.deadline(), None, "an idle unit has no timer");
+    assert!(r.m.will_serve(), "a request may wait for it");
+    let serial = v.tools_serial;
+
+    assert_eq!(r.step(Event::Demand), vec![Effect::Spawn { generation: 1 }]);
+    assert_eq!(r.state(), State::Starting);
+    // Concurrent first uses: one process.
+    assert!(r.step(Event::Demand).is_empty());
+    assert!(r.step(Event::Arm { cached: None }).is_empty(), "armed once");
+    r.spawned();
+    r.established(&tools(&["a", "b"]));
+    assert_eq!(r.state(), State::Running);
+    assert_eq!(r.m.view().tools_serial, serial, "an unchanged list is not news");
+    assert_eq!(r.spawns, 1);
+}
+
+#[test]
+fn a_start_whose_lists_differ_from_the_cache_publishes_them() {
+    let mut r = Rig::new(&on_demand(1000, "on-demand"));
+    r.step(Event::Arm { cached: cached(&["a"]) });
+    let serial = r.m.view().tools_serial;
+    r.step(Event::Demand);
+    r.spawned();
+    r.established(&tools(&["a", "c"]));
+    assert_eq!(r.m.view().tools, tools(&["a", "c"]));
+    assert_eq!(r.m.view().tools_serial, serial + 1);
+}
+
+#[test]
+fn without_a_cache_an_on_demand_unit_starts_to_learn_its_lists_then_idles() {
+    let mut r = Rig::new(&on_demand(1000, "on-demand"));
+    assert_eq!(
+        r.step(Event::Arm { cached: None }),
+        vec![Effect::Spawn { generation: 1 }]
+    );
+    r.spawned();
+    r.advance(ms(20));
+    r.established(&tools(&["a"]));
+    let established = r.now;
+    assert_eq!(
+        r.m.deadline(),
+        Some((Timer::IdleStop, established + ms(1000))),
+        "idle-stop counts from the handshake"
+    );
+    // At the deadline the actor reports a use since: not idle yet.
+    r.now = established + ms(1000);
+    r.step(Event::Used {
+        generation: 1,
+        at: established + ms(600),
+        busy: false,
+    });
+    assert_eq!(
+        r.m.deadline(),
+        Some((Timer::IdleStop, established + ms(1600)))
+    );
+    assert!(
+        r.step(Event::Deadline(Timer::IdleStop)).is_empty(),
+        "not due any more"
+    );
+    // A request in flight is use until answered.
+    r.now = established + ms(1600);
+    r.step(Event::Used {
+        generation: 1,
+        at: established + ms(600),
+        busy: true,
+    });
+    assert_eq!(
+        r.m.deadline(),
+        Some((Timer::IdleStop, established + ms(2600)))
+    );
+    // Nothing since: stopped the usual way (SIGTERM, then wait).
+    r.now = established + ms(2600);
+    r.step(Event::Used {
+        generation: 1,
+        at: established + ms(1700),
+        busy: false,
+    });
+    let fx = r.fire();
+    assert_eq!(
+        fx,
+        vec![
+            Effect::Disconnect { generation: 1 },
+            Effect::Signal {
+                generation: 1,
+                signal: Signal::Term
+            }
+        ]
+    );
+    assert_eq!(r.state(), State::Stopping);
+    r.exited(0);
+    let v = r.m.view();
+    assert_eq!(v.state, State::Idle);
+    assert_eq!(v.reason, "stopped after 1s idle");
+    assert_eq!(v.tools, tools(&["a"]), "kept while idle");
+    assert_eq!(v.main_pid, None);
+    assert_eq!(v.attempt, 0);
+    assert_eq!(r.m.deadline(), None);
+    // The next use starts a new generation.
+    assert_eq!(r.step(Event::Demand), vec![Effect::Spawn { generation: 2 }]);
+}
+
+#[test]
+fn a_use_during_the_idle_stop_starts_it_again_once_the_old_process_is_gone() {
+    let mut r = Rig::new(&on_demand(500, "on-demand"));
+    r.step(Event::Arm { cached: None });
+    r.spawned();
+    r.established(&tools(&["a"]));
+    r.fire();
+    assert_eq!(r.state(), State::Stopping);
+    assert!(!r.m.will_serve(), "stopping for good, until a use");
+    assert!(r.step(Event::Demand).is_empty(), "one process at a time");
+    assert!(r.m.will_serve());
+    assert_eq!(r.exited(0), vec![Effect::Spawn { generation: 2 }]);
+    assert_eq!(r.state(), State::Starting);
+}
+
+#[test]
+fn stop_of_an_on_demand_unit_is_final_until_start() {
+    let mut r = Rig::new(&on_demand(500, "on-demand"));
+    r.step(Event::Arm { cached: cached(&["a"]) });
+    assert!(r.step(Event::Stop).is_empty());
+    let v = r.m.view();
+    assert_eq!(v.state, State::Stopped);
+    assert!(v.tools.is_empty(), "withdrawn by stop");
+    assert!(!r.m.will_serve());
+    assert!(r.step(Event::Demand).is_empty(), "no activation while stopped");
+    // Start runs it now; it idles later.
+    assert_eq!(r.step(Event::Start), vec![Effect::Spawn { generation: 1 }]);
+    r.spawned();
+    r.established(&tools(&["a"]));
+    assert!(matches!(r.m.deadline(), Some((Timer::IdleStop, _))));
+    // Stopped while its idle stop is under way: stopped, not idle.
+    r.fire();
+    r.step(Event::Stop);
+    r.exited(0);
+    assert_eq!(r.state(), State::Stopped);
+    // Started on an idle unit: now.
+    let mut r = Rig::new(&on_demand(500, "on-demand"));
+    r.step(Event::Arm { cached: cached(&["a"]) });
+    assert_eq!(r.step(Event::Start), vec![Effect::Spawn { generation: 1 }]);
+}
+
+#[test]
+fn a_failed_on_demand_start_follows_the_usual_backoff_and_budget() {
+    let mut r = Rig::new(&on_demand(500, "on-demand"));
+    r.step(Event::Arm { cached: cached(&["a"]) });
+    r.step(Event::Demand);
+    r.spawned();
+    r.exited(1);
+    let v = r.m.view();
+    assert_eq!(v.state, State::Retrying);
+    assert!(v.reason.starts_with("connection failed: process exited with status 1"), "{}", v.reason);
+    assert!(!r.m.will_serve(), "waiting requests fail now");
+    assert!(r.step(Event::Demand).is_empty(), "a use does not skip the backoff");
+    for _ in 0..2 {
+        r.fire();
+        r.spawned();
+        r.exited(1);
+    }
+    let v = r.m.view();
+    assert_eq!(v.state, State::Failed);
+    assert!(v.tools.is_empty(), "withdrawn on final failure");
+    assert!(r.step(Event::Demand).is_empty());
+    assert_eq!(r.spawns, 3, "1 + max-attempts");
+    assert_eq!(r.waits, vec![ms(100), ms(200)]);
+}
+
+#[test]
+fn a_crash_of_a_running_on_demand_server_reconnects_as_any_other() {
+    let mut r = Rig::new(&on_demand(500, "on-demand"));
+    r.step(Event::Arm { cached: None });
+    r.spawned();
+    r.established(&tools(&["a"]));
+    r.exited(139);
+    assert_eq!(r.state(), State::Reconnecting);
+    assert_eq!(r.m.view().tools, tools(&["a"]), "kept through the outage");
+    r.fire();
+    assert_eq!(r.state(), State::Reconnecting);
+    r.spawned();
+    r.established(&tools(&["a"]));
+    assert_eq!(r.state(), State::Running);
+}
+
+#[test]
+fn an_always_unit_arms_by_starting_and_never_idles() {
+    let mut r = Rig::new(&on_demand(500, "always"));
+    assert_eq!(
+        r.step(Event::Arm { cached: cached(&["a"]) }),
+        vec![Effect::Spawn { generation: 1 }],
+        "a cache means nothing to an always unit"
+    );
+    r.spawned();
+    r.established(&tools(&["a"]));
+    assert_eq!(r.m.deadline(), None, "no idle-stop");
+    assert!(!r.m.will_serve() || r.m.established().is_some());
+    assert!(r.step(Event::Demand).is_empty());
+}
+
+#[test]
+fn a_reload_switching_activation_applies_in_place() {
+    // Always → on demand, while running: it idles later.
+    let mut r = Rig::new(&on_demand(500, "always"));
+    r.step(Event::Arm { cached: None });
+    r.spawned();
+    r.established(&tools(&["a"]));
+    let fx = r.step(Event::Apply {
+        spec: Box::new(on_demand(500, "on-demand")),
+        restart: false,
+    });
+    assert!(fx.is_empty(), "same process");
+    assert!(matches!(r.m.deadline(), Some((Timer::IdleStop, _))));
+    r.fire();
+    r.exited(0);
+    assert_eq!(r.state(), State::Idle);
+    // On demand → always, while idle: it starts.
+    let fx = r.step(Event::Apply {
+        spec: Box::new(on_demand(500, "always")),
+        restart: false,
+    });
+    assert_eq!(fx, vec![Effect::Spawn { generation: 2 }]);
+    r.spawned();
+    r.established(&tools(&["a"]));
+    assert_eq!(r.m.deadline(), None);
 }

@@ -62,7 +62,7 @@ fn spawn_in(instance: Instance, name: &str, spec: UnitSpec) -> Running {
 fn spawn_on(host: Host, name: &str, spec: UnitSpec) -> Running {
     let logs = LogRing::default();
     let launcher = Arc::new(SystemLauncher::new(name, host, logs.clone()));
-    let (sup, task) = Supervisor::spawn(name, spec, launcher, logs);
+    let (sup, task) = Supervisor::spawn(name, spec, launcher, logs, None);
     let rx = sup.subscribe();
     sup.start();
     Running { sup, task, rx }

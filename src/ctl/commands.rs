@@ -29,14 +29,15 @@ fn io(e: std::io::Error) -> CtlError {
     CtlError::failure(format!("cannot write output: {e}"))
 }
 
-/// The coloured state dot: green running, yellow on the way, red failed,
-/// white stopped.
+/// The coloured state dot: green running, cyan idle (on demand, healthy),
+/// yellow on the way, red failed, white stopped.
 fn dot(state: &str, color: bool) -> String {
     if !color {
         return "●".into();
     }
     let code = match state.parse::<State>() {
         Ok(State::Running) => "32",
+        Ok(State::Idle) => "36",
         Ok(s) if s.is_transient() => "33",
         Ok(State::Failed) => "31",
         _ => "37",
@@ -390,7 +391,8 @@ pub async fn status(
             }
         };
         let p = props(&server).await?;
-        if p.state != "running" && code == exit::OK {
+        // Idle is healthy: an on-demand server starts on its first use.
+        if !matches!(p.state.as_str(), "running" | "idle") && code == exit::OK {
             code = exit::NOT_RUNNING;
         }
         if output.json {

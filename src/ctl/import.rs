@@ -378,31 +378,7 @@ fn place(
     Ok(format!("imported{secrets}"))
 }
 
-/// Writes `path` through a temporary file in its directory (created with
-/// `mode`, so a secret is never readable by others), fsynced and renamed.
-pub fn write_atomically(path: &Path, bytes: &[u8], mode: u32) -> Result<(), String> {
-    use std::os::unix::fs::OpenOptionsExt;
-    let name = path
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_default();
-    let tmp = path.with_file_name(format!(".{name}.mcpctl-{}", std::process::id()));
-    let fail = |e: std::io::Error| format!("cannot write {}: {e}", path.display());
-    let result = (|| {
-        let mut file = std::fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(mode)
-            .open(&tmp)?;
-        file.write_all(bytes)?;
-        file.sync_all()?;
-        std::fs::rename(&tmp, path)
-    })();
-    if result.is_err() {
-        let _ = std::fs::remove_file(&tmp);
-    }
-    result.map_err(fail)
-}
+pub use crate::files::write_atomically;
 
 fn print_table(rows: &[Row], out: &mut dyn Write) -> std::io::Result<()> {
     if rows.is_empty() {

@@ -42,6 +42,8 @@ pub struct Config {
     pub unit_dirs: Vec<PathBuf>,
     /// Where the lock and the private D-Bus socket live.
     pub runtime_dir: PathBuf,
+    /// Where on-demand units keep their caches (`cache/`).
+    pub state_dir: PathBuf,
     /// Serve D-Bus only on the private socket, not on the bus.
     pub no_bus: bool,
 }
@@ -60,6 +62,7 @@ impl Config {
             instance,
             unit_dirs,
             runtime_dir: instance.runtime_dir(),
+            state_dir: instance.state_dir(),
             no_bus: false,
         }
     }

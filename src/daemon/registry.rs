@@ -251,7 +251,8 @@ impl Registry {
         }
         let logs = LogRing::default();
         let launcher = system_launcher(name, self.host.clone(), logs.clone());
-        let (supervisor, task) = Supervisor::spawn(name, spec, launcher, logs);
+        let cache = Some(self.config.state_dir.join("cache"));
+        let (supervisor, task) = Supervisor::spawn(name, spec, launcher, logs, cache);
         let mut rx = supervisor.subscribe();
         let changed = Arc::clone(&self.changed);
         tokio::spawn(async move {
@@ -259,7 +260,7 @@ impl Registry {
                 changed.notify_one();
             }
         });
-        supervisor.start();
+        supervisor.arm();
         (supervisor, task)
     }
 

@@ -88,7 +88,7 @@ impl Server {
     /// A request to the running server; its result as JSON.
     async fn ask(&self, method: &str, params: serde_json::Value) -> Result<String, Error> {
         let supervisor = self.supervisor()?;
-        if supervisor.status().state != crate::supervisor::State::Running {
+        if !supervisor.serves() {
             return Err(Error::NotRunning(supervisor.not_running().to_string()));
         }
         match supervisor.request(method, params, CALL_TIMEOUT).await {

@@ -23,7 +23,11 @@
 //!   subscriptions released and the requests it was asked to answer failed;
 //! - an upstream that ends fails every request in flight at once
 //!   ([`Out::Down`] for the session layer to answer with the §3 error) and,
-//!   once re-established, gets the subscriptions and log level replayed.
+//!   once re-established, gets the subscriptions and log level replayed;
+//! - while the session layer says the upstream is coming ([`Router::hold`]:
+//!   an on-demand server starting on first use, DESIGN §9), requests are
+//!   held instead of failed, and sent in order once it is ready (or failed
+//!   when the start fails).
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fmt;
@@ -209,6 +213,10 @@ pub struct Router {
     subscriptions: BTreeMap<String, BTreeSet<HostId>>,
     /// The level last sent upstream.
     upstream_level: Option<Level>,
+    /// Requests are held while the upstream is down ([`Router::hold`]).
+    hold: bool,
+    /// Held requests, in arrival order: upstream id, rewritten message.
+    held: Vec<(u64, Value)>,
 }
 
 fn response(id: &Value, result: Value) -> Value {
@@ -273,11 +281,12 @@ impl Router {
     }
 
     /// mcpd's own request `method` upstream, whose answer comes back as
-    /// [`Out::Answer`] with the returned id (or [`Out::Unanswered`]).
-    pub fn request(&mut self, method: &str, params: Value) -> (u64, Out) {
+    /// [`Out::Answer`] with the returned id (or [`Out::Unanswered`]); held
+    /// (nothing to send yet) while the upstream is down and held for.
+    pub fn request(&mut self, method: &str, params: Value) -> (u64, Vec<Out>) {
         let id = self.fresh_id();
-        if !self.up {
-            return (id, Out::Unanswered(id));
+        if !self.up && !self.hold {
+            return (id, vec![Out::Unanswered(id)]);
         }
         self.pending.insert(
             id,
@@ -287,7 +296,48 @@ impl Router {
             },
         );
         let msg = json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params});
-        (id, Out::Server(msg))
+        (id, self.send_or_hold(id, msg))
+    }
+
+    /// Sends `msg` (upstream id `id`) now, or holds it until the upstream
+    /// is ready.
+    fn send_or_hold(&mut self, id: u64, msg: Value) -> Vec<Out> {
+        if self.up {
+            vec![Out::Server(msg)]
+        } else {
+            self.held.push((id, msg));
+            Vec::new()
+        }
+    }
+
+    /// Whether requests made while the upstream is down wait for it
+    /// (`true`: it is being started for them) or fail at once. Turning it
+    /// off fails the requests held so far.
+    pub fn hold(&mut self, on: bool) -> Vec<Out> {
+        self.hold = on;
+        if on || self.up {
+            return Vec::new();
+        }
+        let held: Vec<u64> = self.held.drain(..).map(|(id, _)| id).collect();
+        let mut out = Vec::new();
+        for up in held {
+            match self.forget(up).map(|p| p.owner) {
+                Some(Owner::Host { host, id }) => out.push(Out::Down { host, id }),
+                Some(Owner::Own) => out.push(Out::Unanswered(up)),
+                Some(Owner::Mcpd) | None => {}
+            }
+        }
+        out
+    }
+
+    /// Requests are held for the upstream.
+    pub fn holding(&self) -> bool {
+        !self.held.is_empty()
+    }
+
+    /// Whether any host has a request in flight upstream (or held).
+    pub fn hosts_busy(&self) -> bool {
+        self.hosts.values().any(|h| h.busy > 0)
     }
 
     /// mcpd no longer waits for its own request `id`: the server is told
@@ -468,7 +518,7 @@ impl Router {
             }
             _ => {}
         }
-        if !self.up {
+        if !self.up && !self.hold {
             out.push(Out::Down { host, id });
             return;
         }
@@ -494,7 +544,8 @@ impl Router {
             },
         );
         msg["id"] = json!(up_id);
-        out.push(Out::Server(msg.take()));
+        let sent = self.send_or_hold(up_id, msg.take());
+        out.extend(sent);
     }
 
     fn host_notification(&mut self, host: HostId, name: &str, msg: &mut Value, out: &mut Vec<Out>) {
@@ -504,10 +555,13 @@ impl Router {
             "notifications/cancelled" => {
                 let theirs = msg["params"]["requestId"].to_string();
                 if let Some(up) = self.inflight.get(&(host, theirs)).copied() {
-                    // The server will not answer a cancelled request.
+                    // The server will not answer a cancelled request (and
+                    // a held one is never sent).
                     self.forget(up);
-                    set_param(msg, "requestId", json!(up));
-                    out.push(Out::Server(msg.take()));
+                    if self.up {
+                        set_param(msg, "requestId", json!(up));
+                        out.push(Out::Server(msg.take()));
+                    }
                 }
             }
             _ => {
@@ -521,6 +575,9 @@ impl Router {
     /// Drops upstream request `up` and its progress token.
     fn forget(&mut self, up: u64) -> Option<Pending> {
         let pending = self.pending.remove(&up)?;
+        if !self.up {
+            self.held.retain(|(id, _)| *id != up);
+        }
         if let Some(token) = pending.token {
             self.tokens.remove(&token);
         }
@@ -744,6 +801,7 @@ impl Router {
     /// now, server→client requests are void.
     pub fn upstream_lost(&mut self) -> Vec<Out> {
         self.up = false;
+        self.held.clear();
         let mut failed: Vec<(HostId, Value)> = Vec::new();
         let mut own: Vec<u64> = Vec::new();
         for (up, p) in self.pending.drain() {
@@ -791,6 +849,8 @@ impl Router {
         }
         self.upstream_level = None;
         self.sync_level(&mut out);
+        // What waited for it, in order.
+        out.extend(self.held.drain(..).map(|(_, msg)| Out::Server(msg)));
         out
     }
 }

@@ -21,8 +21,10 @@ use tokio::task::JoinHandle;
 use crate::unit::UnitSpec;
 
 use super::accounting::Counters;
+use super::cache::CacheFile;
 use super::launch::{ConnectError, SharedLauncher};
 use super::machine::{Effect, Event, Gen, Machine, State, Timer, ToolList, View};
+use super::sessions::Kind;
 use super::sessions::Sessions;
 use super::upstream::{self, Handshake};
 use super::{CallError, Status};
@@ -30,6 +32,8 @@ use super::{CallError, Status};
 /// What the handle asks of the actor.
 #[derive(Debug)]
 pub(crate) enum Command {
+    /// The daemon loaded the unit ([`Event::Arm`]).
+    Arm,
     Start,
     Stop,
     Restart,
@@ -70,6 +74,13 @@ pub(crate) enum Internal {
     Synced {
         generation: Gen,
         result: Result<Vec<Value>, String>,
+    },
+    /// A request waits for the server (DESIGN §9).
+    Demand,
+    /// The cache file was written (or not).
+    CacheStored {
+        text: String,
+        result: Result<(), String>,
     },
     /// Probe `probe` was answered in time (`refused`: with an error).
     Probed {
@@ -117,6 +128,40 @@ pub(crate) struct Actor {
     /// The generation whose error answer to `ping` was logged.
     ping_refused: Option<Gen>,
     clock: Clock,
+    /// Where on-demand units keep their caches (DESIGN §9); None: nowhere.
+    cache_dir: Option<std::path::PathBuf>,
+    cache: Cache,
+}
+
+/// The cache of an on-demand unit, and its writes: one at a time, the
+/// newest state written after the one in flight, an unchanged one not
+/// at all.
+#[derive(Default)]
+struct Cache {
+    /// The unit's file, while it is on demand.
+    file: Option<CacheFile>,
+    /// The established generation's `initialize` result.
+    init: Option<Arc<Value>>,
+    /// The text last written, or being written.
+    written: Option<String>,
+    /// A write is in flight.
+    busy: bool,
+    /// The state changed while it was.
+    dirty: bool,
+    /// The sessions' list serials.
+    lists: Option<watch::Receiver<[u64; 3]>>,
+}
+
+/// Waits for a change of the sessions' lists, if they are watched.
+async fn lists_changed(lists: &mut Option<watch::Receiver<[u64; 3]>>) {
+    match lists {
+        Some(rx) => {
+            if rx.changed().await.is_err() {
+                *lists = None;
+            }
+        }
+        None => std::future::pending().await,
+    }
 }
 
 /// Tool-list re-syncs of one server begin at least this far apart: a
@@ -185,6 +230,7 @@ impl Actor {
         commands: mpsc::UnboundedReceiver<Command>,
         status: watch::Sender<Status>,
         counters: Arc<Counters>,
+        cache_dir: Option<std::path::PathBuf>,
     ) -> Self {
         let (internal_tx, internal_rx) = mpsc::unbounded_channel();
         let machine = Machine::new(name, &spec, now());
@@ -195,8 +241,14 @@ impl Actor {
             counters,
             spec.tool_filter().clone(),
             spec.roots().to_vec(),
+            spec.activation().idle_stop().is_some(),
         );
+        let mut cache = Cache::default();
+        cache.lists = Some(sessions.changes());
+        cache.file = Self::cache_file(cache_dir.as_deref(), name, &spec);
         Self {
+            cache_dir,
+            cache,
             sessions,
             name: name.to_owned(),
             spec,
@@ -218,6 +270,14 @@ impl Actor {
         }
     }
 
+    /// An on-demand unit's cache file.
+    fn cache_file(dir: Option<&std::path::Path>, name: &str, spec: &UnitSpec) -> Option<CacheFile> {
+        let dir = dir?;
+        spec.activation()
+            .idle_stop()
+            .map(|_| CacheFile::new(dir, name, spec))
+    }
+
     /// The handle to this unit's host sessions.
     pub(crate) fn sessions(&self) -> Sessions {
         self.sessions.clone()
@@ -237,6 +297,7 @@ impl Actor {
                     }
                 },
                 Some(event) = self.internal_rx.recv() => self.internal(event).await,
+                () = lists_changed(&mut self.cache.lists), if self.cache.file.is_some() => self.save_cache(),
                 () = sleep_until_opt(self.sync_at) => {
                     self.sync_at = None;
                     if let Some(generation) = self.machine.established() {
@@ -250,6 +311,13 @@ impl Actor {
                         // Any message since counts: the probe may not be due.
                         let at = self.sessions.heard();
                         self.step(Event::Heard { generation, at }).await;
+                    }
+                    if timer == Timer::IdleStop
+                        && let Some(generation) = self.machine.established()
+                        && let Some((at, busy)) = self.sessions.activity().await
+                    {
+                        // A use since counts: it may not be idle yet.
+                        self.step(Event::Used { generation, at, busy }).await;
                     }
                     self.step(Event::Deadline(timer)).await;
                 }
@@ -269,22 +337,36 @@ impl Actor {
 
     async fn command(&mut self, command: Command) {
         match command {
+            Command::Arm => {
+                let cached = self.restore().await;
+                self.step(Event::Arm { cached }).await;
+            }
             Command::Start => self.step(Event::Start).await,
             Command::Stop => self.step(Event::Stop).await,
             Command::Restart => self.step(Event::Restart).await,
             Command::Apply { spec, restart } => {
                 self.spec = (*spec).clone();
                 self.launcher.configure(&spec);
-                self.sessions
-                    .configure(spec.tool_filter().clone(), spec.roots().to_vec());
+                self.sessions.configure(
+                    spec.tool_filter().clone(),
+                    spec.roots().to_vec(),
+                    spec.activation().idle_stop().is_some(),
+                );
+                let file = Self::cache_file(self.cache_dir.as_deref(), &self.name, &spec);
+                if file != self.cache.file {
+                    self.cache.file = file;
+                    self.cache.written = None;
+                }
                 self.step(Event::Apply { spec, restart }).await;
+                // Now on demand: what runs is worth keeping.
+                self.save_cache();
             }
             Command::Call {
                 name,
                 arguments,
                 timeout,
                 reply,
-            } => self.call(name, arguments, timeout, reply),
+            } => self.call(name, arguments, timeout, reply).await,
             Command::Shutdown => {
                 self.exiting = true;
                 self.step(Event::Stop).await;
@@ -292,14 +374,19 @@ impl Actor {
         }
     }
 
-    fn call(
+    async fn call(
         &mut self,
         name: String,
         arguments: Option<JsonObject>,
         timeout: Duration,
         reply: oneshot::Sender<Result<CallToolResult, CallError>>,
     ) {
-        if self.machine.established().is_none() {
+        if self.machine.established().is_none() && !reply.is_closed() {
+            // A first use starts an idle on-demand server; the call waits
+            // for it in the sessions.
+            self.step(Event::Demand).await;
+        }
+        if self.machine.established().is_none() && !self.machine.will_serve() {
             let view = self.machine.view();
             let _ = reply.send(Err(CallError::NotRunning {
                 server: self.name.clone(),
@@ -373,6 +460,7 @@ impl Actor {
                         dirty,
                     } = *handshake;
                     let instructions = init["instructions"].as_str().map(str::to_owned);
+                    self.cache.init = Some(Arc::clone(&init));
                     self.step(Event::Established {
                         generation,
                         tools: ToolList::from_values(tools),
@@ -386,6 +474,7 @@ impl Actor {
                         self.sessions.up(generation, wire, init);
                         self.sync_dirty |= dirty;
                         self.resync_if_dirty(generation);
+                        self.save_cache();
                     }
                 }
                 Err(ConnectError::Closed(error)) => {
@@ -432,12 +521,26 @@ impl Actor {
                             tools: ToolList::from_values(tools),
                         })
                         .await;
+                        self.save_cache();
                     }
                     Err(e) => {
                         tracing::warn!(target: "mcpd::supervisor", mcpd_server = %self.name, generation, "re-reading the tool list failed: {e}");
                     }
                 }
                 self.resync_if_dirty(generation);
+            }
+            Internal::Demand => self.step(Event::Demand).await,
+            Internal::CacheStored { text, result } => {
+                self.cache.busy = false;
+                match result {
+                    Ok(()) => self.cache.written = Some(text),
+                    Err(e) => {
+                        tracing::warn!(target: "mcpd::supervisor", mcpd_server = %self.name, "cannot keep the server's lists for when it is idle: {e}");
+                    }
+                }
+                if std::mem::take(&mut self.cache.dirty) {
+                    self.save_cache();
+                }
             }
             Internal::Probed {
                 generation,
@@ -460,6 +563,57 @@ impl Actor {
                 .await;
             }
         }
+    }
+
+    /// An on-demand unit's cached lists, handed to its sessions; a cache
+    /// that cannot be read is warned about and the lists learnt again.
+    async fn restore(&mut self) -> Option<super::machine::Cached> {
+        let file = self.cache.file.clone()?;
+        let loaded = tokio::task::spawn_blocking(move || file.load()).await;
+        match loaded {
+            Ok(Ok(Some(restored))) => {
+                self.cache.written = None;
+                self.sessions.restore(restored.init, restored.lists);
+                Some(restored.cached)
+            }
+            Ok(Ok(None)) => None,
+            Ok(Err(e)) => {
+                tracing::warn!(target: "mcpd::supervisor", mcpd_server = %self.name, "{e}; starting the server to learn its lists");
+                None
+            }
+            Err(e) => {
+                tracing::warn!(target: "mcpd::supervisor", mcpd_server = %self.name, "reading the cache failed: {e}");
+                None
+            }
+        }
+    }
+
+    /// Writes an on-demand unit's cache when what its established
+    /// generation said differs from what was written.
+    fn save_cache(&mut self) {
+        let (Some(file), Some(init)) = (&self.cache.file, &self.cache.init) else {
+            return;
+        };
+        if self.machine.established().is_none() {
+            // Lists are kept or withdrawn now, not learnt.
+            return;
+        }
+        if self.cache.busy {
+            self.cache.dirty = true;
+            return;
+        }
+        let lists = Kind::ALL.map(|kind| self.sessions.list(kind));
+        let text = file.render(init, self.machine.server_tools(), &lists);
+        if self.cache.written.as_ref() == Some(&text) {
+            return;
+        }
+        self.cache.busy = true;
+        let file = file.clone();
+        let tx = self.internal_tx.clone();
+        tokio::task::spawn_blocking(move || {
+            let result = file.store(&text);
+            let _ = tx.send(Internal::CacheStored { text, result });
+        });
     }
 
     /// One more sync if a list_changed arrived while the last was running,

@@ -48,6 +48,9 @@ pub use super::tools::ToolList;
 pub enum State {
     Starting,
     Running,
+    /// An on-demand unit with no process, waiting for its first use
+    /// (DESIGN §9).
+    Idle,
     Retrying,
     Reconnecting,
     Failed,
@@ -57,8 +60,9 @@ pub enum State {
 
 impl State {
     /// Every state, in the order summaries list them (healthy first).
-    pub const ALL: [State; 7] = [
+    pub const ALL: [State; 8] = [
         State::Running,
+        State::Idle,
         State::Starting,
         State::Retrying,
         State::Reconnecting,
@@ -79,6 +83,7 @@ impl State {
         match self {
             State::Starting => "starting",
             State::Running => "running",
+            State::Idle => "idle",
             State::Retrying => "retrying",
             State::Reconnecting => "reconnecting",
             State::Failed => "failed",
@@ -167,6 +172,9 @@ pub enum Timer {
     Probe,
     /// `health.timeout` for the probe in flight.
     ProbeTimeout,
+    /// `idle-stop` after the last use of an established on-demand
+    /// generation.
+    IdleStop,
 }
 
 /// The timing rules of a unit as the machine applies them, taken from its
@@ -179,6 +187,8 @@ pub struct Timing {
     /// Generations run a process (stdio) that must be reaped.
     pub uses_process: bool,
     pub health: HealthPolicy,
+    /// `idle-stop` of an on-demand unit; None: it runs always.
+    pub idle_stop: Option<Duration>,
 }
 
 impl From<&UnitSpec> for Timing {
@@ -189,13 +199,34 @@ impl From<&UnitSpec> for Timing {
             stop_timeout: spec.stop_timeout(),
             uses_process: matches!(spec.transport(), crate::unit::Transport::Stdio(_)),
             health: spec.health(),
+            idle_stop: spec.activation().idle_stop(),
         }
     }
+}
+
+/// What an on-demand unit's cache (DESIGN §9) says of its last
+/// established generation.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Cached {
+    /// The server's tools (before the unit's filter).
+    pub tools: ToolList,
+    pub instructions: Option<String>,
 }
 
 /// What the machine is told.
 #[derive(Debug, Clone)]
 pub enum Event {
+    /// The daemon loaded the unit: an always unit starts; an on-demand
+    /// unit with `cached` lists waits for its first use (`idle`), without
+    /// starts once to learn them.
+    Arm { cached: Option<Cached> },
+    /// A request needs the server (DESIGN §9): an idle unit starts, one
+    /// stopping because it was idle starts again once stopped.
+    Demand,
+    /// At an `idle-stop` deadline the actor reports when the server was
+    /// last used (a request sent or answered), and whether a request is
+    /// in flight.
+    Used { generation: Gen, at: Instant, busy: bool },
     /// Operator: start with a fresh budget if stopped or failed.
     Start,
     /// Operator: stop; tools are withdrawn once the process is gone.
@@ -271,6 +302,8 @@ enum Verdict {
 enum Then {
     Recover(Verdict),
     Stop,
+    /// Stopped for being idle: `idle`, lists kept.
+    Idle,
     /// Start afresh (restart, changed unit): a new generation, a fresh budget.
     Fresh,
 }
@@ -319,6 +352,10 @@ enum Phase {
         stable_at: Option<Instant>,
         /// Once established.
         live: Option<Liveness>,
+        /// The last use (an on-demand unit idles `idle-stop` after it):
+        /// when it was established, or a request was last sent or
+        /// answered.
+        used: Instant,
     },
     /// A generation is being taken down.
     Ending {
@@ -503,6 +540,11 @@ impl Machine {
         }
     }
 
+    /// What the server listed last (before the unit's filter).
+    pub fn server_tools(&self) -> &ToolList {
+        &self.server_tools
+    }
+
     /// Whether the server lists tool `name` (before the unit's filter);
     /// `None` while it lists none (a server that lists nothing may still
     /// take calls).
@@ -517,14 +559,15 @@ impl Machine {
     }
 
     /// Every armed timer: the phase's, and an established generation's
-    /// probe timer.
-    fn armed(&self) -> [Option<(Timer, Instant)>; 2] {
+    /// probe and idle-stop timers.
+    fn armed(&self) -> [Option<(Timer, Instant)>; 3] {
         match &self.phase {
             Phase::Active {
                 g,
                 started,
                 stable_at,
                 live,
+                used,
             } => {
                 if g.established {
                     let health = self.timing.health;
@@ -532,17 +575,24 @@ impl Machine {
                         Some((_, sent)) => (Timer::ProbeTimeout, sent + health.timeout()),
                         None => (Timer::Probe, l.heard + health.interval()),
                     });
-                    [stable_at.map(|at| (Timer::Stable, at)), probe]
+                    let idle = self
+                        .timing
+                        .idle_stop
+                        .map(|after| (Timer::IdleStop, *used + after));
+                    [stable_at.map(|at| (Timer::Stable, at)), probe, idle]
                 } else {
                     [
                         Some((Timer::Startup, *started + self.timing.startup_timeout)),
                         None,
+                        None,
                     ]
                 }
             }
-            Phase::Ending { deadline, .. } => [deadline.map(|at| (Timer::KillGrace, at)), None],
-            Phase::Backoff { at, .. } => [Some((Timer::Retry, *at)), None],
-            Phase::Idle | Phase::Stuck { .. } => [None, None],
+            Phase::Ending { deadline, .. } => {
+                [deadline.map(|at| (Timer::KillGrace, at)), None, None]
+            }
+            Phase::Backoff { at, .. } => [Some((Timer::Retry, *at)), None, None],
+            Phase::Idle | Phase::Stuck { .. } => [None, None, None],
         }
     }
 
@@ -612,6 +662,20 @@ impl Machine {
     pub fn step(&mut self, event: Event, now: Instant) -> Vec<Effect> {
         let mut fx = Vec::new();
         match event {
+            Event::Arm { cached } => self.arm(cached, now, &mut fx),
+            Event::Demand => self.demand(now, &mut fx),
+            Event::Used {
+                generation,
+                at,
+                busy,
+            } => {
+                if let Phase::Active { g, used, .. } = &mut self.phase
+                    && g.generation == generation
+                {
+                    // A request in flight is use until it is answered.
+                    *used = (*used).max(if busy { now } else { at });
+                }
+            }
             Event::Start => self.start(now, &mut fx),
             Event::Stop => self.stop(now, &mut fx),
             Event::Restart => self.restart(now, &mut fx),
@@ -625,6 +689,9 @@ impl Machine {
                 // A stopped unit stays stopped; a failed one gets a new chance.
                 if restart && self.state != State::Stopped {
                     self.restart(now, &mut fx);
+                } else if self.state == State::Idle && self.timing.idle_stop.is_none() {
+                    // No longer on demand: an always unit runs.
+                    self.start(now, &mut fx);
                 }
             }
             Event::Spawned { generation, pid } => {
@@ -650,12 +717,17 @@ impl Machine {
                 instructions,
             } => {
                 if let Phase::Active {
-                    g, stable_at, live, ..
+                    g,
+                    stable_at,
+                    live,
+                    used,
+                    ..
                 } = &mut self.phase
                     && g.generation == generation
                     && !g.established
                 {
                     g.established = true;
+                    *used = now;
                     *live = Some(Liveness {
                         heard: now,
                         probe: None,
@@ -795,6 +867,7 @@ impl Machine {
             started: now,
             stable_at: None,
             live: None,
+            used: now,
         };
         if retry == 0 {
             self.set_state(State::Starting, String::new(), now);
@@ -932,6 +1005,18 @@ impl Machine {
                 self.withdraw_tools();
                 self.set_state(State::Stopped, String::new(), now);
             }
+            Then::Idle => {
+                // Its lists stay published: they are answered from here
+                // (and the cache) until the next use starts it.
+                self.phase = Phase::Idle;
+                self.outage = None;
+                let after = self.timing.idle_stop.unwrap_or_default();
+                self.set_state(
+                    State::Idle,
+                    format!("stopped after {} idle", humantime::format_duration(after)),
+                    now,
+                );
+            }
             Then::Fresh => self.begin_fresh(now, fx),
         }
     }
@@ -984,6 +1069,10 @@ impl Machine {
                 self.outage = None;
             }
             (Timer::Probe, Phase::Active { .. }) => self.probe(now, fx),
+            (Timer::IdleStop, Phase::Active { .. }) => {
+                self.set_state(State::Stopping, String::new(), now);
+                self.end(Then::Idle, false, now, fx);
+            }
             (
                 Timer::ProbeTimeout,
                 Phase::Active {
@@ -1059,10 +1148,49 @@ impl Machine {
         }
     }
 
+    fn arm(&mut self, cached: Option<Cached>, now: Instant, fx: &mut Vec<Effect>) {
+        if !(self.phase == Phase::Idle && self.state == State::Stopped) {
+            return;
+        }
+        match (self.timing.idle_stop, cached) {
+            (Some(_), Some(cached)) => {
+                self.instructions = cached.instructions;
+                self.publish(0, cached.tools);
+                self.set_state(State::Idle, "waiting for first use".into(), now);
+            }
+            // Always, or on demand with nothing known yet: start (and
+            // learn the lists, then idle).
+            _ => self.begin_fresh(now, fx),
+        }
+    }
+
+    fn demand(&mut self, now: Instant, fx: &mut Vec<Effect>) {
+        match &mut self.phase {
+            Phase::Idle if self.state == State::Idle => self.begin_fresh(now, fx),
+            Phase::Ending { then, .. } if *then == Then::Idle => *then = Then::Fresh,
+            _ => {}
+        }
+    }
+
+    /// Whether a request made now will reach the server once its start
+    /// (on demand, or already under way) is done: it may wait for it
+    /// instead of failing (DESIGN §9).
+    pub fn will_serve(&self) -> bool {
+        self.timing.idle_stop.is_some()
+            && match &self.phase {
+                Phase::Active { .. } => true,
+                Phase::Ending { then, .. } => *then == Then::Fresh,
+                Phase::Idle => self.state == State::Idle,
+                Phase::Backoff { .. } | Phase::Stuck { .. } => false,
+            }
+    }
+
     fn start(&mut self, now: Instant, fx: &mut Vec<Effect>) {
         match &mut self.phase {
             Phase::Idle => self.begin_fresh(now, fx),
-            Phase::Ending { then, .. } if *then == Then::Stop => *then = Then::Fresh,
+            Phase::Ending { then, .. } if matches!(*then, Then::Stop | Then::Idle) => {
+                *then = Then::Fresh
+            }
             Phase::Stuck { .. } => self.insist(Then::Fresh, now, fx),
             _ => {}
         }

@@ -14,6 +14,7 @@
 
 pub mod accounting;
 mod actor;
+pub mod cache;
 pub mod cgroup;
 pub mod envfile;
 pub mod launch;
@@ -168,6 +169,8 @@ pub struct Supervisor {
     logs: LogRing,
     counters: Arc<Counters>,
     launcher: SharedLauncher,
+    /// `start "on-demand"` (as last applied).
+    on_demand: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl fmt::Debug for Supervisor {
@@ -180,14 +183,17 @@ impl fmt::Debug for Supervisor {
 }
 
 impl Supervisor {
-    /// Starts the actor for unit `name` (stopped until [`start`](Self::start)).
-    /// The task ends after [`shutdown`](Self::shutdown) or once every handle
+    /// Starts the actor for unit `name` (stopped until [`arm`](Self::arm)
+    /// or [`start`](Self::start)). An on-demand unit keeps its cache in
+    /// `cache_dir` (none: it learns its lists at every daemon start). The
+    /// task ends after [`shutdown`](Self::shutdown) or once every handle
     /// is dropped, in both cases after stopping the server.
     pub fn spawn(
         name: &str,
         spec: UnitSpec,
         launcher: SharedLauncher,
         logs: LogRing,
+        cache_dir: Option<std::path::PathBuf>,
     ) -> (Self, JoinHandle<()>) {
         let (commands_tx, commands_rx) = mpsc::unbounded_channel();
         let initial = actor::status_of(
@@ -197,6 +203,9 @@ impl Supervisor {
         let (status_tx, status_rx) = watch::channel(initial);
         let counters = Arc::<Counters>::default();
         launcher.configure(&spec);
+        let on_demand = Arc::new(std::sync::atomic::AtomicBool::new(
+            spec.activation().idle_stop().is_some(),
+        ));
         let actor = Actor::new(
             name,
             spec,
@@ -204,6 +213,7 @@ impl Supervisor {
             commands_rx,
             status_tx,
             Arc::clone(&counters),
+            cache_dir,
         );
         let sessions = actor.sessions();
         let task = tokio::spawn(actor.run());
@@ -216,6 +226,7 @@ impl Supervisor {
                 logs,
                 counters,
                 launcher,
+                on_demand,
             },
             task,
         )
@@ -242,7 +253,15 @@ impl Supervisor {
         &self.name
     }
 
-    /// Starts the server with a fresh retry budget if it is stopped or failed.
+    /// The daemon loaded the unit: an always unit starts; an on-demand one
+    /// becomes `idle` with its cached lists, or starts once to learn them
+    /// (DESIGN §9).
+    pub fn arm(&self) {
+        let _ = self.commands.send(Command::Arm);
+    }
+
+    /// Starts the server with a fresh retry budget if it is stopped or
+    /// failed (an idle on-demand server too: now).
     pub fn start(&self) {
         let _ = self.commands.send(Command::Start);
     }
@@ -261,6 +280,10 @@ impl Supervisor {
     /// starts a new generation under the new spec; without, only the
     /// policy and metadata change.
     pub fn apply(&self, spec: UnitSpec, restart: bool) {
+        self.on_demand.store(
+            spec.activation().idle_stop().is_some(),
+            std::sync::atomic::Ordering::Relaxed,
+        );
         let _ = self.commands.send(Command::Apply {
             spec: Box::new(spec),
             restart,
@@ -351,6 +374,15 @@ impl Supervisor {
     /// or stops); None when it does not offer them or they were not read.
     pub fn list(&self, kind: ListKind) -> Option<Arc<str>> {
         self.sessions.list(kind)
+    }
+
+    /// Whether a request made now is answered by the server: it runs, or
+    /// it is on demand and starts for it (or is starting already).
+    pub fn serves(&self) -> bool {
+        let state = self.status.borrow().state;
+        state == State::Running
+            || (self.on_demand.load(std::sync::atomic::Ordering::Relaxed)
+                && matches!(state, State::Idle | State::Starting | State::Stopping))
     }
 
     /// The error a request gets now that the server is not running.

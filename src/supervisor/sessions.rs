@@ -19,7 +19,14 @@
 //!   changed, after mcpd re-synced it;
 //! - `tools/call` of a filtered tool is refused; every call is accounted;
 //! - `roots/list` is answered from the unit's `roots` when it has any;
-//! - requests while the upstream is down get the outage error (§3).
+//! - requests while the upstream is down get the outage error (§3), but
+//!   those that need an on-demand unit's server (DESIGN §9: anything but
+//!   `initialize`, the lists, `ping` and the session's own settings) are
+//!   held while it starts, and start it when it is idle; an idle server's
+//!   lists and `initialize` are answered from what its last generation
+//!   said (restored from the cache after a daemon restart);
+//! - the unit's last use (a request sent or answered) is kept for its
+//!   `idle-stop`.
 //!
 //! mcpd's own requests (tool syncs, D-Bus `CallTool`) go through the same
 //! router ([`Sessions::request`]), so their ids never collide with hosts'.
@@ -86,19 +93,40 @@ enum Input {
     Configure {
         filter: ToolFilter,
         roots: Vec<String>,
+        on_demand: bool,
     },
     Request {
         token: u64,
         method: String,
         params: Value,
         reply: oneshot::Sender<Result<Value, String>>,
-        /// A liveness probe: its answer is not a sign of life (the
-        /// machine judges it by its timeout).
-        probe: bool,
+        purpose: Purpose,
+    },
+    /// An idle on-demand unit's lists, as its last generation left them.
+    Restore {
+        init: Arc<Value>,
+        lists: [Option<Arc<str>>; 3],
+    },
+    /// When the server was last used, and whether a request is in flight.
+    Activity {
+        reply: oneshot::Sender<(Instant, bool)>,
     },
     Cancel {
         token: u64,
     },
+}
+
+/// What mcpd's own request is for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Purpose {
+    /// On a client's behalf (D-Bus `CallTool`, `ReadResource`): a use of
+    /// the server, held while an on-demand server starts.
+    Use,
+    /// mcpd's own bookkeeping (a tool-list sync).
+    Sync,
+    /// A liveness probe: its answer is not a sign of life (the machine
+    /// judges it by its timeout).
+    Probe,
 }
 
 /// The handle to a unit's host sessions.
@@ -164,6 +192,7 @@ impl Sessions {
         counters: Arc<Counters>,
         filter: ToolFilter,
         roots: Vec<String>,
+        on_demand: bool,
     ) -> Self {
         let (tx, rx) = mpsc::unbounded_channel();
         let count = Arc::new(AtomicUsize::new(0));
@@ -193,6 +222,8 @@ impl Sessions {
             counters,
             filter,
             roots,
+            on_demand,
+            used: now(),
             count: Arc::clone(&count),
             doomed: Vec::new(),
         };
@@ -216,7 +247,21 @@ impl Sessions {
     /// A liveness probe: MCP `ping`, its whole answer. The caller bounds
     /// the wait; dropping it cancels the ping.
     pub(crate) async fn probe(&self) -> Result<Value, String> {
-        self.send_request("ping", json!({}), true).await
+        self.send_request("ping", json!({}), Purpose::Probe).await
+    }
+
+    /// When the server was last used (a request of a host or a client
+    /// sent or answered), and whether one is in flight.
+    pub(crate) async fn activity(&self) -> Option<(Instant, bool)> {
+        let (reply, answer) = oneshot::channel();
+        self.tx.send(Input::Activity { reply }).ok()?;
+        answer.await.ok()
+    }
+
+    /// An idle on-demand unit's `initialize` result and lists, from its
+    /// cache: answered to hosts until its server runs.
+    pub(crate) fn restore(&self, init: Arc<Value>, lists: [Option<Arc<str>>; 3]) {
+        let _ = self.tx.send(Input::Restore { init, lists });
     }
 
     /// The serials of the resource, template and prompt lists (indexed as
@@ -255,23 +300,28 @@ impl Sessions {
         let _ = self.tx.send(Input::Down { generation });
     }
 
-    /// The unit's tool filter and roots changed.
-    pub(crate) fn configure(&self, filter: ToolFilter, roots: Vec<String>) {
-        let _ = self.tx.send(Input::Configure { filter, roots });
+    /// The unit's tool filter, roots and activation changed.
+    pub(crate) fn configure(&self, filter: ToolFilter, roots: Vec<String>, on_demand: bool) {
+        let _ = self.tx.send(Input::Configure {
+            filter,
+            roots,
+            on_demand,
+        });
     }
 
-    /// mcpd's own request upstream: the server's whole answer (a `result`
-    /// or an `error` member), or why there is none. Dropping the future
-    /// cancels the request upstream.
+    /// A request upstream on a client's behalf: the server's whole answer
+    /// (a `result` or an `error` member), or why there is none. It waits
+    /// while an on-demand server starts. Dropping the future cancels the
+    /// request upstream.
     pub(crate) async fn request(&self, method: &str, params: Value) -> Result<Value, String> {
-        self.send_request(method, params, false).await
+        self.send_request(method, params, Purpose::Use).await
     }
 
     async fn send_request(
         &self,
         method: &str,
         params: Value,
-        probe: bool,
+        purpose: Purpose,
     ) -> Result<Value, String> {
         let token = self.tokens.fetch_add(1, Ordering::Relaxed);
         let (reply, answer) = oneshot::channel();
@@ -280,7 +330,7 @@ impl Sessions {
             method: method.to_owned(),
             params,
             reply,
-            probe,
+            purpose,
         });
         if sent.is_err() {
             return Err("the server's sessions have ended".into());
@@ -304,7 +354,7 @@ impl Sessions {
                 Some(c) => json!({"cursor": c}),
                 None => json!({}),
             };
-            let mut answer = self.request(method, params).await?;
+            let mut answer = self.send_request(method, params, Purpose::Sync).await?;
             let Some(mut page) = answer.get_mut("result").map(Value::take) else {
                 return Err(format!(
                     "{method} failed: {}",
@@ -407,6 +457,8 @@ struct Cache {
 /// Who waits for the answer to mcpd's own request.
 enum Waiter {
     Caller(u64, oneshot::Sender<Result<Value, String>>),
+    /// A client's request (a use of the server).
+    Use(u64, oneshot::Sender<Result<Value, String>>),
     /// A liveness probe's caller.
     Probe(u64, oneshot::Sender<Result<Value, String>>),
     Page(Kind),
@@ -460,6 +512,10 @@ struct Task {
     counters: Arc<Counters>,
     filter: ToolFilter,
     roots: Vec<String>,
+    /// `start "on-demand"`: requests wait for the server to start.
+    on_demand: bool,
+    /// The last use: a request of a host or client sent or answered.
+    used: Instant,
     count: Arc<AtomicUsize>,
     /// Hosts to detach once the current message is handled.
     doomed: Vec<(HostId, &'static str)>,
@@ -525,26 +581,51 @@ impl Task {
                     self.deliver(outs, None);
                 }
             }
-            Input::Configure { filter, roots } => {
+            Input::Configure {
+                filter,
+                roots,
+                on_demand,
+            } => {
                 self.filter = filter;
                 self.roots = roots;
+                self.on_demand = on_demand;
+                self.update_hold();
             }
             Input::Request {
                 token,
                 method,
                 params,
                 reply,
-                probe,
+                purpose,
             } => {
-                let (id, out) = self.router.request(&method, params);
-                let waiter = if probe {
-                    Waiter::Probe(token, reply)
-                } else {
-                    Waiter::Caller(token, reply)
+                let waiter = match purpose {
+                    Purpose::Use => {
+                        self.used = now();
+                        Waiter::Use(token, reply)
+                    }
+                    Purpose::Sync => Waiter::Caller(token, reply),
+                    Purpose::Probe => Waiter::Probe(token, reply),
                 };
+                let (id, outs) = self.router.request(&method, params);
                 self.own.insert(id, waiter);
                 self.tokens.insert(token, id);
-                self.deliver(vec![out], None);
+                self.deliver(outs, None);
+                self.demand_if_held();
+            }
+            Input::Restore { init, lists } => {
+                if self.init.is_none() {
+                    self.init = Some(init);
+                }
+                for (kind, list) in Kind::ALL.into_iter().zip(lists) {
+                    if list.is_some() && self.cached(kind).is_none() {
+                        self.set_list(kind, list);
+                    }
+                }
+            }
+            Input::Activity { reply } => {
+                let busy = self.router.hosts_busy()
+                    || self.own.values().any(|w| matches!(w, Waiter::Use(..)));
+                let _ = reply.send((self.used, busy));
             }
             Input::Cancel { token } => {
                 if let Some(id) = self.tokens.remove(&token) {
@@ -647,12 +728,23 @@ impl Task {
                         let _ = up.tx.send(message);
                     }
                 }
-                Out::Host(host, message) => self.send(host, &message),
+                Out::Host(host, message) => {
+                    if message.get("method").is_none() {
+                        // An answer to a host: a use.
+                        self.used = now();
+                    }
+                    self.send(host, &message);
+                }
                 Out::Down { host, id } => {
                     let text = self.down_text(lost);
                     self.send(host, &error(&id, SERVER_DOWN, text));
                 }
                 Out::Answer(id, message) => match self.own.remove(&id) {
+                    Some(Waiter::Use(token, reply)) => {
+                        self.used = now();
+                        self.tokens.remove(&token);
+                        let _ = reply.send(Ok(message));
+                    }
                     Some(Waiter::Caller(token, reply) | Waiter::Probe(token, reply)) => {
                         self.tokens.remove(&token);
                         let _ = reply.send(Ok(message));
@@ -661,7 +753,11 @@ impl Task {
                     None => {}
                 },
                 Out::Unanswered(id) => match self.own.remove(&id) {
-                    Some(Waiter::Caller(token, reply) | Waiter::Probe(token, reply)) => {
+                    Some(
+                        Waiter::Caller(token, reply)
+                        | Waiter::Use(token, reply)
+                        | Waiter::Probe(token, reply),
+                    ) => {
                         self.tokens.remove(&token);
                         let _ = reply.send(Err(self.down_text(lost)));
                     }
@@ -722,6 +818,7 @@ impl Task {
             let s = self.status.borrow_and_update();
             (s.tools_serial, s.state)
         };
+        self.update_hold();
         if serial != self.serial {
             self.serial = serial;
             self.broadcast("notifications/tools/list_changed");
@@ -802,9 +899,9 @@ impl Task {
             Some(cursor) => json!({"cursor": cursor}),
             None => json!({}),
         };
-        let (id, out) = self.router.request(kind.method(), params);
+        let (id, outs) = self.router.request(kind.method(), params);
         self.own.insert(id, Waiter::Page(kind));
-        self.deliver(vec![out], None);
+        self.deliver(outs, None);
     }
 
     /// A page of list `kind` arrived.
@@ -889,6 +986,9 @@ impl Task {
             } else {
                 // Answered once the first generation is established.
                 self.waiting.push((host, id.clone(), params.clone()));
+                if state == State::Idle {
+                    let _ = self.events.send(Internal::Demand);
+                }
             }
             return;
         };
@@ -1067,8 +1167,40 @@ impl Task {
             record.caller = h.caller;
             h.calls.insert(key, record);
         }
+        if !matches!(
+            name,
+            "ping" | "logging/setLevel" | "resources/subscribe" | "resources/unsubscribe"
+        ) {
+            // What needs the server is a use (the session's own settings
+            // and pings are not).
+            self.used = now();
+        }
         let outs = self.router.from_host(host, message);
         self.deliver(outs, None);
+        self.demand_if_held();
+    }
+
+    /// Requests are held while an on-demand unit's server is idle,
+    /// starting, or stopping (to be started again): they are sent once it
+    /// is up, and fail with the outage error once it cannot be (its start
+    /// failed, or it was stopped).
+    fn update_hold(&mut self) {
+        let state = self.status.borrow().state;
+        let hold = self.on_demand
+            && matches!(
+                state,
+                State::Idle | State::Starting | State::Running | State::Stopping
+            );
+        let outs = self.router.hold(hold);
+        self.deliver(outs, None);
+    }
+
+    /// A request waits for an idle server: ask the actor to start it
+    /// (a start under way already is left alone).
+    fn demand_if_held(&mut self) {
+        if self.upstream.is_none() && self.router.holding() {
+            let _ = self.events.send(Internal::Demand);
+        }
     }
 
     fn on_server(&mut self, message: Value) {

@@ -43,6 +43,12 @@ impl Instance {
         )
     }
 
+    /// The state directory (on-demand caches) of this instance as seen
+    /// from this process's environment; see [`state_dir`].
+    pub fn state_dir(self) -> PathBuf {
+        state_dir(self, |var| std::env::var_os(var))
+    }
+
     /// The rules units are loaded under by this instance's daemon, run as
     /// this process's user.
     pub fn load_context(self) -> Context {
@@ -98,9 +104,71 @@ pub fn runtime_dir(
     }
 }
 
+/// `/var/lib/mcpd` for the system instance; `$XDG_STATE_HOME/mcpd` (else
+/// `~/.local/state/mcpd`) for a user instance. systemd's
+/// `$STATE_DIRECTORY` (from `StateDirectory=mcpd`, its first entry) wins
+/// over both, and `MCPD_STATE_DIR` over everything (tests, several daemons).
+pub fn state_dir(instance: Instance, env: impl Fn(&str) -> Option<OsString>) -> PathBuf {
+    let absolute = |var: &str| env(var).map(PathBuf::from).filter(|p| p.is_absolute());
+    if let Some(dir) = absolute("MCPD_STATE_DIR") {
+        return dir;
+    }
+    let systemd = env("STATE_DIRECTORY")
+        .and_then(|v| v.to_str().and_then(|v| v.split(':').next()).map(PathBuf::from))
+        .filter(|p| p.is_absolute());
+    if let Some(dir) = systemd {
+        return dir;
+    }
+    match instance {
+        Instance::System => PathBuf::from("/var/lib/mcpd"),
+        Instance::User => absolute("XDG_STATE_HOME")
+            .or_else(|| absolute("HOME").map(|home| home.join(".local/state")))
+            .unwrap_or_else(|| std::env::temp_dir().join(format!(
+                "mcpd-state-{}",
+                rustix::process::geteuid().as_raw()
+            )))
+            .join("mcpd"),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn state_dirs() {
+        let cases: [(Instance, &[(&str, &str)], &str); 7] = [
+            (Instance::System, &[], "/var/lib/mcpd"),
+            (Instance::System, &[("STATE_DIRECTORY", "/var/lib/mcpd:/x")], "/var/lib/mcpd"),
+            (Instance::System, &[("MCPD_STATE_DIR", "/s"), ("STATE_DIRECTORY", "/x")], "/s"),
+            (Instance::User, &[("HOME", "/home/a")], "/home/a/.local/state/mcpd"),
+            (
+                Instance::User,
+                &[("HOME", "/home/a"), ("XDG_STATE_HOME", "/st")],
+                "/st/mcpd",
+            ),
+            (
+                Instance::User,
+                &[("STATE_DIRECTORY", "/home/a/.local/state/mcpd"), ("XDG_STATE_HOME", "/st")],
+                "/home/a/.local/state/mcpd",
+            ),
+            // relative values are ignored
+            (
+                Instance::User,
+                &[("HOME", "/home/a"), ("XDG_STATE_HOME", "st"), ("MCPD_STATE_DIR", "s")],
+                "/home/a/.local/state/mcpd",
+            ),
+        ];
+        for (instance, vars, want) in cases {
+            let env = |var: &str| {
+                vars.iter()
+                    .find(|(k, _)| *k == var)
+                    .map(|(_, v)| OsString::from(v))
+            };
+            assert_eq!(state_dir(instance, env), PathBuf::from(want), "{instance:?} {vars:?}");
+        }
+    }
+
 
     #[test]
     fn runtime_dirs() {

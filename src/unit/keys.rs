@@ -263,6 +263,22 @@ pub const KEYS: &[Key] = &[
     ),
     key(
         Top,
+        "start",
+        Kind::String,
+        Replace,
+        Some(Field::Start),
+        "\"on-demand\"",
+    ),
+    key(
+        Top,
+        "idle-stop",
+        Kind::Duration,
+        Replace,
+        Some(Field::IdleStop),
+        "\"10m\"",
+    ),
+    key(
+        Top,
         "roots",
         Kind::Strings,
         AppendUnique,

@@ -21,6 +21,8 @@ pub const DEFAULT_MAX_ATTEMPTS: u32 = 10;
 pub const DEFAULT_STARTUP_TIMEOUT: Duration = Duration::from_secs(30);
 /// Default `stop-timeout`.
 pub const DEFAULT_STOP_TIMEOUT: Duration = Duration::from_secs(5);
+/// Default `idle-stop` of an on-demand unit.
+pub const DEFAULT_IDLE_STOP: Duration = Duration::from_secs(600);
 
 /// Default `health.interval`: silence before a probe.
 pub const DEFAULT_HEALTH_INTERVAL: Duration = Duration::from_secs(30);
@@ -83,6 +85,8 @@ pub struct UnitSpec {
     log_rate_limit: Option<RateLimit>,
     startup_timeout: Duration,
     stop_timeout: Duration,
+    /// `start` and `idle-stop`.
+    activation: Activation,
     /// `file://` URIs answered to the server's `roots/list`.
     roots: Vec<String>,
     /// `tools { allow …; deny … }`.
@@ -120,6 +124,35 @@ impl ToolFilter {
             return Some(format!("it matches no allow ({})", globs.join(", ")));
         }
         None
+    }
+}
+
+/// When the server runs (`start`, DESIGN §9).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Activation {
+    /// `start "always"`: from when the unit is loaded until it is stopped.
+    #[default]
+    Always,
+    /// `start "on-demand"`: on first use, stopped after `idle_stop` with
+    /// nothing in flight and nothing asked.
+    OnDemand { idle_stop: Duration },
+}
+
+impl Activation {
+    /// The `start` word.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Activation::Always => "always",
+            Activation::OnDemand { .. } => "on-demand",
+        }
+    }
+
+    /// `idle-stop` of an on-demand unit.
+    pub fn idle_stop(self) -> Option<Duration> {
+        match self {
+            Activation::Always => None,
+            Activation::OnDemand { idle_stop } => Some(idle_stop),
+        }
     }
 }
 
@@ -238,6 +271,8 @@ pub enum Field {
     LogRateLimit,
     StartupTimeout,
     StopTimeout,
+    Start,
+    IdleStop,
     Roots(usize),
     ToolsAllow(usize),
     ToolsDeny(usize),
@@ -293,6 +328,9 @@ pub struct UnitDraft {
     pub log_rate_limit: Option<Option<(i128, Duration)>>,
     pub startup_timeout: Option<Duration>,
     pub stop_timeout: Option<Duration>,
+    /// `start`: "always" or "on-demand".
+    pub start: Option<String>,
+    pub idle_stop: Option<Duration>,
     /// `roots`: file:// URIs.
     pub roots: Vec<String>,
     /// `tools.allow` globs.
@@ -521,6 +559,38 @@ impl Judge {
             read_only,
             read_write,
             network,
+        }
+    }
+
+    /// `start` and `idle-stop`: an `idle-stop` only with `start
+    /// "on-demand"`.
+    fn activation(&mut self, start: Option<&str>, idle_stop: Option<Duration>) -> Activation {
+        let on_demand = match start {
+            None | Some("always") => false,
+            Some("on-demand") => true,
+            Some(other) => {
+                self.fail(
+                    Field::Start,
+                    format!("`start`: \"{other}\" is not a start mode"),
+                )
+                .help = Some("write \"always\" or \"on-demand\"".into());
+                self.duration(Field::IdleStop, idle_stop, DEFAULT_IDLE_STOP);
+                return Activation::Always;
+            }
+        };
+        if !on_demand {
+            if idle_stop.is_some() {
+                let e = self.fail(
+                    Field::IdleStop,
+                    "`idle-stop` applies to an on-demand unit, but this one starts \"always\"",
+                );
+                e.related = start.is_some().then_some(Field::Start);
+                e.help = Some("add `start \"on-demand\"`, or remove `idle-stop`".into());
+            }
+            return Activation::Always;
+        }
+        Activation::OnDemand {
+            idle_stop: self.duration(Field::IdleStop, idle_stop, DEFAULT_IDLE_STOP),
         }
     }
 
@@ -753,6 +823,7 @@ impl UnitSpec {
         );
         let stop_timeout =
             judge.duration(Field::StopTimeout, draft.stop_timeout, DEFAULT_STOP_TIMEOUT);
+        let activation = judge.activation(draft.start.as_deref(), draft.idle_stop);
 
         let roots = judge.roots(draft.roots);
         let tool_filter = ToolFilter {
@@ -771,6 +842,7 @@ impl UnitSpec {
                 log_rate_limit,
                 startup_timeout,
                 stop_timeout,
+                activation,
                 roots,
                 tool_filter,
             }),
@@ -818,6 +890,11 @@ impl UnitSpec {
     /// SIGTERM to the process group, then SIGKILL after this.
     pub fn stop_timeout(&self) -> Duration {
         self.stop_timeout
+    }
+
+    /// When the server runs: always, or on demand (DESIGN §9).
+    pub fn activation(&self) -> Activation {
+        self.activation
     }
 
     /// Which tools are published and callable.

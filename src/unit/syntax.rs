@@ -1053,6 +1053,8 @@ impl Layer {
             log_rate_limit,
             startup_timeout: d.duration(&mut self, "startup-timeout"),
             stop_timeout: d.duration(&mut self, "stop-timeout"),
+            start: d.string(&mut self, "start"),
+            idle_stop: d.duration(&mut self, "idle-stop"),
             roots: d.list(&mut self, "roots"),
             tools_allow: d.list(&mut self, "tools.allow"),
             tools_deny: d.list(&mut self, "tools.deny"),

@@ -1,0 +1,202 @@
+//! The on-demand cache (DESIGN §9): what an on-demand unit's last
+//! established generation said — its `initialize` result, its tools (before
+//! the unit's filter), resources, resource templates and prompts — so that
+//! while no process runs, and after a daemon restart, hosts and D-Bus are
+//! answered without starting it.
+//!
+//! One file per unit, `STATE/cache/NAME.json` (mode 0600, in a 0700
+//! directory), written atomically. It is valid only for the transport it
+//! was made with (the key is a hash of the transport and the roots, which
+//! are part of `initialize`): a changed command finds no cache and learns
+//! the lists again. A file that cannot be read or parsed is an error for
+//! the caller to warn about, never a crash.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use serde_json::Value;
+
+use crate::unit::UnitSpec;
+
+use super::machine::{Cached, ToolList};
+use super::sessions::Kind;
+
+/// The format's version: a file of another version is not read.
+const VERSION: u64 = 1;
+
+/// The cache file of one unit.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CacheFile {
+    path: PathBuf,
+    key: String,
+}
+
+/// What a valid cache file holds.
+#[derive(Debug, Clone)]
+pub struct Restored {
+    pub init: Arc<Value>,
+    /// The tools and instructions, for the machine.
+    pub cached: Cached,
+    /// The resource, template and prompt lists (as [`Kind::ALL`]), as
+    /// JSON arrays; None where the server offered none.
+    pub lists: [Option<Arc<str>>; 3],
+}
+
+/// FNV-1a, 64 bits: stable across builds and machines.
+fn fnv(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
+        (h ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3)
+    })
+}
+
+impl CacheFile {
+    /// Unit `name`'s cache in `dir` (`STATE/cache`), for `spec`'s transport.
+    pub fn new(dir: &Path, name: &str, spec: &UnitSpec) -> Self {
+        // Debug of the transport names every setting that decides which
+        // server runs (command, arguments, environment, files, user, URL;
+        // header values redacted), and the roots are declared to it.
+        let what = format!("{:?}\n{:?}", spec.transport(), spec.roots());
+        Self {
+            path: dir.join(format!("{name}.json")),
+            key: format!("{:016x}", fnv(what.as_bytes())),
+        }
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The file's text for this state: `init` (the server's `initialize`
+    /// result), its `tools` and the three lists.
+    pub fn render(&self, init: &Value, tools: &ToolList, lists: &[Option<Arc<str>>; 3]) -> String {
+        let list = |l: &Option<Arc<str>>| l.as_deref().unwrap_or("null").to_owned();
+        format!(
+            "{{\"version\":{VERSION},\"key\":\"{}\",\"initialize\":{init},\"tools\":{},\"{}\":{},\"{}\":{},\"{}\":{}}}\n",
+            self.key,
+            tools.json(),
+            Kind::Resources.key(),
+            list(&lists[0]),
+            Kind::Templates.key(),
+            list(&lists[1]),
+            Kind::Prompts.key(),
+            list(&lists[2]),
+        )
+    }
+
+    /// Writes `text` (from [`render`](Self::render)); makes the directory
+    /// (0700) if needed.
+    pub fn store(&self, text: &str) -> Result<(), String> {
+        if let Some(dir) = self.path.parent() {
+            use std::os::unix::fs::DirBuilderExt;
+            std::fs::DirBuilder::new()
+                .recursive(true)
+                .mode(0o700)
+                .create(dir)
+                .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+        }
+        crate::files::write_atomically(&self.path, text.as_bytes(), 0o600)
+    }
+
+    /// The cached state, if the file exists and is for this transport;
+    /// an error names the file and what is wrong with it.
+    pub fn load(&self) -> Result<Option<Restored>, String> {
+        let text = match std::fs::read(&self.path) {
+            Ok(text) => text,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(format!("cannot read {}: {e}", self.path.display())),
+        };
+        let bad = |why: &str| format!("{} is not a valid cache: {why}", self.path.display());
+        let mut file: Value = serde_json::from_slice(&text).map_err(|e| bad(&e.to_string()))?;
+        if file["version"].as_u64() != Some(VERSION) {
+            return Err(bad("it is of another version"));
+        }
+        if file["key"].as_str() != Some(&self.key) {
+            // Written for another command: not this server's lists.
+            return Ok(None);
+        }
+        let init = match file.get_mut("initialize").map(Value::take) {
+            Some(init @ Value::Object(_)) => init,
+            _ => return Err(bad("no initialize result")),
+        };
+        let tools = match file.get_mut("tools").map(Value::take) {
+            Some(Value::Array(tools)) => tools,
+            _ => return Err(bad("no tools array")),
+        };
+        let mut lists: [Option<Arc<str>>; 3] = Default::default();
+        for (slot, kind) in lists.iter_mut().zip(Kind::ALL) {
+            *slot = match file.get(kind.key()) {
+                None | Some(Value::Null) => None,
+                Some(list @ Value::Array(_)) => Some(Arc::from(list.to_string())),
+                Some(_) => return Err(bad(&format!("{} is not an array", kind.key()))),
+            };
+        }
+        let instructions = init["instructions"].as_str().map(str::to_owned);
+        Ok(Some(Restored {
+            init: Arc::new(init),
+            cached: Cached {
+                tools: ToolList::from_values(tools),
+                instructions,
+            },
+            lists,
+        }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn spec(command: &str) -> UnitSpec {
+        UnitSpec::new(crate::unit::UnitDraft {
+            stdio: Some(crate::unit::spec::StdioDraft {
+                command: vec![command.to_owned()],
+                ..Default::default()
+            }),
+            start: Some("on-demand".into()),
+            ..Default::default()
+        })
+        .unwrap()
+    }
+
+    #[test]
+    fn a_stored_cache_loads_back_only_for_the_same_transport() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = CacheFile::new(dir.path(), "x", &spec("/bin/a"));
+        assert!(file.load().unwrap().is_none(), "no file yet");
+        let init = json!({"protocolVersion": "2025-11-25", "capabilities": {"tools": {}}, "serverInfo": {"name": "a", "version": "1"}, "instructions": "be nice"});
+        let tools = ToolList::from_values(vec![json!({"name": "echo", "inputSchema": {"type": "object"}})]);
+        let lists = [Some(Arc::from("[{\"name\":\"a\",\"uri\":\"file:///a\"}]")), None, Some(Arc::from("[]"))];
+        file.store(&file.render(&init, &tools, &lists)).unwrap();
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(file.path()).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o600);
+        let back = file.load().unwrap().expect("cached");
+        assert_eq!(*back.init, init);
+        assert_eq!(back.cached.tools, tools);
+        assert_eq!(back.cached.instructions.as_deref(), Some("be nice"));
+        assert_eq!(back.lists, lists);
+        // Another command: the same name finds nothing.
+        let other = CacheFile::new(dir.path(), "x", &spec("/bin/b"));
+        assert_eq!(other.path(), file.path());
+        assert!(other.load().unwrap().is_none());
+    }
+
+    #[test]
+    fn a_corrupt_cache_is_an_error_naming_the_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = CacheFile::new(dir.path(), "x", &spec("/bin/a"));
+        for text in ["{\"version\":1,\"key\":", "[]", "{\"version\":9}", "\u{0}\u{1}"] {
+            std::fs::write(file.path(), text).unwrap();
+            let e = file.load().unwrap_err();
+            assert!(e.contains(&file.path().display().to_string()), "{e}");
+        }
+        let key = &file.key;
+        std::fs::write(
+            file.path(),
+            format!("{{\"version\":1,\"key\":\"{key}\",\"initialize\":{{}},\"tools\":{{}}}}"),
+        )
+        .unwrap();
+        assert!(file.load().unwrap_err().contains("no tools array"));
+    }
+}
