@@ -44,7 +44,13 @@ struct Rig {
 }
 
 fn rig(fake: &Fake, spec: UnitSpec) -> Rig {
-    let (sup, task) = Supervisor::spawn("fake", spec, Arc::new(fake.clone()), LogRing::default(), None);
+    let (sup, task) = Supervisor::spawn(
+        "fake",
+        spec,
+        Arc::new(fake.clone()),
+        LogRing::default(),
+        None,
+    );
     let rx = sup.subscribe();
     sup.start();
     Rig { sup, task, rx }

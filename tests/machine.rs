@@ -1222,7 +1222,13 @@ fn cached(names: &[&str]) -> Option<Cached> {
 #[test]
 fn an_on_demand_unit_with_a_cache_idles_with_its_lists_and_one_first_use_starts_it() {
     let mut r = Rig::new(&on_demand(1000, "on-demand"));
-    assert!(r.step(Event::Arm { cached: cached(&["a", "b"]) }).is_empty(), "no process");
+    assert!(
+        r.step(Event::Arm {
+            cached: cached(&["a", "b"])
+        })
+        .is_empty(),
+        "no process"
+    );
     let v = r.m.view();
     assert_eq!(v.state, State::Idle);
     assert_eq!(v.reason, "waiting for first use");
@@ -1241,14 +1247,20 @@ fn an_on_demand_unit_with_a_cache_idles_with_its_lists_and_one_first_use_starts_
     r.spawned();
     r.established(&tools(&["a", "b"]));
     assert_eq!(r.state(), State::Running);
-    assert_eq!(r.m.view().tools_serial, serial, "an unchanged list is not news");
+    assert_eq!(
+        r.m.view().tools_serial,
+        serial,
+        "an unchanged list is not news"
+    );
     assert_eq!(r.spawns, 1);
 }
 
 #[test]
 fn a_start_whose_lists_differ_from_the_cache_publishes_them() {
     let mut r = Rig::new(&on_demand(1000, "on-demand"));
-    r.step(Event::Arm { cached: cached(&["a"]) });
+    r.step(Event::Arm {
+        cached: cached(&["a"]),
+    });
     let serial = r.m.view().tools_serial;
     r.step(Event::Demand);
     r.spawned();
@@ -1348,13 +1360,18 @@ fn a_use_during_the_idle_stop_starts_it_again_once_the_old_process_is_gone() {
 #[test]
 fn stop_of_an_on_demand_unit_is_final_until_start() {
     let mut r = Rig::new(&on_demand(500, "on-demand"));
-    r.step(Event::Arm { cached: cached(&["a"]) });
+    r.step(Event::Arm {
+        cached: cached(&["a"]),
+    });
     assert!(r.step(Event::Stop).is_empty());
     let v = r.m.view();
     assert_eq!(v.state, State::Stopped);
     assert!(v.tools.is_empty(), "withdrawn by stop");
     assert!(!r.m.will_serve());
-    assert!(r.step(Event::Demand).is_empty(), "no activation while stopped");
+    assert!(
+        r.step(Event::Demand).is_empty(),
+        "no activation while stopped"
+    );
     // Start runs it now; it idles later.
     assert_eq!(r.step(Event::Start), vec![Effect::Spawn { generation: 1 }]);
     r.spawned();
@@ -1367,22 +1384,34 @@ fn stop_of_an_on_demand_unit_is_final_until_start() {
     assert_eq!(r.state(), State::Stopped);
     // Started on an idle unit: now.
     let mut r = Rig::new(&on_demand(500, "on-demand"));
-    r.step(Event::Arm { cached: cached(&["a"]) });
+    r.step(Event::Arm {
+        cached: cached(&["a"]),
+    });
     assert_eq!(r.step(Event::Start), vec![Effect::Spawn { generation: 1 }]);
 }
 
 #[test]
 fn a_failed_on_demand_start_follows_the_usual_backoff_and_budget() {
     let mut r = Rig::new(&on_demand(500, "on-demand"));
-    r.step(Event::Arm { cached: cached(&["a"]) });
+    r.step(Event::Arm {
+        cached: cached(&["a"]),
+    });
     r.step(Event::Demand);
     r.spawned();
     r.exited(1);
     let v = r.m.view();
     assert_eq!(v.state, State::Retrying);
-    assert!(v.reason.starts_with("connection failed: process exited with status 1"), "{}", v.reason);
+    assert!(
+        v.reason
+            .starts_with("connection failed: process exited with status 1"),
+        "{}",
+        v.reason
+    );
     assert!(!r.m.will_serve(), "waiting requests fail now");
-    assert!(r.step(Event::Demand).is_empty(), "a use does not skip the backoff");
+    assert!(
+        r.step(Event::Demand).is_empty(),
+        "a use does not skip the backoff"
+    );
     for _ in 0..2 {
         r.fire();
         r.spawned();
@@ -1416,7 +1445,9 @@ fn a_crash_of_a_running_on_demand_server_reconnects_as_any_other() {
 fn an_always_unit_arms_by_starting_and_never_idles() {
     let mut r = Rig::new(&on_demand(500, "always"));
     assert_eq!(
-        r.step(Event::Arm { cached: cached(&["a"]) }),
+        r.step(Event::Arm {
+            cached: cached(&["a"])
+        }),
         vec![Effect::Spawn { generation: 1 }],
         "a cache means nothing to an always unit"
     );

@@ -678,7 +678,11 @@ fn requests_wait_while_the_upstream_is_held_for_and_go_in_order_once_ready() {
     assert!(!r.holding());
     let a = r.from_host(
         A,
-        request(json!(1), "tools/call", json!({"name": "echo", "_meta": {"progressToken": "p"}})),
+        request(
+            json!(1),
+            "tools/call",
+            json!({"name": "echo", "_meta": {"progressToken": "p"}}),
+        ),
     );
     assert!(a.is_empty(), "held, not failed: {a:?}");
     // settings are the session's own, answered at once and replayed later
@@ -687,7 +691,13 @@ fn requests_wait_while_the_upstream_is_held_for_and_go_in_order_once_ready() {
         request(json!(7), "resources/subscribe", json!({"uri": "file:///x"})),
     ));
     assert_eq!(sub, result(json!(7), json!({})));
-    assert!(r.from_host(B, request(json!(1), "resources/read", json!({"uri": "file:///x"}))).is_empty());
+    assert!(
+        r.from_host(
+            B,
+            request(json!(1), "resources/read", json!({"uri": "file:///x"}))
+        )
+        .is_empty()
+    );
     let (own, out) = r.request("prompts/get", json!({"name": "p"}));
     assert!(out.is_empty());
     assert!(r.holding());
@@ -701,15 +711,26 @@ fn requests_wait_while_the_upstream_is_held_for_and_go_in_order_once_ready() {
             other => panic!("only messages to the server: {other:?}"),
         })
         .collect();
-    let methods: Vec<&str> = sent.iter().map(|m| m["method"].as_str().unwrap()).collect();
+    let methods: Vec<&str> = sent
+        .iter()
+        .map(|m| m["method"].as_str().unwrap_or_default())
+        .collect();
     assert_eq!(
         methods,
-        ["resources/subscribe", "tools/call", "resources/read", "prompts/get"],
+        [
+            "resources/subscribe",
+            "tools/call",
+            "resources/read",
+            "prompts/get"
+        ],
         "the subscription first, then what waited, in order"
     );
     assert!(!r.holding());
     assert_eq!(sent[3]["id"], json!(own));
-    let (call_id, token) = (sent[1]["id"].clone(), sent[1]["params"]["_meta"]["progressToken"].clone());
+    let (call_id, token) = (
+        sent[1]["id"].clone(),
+        sent[1]["params"]["_meta"]["progressToken"].clone(),
+    );
     let read_id = sent[2]["id"].clone();
     assert_ne!(call_id, read_id);
     // progress and answers reach who asked
@@ -717,7 +738,10 @@ fn requests_wait_while_the_upstream_is_held_for_and_go_in_order_once_ready() {
         "notifications/progress",
         json!({"progressToken": token, "progress": 1}),
     )));
-    assert_eq!((host, progress["params"]["progressToken"].clone()), (A, json!("p")));
+    assert_eq!(
+        (host, progress["params"]["progressToken"].clone()),
+        (A, json!("p"))
+    );
     assert_eq!(
         to_host(&r.from_server(result(read_id, json!({"contents": []})))),
         (B, result(json!(1), json!({"contents": []})))
@@ -736,7 +760,10 @@ fn requests_wait_while_the_upstream_is_held_for_and_go_in_order_once_ready() {
 #[test]
 fn held_requests_fail_when_the_start_fails_and_later_ones_at_once() {
     let mut r = held_router(&[A]);
-    assert!(r.from_host(A, request(json!(1), "tools/call", json!({}))).is_empty());
+    assert!(
+        r.from_host(A, request(json!(1), "tools/call", json!({})))
+            .is_empty()
+    );
     let (own, _) = r.request("resources/read", json!({}));
     let out = r.hold(false);
     assert_eq!(
@@ -759,29 +786,47 @@ fn held_requests_fail_when_the_start_fails_and_later_ones_at_once() {
     );
     // the id of a failed request is free again
     r.hold(true);
-    assert!(r.from_host(A, request(json!(1), "tools/call", json!({}))).is_empty());
+    assert!(
+        r.from_host(A, request(json!(1), "tools/call", json!({})))
+            .is_empty()
+    );
     assert_eq!(upstream(&r.upstream_ready())["method"], "tools/call");
 }
 
 #[test]
 fn a_held_request_cancelled_or_left_behind_is_never_sent() {
     let mut r = held_router(&[A, B]);
-    assert!(r.from_host(A, request(json!(1), "tools/call", json!({"name": "x"}))).is_empty());
-    assert!(r.from_host(B, request(json!(1), "tools/call", json!({"name": "y"}))).is_empty());
-    assert!(r.from_host(B, request(json!(2), "tools/call", json!({"name": "z"}))).is_empty());
+    assert!(
+        r.from_host(A, request(json!(1), "tools/call", json!({"name": "x"})))
+            .is_empty()
+    );
+    assert!(
+        r.from_host(B, request(json!(1), "tools/call", json!({"name": "y"})))
+            .is_empty()
+    );
+    assert!(
+        r.from_host(B, request(json!(2), "tools/call", json!({"name": "z"})))
+            .is_empty()
+    );
     // A cancels its request; B leaves
     let out = r.from_host(
         A,
         notification("notifications/cancelled", json!({"requestId": 1})),
     );
     assert!(out.is_empty(), "it was never sent: {out:?}");
-    assert!(r.detach(B).is_empty(), "nothing to cancel upstream: it never got them");
+    assert!(
+        r.detach(B).is_empty(),
+        "nothing to cancel upstream: it never got them"
+    );
     assert!(!r.holding());
     let out = r.upstream_ready();
     assert!(out.is_empty(), "{out:?}");
     // the upstream ending with requests held drops them with it
     let mut r = held_router(&[A]);
-    assert!(r.from_host(A, request(json!(1), "tools/call", json!({}))).is_empty());
+    assert!(
+        r.from_host(A, request(json!(1), "tools/call", json!({})))
+            .is_empty()
+    );
     assert_eq!(
         r.upstream_lost(),
         vec![Out::Down {

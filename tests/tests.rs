@@ -17,6 +17,7 @@ mod fixture;
 mod fuzz;
 mod interop;
 mod machine;
+mod ondemand;
 mod packaging;
 mod reload;
 mod route;

@@ -243,9 +243,11 @@ impl Actor {
             spec.roots().to_vec(),
             spec.activation().idle_stop().is_some(),
         );
-        let mut cache = Cache::default();
-        cache.lists = Some(sessions.changes());
-        cache.file = Self::cache_file(cache_dir.as_deref(), name, &spec);
+        let cache = Cache {
+            lists: Some(sessions.changes()),
+            file: Self::cache_file(cache_dir.as_deref(), name, &spec),
+            ..Cache::default()
+        };
         Self {
             cache_dir,
             cache,

@@ -156,22 +156,32 @@ mod tests {
             start: Some("on-demand".into()),
             ..Default::default()
         })
-        .unwrap()
+        .expect("ok")
     }
 
     #[test]
     fn a_stored_cache_loads_back_only_for_the_same_transport() {
-        let dir = tempfile::tempdir().unwrap();
+        let dir = tempfile::tempdir().expect("ok");
         let file = CacheFile::new(dir.path(), "x", &spec("/bin/a"));
-        assert!(file.load().unwrap().is_none(), "no file yet");
+        assert!(file.load().expect("ok").is_none(), "no file yet");
         let init = json!({"protocolVersion": "2025-11-25", "capabilities": {"tools": {}}, "serverInfo": {"name": "a", "version": "1"}, "instructions": "be nice"});
-        let tools = ToolList::from_values(vec![json!({"name": "echo", "inputSchema": {"type": "object"}})]);
-        let lists = [Some(Arc::from("[{\"name\":\"a\",\"uri\":\"file:///a\"}]")), None, Some(Arc::from("[]"))];
-        file.store(&file.render(&init, &tools, &lists)).unwrap();
+        let tools = ToolList::from_values(vec![
+            json!({"name": "echo", "inputSchema": {"type": "object"}}),
+        ]);
+        let lists = [
+            Some(Arc::from("[{\"name\":\"a\",\"uri\":\"file:///a\"}]")),
+            None,
+            Some(Arc::from("[]")),
+        ];
+        file.store(&file.render(&init, &tools, &lists)).expect("ok");
         use std::os::unix::fs::PermissionsExt;
-        let mode = std::fs::metadata(file.path()).unwrap().permissions().mode() & 0o777;
+        let mode = std::fs::metadata(file.path())
+            .expect("ok")
+            .permissions()
+            .mode()
+            & 0o777;
         assert_eq!(mode, 0o600);
-        let back = file.load().unwrap().expect("cached");
+        let back = file.load().expect("ok").expect("cached");
         assert_eq!(*back.init, init);
         assert_eq!(back.cached.tools, tools);
         assert_eq!(back.cached.instructions.as_deref(), Some("be nice"));
@@ -179,16 +189,21 @@ mod tests {
         // Another command: the same name finds nothing.
         let other = CacheFile::new(dir.path(), "x", &spec("/bin/b"));
         assert_eq!(other.path(), file.path());
-        assert!(other.load().unwrap().is_none());
+        assert!(other.load().expect("ok").is_none());
     }
 
     #[test]
     fn a_corrupt_cache_is_an_error_naming_the_file() {
-        let dir = tempfile::tempdir().unwrap();
+        let dir = tempfile::tempdir().expect("ok");
         let file = CacheFile::new(dir.path(), "x", &spec("/bin/a"));
-        for text in ["{\"version\":1,\"key\":", "[]", "{\"version\":9}", "\u{0}\u{1}"] {
-            std::fs::write(file.path(), text).unwrap();
-            let e = file.load().unwrap_err();
+        for text in [
+            "{\"version\":1,\"key\":",
+            "[]",
+            "{\"version\":9}",
+            "\u{0}\u{1}",
+        ] {
+            std::fs::write(file.path(), text).expect("ok");
+            let e = file.load().expect_err("an error");
             assert!(e.contains(&file.path().display().to_string()), "{e}");
         }
         let key = &file.key;
@@ -196,7 +211,11 @@ mod tests {
             file.path(),
             format!("{{\"version\":1,\"key\":\"{key}\",\"initialize\":{{}},\"tools\":{{}}}}"),
         )
-        .unwrap();
-        assert!(file.load().unwrap_err().contains("no tools array"));
+        .expect("ok");
+        assert!(
+            file.load()
+                .expect_err("an error")
+                .contains("no tools array")
+        );
     }
 }

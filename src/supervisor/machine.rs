@@ -226,7 +226,11 @@ pub enum Event {
     /// At an `idle-stop` deadline the actor reports when the server was
     /// last used (a request sent or answered), and whether a request is
     /// in flight.
-    Used { generation: Gen, at: Instant, busy: bool },
+    Used {
+        generation: Gen,
+        at: Instant,
+        busy: bool,
+    },
     /// Operator: start with a fresh budget if stopped or failed.
     Start,
     /// Operator: stop; tools are withdrawn once the process is gone.

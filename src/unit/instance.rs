@@ -114,7 +114,11 @@ pub fn state_dir(instance: Instance, env: impl Fn(&str) -> Option<OsString>) -> 
         return dir;
     }
     let systemd = env("STATE_DIRECTORY")
-        .and_then(|v| v.to_str().and_then(|v| v.split(':').next()).map(PathBuf::from))
+        .and_then(|v| {
+            v.to_str()
+                .and_then(|v| v.split(':').next())
+                .map(PathBuf::from)
+        })
         .filter(|p| p.is_absolute());
     if let Some(dir) = systemd {
         return dir;
@@ -123,10 +127,12 @@ pub fn state_dir(instance: Instance, env: impl Fn(&str) -> Option<OsString>) -> 
         Instance::System => PathBuf::from("/var/lib/mcpd"),
         Instance::User => absolute("XDG_STATE_HOME")
             .or_else(|| absolute("HOME").map(|home| home.join(".local/state")))
-            .unwrap_or_else(|| std::env::temp_dir().join(format!(
-                "mcpd-state-{}",
-                rustix::process::geteuid().as_raw()
-            )))
+            .unwrap_or_else(|| {
+                std::env::temp_dir().join(format!(
+                    "mcpd-state-{}",
+                    rustix::process::geteuid().as_raw()
+                ))
+            })
             .join("mcpd"),
     }
 }
@@ -137,11 +143,29 @@ mod tests {
 
     #[test]
     fn state_dirs() {
-        let cases: [(Instance, &[(&str, &str)], &str); 7] = [
+        /// instance, environment, want
+        type Case = (
+            Instance,
+            &'static [(&'static str, &'static str)],
+            &'static str,
+        );
+        let cases: [Case; 7] = [
             (Instance::System, &[], "/var/lib/mcpd"),
-            (Instance::System, &[("STATE_DIRECTORY", "/var/lib/mcpd:/x")], "/var/lib/mcpd"),
-            (Instance::System, &[("MCPD_STATE_DIR", "/s"), ("STATE_DIRECTORY", "/x")], "/s"),
-            (Instance::User, &[("HOME", "/home/a")], "/home/a/.local/state/mcpd"),
+            (
+                Instance::System,
+                &[("STATE_DIRECTORY", "/var/lib/mcpd:/x")],
+                "/var/lib/mcpd",
+            ),
+            (
+                Instance::System,
+                &[("MCPD_STATE_DIR", "/s"), ("STATE_DIRECTORY", "/x")],
+                "/s",
+            ),
+            (
+                Instance::User,
+                &[("HOME", "/home/a")],
+                "/home/a/.local/state/mcpd",
+            ),
             (
                 Instance::User,
                 &[("HOME", "/home/a"), ("XDG_STATE_HOME", "/st")],
@@ -149,13 +173,20 @@ mod tests {
             ),
             (
                 Instance::User,
-                &[("STATE_DIRECTORY", "/home/a/.local/state/mcpd"), ("XDG_STATE_HOME", "/st")],
+                &[
+                    ("STATE_DIRECTORY", "/home/a/.local/state/mcpd"),
+                    ("XDG_STATE_HOME", "/st"),
+                ],
                 "/home/a/.local/state/mcpd",
             ),
             // relative values are ignored
             (
                 Instance::User,
-                &[("HOME", "/home/a"), ("XDG_STATE_HOME", "st"), ("MCPD_STATE_DIR", "s")],
+                &[
+                    ("HOME", "/home/a"),
+                    ("XDG_STATE_HOME", "st"),
+                    ("MCPD_STATE_DIR", "s"),
+                ],
                 "/home/a/.local/state/mcpd",
             ),
         ];
@@ -165,10 +196,13 @@ mod tests {
                     .find(|(k, _)| *k == var)
                     .map(|(_, v)| OsString::from(v))
             };
-            assert_eq!(state_dir(instance, env), PathBuf::from(want), "{instance:?} {vars:?}");
+            assert_eq!(
+                state_dir(instance, env),
+                PathBuf::from(want),
+                "{instance:?} {vars:?}"
+            );
         }
     }
-
 
     #[test]
     fn runtime_dirs() {

@@ -149,6 +149,9 @@ pub struct Daemon {
     child: std::process::Child,
     /// The daemon's own XDG_RUNTIME_DIR unless the test gave one.
     _runtime: Option<tempfile::TempDir>,
+    /// Its own MCPD_STATE_DIR (on-demand caches) unless the test gave one:
+    /// never the user's.
+    _state: Option<tempfile::TempDir>,
     lines: std::sync::mpsc::Receiver<String>,
     /// Every line read so far.
     pub seen: Vec<String>,
@@ -193,6 +196,13 @@ impl Daemon {
             cmd.env("XDG_RUNTIME_DIR", dir.path());
             Some(dir)
         };
+        let state = if env.iter().any(|(k, _)| *k == "MCPD_STATE_DIR") {
+            None
+        } else {
+            let dir = tempfile::tempdir().expect("state dir");
+            cmd.env("MCPD_STATE_DIR", dir.path());
+            Some(dir)
+        };
         // No bus unless the test starts one: never a developer's session bus;
         // and the runtime dir chosen here, never one from the environment.
         cmd.env_remove("DBUS_SESSION_BUS_ADDRESS")
@@ -220,6 +230,7 @@ impl Daemon {
         Self {
             child,
             _runtime: runtime,
+            _state: state,
             lines,
             seen: Vec::new(),
         }

@@ -1,0 +1,358 @@
+//! On-demand units (DESIGN §9) with the real daemon and real processes:
+//! idle with cached lists, started by a first use from `mcpctl call` or a
+//! host session through `mcpctl bridge`, stopped after `idle-stop`, the
+//! cache kept across daemon restarts and invalidated by a changed command.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use rmcp::ServiceExt;
+use rmcp::model::CallToolRequestParams;
+use serde_json::json;
+
+use crate::helper::{Daemon, alive, mcpctl_user};
+
+/// A unit directory with `lazy.kdl`: the fixture on demand, idling
+/// `idle` after its last use, each spawn counted in `count`.
+struct Setup {
+    units: tempfile::TempDir,
+    state: tempfile::TempDir,
+    count: PathBuf,
+}
+
+impl Setup {
+    fn new(idle: &str) -> Self {
+        let units = tempfile::tempdir().expect("units");
+        let state = tempfile::tempdir().expect("state");
+        let count = units.path().join("count");
+        let setup = Self {
+            units,
+            state,
+            count,
+        };
+        setup.write("--chatter", idle);
+        setup
+    }
+
+    /// Writes the unit with the fixture's first flag `flag` (a changed
+    /// flag is a changed command).
+    fn write(&self, flag: &str, idle: &str) {
+        std::fs::write(
+            self.units.path().join("lazy.kdl"),
+            format!(
+                "stdio {{\n    command \"mcp-fixture\" \"{flag}\" \"0\" \"--count-file\" \"{}\"\n}}\nstart \"on-demand\"\nidle-stop \"{idle}\"\nstop-timeout \"2s\"\n",
+                self.count.display()
+            ),
+        )
+        .expect("write unit");
+    }
+
+    fn daemon(&self) -> Daemon {
+        Daemon::user_no_bus(
+            self.units.path(),
+            &[("MCPD_STATE_DIR", self.state.path().as_os_str())],
+        )
+    }
+
+    /// The pids of every spawn so far.
+    fn spawns(&self) -> Vec<u32> {
+        std::fs::read_to_string(&self.count)
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| l.trim().parse().ok())
+            .collect()
+    }
+
+    fn cache(&self) -> PathBuf {
+        self.state.path().join("cache").join("lazy.json")
+    }
+}
+
+fn ctl(runtime: &Path, args: &[&str]) -> (bool, String) {
+    let out = mcpctl_user(runtime, args);
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (out.status.success(), text)
+}
+
+fn active(runtime: &Path) -> String {
+    let (_, text) = ctl(runtime, &["status", "lazy"]);
+    text.lines()
+        .find(|l| l.trim_start().starts_with("Active:"))
+        .unwrap_or_default()
+        .trim()
+        .to_owned()
+}
+
+/// Waits (bounded: 20 s) until `lazy`'s `Active:` line contains `what`.
+fn wait_active(runtime: &Path, what: &str) -> String {
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let line = active(runtime);
+        if line.contains(what) {
+            return line;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "lazy never became {what:?}; last: {line}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Waits until every spawned process is gone (the last one is what an
+/// idle stop stops).
+fn wait_gone(setup: &Setup) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while setup.spawns().into_iter().any(alive) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "a server process lingers"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn an_idle_server_answers_lists_without_a_process_and_first_uses_start_it_once() {
+    let setup = Setup::new("1s");
+    let d = setup.daemon();
+    let runtime = d.runtime_dir().expect("runtime").to_owned();
+
+    // No cache yet: it starts once to learn its lists, then idles.
+    let line = wait_active(&runtime, "idle (stopped after 1s idle)");
+    assert!(line.contains("idle"), "{line}");
+    wait_gone(&setup);
+    assert_eq!(setup.spawns().len(), 1, "one discovery start");
+    use std::os::unix::fs::PermissionsExt;
+    let mode = std::fs::metadata(setup.cache())
+        .expect("cache written")
+        .permissions()
+        .mode();
+    assert_eq!(mode & 0o777, 0o600);
+    let cache: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(setup.cache()).expect("read")).expect("json");
+    assert_eq!(cache["initialize"]["serverInfo"]["name"], "mcp-fixture");
+    assert_eq!(cache["resources"][0]["uri"], "fixture://a");
+
+    // Idle is healthy; lists come from the cache, nothing is spawned.
+    let (ok, status) = ctl(&runtime, &["status", "lazy"]);
+    assert!(ok, "idle exits 0: {status}");
+    assert!(!status.contains("Main PID"), "{status}");
+    let (ok, tools) = ctl(&runtime, &["tools", "lazy"]);
+    assert!(ok && tools.contains("echo"), "{tools}");
+    let (ok, resources) = ctl(&runtime, &["resources", "lazy"]);
+    assert!(ok && resources.contains("fixture://a"), "{resources}");
+    let (ok, json) = ctl(&runtime, &["status", "lazy", "--json"]);
+    let json: serde_json::Value = serde_json::from_str(&json).expect("status --json");
+    assert!(ok);
+    assert_eq!(json[0]["state"], "idle");
+    assert_eq!(json[0]["main_pid"], 0);
+    assert_eq!(setup.spawns().len(), 1, "listing never starts it");
+
+    // A host session: initialize and tools/list from the cache; the first
+    // tools/call starts the server (cold) and succeeds.
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    rt.block_on(async {
+        tokio::time::timeout(Duration::from_secs(60), async {
+            let (_bridge, io) = crate::helper::bridge(&runtime, "lazy");
+            let host = ().serve(io).await.expect("initialize while idle");
+            let info = host.peer_info().expect("server info");
+            assert_eq!(
+                info.server_info.as_ref().map(|i| i.name.as_str()),
+                Some("mcp-fixture")
+            );
+            let tools = host.list_all_tools().await.expect("tools/list");
+            assert!(tools.iter().any(|t| t.name == "echo"));
+            let resources = host.list_all_resources().await.expect("resources/list");
+            assert_eq!(resources.len(), 1);
+            assert_eq!(setup.spawns().len(), 1, "the host's lists started nothing");
+            let result = host
+                .call_tool(
+                    CallToolRequestParams::new("echo")
+                        .with_arguments(json!({"text": "cold"}).as_object().cloned().expect("obj")),
+                )
+                .await
+                .expect("cold tools/call");
+            assert_eq!(
+                serde_json::to_value(&result.content).expect("json")[0]["text"],
+                "cold"
+            );
+            assert_eq!(setup.spawns().len(), 2, "the first use started it");
+            // The host stays attached through the idle stop, and its next
+            // call starts the server again.
+            wait_active(&runtime, "idle (stopped after 1s idle)");
+            wait_gone(&setup);
+            let (_, status) = ctl(&runtime, &["status", "lazy"]);
+            assert!(status.contains("1 session"), "{status}");
+            let result = host
+                .call_tool(
+                    CallToolRequestParams::new("add")
+                        .with_arguments(json!({"a": 2, "b": 3}).as_object().cloned().expect("obj")),
+                )
+                .await
+                .expect("second cold call");
+            assert_eq!(
+                serde_json::to_value(&result.content).expect("json")[0]["text"],
+                "5"
+            );
+            assert_eq!(setup.spawns().len(), 3);
+            host.cancel().await.expect("close");
+        })
+        .await
+        .expect("within 60 s");
+    });
+
+    // 20 concurrent first calls from mcpctl: one process.
+    wait_active(&runtime, "idle (stopped after 1s idle)");
+    wait_gone(&setup);
+    let before = setup.spawns().len();
+    let calls: Vec<std::process::Child> = (0..20)
+        .map(|i| {
+            crate::helper::mcpctl()
+                .args([
+                    "--user",
+                    "call",
+                    "lazy",
+                    "echo",
+                    &format!("{{\"text\":\"n{i}\"}}"),
+                ])
+                .env("XDG_RUNTIME_DIR", &runtime)
+                .env_remove("DBUS_SESSION_BUS_ADDRESS")
+                .env_remove("MCPD_RUNTIME_DIR")
+                .stdout(std::process::Stdio::piped())
+                .stderr(std::process::Stdio::piped())
+                .spawn()
+                .expect("mcpctl call")
+        })
+        .collect();
+    for (i, call) in calls.into_iter().enumerate() {
+        let out = call.wait_with_output().expect("wait");
+        assert!(
+            out.status.success(),
+            "call {i}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), format!("n{i}"));
+    }
+    assert_eq!(setup.spawns().len(), before + 1, "exactly one spawn");
+
+    // After idle-stop the process is gone and the state is idle.
+    wait_active(&runtime, "idle (stopped after 1s idle)");
+    wait_gone(&setup);
+
+    // Stop is final: no activation until start.
+    let (ok, out) = ctl(&runtime, &["stop", "lazy"]);
+    assert!(ok, "{out}");
+    wait_active(&runtime, "stopped");
+    let (ok, out) = ctl(&runtime, &["call", "lazy", "echo", "{\"text\":\"x\"}"]);
+    assert!(!ok && out.contains("server lazy is stopped"), "{out}");
+    let (_, tools) = ctl(&runtime, &["tools", "lazy"]);
+    assert!(!tools.contains("echo"), "withdrawn by stop: {tools}");
+    assert_eq!(setup.spawns().len(), before + 1, "stopped means stopped");
+    let (ok, out) = ctl(&runtime, &["start", "lazy"]);
+    assert!(ok, "{out}");
+    wait_active(&runtime, "running");
+    assert_eq!(setup.spawns().len(), before + 2, "start runs it now");
+    wait_active(&runtime, "idle (stopped after 1s idle)");
+    wait_gone(&setup);
+    drop(d);
+}
+
+#[test]
+fn the_cache_outlives_the_daemon_and_a_changed_command_or_a_corrupt_file_relearns() {
+    let setup = Setup::new("500ms");
+    {
+        let d = setup.daemon();
+        let runtime = d.runtime_dir().expect("runtime").to_owned();
+        wait_active(&runtime, "idle (stopped after 500ms idle)");
+        wait_gone(&setup);
+    }
+    assert_eq!(setup.spawns().len(), 1);
+
+    // A new daemon lists the cached tools without spawning.
+    {
+        let mut d = setup.daemon();
+        let runtime = d.runtime_dir().expect("runtime").to_owned();
+        wait_active(&runtime, "idle (waiting for first use)");
+        let (ok, tools) = ctl(&runtime, &["tools", "lazy"]);
+        assert!(ok && tools.contains("echo"), "{tools}");
+        assert_eq!(setup.spawns().len(), 1, "the cache answered");
+
+        // A changed command: the cache is not its lists; it starts to
+        // learn them (a reload, as `mcpctl reload` after an edit).
+        setup.write("--name", "500ms");
+        let (ok, out) = ctl(&runtime, &["reload"]);
+        assert!(ok, "{out}");
+        d.wait_until("the changed unit started", |_| setup.spawns().len() == 2);
+        wait_active(&runtime, "idle (stopped after 500ms idle)");
+        wait_gone(&setup);
+    }
+    // ... and across a restart too: the old cache was replaced.
+    {
+        let d = setup.daemon();
+        let runtime = d.runtime_dir().expect("runtime").to_owned();
+        wait_active(&runtime, "idle (waiting for first use)");
+        assert_eq!(setup.spawns().len(), 2);
+    }
+    // A cache written for another command is not used.
+    setup.write("--chatter", "500ms");
+    {
+        let d = setup.daemon();
+        let runtime = d.runtime_dir().expect("runtime").to_owned();
+        wait_active(&runtime, "idle (stopped after 500ms idle)");
+        wait_gone(&setup);
+        assert_eq!(setup.spawns().len(), 3, "started to learn its lists");
+    }
+
+    // A corrupt cache is a warning and a fresh discovery start.
+    std::fs::write(setup.cache(), "{\"version\": 1, \"key\": ").expect("corrupt");
+    let mut d = setup.daemon();
+    let runtime = d.runtime_dir().expect("runtime").to_owned();
+    let warning = d.wait_for("is not a valid cache");
+    assert!(
+        warning.contains(&setup.cache().display().to_string()),
+        "{warning}"
+    );
+    wait_active(&runtime, "idle (stopped after 500ms idle)");
+    wait_gone(&setup);
+    assert_eq!(setup.spawns().len(), 4);
+    let cache: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(setup.cache()).expect("read")).expect("rewritten");
+    assert!(cache["tools"].as_array().is_some_and(|t| !t.is_empty()));
+}
+
+#[test]
+fn a_crash_mid_call_fails_the_call_and_the_unit_follows_its_backoff() {
+    let setup = Setup::new("10m");
+    let mut d = setup.daemon();
+    let runtime = d.runtime_dir().expect("runtime").to_owned();
+    // Discovery runs it; with a 10m idle-stop it stays for the test.
+    wait_active(&runtime, "running");
+    let pid = *setup.spawns().last().expect("spawned");
+    let call = crate::helper::mcpctl()
+        .args(["--user", "call", "lazy", "hang", "{}"])
+        .env("XDG_RUNTIME_DIR", &runtime)
+        .env_remove("DBUS_SESSION_BUS_ADDRESS")
+        .env_remove("MCPD_RUNTIME_DIR")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("mcpctl call");
+    d.wait_for("call hang");
+    rustix::process::kill_process(
+        rustix::process::Pid::from_raw(i32::try_from(pid).expect("pid")).expect("pid"),
+        rustix::process::Signal::KILL,
+    )
+    .expect("kill");
+    let out = call.wait_with_output().expect("wait");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(err.contains("connection lost"), "{err}");
+    d.wait_for("retry 1/");
+    wait_active(&runtime, "running");
+    assert_eq!(setup.spawns().len(), 2, "one retry, as for any unit");
+}
