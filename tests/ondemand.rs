@@ -244,7 +244,26 @@ fn an_idle_server_answers_lists_without_a_process_and_first_uses_start_it_once()
     wait_active(&runtime, "idle (stopped after 1s idle)");
     wait_gone(&setup);
 
+    // D-Bus ReadResource is a use too: it starts the server and gets the
+    // server's own answer (the fixture reads no resources), not the
+    // daemon's "not running".
+    let spawned = setup.spawns().len();
+    rt.block_on(async {
+        let (_conn, server) =
+            crate::helper::private_server(&runtime.join("mcpd/private"), "lazy").await;
+        match server.read_resource("fixture://a").await {
+            Err(mcpd::dbus::Error::InvalidArguments(message)) => {
+                assert_eq!(message, "resources/read", "rmcp names the method it lacks");
+            }
+            other => panic!("the server's own refusal, got {other:?}"),
+        }
+    });
+    assert_eq!(setup.spawns().len(), spawned + 1);
+    wait_active(&runtime, "idle (stopped after 1s idle)");
+    wait_gone(&setup);
+
     // Stop is final: no activation until start.
+    let before = setup.spawns().len();
     let (ok, out) = ctl(&runtime, &["stop", "lazy"]);
     assert!(ok, "{out}");
     wait_active(&runtime, "stopped");
@@ -252,11 +271,11 @@ fn an_idle_server_answers_lists_without_a_process_and_first_uses_start_it_once()
     assert!(!ok && out.contains("server lazy is stopped"), "{out}");
     let (_, tools) = ctl(&runtime, &["tools", "lazy"]);
     assert!(!tools.contains("echo"), "withdrawn by stop: {tools}");
-    assert_eq!(setup.spawns().len(), before + 1, "stopped means stopped");
+    assert_eq!(setup.spawns().len(), before, "stopped means stopped");
     let (ok, out) = ctl(&runtime, &["start", "lazy"]);
     assert!(ok, "{out}");
     wait_active(&runtime, "running");
-    assert_eq!(setup.spawns().len(), before + 2, "start runs it now");
+    assert_eq!(setup.spawns().len(), before + 1, "start runs it now");
     wait_active(&runtime, "idle (stopped after 1s idle)");
     wait_gone(&setup);
     drop(d);

@@ -820,6 +820,9 @@ impl Actor {
             State::Failed => {
                 tracing::error!(target: "mcpd::supervisor", mcpd_server = %name, generation, "{}", view.reason);
             }
+            State::Idle => {
+                tracing::info!(target: "mcpd::supervisor", mcpd_server = %name, generation, "idle ({})", view.reason);
+            }
             state => {
                 tracing::info!(target: "mcpd::supervisor", mcpd_server = %name, generation, "{state}");
             }
