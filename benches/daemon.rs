@@ -20,7 +20,10 @@
 //!    server detection time, the daemon's CPU under a stderr flood and a
 //!    `list_changed` storm, another server's call latency and `mcpctl
 //!    status` beside the flood;
-//! 9. comparisons: `bench/compare.py` (respawn delay under supervisord).
+//! 9. on-demand units (`ondemand`): idle server-everything units with
+//!    cached lists (their processes, the daemon's memory per unit), the
+//!    cold first call through the bridge vs the server's own cold start;
+//! 10. comparisons: `bench/compare.py` (respawn delay under supervisord).
 //!
 //! Run through `bench/run` (release build); `cargo test` runs it as a smoke
 //! run (see `common`). Sizes: `MCPD_BENCH_UNITS` (500),
@@ -29,11 +32,15 @@
 //! `MCPD_BENCH_IDLE_SECS` (10), `MCPD_BENCH_CALLS` (500 tool calls per
 //! path), `MCPD_BENCH_COMPARE_SECS` (30 per supervisor),
 //! `MCPD_BENCH_PROBE_SECS` (31: the idle window with probes),
-//! `MCPD_BENCH_DETECTIONS` (5 hung servers), `MCPD_BENCH_FLOOD_SECS` (5).
+//! `MCPD_BENCH_DETECTIONS` (5 hung servers), `MCPD_BENCH_FLOOD_SECS` (5),
+//! `MCPD_BENCH_ONDEMAND_UNITS` (20), `MCPD_BENCH_COLD_CALLS` (20).
+//! `MCPD_BENCH_ONLY=ondemand` runs only that section (while working on it).
 
 mod common;
 #[path = "daemon/liveness.rs"]
 mod liveness;
+#[path = "daemon/ondemand.rs"]
+mod ondemand;
 #[path = "daemon/sessions.rs"]
 mod sessions;
 
@@ -64,6 +71,8 @@ struct Sizes {
     probe_secs: u64,
     detections: usize,
     flood_secs: u64,
+    ondemand_units: usize,
+    cold_calls: usize,
 }
 
 impl Sizes {
@@ -85,6 +94,8 @@ impl Sizes {
             probe_secs: mode.size("MCPD_BENCH_PROBE_SECS", 31, 1) as u64,
             detections: mode.size("MCPD_BENCH_DETECTIONS", 5, 1).max(1),
             flood_secs: mode.size("MCPD_BENCH_FLOOD_SECS", 5, 1) as u64,
+            ondemand_units: mode.size("MCPD_BENCH_ONDEMAND_UNITS", 20, 2).max(1),
+            cold_calls: mode.size("MCPD_BENCH_COLD_CALLS", 20, 1).max(1),
         }
     }
 }
@@ -106,10 +117,26 @@ impl Daemon {
     /// Starts `mcpd --user` on `units`, on `bus` if given (else `--no-bus`).
     fn start(units: &Path, bus: Option<&Bus>) -> Self {
         let runtime = tempfile::tempdir().expect("tempdir");
+        let state = runtime.path().join("state");
+        Self::start_with(units, bus, runtime, &state)
+    }
+
+    /// [`Daemon::start`] keeping on-demand caches in `state`.
+    fn start_in(units: &Path, bus: Option<&Bus>, state: &Path) -> Self {
+        Self::start_with(units, bus, tempfile::tempdir().expect("tempdir"), state)
+    }
+
+    fn start_with(
+        units: &Path,
+        bus: Option<&Bus>,
+        runtime: tempfile::TempDir,
+        state: &Path,
+    ) -> Self {
         let mut cmd = Command::new(common::binary("mcpd"));
         cmd.args(["--user", "--units"])
             .arg(units)
             .env("XDG_RUNTIME_DIR", runtime.path())
+            .env("MCPD_STATE_DIR", state)
             .env("MCPD_LOG", "info,mcpd::server=warn")
             .stdin(Stdio::null())
             .stdout(Stdio::null())
@@ -343,6 +370,10 @@ fn main() {
     let bus_skip = bus.as_ref().err().cloned();
     let bus = bus.ok();
     let mut rows = Vec::new();
+    if std::env::var("MCPD_BENCH_ONLY").as_deref() == Ok("ondemand") {
+        print_table("Daemon", &ondemand::rows(&rt, &sizes));
+        return;
+    }
 
     // RSS baseline: the daemon with no units
     let empty = units_dir(0);
@@ -428,6 +459,7 @@ fn main() {
     rows.append(&mut calls.0);
     rows.append(&mut host_sessions);
     rows.extend(liveness::rows(&rt, &sizes, bus.as_ref()));
+    rows.extend(ondemand::rows(&rt, &sizes));
     print_table("Daemon", &rows);
 
     let mut comparisons = calls.1;

@@ -17,7 +17,7 @@ use super::common::{self, Bus, Row, rss_kib, stats};
 use super::{Client, Daemon, Sizes, private, server};
 
 /// The reference server's entry point, if installed.
-fn everything() -> Result<PathBuf, String> {
+pub fn everything() -> Result<PathBuf, String> {
     let path = Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("target/npm/node_modules/@modelcontextprotocol/server-everything/dist/index.js");
     if !path.is_file() {

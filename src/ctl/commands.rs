@@ -67,6 +67,8 @@ struct Props {
     last_ping_timestamp: u64,
     containment: String,
     sandbox: String,
+    start: String,
+    idle_stop_usec: u64,
     tasks: u64,
     memory: u64,
     cpu_nsec: u64,
@@ -100,6 +102,8 @@ async fn props(server: &ServerProxy<'_>) -> Result<Props> {
         last_ping_timestamp: server.last_ping_timestamp().await.map_err(e)?,
         containment: server.containment().await.map_err(e)?,
         sandbox: server.sandbox().await.map_err(e)?,
+        start: server.activation().await.map_err(e)?,
+        idle_stop_usec: server.idle_stop_usec().await.map_err(e)?,
         tasks: server.tasks_current().await.map_err(e)?,
         memory: server.memory_current().await.map_err(e)?,
         cpu_nsec: server.cpu_usage_nsec().await.map_err(e)?,
@@ -134,6 +138,8 @@ impl Props {
             "last_ping_timestamp": self.last_ping_timestamp,
             "containment": self.containment,
             "sandbox": self.sandbox,
+            "start": self.start,
+            "idle_stop_usec": self.idle_stop_usec,
             "tasks_current": known(self.tasks),
             "memory_current": known(self.memory),
             "cpu_usage_nsec": known(self.cpu_nsec),
@@ -293,6 +299,12 @@ fn write_block(
     }
     if p.restarts != 0 {
         writeln!(out, "   Restarts: {}", p.restarts)?;
+    }
+    if p.start == "on-demand" {
+        let after = humantime::format_duration(std::time::Duration::from_secs(
+            p.idle_stop_usec / 1_000_000,
+        ));
+        writeln!(out, "      Start: on demand, stops after {after} idle")?;
     }
     if let Some(health) = health(p) {
         writeln!(out, "     Health: {health}")?;

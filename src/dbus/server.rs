@@ -282,6 +282,26 @@ impl Server {
             .unwrap_or_default()
     }
 
+    /// The unit's `start`: "always" or "on-demand".
+    #[zbus(property(emits_changed_signal = "false"))]
+    fn activation(&self) -> String {
+        self.shared
+            .supervisor(&self.name)
+            .map(|s| s.activation().as_str().to_owned())
+            .unwrap_or_default()
+    }
+
+    /// An on-demand unit's `idle-stop` in microseconds; 0 for an always
+    /// unit.
+    #[zbus(property(emits_changed_signal = "false"), name = "IdleStopUSec")]
+    fn idle_stop_usec(&self) -> u64 {
+        self.shared
+            .supervisor(&self.name)
+            .ok()
+            .and_then(|s| s.activation().idle_stop())
+            .map_or(0, |d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX))
+    }
+
     /// Threads of the server's processes now (its cgroup's); `u64::MAX`
     /// when not known (not running, or no cgroup). Not signalled.
     #[zbus(property(emits_changed_signal = "false"))]
@@ -706,6 +726,10 @@ pub mod client {
         fn containment(&self) -> Result<String, Error>;
         #[zbus(property(emits_changed_signal = "false"))]
         fn sandbox(&self) -> Result<String, Error>;
+        #[zbus(property(emits_changed_signal = "false"))]
+        fn activation(&self) -> Result<String, Error>;
+        #[zbus(property(emits_changed_signal = "false"), name = "IdleStopUSec")]
+        fn idle_stop_usec(&self) -> Result<u64, Error>;
         #[zbus(property(emits_changed_signal = "false"))]
         fn tasks_current(&self) -> Result<u64, Error>;
         #[zbus(property(emits_changed_signal = "false"))]

@@ -340,7 +340,7 @@ impl Actor {
     async fn command(&mut self, command: Command) {
         match command {
             Command::Arm => {
-                let cached = self.restore().await;
+                let cached = self.restore();
                 self.step(Event::Arm { cached }).await;
             }
             Command::Start => self.step(Event::Start).await,
@@ -569,22 +569,19 @@ impl Actor {
 
     /// An on-demand unit's cached lists, handed to its sessions; a cache
     /// that cannot be read is warned about and the lists learnt again.
-    async fn restore(&mut self) -> Option<super::machine::Cached> {
-        let file = self.cache.file.clone()?;
-        let loaded = tokio::task::spawn_blocking(move || file.load()).await;
-        match loaded {
-            Ok(Ok(Some(restored))) => {
+    /// (Read in place: a few KiB from local disk, once per unit, costs
+    /// less than a thread of the blocking pool for each.)
+    fn restore(&mut self) -> Option<super::machine::Cached> {
+        let file = self.cache.file.as_ref()?;
+        match file.load() {
+            Ok(Some(restored)) => {
                 self.cache.written = None;
                 self.sessions.restore(restored.init, restored.lists);
                 Some(restored.cached)
             }
-            Ok(Ok(None)) => None,
-            Ok(Err(e)) => {
-                tracing::warn!(target: "mcpd::supervisor", mcpd_server = %self.name, "{e}; starting the server to learn its lists");
-                None
-            }
+            Ok(None) => None,
             Err(e) => {
-                tracing::warn!(target: "mcpd::supervisor", mcpd_server = %self.name, "reading the cache failed: {e}");
+                tracing::warn!(target: "mcpd::supervisor", mcpd_server = %self.name, "{e}; starting the server to learn its lists");
                 None
             }
         }

@@ -15,6 +15,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use serde_json::Value;
+use serde_json::value::RawValue;
 
 use crate::unit::UnitSpec;
 
@@ -106,27 +107,44 @@ impl CacheFile {
             Err(e) => return Err(format!("cannot read {}: {e}", self.path.display())),
         };
         let bad = |why: &str| format!("{} is not a valid cache: {why}", self.path.display());
-        let mut file: Value = serde_json::from_slice(&text).map_err(|e| bad(&e.to_string()))?;
-        if file["version"].as_u64() != Some(VERSION) {
+        // Borrowed raw pieces: the lists are kept as the text they are,
+        // never built into a tree only to be printed again.
+        #[derive(serde::Deserialize)]
+        struct File<'a> {
+            version: u64,
+            #[serde(borrow)]
+            key: &'a str,
+            #[serde(borrow)]
+            initialize: &'a RawValue,
+            #[serde(borrow)]
+            tools: &'a RawValue,
+            #[serde(borrow, default)]
+            resources: Option<&'a RawValue>,
+            #[serde(borrow, default, rename = "resourceTemplates")]
+            templates: Option<&'a RawValue>,
+            #[serde(borrow, default)]
+            prompts: Option<&'a RawValue>,
+        }
+        let text = std::str::from_utf8(&text).map_err(|e| bad(&e.to_string()))?;
+        let file: File<'_> = serde_json::from_str(text).map_err(|e| bad(&e.to_string()))?;
+        if file.version != VERSION {
             return Err(bad("it is of another version"));
         }
-        if file["key"].as_str() != Some(&self.key) {
+        if file.key != self.key {
             // Written for another command: not this server's lists.
             return Ok(None);
         }
-        let init = match file.get_mut("initialize").map(Value::take) {
-            Some(init @ Value::Object(_)) => init,
+        let init: Value = match serde_json::from_str(file.initialize.get()) {
+            Ok(init @ Value::Object(_)) => init,
             _ => return Err(bad("no initialize result")),
         };
-        let tools = match file.get_mut("tools").map(Value::take) {
-            Some(Value::Array(tools)) => tools,
-            _ => return Err(bad("no tools array")),
-        };
+        let tools = ToolList::from_json(file.tools.get()).ok_or_else(|| bad("no tools array"))?;
         let mut lists: [Option<Arc<str>>; 3] = Default::default();
-        for (slot, kind) in lists.iter_mut().zip(Kind::ALL) {
-            *slot = match file.get(kind.key()) {
-                None | Some(Value::Null) => None,
-                Some(list @ Value::Array(_)) => Some(Arc::from(list.to_string())),
+        let raw = [file.resources, file.templates, file.prompts];
+        for ((slot, kind), raw) in lists.iter_mut().zip(Kind::ALL).zip(raw) {
+            *slot = match raw.map(RawValue::get) {
+                None | Some("null") => None,
+                Some(list) if list.starts_with('[') => Some(Arc::from(list)),
                 Some(_) => return Err(bad(&format!("{} is not an array", kind.key()))),
             };
         }
@@ -134,7 +152,7 @@ impl CacheFile {
         Ok(Some(Restored {
             init: Arc::new(init),
             cached: Cached {
-                tools: ToolList::from_values(tools),
+                tools,
                 instructions,
             },
             lists,

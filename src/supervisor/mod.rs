@@ -169,8 +169,8 @@ pub struct Supervisor {
     logs: LogRing,
     counters: Arc<Counters>,
     launcher: SharedLauncher,
-    /// `start "on-demand"` (as last applied).
-    on_demand: Arc<std::sync::atomic::AtomicBool>,
+    /// `start` and `idle-stop`, as last applied.
+    activation: Arc<std::sync::Mutex<crate::unit::Activation>>,
 }
 
 impl fmt::Debug for Supervisor {
@@ -203,9 +203,7 @@ impl Supervisor {
         let (status_tx, status_rx) = watch::channel(initial);
         let counters = Arc::<Counters>::default();
         launcher.configure(&spec);
-        let on_demand = Arc::new(std::sync::atomic::AtomicBool::new(
-            spec.activation().idle_stop().is_some(),
-        ));
+        let activation = Arc::new(std::sync::Mutex::new(spec.activation()));
         let actor = Actor::new(
             name,
             spec,
@@ -226,7 +224,7 @@ impl Supervisor {
                 logs,
                 counters,
                 launcher,
-                on_demand,
+                activation,
             },
             task,
         )
@@ -280,10 +278,9 @@ impl Supervisor {
     /// starts a new generation under the new spec; without, only the
     /// policy and metadata change.
     pub fn apply(&self, spec: UnitSpec, restart: bool) {
-        self.on_demand.store(
-            spec.activation().idle_stop().is_some(),
-            std::sync::atomic::Ordering::Relaxed,
-        );
+        if let Ok(mut activation) = self.activation.lock() {
+            *activation = spec.activation();
+        }
         let _ = self.commands.send(Command::Apply {
             spec: Box::new(spec),
             restart,
@@ -381,8 +378,13 @@ impl Supervisor {
     pub fn serves(&self) -> bool {
         let state = self.status.borrow().state;
         state == State::Running
-            || (self.on_demand.load(std::sync::atomic::Ordering::Relaxed)
+            || (self.activation().idle_stop().is_some()
                 && matches!(state, State::Idle | State::Starting | State::Stopping))
+    }
+
+    /// When the server runs: always, or on demand with its `idle-stop`.
+    pub fn activation(&self) -> crate::unit::Activation {
+        self.activation.lock().map(|a| *a).unwrap_or_default()
     }
 
     /// The error a request gets now that the server is not running.

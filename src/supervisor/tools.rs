@@ -56,6 +56,30 @@ impl ToolList {
         })))
     }
 
+    /// A list from its JSON text as [`json`](Self::json) wrote it (an
+    /// on-demand unit's cache), keeping the text itself: only the names
+    /// are read, no schema tree is built. None when the text is not an
+    /// array of tools each with a string `name`.
+    pub fn from_json(text: &str) -> Option<Self> {
+        #[derive(serde::Deserialize)]
+        struct Named<'a> {
+            #[serde(borrow)]
+            name: std::borrow::Cow<'a, str>,
+        }
+        let named: Vec<Named<'_>> = serde_json::from_str(text).ok()?;
+        if named.is_empty() {
+            return Some(Self(None));
+        }
+        let names = named
+            .into_iter()
+            .map(|n| Box::from(n.name.as_ref()))
+            .collect();
+        Some(Self(Some(Arc::new(Compact {
+            names,
+            json: Box::from(text),
+        }))))
+    }
+
     pub fn len(&self) -> usize {
         self.0.as_ref().map_or(0, |c| c.names.len())
     }
