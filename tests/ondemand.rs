@@ -142,6 +142,10 @@ fn an_idle_server_answers_lists_without_a_process_and_first_uses_start_it_once()
     let (ok, status) = ctl(&runtime, &["status", "lazy"]);
     assert!(ok, "idle exits 0: {status}");
     assert!(!status.contains("Main PID"), "{status}");
+    assert!(
+        status.contains("      Start: on demand, stops after 1s idle"),
+        "{status}"
+    );
     let (ok, tools) = ctl(&runtime, &["tools", "lazy"]);
     assert!(ok && tools.contains("echo"), "{tools}");
     let (ok, resources) = ctl(&runtime, &["resources", "lazy"]);
@@ -151,6 +155,8 @@ fn an_idle_server_answers_lists_without_a_process_and_first_uses_start_it_once()
     assert!(ok);
     assert_eq!(json[0]["state"], "idle");
     assert_eq!(json[0]["main_pid"], 0);
+    assert_eq!(json[0]["start"], "on-demand");
+    assert_eq!(json[0]["idle_stop_usec"], 1_000_000);
     assert_eq!(setup.spawns().len(), 1, "listing never starts it");
 
     // A host session: initialize and tools/list from the cache; the first
@@ -374,4 +380,152 @@ fn a_crash_mid_call_fails_the_call_and_the_unit_follows_its_backoff() {
     d.wait_for("retry 1/");
     wait_active(&runtime, "running");
     assert_eq!(setup.spawns().len(), 2, "one retry, as for any unit");
+}
+
+/// A host that counts `tools/list_changed`.
+#[derive(Clone, Default)]
+struct Counting(std::sync::Arc<std::sync::atomic::AtomicUsize>);
+
+impl rmcp::ClientHandler for Counting {
+    async fn on_tool_list_changed(
+        &self,
+        _context: rmcp::service::NotificationContext<rmcp::RoleClient>,
+    ) {
+        self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+#[test]
+fn a_start_whose_tools_differ_from_the_cache_updates_it_and_tells_hosts() {
+    let setup = Setup::new("1s");
+    let d = setup.daemon();
+    let runtime = d.runtime_dir().expect("runtime").to_owned();
+    wait_active(&runtime, "idle (stopped after 1s idle)");
+    let cached_tools = || -> Vec<String> {
+        let cache: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(setup.cache()).expect("read")).expect("json");
+        cache["tools"]
+            .as_array()
+            .map(|t| {
+                t.iter()
+                    .filter_map(|t| t["name"].as_str().map(str::to_owned))
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    assert!(!cached_tools().contains(&"extra".to_owned()));
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    rt.block_on(async {
+        tokio::time::timeout(Duration::from_secs(60), async {
+            let host = Counting::default();
+            let changes = std::sync::Arc::clone(&host.0);
+            let (_bridge, io) = crate::helper::bridge(&runtime, "lazy");
+            let client = host.serve(io).await.expect("initialize");
+            let seen = || changes.load(std::sync::atomic::Ordering::SeqCst);
+            let until = async |what: &str, done: &dyn Fn() -> bool| {
+                for _ in 0..2000 {
+                    if done() {
+                        return;
+                    }
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                }
+                panic!("{what} did not happen within 20 s");
+            };
+            // The server changes its list while it runs (a cold call):
+            // the cache follows, hosts are told.
+            client
+                .call_tool(
+                    CallToolRequestParams::new("set_tools").with_arguments(
+                        json!({"tools": ["extra"]})
+                            .as_object()
+                            .cloned()
+                            .expect("obj"),
+                    ),
+                )
+                .await
+                .expect("set_tools");
+            until("list_changed after set_tools", &|| seen() == 1).await;
+            until("the cache lists extra", &|| {
+                cached_tools().contains(&"extra".to_owned())
+            })
+            .await;
+            // Idle: the changed list is what is answered.
+            until("idle again", &|| active(&runtime).contains("idle (stopped")).await;
+            let tools = client.list_all_tools().await.expect("tools/list");
+            assert!(tools.iter().any(|t| t.name == "extra"), "from the cache");
+            assert_eq!(
+                seen(),
+                1,
+                "the cold start with the cached list was not news"
+            );
+            // A new process lists its tools afresh (no extra): the
+            // published list, the cache and hosts follow.
+            client
+                .call_tool(
+                    CallToolRequestParams::new("echo")
+                        .with_arguments(json!({"text": "x"}).as_object().cloned().expect("obj")),
+                )
+                .await
+                .expect("cold echo");
+            until("list_changed after the start", &|| seen() == 2).await;
+            let tools = client.list_all_tools().await.expect("tools/list");
+            assert!(!tools.iter().any(|t| t.name == "extra"), "{tools:?}");
+            until("the cache is rewritten", &|| {
+                !cached_tools().contains(&"extra".to_owned())
+            })
+            .await;
+            client.cancel().await.expect("close");
+        })
+        .await
+        .expect("within 60 s");
+    });
+    wait_active(&runtime, "idle (stopped after 1s idle)");
+    wait_gone(&setup);
+    drop(d);
+}
+
+#[test]
+fn a_failed_on_demand_start_fails_the_waiting_call_with_the_state_and_the_backoff_follows() {
+    let dir = tempfile::tempdir().expect("dir");
+    let program = dir.path().join("server");
+    std::os::unix::fs::symlink(crate::helper::fixture_path(), &program).expect("symlink");
+    let units = tempfile::tempdir().expect("units");
+    std::fs::write(
+        units.path().join("lazy.kdl"),
+        format!(
+            "stdio {{\n    command \"{}\" \"--chatter\" \"0\"\n}}\nstart \"on-demand\"\nidle-stop \"500ms\"\nreconnect {{\n    initial-delay \"200ms\"\n    max-delay \"400ms\"\n    max-attempts 1\n}}\n",
+            program.display()
+        ),
+    )
+    .expect("unit");
+    let mut d = Daemon::user_no_bus(units.path(), &[]);
+    let runtime = d.runtime_dir().expect("runtime").to_owned();
+    wait_active(&runtime, "idle (stopped after 500ms idle)");
+    // The same command now fails at once (its cache stays valid).
+    std::fs::remove_file(&program).expect("rm");
+    std::fs::write(&program, "#!/bin/sh\nexit 7\n").expect("script");
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&program, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    let (ok, out) = ctl(&runtime, &["call", "lazy", "echo", "{\"text\":\"x\"}"]);
+    assert!(!ok, "{out}");
+    assert!(
+        out.contains("server lazy is retrying (retry 1/1") && out.contains("connection failed: "),
+        "the waiting call gets the state and the next retry: {out}"
+    );
+    d.wait_for("retry 1/1");
+    let line = wait_active(&runtime, "Active: failed");
+    assert!(line.contains("gave up after 1 retry"), "{line}");
+    let (_, tools) = ctl(&runtime, &["tools", "lazy"]);
+    assert!(
+        !tools.contains("echo"),
+        "withdrawn on final failure: {tools}"
+    );
+    // The daemon is fine, and nothing starts a failed unit but restart.
+    let (ok, out) = ctl(&runtime, &["call", "lazy", "echo", "{\"text\":\"x\"}"]);
+    assert!(!ok && out.contains("server lazy is failed"), "{out}");
+    assert_eq!(
+        d.count("mcpd_server=lazy generation=4"),
+        0,
+        "no start after failed"
+    );
 }
