@@ -306,13 +306,25 @@ fn the_cache_outlives_the_daemon_and_a_changed_command_or_a_corrupt_file_relearn
         let (ok, tools) = ctl(&runtime, &["tools", "lazy"]);
         assert!(ok && tools.contains("echo"), "{tools}");
         assert_eq!(setup.spawns().len(), 1, "the cache answered");
+        // A start that learns the same lists leaves the file alone (a
+        // rewrite would be a new inode: it is renamed into place).
+        use std::os::unix::fs::MetadataExt;
+        let inode = std::fs::metadata(setup.cache()).expect("cache").ino();
+        let (ok, out) = ctl(&runtime, &["call", "lazy", "echo", "{\"text\":\"x\"}"]);
+        assert!(ok, "{out}");
+        wait_active(&runtime, "idle (stopped after 500ms idle)");
+        assert_eq!(
+            std::fs::metadata(setup.cache()).expect("cache").ino(),
+            inode
+        );
+        assert_eq!(setup.spawns().len(), 2);
 
         // A changed command: the cache is not its lists; it starts to
         // learn them (a reload, as `mcpctl reload` after an edit).
         setup.write("--name", "500ms");
         let (ok, out) = ctl(&runtime, &["reload"]);
         assert!(ok, "{out}");
-        d.wait_until("the changed unit started", |_| setup.spawns().len() == 2);
+        d.wait_until("the changed unit started", |_| setup.spawns().len() == 3);
         wait_active(&runtime, "idle (stopped after 500ms idle)");
         wait_gone(&setup);
     }
@@ -321,7 +333,7 @@ fn the_cache_outlives_the_daemon_and_a_changed_command_or_a_corrupt_file_relearn
         let d = setup.daemon();
         let runtime = d.runtime_dir().expect("runtime").to_owned();
         wait_active(&runtime, "idle (waiting for first use)");
-        assert_eq!(setup.spawns().len(), 2);
+        assert_eq!(setup.spawns().len(), 3);
     }
     // A cache written for another command is not used.
     setup.write("--chatter", "500ms");
@@ -330,7 +342,7 @@ fn the_cache_outlives_the_daemon_and_a_changed_command_or_a_corrupt_file_relearn
         let runtime = d.runtime_dir().expect("runtime").to_owned();
         wait_active(&runtime, "idle (stopped after 500ms idle)");
         wait_gone(&setup);
-        assert_eq!(setup.spawns().len(), 3, "started to learn its lists");
+        assert_eq!(setup.spawns().len(), 4, "started to learn its lists");
     }
 
     // A corrupt cache is a warning and a fresh discovery start.
@@ -344,7 +356,7 @@ fn the_cache_outlives_the_daemon_and_a_changed_command_or_a_corrupt_file_relearn
     );
     wait_active(&runtime, "idle (stopped after 500ms idle)");
     wait_gone(&setup);
-    assert_eq!(setup.spawns().len(), 4);
+    assert_eq!(setup.spawns().len(), 5);
     let cache: serde_json::Value =
         serde_json::from_slice(&std::fs::read(setup.cache()).expect("read")).expect("rewritten");
     assert!(cache["tools"].as_array().is_some_and(|t| !t.is_empty()));
@@ -528,4 +540,63 @@ fn a_failed_on_demand_start_fails_the_waiting_call_with_the_state_and_the_backof
         0,
         "no start after failed"
     );
+}
+
+#[test]
+fn a_host_that_only_pings_does_not_keep_an_idle_server_running() {
+    use std::io::{BufRead, Write};
+    let setup = Setup::new("700ms");
+    let d = setup.daemon();
+    let runtime = d.runtime_dir().expect("runtime").to_owned();
+    wait_active(&runtime, "idle (stopped after 700ms idle)");
+    let mut bridge = crate::helper::mcpctl()
+        .args(["--user", "bridge", "lazy"])
+        .env("XDG_RUNTIME_DIR", &runtime)
+        .env_remove("DBUS_SESSION_BUS_ADDRESS")
+        .env_remove("MCPD_RUNTIME_DIR")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("bridge");
+    let mut to = bridge.stdin.take().expect("stdin");
+    let mut from = std::io::BufReader::new(bridge.stdout.take().expect("stdout"));
+    let mut ask = |line: &str| -> String {
+        writeln!(to, "{line}").expect("write");
+        to.flush().expect("flush");
+        let mut answer = String::new();
+        from.read_line(&mut answer).expect("read");
+        answer
+    };
+    let init = ask(
+        r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"pinger","version":"1"}}}"#,
+    );
+    assert!(init.contains("\"result\""), "{init}");
+    let call = ask(
+        r#"{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"echo","arguments":{"text":"cold"}}}"#,
+    );
+    assert!(call.contains("cold"), "{call}");
+    assert_eq!(setup.spawns().len(), 2);
+    // Pings and the session's log level, every 100 ms: answered by mcpd,
+    // no use of the server; it idles on time anyway.
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    let mut id = 10;
+    while !active(&runtime).contains("idle (stopped") {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "pings kept it running"
+        );
+        id += 1;
+        let pong = ask(&format!(r#"{{"jsonrpc":"2.0","id":{id},"method":"ping"}}"#));
+        assert!(pong.contains("\"result\""), "{pong}");
+        id += 1;
+        let level = ask(&format!(
+            r#"{{"jsonrpc":"2.0","id":{id},"method":"logging/setLevel","params":{{"level":"info"}}}}"#
+        ));
+        assert!(level.contains("\"result\""), "{level}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    wait_gone(&setup);
+    drop(to);
+    let _ = bridge.wait();
+    drop(d);
 }

@@ -79,7 +79,7 @@ pub(crate) enum Internal {
     Demand,
     /// The cache file was written (or not).
     CacheStored {
-        text: String,
+        digest: u64,
         result: Result<(), String>,
     },
     /// Probe `probe` was answered in time (`refused`: with an error).
@@ -142,8 +142,8 @@ struct Cache {
     file: Option<CacheFile>,
     /// The established generation's `initialize` result.
     init: Option<Arc<Value>>,
-    /// The text last written, or being written.
-    written: Option<String>,
+    /// The digest of the text last written (or read), or being written.
+    written: Option<u64>,
     /// A write is in flight.
     busy: bool,
     /// The state changed while it was.
@@ -532,10 +532,10 @@ impl Actor {
                 self.resync_if_dirty(generation);
             }
             Internal::Demand => self.step(Event::Demand).await,
-            Internal::CacheStored { text, result } => {
+            Internal::CacheStored { digest, result } => {
                 self.cache.busy = false;
                 match result {
-                    Ok(()) => self.cache.written = Some(text),
+                    Ok(()) => self.cache.written = Some(digest),
                     Err(e) => {
                         tracing::warn!(target: "mcpd::supervisor", mcpd_server = %self.name, "cannot keep the server's lists for when it is idle: {e}");
                     }
@@ -575,7 +575,7 @@ impl Actor {
         let file = self.cache.file.as_ref()?;
         match file.load() {
             Ok(Some(restored)) => {
-                self.cache.written = None;
+                self.cache.written = Some(restored.digest);
                 self.sessions.restore(restored.init, restored.lists);
                 Some(restored.cached)
             }
@@ -603,7 +603,8 @@ impl Actor {
         }
         let lists = Kind::ALL.map(|kind| self.sessions.list(kind));
         let text = file.render(init, self.machine.server_tools(), &lists);
-        if self.cache.written.as_ref() == Some(&text) {
+        let digest = super::cache::digest(&text);
+        if self.cache.written == Some(digest) {
             return;
         }
         self.cache.busy = true;
@@ -611,7 +612,7 @@ impl Actor {
         let tx = self.internal_tx.clone();
         tokio::task::spawn_blocking(move || {
             let result = file.store(&text);
-            let _ = tx.send(Internal::CacheStored { text, result });
+            let _ = tx.send(Internal::CacheStored { digest, result });
         });
     }
 

@@ -41,6 +41,15 @@ pub struct Restored {
     /// The resource, template and prompt lists (as [`Kind::ALL`]), as
     /// JSON arrays; None where the server offered none.
     pub lists: [Option<Arc<str>>; 3],
+    /// [`digest`] of the file: what [`CacheFile::render`] gives for the
+    /// same state, so an unchanged state is not written again.
+    pub digest: u64,
+}
+
+/// A digest of a cache file's text (FNV-1a), to tell whether a state was
+/// written already without keeping its text.
+pub fn digest(text: &str) -> u64 {
+    fnv(text.as_bytes())
 }
 
 /// FNV-1a, 64 bits: stable across builds and machines.
@@ -156,6 +165,7 @@ impl CacheFile {
                 instructions,
             },
             lists,
+            digest: digest(text),
         }))
     }
 }
@@ -204,6 +214,11 @@ mod tests {
         assert_eq!(back.cached.tools, tools);
         assert_eq!(back.cached.instructions.as_deref(), Some("be nice"));
         assert_eq!(back.lists, lists);
+        assert_eq!(
+            back.digest,
+            digest(&file.render(&init, &tools, &lists)),
+            "rendering what was read gives the file back"
+        );
         // Another command: the same name finds nothing.
         let other = CacheFile::new(dir.path(), "x", &spec("/bin/b"));
         assert_eq!(other.path(), file.path());

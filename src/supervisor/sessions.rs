@@ -728,13 +728,7 @@ impl Task {
                         let _ = up.tx.send(message);
                     }
                 }
-                Out::Host(host, message) => {
-                    if message.get("method").is_none() {
-                        // An answer to a host: a use.
-                        self.used = now();
-                    }
-                    self.send(host, &message);
-                }
+                Out::Host(host, message) => self.send(host, &message),
                 Out::Down { host, id } => {
                     let text = self.down_text(lost);
                     self.send(host, &error(&id, SERVER_DOWN, text));
@@ -1250,6 +1244,11 @@ impl Task {
         }
         let answer = method.is_none();
         let outs = self.router.from_server(message);
+        if answer && outs.iter().any(|out| matches!(out, Out::Host(..))) {
+            // The server answered a host: a use (mcpd's own answers to
+            // pings and settings are not).
+            self.used = now();
+        }
         if answer {
             // An answer: to anything but a probe, a sign of life.
             let probed = outs.iter().any(|out| {
