@@ -15,6 +15,9 @@ pub fn write_atomically(path: &Path, bytes: &[u8], mode: u32) -> Result<(), Stri
         .unwrap_or_default();
     let tmp = path.with_file_name(format!(".{name}.tmp-{}", std::process::id()));
     let fail = |e: std::io::Error| format!("cannot write {}: {e}", path.display());
+    // A crash mid-write (of a process with this pid, as PID 1 in a
+    // container is at every start) may have left it.
+    let _ = std::fs::remove_file(&tmp);
     let result = (|| {
         let mut file = std::fs::OpenOptions::new()
             .write(true)

@@ -1454,7 +1454,7 @@ fn an_always_unit_arms_by_starting_and_never_idles() {
     r.spawned();
     r.established(&tools(&["a"]));
     assert_eq!(r.m.deadline(), None, "no idle-stop");
-    assert!(!r.m.will_serve() || r.m.established().is_some());
+    assert!(!r.m.will_serve(), "requests of an always unit never wait");
     assert!(r.step(Event::Demand).is_empty());
 }
 
@@ -1483,4 +1483,40 @@ fn a_reload_switching_activation_applies_in_place() {
     r.spawned();
     r.established(&tools(&["a"]));
     assert_eq!(r.m.deadline(), None);
+}
+
+#[test]
+fn switched_to_always_while_stopping_for_idleness_it_starts_once_stopped() {
+    let mut r = Rig::new(&on_demand(500, "on-demand"));
+    r.step(Event::Arm { cached: None });
+    r.spawned();
+    r.established(&tools(&["a"]));
+    r.fire();
+    assert_eq!(r.state(), State::Stopping);
+    assert!(
+        r.step(Event::Apply {
+            spec: Box::new(on_demand(500, "always")),
+            restart: false,
+        })
+        .is_empty(),
+        "one process at a time"
+    );
+    assert_eq!(r.exited(0), vec![Effect::Spawn { generation: 2 }]);
+    assert_eq!(r.state(), State::Starting);
+}
+
+#[test]
+fn requests_wait_only_for_a_start_on_demand_not_for_a_retry() {
+    let mut r = Rig::new(&on_demand(500, "on-demand"));
+    r.step(Event::Arm {
+        cached: cached(&["a"]),
+    });
+    r.step(Event::Demand);
+    assert!(r.m.will_serve(), "starting: a request waits");
+    r.spawned();
+    r.exited(1);
+    r.fire();
+    assert_eq!(r.state(), State::Retrying);
+    assert!(r.m.current().is_some(), "the retry is under way");
+    assert!(!r.m.will_serve(), "during an outage requests fail at once");
 }

@@ -30,17 +30,18 @@ impl Setup {
             state,
             count,
         };
-        setup.write("--chatter", idle);
+        setup.write(&["--chatter", "0"], idle);
         setup
     }
 
-    /// Writes the unit with the fixture's first flag `flag` (a changed
-    /// flag is a changed command).
-    fn write(&self, flag: &str, idle: &str) {
+    /// Writes the unit with the fixture's flags `args` (other flags are
+    /// another command).
+    fn write(&self, args: &[&str], idle: &str) {
+        let args: String = args.iter().map(|a| format!(" \"{a}\"")).collect();
         std::fs::write(
             self.units.path().join("lazy.kdl"),
             format!(
-                "stdio {{\n    command \"mcp-fixture\" \"{flag}\" \"0\" \"--count-file\" \"{}\"\n}}\nstart \"on-demand\"\nidle-stop \"{idle}\"\nstop-timeout \"2s\"\n",
+                "stdio {{\n    command \"mcp-fixture\"{args} \"--count-file\" \"{}\"\n}}\nstart \"on-demand\"\nidle-stop \"{idle}\"\nstop-timeout \"2s\"\n",
                 self.count.display()
             ),
         )
@@ -119,6 +120,8 @@ fn wait_gone(setup: &Setup) {
 #[test]
 fn an_idle_server_answers_lists_without_a_process_and_first_uses_start_it_once() {
     let setup = Setup::new("1s");
+    // Every start takes 300 ms: first uses that come meanwhile all wait.
+    setup.write(&["--chatter", "0", "--slow-start", "300ms"], "1s");
     let d = setup.daemon();
     let runtime = d.runtime_dir().expect("runtime").to_owned();
 
@@ -212,7 +215,8 @@ fn an_idle_server_answers_lists_without_a_process_and_first_uses_start_it_once()
         .expect("within 60 s");
     });
 
-    // 20 concurrent first calls from mcpctl: one process.
+    // 20 concurrent first calls from mcpctl (all within the 300 ms the
+    // start takes): one process.
     wait_active(&runtime, "idle (stopped after 1s idle)");
     wait_gone(&setup);
     let before = setup.spawns().len();
@@ -321,7 +325,7 @@ fn the_cache_outlives_the_daemon_and_a_changed_command_or_a_corrupt_file_relearn
 
         // A changed command: the cache is not its lists; it starts to
         // learn them (a reload, as `mcpctl reload` after an edit).
-        setup.write("--name", "500ms");
+        setup.write(&["--name", "0"], "500ms");
         let (ok, out) = ctl(&runtime, &["reload"]);
         assert!(ok, "{out}");
         d.wait_until("the changed unit started", |_| setup.spawns().len() == 3);
@@ -336,7 +340,7 @@ fn the_cache_outlives_the_daemon_and_a_changed_command_or_a_corrupt_file_relearn
         assert_eq!(setup.spawns().len(), 3);
     }
     // A cache written for another command is not used.
-    setup.write("--chatter", "500ms");
+    setup.write(&["--chatter", "0"], "500ms");
     {
         let d = setup.daemon();
         let runtime = d.runtime_dir().expect("runtime").to_owned();
@@ -546,6 +550,7 @@ fn a_failed_on_demand_start_fails_the_waiting_call_with_the_state_and_the_backof
 fn a_host_that_only_pings_does_not_keep_an_idle_server_running() {
     use std::io::{BufRead, Write};
     let setup = Setup::new("700ms");
+    setup.write(&["--chatter", "0", "--tools", "sleep"], "700ms");
     let d = setup.daemon();
     let runtime = d.runtime_dir().expect("runtime").to_owned();
     wait_active(&runtime, "idle (stopped after 700ms idle)");
@@ -571,10 +576,31 @@ fn a_host_that_only_pings_does_not_keep_an_idle_server_running() {
         r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"pinger","version":"1"}}}"#,
     );
     assert!(init.contains("\"result\""), "{init}");
+    // A list the server does not offer: refused as it would refuse it,
+    // without starting it.
+    let prompts = ask(r#"{"jsonrpc":"2.0","id":3,"method":"prompts/list"}"#);
+    assert!(
+        prompts.contains("-32601") && prompts.contains("server lazy does not offer prompts"),
+        "{prompts}"
+    );
+    assert_eq!(setup.spawns().len(), 1, "listing started nothing");
     let call = ask(
         r#"{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"echo","arguments":{"text":"cold"}}}"#,
     );
     assert!(call.contains("cold"), "{call}");
+    assert_eq!(setup.spawns().len(), 2);
+    // A call longer than idle-stop is use until it is answered.
+    let slow = ask(
+        r#"{"jsonrpc":"2.0","id":4,"method":"tools/call","params":{"name":"sleep","arguments":{"ms":1600}}}"#,
+    );
+    assert!(
+        slow.contains("\"result\"") && !slow.contains("\"error\""),
+        "{slow}"
+    );
+    assert!(
+        active(&runtime).contains("running"),
+        "not stopped under the call"
+    );
     assert_eq!(setup.spawns().len(), 2);
     // Pings and the session's log level, every 100 ms: answered by mcpd,
     // no use of the server; it idles on time anyway.

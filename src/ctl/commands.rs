@@ -301,9 +301,7 @@ fn write_block(
         writeln!(out, "   Restarts: {}", p.restarts)?;
     }
     if p.start == "on-demand" {
-        let after = humantime::format_duration(std::time::Duration::from_secs(
-            p.idle_stop_usec / 1_000_000,
-        ));
+        let after = humantime::format_duration(std::time::Duration::from_micros(p.idle_stop_usec));
         writeln!(out, "      Start: on demand, stops after {after} idle")?;
     }
     if let Some(health) = health(p) {

@@ -136,7 +136,6 @@ pub(crate) struct Actor {
 /// The cache of an on-demand unit, and its writes: one at a time, the
 /// newest state written after the one in flight, an unchanged one not
 /// at all.
-#[derive(Default)]
 struct Cache {
     /// The unit's file, while it is on demand.
     file: Option<CacheFile>,
@@ -148,19 +147,21 @@ struct Cache {
     busy: bool,
     /// The state changed while it was.
     dirty: bool,
-    /// The sessions' list serials.
-    lists: Option<watch::Receiver<[u64; 3]>>,
+    /// The sessions' list serials, and the generation whose lists they
+    /// have all read: a state is written only once it is this
+    /// generation's, never one with the lists of the last.
+    lists: watch::Receiver<[u64; 3]>,
+    listed: watch::Receiver<Gen>,
 }
 
-/// Waits for a change of the sessions' lists, if they are watched.
-async fn lists_changed(lists: &mut Option<watch::Receiver<[u64; 3]>>) {
-    match lists {
-        Some(rx) => {
-            if rx.changed().await.is_err() {
-                *lists = None;
-            }
-        }
-        None => std::future::pending().await,
+/// Waits for a change of the sessions' lists (or for ever once they end).
+async fn lists_changed(cache: &mut Cache) {
+    let changed = tokio::select! {
+        changed = cache.lists.changed() => changed,
+        changed = cache.listed.changed() => changed,
+    };
+    if changed.is_err() {
+        std::future::pending::<()>().await;
     }
 }
 
@@ -244,9 +245,13 @@ impl Actor {
             spec.activation().idle_stop().is_some(),
         );
         let cache = Cache {
-            lists: Some(sessions.changes()),
             file: Self::cache_file(cache_dir.as_deref(), name, &spec),
-            ..Cache::default()
+            init: None,
+            written: None,
+            busy: false,
+            dirty: false,
+            lists: sessions.changes(),
+            listed: sessions.listed(),
         };
         Self {
             cache_dir,
@@ -299,7 +304,7 @@ impl Actor {
                     }
                 },
                 Some(event) = self.internal_rx.recv() => self.internal(event).await,
-                () = lists_changed(&mut self.cache.lists), if self.cache.file.is_some() => self.save_cache(),
+                () = lists_changed(&mut self.cache), if self.cache.file.is_some() => self.save_cache(),
                 () = sleep_until_opt(self.sync_at) => {
                     self.sync_at = None;
                     if let Some(generation) = self.machine.established() {
@@ -316,12 +321,22 @@ impl Actor {
                     }
                     if timer == Timer::IdleStop
                         && let Some(generation) = self.machine.established()
-                        && let Some((at, busy)) = self.sessions.activity().await
+                        && let Some(idle_stop) = self.spec.activation().idle_stop()
                     {
-                        // A use since counts: it may not be idle yet.
-                        self.step(Event::Used { generation, at, busy }).await;
+                        // A use since counts: it may not be idle yet. The
+                        // sessions stop sending to the server at once if
+                        // it is (the machine decides the same from the
+                        // same instant), so no request reaches a server
+                        // being stopped: later ones wait and start it again.
+                        let at = now();
+                        let cutoff = at.checked_sub(idle_stop).unwrap_or(at);
+                        if let Some((used, busy)) = self.sessions.settle(generation, cutoff).await {
+                            self.step_at(Event::Used { generation, at: used, busy }, at).await;
+                        }
+                        self.step_at(Event::Deadline(timer), at).await;
+                    } else {
+                        self.step(Event::Deadline(timer)).await;
                     }
-                    self.step(Event::Deadline(timer)).await;
                 }
             }
             self.publish();
@@ -383,7 +398,26 @@ impl Actor {
         timeout: Duration,
         reply: oneshot::Sender<Result<CallToolResult, CallError>>,
     ) {
-        if self.machine.established().is_none() && !reply.is_closed() {
+        if reply.is_closed() {
+            // The caller left before the call could start.
+            return;
+        }
+        if let Some(why) = self.spec.tool_filter().why_not(&name) {
+            let _ = reply.send(Err(CallError::Filtered {
+                server: self.name.clone(),
+                tool: name,
+                why,
+            }));
+            return;
+        }
+        if self.machine.server_lists(&name) == Some(false) {
+            let _ = reply.send(Err(CallError::NoSuchTool {
+                server: self.name.clone(),
+                tool: name,
+            }));
+            return;
+        }
+        if self.machine.established().is_none() {
             // A first use starts an idle on-demand server; the call waits
             // for it in the sessions.
             self.step(Event::Demand).await;
@@ -400,26 +434,6 @@ impl Actor {
             }));
             return;
         };
-        if reply.is_closed() {
-            // The caller left before the call could start.
-            return;
-        }
-        if let Some(why) = self.spec.tool_filter().why_not(&name) {
-            let _ = reply.send(Err(CallError::Filtered {
-                server: self.name.clone(),
-                tool: name,
-                why,
-            }));
-            return;
-        }
-        let listed = self.machine.server_lists(&name);
-        if listed == Some(false) {
-            let _ = reply.send(Err(CallError::NoSuchTool {
-                server: self.name.clone(),
-                tool: name,
-            }));
-            return;
-        }
         let sessions = self.sessions.clone();
         tokio::spawn(async move {
             let mut reply = reply;
@@ -593,8 +607,13 @@ impl Actor {
         let (Some(file), Some(init)) = (&self.cache.file, &self.cache.init) else {
             return;
         };
-        if self.machine.established().is_none() {
+        let Some(generation) = self.machine.established() else {
             // Lists are kept or withdrawn now, not learnt.
+            return;
+        };
+        if *self.cache.listed.borrow() != generation {
+            // Its lists are still being read: what the sessions hold may
+            // be the last generation's.
             return;
         }
         if self.cache.busy {
@@ -649,9 +668,17 @@ impl Actor {
     /// Feeds an event and performs the effects, including the events the
     /// effects themselves produce.
     async fn step(&mut self, event: Event) {
+        self.step_at(event, now()).await;
+    }
+
+    /// [`step`](Self::step) with the instant the event happened at (the
+    /// events its effects produce happen when they do).
+    async fn step_at(&mut self, event: Event, at: Instant) {
         let mut queue = VecDeque::from([event]);
+        let mut at = Some(at);
         while let Some(event) = queue.pop_front() {
-            for effect in self.machine.step(event, now()) {
+            let now = at.take().unwrap_or_else(now);
+            for effect in self.machine.step(event, now) {
                 self.effect(effect, &mut queue).await;
             }
         }

@@ -693,9 +693,14 @@ impl Machine {
                 // A stopped unit stays stopped; a failed one gets a new chance.
                 if restart && self.state != State::Stopped {
                     self.restart(now, &mut fx);
-                } else if self.state == State::Idle && self.timing.idle_stop.is_none() {
-                    // No longer on demand: an always unit runs.
-                    self.start(now, &mut fx);
+                } else if self.timing.idle_stop.is_none() {
+                    // No longer on demand: an always unit runs, also one
+                    // being stopped for idleness (once it is gone).
+                    match &mut self.phase {
+                        Phase::Idle if self.state == State::Idle => self.start(now, &mut fx),
+                        Phase::Ending { then, .. } if *then == Then::Idle => *then = Then::Fresh,
+                        _ => {}
+                    }
                 }
             }
             Event::Spawned { generation, pid } => {
@@ -1182,7 +1187,8 @@ impl Machine {
     pub fn will_serve(&self) -> bool {
         self.timing.idle_stop.is_some()
             && match &self.phase {
-                Phase::Active { .. } => true,
+                // Not a retry: an outage's requests fail at once (§3).
+                Phase::Active { .. } => matches!(self.state, State::Starting | State::Running),
                 Phase::Ending { then, .. } => *then == Then::Fresh,
                 Phase::Idle => self.state == State::Idle,
                 Phase::Backoff { .. } | Phase::Stuck { .. } => false,

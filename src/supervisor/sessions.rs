@@ -107,8 +107,12 @@ enum Input {
         init: Arc<Value>,
         lists: [Option<Arc<str>>; 3],
     },
-    /// When the server was last used, and whether a request is in flight.
-    Activity {
+    /// When the server was last used, and whether a request is in flight;
+    /// with neither since `cutoff`, generation `generation` is idle: the
+    /// sessions stop sending to it at once.
+    Settle {
+        generation: Gen,
+        cutoff: Instant,
         reply: oneshot::Sender<(Instant, bool)>,
     },
     Cancel {
@@ -138,6 +142,8 @@ pub(crate) struct Sessions {
     lists: Lists,
     /// Serials of the three lists, raised when one changes.
     changes: watch::Receiver<[u64; 3]>,
+    /// The newest generation whose lists have all been read.
+    listed: watch::Receiver<Gen>,
     heard: Arc<Heard>,
 }
 
@@ -198,6 +204,7 @@ impl Sessions {
         let count = Arc::new(AtomicUsize::new(0));
         let lists = Lists::default();
         let (changes_tx, changes) = watch::channel([0; 3]);
+        let (listed_tx, listed) = watch::channel(0);
         let serial = status.borrow().tools_serial;
         let heard = Arc::new(Heard::new());
         let task = Task {
@@ -214,6 +221,8 @@ impl Sessions {
             own: HashMap::new(),
             lists: Arc::clone(&lists),
             changes: changes_tx,
+            listed: listed_tx,
+            reading_for: None,
             caches: Default::default(),
             tokens: HashMap::new(),
             status,
@@ -234,8 +243,15 @@ impl Sessions {
             count,
             lists,
             changes,
+            listed,
             heard,
         }
+    }
+
+    /// The newest generation whose resource, template and prompt lists
+    /// have all been read (or failed to be) since its handshake.
+    pub(crate) fn listed(&self) -> watch::Receiver<Gen> {
+        self.listed.clone()
     }
 
     /// When the server last sent a message other than an answer to a
@@ -251,10 +267,20 @@ impl Sessions {
     }
 
     /// When the server was last used (a request of a host or a client
-    /// sent or answered), and whether one is in flight.
-    pub(crate) async fn activity(&self) -> Option<(Instant, bool)> {
+    /// sent or answered), and whether one is in flight. Unused since
+    /// `cutoff` (the `idle-stop` deadline passed), generation
+    /// `generation`'s upstream is let go in the same step, so that nothing
+    /// is sent to a server about to be stopped: what comes next waits for
+    /// the next start.
+    pub(crate) async fn settle(&self, generation: Gen, cutoff: Instant) -> Option<(Instant, bool)> {
         let (reply, answer) = oneshot::channel();
-        self.tx.send(Input::Activity { reply }).ok()?;
+        self.tx
+            .send(Input::Settle {
+                generation,
+                cutoff,
+                reply,
+            })
+            .ok()?;
         answer.await.ok()
     }
 
@@ -502,6 +528,9 @@ struct Task {
     /// The resource, template and prompt lists (`Kind`), and their reads.
     lists: Lists,
     changes: watch::Sender<[u64; 3]>,
+    listed: watch::Sender<Gen>,
+    /// The generation whose first reads of the lists are under way.
+    reading_for: Option<Gen>,
     caches: [Cache; 3],
     /// Their tokens → upstream id.
     tokens: HashMap<u64, u64>,
@@ -598,6 +627,12 @@ impl Task {
                 reply,
                 purpose,
             } => {
+                if purpose != Purpose::Use && self.upstream.is_none() {
+                    // Bookkeeping is for a running server: it never waits
+                    // for (or causes) a start.
+                    let _ = reply.send(Err(self.down_text(None)));
+                    return;
+                }
                 let waiter = match purpose {
                     Purpose::Use => {
                         self.used = now();
@@ -622,9 +657,26 @@ impl Task {
                     }
                 }
             }
-            Input::Activity { reply } => {
+            Input::Settle {
+                generation,
+                cutoff,
+                reply,
+            } => {
                 let busy = self.router.hosts_busy()
                     || self.own.values().any(|w| matches!(w, Waiter::Use(..)));
+                if !busy
+                    && self.used <= cutoff
+                    && self
+                        .upstream
+                        .as_ref()
+                        .is_some_and(|u| u.generation == generation)
+                {
+                    // Idle: the machine stops it now. Only mcpd's own
+                    // bookkeeping can be in flight; it is not worth a start.
+                    self.upstream = None;
+                    let outs = self.router.upstream_lost();
+                    self.deliver(outs, Some("the server is stopping after idle-stop"));
+                }
                 let _ = reply.send((self.used, busy));
             }
             Input::Cancel { token } => {
@@ -756,7 +808,10 @@ impl Task {
                         let _ = reply.send(Err(self.down_text(lost)));
                     }
                     // Read again on the next handshake.
-                    Some(Waiter::Page(kind)) => self.caches[kind.index()].reading = None,
+                    Some(Waiter::Page(kind)) => {
+                        self.caches[kind.index()].reading = None;
+                        self.check_listed();
+                    }
                     None => {}
                 },
             }
@@ -792,6 +847,8 @@ impl Task {
                 self.broadcast(kind.changed());
             }
         }
+        self.reading_for = Some(generation);
+        self.check_listed();
         for (host, id, params) in std::mem::take(&mut self.waiting) {
             self.initialize(host, &id, &params);
         }
@@ -898,8 +955,23 @@ impl Task {
         self.deliver(outs, None);
     }
 
+    /// Says so once every list of the generation being read is read.
+    fn check_listed(&mut self) {
+        if let Some(generation) = self.reading_for
+            && self.caches.iter().all(|c| c.reading.is_none())
+        {
+            self.reading_for = None;
+            self.listed.send_replace(generation);
+        }
+    }
+
     /// A page of list `kind` arrived.
-    fn page(&mut self, kind: Kind, mut answer: Value) {
+    fn page(&mut self, kind: Kind, answer: Value) {
+        self.read_page(kind, answer);
+        self.check_listed();
+    }
+
+    fn read_page(&mut self, kind: Kind, mut answer: Value) {
         let cache = &mut self.caches[kind.index()];
         let Some(reading) = cache.reading.as_mut() else {
             return;
@@ -954,12 +1026,23 @@ impl Task {
         }
     }
 
-    /// Answers a host's list request from the cache, if the list is kept.
+    /// Answers a host's list request from the cache, if the list is kept
+    /// (or, while an on-demand server does not run, with the error it
+    /// would give if it does not offer the list: listing never starts it).
     fn answer_list(&mut self, host: HostId, id: &Value, method: &str) -> bool {
         let Some(kind) = Kind::ALL.into_iter().find(|k| k.method() == method) else {
             return false;
         };
         let Some(list) = self.cached(kind) else {
+            let offered = self
+                .init
+                .as_ref()
+                .is_some_and(|init| init["capabilities"].get(kind.capability()).is_some());
+            if self.on_demand && self.upstream.is_none() && !offered {
+                let text = format!("server {} does not offer {}", self.name, kind.capability());
+                self.send(host, &error(id, route::METHOD_NOT_FOUND, text));
+                return true;
+            }
             return false;
         };
         let bytes = format!(
