@@ -1212,6 +1212,15 @@ fn on_demand(idle_ms: u64, start: &str) -> UnitSpec {
     .expect("valid spec")
 }
 
+/// An on-demand unit armed with cached `names`: idle.
+fn idle(idle_ms: u64, names: &[&str]) -> Rig {
+    let mut r = Rig::new(&on_demand(idle_ms, "on-demand"));
+    r.step(Event::Arm {
+        cached: cached(names),
+    });
+    r
+}
+
 fn cached(names: &[&str]) -> Option<Cached> {
     Some(Cached {
         tools: tools(names),
@@ -1257,10 +1266,7 @@ fn an_on_demand_unit_with_a_cache_idles_with_its_lists_and_one_first_use_starts_
 
 #[test]
 fn a_start_whose_lists_differ_from_the_cache_publishes_them() {
-    let mut r = Rig::new(&on_demand(1000, "on-demand"));
-    r.step(Event::Arm {
-        cached: cached(&["a"]),
-    });
+    let mut r = idle(1000, &["a"]);
     let serial = r.m.view().tools_serial;
     r.step(Event::Demand);
     r.spawned();
@@ -1359,10 +1365,7 @@ fn a_use_during_the_idle_stop_starts_it_again_once_the_old_process_is_gone() {
 
 #[test]
 fn stop_of_an_on_demand_unit_is_final_until_start() {
-    let mut r = Rig::new(&on_demand(500, "on-demand"));
-    r.step(Event::Arm {
-        cached: cached(&["a"]),
-    });
+    let mut r = idle(500, &["a"]);
     assert!(r.step(Event::Stop).is_empty());
     let v = r.m.view();
     assert_eq!(v.state, State::Stopped);
@@ -1383,19 +1386,13 @@ fn stop_of_an_on_demand_unit_is_final_until_start() {
     r.exited(0);
     assert_eq!(r.state(), State::Stopped);
     // Started on an idle unit: now.
-    let mut r = Rig::new(&on_demand(500, "on-demand"));
-    r.step(Event::Arm {
-        cached: cached(&["a"]),
-    });
+    let mut r = idle(500, &["a"]);
     assert_eq!(r.step(Event::Start), vec![Effect::Spawn { generation: 1 }]);
 }
 
 #[test]
 fn a_failed_on_demand_start_follows_the_usual_backoff_and_budget() {
-    let mut r = Rig::new(&on_demand(500, "on-demand"));
-    r.step(Event::Arm {
-        cached: cached(&["a"]),
-    });
+    let mut r = idle(500, &["a"]);
     r.step(Event::Demand);
     r.spawned();
     r.exited(1);
@@ -1507,10 +1504,7 @@ fn switched_to_always_while_stopping_for_idleness_it_starts_once_stopped() {
 
 #[test]
 fn requests_wait_only_for_a_start_on_demand_not_for_a_retry() {
-    let mut r = Rig::new(&on_demand(500, "on-demand"));
-    r.step(Event::Arm {
-        cached: cached(&["a"]),
-    });
+    let mut r = idle(500, &["a"]);
     r.step(Event::Demand);
     assert!(r.m.will_serve(), "starting: a request waits");
     r.spawned();

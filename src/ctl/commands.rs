@@ -316,7 +316,8 @@ fn write_block(
     if p.cpu_nsec != u64::MAX {
         writeln!(out, "        CPU: {}", cpu(p.cpu_nsec))?;
     }
-    if !matches!(p.state.as_str(), "stopped" | "failed") {
+    // (An idle server has no processes to contain.)
+    if !matches!(p.state.as_str(), "stopped" | "failed" | "idle") {
         if !p.containment.is_empty() {
             writeln!(out, "Containment: {}", p.containment)?;
         }
