@@ -10,7 +10,7 @@ use rmcp::ServiceExt;
 use rmcp::model::CallToolRequestParams;
 use serde_json::json;
 
-use crate::helper::{Daemon, alive, mcpctl_user};
+use crate::helper::{Daemon, alive, mcpctl_user, mcpctl_user_command};
 
 /// A unit directory with `lazy.kdl`: the fixture on demand, idling
 /// `idle` after its last use, each spawn counted in `count`.
@@ -22,6 +22,11 @@ struct Setup {
 
 impl Setup {
     fn new(idle: &str) -> Self {
+        Self::with(&["--chatter", "0"], idle)
+    }
+
+    /// The fixture with flags `args`.
+    fn with(args: &[&str], idle: &str) -> Self {
         let units = tempfile::tempdir().expect("units");
         let state = tempfile::tempdir().expect("state");
         let count = units.path().join("count");
@@ -30,7 +35,7 @@ impl Setup {
             state,
             count,
         };
-        setup.write(&["--chatter", "0"], idle);
+        setup.write(args, idle);
         setup
     }
 
@@ -119,9 +124,8 @@ fn wait_gone(setup: &Setup) {
 
 #[test]
 fn an_idle_server_answers_lists_without_a_process_and_first_uses_start_it_once() {
-    let setup = Setup::new("1s");
     // Every start takes 300 ms: first uses that come meanwhile all wait.
-    setup.write(&["--chatter", "0", "--slow-start", "300ms"], "1s");
+    let setup = Setup::with(&["--chatter", "0", "--slow-start", "300ms"], "1s");
     let d = setup.daemon();
     let runtime = d.runtime_dir().expect("runtime").to_owned();
 
@@ -225,17 +229,8 @@ fn an_idle_server_answers_lists_without_a_process_and_first_uses_start_it_once()
     let before = setup.spawns().len();
     let calls: Vec<std::process::Child> = (0..20)
         .map(|i| {
-            crate::helper::mcpctl()
-                .args([
-                    "--user",
-                    "call",
-                    "lazy",
-                    "echo",
-                    &format!("{{\"text\":\"n{i}\"}}"),
-                ])
-                .env("XDG_RUNTIME_DIR", &runtime)
-                .env_remove("DBUS_SESSION_BUS_ADDRESS")
-                .env_remove("MCPD_RUNTIME_DIR")
+            let text = format!("{{\"text\":\"n{i}\"}}");
+            mcpctl_user_command(&runtime, &["call", "lazy", "echo", &text])
                 .stdout(std::process::Stdio::piped())
                 .stderr(std::process::Stdio::piped())
                 .spawn()
@@ -377,11 +372,7 @@ fn a_crash_mid_call_fails_the_call_and_the_unit_follows_its_backoff() {
     // Discovery runs it; with a 10m idle-stop it stays for the test.
     wait_active(&runtime, "running");
     let pid = *setup.spawns().last().expect("spawned");
-    let call = crate::helper::mcpctl()
-        .args(["--user", "call", "lazy", "hang", "{}"])
-        .env("XDG_RUNTIME_DIR", &runtime)
-        .env_remove("DBUS_SESSION_BUS_ADDRESS")
-        .env_remove("MCPD_RUNTIME_DIR")
+    let call = mcpctl_user_command(&runtime, &["call", "lazy", "hang", "{}"])
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
         .spawn()
@@ -552,16 +543,11 @@ fn a_failed_on_demand_start_fails_the_waiting_call_with_the_state_and_the_backof
 #[test]
 fn a_host_that_only_pings_does_not_keep_an_idle_server_running() {
     use std::io::{BufRead, Write};
-    let setup = Setup::new("700ms");
-    setup.write(&["--chatter", "0", "--tools", "sleep"], "700ms");
+    let setup = Setup::with(&["--chatter", "0", "--tools", "sleep"], "700ms");
     let d = setup.daemon();
     let runtime = d.runtime_dir().expect("runtime").to_owned();
     wait_active(&runtime, "idle (stopped after 700ms idle)");
-    let mut bridge = crate::helper::mcpctl()
-        .args(["--user", "bridge", "lazy"])
-        .env("XDG_RUNTIME_DIR", &runtime)
-        .env_remove("DBUS_SESSION_BUS_ADDRESS")
-        .env_remove("MCPD_RUNTIME_DIR")
+    let mut bridge = mcpctl_user_command(&runtime, &["bridge", "lazy"])
         .stdin(std::process::Stdio::piped())
         .stdout(std::process::Stdio::piped())
         .spawn()

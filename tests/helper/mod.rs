@@ -36,15 +36,22 @@ pub fn policy(
 /// Runs `mcpctl --user ARGS` against the daemon whose runtime dir is
 /// `runtime`, off any bus, to completion.
 pub fn mcpctl_user(runtime: &Path, args: &[&str]) -> Output {
-    mcpctl()
-        .arg("--user")
-        .args(args)
-        .env("XDG_RUNTIME_DIR", runtime)
-        .env_remove("DBUS_SESSION_BUS_ADDRESS")
-        .env_remove("MCPD_RUNTIME_DIR")
+    mcpctl_user_command(runtime, args)
         .stdin(std::process::Stdio::null())
         .output()
         .expect("mcpctl")
+}
+
+/// `mcpctl --user ARGS` for the daemon whose runtime dir is `runtime`,
+/// off any bus, not started yet.
+pub fn mcpctl_user_command(runtime: &Path, args: &[&str]) -> Command {
+    let mut cmd = mcpctl();
+    cmd.arg("--user")
+        .args(args)
+        .env("XDG_RUNTIME_DIR", runtime)
+        .env_remove("DBUS_SESSION_BUS_ADDRESS")
+        .env_remove("MCPD_RUNTIME_DIR");
+    cmd
 }
 
 /// `mcpctl` as built for this test run.
