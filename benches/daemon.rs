@@ -34,7 +34,8 @@
 //! `MCPD_BENCH_PROBE_SECS` (31: the idle window with probes),
 //! `MCPD_BENCH_DETECTIONS` (5 hung servers), `MCPD_BENCH_FLOOD_SECS` (5),
 //! `MCPD_BENCH_ONDEMAND_UNITS` (20), `MCPD_BENCH_COLD_CALLS` (20).
-//! `MCPD_BENCH_ONLY=ondemand` runs only that section (while working on it).
+//! `MCPD_BENCH_ONLY=ondemand` or `sessions` (the tool-call paths and host
+//! sessions) runs only that section (while working on it).
 
 mod common;
 #[path = "daemon/liveness.rs"]
@@ -370,9 +371,22 @@ fn main() {
     let bus_skip = bus.as_ref().err().cloned();
     let bus = bus.ok();
     let mut rows = Vec::new();
-    if std::env::var("MCPD_BENCH_ONLY").as_deref() == Ok("ondemand") {
-        print_table("Daemon", &ondemand::rows(&rt, &sizes));
-        return;
+    match std::env::var("MCPD_BENCH_ONLY").as_deref() {
+        Ok("ondemand") => {
+            print_table("Daemon", &ondemand::rows(&rt, &sizes));
+            return;
+        }
+        Ok("sessions") => {
+            let m = sizes.idle_units;
+            let dir = units_dir(m);
+            let d = Daemon::start(dir.path(), bus.as_ref());
+            d.until(m, running);
+            let mut rows = rt.block_on(call_overhead(&d, bus.as_ref(), &sizes)).0;
+            rows.extend(rt.block_on(sessions::rows(&d, bus.as_ref(), &sizes)));
+            print_table("Daemon", &rows);
+            return;
+        }
+        _ => {}
     }
 
     // RSS baseline: the daemon with no units

@@ -10,5 +10,6 @@ pub mod dbus;
 pub mod files;
 pub mod model;
 pub mod mux;
+pub mod sockets;
 pub mod supervisor;
 pub mod unit;

@@ -305,3 +305,171 @@ fn a_host_with_the_sdks_default_environment_finds_the_user_daemon() {
     assert_eq!(listed, 9);
     assert!(d.stop(Signal::TERM).success());
 }
+
+/// A demo daemon for the attach tests: the fixture, retrying in an hour.
+fn demo_daemon(units: &std::path::Path) -> Daemon {
+    std::fs::write(
+        units.join("demo.kdl"),
+        "stdio {\n    command \"mcp-fixture\" \"--chatter\" \"0\"\n}\nreconnect {\n    initial-delay \"1h\"\n    max-delay \"2h\"\n}\n",
+    )
+    .expect("write");
+    let mut d = Daemon::user_no_bus(units, &[]);
+    d.wait_until("demo running", |d| d.latest_pid("demo").is_some());
+    d
+}
+
+#[test]
+fn the_bridge_hands_the_hosts_stdio_to_mcpd_and_copies_nothing() {
+    let units = tempfile::tempdir().expect("tempdir");
+    let d = demo_daemon(units.path());
+    let runtime = d.runtime_dir().expect("runtime").to_owned();
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    rt.block_on(async {
+        tokio::time::timeout(Duration::from_secs(60), async {
+            let (_conn, demo) =
+                crate::helper::private_server(&runtime.join("mcpd/private"), "demo").await;
+            let (bridge, io) = crate::helper::bridge(&runtime, "demo");
+            let client = ().serve(io).await.expect("initialize");
+            let bridge_pid = bridge.id().expect("pid");
+            let pid = rustix::process::Pid::from_raw(bridge_pid as i32).expect("pid");
+            // Stopped, the bridge copies nothing; the host is served all
+            // the same, by mcpd on the host's own pipes.
+            rustix::process::kill_process(pid, Signal::STOP).expect("SIGSTOP");
+            let echo = client
+                .call_tool(
+                    CallToolRequestParams::new("echo")
+                        .with_arguments(args(serde_json::json!({"text": "direct"}))),
+                )
+                .await
+                .expect("echo while the bridge is stopped");
+            assert_eq!(text(&echo), "direct");
+            assert_eq!(demo.sessions().await.expect("Sessions"), 1);
+            rustix::process::kill_process(pid, Signal::CONT).expect("SIGCONT");
+            // A bridge killed outright ends its session in the daemon.
+            rustix::process::kill_process(pid, Signal::KILL).expect("SIGKILL");
+            for _ in 0..500 {
+                if demo.sessions().await.expect("Sessions") == 0 {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            assert_eq!(
+                demo.sessions().await.expect("Sessions"),
+                0,
+                "the session is gone with its bridge"
+            );
+            drop(client);
+            drop(bridge);
+        })
+        .await
+        .expect("within 60 s");
+    });
+    assert!(d.stop(Signal::TERM).success());
+}
+
+/// Sends `request` on the attach socket with `fds`; the reply line.
+fn attach_raw(
+    runtime: &std::path::Path,
+    request: &[u8],
+    fds: &[std::os::fd::BorrowedFd<'_>],
+) -> (String, std::os::unix::net::UnixStream) {
+    use std::io::BufRead;
+    use std::os::fd::AsFd;
+    let socket =
+        std::os::unix::net::UnixStream::connect(runtime.join("mcpd/attach")).expect("connect");
+    let sent = mcpd::mux::attach::send_with_fds(socket.as_fd(), request, fds).expect("send");
+    assert_eq!(sent, request.len());
+    let mut reply = String::new();
+    std::io::BufReader::new(&socket)
+        .read_line(&mut reply)
+        .expect("reply");
+    (reply, socket)
+}
+
+#[test]
+fn bad_attach_requests_get_named_refusals_and_a_file_is_copied() {
+    use std::io::{BufRead, Write};
+    use std::os::fd::AsFd;
+    let units = tempfile::tempdir().expect("tempdir");
+    let d = demo_daemon(units.path());
+    let runtime = d.runtime_dir().expect("runtime").to_owned();
+
+    let (reply, _) = attach_raw(&runtime, b"not json\n", &[]);
+    assert!(
+        reply.contains("\"invalid-request\"") && reply.contains("not an attach request"),
+        "{reply}"
+    );
+    let (reply, _) = attach_raw(&runtime, b"{\"server\":\"nope\"}\n", &[]);
+    assert!(
+        reply.contains("\"no-such-server\"") && reply.contains("no server named nope"),
+        "{reply}"
+    );
+    let (reply, _) = attach_raw(&runtime, b"{\"server\":\"demo\",\"stdio\":true}\n", &[]);
+    assert!(reply.contains("needs two descriptors"), "{reply}");
+    let file = tempfile::tempfile().expect("file");
+    let (reply, _) = attach_raw(
+        &runtime,
+        b"{\"server\":\"demo\",\"stdio\":true}\n",
+        &[file.as_fd(), file.as_fd()],
+    );
+    assert!(
+        reply.contains("the host's input: it is a RegularFile, not a pipe or a socket"),
+        "{reply}"
+    );
+
+    // Without descriptors the socket is the session, and bytes sent with
+    // the request are its first.
+    let (reply, socket) = attach_raw(
+        &runtime,
+        b"{\"server\":\"demo\"}\n{\"jsonrpc\":\"2.0\",\"id\":7,\"method\":\"initialize\",\"params\":{\"protocolVersion\":\"2025-11-25\",\"capabilities\":{},\"clientInfo\":{\"name\":\"t\",\"version\":\"1\"}}}\n",
+        &[],
+    );
+    assert_eq!(reply, "\"attached\"\n");
+    let mut answer = String::new();
+    std::io::BufReader::new(&socket)
+        .read_line(&mut answer)
+        .expect("answer");
+    assert!(
+        answer.contains("\"id\":7") && answer.contains("mcp-fixture"),
+        "{answer}"
+    );
+    drop(socket);
+
+    // A bridge whose stdout is a file copies (a file cannot be handed
+    // over), and exits when the host closes its input.
+    let answers = tempfile::NamedTempFile::new().expect("file");
+    let mut bridge = std::process::Command::new(env!("CARGO_BIN_EXE_mcpctl"))
+        .args(["--user", "bridge", "demo"])
+        .env("XDG_RUNTIME_DIR", &runtime)
+        .env_remove("DBUS_SESSION_BUS_ADDRESS")
+        .stdin(Stdio::piped())
+        .stdout(answers.reopen().expect("reopen"))
+        .spawn()
+        .expect("bridge");
+    let mut stdin = bridge.stdin.take().expect("stdin");
+    let answered = |n: usize| {
+        for _ in 0..1000 {
+            let text = std::fs::read_to_string(answers.path()).expect("read");
+            if text.lines().count() >= n {
+                return text;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        panic!("no answer {n} within 10 s");
+    };
+    stdin.write_all(b"{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"initialize\",\"params\":{\"protocolVersion\":\"2025-11-25\",\"capabilities\":{},\"clientInfo\":{\"name\":\"t\",\"version\":\"1\"}}}\n").expect("write");
+    assert!(answered(1).contains("mcp-fixture"));
+    stdin.write_all(b"{\"jsonrpc\":\"2.0\",\"method\":\"notifications/initialized\"}\n{\"jsonrpc\":\"2.0\",\"id\":2,\"method\":\"tools/call\",\"params\":{\"name\":\"echo\",\"arguments\":{\"text\":\"into a file\"}}}\n").expect("write");
+    assert!(answered(2).contains("into a file"));
+    drop(stdin);
+    assert!(bridge.wait().expect("wait").success());
+
+    // An unknown server: exit 4 and the daemon's words.
+    let out = crate::helper::mcpctl_user(&runtime, &["bridge", "nope"]);
+    assert_eq!(out.status.code(), Some(4), "{out:?}");
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("no server named nope"),
+        "{out:?}"
+    );
+    assert!(d.stop(Signal::TERM).success());
+}

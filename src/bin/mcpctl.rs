@@ -135,7 +135,45 @@ enum Command {
     Disconnect { host: String },
 }
 
+/// `mcpctl [--user|--system] bridge NAME` (the flags before or after),
+/// as hosts start it: the instance and the name. Anything else, help and
+/// mistakes included, is for clap.
+fn bridge_argv(args: impl Iterator<Item = std::ffi::OsString>) -> Option<(Instance, String)> {
+    let (mut system, mut user, mut verb, mut name) = (false, false, false, None);
+    for arg in args {
+        match arg.to_str()? {
+            "--system" => system = true,
+            "--user" => user = true,
+            "bridge" if !verb => verb = true,
+            n if verb && name.is_none() && !n.starts_with('-') => name = Some(n.to_owned()),
+            _ => return None,
+        }
+    }
+    let instance = match (system, user) {
+        (true, true) => return None,
+        (true, false) => Instance::System,
+        (false, true) => Instance::User,
+        (false, false) => Instance::by_default(),
+    };
+    Some((instance, name?))
+}
+
+fn bridge(instance: Instance, name: &str) -> ExitCode {
+    match mcpd::ctl::bridge::run(instance, name) {
+        Ok(code) => ExitCode::from(code),
+        Err(e) => {
+            eprintln!("mcpctl: {e}");
+            ExitCode::from(e.code)
+        }
+    }
+}
+
 fn main() -> ExitCode {
+    // Hosts start a bridge for every session: it skips building the whole
+    // command line grammar (its start-up time and memory count).
+    if let Some((instance, name)) = bridge_argv(std::env::args_os().skip(1)) {
+        return bridge(instance, &name);
+    }
     let cli = Cli::parse();
     let no_color = cli.no_color || std::env::var_os("NO_COLOR").is_some_and(|v| !v.is_empty());
     if let Command::Completions { shell } = cli.command {
@@ -170,6 +208,9 @@ fn main() -> ExitCode {
         (_, true) => Instance::User,
         _ => Instance::by_default(),
     };
+    if let Command::Bridge { name } = &cli.command {
+        return bridge(instance, name);
+    }
     let env = |var: &str| std::env::var_os(var);
     let offline = match &cli.command {
         Command::Import {
@@ -278,12 +319,8 @@ fn main() -> ExitCode {
                 commands::logs(&client, &name, lines, output, &mut out).await
             }
             Command::Cat { name } => commands::cat(&client, &name, output, &mut out).await,
-            Command::Bridge { name } => {
-                drop(out);
-                drop(client);
-                mcpd::ctl::bridge::run(instance, &name).await
-            }
-            Command::Verify { .. }
+            Command::Bridge { .. }
+            | Command::Verify { .. }
             | Command::Completions { .. }
             | Command::Import { .. }
             | Command::Connect { .. }
@@ -296,5 +333,46 @@ fn main() -> ExitCode {
             eprintln!("mcpctl: {e}");
             ExitCode::from(e.code)
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn argv(args: &[&str]) -> Option<(Instance, String)> {
+        bridge_argv(args.iter().map(std::ffi::OsString::from))
+    }
+
+    #[test]
+    fn a_bridge_command_line_is_read_without_clap_and_anything_else_is_left_to_it() {
+        assert_eq!(
+            argv(&["--user", "bridge", "demo"]),
+            Some((Instance::User, "demo".into()))
+        );
+        assert_eq!(
+            argv(&["bridge", "demo", "--system"]),
+            Some((Instance::System, "demo".into()))
+        );
+        assert_eq!(
+            argv(&["bridge", "demo"]).map(|(i, _)| i),
+            Some(Instance::by_default())
+        );
+        for other in [
+            &["bridge"][..],
+            &["bridge", "a", "b"],
+            &["--user", "--system", "bridge", "demo"],
+            &["bridge", "--help"],
+            &["status", "demo"],
+            &["--json", "bridge", "demo"],
+            &["demo", "bridge"],
+        ] {
+            assert_eq!(argv(other), None, "{other:?}");
+        }
+        // The name is the bridge's argument even when it reads like a verb.
+        assert_eq!(
+            argv(&["bridge", "bridge"]),
+            Some((Instance::by_default(), "bridge".into()))
+        );
     }
 }

@@ -1,16 +1,27 @@
-//! `mcpctl bridge NAME`: `Attach()` plus a byte pump between stdin/stdout
-//! and the socket it returns, so any MCP host can use a managed server by
-//! launching this command (DESIGN §8).
+//! `mcpctl bridge NAME`: a host's stdio MCP server that is a managed
+//! server's host session (DESIGN §8), so any MCP host can use it.
 //!
-//! The bridge copies lines; it reads of each message only its `id` and
-//! `method` (not its params or result), which is what it needs to survive
-//! a daemon restart: it keeps the host's `initialize` request, and
-//! remembers which of the host's requests are unanswered. When the daemon
-//! goes away, those requests are answered with an error at once; the bridge
-//! attaches again (backing off from 100 ms to 5 s, answering requests
-//! meanwhile with an error), replays the `initialize` exchange (the answer
-//! to the replay is not passed on) and tells the host the tools may have
-//! changed. The host notices nothing but the failed requests.
+//! When stdin and stdout are pipes or sockets (as hosts start servers),
+//! the bridge hands them to the daemon over the attach socket
+//! (`crate::mux::attach`) and copies nothing: the daemon reads the host's
+//! messages and writes its own directly, and the bridge only waits on the
+//! socket. The daemon tells it the host's `initialize` request; when the
+//! daemon goes away (restarted), the bridge reads the host's messages
+//! itself, answering each request with an error at once, and attaches
+//! again (backing off from 100 ms to 5 s, or at once for a request),
+//! handing over what it read and the `initialize` to replay: the daemon
+//! initializes the new session with it, does not pass the answer on, and
+//! tells the host the lists may have changed. Requests in flight when the
+//! daemon went away are answered by the daemon when it stops, but not
+//! when it is killed (the host's own timeout applies then).
+//!
+//! Otherwise (a terminal, a file), or when the attach socket cannot be
+//! reached but D-Bus can, it copies lines between stdio and the session's
+//! socket, reading of each message only its `id` and `method`: it keeps
+//! the host's `initialize` request and the host's unanswered requests, so
+//! that when the daemon goes away those requests fail at once and the
+//! `initialize` exchange is replayed on the next session (its answer not
+//! passed on).
 
 use std::borrow::Cow;
 use std::collections::HashSet;
@@ -24,6 +35,7 @@ use tokio::net::UnixStream;
 use tokio::net::unix::{OwnedReadHalf, OwnedWriteHalf};
 
 use crate::dbus::Client;
+use crate::mux::attach::{Control, Refusal, Reply, Request};
 use crate::unit::Instance;
 
 use super::client::CtlError;
@@ -138,15 +150,87 @@ fn error_line(id: &str, message: &str) -> String {
     )
 }
 
-/// Attaches to server `name`: the session's socket (the D-Bus connection
-/// is not kept).
+/// Attaches to server `name` for copying: the attach socket, else D-Bus
+/// `Attach()` (the connection is not kept).
 async fn attach(instance: Instance, name: &str) -> Result<UnixStream, CtlError> {
-    let client = Client::connect(instance).await?;
-    let fd = client.attach(name).await?;
-    let socket = std::os::unix::net::UnixStream::from(fd);
+    let path = attach_socket(instance);
+    let socket = match handshake(&path, &Request::new(name), None) {
+        Ok(socket) => socket,
+        Err(Attach::Refused(e)) => return Err(e),
+        Err(Attach::Unreachable(_)) => {
+            let client = Client::connect(instance).await?;
+            std::os::unix::net::UnixStream::from(client.attach(name).await?)
+        }
+    };
     let failed = |e: std::io::Error| CtlError::failure(format!("cannot use the session: {e}"));
     socket.set_nonblocking(true).map_err(failed)?;
     UnixStream::from_std(socket).map_err(failed)
+}
+
+fn attach_socket(instance: Instance) -> std::path::PathBuf {
+    crate::mux::attach::socket(&instance.runtime_dir())
+}
+
+/// Why an attach did not happen.
+#[derive(Debug)]
+enum Attach {
+    /// No daemon answers on the socket.
+    Unreachable(String),
+    /// The daemon said no, or the session could not be set up.
+    Refused(CtlError),
+}
+
+/// Connects to the attach socket at `path` and makes `request`, with the
+/// host's stdin and stdout attached when `stdio` is given: the socket,
+/// once the daemon said yes (blocking; nothing of the session is read).
+fn handshake(
+    path: &std::path::Path,
+    request: &Request,
+    stdio: Option<[std::os::fd::BorrowedFd<'_>; 2]>,
+) -> Result<std::os::unix::net::UnixStream, Attach> {
+    use std::io::{Read, Write};
+    use std::os::fd::AsFd;
+    let socket = std::os::unix::net::UnixStream::connect(path)
+        .map_err(|e| Attach::Unreachable(format!("no daemon at {}: {e}", path.display())))?;
+    let failed =
+        |e: std::io::Error| Attach::Refused(CtlError::failure(format!("attaching failed: {e}")));
+    let line = crate::mux::attach::line(request);
+    let fds = stdio.as_ref().map_or(&[][..], |fds| &fds[..]);
+    let sent = crate::mux::attach::send_with_fds(socket.as_fd(), &line, fds).map_err(failed)?;
+    (&socket).write_all(&line[sent..]).map_err(failed)?;
+    // The answer is one line; what may follow it is the session's.
+    let mut answer = Vec::new();
+    loop {
+        let mut peek = [0u8; 1024];
+        let n = rustix::net::recv(&socket, &mut peek, rustix::net::RecvFlags::PEEK)
+            .map_err(|e| failed(e.into()))?
+            .0;
+        if n == 0 {
+            return Err(Attach::Unreachable(
+                "the daemon closed the connection".into(),
+            ));
+        }
+        let take = memchr::memchr(b'\n', &peek[..n]).map_or(n, |at| at + 1);
+        let mut chunk = vec![0u8; take];
+        (&socket).read_exact(&mut chunk).map_err(failed)?;
+        answer.extend_from_slice(&chunk);
+        if answer.ends_with(b"\n") {
+            break;
+        }
+    }
+    match serde_json::from_slice::<Reply>(&answer) {
+        Ok(Reply::Attached) => Ok(socket),
+        Ok(Reply::Refused { code, message }) => Err(Attach::Refused(CtlError {
+            message,
+            code: match code {
+                Refusal::NoSuchServer => exit::NO_SUCH_SERVER,
+                _ => exit::FAILURE,
+            },
+        })),
+        Err(e) => Err(Attach::Refused(CtlError::failure(format!(
+            "the daemon's answer is not understood: {e}"
+        )))),
+    }
 }
 
 /// Reads one line into `buf` (kept across cancellations: a partial line
@@ -251,8 +335,202 @@ fn socket(fd: std::os::fd::OwnedFd) -> Option<UnixStream> {
     UnixStream::from_std(socket).ok()
 }
 
-/// Serves `name` on stdin/stdout until the host closes stdin.
-pub async fn run(instance: Instance, name: &str) -> Result<u8, CtlError> {
+/// Serves `name` on stdin/stdout until the host closes stdin. While the
+/// daemon holds the host's stdio this blocks on one socket and needs no
+/// async runtime; one is made for copying, or when the daemon went away.
+pub fn run(instance: Instance, name: &str) -> Result<u8, CtlError> {
+    use std::os::fd::AsFd;
+    let (stdin, stdout) = (std::io::stdin(), std::io::stdout());
+    let handable = crate::mux::attach::kind(stdin.as_fd()).is_ok()
+        && crate::mux::attach::kind(stdout.as_fd()).is_ok();
+    let mut replay = None;
+    if handable {
+        let path = attach_socket(instance);
+        match handshake(
+            &path,
+            &Request {
+                stdio: true,
+                ..Request::new(name)
+            },
+            Some([stdin.as_fd(), stdout.as_fd()]),
+        ) {
+            Ok(control) => match watch_blocking(control, &mut replay) {
+                Ended::Done(None) => return Ok(exit::OK),
+                Ended::Done(Some(why)) => {
+                    eprintln!("mcpctl bridge: mcpd ended the session: {why}");
+                    return Ok(exit::FAILURE);
+                }
+                Ended::Lost => return runtime()?.block_on(handed(instance, name, replay)),
+            },
+            // Fail early (exit 4) for a server that does not exist.
+            Err(Attach::Refused(e)) => return Err(e),
+            // Perhaps D-Bus reaches it.
+            Err(Attach::Unreachable(_)) => {}
+        }
+    }
+    runtime()?.block_on(copy(instance, name))
+}
+
+fn runtime() -> Result<tokio::runtime::Runtime, CtlError> {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| CtlError::failure(format!("cannot start the async runtime: {e}")))
+}
+
+/// [`watch`], blocking.
+fn watch_blocking(control: std::os::unix::net::UnixStream, replay: &mut Option<Value>) -> Ended {
+    use std::io::BufRead;
+    let mut lines = std::io::BufReader::new(control);
+    let mut line = Vec::new();
+    loop {
+        line.clear();
+        match lines.read_until(b'\n', &mut line) {
+            Ok(n) if n > 0 && line.ends_with(b"\n") => {}
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            _ => return Ended::Lost,
+        }
+        if let Some(ended) = control_line(&line, replay) {
+            return ended;
+        }
+    }
+}
+
+/// What a control line means: the end, or nothing yet (an `initialize`
+/// is kept for replays; lines of a newer daemon are not for this bridge).
+fn control_line(line: &[u8], replay: &mut Option<Value>) -> Option<Ended> {
+    match serde_json::from_slice::<Control>(line) {
+        Ok(Control::Initialize(request)) => {
+            *replay = Some(request);
+            None
+        }
+        Ok(Control::End(why)) => Some(Ended::Done(why)),
+        Err(_) => None,
+    }
+}
+
+/// What ended a handed-over session.
+enum Ended {
+    /// For good: the host closed its input (`None`), or mcpd ended it.
+    Done(Option<String>),
+    /// mcpd went away.
+    Lost,
+}
+
+/// Waits on the control socket of a handed-over session, keeping the
+/// host's `initialize` request.
+async fn watch(control: std::os::unix::net::UnixStream, replay: &mut Option<Value>) -> Ended {
+    let Some(control) = socket(control.into()) else {
+        return Ended::Lost;
+    };
+    let mut lines = BufReader::new(control);
+    let mut line = Vec::new();
+    loop {
+        line.clear();
+        if !read_line(&mut lines, &mut line).await || !line.ends_with(b"\n") {
+            return Ended::Lost;
+        }
+        if let Some(ended) = control_line(&line, replay) {
+            return ended;
+        }
+    }
+}
+
+/// The daemon went away from a handed-over session: the host's requests
+/// fail until it can be attached again, and the host's stdio is handed
+/// over again, each time it goes away.
+async fn handed(instance: Instance, name: &str, mut replay: Option<Value>) -> Result<u8, CtlError> {
+    use std::os::fd::AsFd;
+    let path = attach_socket(instance);
+    let mut control = None;
+    let mut delay = Duration::from_millis(100);
+    let mut complained = false;
+    loop {
+        if let Some(attached) = control.take() {
+            if complained {
+                eprintln!("mcpctl bridge: attached to {name} again");
+                complained = false;
+            }
+            match watch(attached, &mut replay).await {
+                Ended::Done(None) => return Ok(exit::OK),
+                Ended::Done(Some(why)) => {
+                    eprintln!("mcpctl bridge: mcpd ended the session: {why}");
+                    return Ok(exit::FAILURE);
+                }
+                Ended::Lost => {}
+            }
+        }
+        // Detached: the host's requests fail at once until the daemon is
+        // back; a request is a reason to try now.
+        let (host_in, mut host_out) = host_stdio();
+        let mut host_in = BufReader::new(host_in);
+        let mut line = Vec::new();
+        let mut pending = Vec::new();
+        loop {
+            let request = tokio::select! {
+                more = read_line(&mut host_in, &mut line) => {
+                    if !more {
+                        return Ok(exit::OK);
+                    }
+                    if !line.ends_with(b"\n") {
+                        continue;
+                    }
+                    let head = serde_json::from_slice::<Head>(&line).ok();
+                    let is_request = head.as_ref().is_some_and(|h| h.method.is_some() && h.id.and_then(id_key).is_some());
+                    if !is_request {
+                        // A notification for a session that is gone.
+                        line.clear();
+                        continue;
+                    }
+                    true
+                }
+                () = tokio::time::sleep(delay) => false,
+            };
+            pending.clear();
+            pending.extend_from_slice(&line);
+            pending.extend_from_slice(host_in.buffer());
+            let (stdin, stdout) = (std::io::stdin(), std::io::stdout());
+            let request_for = Request {
+                stdio: true,
+                replay: replay.clone(),
+                pending: String::from_utf8_lossy(&pending).into_owned(),
+                ..Request::new(name)
+            };
+            match handshake(&path, &request_for, Some([stdin.as_fd(), stdout.as_fd()])) {
+                Ok(attached) => {
+                    delay = Duration::from_millis(100);
+                    control = Some(attached);
+                    break;
+                }
+                Err(why) => {
+                    let why = match why {
+                        Attach::Refused(e) => e.message,
+                        Attach::Unreachable(e) => e,
+                    };
+                    if !complained {
+                        eprintln!("mcpctl bridge: cannot attach to {name} again: {why}; retrying");
+                        complained = true;
+                    }
+                    if request {
+                        let mut session = Session::default();
+                        session.host_line(&line);
+                        let failed = session.lost(&format!("mcpd is not reachable: {why}"));
+                        if !write(&mut host_out, &failed).await {
+                            return Ok(exit::OK);
+                        }
+                        line.clear();
+                    } else {
+                        delay = (delay * 2).min(Duration::from_secs(5));
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Copies lines between stdin/stdout and the session's socket until the
+/// host closes stdin.
+async fn copy(instance: Instance, name: &str) -> Result<u8, CtlError> {
     // Fail early (exit 4) for a server that does not exist.
     let mut attached = Some(Attached::new(attach(instance, name).await?));
     let (host_in, mut host_out) = host_stdio();

@@ -7,9 +7,11 @@
 //! SIGHUP, SIGTERM and SIGINT onto it), the unit directories' watcher
 //! (debounced), status changes (for `STATUS=`) and the watchdog timer.
 //!
-//! Reading order: [`registry`] (units and reload by diff), [`watch`],
+//! Reading order: [`registry`] (units and reload by diff), [`attach`] (the
+//! attach socket for host sessions), [`watch`],
 //! [`sdnotify`], [`lock`], [`fdlimit`], [`logging`].
 
+pub mod attach;
 pub mod fdlimit;
 pub mod lock;
 pub mod logging;
@@ -77,6 +79,11 @@ pub enum RunError {
     Watch(#[from] notify::Error),
     #[error(transparent)]
     Dbus(#[from] crate::dbus::StartError),
+    #[error("cannot create the attach socket {}: {source}", path.display())]
+    Attach {
+        path: std::path::PathBuf,
+        source: std::io::Error,
+    },
 }
 
 async fn sleep_until(at: Option<tokio::time::Instant>) {
@@ -144,6 +151,10 @@ pub async fn run(
     let diff = registry.reload().await;
     publish(&shared, &registry);
     let bus = crate::dbus::Service::start(Arc::clone(&shared), &runtime_dir, no_bus).await?;
+    let attach = attach::start(&shared, &runtime_dir).map_err(|source| RunError::Attach {
+        path: crate::mux::attach::socket(&runtime_dir),
+        source,
+    })?;
     watcher.set(&registry.watch_paths());
     if registry.entries().is_empty() {
         tracing::warn!(target: "mcpd::daemon", "no units found in {}", dirs.join(":"));
@@ -216,6 +227,8 @@ pub async fn run(
 
     sdnotify::stopping();
     tracing::info!(target: "mcpd::daemon", "stopping {}", count(registry.entries().len(), "unit"));
+    // No new host sessions on a daemon that is stopping.
+    drop(attach);
     registry.shutdown().await;
     drop(bus);
     if let Some(cgroups) = cgroups {

@@ -28,9 +28,10 @@ use zbus::OwnedObjectPath;
 use crate::model::{Control, UnitView};
 use crate::unit::Instance;
 
+pub use crate::sockets::{FIRST_BACKOFF, MAX_BACKOFF};
 pub use client::{Client, ConnectError};
 pub use hub::{Hub, SEND_TIMEOUT, Who};
-pub use listener::{FIRST_BACKOFF, HANDSHAKE_TIMEOUT, MAX_BACKOFF};
+pub use listener::HANDSHAKE_TIMEOUT;
 pub use manager::{Manager, ManagerProxy, ServerRow};
 pub use server::{Server, ServerProxy, ToolRow};
 
@@ -38,8 +39,7 @@ pub use server::{Server, ServerProxy, ToolRow};
 pub const BUS_NAME: &str = "org.mcpd1";
 /// The manager's object path.
 pub const MANAGER_PATH: &str = "/org/mcpd1";
-/// The group whose members may control a system instance.
-pub const CONTROL_GROUP: &str = "mcpd";
+pub use crate::sockets::CONTROL_GROUP;
 
 /// `org.mcpd1.Error.*`
 #[derive(Debug, zbus::DBusError)]
@@ -193,25 +193,16 @@ pub(crate) async fn authorize(
     let uid = match sender {
         Some(sender) => {
             let dbus = bus_daemon(conn).await?;
-            dbus.get_connection_unix_user(sender.clone().into())
-                .await
-                .map_err(|e| Error::AccessDenied(format!("cannot identify the caller: {e}")))?
+            Some(
+                dbus.get_connection_unix_user(sender.clone().into())
+                    .await
+                    .map_err(|e| Error::AccessDenied(format!("cannot identify the caller: {e}")))?,
+            )
         }
         // Peer-to-peer: the socket's peer credentials.
-        None => conn
-            .peer_creds()
-            .await
-            .ok()
-            .and_then(|c| c.unix_user_id())
-            .ok_or_else(|| Error::AccessDenied("cannot identify the caller".into()))?,
+        None => conn.peer_creds().await.ok().and_then(|c| c.unix_user_id()),
     };
-    if uid == 0 || in_control_group(uid) {
-        Ok(())
-    } else {
-        Err(Error::AccessDenied(format!(
-            "uid {uid} may not control mcpd: only root and members of group {CONTROL_GROUP} may"
-        )))
-    }
+    crate::sockets::may_control(shared.instance, uid).map_err(Error::AccessDenied)
 }
 
 /// How long finding a bus caller's credentials may take before the call
@@ -286,22 +277,6 @@ async fn lookup_caller(
     }
 }
 
-fn in_control_group(uid: u32) -> bool {
-    let Ok(Some(group)) = nix::unistd::Group::from_name(CONTROL_GROUP) else {
-        return false;
-    };
-    let Ok(Some(user)) = nix::unistd::User::from_uid(nix::unistd::Uid::from_raw(uid)) else {
-        return false;
-    };
-    if user.gid == group.gid || group.mem.contains(&user.name) {
-        return true;
-    }
-    std::ffi::CString::new(user.name)
-        .ok()
-        .and_then(|name| nix::unistd::getgrouplist(&name, user.gid).ok())
-        .is_some_and(|groups| groups.contains(&group.gid))
-}
-
 /// Why the D-Bus service could not start.
 #[derive(Debug, thiserror::Error)]
 pub enum StartError {
@@ -346,13 +321,15 @@ impl Service {
     ) -> Result<Self, StartError> {
         let hub = Hub::new(Arc::clone(&shared));
         let socket = private_socket(runtime_dir);
-        let listener = listener::bind(&socket).map_err(|source| StartError::Socket {
+        let listener = crate::sockets::bind(&socket).map_err(|source| StartError::Socket {
             path: socket.clone(),
             source,
         })?;
-        secure_socket(&socket, shared.instance).map_err(|source| StartError::Socket {
-            path: socket.clone(),
-            source,
+        crate::sockets::secure_socket(&socket, shared.instance).map_err(|source| {
+            StartError::Socket {
+                path: socket.clone(),
+                source,
+            }
         })?;
         let accept = tokio::spawn(listener::accept_loop(
             listener,
@@ -397,30 +374,6 @@ fn bus_kind(instance: Instance) -> &'static str {
         Instance::System => "system",
         Instance::User => "session",
     }
-}
-
-/// Mode 0600 for a user instance; 0660 with group `mcpd` (when it exists)
-/// for the system instance. A socket whose mode cannot be set is not
-/// served (it could be open to everyone).
-fn secure_socket(path: &Path, instance: Instance) -> std::io::Result<()> {
-    use std::os::unix::fs::PermissionsExt;
-    let mode = match instance {
-        Instance::User => 0o600,
-        Instance::System => {
-            if let Ok(Some(group)) = nix::unistd::Group::from_name(CONTROL_GROUP) {
-                match std::os::unix::fs::chown(path, Some(0), Some(group.gid.as_raw())) {
-                    Ok(()) => 0o660,
-                    Err(e) => {
-                        tracing::warn!(target: "mcpd::dbus", "cannot give {} to group {CONTROL_GROUP}: {e}", path.display());
-                        0o600
-                    }
-                }
-            } else {
-                0o600
-            }
-        }
-    };
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))
 }
 
 #[cfg(test)]

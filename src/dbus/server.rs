@@ -516,7 +516,14 @@ impl Server {
         };
         let (ours, theirs) = std::os::unix::net::UnixStream::pair().map_err(failed)?;
         ours.set_nonblocking(true).map_err(failed)?;
-        supervisor.attach(tokio::net::UnixStream::from_std(ours).map_err(failed)?, who);
+        let stream = tokio::net::UnixStream::from_std(ours).map_err(failed)?;
+        supervisor.attach(
+            crate::supervisor::HostLink::Socket {
+                stream,
+                pending: Vec::new(),
+            },
+            who,
+        );
         Ok(std::os::fd::OwnedFd::from(theirs).into())
     }
 

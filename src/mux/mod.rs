@@ -4,9 +4,11 @@
 //!
 //! Reading order: [`route`], the pure routing core (ids and progress
 //! tokens, who answers a server→client request, subscriptions, log levels,
-//! detach and outage cleanup), table-tested like the supervisor's machine.
-//! The session layer around it (the `Attach` socket, `initialize`, the
-//! cached lists through outages) is being built on top of it (issue 14).
+//! detach and outage cleanup), table-tested like the supervisor's machine;
+//! [`wire`], the framing; [`attach`], the attach socket's protocol. The
+//! session layer that runs the router (`initialize`, the cached lists
+//! through outages) is `supervisor::sessions`.
 
+pub mod attach;
 pub mod route;
 pub mod wire;

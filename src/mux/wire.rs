@@ -56,6 +56,7 @@ macro_rules! readable_source {
 
 readable_source!(tokio::net::unix::pipe::Receiver);
 readable_source!(tokio::net::unix::OwnedReadHalf);
+readable_source!(tokio::net::UnixStream);
 
 /// Any byte stream (in-memory pipes in tests): holds a buffer while waiting.
 #[derive(Debug)]
@@ -98,9 +99,15 @@ pub struct Lines<S> {
 
 impl<S: Source> Lines<S> {
     pub fn new(source: S) -> Self {
+        Self::with_pending(source, Vec::new())
+    }
+
+    /// Lines of `pending` (bytes read from the same peer elsewhere) first,
+    /// then of `source`.
+    pub fn with_pending(source: S, pending: Vec<u8>) -> Self {
         Self {
             source,
-            buf: BytesMut::new(),
+            buf: BytesMut::from(&pending[..]),
             scanned: 0,
             discarding: false,
         }
@@ -216,6 +223,7 @@ macro_rules! try_write_sink {
 
 try_write_sink!(tokio::net::unix::pipe::Sender);
 try_write_sink!(tokio::net::unix::OwnedWriteHalf);
+try_write_sink!(tokio::net::UnixStream);
 
 /// Why a message could not be queued.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -309,10 +317,21 @@ impl Outbox<tokio::net::unix::OwnedWriteHalf> {
     /// peer sees the end at once, and a writer task waiting for it to read
     /// fails and ends.
     pub fn shutdown(&self) {
-        use std::os::fd::AsFd;
         let stream: &tokio::net::UnixStream = (*self.sink).as_ref();
-        let _ = rustix::net::shutdown(stream.as_fd(), rustix::net::Shutdown::Both);
+        shutdown(stream);
     }
+}
+
+impl Outbox<tokio::net::UnixStream> {
+    /// As for a socket's half.
+    pub fn shutdown(&self) {
+        shutdown(&self.sink);
+    }
+}
+
+fn shutdown(stream: &tokio::net::UnixStream) {
+    use std::os::fd::AsFd;
+    let _ = rustix::net::shutdown(stream.as_fd(), rustix::net::Shutdown::Both);
 }
 
 async fn write_all<W: TryWrite>(sink: &W, mut bytes: &[u8]) -> io::Result<()> {

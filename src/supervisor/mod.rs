@@ -41,6 +41,7 @@ pub use launch::{Launcher, SharedLauncher, SystemLauncher};
 pub use logs::LogRing;
 pub use machine::{ExitStatus, Gen, State, Timer, Timing, ToolList};
 pub use sessions::Kind as ListKind;
+pub use sessions::{HostInput, HostLink, HostOutput};
 
 use actor::{Actor, Command};
 
@@ -355,10 +356,11 @@ impl Supervisor {
         answer.await.unwrap_or_else(|_| Err(gone()))
     }
 
-    /// A new host session (DESIGN §8) on `stream`, a connected stream
-    /// socket speaking newline-delimited JSON-RPC, made by `caller`.
-    pub fn attach(&self, stream: tokio::net::UnixStream, caller: Caller) {
-        self.sessions.attach(stream, caller);
+    /// A new host session (DESIGN §8) on `link` (a connected stream
+    /// socket, or a host's own stdio), speaking newline-delimited
+    /// JSON-RPC, made by `caller`.
+    pub fn attach(&self, link: HostLink, caller: Caller) {
+        self.sessions.attach(link, caller);
     }
 
     /// How many host sessions are attached.

@@ -38,10 +38,12 @@ use std::time::Instant;
 
 use serde_json::{Value, json};
 use tokio::net::UnixStream;
+use tokio::net::unix::{OwnedReadHalf, OwnedWriteHalf, pipe};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, oneshot, watch};
 
+use crate::mux::attach::Control;
 use crate::mux::route::{self, Caps, HostId, Out, Router};
-use crate::mux::wire::{Frame, Incoming, Lines, MAX_LINE, Outbox, Refused, Wire, line};
+use crate::mux::wire::{Frame, Incoming, Lines, MAX_LINE, Outbox, Refused, Source, Wire, line};
 use crate::unit::ToolFilter;
 
 use super::accounting::{Caller, Counters, Outcome, Record};
@@ -68,10 +70,77 @@ const INVALID_PARAMS: i64 = -32602;
 /// The server is not reachable (an implementation-defined server error).
 const SERVER_DOWN: i64 = -32000;
 
+/// How a host session reaches its host.
+#[derive(Debug)]
+pub enum HostLink {
+    /// One stream socket both ways (D-Bus `Attach`, or the attach socket
+    /// without descriptors). `pending`: bytes of the host's already read,
+    /// which come first.
+    Socket {
+        stream: UnixStream,
+        pending: Vec<u8>,
+    },
+    /// The host's own stdin and stdout, handed over by `mcpctl bridge`
+    /// (`mux::attach`): nothing copies the session's bytes on the way.
+    /// `control` is the bridge's socket: the host's `initialize` and the
+    /// session's end are told on it, and its closing ends the session.
+    /// `replay`: an `initialize` of an earlier session, handled first and
+    /// not answered.
+    Stdio {
+        input: HostInput,
+        output: HostOutput,
+        control: UnixStream,
+        replay: Option<Value>,
+        pending: Vec<u8>,
+    },
+}
+
+/// The host's stdin as handed over.
+#[derive(Debug)]
+pub enum HostInput {
+    Pipe(pipe::Receiver),
+    Socket(UnixStream),
+}
+
+/// The host's stdout as handed over.
+#[derive(Debug)]
+pub enum HostOutput {
+    Pipe(pipe::Sender),
+    Socket(UnixStream),
+}
+
+/// Where a host's messages are written.
+#[derive(Debug)]
+enum HostOut {
+    Half(Outbox<OwnedWriteHalf>),
+    Socket(Outbox<UnixStream>),
+    Pipe(Outbox<pipe::Sender>),
+}
+
+impl HostOut {
+    fn send(&self, bytes: Vec<u8>) -> Result<(), Refused> {
+        match self {
+            HostOut::Half(out) => out.send(bytes),
+            HostOut::Socket(out) => out.send(bytes),
+            HostOut::Pipe(out) => out.send(bytes),
+        }
+    }
+
+    /// The host sees the session end now (a pipe ends when the bridge
+    /// holding its other copy exits).
+    fn shutdown(&self) {
+        match self {
+            HostOut::Half(out) => out.shutdown(),
+            HostOut::Socket(out) => out.shutdown(),
+            HostOut::Pipe(_) => {}
+        }
+    }
+}
+
 #[derive(Debug)]
 enum Input {
     Attach {
-        stream: UnixStream,
+        link: HostLink,
         caller: Caller,
     },
     Host {
@@ -302,9 +371,9 @@ impl Sessions {
         self.lists.lock().ok()?[kind.index()].clone()
     }
 
-    /// A new host session on `stream`, made by `caller`.
-    pub(crate) fn attach(&self, stream: UnixStream, caller: Caller) {
-        let _ = self.tx.send(Input::Attach { stream, caller });
+    /// A new host session on `link`, made by `caller`.
+    pub(crate) fn attach(&self, link: HostLink, caller: Caller) {
+        let _ = self.tx.send(Input::Attach { link, caller });
     }
 
     /// How many host sessions are attached.
@@ -492,7 +561,12 @@ enum Waiter {
 
 /// One attached host.
 struct Host {
-    out: Outbox<tokio::net::unix::OwnedWriteHalf>,
+    out: HostOut,
+    /// The bridge's socket, for a host whose stdio was handed over.
+    control: Option<Outbox<OwnedWriteHalf>>,
+    /// The id of a replayed `initialize`, whose answer the host must not
+    /// see.
+    swallow: Option<Value>,
     /// Dropped with the host: stops its reader.
     _kill: oneshot::Sender<()>,
     caller: Caller,
@@ -591,7 +665,7 @@ impl Task {
 
     fn input(&mut self, input: Input) {
         match input {
-            Input::Attach { stream, caller } => self.attach(stream, caller),
+            Input::Attach { link, caller } => self.attach(link, caller),
             Input::Host { host, frame, .. } => self.on_host(host, frame),
             Input::HostGone { host } => self.detach(host, None),
             Input::Up {
@@ -689,20 +763,52 @@ impl Task {
         }
     }
 
-    fn attach(&mut self, stream: UnixStream, caller: Caller) {
+    fn attach(&mut self, link: HostLink, caller: Caller) {
         let Some(input) = self.input.upgrade() else {
             return;
         };
         self.next_host += 1;
         let host = self.next_host;
-        let (read, write) = stream.into_split();
-        let out = Outbox::new(write, QUEUE, None);
         let (kill, killed) = oneshot::channel();
-        tokio::spawn(read_host(host, Lines::new(read), input, killed));
+        let (out, control, replay) = match link {
+            HostLink::Socket { stream, pending } => {
+                let (read, write) = stream.into_split();
+                let lines = Lines::with_pending(read, pending);
+                tokio::spawn(read_host(host, lines, None, input, killed));
+                (HostOut::Half(Outbox::new(write, QUEUE, None)), None, None)
+            }
+            HostLink::Stdio {
+                input: from,
+                output,
+                control,
+                replay,
+                pending,
+            } => {
+                let (watch, control) = control.into_split();
+                let watch = Some(watch);
+                match from {
+                    HostInput::Pipe(p) => {
+                        let lines = Lines::with_pending(p, pending);
+                        tokio::spawn(read_host(host, lines, watch, input, killed));
+                    }
+                    HostInput::Socket(s) => {
+                        let lines = Lines::with_pending(s, pending);
+                        tokio::spawn(read_host(host, lines, watch, input, killed));
+                    }
+                }
+                let out = match output {
+                    HostOutput::Pipe(p) => HostOut::Pipe(Outbox::new(p, QUEUE, None)),
+                    HostOutput::Socket(s) => HostOut::Socket(Outbox::new(s, QUEUE, None)),
+                };
+                (out, Some(Outbox::new(control, QUEUE, None)), replay)
+            }
+        };
         self.hosts.insert(
             host,
             Host {
                 out,
+                control,
+                swallow: None,
                 _kill: kill,
                 caller,
                 initialized: false,
@@ -712,6 +818,14 @@ impl Task {
         );
         self.count.store(self.hosts.len(), Ordering::Relaxed);
         tracing::debug!(target: "mcpd::sessions", mcpd_server = %self.name, host, uid = ?caller.uid, pid = ?caller.pid, "host session attached");
+        if let Some(replay) = replay {
+            // The host initialized an earlier session (mcpd restarted):
+            // this one is initialized the same way, silently.
+            if let Some(h) = self.hosts.get_mut(&host) {
+                h.swallow = Some(replay.get("id").cloned().unwrap_or(Value::Null));
+            }
+            self.on_host(host, Frame::Message(replay));
+        }
     }
 
     fn detach(&mut self, host: HostId, why: Option<&str>) {
@@ -725,8 +839,13 @@ impl Task {
         self.count.store(self.hosts.len(), Ordering::Relaxed);
         // The host sees its session end at once, whatever its writer task
         // still waits to write; its calls in flight are dropped (logged as
-        // abandoned).
+        // abandoned). A bridge is told why, and exits.
         gone.out.shutdown();
+        if let Some(control) = &gone.control {
+            let _ = control.send(crate::mux::attach::line(&Control::End(
+                why.map(str::to_owned),
+            )));
+        }
         drop(gone);
         let outs = self.router.detach(host);
         self.deliver(outs, None);
@@ -749,6 +868,17 @@ impl Task {
     }
 
     fn send(&mut self, host: HostId, message: &Value) {
+        if let Some(h) = self.hosts.get_mut(&host)
+            && h.swallow.is_some()
+            && message.get("method").is_none()
+            && message.get("id") == h.swallow.as_ref()
+        {
+            // The answer to a replayed `initialize`: the host had its own
+            // long ago; it is told what may have changed instead.
+            h.swallow = None;
+            self.replayed(host);
+            return;
+        }
         // A response ends a call being accounted.
         if message.get("method").is_none()
             && let Some(id) = message.get("id")
@@ -885,19 +1015,57 @@ impl Task {
             }
         }
         if matches!(state, State::Failed | State::Stopped) && !self.waiting.is_empty() {
-            let text = self.down_text(None);
-            for (host, id, _) in std::mem::take(&mut self.waiting) {
-                self.send(host, &error(&id, SERVER_DOWN, text.clone()));
-                // What it sent meanwhile is answered (as uninitialized).
-                let held = self
-                    .hosts
-                    .get_mut(&host)
-                    .map(|h| std::mem::take(&mut h.held))
-                    .unwrap_or_default();
-                for frame in held {
-                    self.on_host(host, frame);
-                }
+            for (host, id, params) in std::mem::take(&mut self.waiting) {
+                self.refuse_initialize(host, &id, &params);
             }
+        }
+    }
+
+    /// The server is down with no `initialize` result known: a host's
+    /// `initialize` gets the outage error. A replayed one (the host
+    /// initialized with an earlier daemon) cannot be taken back: the
+    /// session counts as initialized, so the host's requests get the
+    /// outage error too, and work once the server is back.
+    fn refuse_initialize(&mut self, host: HostId, id: &Value, params: &Value) {
+        let replaying = self.hosts.get(&host).is_some_and(|h| h.swallow.is_some());
+        if replaying {
+            if let Some(h) = self.hosts.get_mut(&host) {
+                h.swallow = None;
+                h.initialized = true;
+            }
+            self.router.attach(host, Caps::from_initialize(params));
+        } else {
+            let text = self.down_text(None);
+            self.send(host, &error(id, SERVER_DOWN, text));
+        }
+        // What it sent meanwhile, in order.
+        let held = self
+            .hosts
+            .get_mut(&host)
+            .map(|h| std::mem::take(&mut h.held))
+            .unwrap_or_default();
+        for frame in held {
+            self.on_host(host, frame);
+        }
+    }
+
+    /// A replayed `initialize` was answered: the host is told that every
+    /// list it may hold could have changed while mcpd was away.
+    fn replayed(&mut self, host: HostId) {
+        let Some(init) = self.init.clone() else {
+            return;
+        };
+        let mut notices = vec!["notifications/tools/list_changed"];
+        for (capability, method) in [
+            ("resources", "notifications/resources/list_changed"),
+            ("prompts", "notifications/prompts/list_changed"),
+        ] {
+            if init["capabilities"][capability]["listChanged"] == json!(true) {
+                notices.push(method);
+            }
+        }
+        for method in notices {
+            self.send(host, &json!({"jsonrpc": "2.0", "method": method}));
         }
     }
 
@@ -1058,8 +1226,7 @@ impl Task {
         let Some(init) = self.init.clone() else {
             let state = self.status.borrow().state;
             if matches!(state, State::Failed | State::Stopped | State::Stopping) {
-                let text = self.down_text(None);
-                self.send(host, &error(id, SERVER_DOWN, text));
+                self.refuse_initialize(host, id, params);
             } else {
                 // Answered once the first generation is established.
                 self.waiting.push((host, id.clone(), params.clone()));
@@ -1138,6 +1305,15 @@ impl Task {
         let initialized = h.initialized;
         match (method, id) {
             (Some("initialize"), Some(id)) => {
+                if let Some(control) = &h.control
+                    && !initialized
+                    && h.swallow.is_none()
+                {
+                    // The bridge keeps it, to replay if mcpd restarts.
+                    let _ = control.send(crate::mux::attach::line(&Control::Initialize(
+                        message.clone(),
+                    )));
+                }
                 if initialized {
                     self.send(
                         host,
@@ -1388,25 +1564,48 @@ fn outcome_of(message: &Value) -> Outcome {
     }
 }
 
-async fn read_host(
+/// Resolves when the bridge's control socket closes (or sends what it
+/// must not: it only listens); never without one.
+async fn bridge_gone(control: &mut Option<OwnedReadHalf>) {
+    let Some(control) = control else {
+        return std::future::pending().await;
+    };
+    let mut scratch = [0u8; 64];
+    loop {
+        if control.readable().await.is_err() {
+            return;
+        }
+        match control.try_read(&mut scratch) {
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            _ => return,
+        }
+    }
+}
+
+async fn read_host<S: Source>(
     host: HostId,
-    mut lines: Lines<tokio::net::unix::OwnedReadHalf>,
+    mut lines: Lines<S>,
+    mut control: Option<OwnedReadHalf>,
     input: mpsc::UnboundedSender<Input>,
     mut killed: oneshot::Receiver<()>,
 ) {
     let permits = Arc::new(Semaphore::new(BACKLOG));
     loop {
         let frame = tokio::select! {
-            frame = lines.next() => frame,
+            biased;
             _ = &mut killed => return,
+            () = bridge_gone(&mut control) => break,
+            frame = lines.next() => frame,
         };
         let Some(frame) = frame else { break };
         let permit = tokio::select! {
+            biased;
+            _ = &mut killed => return,
             permit = Arc::clone(&permits).acquire_owned() => match permit {
                 Ok(permit) => permit,
                 Err(_) => return,
             },
-            _ = &mut killed => return,
         };
         if input
             .send(Input::Host {

@@ -1,0 +1,316 @@
+//! The attach socket (`RUNTIME_DIR/attach`; the protocol is in
+//! [`crate::mux::attach`]): host sessions without D-Bus, for
+//! `mcpctl bridge`. Access is that of D-Bus `Attach()` (the socket's mode,
+//! and on the system instance root or group `mcpd` by `SO_PEERCRED`);
+//! the session is accounted to the peer's uid and pid.
+//!
+//! Each client gets [`HANDSHAKE_TIMEOUT`] to send its request; a bad one
+//! (not JSON, an unknown server, descriptors that are not pipes or
+//! sockets) gets a refusal naming the problem and is closed, touching no
+//! session. Failed accepts back off as the private socket's do.
+
+use std::io;
+use std::os::fd::{AsFd, OwnedFd};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+use tokio::io::AsyncWriteExt;
+use tokio::net::{UnixListener, UnixStream};
+use tokio::task::JoinHandle;
+
+use crate::dbus::Shared;
+use crate::mux::attach::{self, Kind, MAX_HEADER, Refusal, Reply, Request};
+use crate::sockets::{MAX_BACKOFF, Streak, describe};
+use crate::supervisor::{Caller, HostInput, HostLink, HostOutput};
+
+/// How long a client may take to send its request.
+pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// The socket, served while this lives; removed when it is dropped.
+#[derive(Debug)]
+pub struct AttachSocket {
+    accept: JoinHandle<()>,
+    path: PathBuf,
+}
+
+impl Drop for AttachSocket {
+    fn drop(&mut self) {
+        self.accept.abort();
+        if let Err(e) = std::fs::remove_file(&self.path) {
+            tracing::warn!(target: "mcpd::daemon", "cannot remove {}: {e}", self.path.display());
+        }
+    }
+}
+
+/// Binds the attach socket in `runtime_dir` and serves it.
+pub fn start(shared: &Arc<Shared>, runtime_dir: &Path) -> io::Result<AttachSocket> {
+    let path = attach::socket(runtime_dir);
+    let listener = crate::sockets::bind(&path)?;
+    crate::sockets::secure_socket(&path, shared.instance)?;
+    let accept = tokio::spawn(accept_loop(listener, path.clone(), Arc::downgrade(shared)));
+    Ok(AttachSocket { accept, path })
+}
+
+async fn accept_loop(listener: UnixListener, path: PathBuf, shared: Weak<Shared>) {
+    let mut streak: Option<Streak> = None;
+    loop {
+        let accepted = listener.accept().await;
+        let Some(shared) = shared.upgrade() else {
+            return;
+        };
+        match accepted {
+            Ok((stream, _)) => {
+                if let Some(s) = streak.take() {
+                    tracing::info!(
+                        target: "mcpd::daemon",
+                        "accepting clients on {} again after {} failed accepts",
+                        path.display(),
+                        s.failures
+                    );
+                }
+                tokio::spawn(serve(stream, shared));
+            }
+            Err(error) => {
+                let (wait, new) = streak.get_or_insert_default().failed(&error);
+                if new {
+                    tracing::warn!(
+                        target: "mcpd::daemon",
+                        "cannot accept clients on {}: {}; retrying with backoff (up to {} between tries)",
+                        path.display(),
+                        describe(&error),
+                        humantime::format_duration(MAX_BACKOFF)
+                    );
+                }
+                tokio::time::sleep(wait).await;
+            }
+        }
+    }
+}
+
+/// A refusal.
+fn refused(code: Refusal, message: impl Into<String>) -> Reply {
+    Reply::Refused {
+        code,
+        message: message.into(),
+    }
+}
+
+/// Reads the request line, the descriptors that came with it, and any
+/// bytes after it.
+async fn read_request(stream: &UnixStream) -> io::Result<(Vec<u8>, Vec<OwnedFd>, Vec<u8>)> {
+    let mut buf = Vec::new();
+    let mut fds = Vec::new();
+    loop {
+        stream.readable().await?;
+        let before = buf.len();
+        match attach::recv_with_fds(stream.as_fd(), &mut buf, &mut fds) {
+            Ok(0) => {
+                return Err(io::Error::new(
+                    io::ErrorKind::UnexpectedEof,
+                    "the client closed before its request ended",
+                ));
+            }
+            Ok(_) => {}
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted
+                ) =>
+            {
+                continue;
+            }
+            Err(e) => return Err(e),
+        }
+        if let Some(at) = memchr::memchr(b'\n', &buf[before..]) {
+            let rest = buf.split_off(before + at + 1);
+            buf.pop();
+            return Ok((buf, fds, rest));
+        }
+        if buf.len() > MAX_HEADER {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!("the request is longer than {MAX_HEADER} bytes"),
+            ));
+        }
+    }
+}
+
+async fn serve(mut stream: UnixStream, shared: Arc<Shared>) {
+    let caller = match stream.peer_cred() {
+        Ok(cred) => Caller {
+            uid: Some(cred.uid()),
+            pid: cred.pid().and_then(|p| u32::try_from(p).ok()),
+        },
+        Err(_) => Caller::default(),
+    };
+    let read = match tokio::time::timeout(HANDSHAKE_TIMEOUT, read_request(&stream)).await {
+        Ok(Ok(read)) => read,
+        Ok(Err(e)) => {
+            tracing::debug!(target: "mcpd::daemon", pid = ?caller.pid, "attach socket: {e}");
+            return;
+        }
+        Err(_) => {
+            tracing::debug!(target: "mcpd::daemon", pid = ?caller.pid, "attach socket: no request within {}", humantime::format_duration(HANDSHAKE_TIMEOUT));
+            return;
+        }
+    };
+    let (header, fds, rest) = read;
+    match link(&shared, &header, fds, caller) {
+        Ok((supervisor, Prepared::Socket(pending))) => {
+            if stream
+                .write_all(&attach::line(&Reply::Attached))
+                .await
+                .is_err()
+            {
+                return;
+            }
+            let mut pending = pending;
+            pending.extend_from_slice(&rest);
+            supervisor.attach(HostLink::Socket { stream, pending }, caller);
+        }
+        Ok((supervisor, Prepared::Stdio(input, output, replay, pending))) => {
+            if stream
+                .write_all(&attach::line(&Reply::Attached))
+                .await
+                .is_err()
+            {
+                return;
+            }
+            supervisor.attach(
+                HostLink::Stdio {
+                    input,
+                    output,
+                    control: stream,
+                    replay,
+                    pending,
+                },
+                caller,
+            );
+        }
+        Err(reply) => {
+            if let Reply::Refused { message, .. } = &reply {
+                tracing::debug!(target: "mcpd::daemon", pid = ?caller.pid, "attach socket: refused: {message}");
+            }
+            let _ = stream.write_all(&attach::line(&reply)).await;
+            let _ = stream.shutdown().await;
+        }
+    }
+}
+
+/// A session ready to attach.
+enum Prepared {
+    Socket(Vec<u8>),
+    Stdio(HostInput, HostOutput, Option<serde_json::Value>, Vec<u8>),
+}
+
+/// Judges a request: the server, the caller's access, the descriptors.
+fn link(
+    shared: &Shared,
+    header: &[u8],
+    mut fds: Vec<OwnedFd>,
+    caller: Caller,
+) -> Result<(crate::supervisor::Supervisor, Prepared), Reply> {
+    let request: Request = serde_json::from_slice(header).map_err(|e| {
+        refused(
+            Refusal::InvalidRequest,
+            format!("not an attach request: {e}"),
+        )
+    })?;
+    let unit = shared
+        .units
+        .read()
+        .ok()
+        .and_then(|u| u.get(&request.server).cloned())
+        .ok_or_else(|| {
+            refused(
+                Refusal::NoSuchServer,
+                format!("no server named {}", request.server),
+            )
+        })?;
+    let supervisor = unit.supervisor.ok_or_else(|| {
+        refused(
+            Refusal::Failed,
+            format!(
+                "unit {} is invalid and cannot run: {}",
+                request.server,
+                unit.load_error.unwrap_or_default()
+            ),
+        )
+    })?;
+    crate::sockets::may_control(shared.instance, caller.uid)
+        .map_err(|why| refused(Refusal::AccessDenied, why))?;
+    if let Some(replay) = &request.replay
+        && replay.get("method").and_then(|m| m.as_str()) != Some("initialize")
+    {
+        return Err(refused(
+            Refusal::InvalidRequest,
+            "replay: expected an initialize request",
+        ));
+    }
+    if !request.stdio {
+        if !fds.is_empty() {
+            return Err(refused(
+                Refusal::InvalidRequest,
+                "descriptors came with a request without \"stdio\"",
+            ));
+        }
+        if request.replay.is_some() {
+            return Err(refused(
+                Refusal::InvalidRequest,
+                "replay: only with \"stdio\" (a client on the socket replays itself)",
+            ));
+        }
+        return Ok((supervisor, Prepared::Socket(request.pending.into_bytes())));
+    }
+    if fds.len() != 2 {
+        return Err(refused(
+            Refusal::InvalidRequest,
+            format!(
+                "\"stdio\" needs two descriptors (the host's input and output); {} came",
+                fds.len()
+            ),
+        ));
+    }
+    let output = fds
+        .pop()
+        .ok_or_else(|| refused(Refusal::Failed, "no output"))?;
+    let input = fds
+        .pop()
+        .ok_or_else(|| refused(Refusal::Failed, "no input"))?;
+    let bad = |which: &str, why: String| {
+        refused(
+            Refusal::InvalidRequest,
+            format!("the host's {which}: {why}"),
+        )
+    };
+    let input = match attach::kind(&input).map_err(|e| bad("input", e))? {
+        Kind::Pipe => HostInput::Pipe(
+            tokio::net::unix::pipe::Receiver::from_owned_fd(input)
+                .map_err(|e| bad("input", e.to_string()))?,
+        ),
+        Kind::Socket => HostInput::Socket(stream_socket(input).map_err(|e| bad("input", e))?),
+    };
+    let output = match attach::kind(&output).map_err(|e| bad("output", e))? {
+        Kind::Pipe => HostOutput::Pipe(
+            tokio::net::unix::pipe::Sender::from_owned_fd(output)
+                .map_err(|e| bad("output", e.to_string()))?,
+        ),
+        Kind::Socket => HostOutput::Socket(stream_socket(output).map_err(|e| bad("output", e))?),
+    };
+    Ok((
+        supervisor,
+        Prepared::Stdio(input, output, request.replay, request.pending.into_bytes()),
+    ))
+}
+
+/// A handed-over socket, if it is a stream socket.
+fn stream_socket(fd: OwnedFd) -> Result<UnixStream, String> {
+    let kind = rustix::net::sockopt::socket_type(&fd).map_err(|e| e.to_string())?;
+    if kind != rustix::net::SocketType::STREAM {
+        return Err("a socket that is not a stream socket".into());
+    }
+    let socket = std::os::unix::net::UnixStream::from(fd);
+    socket.set_nonblocking(true).map_err(|e| e.to_string())?;
+    UnixStream::from_std(socket).map_err(|e| e.to_string())
+}
