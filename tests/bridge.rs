@@ -473,3 +473,94 @@ fn bad_attach_requests_get_named_refusals_and_a_file_is_copied() {
     );
     assert!(d.stop(Signal::TERM).success());
 }
+
+#[test]
+fn handed_over_stdio_reads_the_pending_bytes_first_and_a_replay_is_answered_to_nobody() {
+    use std::io::{BufRead, Read, Write};
+    use std::os::fd::AsFd;
+    let units = tempfile::tempdir().expect("tempdir");
+    let d = demo_daemon(units.path());
+    let runtime = d.runtime_dir().expect("runtime").to_owned();
+    let initialize = "{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"initialize\",\"params\":{\"protocolVersion\":\"2025-06-18\",\"capabilities\":{},\"clientInfo\":{\"name\":\"t\",\"version\":\"1\"}}}\n";
+    // The host's pipes, as a host would make them for its server.
+    let host_pipes = || {
+        let (to_mcpd, host_writes) = std::io::pipe().expect("pipe");
+        let (host_reads, from_mcpd) = std::io::pipe().expect("pipe");
+        (to_mcpd, host_writes, host_reads, from_mcpd)
+    };
+    let read_line = |from: &mut std::io::BufReader<std::io::PipeReader>| {
+        let mut line = String::new();
+        from.read_line(&mut line).expect("read");
+        line
+    };
+
+    // Half of the initialize was read by the client already: it comes
+    // first, and the rest follows on the pipe.
+    let (to_mcpd, mut host_writes, host_reads, from_mcpd) = host_pipes();
+    let (head, tail) = initialize.split_at(40);
+    let request = format!(
+        "{{\"server\":\"demo\",\"stdio\":true,\"pending\":{}}}\n{head}",
+        head.len()
+    );
+    let (reply, control) = attach_raw(
+        &runtime,
+        request.as_bytes(),
+        &[to_mcpd.as_fd(), from_mcpd.as_fd()],
+    );
+    assert_eq!(reply, "\"attached\"\n");
+    drop((to_mcpd, from_mcpd));
+    host_writes.write_all(tail.as_bytes()).expect("write");
+    let mut host_reads = std::io::BufReader::new(host_reads);
+    let answer = read_line(&mut host_reads);
+    assert!(
+        answer.contains("\"id\":1") && answer.contains("\"protocolVersion\":\"2025-06-18\""),
+        "{answer}"
+    );
+    // The client is told the host's initialize, for a replay.
+    let mut told = String::new();
+    std::io::BufReader::new(&control)
+        .read_line(&mut told)
+        .expect("control");
+    let told: serde_json::Value = serde_json::from_str(&told).expect("json");
+    assert_eq!(told["initialize"]["method"], "initialize");
+    // The host closes its input: the client is told the session is over.
+    drop(host_writes);
+    let mut end = String::new();
+    std::io::BufReader::new(&control)
+        .read_to_string(&mut end)
+        .expect("control");
+    assert_eq!(end, "{\"end\":null}\n");
+
+    // A replay: initialized without an answer, told the lists may have
+    // changed, then the pending call.
+    let (to_mcpd, host_writes, host_reads, from_mcpd) = host_pipes();
+    let call = "{\"jsonrpc\":\"2.0\",\"id\":2,\"method\":\"tools/call\",\"params\":{\"name\":\"echo\",\"arguments\":{\"text\":\"replayed\"}}}\n";
+    let request = serde_json::json!({"server": "demo", "stdio": true, "replay": told["initialize"], "pending": call.len()});
+    let request = format!("{request}\n{call}");
+    let (reply, control) = attach_raw(
+        &runtime,
+        request.as_bytes(),
+        &[to_mcpd.as_fd(), from_mcpd.as_fd()],
+    );
+    assert_eq!(reply, "\"attached\"\n");
+    drop((to_mcpd, from_mcpd));
+    let mut host_reads = std::io::BufReader::new(host_reads);
+    assert_eq!(
+        read_line(&mut host_reads),
+        "{\"jsonrpc\":\"2.0\",\"method\":\"notifications/tools/list_changed\"}\n"
+    );
+    let answer = read_line(&mut host_reads);
+    assert!(
+        answer.contains("\"id\":2") && answer.contains("replayed"),
+        "{answer}"
+    );
+    // The client going away ends the session, and the host sees the end.
+    drop(control);
+    assert_eq!(
+        read_line(&mut host_reads),
+        "",
+        "the host's stdout ends with the session"
+    );
+    drop(host_writes);
+    assert!(d.stop(Signal::TERM).success());
+}

@@ -154,7 +154,7 @@ fn error_line(id: &str, message: &str) -> String {
 /// `Attach()` (the connection is not kept).
 async fn attach(instance: Instance, name: &str) -> Result<UnixStream, CtlError> {
     let path = attach_socket(instance);
-    let socket = match handshake(&path, &Request::new(name), None) {
+    let socket = match handshake(&path, &Request::new(name), None, &[]) {
         Ok(socket) => socket,
         Err(Attach::Refused(e)) => return Err(e),
         Err(Attach::Unreachable(_)) => {
@@ -187,6 +187,7 @@ fn handshake(
     path: &std::path::Path,
     request: &Request,
     stdio: Option<[std::os::fd::BorrowedFd<'_>; 2]>,
+    pending: &[u8],
 ) -> Result<std::os::unix::net::UnixStream, Attach> {
     use std::io::{Read, Write};
     use std::os::fd::AsFd;
@@ -194,7 +195,8 @@ fn handshake(
         .map_err(|e| Attach::Unreachable(format!("no daemon at {}: {e}", path.display())))?;
     let failed =
         |e: std::io::Error| Attach::Refused(CtlError::failure(format!("attaching failed: {e}")));
-    let line = crate::mux::attach::line(request);
+    let mut line = crate::mux::attach::line(request);
+    line.extend_from_slice(pending);
     let fds = stdio.as_ref().map_or(&[][..], |fds| &fds[..]);
     let sent = crate::mux::attach::send_with_fds(socket.as_fd(), &line, fds).map_err(failed)?;
     (&socket).write_all(&line[sent..]).map_err(failed)?;
@@ -353,6 +355,7 @@ pub fn run(instance: Instance, name: &str) -> Result<u8, CtlError> {
                 ..Request::new(name)
             },
             Some([stdin.as_fd(), stdout.as_fd()]),
+            &[],
         ) {
             Ok(control) => match watch_blocking(control, &mut replay) {
                 Ended::Done(None) => return Ok(exit::OK),
@@ -493,10 +496,15 @@ async fn handed(instance: Instance, name: &str, mut replay: Option<Value>) -> Re
             let request_for = Request {
                 stdio: true,
                 replay: replay.clone(),
-                pending: String::from_utf8_lossy(&pending).into_owned(),
+                pending: pending.len(),
                 ..Request::new(name)
             };
-            match handshake(&path, &request_for, Some([stdin.as_fd(), stdout.as_fd()])) {
+            match handshake(
+                &path,
+                &request_for,
+                Some([stdin.as_fd(), stdout.as_fd()]),
+                &pending,
+            ) {
                 Ok(attached) => {
                     delay = Duration::from_millis(100);
                     control = Some(attached);

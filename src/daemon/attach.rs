@@ -155,57 +155,93 @@ async fn serve(mut stream: UnixStream, shared: Arc<Shared>) {
             return;
         }
     };
-    let (header, fds, rest) = read;
-    match link(&shared, &header, fds, caller) {
-        Ok((supervisor, Prepared::Socket(pending))) => {
-            if stream
-                .write_all(&attach::line(&Reply::Attached))
-                .await
-                .is_err()
-            {
+    let (header, fds, mut rest) = read;
+    let (supervisor, link) = match judge(&shared, &header, fds, caller) {
+        Ok((supervisor, Prepared::Socket)) => (supervisor, Link::Socket(rest)),
+        Ok((supervisor, Prepared::Stdio(input, output, replay, count))) => {
+            let more =
+                tokio::time::timeout(HANDSHAKE_TIMEOUT, read_more(&stream, &mut rest, count));
+            if !matches!(more.await, Ok(Ok(()))) {
+                tracing::debug!(target: "mcpd::daemon", pid = ?caller.pid, "attach socket: the request's bytes did not come");
                 return;
             }
-            let mut pending = pending;
-            pending.extend_from_slice(&rest);
-            supervisor.attach(HostLink::Socket { stream, pending }, caller);
-        }
-        Ok((supervisor, Prepared::Stdio(input, output, replay, pending))) => {
-            if stream
-                .write_all(&attach::line(&Reply::Attached))
-                .await
-                .is_err()
-            {
+            if rest.len() != count {
+                let message = format!(
+                    "{} bytes follow the request, not the {count} it says",
+                    rest.len()
+                );
+                refuse(stream, caller, &refused(Refusal::InvalidRequest, message)).await;
                 return;
             }
-            supervisor.attach(
-                HostLink::Stdio {
-                    input,
-                    output,
-                    control: stream,
-                    replay,
-                    pending,
-                },
-                caller,
-            );
+            (supervisor, Link::Stdio(input, output, replay, rest))
         }
         Err(reply) => {
-            if let Reply::Refused { message, .. } = &reply {
-                tracing::debug!(target: "mcpd::daemon", pid = ?caller.pid, "attach socket: refused: {message}");
-            }
-            let _ = stream.write_all(&attach::line(&reply)).await;
-            let _ = stream.shutdown().await;
+            refuse(stream, caller, &reply).await;
+            return;
         }
+    };
+    if stream
+        .write_all(&attach::line(&Reply::Attached))
+        .await
+        .is_err()
+    {
+        return;
     }
+    let link = match link {
+        Link::Socket(pending) => HostLink::Socket { stream, pending },
+        Link::Stdio(input, output, replay, pending) => HostLink::Stdio {
+            input,
+            output,
+            control: stream,
+            replay,
+            pending,
+        },
+    };
+    supervisor.attach(link, caller);
 }
 
-/// A session ready to attach.
-enum Prepared {
+/// What a judged request becomes once the client is told.
+enum Link {
     Socket(Vec<u8>),
     Stdio(HostInput, HostOutput, Option<serde_json::Value>, Vec<u8>),
 }
 
+async fn refuse(mut stream: UnixStream, caller: Caller, reply: &Reply) {
+    if let Reply::Refused { message, .. } = reply {
+        tracing::debug!(target: "mcpd::daemon", pid = ?caller.pid, "attach socket: refused: {message}");
+    }
+    let _ = stream.write_all(&attach::line(reply)).await;
+    let _ = stream.shutdown().await;
+}
+
+/// Reads until `buf` holds at least `count` bytes.
+async fn read_more(stream: &UnixStream, buf: &mut Vec<u8>, count: usize) -> io::Result<()> {
+    let mut ignored = Vec::new();
+    while buf.len() < count {
+        stream.readable().await?;
+        match attach::recv_with_fds(stream.as_fd(), buf, &mut ignored) {
+            Ok(0) => return Err(io::ErrorKind::UnexpectedEof.into()),
+            Ok(_) => {}
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted
+                ) => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
+/// A session ready to attach: on the socket, or on the host's stdio with
+/// this many bytes of the host's to come first.
+enum Prepared {
+    Socket,
+    Stdio(HostInput, HostOutput, Option<serde_json::Value>, usize),
+}
+
 /// Judges a request: the server, the caller's access, the descriptors.
-fn link(
+fn judge(
     shared: &Shared,
     header: &[u8],
     mut fds: Vec<OwnedFd>,
@@ -261,7 +297,7 @@ fn link(
                 "replay: only with \"stdio\" (a client on the socket replays itself)",
             ));
         }
-        return Ok((supervisor, Prepared::Socket(request.pending.into_bytes())));
+        return Ok((supervisor, Prepared::Socket));
     }
     if fds.len() != 2 {
         return Err(refused(
@@ -298,9 +334,15 @@ fn link(
         ),
         Kind::Socket => HostOutput::Socket(stream_socket(output).map_err(|e| bad("output", e))?),
     };
+    if request.pending > MAX_HEADER {
+        return Err(refused(
+            Refusal::InvalidRequest,
+            format!("more than {MAX_HEADER} pending bytes"),
+        ));
+    }
     Ok((
         supervisor,
-        Prepared::Stdio(input, output, request.replay, request.pending.into_bytes()),
+        Prepared::Stdio(input, output, request.replay, request.pending),
     ))
 }
 

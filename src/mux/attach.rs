@@ -55,10 +55,16 @@ pub struct Request {
     /// lists may have changed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub replay: Option<Value>,
-    /// Bytes the client read from the host and did not send anywhere: the
-    /// session reads them before anything else.
-    #[serde(default, skip_serializing_if = "String::is_empty")]
-    pub pending: String,
+    /// How many bytes follow this line, as they are: what the client read
+    /// from the host and sent nowhere, which the session reads before
+    /// anything else (with `stdio`; without, whatever follows the line is
+    /// the session's anyway).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub pending: usize,
+}
+
+fn is_zero(n: &usize) -> bool {
+    *n == 0
 }
 
 impl Request {
