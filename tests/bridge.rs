@@ -472,6 +472,17 @@ fn bad_attach_requests_get_named_refusals_and_a_file_is_copied() {
         "{out:?}"
     );
     assert!(d.stop(Signal::TERM).success());
+    // No daemon at all: a host's bridge says so and exits 1.
+    let out = crate::helper::mcpctl_user_command(&runtime, &["bridge", "demo"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .output()
+        .expect("mcpctl");
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("cannot reach mcpd (user instance)"),
+        "{out:?}"
+    );
 }
 
 #[test]
