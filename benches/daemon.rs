@@ -210,7 +210,7 @@ fn running(line: &str) -> bool {
 }
 
 /// CPU time of every thread of `pid`, in nanoseconds (schedstat).
-fn cpu_ns(pid: u32) -> u64 {
+pub(crate) fn cpu_ns(pid: u32) -> u64 {
     let mut total = 0;
     if let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) {
         for task in tasks.flatten() {
