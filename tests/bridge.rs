@@ -416,6 +416,29 @@ fn bad_attach_requests_get_named_refusals_and_a_file_is_copied() {
         reply.contains("the host's input: it is a RegularFile, not a pipe or a socket"),
         "{reply}"
     );
+    // The daemon writes only to the caller's own pipes and socketpairs,
+    // never to a connection the caller made elsewhere.
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("listen");
+    let tcp = std::net::TcpStream::connect(listener.local_addr().expect("addr")).expect("tcp");
+    let (reply, _) = attach_raw(
+        &runtime,
+        b"{\"server\":\"demo\",\"stdio\":true}\n",
+        &[tcp.as_fd(), tcp.as_fd()],
+    );
+    assert!(
+        reply.contains("the host's input: a socket that is not a Unix stream socket"),
+        "{reply}"
+    );
+    let (r, w) = std::io::pipe().expect("pipe");
+    let (reply, _) = attach_raw(
+        &runtime,
+        b"{\"server\":\"demo\",\"stdio\":true,\"replay\":{\"method\":\"initialize\"}}\n",
+        &[r.as_fd(), w.as_fd()],
+    );
+    assert!(
+        reply.contains("expected an initialize request with an id"),
+        "{reply}"
+    );
 
     // Without descriptors the socket is the session, and bytes sent with
     // the request are its first.

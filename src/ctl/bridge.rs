@@ -171,6 +171,9 @@ fn attach_socket(instance: Instance) -> std::path::PathBuf {
     crate::mux::attach::socket(&instance.runtime_dir())
 }
 
+/// How long the daemon may take to answer an attach request.
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+
 /// Why an attach did not happen.
 #[derive(Debug)]
 enum Attach {
@@ -191,10 +194,22 @@ fn handshake(
 ) -> Result<std::os::unix::net::UnixStream, Attach> {
     use std::io::{Read, Write};
     use std::os::fd::AsFd;
-    let socket = std::os::unix::net::UnixStream::connect(path)
-        .map_err(|e| Attach::Unreachable(format!("no daemon at {}: {e}", path.display())))?;
-    let failed =
-        |e: std::io::Error| Attach::Refused(CtlError::failure(format!("attaching failed: {e}")));
+    let socket = std::os::unix::net::UnixStream::connect(path).map_err(|e| {
+        Attach::Unreachable(match e.kind() {
+            std::io::ErrorKind::NotFound | std::io::ErrorKind::ConnectionRefused => {
+                format!("no daemon at {}", path.display())
+            }
+            _ => format!("cannot connect to {}: {e}", path.display()),
+        })
+    })?;
+    // A daemon that stops answering (out of descriptors, wedged) does not
+    // hold the host's bridge for ever.
+    let _ = socket.set_read_timeout(Some(HANDSHAKE_TIMEOUT));
+    let _ = socket.set_write_timeout(Some(HANDSHAKE_TIMEOUT));
+    // A daemon that goes away mid-handshake is one that cannot be reached.
+    let failed = |e: std::io::Error| {
+        Attach::Unreachable(format!("attaching at {} failed: {e}", path.display()))
+    };
     let mut line = crate::mux::attach::line(request);
     line.extend_from_slice(pending);
     let fds = stdio.as_ref().map_or(&[][..], |fds| &fds[..]);
@@ -220,6 +235,8 @@ fn handshake(
             break;
         }
     }
+    let _ = socket.set_read_timeout(None);
+    let _ = socket.set_write_timeout(None);
     match serde_json::from_slice::<Reply>(&answer) {
         Ok(Reply::Attached) => Ok(socket),
         Ok(Reply::Refused { code, message }) => Err(Attach::Refused(CtlError {
@@ -512,8 +529,8 @@ async fn handed(instance: Instance, name: &str, mut replay: Option<Value>) -> Re
                 }
                 Err(why) => {
                     let why = match why {
-                        Attach::Refused(e) => e.message,
-                        Attach::Unreachable(e) => e,
+                        Attach::Refused(e) => format!("mcpd refused the session: {}", e.message),
+                        Attach::Unreachable(e) => format!("mcpd is not reachable: {e}"),
                     };
                     if !complained {
                         eprintln!("mcpctl bridge: cannot attach to {name} again: {why}; retrying");
@@ -522,7 +539,7 @@ async fn handed(instance: Instance, name: &str, mut replay: Option<Value>) -> Re
                     if request {
                         let mut session = Session::default();
                         session.host_line(&line);
-                        let failed = session.lost(&format!("mcpd is not reachable: {why}"));
+                        let failed = session.lost(&why);
                         if !write(&mut host_out, &failed).await {
                             return Ok(exit::OK);
                         }

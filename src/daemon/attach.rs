@@ -96,15 +96,32 @@ fn refused(code: Refusal, message: impl Into<String>) -> Reply {
     }
 }
 
+/// One `recvmsg` once the socket is readable (tokio is told when it was
+/// not after all, so the wait is a real one).
+async fn recv(stream: &UnixStream, buf: &mut Vec<u8>, fds: &mut Vec<OwnedFd>) -> io::Result<usize> {
+    loop {
+        stream.readable().await?;
+        match stream.try_io(tokio::io::Interest::READABLE, || {
+            attach::recv_with_fds(stream.as_fd(), buf, fds)
+        }) {
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted
+                ) => {}
+            other => return other,
+        }
+    }
+}
+
 /// Reads the request line, the descriptors that came with it, and any
 /// bytes after it.
 async fn read_request(stream: &UnixStream) -> io::Result<(Vec<u8>, Vec<OwnedFd>, Vec<u8>)> {
     let mut buf = Vec::new();
     let mut fds = Vec::new();
     loop {
-        stream.readable().await?;
         let before = buf.len();
-        match attach::recv_with_fds(stream.as_fd(), &mut buf, &mut fds) {
+        match recv(stream, &mut buf, &mut fds).await {
             Ok(0) => {
                 return Err(io::Error::new(
                     io::ErrorKind::UnexpectedEof,
@@ -112,14 +129,6 @@ async fn read_request(stream: &UnixStream) -> io::Result<(Vec<u8>, Vec<OwnedFd>,
                 ));
             }
             Ok(_) => {}
-            Err(e)
-                if matches!(
-                    e.kind(),
-                    io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted
-                ) =>
-            {
-                continue;
-            }
             Err(e) => return Err(e),
         }
         if let Some(at) = memchr::memchr(b'\n', &buf[before..]) {
@@ -144,6 +153,17 @@ async fn serve(mut stream: UnixStream, shared: Arc<Shared>) {
         },
         Err(_) => Caller::default(),
     };
+    // Who may attach does not depend on the request: nothing of a caller
+    // who may not is read.
+    let instance = shared.instance;
+    let allowed =
+        tokio::task::spawn_blocking(move || crate::sockets::may_control(instance, caller.uid))
+            .await
+            .unwrap_or_else(|e| Err(format!("cannot check the caller: {e}")));
+    if let Err(why) = allowed {
+        refuse(stream, caller, &refused(Refusal::AccessDenied, why)).await;
+        return;
+    }
     let read = match tokio::time::timeout(HANDSHAKE_TIMEOUT, read_request(&stream)).await {
         Ok(Ok(read)) => read,
         Ok(Err(e)) => {
@@ -218,16 +238,8 @@ async fn refuse(mut stream: UnixStream, caller: Caller, reply: &Reply) {
 async fn read_more(stream: &UnixStream, buf: &mut Vec<u8>, count: usize) -> io::Result<()> {
     let mut ignored = Vec::new();
     while buf.len() < count {
-        stream.readable().await?;
-        match attach::recv_with_fds(stream.as_fd(), buf, &mut ignored) {
-            Ok(0) => return Err(io::ErrorKind::UnexpectedEof.into()),
-            Ok(_) => {}
-            Err(e)
-                if matches!(
-                    e.kind(),
-                    io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted
-                ) => {}
-            Err(e) => return Err(e),
+        if recv(stream, buf, &mut ignored).await? == 0 {
+            return Err(io::ErrorKind::UnexpectedEof.into());
         }
     }
     Ok(())
@@ -274,14 +286,13 @@ fn judge(
             ),
         )
     })?;
-    crate::sockets::may_control(shared.instance, caller.uid)
-        .map_err(|why| refused(Refusal::AccessDenied, why))?;
     if let Some(replay) = &request.replay
-        && replay.get("method").and_then(|m| m.as_str()) != Some("initialize")
+        && (replay.get("method").and_then(|m| m.as_str()) != Some("initialize")
+            || replay.get("id").is_none_or(serde_json::Value::is_null))
     {
         return Err(refused(
             Refusal::InvalidRequest,
-            "replay: expected an initialize request",
+            "replay: expected an initialize request with an id",
         ));
     }
     if !request.stdio {
@@ -325,14 +336,18 @@ fn judge(
             tokio::net::unix::pipe::Receiver::from_owned_fd(input)
                 .map_err(|e| bad("input", e.to_string()))?,
         ),
-        Kind::Socket => HostInput::Socket(stream_socket(input).map_err(|e| bad("input", e))?),
+        Kind::Socket => {
+            HostInput::Socket(stream_socket(input, caller).map_err(|e| bad("input", e))?)
+        }
     };
     let output = match attach::kind(&output).map_err(|e| bad("output", e))? {
         Kind::Pipe => HostOutput::Pipe(
             tokio::net::unix::pipe::Sender::from_owned_fd(output)
                 .map_err(|e| bad("output", e.to_string()))?,
         ),
-        Kind::Socket => HostOutput::Socket(stream_socket(output).map_err(|e| bad("output", e))?),
+        Kind::Socket => {
+            HostOutput::Socket(stream_socket(output, caller).map_err(|e| bad("output", e))?)
+        }
     };
     if request.pending > MAX_HEADER {
         return Err(refused(
@@ -346,11 +361,22 @@ fn judge(
     ))
 }
 
-/// A handed-over socket, if it is a stream socket.
-fn stream_socket(fd: OwnedFd) -> Result<UnixStream, String> {
-    let kind = rustix::net::sockopt::socket_type(&fd).map_err(|e| e.to_string())?;
-    if kind != rustix::net::SocketType::STREAM {
-        return Err("a socket that is not a stream socket".into());
+/// A handed-over socket, if it is a Unix stream socket whose other end
+/// is the caller's own (as a host's socketpair is): the daemon never
+/// writes, with its credentials, to a peer the caller merely connected to.
+fn stream_socket(fd: OwnedFd, caller: Caller) -> Result<UnixStream, String> {
+    use rustix::net::sockopt;
+    let kind = sockopt::socket_type(&fd).map_err(|e| e.to_string())?;
+    let domain = sockopt::socket_domain(&fd).map_err(|e| e.to_string())?;
+    if kind != rustix::net::SocketType::STREAM || domain != rustix::net::AddressFamily::UNIX {
+        return Err("a socket that is not a Unix stream socket".into());
+    }
+    let peer = sockopt::socket_peercred(&fd).map_err(|e| e.to_string())?;
+    if Some(peer.uid.as_raw()) != caller.uid {
+        return Err(format!(
+            "a socket whose other end belongs to uid {}, not the caller",
+            peer.uid.as_raw()
+        ));
     }
     let socket = std::os::unix::net::UnixStream::from(fd);
     socket.set_nonblocking(true).map_err(|e| e.to_string())?;

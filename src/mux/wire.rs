@@ -246,6 +246,9 @@ pub struct Outbox<W> {
     queued: Arc<AtomicUsize>,
     queue: mpsc::UnboundedSender<Vec<u8>>,
     limit: usize,
+    /// The writer task: it ends once the outbox is dropped and its queue
+    /// written (or a write failed).
+    writer: Option<tokio::task::JoinHandle<()>>,
 }
 
 impl<W: TryWrite> Outbox<W> {
@@ -256,7 +259,7 @@ impl<W: TryWrite> Outbox<W> {
         let queued = Arc::new(AtomicUsize::new(0));
         let (queue, mut rx) = mpsc::unbounded_channel::<Vec<u8>>();
         let (writer, count) = (Arc::clone(&sink), Arc::clone(&queued));
-        tokio::spawn(async move {
+        let writer = tokio::spawn(async move {
             while let Some(bytes) = rx.recv().await {
                 if let Err(e) = write_all(&*writer, &bytes).await {
                     // A closed pipe is the peer going away: its reader
@@ -278,7 +281,14 @@ impl<W: TryWrite> Outbox<W> {
             queued,
             queue,
             limit,
+            writer: Some(writer),
         }
+    }
+
+    /// The writer task, to wait for what is queued to be written after the
+    /// outbox is dropped (or to abort it).
+    pub fn take_writer(&mut self) -> Option<tokio::task::JoinHandle<()>> {
+        self.writer.take()
     }
 
     /// Writes `bytes` now if the descriptor takes them, else queues them.

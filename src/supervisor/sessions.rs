@@ -60,6 +60,11 @@ pub const BACKLOG: usize = 64;
 /// and is detached.
 pub const QUEUE: usize = 4096;
 
+/// How long what was queued for a host whose stdio was handed over may
+/// take to be written once its session ended; its bridge takes the stdio
+/// back only then, so their lines never interleave.
+pub const FLUSH_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
+
 /// Requests one host may have in flight upstream.
 pub const MAX_IN_FLIGHT: usize = 1024;
 
@@ -126,8 +131,16 @@ impl HostOut {
         }
     }
 
-    /// The host sees the session end now (a pipe ends when the bridge
-    /// holding its other copy exits).
+    fn writer(&mut self) -> Option<tokio::task::JoinHandle<()>> {
+        match self {
+            HostOut::Half(out) => out.take_writer(),
+            HostOut::Socket(out) => out.take_writer(),
+            HostOut::Pipe(out) => out.take_writer(),
+        }
+    }
+
+    /// The host sees the session end now (a handed-over pipe ends once
+    /// what was queued is written and the bridge exits).
     fn shutdown(&self) {
         match self {
             HostOut::Half(out) => out.shutdown(),
@@ -579,6 +592,28 @@ struct Host {
     calls: HashMap<String, Record>,
 }
 
+impl Drop for Host {
+    fn drop(&mut self) {
+        // The bridge's socket closes, giving it the host's stdio back, only
+        // once every byte queued for the host is written (a host that reads
+        // nothing for FLUSH_TIMEOUT loses the rest).
+        let Some(control) = self.control.take() else {
+            return;
+        };
+        let writer = self.out.writer();
+        tokio::spawn(async move {
+            if let Some(mut writer) = writer
+                && tokio::time::timeout(FLUSH_TIMEOUT, &mut writer)
+                    .await
+                    .is_err()
+            {
+                writer.abort();
+            }
+            drop(control);
+        });
+    }
+}
+
 struct Upstream {
     generation: Gen,
     tx: crate::mux::wire::Sender,
@@ -659,6 +694,40 @@ impl Task {
             }
             while let Some((host, why)) = self.doomed.pop() {
                 self.detach(host, Some(why));
+            }
+        }
+        self.closing(rx);
+    }
+
+    /// The unit is gone (or the daemon stopping): what hosts sent that was
+    /// not handled yet gets the outage error, not silence.
+    fn closing(&mut self, mut rx: mpsc::UnboundedReceiver<Input>) {
+        rx.close();
+        let mut queued = Vec::new();
+        while let Ok(input) = rx.try_recv() {
+            if let Input::Host { host, frame, .. } = input {
+                queued.push((host, frame));
+            }
+        }
+        let held: Vec<(HostId, Frame)> = self
+            .hosts
+            .iter_mut()
+            .flat_map(|(host, h)| std::mem::take(&mut h.held).into_iter().map(|f| (*host, f)))
+            .collect();
+        let waiting: Vec<(HostId, Value)> = std::mem::take(&mut self.waiting)
+            .into_iter()
+            .map(|(host, id, _)| (host, id))
+            .collect();
+        let text = self.down_text(None);
+        for (host, id) in waiting {
+            self.send(host, &error(&id, SERVER_DOWN, text.clone()));
+        }
+        for (host, frame) in held.into_iter().chain(queued) {
+            if let Frame::Message(message) = frame
+                && message.get("method").is_some()
+                && let Some(id) = message.get("id").filter(|id| !id.is_null())
+            {
+                self.send(host, &error(id, SERVER_DOWN, text.clone()));
             }
         }
     }
@@ -1260,6 +1329,15 @@ impl Task {
             None => Vec::new(),
         };
         self.router.attach(host, Caps::from_initialize(params));
+        if let Some(h) = self.hosts.get(&host)
+            && let Some(control) = &h.control
+            && h.swallow.is_none()
+        {
+            // The bridge keeps it, to replay if mcpd restarts.
+            let request =
+                json!({"jsonrpc": "2.0", "id": id, "method": "initialize", "params": params});
+            let _ = control.send(crate::mux::attach::line(&Control::Initialize(request)));
+        }
         self.send(host, &json!({"jsonrpc": "2.0", "id": id, "result": result}));
         // What it sent meanwhile, in order.
         for frame in held {
@@ -1305,15 +1383,6 @@ impl Task {
         let initialized = h.initialized;
         match (method, id) {
             (Some("initialize"), Some(id)) => {
-                if let Some(control) = &h.control
-                    && !initialized
-                    && h.swallow.is_none()
-                {
-                    // The bridge keeps it, to replay if mcpd restarts.
-                    let _ = control.send(crate::mux::attach::line(&Control::Initialize(
-                        message.clone(),
-                    )));
-                }
                 if initialized {
                     self.send(
                         host,
