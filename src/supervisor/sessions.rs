@@ -601,7 +601,11 @@ impl Drop for Host {
             return;
         };
         let writer = self.out.writer();
-        tokio::spawn(async move {
+        // Dropped as the runtime itself goes: the process is ending.
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        runtime.spawn(async move {
             if let Some(mut writer) = writer
                 && tokio::time::timeout(FLUSH_TIMEOUT, &mut writer)
                     .await
