@@ -338,3 +338,83 @@ fn the_units_roots_answer_the_servers_roots_list() {
     assert_eq!(roots("rooted"), "file:///srv/other");
     assert!(d.stop(Signal::TERM).success());
 }
+
+#[test]
+fn a_daemon_whose_log_pipe_closed_keeps_serving_and_stops_on_sigterm() {
+    use std::io::BufRead;
+    let units = tempfile::tempdir().expect("tempdir");
+    let runtime = tempfile::tempdir().expect("tempdir");
+    std::fs::write(
+        units.path().join("demo.kdl"),
+        format!(
+            "stdio {{\n    command \"{}\" \"--chatter\" \"0\"\n}}\n",
+            crate::helper::fixture_path().display()
+        ),
+    )
+    .expect("write");
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_mcpd"))
+        .args(["--user", "--no-bus", "--units"])
+        .arg(units.path())
+        .env("XDG_RUNTIME_DIR", runtime.path())
+        .env("MCPD_STATE_DIR", runtime.path().join("state"))
+        .env_remove("JOURNAL_STREAM")
+        .env_remove("NOTIFY_SOCKET")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("mcpd");
+    let mut stderr = std::io::BufReader::new(child.stderr.take().expect("stderr"));
+    let mut line = String::new();
+    while !line.contains("running (pid") {
+        line.clear();
+        assert!(
+            stderr.read_line(&mut line).expect("read") > 0,
+            "mcpd exited"
+        );
+    }
+    // Whoever read the log went away (a closed terminal, a dead pipe
+    // reader): logging fails from now on, and nothing else may.
+    drop(stderr);
+    let mut call = crate::helper::mcpctl_user_command(
+        runtime.path(),
+        &["call", "demo", "echo", "{\"text\":\"still here\"}"],
+    )
+    .stdin(std::process::Stdio::null())
+    .stdout(std::process::Stdio::piped())
+    .spawn()
+    .expect("mcpctl");
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while call.try_wait().expect("wait").is_none() {
+        if std::time::Instant::now() > deadline {
+            let _ = call.kill();
+            let _ = child.kill();
+            let _ = call.wait();
+            let _ = child.wait();
+            panic!("a call got no answer within 10 s once the log pipe closed");
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let out = call.wait_with_output().expect("mcpctl");
+    assert!(
+        out.status.success() && String::from_utf8_lossy(&out.stdout).contains("still here"),
+        "{out:?}"
+    );
+    rustix::process::kill_process(
+        rustix::process::Pid::from_raw(child.id() as i32).expect("pid"),
+        Signal::TERM,
+    )
+    .expect("SIGTERM");
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("wait") {
+            break status;
+        }
+        if std::time::Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("mcpd did not stop within 10 s of SIGTERM");
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    assert!(status.success(), "{status:?}");
+}

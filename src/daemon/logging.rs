@@ -52,6 +52,10 @@ pub fn init(filter: &str) -> Result<&'static str, String> {
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
         .with_ansi(std::io::stderr().is_terminal())
+        // A write that fails (whoever read stderr went away) is dropped:
+        // reporting it would print to the same stderr, which panics the
+        // task that logged, be it a server's actor or the signal handler.
+        .log_internal_errors(false)
         .init();
     Ok("stderr")
 }
