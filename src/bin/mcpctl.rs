@@ -162,7 +162,9 @@ fn bridge(instance: Instance, name: &str) -> ExitCode {
     match mcpd::ctl::bridge::run(instance, name) {
         Ok(code) => ExitCode::from(code),
         Err(e) => {
-            eprintln!("mcpctl: {e}");
+            // The host may have closed our stderr: the exit code still counts.
+            use std::io::Write as _;
+            let _ = writeln!(std::io::stderr(), "mcpctl: {e}");
             ExitCode::from(e.code)
         }
     }

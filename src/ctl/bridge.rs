@@ -39,6 +39,15 @@ use crate::mux::attach::{Control, Refusal, Reply, Request};
 use crate::unit::Instance;
 
 use super::client::CtlError;
+
+/// A line on stderr for whoever reads it; a host that closed the bridge's
+/// stderr does not stop the bridge (`eprintln!` would panic).
+macro_rules! say {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stderr(), "mcpctl bridge: {}", format_args!($($arg)*));
+    }};
+}
 use super::exit;
 
 /// The parts of a message the bridge looks at.
@@ -377,7 +386,7 @@ pub fn run(instance: Instance, name: &str) -> Result<u8, CtlError> {
             Ok(control) => match watch_blocking(control, &mut replay) {
                 Ended::Done(None) => return Ok(exit::OK),
                 Ended::Done(Some(why)) => {
-                    eprintln!("mcpctl bridge: mcpd ended the session: {why}");
+                    say!("mcpd ended the session: {why}");
                     return Ok(exit::FAILURE);
                 }
                 Ended::Lost => return runtime()?.block_on(handed(instance, name, replay)),
@@ -468,13 +477,13 @@ async fn handed(instance: Instance, name: &str, mut replay: Option<Value>) -> Re
     loop {
         if let Some(attached) = control.take() {
             if complained {
-                eprintln!("mcpctl bridge: attached to {name} again");
+                say!("attached to {name} again");
                 complained = false;
             }
             match watch(attached, &mut replay).await {
                 Ended::Done(None) => return Ok(exit::OK),
                 Ended::Done(Some(why)) => {
-                    eprintln!("mcpctl bridge: mcpd ended the session: {why}");
+                    say!("mcpd ended the session: {why}");
                     return Ok(exit::FAILURE);
                 }
                 Ended::Lost => {}
@@ -533,7 +542,7 @@ async fn handed(instance: Instance, name: &str, mut replay: Option<Value>) -> Re
                         Attach::Unreachable(e) => format!("mcpd is not reachable: {e}"),
                     };
                     if !complained {
-                        eprintln!("mcpctl bridge: cannot attach to {name} again: {why}; retrying");
+                        say!("cannot attach to {name} again: {why}; retrying");
                         complained = true;
                     }
                     if request {
@@ -602,7 +611,7 @@ async fn copy(instance: Instance, name: &str) -> Result<u8, CtlError> {
                         Ok(link) => attached = Some(link),
                         Err(why) => {
                             if !complained {
-                                eprintln!("mcpctl bridge: cannot attach to {name} again: {why}; retrying");
+                                say!("cannot attach to {name} again: {why}; retrying");
                                 complained = true;
                             }
                             delay = (delay * 2).min(Duration::from_secs(5));
@@ -612,7 +621,7 @@ async fn copy(instance: Instance, name: &str) -> Result<u8, CtlError> {
             }
             if attached.is_some() {
                 if complained {
-                    eprintln!("mcpctl bridge: attached to {name} again");
+                    say!("attached to {name} again");
                 }
                 complained = false;
                 if !refused {
