@@ -30,6 +30,18 @@ fn text(result: &rmcp::model::CallToolResult) -> String {
         .to_owned()
 }
 
+/// `echo` of `text` on `peer`, its text (the call must succeed: `what`).
+async fn echo(peer: &rmcp::service::Peer<RoleClient>, text_: &str, what: &str) -> String {
+    let result = peer
+        .call_tool(
+            CallToolRequestParams::new("echo")
+                .with_arguments(args(serde_json::json!({ "text": text_ }))),
+        )
+        .await
+        .expect(what);
+    text(&result)
+}
+
 #[test]
 fn an_mcp_client_uses_a_managed_server_through_the_bridge() {
     let units = tempfile::tempdir().expect("tempdir");
@@ -72,14 +84,7 @@ fn an_mcp_client_uses_a_managed_server_through_the_bridge() {
 
             let tools = client.list_all_tools().await.expect("tools/list");
             assert_eq!(tools.len(), 9);
-            let echo = client
-                .call_tool(
-                    CallToolRequestParams::new("echo")
-                        .with_arguments(args(serde_json::json!({"text": "bridged"}))),
-                )
-                .await
-                .expect("echo");
-            assert_eq!(text(&echo), "bridged");
+            assert_eq!(echo(&client, "bridged", "echo").await, "bridged");
 
             client
                 .call_tool(
@@ -95,14 +100,7 @@ fn an_mcp_client_uses_a_managed_server_through_the_bridge() {
             // a second bridge (another host) shares the same running server
             let (_second, (out2, in2)) = crate::helper::bridge(runtime.path(), "demo");
             let other = ().serve((out2, in2)).await.expect("initialize");
-            let echo = other
-                .call_tool(
-                    CallToolRequestParams::new("echo")
-                        .with_arguments(args(serde_json::json!({"text": "shared"}))),
-                )
-                .await
-                .expect("echo");
-            assert_eq!(text(&echo), "shared");
+            assert_eq!(echo(&other, "shared", "echo").await, "shared");
             other.cancel().await.expect("close");
 
             // the managed server crashes and waits an hour: a clean error, no hang
@@ -144,14 +142,10 @@ fn an_mcp_client_uses_a_managed_server_through_the_bridge() {
             let old = daemon.take().expect("daemon");
             assert!(old.stop(Signal::TERM).success());
             daemon = Some(start());
-            let echo = client
-                .call_tool(
-                    CallToolRequestParams::new("echo")
-                        .with_arguments(args(serde_json::json!({"text": "again"}))),
-                )
-                .await
-                .expect("echo after the daemon restarted");
-            assert_eq!(text(&echo), "again");
+            assert_eq!(
+                echo(&client, "again", "echo after the daemon restarted").await,
+                "again"
+            );
             client.cancel().await.expect("close");
             let status = bridge.wait().await.expect("bridge exits");
             assert!(status.success(), "{status:?}");
@@ -335,14 +329,10 @@ fn the_bridge_hands_the_hosts_stdio_to_mcpd_and_copies_nothing() {
             // Stopped, the bridge copies nothing; the host is served all
             // the same, by mcpd on the host's own pipes.
             rustix::process::kill_process(pid, Signal::STOP).expect("SIGSTOP");
-            let echo = client
-                .call_tool(
-                    CallToolRequestParams::new("echo")
-                        .with_arguments(args(serde_json::json!({"text": "direct"}))),
-                )
-                .await
-                .expect("echo while the bridge is stopped");
-            assert_eq!(text(&echo), "direct");
+            assert_eq!(
+                echo(&client, "direct", "echo while the bridge is stopped").await,
+                "direct"
+            );
             assert_eq!(demo.sessions().await.expect("Sessions"), 1);
             rustix::process::kill_process(pid, Signal::CONT).expect("SIGCONT");
             // A bridge killed outright ends its session in the daemon.

@@ -175,31 +175,30 @@ async fn serve(mut stream: UnixStream, shared: Arc<Shared>) {
             return;
         }
     };
-    let (header, fds, mut rest) = read;
-    let (supervisor, link) = match judge(&shared, &header, fds, caller) {
-        Ok((supervisor, Prepared::Socket)) => (supervisor, Link::Socket(rest)),
-        Ok((supervisor, Prepared::Stdio(input, output, replay, count))) => {
-            let more =
-                tokio::time::timeout(HANDSHAKE_TIMEOUT, read_more(&stream, &mut rest, count));
-            if !matches!(more.await, Ok(Ok(()))) {
-                tracing::debug!(target: "mcpd::daemon", pid = ?caller.pid, "attach socket: the request's bytes did not come");
-                return;
-            }
-            if rest.len() != count {
-                let message = format!(
-                    "{} bytes follow the request, not the {count} it says",
-                    rest.len()
-                );
-                refuse(stream, caller, &refused(Refusal::InvalidRequest, message)).await;
-                return;
-            }
-            (supervisor, Link::Stdio(input, output, replay, rest))
-        }
+    let (header, fds, mut pending) = read;
+    let (supervisor, prepared) = match judge(&shared, &header, fds, caller) {
+        Ok(judged) => judged,
         Err(reply) => {
             refuse(stream, caller, &reply).await;
             return;
         }
     };
+    if let Prepared::Stdio(.., count) = &prepared {
+        let count = *count;
+        let more = tokio::time::timeout(HANDSHAKE_TIMEOUT, read_more(&stream, &mut pending, count));
+        if !matches!(more.await, Ok(Ok(()))) {
+            tracing::debug!(target: "mcpd::daemon", pid = ?caller.pid, "attach socket: the request's bytes did not come");
+            return;
+        }
+        if pending.len() != count {
+            let message = format!(
+                "{} bytes follow the request, not the {count} it says",
+                pending.len()
+            );
+            refuse(stream, caller, &refused(Refusal::InvalidRequest, message)).await;
+            return;
+        }
+    }
     if stream
         .write_all(&attach::line(&Reply::Attached))
         .await
@@ -207,9 +206,9 @@ async fn serve(mut stream: UnixStream, shared: Arc<Shared>) {
     {
         return;
     }
-    let link = match link {
-        Link::Socket(pending) => HostLink::Socket { stream, pending },
-        Link::Stdio(input, output, replay, pending) => HostLink::Stdio {
+    let link = match prepared {
+        Prepared::Socket => HostLink::Socket { stream, pending },
+        Prepared::Stdio(input, output, replay, _) => HostLink::Stdio {
             input,
             output,
             control: stream,
@@ -218,12 +217,6 @@ async fn serve(mut stream: UnixStream, shared: Arc<Shared>) {
         },
     };
     supervisor.attach(link, caller);
-}
-
-/// What a judged request becomes once the client is told.
-enum Link {
-    Socket(Vec<u8>),
-    Stdio(HostInput, HostOutput, Option<serde_json::Value>, Vec<u8>),
 }
 
 async fn refuse(mut stream: UnixStream, caller: Caller, reply: &Reply) {
