@@ -10,8 +10,10 @@
 //! daemon's memory).
 
 use std::io;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::task::Poll;
 
 use serde_json::Value;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
@@ -38,15 +40,24 @@ macro_rules! readable_source {
                 loop {
                     self.readable().await?;
                     buf.reserve(CHUNK);
-                    match self.try_read_buf(buf) {
-                        Ok(n) => return Ok(n),
-                        Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    // One read, as `AsyncRead` makes it: a read shorter
+                    // than the room it had shows the descriptor drained,
+                    // so readiness is cleared then, with no second read
+                    // that could only fail with EAGAIN.
+                    let read = std::future::poll_fn(|cx| {
+                        Poll::Ready(tokio_util::io::poll_read_buf(Pin::new(&mut *self), cx, buf))
+                    })
+                    .await;
+                    match read {
+                        Poll::Ready(Ok(n)) => return Ok(n),
+                        Poll::Ready(Err(e)) if e.kind() == io::ErrorKind::Interrupted => {}
+                        Poll::Ready(Err(e)) => return Err(e),
+                        // Readiness was stale (and is now cleared).
+                        Poll::Pending => {
                             if buf.is_empty() {
                                 *buf = BytesMut::new();
                             }
                         }
-                        Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                        Err(e) => return Err(e),
                     }
                 }
             }

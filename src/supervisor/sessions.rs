@@ -952,15 +952,20 @@ impl Task {
             self.replayed(host);
             return;
         }
-        // A response ends a call being accounted.
-        if message.get("method").is_none()
+        // A response ends a call being accounted: logged once the host
+        // has it, so the log write is not on the answer's way.
+        let record = if message.get("method").is_none()
             && let Some(id) = message.get("id")
             && let Some(h) = self.hosts.get_mut(&host)
-            && let Some(mut record) = h.calls.remove(&id.to_string())
         {
+            h.calls.remove(&id.to_string())
+        } else {
+            None
+        };
+        self.send_bytes(host, line(message));
+        if let Some(mut record) = record {
             record.finish(outcome_of(message));
         }
-        self.send_bytes(host, line(message));
     }
 
     /// What a request gets while the upstream is not established.
@@ -1429,7 +1434,7 @@ impl Task {
                 }
             }
             (Some("notifications/cancelled"), None) => {
-                let theirs = message.pointer("/params/requestId").map(Value::to_string);
+                let theirs = route::at(&message, &["params", "requestId"]).map(Value::to_string);
                 if let Some(theirs) = theirs
                     && let Some(h) = self.hosts.get_mut(&host)
                     && let Some(mut record) = h.calls.remove(&theirs)
@@ -1459,8 +1464,7 @@ impl Task {
             return;
         }
         if name == "tools/call" {
-            let tool = message
-                .pointer("/params/name")
+            let tool = route::at(&message, &["params", "name"])
                 .and_then(Value::as_str)
                 .unwrap_or_default()
                 .to_owned();
@@ -1630,7 +1634,7 @@ fn outcome_of(message: &Value) -> Outcome {
                 .to_owned(),
         );
     }
-    if message.pointer("/result/isError") == Some(&Value::Bool(true)) {
+    if route::at(message, &["result", "isError"]) == Some(&Value::Bool(true)) {
         Outcome::ErrorResult
     } else {
         Outcome::Ok
