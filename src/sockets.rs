@@ -34,6 +34,18 @@ pub fn may_control(instance: Instance, uid: Option<u32>) -> Result<(), String> {
     }
 }
 
+/// [`may_control`] from async code: the group lookup (NSS: files, LDAP,
+/// sssd…) may block, so it runs on the blocking pool, not on a worker that
+/// serves every session; the user instance and root need no lookup.
+pub async fn may_control_async(instance: Instance, uid: Option<u32>) -> Result<(), String> {
+    if instance == Instance::User || uid == Some(0) {
+        return may_control(instance, uid);
+    }
+    tokio::task::spawn_blocking(move || may_control(instance, uid))
+        .await
+        .unwrap_or_else(|e| Err(format!("cannot check the caller: {e}")))
+}
+
 /// Whether `uid` belongs to [`CONTROL_GROUP`] (as its primary group or a
 /// supplementary one).
 pub fn in_control_group(uid: u32) -> bool {

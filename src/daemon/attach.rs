@@ -156,11 +156,7 @@ async fn serve(mut stream: UnixStream, shared: Arc<Shared>) {
     // Who may attach does not depend on the request: nothing of a caller
     // who may not is read.
     let instance = shared.instance;
-    let allowed =
-        tokio::task::spawn_blocking(move || crate::sockets::may_control(instance, caller.uid))
-            .await
-            .unwrap_or_else(|e| Err(format!("cannot check the caller: {e}")));
-    if let Err(why) = allowed {
+    if let Err(why) = crate::sockets::may_control_async(instance, caller.uid).await {
         refuse(stream, caller, &refused(Refusal::AccessDenied, why)).await;
         return;
     }

@@ -202,7 +202,9 @@ pub(crate) async fn authorize(
         // Peer-to-peer: the socket's peer credentials.
         None => conn.peer_creds().await.ok().and_then(|c| c.unix_user_id()),
     };
-    crate::sockets::may_control(shared.instance, uid).map_err(Error::AccessDenied)
+    crate::sockets::may_control_async(shared.instance, uid)
+        .await
+        .map_err(Error::AccessDenied)
 }
 
 /// How long finding a bus caller's credentials may take before the call
