@@ -10,13 +10,14 @@
 //! daemon's memory).
 
 use std::io;
+use std::mem::MaybeUninit;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::task::Poll;
+use std::task::{Context, Poll, Waker};
 
 use serde_json::Value;
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::sync::mpsc;
 use tokio_util::bytes::BytesMut;
 
@@ -39,30 +40,42 @@ macro_rules! readable_source {
             async fn fill(&mut self, buf: &mut BytesMut) -> io::Result<usize> {
                 loop {
                     self.readable().await?;
-                    buf.reserve(CHUNK);
-                    // One read, as `AsyncRead` makes it: a read shorter
-                    // than the room it had shows the descriptor drained,
-                    // so readiness is cleared then, with no second read
-                    // that could only fail with EAGAIN.
-                    let read = std::future::poll_fn(|cx| {
-                        Poll::Ready(tokio_util::io::poll_read_buf(Pin::new(&mut *self), cx, buf))
-                    })
-                    .await;
-                    match read {
-                        Poll::Ready(Ok(n)) => return Ok(n),
+                    match read_now(self, buf) {
                         Poll::Ready(Err(e)) if e.kind() == io::ErrorKind::Interrupted => {}
-                        Poll::Ready(Err(e)) => return Err(e),
+                        Poll::Ready(read) => return read,
                         // Readiness was stale (and is now cleared).
-                        Poll::Pending => {
-                            if buf.is_empty() {
-                                *buf = BytesMut::new();
-                            }
-                        }
+                        Poll::Pending => {}
                     }
                 }
             }
         }
     };
+}
+
+/// One read, now, as `AsyncRead` makes it: a read shorter than the room it
+/// had shows the descriptor drained and clears its readiness, so a message
+/// costs no second read that could only fail with EAGAIN. With a partial
+/// line in `buf` it reads into `buf`; else through the stack, so a reader
+/// allocates only what it read (not a chunk for every message) and holds
+/// nothing once its lines are handled.
+fn read_now<R: AsyncRead + Unpin>(source: &mut R, buf: &mut BytesMut) -> Poll<io::Result<usize>> {
+    // Pending is answered by waiting for readiness again, with the task's
+    // own waker: this poll needs none.
+    let mut cx = Context::from_waker(Waker::noop());
+    if !buf.is_empty() {
+        buf.reserve(CHUNK);
+        return tokio_util::io::poll_read_buf(Pin::new(source), &mut cx, buf);
+    }
+    let mut chunk = [MaybeUninit::<u8>::uninit(); CHUNK];
+    let mut read = ReadBuf::uninit(&mut chunk);
+    match Pin::new(source).poll_read(&mut cx, &mut read) {
+        Poll::Ready(Ok(())) => {
+            buf.extend_from_slice(read.filled());
+            Poll::Ready(Ok(read.filled().len()))
+        }
+        Poll::Ready(Err(e)) => Poll::Ready(Err(e)),
+        Poll::Pending => Poll::Pending,
+    }
 }
 
 readable_source!(tokio::net::unix::pipe::Receiver);
