@@ -163,9 +163,12 @@ pub async fn pump(
         if stderr.readable().await.is_err() {
             break;
         }
-        let mut buf = vec![0u8; CHUNK];
+        // Not zeroed: a zeroed 64 KiB buffer for every line a server
+        // writes cost the daemon more than the session path of a call.
+        let mut buf = Vec::with_capacity(CHUNK);
         loop {
-            let n = match stderr.try_read(&mut buf) {
+            buf.clear();
+            let n = match stderr.try_read_buf(&mut buf) {
                 Ok(0) => break 'read,
                 Ok(n) => n,
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
