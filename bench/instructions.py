@@ -1,0 +1,119 @@
+#!/usr/bin/env python3
+"""Instructions the daemon executes per tool call through `mcpctl bridge`.
+
+Counts with valgrind's callgrind, which counts instructions rather than
+time: the figure repeats run to run whatever else the machine is doing, so
+it can judge a change to the session path that timings on a noisy machine
+cannot. It is not a target of bench/run (valgrind runs the daemon some 50
+times slower); run it before and after a change:
+
+    cargo build --release --bins --examples
+    bench/instructions.py [CALLS]
+
+It starts `mcpd --user --no-bus` under callgrind with one fixture unit
+(`--chatter 0`, logging as bench/run does), attaches one host through
+`mcpctl bridge`, and makes `echo` calls one at a time. It does so twice,
+with 100 and with 100 + CALLS calls (default 1000), and prints the
+difference divided by CALLS: start-up and shutdown cancel out.
+"""
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+RELEASE = os.path.join(ROOT, "target", "release")
+FIXTURE = os.path.join(RELEASE, "examples", "mcp-fixture")
+
+
+def wait_for(what, cond, timeout=60.0):
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > deadline:
+            sys.exit(f"instructions.py: {what} within {timeout:.0f} s: no")
+        time.sleep(0.05)
+
+
+def run(calls):
+    """Total instructions of one daemon run making `calls` calls."""
+    work = tempfile.mkdtemp(prefix="mcpd-instructions-")
+    try:
+        runtime, units, state = (os.path.join(work, d) for d in ("run", "units", "state"))
+        for d in (runtime, units, state):
+            os.mkdir(d, 0o700)
+        with open(os.path.join(units, "u0.kdl"), "w") as f:
+            f.write(f'stdio {{\n    command "{FIXTURE}" "--name" "u0" "--chatter" "0"\n}}\n')
+        env = dict(os.environ, XDG_RUNTIME_DIR=runtime, MCPD_STATE_DIR=state,
+                   MCPD_LOG="info,mcpd::server=warn")
+        env.pop("DBUS_SESSION_BUS_ADDRESS", None)
+        out = os.path.join(work, "callgrind.out")
+        daemon = subprocess.Popen(
+            ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}",
+             os.path.join(RELEASE, "mcpd"), "--user", "--no-bus", "--units", units],
+            env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE, text=True)
+        lines = []
+        threading.Thread(target=lambda: lines.extend(daemon.stderr), daemon=True).start()
+        wait_for("the unit running", lambda: any("running" in l for l in lines))
+        bridge = subprocess.Popen(
+            [os.path.join(RELEASE, "mcpctl"), "--user", "bridge", "u0"],
+            env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, bufsize=0)
+        pending = b""
+
+        def request(n, method, params):
+            nonlocal pending
+            line = {"jsonrpc": "2.0", "id": n, "method": method, "params": params}
+            bridge.stdin.write((json.dumps(line) + "\n").encode())
+            while b"\n" not in pending:
+                chunk = bridge.stdout.read(65536)
+                if not chunk:
+                    sys.exit("instructions.py: the bridge closed its stdout")
+                pending += chunk
+            answer, pending = pending.split(b"\n", 1)
+            return json.loads(answer)
+
+        request(0, "initialize", {"protocolVersion": "2025-06-18", "capabilities": {},
+                                  "clientInfo": {"name": "instructions", "version": "1"}})
+        bridge.stdin.write(b'{"jsonrpc":"2.0","method":"notifications/initialized"}\n')
+        for n in range(1, calls + 1):
+            answer = request(n, "tools/call", {"name": "echo", "arguments": {"text": "x"}})
+            if "result" not in answer:
+                sys.exit(f"instructions.py: {answer}")
+        bridge.stdin.close()
+        bridge.wait(timeout=30)
+        daemon.terminate()
+        daemon.wait(timeout=120)
+        total = 0
+        for name in os.listdir(work):
+            if name.startswith("callgrind.out"):
+                with open(os.path.join(work, name)) as f:
+                    for line in f:
+                        m = re.match(r"(?:summary|totals): (\d+)", line)
+                        if m:
+                            total += int(m.group(1))
+                            break
+        return total
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def main():
+    calls = int(sys.argv[1]) if len(sys.argv) > 1 else 1000
+    if not shutil.which("valgrind"):
+        sys.exit("instructions.py: valgrind is not installed")
+    for binary in (FIXTURE, os.path.join(RELEASE, "mcpd"), os.path.join(RELEASE, "mcpctl")):
+        if not os.access(binary, os.X_OK):
+            sys.exit(f"instructions.py: {binary} is missing (cargo build --release --bins --examples)")
+    base, more = run(100), run(100 + calls)
+    print(f"daemon instructions per bridged tools/call: {(more - base) / calls:,.0f}"
+          f" (callgrind, {calls} calls)")
+
+
+if __name__ == "__main__":
+    main()
