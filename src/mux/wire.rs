@@ -10,14 +10,11 @@
 //! daemon's memory).
 
 use std::io;
-use std::mem::MaybeUninit;
-use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::task::{Context, Poll, Waker};
 
 use serde_json::Value;
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, Interest};
 use tokio::sync::mpsc;
 use tokio_util::bytes::BytesMut;
 
@@ -26,6 +23,11 @@ pub const MAX_LINE: usize = 16 * 1024 * 1024;
 
 /// How much a read takes at once.
 const CHUNK: usize = 8 * 1024;
+
+/// How much the first read of a message takes: most messages are smaller,
+/// and glibc's malloc sweeps its free lists for any request of 1 KiB or
+/// more (a chunk reserved for every message did that every time).
+const FIRST_READ: usize = 512;
 
 /// Something lines are read from.
 pub trait Source: Send + 'static {
@@ -40,11 +42,19 @@ macro_rules! readable_source {
             async fn fill(&mut self, buf: &mut BytesMut) -> io::Result<usize> {
                 loop {
                     self.readable().await?;
-                    match read_now(self, buf) {
-                        Poll::Ready(Err(e)) if e.kind() == io::ErrorKind::Interrupted => {}
-                        Poll::Ready(read) => return read,
+                    // Most messages are small: a first read takes little,
+                    // and a partial line grows a chunk at a time.
+                    buf.reserve(if buf.is_empty() { FIRST_READ } else { CHUNK });
+                    match self.drain(buf) {
+                        Ok(n) => return Ok(n),
                         // Readiness was stale (and is now cleared).
-                        Poll::Pending => {}
+                        Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                            if buf.is_empty() {
+                                *buf = BytesMut::new();
+                            }
+                        }
+                        Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                        Err(e) => return Err(e),
                     }
                 }
             }
@@ -52,29 +62,56 @@ macro_rules! readable_source {
     };
 }
 
-/// One read, now, as `AsyncRead` makes it: a read shorter than the room it
-/// had shows the descriptor drained and clears its readiness, so a message
-/// costs no second read that could only fail with EAGAIN. With a partial
-/// line in `buf` it reads into `buf`; else through the stack, so a reader
-/// allocates only what it read (not a chunk for every message) and holds
-/// nothing once its lines are handled.
-fn read_now<R: AsyncRead + Unpin>(source: &mut R, buf: &mut BytesMut) -> Poll<io::Result<usize>> {
-    // Pending is answered by waiting for readiness again, with the task's
-    // own waker: this poll needs none.
-    let mut cx = Context::from_waker(Waker::noop());
-    if !buf.is_empty() {
-        buf.reserve(CHUNK);
-        return tokio_util::io::poll_read_buf(Pin::new(source), &mut cx, buf);
-    }
-    let mut chunk = [MaybeUninit::<u8>::uninit(); CHUNK];
-    let mut read = ReadBuf::uninit(&mut chunk);
-    match Pin::new(source).poll_read(&mut cx, &mut read) {
-        Poll::Ready(Ok(())) => {
-            buf.extend_from_slice(read.filled());
-            Poll::Ready(Ok(read.filled().len()))
+/// A read that leaves no stale readiness behind.
+trait Drain {
+    /// Reads what is there into `buf`'s spare room. A read shorter than
+    /// the room shows the descriptor drained, so its readiness is cleared
+    /// then (as after EAGAIN), and a message costs one read, not a second
+    /// that could only fail.
+    fn drain(&self, buf: &mut BytesMut) -> io::Result<usize>;
+}
+
+/// [`Drain::drain`] through `try_io`, which clears readiness when its
+/// closure says WouldBlock.
+fn drain_with(
+    buf: &mut BytesMut,
+    read: impl Fn(&mut BytesMut) -> io::Result<usize>,
+    try_io: impl FnOnce(&mut dyn FnMut() -> io::Result<usize>) -> io::Result<usize>,
+) -> io::Result<usize> {
+    let room = buf.capacity() - buf.len();
+    let mut got = None;
+    let outcome = try_io(&mut || {
+        let n = read(buf)?;
+        got = Some(n);
+        if n < room {
+            Err(io::ErrorKind::WouldBlock.into())
+        } else {
+            Ok(n)
         }
-        Poll::Ready(Err(e)) => Poll::Ready(Err(e)),
-        Poll::Pending => Poll::Pending,
+    });
+    got.map_or(outcome, Ok)
+}
+
+impl Drain for tokio::net::unix::pipe::Receiver {
+    fn drain(&self, buf: &mut BytesMut) -> io::Result<usize> {
+        drain_with(buf, |b| self.try_read_buf(b), |f| self.try_io(f))
+    }
+}
+
+impl Drain for tokio::net::UnixStream {
+    fn drain(&self, buf: &mut BytesMut) -> io::Result<usize> {
+        drain_with(
+            buf,
+            |b| self.try_read_buf(b),
+            |f| self.try_io(Interest::READABLE, f),
+        )
+    }
+}
+
+impl Drain for tokio::net::unix::OwnedReadHalf {
+    fn drain(&self, buf: &mut BytesMut) -> io::Result<usize> {
+        let stream: &tokio::net::UnixStream = self.as_ref();
+        stream.drain(buf)
     }
 }
 
@@ -586,6 +623,8 @@ impl Wire {
 
 #[cfg(test)]
 mod tests {
+    use std::task::Poll;
+
     use super::*;
     use tokio::net::unix::pipe;
 
@@ -674,6 +713,32 @@ mod tests {
         assert_eq!(lines.buffered(), 0, "idle: no buffer held");
         drop(writer.await.expect("writer"));
         assert_eq!(lines.next().await, None, "end of file ends the stream");
+    }
+
+    #[tokio::test]
+    async fn a_short_read_clears_readiness_and_keeps_only_the_bytes_read() {
+        let (mut w, mut rx) = pipe::pipe().expect("pipe");
+        w.write_all(b"{\"jsonrpc\"").await.expect("write");
+        let mut buf = BytesMut::new();
+        assert_eq!(rx.fill(&mut buf).await.expect("read"), 10);
+        assert!(
+            buf.capacity() < 1024,
+            "a chunk was kept: {}",
+            buf.capacity()
+        );
+        // The read came back short: the pipe is drained, so waiting for it
+        // to be readable waits (no second read that could only fail).
+        {
+            let mut readable = std::pin::pin!(rx.readable());
+            let now = std::future::poll_fn(|cx| Poll::Ready(readable.as_mut().poll(cx))).await;
+            assert!(
+                now.is_pending(),
+                "readiness was left set after a short read"
+            );
+        }
+        w.write_all(b":\"2.0\"}\n").await.expect("write");
+        assert_eq!(rx.fill(&mut buf).await.expect("read"), 8);
+        assert_eq!(&buf[..], b"{\"jsonrpc\":\"2.0\"}\n");
     }
 
     #[tokio::test]
