@@ -63,7 +63,7 @@ macro_rules! readable_source {
 }
 
 /// A read that leaves no stale readiness behind.
-trait Drain {
+pub trait Drain {
     /// Reads what is there into `buf`'s spare room. A read shorter than
     /// the room shows the descriptor drained, so its readiness is cleared
     /// then (as after EAGAIN), and a message costs one read, not a second

@@ -6,6 +6,9 @@ use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
+use tokio_util::bytes::BytesMut;
+
+use crate::mux::wire::Drain;
 use crate::unit::RateLimit;
 
 /// Lines kept per server.
@@ -156,6 +159,11 @@ pub async fn pump(
     log: impl Fn(&str, bool),
 ) {
     const CHUNK: usize = 64 * 1024;
+    // Most wake-ups bring a line or two. Not zeroed: a zeroed 64 KiB
+    // buffer for every line a server writes cost the daemon more than the
+    // session path of a call; and small, as glibc sweeps its free lists
+    // for a request of 1 KiB or more.
+    const FIRST_READ: usize = 512;
     let mut partial: Vec<u8> = Vec::new();
     let mut ends: Vec<usize> = Vec::new();
     let mut flooding = false;
@@ -163,59 +171,38 @@ pub async fn pump(
         if stderr.readable().await.is_err() {
             break;
         }
-        // Not zeroed: a zeroed 64 KiB buffer for every line a server
-        // writes cost the daemon more than the session path of a call.
-        let mut buf = Vec::with_capacity(CHUNK);
+        let mut buf = BytesMut::with_capacity(FIRST_READ);
         loop {
             buf.clear();
-            let n = match stderr.try_read_buf(&mut buf) {
+            let room = buf.capacity();
+            // A read shorter than its room drained the pipe, and cleared
+            // its readiness: no second read to learn that.
+            let n = match stderr.drain(&mut buf) {
                 Ok(0) => break 'read,
                 Ok(n) => n,
-                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                    let over = ring.over(Instant::now());
-                    if over != flooding {
-                        flooding = over;
-                        let size = if over { FLOOD_PIPE } else { PIPE };
-                        let _ = rustix::pipe::fcntl_setpipe_size(&stderr, size);
-                    }
-                    if over {
-                        drop(buf);
-                        tokio::time::sleep(FLOOD_PACE).await;
-                    }
-                    break;
-                }
+                // Readiness was stale (and is now cleared).
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => 0,
                 Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
                 Err(_) => break 'read,
             };
-            let chunk = &buf[..n];
-            ends.clear();
-            ends.extend(memchr::memchr_iter(b'\n', chunk));
-            let lines = ends.len();
-            // Only the newest lines of a chunk can stay in the ring.
-            let keep_from = lines.saturating_sub(CAPACITY);
-            let now = Instant::now();
-            let mut start = 0;
-            // One lock for the chunk, not one per line.
-            let Ok(mut limiter) = ring.limiter.lock() else {
+            if !lines(&buf[..n], &mut partial, &mut ends, &ring, &log) {
                 break 'read;
-            };
-            for (i, &end) in ends.iter().enumerate() {
-                let piece = &chunk[start..end];
-                start = end + 1;
-                let line: &[u8] = if partial.is_empty() {
-                    piece
-                } else {
-                    partial.extend_from_slice(piece);
-                    &partial
-                };
-                ring.line(&mut limiter, line, now, i >= keep_from, &log);
-                partial.clear();
             }
-            partial.extend_from_slice(&chunk[start..]);
-            if partial.len() >= MAX_READ_LINE {
-                ring.line(&mut limiter, &partial, now, true, &log);
-                partial.clear();
+            if n < room {
+                let over = ring.over(Instant::now());
+                if over != flooding {
+                    flooding = over;
+                    let size = if over { FLOOD_PIPE } else { PIPE };
+                    let _ = rustix::pipe::fcntl_setpipe_size(&stderr, size);
+                }
+                if over {
+                    drop(buf);
+                    tokio::time::sleep(FLOOD_PACE).await;
+                }
+                break;
             }
+            buf.clear();
+            buf.reserve(CHUNK);
         }
     }
     if !partial.is_empty()
@@ -230,6 +217,48 @@ pub async fn pump(
     if let Some(n) = suppressed {
         log(&suppressed_line(n, limit), true);
     }
+}
+
+/// The lines of one chunk read (and of the `partial` line before it) into
+/// the ring and the log; `false` once the ring is unusable (poisoned).
+fn lines(
+    chunk: &[u8],
+    partial: &mut Vec<u8>,
+    ends: &mut Vec<usize>,
+    ring: &LogRing,
+    log: &impl Fn(&str, bool),
+) -> bool {
+    if chunk.is_empty() {
+        return true;
+    }
+    ends.clear();
+    ends.extend(memchr::memchr_iter(b'\n', chunk));
+    // Only the newest lines of a chunk can stay in the ring.
+    let keep_from = ends.len().saturating_sub(CAPACITY);
+    let now = Instant::now();
+    // One lock for the chunk, not one per line.
+    let Ok(mut limiter) = ring.limiter.lock() else {
+        return false;
+    };
+    let mut start = 0;
+    for (i, &end) in ends.iter().enumerate() {
+        let piece = &chunk[start..end];
+        start = end + 1;
+        let line: &[u8] = if partial.is_empty() {
+            piece
+        } else {
+            partial.extend_from_slice(piece);
+            partial
+        };
+        ring.line(&mut limiter, line, now, i >= keep_from, log);
+        partial.clear();
+    }
+    partial.extend_from_slice(&chunk[start..]);
+    if partial.len() >= MAX_READ_LINE {
+        ring.line(&mut limiter, partial, now, true, log);
+        partial.clear();
+    }
+    true
 }
 
 impl LogRing {
