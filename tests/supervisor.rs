@@ -6,7 +6,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use mcpd::supervisor::process::Host;
-use mcpd::supervisor::{CallError, ExitStatus, LogRing, State, Status, Supervisor, SystemLauncher};
+use mcpd::supervisor::{
+    CallError, ExitStatus, ListKind, LogRing, State, Status, Supervisor, SystemLauncher,
+};
 use mcpd::unit::spec::{ReconnectDraft, StdioDraft};
 use mcpd::unit::{Instance, UnitDraft, UnitSpec};
 use tokio::sync::watch;
@@ -786,6 +788,21 @@ async fn a_dead_http_server_is_noticed_on_the_next_call_and_reconnected() {
     let url = format!("http://127.0.0.1:{port}/mcp");
     let mut r = spawn("remote2", http_unit(&url, "t", reconnect(50, 200, 1000)));
     let first = r.until("running", |s| s.state == State::Running).await;
+    // mcpd reads the resource lists once running: done before the server
+    // dies, so the call below is what meets the dead server (on a loaded
+    // machine a late list read could, and the call would find the
+    // connection already lost).
+    let mut lists = r.sup.subscribe_lists();
+    tokio::time::timeout(BOUND, async {
+        while [ListKind::Resources, ListKind::Templates]
+            .into_iter()
+            .any(|kind| r.sup.list(kind).is_none())
+        {
+            lists.changed().await.expect("the sessions run");
+        }
+    })
+    .await
+    .expect("the resource lists read in time");
     let _ = server.kill().await;
     let _ = server.wait().await;
     let err = r
