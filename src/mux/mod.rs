@@ -5,10 +5,12 @@
 //! Reading order: [`route`], the pure routing core (ids and progress
 //! tokens, who answers a server→client request, subscriptions, log levels,
 //! detach and outage cleanup), table-tested like the supervisor's machine;
-//! [`wire`], the framing; [`attach`], the attach socket's protocol. The
+//! [`message`], a message kept as its members' JSON text; [`wire`], the
+//! framing; [`attach`], the attach socket's protocol. The
 //! session layer that runs the router (`initialize`, the cached lists
 //! through outages) is `supervisor::sessions`.
 
 pub mod attach;
+pub mod message;
 pub mod route;
 pub mod wire;

@@ -2,9 +2,10 @@
 //! one upstream session per generation.
 //!
 //! No I/O, no tasks, no clock: the session layer hands [`Router`] every
-//! JSON-RPC message a host or the server sends (already parsed, as
-//! `serde_json::Value`, so unknown methods and fields pass unchanged) and
-//! sends the [`Out`]s it returns. The router intervenes only where sharing
+//! JSON-RPC message a host or the server sends (already read, as a
+//! [`Message`]: its members' text, so unknown methods and fields pass
+//! unchanged and what is not rewritten is not parsed) and sends the
+//! [`Out`]s it returns. The router intervenes only where sharing
 //! one upstream demands it:
 //!
 //! - request ids and progress tokens are rewritten per host, so answers,
@@ -34,6 +35,8 @@ use std::fmt;
 use std::str::FromStr;
 
 use serde_json::{Value, json};
+
+use super::message::Message;
 
 /// A host session, numbered by the session layer.
 pub type HostId = u64;
@@ -141,14 +144,14 @@ pub const DEFAULT_LEVEL: Level = Level::Info;
 #[derive(Debug, Clone, PartialEq)]
 pub enum Out {
     /// To the server, on the upstream session.
-    Server(Value),
+    Server(Message),
     /// To one host session.
-    Host(HostId, Value),
+    Host(HostId, Message),
     /// The upstream is not established: answer the host's request `id`
     /// with the outage error (state and next retry, DESIGN §3).
     Down { host: HostId, id: Value },
     /// The server's answer to mcpd's own request [`Router::request`] `id`.
-    Answer(u64, Value),
+    Answer(u64, Message),
     /// mcpd's own request `id` gets no answer: the upstream is not
     /// established, or ended.
     Unanswered(u64),
@@ -216,19 +219,15 @@ pub struct Router {
     /// Requests are held while the upstream is down ([`Router::hold`]).
     hold: bool,
     /// Held requests, in arrival order: upstream id, rewritten message.
-    held: Vec<(u64, Value)>,
+    held: Vec<(u64, Message)>,
 }
 
-fn response(id: &Value, result: Value) -> Value {
-    json!({"jsonrpc": "2.0", "id": id, "result": result})
+fn response(id: &Value, result: Value) -> Message {
+    json!({"jsonrpc": "2.0", "id": id, "result": result}).into()
 }
 
-fn error(id: &Value, code: i64, message: impl Into<String>) -> Value {
-    json!({"jsonrpc": "2.0", "id": id, "error": {"code": code, "message": message.into()}})
-}
-
-fn method(msg: &Value) -> Option<&str> {
-    msg.get("method").and_then(Value::as_str)
+fn error(id: &Value, code: i64, message: impl Into<String>) -> Message {
+    json!({"jsonrpc": "2.0", "id": id, "error": {"code": code, "message": message.into()}}).into()
 }
 
 /// The value at `path` (object keys) in `value`: `Value::pointer` without
@@ -237,12 +236,33 @@ pub fn at<'a>(value: &'a Value, path: &[&str]) -> Option<&'a Value> {
     path.iter().try_fold(value, |v, key| v.get(key))
 }
 
-/// Sets `params.key`; a message whose params are not an object is left
-/// as it is (a lookup through it found nothing to rewrite anyway).
-fn set_param(msg: &mut Value, key: &str, value: Value) {
-    if let Some(params) = msg.get_mut("params").and_then(Value::as_object_mut) {
-        params.insert(key.to_owned(), value);
+/// Sets `params.key` (`params` as [`param`] read them); a message whose
+/// params are not an object is left as it is (a lookup through it found
+/// nothing to rewrite anyway).
+fn set_param(msg: &mut Message, params: Option<Value>, key: &str, value: Value) {
+    if let Some(mut params) = params
+        && let Some(object) = params.as_object_mut()
+    {
+        object.insert(key.to_owned(), value);
+        msg.set("params", &params);
     }
+}
+
+/// `params.key` of `msg` (null if absent), and the params parsed: for the
+/// few messages whose params are read or rewritten.
+fn param(msg: &Message, key: &str) -> (Option<Value>, Value) {
+    let params = msg.params();
+    let value = params
+        .as_ref()
+        .and_then(|p| p.get(key))
+        .cloned()
+        .unwrap_or(Value::Null);
+    (params, value)
+}
+
+/// Takes the message out of `msg` (leaving an empty one).
+fn take(msg: &mut Message) -> Message {
+    std::mem::replace(msg, Message::from(json!({})))
 }
 
 impl Router {
@@ -282,7 +302,7 @@ impl Router {
             },
         );
         out.push(Out::Server(
-            json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params}),
+            json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params}).into(),
         ));
     }
 
@@ -302,12 +322,12 @@ impl Router {
             },
         );
         let msg = json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params});
-        (id, self.send_or_hold(id, msg))
+        (id, self.send_or_hold(id, msg.into()))
     }
 
     /// Sends `msg` (upstream id `id`) now, or holds it until the upstream
     /// is ready.
-    fn send_or_hold(&mut self, id: u64, msg: Value) -> Vec<Out> {
+    fn send_or_hold(&mut self, id: u64, msg: Message) -> Vec<Out> {
         if self.up {
             vec![Out::Server(msg)]
         } else {
@@ -354,11 +374,14 @@ impl Router {
                 owner: Owner::Own, ..
             }) => {
                 self.forget(id);
-                vec![Out::Server(json!({
-                    "jsonrpc": "2.0",
-                    "method": "notifications/cancelled",
-                    "params": {"requestId": id, "reason": "the caller left"},
-                }))]
+                vec![Out::Server(
+                    json!({
+                        "jsonrpc": "2.0",
+                        "method": "notifications/cancelled",
+                        "params": {"requestId": id, "reason": "the caller left"},
+                    })
+                    .into(),
+                )]
             }
             _ => Vec::new(),
         }
@@ -394,26 +417,19 @@ impl Router {
     }
 
     /// A message from host `host`.
-    pub fn from_host(&mut self, host: HostId, mut msg: Value) -> Vec<Out> {
+    pub fn from_host(&mut self, host: HostId, msg: impl Into<Message>) -> Vec<Out> {
+        let mut msg = msg.into();
         let mut out = Vec::new();
         if !self.hosts.contains_key(&host) {
             return out;
         }
-        let Some(object) = msg.as_object() else {
-            out.push(Out::Host(
-                host,
-                error(
-                    &Value::Null,
-                    INVALID_REQUEST,
-                    "expected a JSON-RPC message object",
-                ),
-            ));
-            return out;
-        };
         // JSON-RPC allows a null id only in error responses; MCP ids are
         // strings or numbers.
-        let id = object.get("id").cloned().filter(|id| !id.is_null());
-        if object.get("id").is_some_and(Value::is_null) && method(&msg).is_some() {
+        let raw_id = msg.id();
+        let null_id = raw_id.as_ref().is_some_and(Value::is_null);
+        let id = raw_id.filter(|id| !id.is_null());
+        let method = msg.method().map(|m| m.into_owned());
+        if null_id && method.is_some() {
             out.push(Out::Host(
                 host,
                 error(
@@ -424,7 +440,7 @@ impl Router {
             ));
             return out;
         }
-        match (method(&msg).map(str::to_owned), id) {
+        match (method, id) {
             // A request.
             (Some(name), Some(id)) => self.host_request(host, &name, id, &mut msg, &mut out),
             // A notification.
@@ -435,7 +451,7 @@ impl Router {
                     .as_u64()
                     .and_then(|down| self.asked.remove(&(host, down)));
                 if let Some(asked) = asked {
-                    msg["id"] = asked.server_id;
+                    msg.set("id", &asked.server_id);
                     out.push(Out::Server(msg));
                 }
                 // An answer to a request nobody made: dropped.
@@ -457,7 +473,7 @@ impl Router {
         host: HostId,
         name: &str,
         id: Value,
-        msg: &mut Value,
+        msg: &mut Message,
         out: &mut Vec<Out>,
     ) {
         if self.inflight.contains_key(&(host, id.to_string())) {
@@ -481,7 +497,8 @@ impl Router {
                 return;
             }
             "logging/setLevel" => {
-                let level = msg["params"]["level"].as_str().map(Level::from_str);
+                let (_, level) = param(msg, "level");
+                let level = level.as_str().map(Level::from_str);
                 match level {
                     Some(Ok(level)) => {
                         if let Some(h) = self.hosts.get_mut(&host) {
@@ -498,7 +515,8 @@ impl Router {
                 return;
             }
             "resources/subscribe" | "resources/unsubscribe" => {
-                let Some(uri) = msg["params"]["uri"].as_str().map(str::to_owned) else {
+                let (_, uri) = param(msg, "uri");
+                let Some(uri) = uri.as_str().map(str::to_owned) else {
                     out.push(Out::Host(
                         host,
                         error(&id, -32602, format!("{name} needs a `uri`")),
@@ -529,14 +547,19 @@ impl Router {
             return;
         }
         let up_id = self.fresh_id();
-        let token = at(msg, &["params", "_meta", "progressToken"])
-            .cloned()
-            .map(|theirs| {
-                let ours = self.fresh_id();
-                self.tokens.insert(ours, (host, theirs));
-                msg["params"]["_meta"]["progressToken"] = json!(ours);
-                ours
-            });
+        // Params are parsed only when they may hold a token.
+        let token = if msg.may_hold("params", "progressToken")
+            && let Some(mut params) = msg.params()
+            && let Some(theirs) = at(&params, &["_meta", "progressToken"]).cloned()
+        {
+            let ours = self.fresh_id();
+            self.tokens.insert(ours, (host, theirs));
+            params["_meta"]["progressToken"] = json!(ours);
+            msg.set("params", &params);
+            Some(ours)
+        } else {
+            None
+        };
         self.inflight.insert((host, id.to_string()), up_id);
         if let Some(h) = self.hosts.get_mut(&host) {
             h.busy += 1;
@@ -548,30 +571,36 @@ impl Router {
                 token,
             },
         );
-        msg["id"] = json!(up_id);
-        let sent = self.send_or_hold(up_id, msg.take());
+        msg.set("id", &up_id);
+        let sent = self.send_or_hold(up_id, take(msg));
         out.extend(sent);
     }
 
-    fn host_notification(&mut self, host: HostId, name: &str, msg: &mut Value, out: &mut Vec<Out>) {
+    fn host_notification(
+        &mut self,
+        host: HostId,
+        name: &str,
+        msg: &mut Message,
+        out: &mut Vec<Out>,
+    ) {
         match name {
             // The upstream was initialized by mcpd.
             "notifications/initialized" => {}
             "notifications/cancelled" => {
-                let theirs = msg["params"]["requestId"].to_string();
-                if let Some(up) = self.inflight.get(&(host, theirs)).copied() {
+                let (params, theirs) = param(msg, "requestId");
+                if let Some(up) = self.inflight.get(&(host, theirs.to_string())).copied() {
                     // The server will not answer a cancelled request (and
                     // a held one is never sent).
                     self.forget(up);
                     if self.up {
-                        set_param(msg, "requestId", json!(up));
-                        out.push(Out::Server(msg.take()));
+                        set_param(msg, params, "requestId", json!(up));
+                        out.push(Out::Server(take(msg)));
                     }
                 }
             }
             _ => {
                 if self.up {
-                    out.push(Out::Server(msg.take()));
+                    out.push(Out::Server(take(msg)));
                 }
             }
         }
@@ -596,20 +625,22 @@ impl Router {
     }
 
     /// A message from the server on the upstream session.
-    pub fn from_server(&mut self, mut msg: Value) -> Vec<Out> {
+    pub fn from_server(&mut self, msg: impl Into<Message>) -> Vec<Out> {
+        let mut msg = msg.into();
         let mut out = Vec::new();
-        if msg.get("id").is_some_and(Value::is_null) {
+        let id = msg.id();
+        if id.as_ref().is_some_and(Value::is_null) {
             // Not a request (MCP ids are strings or numbers), and an error
             // about something unparseable belongs to nobody.
             return out;
         }
-        let id = msg.get("id").cloned();
-        match (method(&msg).map(str::to_owned), id) {
+        let method = msg.method().map(|m| m.into_owned());
+        match (method, id) {
             (None, Some(id)) => {
                 let Some(up) = id.as_u64() else { return out };
                 match self.forget(up).map(|p| p.owner) {
                     Some(Owner::Host { host, id }) => {
-                        msg["id"] = id;
+                        msg.set("id", &id);
                         out.push(Out::Host(host, msg));
                     }
                     Some(Owner::Own) => out.push(Out::Answer(up, msg)),
@@ -670,7 +701,7 @@ impl Router {
         }
     }
 
-    fn server_request(&mut self, name: &str, id: Value, mut msg: Value, out: &mut Vec<Out>) {
+    fn server_request(&mut self, name: &str, id: Value, mut msg: Message, out: &mut Vec<Out>) {
         if name == "ping" {
             out.push(Out::Server(response(&id, json!({}))));
             return;
@@ -685,37 +716,39 @@ impl Router {
                         method: name.to_owned(),
                     },
                 );
-                msg["id"] = json!(down);
+                msg.set("id", &down);
                 out.push(Out::Host(host, msg));
             }
             Err(why) => out.push(Out::Server(error(&id, METHOD_NOT_FOUND, why))),
         }
     }
 
-    fn server_notification(&mut self, name: &str, mut msg: Value, out: &mut Vec<Out>) {
+    fn server_notification(&mut self, name: &str, mut msg: Message, out: &mut Vec<Out>) {
         match name {
             "notifications/progress" => {
-                let token = msg["params"]["progressToken"].as_u64();
-                if let Some((host, theirs)) = token.and_then(|t| self.tokens.get(&t)).cloned() {
-                    set_param(&mut msg, "progressToken", theirs);
+                let (params, token) = param(&msg, "progressToken");
+                let owner = token.as_u64().and_then(|t| self.tokens.get(&t)).cloned();
+                if let Some((host, theirs)) = owner {
+                    set_param(&mut msg, params, "progressToken", theirs);
                     out.push(Out::Host(host, msg));
                 }
             }
             "notifications/cancelled" => {
                 // The server withdraws a request it handed a host.
-                let theirs = msg["params"]["requestId"].clone();
+                let (params, theirs) = param(&msg, "requestId");
                 let found = self
                     .asked
                     .iter()
                     .find_map(|(key, a)| (a.server_id == theirs).then_some(*key));
                 if let Some((host, down)) = found {
                     self.asked.remove(&(host, down));
-                    set_param(&mut msg, "requestId", json!(down));
+                    set_param(&mut msg, params, "requestId", json!(down));
                     out.push(Out::Host(host, msg));
                 }
             }
             "notifications/message" => {
-                let level = msg["params"]["level"].as_str().map(Level::from_str);
+                let (_, level) = param(&msg, "level");
+                let level = level.as_str().map(Level::from_str);
                 let floor_default = self.upstream_level.map(|_| DEFAULT_LEVEL);
                 for (id, host) in &self.hosts {
                     let floor = host.level.or(floor_default);
@@ -731,7 +764,8 @@ impl Router {
                 }
             }
             "notifications/resources/updated" => {
-                let uri = msg["params"]["uri"].as_str().unwrap_or_default();
+                let (_, uri) = param(&msg, "uri");
+                let uri = uri.as_str().unwrap_or_default();
                 for host in self.subscriptions.get(uri).into_iter().flatten() {
                     out.push(Out::Host(*host, msg.clone()));
                 }
@@ -762,11 +796,14 @@ impl Router {
         for up in mine {
             self.forget(up);
             if self.up {
-                out.push(Out::Server(json!({
-                    "jsonrpc": "2.0",
-                    "method": "notifications/cancelled",
-                    "params": {"requestId": up, "reason": "the host disconnected"},
-                })));
+                out.push(Out::Server(
+                    json!({
+                        "jsonrpc": "2.0",
+                        "method": "notifications/cancelled",
+                        "params": {"requestId": up, "reason": "the host disconnected"},
+                    })
+                    .into(),
+                ));
             }
         }
         let mut asked: Vec<(HostId, u64)> = self
@@ -837,7 +874,8 @@ impl Router {
                         "jsonrpc": "2.0",
                         "method": "notifications/cancelled",
                         "params": {"requestId": down, "reason": "the server connection was lost"},
-                    }),
+                    })
+                    .into(),
                 )
             }))
             .collect()

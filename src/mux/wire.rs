@@ -1,4 +1,4 @@
-//! JSON-RPC on the wire, as `serde_json::Value`s: the framing of stdio
+//! JSON-RPC on the wire, as [`Message`]s: the framing of stdio
 //! (newline-delimited messages) shared by the upstream pipes and the host
 //! sessions' sockets, and [`Wire`], a connection to a server that carries
 //! whatever JSON-RPC it says, unknown methods and fields included.
@@ -14,6 +14,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use serde_json::Value;
+
+use super::message::Message;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, Interest};
 use tokio::sync::mpsc;
 use tokio_util::bytes::BytesMut;
@@ -139,7 +141,7 @@ impl<R: AsyncRead + Unpin + Send + 'static> Source for Stream<R> {
 pub enum Frame {
     /// A JSON object: a message (whether it is a valid one is for the
     /// router to say).
-    Message(Value),
+    Message(Message),
     /// A line that is not a JSON object: why.
     Garbage(String),
     /// A line longer than [`MAX_LINE`] (dropped).
@@ -228,13 +230,9 @@ impl<S: Source> Lines<S> {
             if text.iter().all(u8::is_ascii_whitespace) {
                 continue;
             }
-            return Some(match serde_json::from_slice::<Value>(text) {
-                Ok(value @ Value::Object(_)) => Frame::Message(value),
-                Ok(Value::Array(_)) => {
-                    Frame::Garbage("JSON-RPC batches are not part of MCP (since 2025-06-18)".into())
-                }
-                Ok(_) => Frame::Garbage("expected a JSON-RPC message object".into()),
-                Err(e) => Frame::Garbage(format!("not JSON: {e}")),
+            return Some(match Message::parse(text) {
+                Ok(message) => Frame::Message(message),
+                Err(why) => Frame::Garbage(why.to_string()),
             });
         }
     }
@@ -429,7 +427,7 @@ pub struct Sender(SenderKind);
 #[derive(Debug, Clone)]
 enum SenderKind {
     /// To a task that serializes and writes them.
-    Values(mpsc::UnboundedSender<Value>),
+    Values(mpsc::UnboundedSender<Message>),
     /// Written at once where possible (the child's stdin).
     Pipe(Arc<Outbox<tokio::net::unix::pipe::Sender>>),
 }
@@ -439,16 +437,16 @@ enum SenderKind {
 pub struct Closed;
 
 impl Sender {
-    pub fn send(&self, message: Value) -> Result<(), Closed> {
+    pub fn send(&self, message: Message) -> Result<(), Closed> {
         match &self.0 {
             SenderKind::Values(tx) => tx.send(message).map_err(|_| Closed),
-            SenderKind::Pipe(outbox) => outbox.send(line(&message)).map_err(|_| Closed),
+            SenderKind::Pipe(outbox) => outbox.send(message.line()).map_err(|_| Closed),
         }
     }
 }
 
 /// What a server connection reports.
-pub type Incoming = Result<Value, String>;
+pub type Incoming = Result<Message, String>;
 
 /// Reads a server's lines into `incoming` until the end of file, or until
 /// nobody listens.
@@ -497,7 +495,7 @@ impl Wire {
         S: Source,
         W: AsyncWrite + Unpin + Send + 'static,
     {
-        let (tx, mut outgoing) = mpsc::unbounded_channel::<Value>();
+        let (tx, mut outgoing) = mpsc::unbounded_channel::<Message>();
         let (incoming, rx) = mpsc::unbounded_channel();
         // The writer reports a failed write without keeping the connection
         // open once the reader has seen the end.
@@ -506,7 +504,7 @@ impl Wire {
         tokio::spawn(async move {
             let mut sink = sink;
             while let Some(message) = outgoing.recv().await {
-                let bytes = line(&message);
+                let bytes = message.line();
                 let written = async {
                     sink.write_all(&bytes).await?;
                     sink.flush().await
@@ -555,7 +553,7 @@ impl Wire {
         T: rmcp::transport::Transport<rmcp::RoleClient> + Send + 'static,
     {
         use rmcp::model::ClientJsonRpcMessage;
-        let (tx, mut outgoing) = mpsc::unbounded_channel::<Value>();
+        let (tx, mut outgoing) = mpsc::unbounded_channel::<Message>();
         let (incoming, rx) = mpsc::unbounded_channel();
         tokio::spawn(async move {
             let mut transport = transport;
@@ -563,6 +561,7 @@ impl Wire {
                 tokio::select! {
                     message = outgoing.recv() => {
                         let Some(message) = message else { break };
+                        let message = message.to_value();
                         let typed = match serde_json::from_value::<ClientJsonRpcMessage>(message.clone()) {
                             Ok(typed) => typed,
                             Err(e) => {
@@ -572,7 +571,7 @@ impl Wire {
                                     let _ = incoming.send(Ok(serde_json::json!({
                                         "jsonrpc": "2.0", "id": id,
                                         "error": {"code": -32602, "message": format!("mcpd cannot send this request over HTTP: {e}")},
-                                    })));
+                                    }).into()));
                                 }
                                 continue;
                             }
@@ -602,7 +601,7 @@ impl Wire {
                     message = transport.receive() => match message {
                         Some(message) => match serde_json::to_value(&message) {
                             Ok(value) => {
-                                if incoming.send(Ok(value)).is_err() {
+                                if incoming.send(Ok(value.into())).is_err() {
                                     break;
                                 }
                             }
@@ -678,7 +677,7 @@ mod tests {
             } else {
                 serde_json::json!({"jsonrpc": "2.0", "id": id, "method": method})
             };
-            wire.tx.send(message).expect("the wire is open");
+            wire.tx.send(message.into()).expect("the wire is open");
         }
         let mut order = Vec::new();
         while order.len() < sent.len() {
@@ -694,7 +693,7 @@ mod tests {
     }
 
     fn ping() -> Frame {
-        Frame::Message(serde_json::from_str(PING).expect("JSON"))
+        Frame::Message(Message::parse(PING.as_bytes()).expect("JSON"))
     }
 
     #[tokio::test]
@@ -800,9 +799,11 @@ mod tests {
         let mut wire = Wire::pipes(client_in, client_out);
         let mut from_client = Lines::new(server_in);
         wire.tx
-            .send(serde_json::json!({"jsonrpc": "2.0", "method": "x"}))
+            .send(serde_json::json!({"jsonrpc": "2.0", "method": "x"}).into())
             .expect("send");
-        assert!(matches!(from_client.next().await, Some(Frame::Message(m)) if m["method"] == "x"));
+        assert!(
+            matches!(from_client.next().await, Some(Frame::Message(m)) if m.method().as_deref() == Some("x"))
+        );
         let mut server_out = server_out;
         server_out
             .write_all(format!("{PING}\n").as_bytes())
@@ -810,7 +811,7 @@ mod tests {
             .expect("write");
         assert_eq!(
             wire.rx.recv().await,
-            Some(Ok(serde_json::from_str(PING).expect("JSON")))
+            Some(Ok(Message::parse(PING.as_bytes()).expect("JSON")))
         );
         drop(wire.tx);
         assert_eq!(

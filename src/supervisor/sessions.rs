@@ -42,6 +42,7 @@ use tokio::net::unix::{OwnedReadHalf, OwnedWriteHalf, pipe};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, oneshot, watch};
 
 use crate::mux::attach::Control;
+use crate::mux::message::Message;
 use crate::mux::route::{self, Caps, HostId, Out, Router};
 use crate::mux::wire::{Frame, Incoming, Lines, MAX_LINE, Outbox, Refused, Source, Wire, line};
 use crate::unit::ToolFilter;
@@ -728,10 +729,10 @@ impl Task {
         }
         for (host, frame) in held.into_iter().chain(queued) {
             if let Frame::Message(message) = frame
-                && message.get("method").is_some()
-                && let Some(id) = message.get("id").filter(|id| !id.is_null())
+                && message.has("method")
+                && let Some(id) = message.id().filter(|id| !id.is_null())
             {
-                self.send(host, &error(id, SERVER_DOWN, text.clone()));
+                self.send(host, &error(&id, SERVER_DOWN, text.clone()));
             }
         }
     }
@@ -897,7 +898,7 @@ impl Task {
             if let Some(h) = self.hosts.get_mut(&host) {
                 h.swallow = Some(replay.get("id").cloned().unwrap_or(Value::Null));
             }
-            self.on_host(host, Frame::Message(replay));
+            self.on_host(host, Frame::Message(replay.into()));
         }
     }
 
@@ -940,11 +941,17 @@ impl Task {
         }
     }
 
+    /// Sends a message mcpd made to a host.
     fn send(&mut self, host: HostId, message: &Value) {
+        self.send_message(host, Message::from(message.clone()));
+    }
+
+    fn send_message(&mut self, host: HostId, message: Message) {
+        let answer = !message.has("method");
         if let Some(h) = self.hosts.get_mut(&host)
             && h.swallow.is_some()
-            && message.get("method").is_none()
-            && message.get("id") == h.swallow.as_ref()
+            && answer
+            && message.id() == h.swallow
         {
             // The answer to a replayed `initialize`: the host had its own
             // long ago; it is told what may have changed instead.
@@ -954,17 +961,18 @@ impl Task {
         }
         // A response ends a call being accounted: logged once the host
         // has it, so the log write is not on the answer's way.
-        let record = if message.get("method").is_none()
-            && let Some(id) = message.get("id")
+        let record = if answer
             && let Some(h) = self.hosts.get_mut(&host)
+            && !h.calls.is_empty()
+            && let Some(id) = message.id()
         {
             h.calls.remove(&id.to_string())
         } else {
             None
         };
-        self.send_bytes(host, line(message));
+        self.send_bytes(host, message.line());
         if let Some(mut record) = record {
-            record.finish(outcome_of(message));
+            record.finish(outcome_of(&message));
         }
     }
 
@@ -988,7 +996,7 @@ impl Task {
                         let _ = up.tx.send(message);
                     }
                 }
-                Out::Host(host, message) => self.send(host, &message),
+                Out::Host(host, message) => self.send_message(host, message),
                 Out::Down { host, id } => {
                     let text = self.down_text(lost);
                     self.send(host, &error(&id, SERVER_DOWN, text));
@@ -997,13 +1005,13 @@ impl Task {
                     Some(Waiter::Use(token, reply)) => {
                         self.used = now();
                         self.tokens.remove(&token);
-                        let _ = reply.send(Ok(message));
+                        let _ = reply.send(Ok(message.to_value()));
                     }
                     Some(Waiter::Caller(token, reply) | Waiter::Probe(token, reply)) => {
                         self.tokens.remove(&token);
-                        let _ = reply.send(Ok(message));
+                        let _ = reply.send(Ok(message.to_value()));
                     }
-                    Some(Waiter::Page(kind)) => self.page(kind, message),
+                    Some(Waiter::Page(kind)) => self.page(kind, message.to_value()),
                     None => {}
                 },
                 Out::Unanswered(id) => match self.own.remove(&id) {
@@ -1387,10 +1395,10 @@ impl Task {
                 return;
             }
         };
-        let method = message.get("method").and_then(Value::as_str);
-        let id = message.get("id").filter(|id| !id.is_null()).cloned();
+        let method = message.method();
+        let id = message.id().filter(|id| !id.is_null());
         let initialized = h.initialized;
-        match (method, id) {
+        match (method.as_deref(), id) {
             (Some("initialize"), Some(id)) => {
                 if initialized {
                     self.send(
@@ -1402,7 +1410,7 @@ impl Task {
                         ),
                     );
                 } else {
-                    let params = message.get("params").cloned().unwrap_or(Value::Null);
+                    let params = message.params().unwrap_or(Value::Null);
                     self.initialize(host, &id, &params);
                 }
             }
@@ -1429,12 +1437,16 @@ impl Task {
             }
             (Some(name), Some(id)) => {
                 let name = name.to_owned();
+                drop(method);
                 if !self.answer_list(host, &id, &name) {
                     self.host_request(host, &name, id, message);
                 }
             }
             (Some("notifications/cancelled"), None) => {
-                let theirs = route::at(&message, &["params", "requestId"]).map(Value::to_string);
+                drop(method);
+                let theirs = message
+                    .params()
+                    .and_then(|p| p.get("requestId").map(Value::to_string));
                 if let Some(theirs) = theirs
                     && let Some(h) = self.hosts.get_mut(&host)
                     && let Some(mut record) = h.calls.remove(&theirs)
@@ -1445,13 +1457,14 @@ impl Task {
                 self.deliver(outs, None);
             }
             _ => {
+                drop(method);
                 let outs = self.router.from_host(host, message);
                 self.deliver(outs, None);
             }
         }
     }
 
-    fn host_request(&mut self, host: HostId, name: &str, id: Value, message: Value) {
+    fn host_request(&mut self, host: HostId, name: &str, id: Value, message: Message) {
         if self.router.in_flight(host) >= MAX_IN_FLIGHT {
             self.send(
                 host,
@@ -1464,10 +1477,11 @@ impl Task {
             return;
         }
         if name == "tools/call" {
-            let tool = route::at(&message, &["params", "name"])
-                .and_then(Value::as_str)
+            let tool = message
+                .get::<ToolName>("params")
+                .and_then(|p| p.name)
                 .unwrap_or_default()
-                .to_owned();
+                .into_owned();
             if let Some(why) = self.filter.why_not(&tool) {
                 let text = CallError::Filtered {
                     server: self.name.to_string(),
@@ -1533,9 +1547,10 @@ impl Task {
         }
     }
 
-    fn on_server(&mut self, message: Value) {
-        let method = message.get("method").and_then(Value::as_str);
-        let has_id = message.get("id").is_some_and(|id| !id.is_null());
+    fn on_server(&mut self, message: Message) {
+        let name = message.method();
+        let method = name.as_deref();
+        let has_id = message.raw("id").is_some_and(|id| id != "null");
         if method.is_some() {
             self.heard.now();
         }
@@ -1569,9 +1584,9 @@ impl Task {
                 return;
             }
             Some("roots/list") if has_id && !self.roots.is_empty() => {
-                let answer = json!({"jsonrpc": "2.0", "id": message["id"], "result": roots_result(&self.roots)});
+                let answer = json!({"jsonrpc": "2.0", "id": message.id(), "result": roots_result(&self.roots)});
                 if let Some(up) = &self.upstream {
-                    let _ = up.tx.send(answer);
+                    let _ = up.tx.send(answer.into());
                 }
                 return;
             }
@@ -1579,6 +1594,7 @@ impl Task {
             _ => {}
         }
         let answer = method.is_none();
+        drop(name);
         let outs = self.router.from_server(message);
         if answer && outs.iter().any(|out| matches!(out, Out::Host(..))) {
             // The server answered a host: a use (mcpd's own answers to
@@ -1598,8 +1614,8 @@ impl Task {
     }
 
     /// A server's log message also goes to the journal.
-    fn journal(&self, message: &Value) {
-        let params = &message["params"];
+    fn journal(&self, message: &Message) {
+        let params = message.params().unwrap_or(Value::Null);
         let level = params["level"].as_str().unwrap_or("info");
         let logger = params["logger"].as_str().unwrap_or_default();
         let data = match &params["data"] {
@@ -1625,8 +1641,8 @@ impl Task {
 }
 
 /// How an answer to a `tools/call` ends its accounting.
-fn outcome_of(message: &Value) -> Outcome {
-    if let Some(error) = message.get("error") {
+fn outcome_of(message: &Message) -> Outcome {
+    if let Some(error) = message.get::<Value>("error") {
         return Outcome::Failed(
             error["message"]
                 .as_str()
@@ -1634,11 +1650,32 @@ fn outcome_of(message: &Value) -> Outcome {
                 .to_owned(),
         );
     }
-    if route::at(message, &["result", "isError"]) == Some(&Value::Bool(true)) {
+    // Looked for only if the result may hold it, and then only it is
+    // parsed (the content is skipped).
+    let is_error = message.may_hold("result", "isError")
+        && message
+            .get::<CallResult>("result")
+            .is_some_and(|r| r.is_error == Some(true));
+    if is_error {
         Outcome::ErrorResult
     } else {
         Outcome::Ok
     }
+}
+
+/// Whether a `tools/call` result is an error result.
+#[derive(serde::Deserialize)]
+struct CallResult {
+    #[serde(rename = "isError")]
+    is_error: Option<bool>,
+}
+
+/// The tool a `tools/call`'s params name (the arguments are skipped, not
+/// parsed into values).
+#[derive(serde::Deserialize)]
+struct ToolName<'a> {
+    #[serde(borrow)]
+    name: Option<std::borrow::Cow<'a, str>>,
 }
 
 /// Resolves when the bridge's control socket closes (or sends what it

@@ -70,7 +70,7 @@ impl Client<'_> {
             || ConnectError::Closed(format!("the server closed the connection during {what}"));
         self.wire
             .tx
-            .send(json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params}))
+            .send(json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params}).into())
             .map_err(|_| closed())?;
         loop {
             let message = match self.wire.rx.recv().await {
@@ -78,7 +78,8 @@ impl Client<'_> {
                 Some(Err(why)) => {
                     return Err(ConnectError::Failed(format!("{what} failed: {why}")));
                 }
-                Some(Ok(message)) => message,
+                // The handshake's few messages, parsed whole.
+                Some(Ok(message)) => message.to_value(),
             };
             match (
                 message.get("method").and_then(Value::as_str),
@@ -108,7 +109,7 @@ impl Client<'_> {
                             "message": format!("mcpd cannot answer {asked} before the server is initialized"),
                         }}),
                     };
-                    let _ = self.wire.tx.send(reply);
+                    let _ = self.wire.tx.send(reply.into());
                 }
                 (Some("notifications/tools/list_changed"), None) => self.dirty = true,
                 // Answers to nothing, log messages, progress: nobody waits.
@@ -145,7 +146,7 @@ pub async fn handshake(mut wire: Wire, roots: &[String]) -> Result<Handshake, Co
     client
         .wire
         .tx
-        .send(json!({"jsonrpc": "2.0", "method": "notifications/initialized"}))
+        .send(json!({"jsonrpc": "2.0", "method": "notifications/initialized"}).into())
         .map_err(|_| {
             ConnectError::Closed("the server closed the connection during initialize".into())
         })?;
