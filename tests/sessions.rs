@@ -743,6 +743,37 @@ fn a_tool_filter_shapes_what_hosts_see_and_a_reload_lifts_it_in_place() {
                 Err(e) => e.to_string(),
             };
             assert!(shown.contains("deny"), "a clear error: {shown}");
+            // A repeated `name` is judged as the server reads it: the last.
+            let (_raw, (out, mut input)) = crate::helper::bridge(&runtime, "filtered");
+            use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
+            input
+                .write_all(
+                    concat!(
+                        r#"{"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"raw","version":"1"}}}"#,
+                        "\n",
+                        r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#,
+                        "\n",
+                        r#"{"jsonrpc":"2.0","id":9,"method":"tools/call","params":{"name":"echo","arguments":{"a":1,"b":2},"name":"add"}}"#,
+                        "\n",
+                    )
+                    .as_bytes(),
+                )
+                .await
+                .expect("write");
+            let mut lines = tokio::io::BufReader::new(out).lines();
+            let answer = loop {
+                let line = lines.next_line().await.expect("read").expect("a line");
+                let answer: serde_json::Value = serde_json::from_str(&line).expect("JSON");
+                if answer["id"] == 9 {
+                    break answer;
+                }
+            };
+            assert!(
+                answer["error"]["message"]
+                    .as_str()
+                    .is_some_and(|m| m.contains("deny")),
+                "{answer}"
+            );
             // Lifting the filter: hosts are told, the server is not restarted.
             write("");
             until(&host, "tools list_changed", |s| s.tools_changed >= 1).await;

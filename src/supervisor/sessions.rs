@@ -1477,11 +1477,7 @@ impl Task {
             return;
         }
         if name == "tools/call" {
-            let tool = message
-                .get::<ToolName>("params")
-                .and_then(|p| p.name)
-                .unwrap_or_default()
-                .into_owned();
+            let tool = tool_name(&message);
             if let Some(why) = self.filter.why_not(&tool) {
                 let text = CallError::Filtered {
                     server: self.name.to_string(),
@@ -1653,9 +1649,13 @@ fn outcome_of(message: &Message) -> Outcome {
     // Looked for only if the result may hold it, and then only it is
     // parsed (the content is skipped).
     let is_error = message.may_hold("result", "isError")
-        && message
-            .get::<CallResult>("result")
-            .is_some_and(|r| r.is_error == Some(true));
+        && match message.get::<CallResult>("result") {
+            Some(result) => result.is_error == Some(true),
+            // Not an object, or a repeated key: read as a Value reads it.
+            None => message
+                .get::<Value>("result")
+                .is_some_and(|r| r["isError"] == true),
+        };
     if is_error {
         Outcome::ErrorResult
     } else {
@@ -1671,11 +1671,22 @@ struct CallResult {
 }
 
 /// The tool a `tools/call`'s params name (the arguments are skipped, not
-/// parsed into values).
-#[derive(serde::Deserialize)]
-struct ToolName<'a> {
-    #[serde(borrow)]
-    name: Option<std::borrow::Cow<'a, str>>,
+/// parsed into values). The filter judges the name the server will read:
+/// of a repeated `name`, the last, as a `Value` (and most parsers) reads
+/// it.
+fn tool_name(message: &Message) -> String {
+    #[derive(serde::Deserialize)]
+    struct Params<'a> {
+        #[serde(borrow)]
+        name: Option<std::borrow::Cow<'a, str>>,
+    }
+    match message.get::<Params>("params") {
+        Some(params) => params.name.unwrap_or_default().into_owned(),
+        None => message
+            .params()
+            .and_then(|p| p.get("name").and_then(Value::as_str).map(str::to_owned))
+            .unwrap_or_default(),
+    }
 }
 
 /// Resolves when the bridge's control socket closes (or sends what it
