@@ -8,13 +8,16 @@ cannot. It is not a target of bench/run (valgrind runs the daemon some 50
 times slower); run it before and after a change:
 
     cargo build --release --bins --examples
-    bench/instructions.py [CALLS]
+    bench/instructions.py [CALLS] [--keep DIR]
 
 It starts `mcpd --user --no-bus` under callgrind with one fixture unit
 (`--chatter 0`, logging as bench/run does), attaches one host through
 `mcpctl bridge`, and makes `echo` calls one at a time. It does so twice,
 with 100 and with 100 + CALLS calls (default 1000), and prints the
-difference divided by CALLS: start-up and shutdown cancel out.
+difference divided by CALLS: start-up and shutdown cancel out. With
+`--keep DIR` the two runs' callgrind files are kept there, for
+`callgrind_annotate --inclusive=yes DIR/1100-callgrind.out` (where the
+instructions go).
 """
 
 import json
@@ -40,7 +43,7 @@ def wait_for(what, cond, timeout=60.0):
         time.sleep(0.05)
 
 
-def run(calls):
+def run(calls, keep=None):
     """Total instructions of one daemon run making `calls` calls."""
     work = tempfile.mkdtemp(prefix="mcpd-instructions-")
     try:
@@ -89,6 +92,11 @@ def run(calls):
         bridge.wait(timeout=30)
         daemon.terminate()
         daemon.wait(timeout=120)
+        if keep:
+            os.makedirs(keep, exist_ok=True)
+            for name in os.listdir(work):
+                if name.startswith("callgrind.out"):
+                    shutil.copy(os.path.join(work, name), os.path.join(keep, f"{calls}-{name}"))
         total = 0
         for name in os.listdir(work):
             if name.startswith("callgrind.out"):
@@ -104,13 +112,23 @@ def run(calls):
 
 
 def main():
-    calls = int(sys.argv[1]) if len(sys.argv) > 1 else 1000
+    args = sys.argv[1:]
+    keep = None
+    if "--keep" in args:
+        at = args.index("--keep")
+        if at + 1 >= len(args):
+            sys.exit("instructions.py: --keep needs a directory")
+        keep = args[at + 1]
+        del args[at:at + 2]
+    if len(args) > 1 or (args and not args[0].isdigit()):
+        sys.exit("usage: bench/instructions.py [CALLS] [--keep DIR]")
+    calls = int(args[0]) if args else 1000
     if not shutil.which("valgrind"):
         sys.exit("instructions.py: valgrind is not installed")
     for binary in (FIXTURE, os.path.join(RELEASE, "mcpd"), os.path.join(RELEASE, "mcpctl")):
         if not os.access(binary, os.X_OK):
             sys.exit(f"instructions.py: {binary} is missing (cargo build --release --bins --examples)")
-    base, more = run(100), run(100 + calls)
+    base, more = run(100, keep), run(100 + calls, keep)
     print(f"daemon instructions per bridged tools/call: {(more - base) / calls:,.0f}"
           f" (callgrind, {calls} calls)")
 

@@ -196,6 +196,11 @@ impl<S: Source> Lines<S> {
     /// The next line; `None` at end of file or on a read error (any bytes
     /// left are an incomplete last message).
     pub async fn next(&mut self) -> Option<Frame> {
+        // A descriptor's readiness is not budgeted by tokio: a peer that
+        // never stops sending would keep this task (and its worker) for
+        // ever. A unit of budget per message makes it yield to the other
+        // tasks now and then.
+        tokio::task::consume_budget().await;
         loop {
             let Some(line) = self.take_line() else {
                 self.scanned = self.buf.len();
@@ -738,6 +743,50 @@ mod tests {
         w.write_all(b":\"2.0\"}\n").await.expect("write");
         assert_eq!(rx.fill(&mut buf).await.expect("read"), 8);
         assert_eq!(&buf[..], b"{\"jsonrpc\":\"2.0\"}\n");
+    }
+
+    /// A peer that always has more messages ready, as a pipe that is
+    /// never drained is always readable.
+    struct Endless;
+
+    impl AsyncRead for Endless {
+        fn poll_read(
+            self: std::pin::Pin<&mut Self>,
+            _: &mut std::task::Context<'_>,
+            buf: &mut tokio::io::ReadBuf<'_>,
+        ) -> Poll<io::Result<()>> {
+            const LINE: &[u8] = b"{\"jsonrpc\":\"2.0\",\"method\":\"x\"}\n";
+            while buf.remaining() >= LINE.len() {
+                buf.put_slice(LINE);
+            }
+            Poll::Ready(Ok(()))
+        }
+    }
+
+    #[test]
+    fn a_reader_whose_peer_never_stops_sending_lets_other_tasks_run() {
+        let (done, finished) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .build()
+                .expect("runtime");
+            rt.block_on(async {
+                tokio::spawn(async {
+                    let mut lines = Lines::new(Stream(Endless));
+                    while lines.next().await.is_some() {}
+                });
+                // The reader runs now: this task resumes only once it
+                // yields.
+                tokio::task::yield_now().await;
+                let _ = done.send(());
+            });
+        });
+        assert!(
+            finished
+                .recv_timeout(std::time::Duration::from_secs(30))
+                .is_ok(),
+            "the reader never yielded to another task"
+        );
     }
 
     #[tokio::test]
