@@ -24,8 +24,9 @@ use serde::{Deserialize, Deserializer as _, Serialize};
 use serde_json::Value;
 use serde_json::value::RawValue;
 
-/// A JSON-RPC message: a JSON object, its members as text.
-#[derive(Clone)]
+/// A JSON-RPC message: a JSON object, its members as text (`{}` by
+/// default).
+#[derive(Clone, Default)]
 pub struct Message {
     /// The text the message was read from (empty for one made here).
     text: Box<str>,
@@ -47,10 +48,10 @@ enum Text {
     Own(Box<str>),
 }
 
-impl Member {
-    /// The key, in a message read from `text`.
-    fn key<'a>(&'a self, text: &'a str) -> &'a str {
-        match &self.key {
+impl Text {
+    /// The text, of a message read from `text`.
+    fn get<'a>(&'a self, text: &'a str) -> &'a str {
+        match self {
             Text::Span(start, end) => &text[*start as usize..*end as usize],
             Text::Own(own) => own,
         }
@@ -95,10 +96,7 @@ impl Message {
     }
 
     fn text<'a>(&'a self, text: &'a Text) -> &'a str {
-        match text {
-            Text::Span(start, end) => &self.text[*start as usize..*end as usize],
-            Text::Own(own) => own,
-        }
+        text.get(&self.text)
     }
 
     fn member(&self, key: &str) -> Option<&Member> {
@@ -290,7 +288,7 @@ impl<'de> Visitor<'de> for Members<'de> {
             let value: &'de RawValue = map.next_value()?;
             // A repeated key: the last value counts (and is kept alone).
             let text = self.text;
-            members.retain(|m: &Member| m.key(text) != key);
+            members.retain(|m: &Member| m.key.get(text) != key);
             let key = match key {
                 Cow::Borrowed(key) => self.span(key),
                 Cow::Owned(key) => Text::Own(key.into()),

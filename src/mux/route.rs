@@ -260,11 +260,6 @@ fn param(msg: &Message, key: &str) -> (Option<Value>, Value) {
     (params, value)
 }
 
-/// Takes the message out of `msg` (leaving an empty one).
-fn take(msg: &mut Message) -> Message {
-    std::mem::replace(msg, Message::from(json!({})))
-}
-
 impl Router {
     pub fn new() -> Self {
         Self::default()
@@ -572,7 +567,7 @@ impl Router {
             },
         );
         msg.set("id", &up_id);
-        let sent = self.send_or_hold(up_id, take(msg));
+        let sent = self.send_or_hold(up_id, std::mem::take(msg));
         out.extend(sent);
     }
 
@@ -594,13 +589,13 @@ impl Router {
                     self.forget(up);
                     if self.up {
                         set_param(msg, params, "requestId", json!(up));
-                        out.push(Out::Server(take(msg)));
+                        out.push(Out::Server(std::mem::take(msg)));
                     }
                 }
             }
             _ => {
                 if self.up {
-                    out.push(Out::Server(take(msg)));
+                    out.push(Out::Server(std::mem::take(msg)));
                 }
             }
         }

@@ -725,14 +725,14 @@ impl Task {
             .collect();
         let text = self.down_text(None);
         for (host, id) in waiting {
-            self.send(host, &error(&id, SERVER_DOWN, text.clone()));
+            self.send(host, error(&id, SERVER_DOWN, text.clone()));
         }
         for (host, frame) in held.into_iter().chain(queued) {
             if let Frame::Message(message) = frame
                 && message.has("method")
                 && let Some(id) = message.id().filter(|id| !id.is_null())
             {
-                self.send(host, &error(&id, SERVER_DOWN, text.clone()));
+                self.send(host, error(&id, SERVER_DOWN, text.clone()));
             }
         }
     }
@@ -942,8 +942,8 @@ impl Task {
     }
 
     /// Sends a message mcpd made to a host.
-    fn send(&mut self, host: HostId, message: &Value) {
-        self.send_message(host, Message::from(message.clone()));
+    fn send(&mut self, host: HostId, message: Value) {
+        self.send_message(host, Message::from(message));
     }
 
     fn send_message(&mut self, host: HostId, message: Message) {
@@ -999,7 +999,7 @@ impl Task {
                 Out::Host(host, message) => self.send_message(host, message),
                 Out::Down { host, id } => {
                     let text = self.down_text(lost);
-                    self.send(host, &error(&id, SERVER_DOWN, text));
+                    self.send(host, error(&id, SERVER_DOWN, text));
                 }
                 Out::Answer(id, message) => match self.own.remove(&id) {
                     Some(Waiter::Use(token, reply)) => {
@@ -1122,7 +1122,7 @@ impl Task {
             self.router.attach(host, Caps::from_initialize(params));
         } else {
             let text = self.down_text(None);
-            self.send(host, &error(id, SERVER_DOWN, text));
+            self.send(host, error(id, SERVER_DOWN, text));
         }
         // What it sent meanwhile, in order.
         let held = self
@@ -1151,7 +1151,7 @@ impl Task {
             }
         }
         for method in notices {
-            self.send(host, &json!({"jsonrpc": "2.0", "method": method}));
+            self.send(host, json!({"jsonrpc": "2.0", "method": method}));
         }
     }
 
@@ -1294,7 +1294,7 @@ impl Task {
                 .is_some_and(|init| init["capabilities"].get(kind.capability()).is_some());
             if self.on_demand && self.upstream.is_none() && !offered {
                 let text = format!("server {} does not offer {}", self.name, kind.capability());
-                self.send(host, &error(id, route::METHOD_NOT_FOUND, text));
+                self.send(host, error(id, route::METHOD_NOT_FOUND, text));
                 return true;
             }
             return false;
@@ -1355,7 +1355,7 @@ impl Task {
                 json!({"jsonrpc": "2.0", "id": id, "method": "initialize", "params": params});
             let _ = control.send(crate::mux::attach::line(&Control::Initialize(request)));
         }
-        self.send(host, &json!({"jsonrpc": "2.0", "id": id, "result": result}));
+        self.send(host, json!({"jsonrpc": "2.0", "id": id, "result": result}));
         // What it sent meanwhile, in order.
         for frame in held {
             self.on_host(host, frame);
@@ -1380,13 +1380,13 @@ impl Task {
         let message = match frame {
             Frame::Message(message) => message,
             Frame::Garbage(why) => {
-                self.send(host, &error(&Value::Null, PARSE_ERROR, why));
+                self.send(host, error(&Value::Null, PARSE_ERROR, why));
                 return;
             }
             Frame::TooLong => {
                 self.send(
                     host,
-                    &error(
+                    error(
                         &Value::Null,
                         route::INVALID_REQUEST,
                         format!("a message longer than {MAX_LINE} bytes was dropped"),
@@ -1403,7 +1403,7 @@ impl Task {
                 if initialized {
                     self.send(
                         host,
-                        &error(
+                        error(
                             &id,
                             route::INVALID_REQUEST,
                             "the session is already initialized",
@@ -1415,12 +1415,12 @@ impl Task {
                 }
             }
             (Some("ping"), Some(id)) if !initialized => {
-                self.send(host, &json!({"jsonrpc": "2.0", "id": id, "result": {}}));
+                self.send(host, json!({"jsonrpc": "2.0", "id": id, "result": {}}));
             }
             (Some(_), Some(id)) if !initialized => {
                 self.send(
                     host,
-                    &error(&id, route::INVALID_REQUEST, "send initialize first"),
+                    error(&id, route::INVALID_REQUEST, "send initialize first"),
                 );
             }
             (Some(_), None) if !initialized => {}
@@ -1468,7 +1468,7 @@ impl Task {
         if self.router.in_flight(host) >= MAX_IN_FLIGHT {
             self.send(
                 host,
-                &error(
+                error(
                     &id,
                     route::INVALID_REQUEST,
                     format!("too many requests in flight (at most {MAX_IN_FLIGHT} per session)"),
@@ -1485,7 +1485,7 @@ impl Task {
                     why,
                 }
                 .to_string();
-                self.send(host, &error(&id, INVALID_PARAMS, text));
+                self.send(host, error(&id, INVALID_PARAMS, text));
                 return;
             }
             let key = id.to_string();
