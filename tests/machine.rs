@@ -156,7 +156,13 @@ fn initial_failure_says_connection_failed_and_retries() {
     let mut r = Rig::new(&stdio_spec(policy(100, 800, 3, true)));
     r.step(Event::Start);
     r.spawned();
-    assert_eq!(r.exited(1), vec![Effect::Disconnect { generation: 1 }]);
+    assert_eq!(
+        r.exited(1),
+        vec![Effect::Disconnect {
+            generation: 1,
+            lost: Some("process exited with status 1".into())
+        }]
+    );
     let v = r.m.view();
     assert_eq!(v.state, State::Retrying);
     assert_eq!(v.reason, "connection failed: process exited with status 1");
@@ -335,7 +341,10 @@ fn double_failure_signals_schedule_exactly_one_retry() {
     assert_eq!(
         fx,
         vec![
-            Effect::Disconnect { generation: 1 },
+            Effect::Disconnect {
+                generation: 1,
+                lost: Some("initialize failed: boom".into())
+            },
             Effect::Signal {
                 generation: 1,
                 signal: Signal::Term
@@ -456,7 +465,10 @@ fn stop_quiesces_and_a_close_after_it_schedules_nothing() {
     assert_eq!(
         r.step(Event::Stop),
         vec![
-            Effect::Disconnect { generation: 1 },
+            Effect::Disconnect {
+                generation: 1,
+                lost: None
+            },
             Effect::Signal {
                 generation: 1,
                 signal: Signal::Term
@@ -498,7 +510,10 @@ fn a_new_generation_waits_for_the_old_process_to_be_reaped() {
     });
     assert_eq!(
         fx,
-        vec![Effect::Disconnect { generation: 1 }],
+        vec![Effect::Disconnect {
+            generation: 1,
+            lost: Some("the server closed the connection".into())
+        }],
         "a hang-up gets time to exit on its own"
     );
     assert_eq!(r.m.deadline(), Some((Timer::KillGrace, r.now + ms(1000))));
@@ -628,7 +643,13 @@ fn startup_timeout_fails_the_attempt() {
     assert_eq!(
         fx,
         vec![
-            Effect::Disconnect { generation: 1 },
+            Effect::Disconnect {
+                generation: 1,
+                lost: Some(
+                    "startup-timeout (3s) expired before initialize and tools/list completed"
+                        .into()
+                )
+            },
             Effect::Signal {
                 generation: 1,
                 signal: Signal::Term
@@ -785,7 +806,13 @@ fn spawn_failure_needs_no_reap_and_an_http_failure_neither() {
         generation: 1,
         error: "command x: not found in PATH (/bin)".into(),
     });
-    assert_eq!(fx, vec![Effect::Disconnect { generation: 1 }]);
+    assert_eq!(
+        fx,
+        vec![Effect::Disconnect {
+            generation: 1,
+            lost: Some("command x: not found in PATH (/bin)".into())
+        }]
+    );
     assert_eq!(
         r.reason(),
         "connection failed: command x: not found in PATH (/bin)"
@@ -818,7 +845,10 @@ fn spawn_failure_needs_no_reap_and_an_http_failure_neither() {
     });
     assert_eq!(
         fx,
-        vec![Effect::Disconnect { generation: 1 }],
+        vec![Effect::Disconnect {
+            generation: 1,
+            lost: Some("session closed".into())
+        }],
         "no process to signal"
     );
     assert_eq!(r.reason(), "connection lost: session closed");
@@ -850,7 +880,13 @@ fn a_deadline_fires_only_for_the_timer_that_is_armed() {
     assert_eq!(
         r.step(Event::Deadline(Timer::Startup)),
         vec![
-            Effect::Disconnect { generation: 1 },
+            Effect::Disconnect {
+                generation: 1,
+                lost: Some(
+                    "startup-timeout (3s) expired before initialize and tools/list completed"
+                        .into()
+                )
+            },
             Effect::Signal {
                 generation: 1,
                 signal: Signal::Term
@@ -1051,7 +1087,10 @@ fn consecutive_misses_end_the_generation_after_interval_plus_failures_times_time
     assert_eq!(
         r.fire(),
         vec![
-            Effect::Disconnect { generation: 1 },
+            Effect::Disconnect {
+                generation: 1,
+                lost: Some("no answer to ping (3 probes, 200ms each)".into())
+            },
             Effect::Signal {
                 generation: 1,
                 signal: Signal::Term
@@ -1328,7 +1367,10 @@ fn without_a_cache_an_on_demand_unit_starts_to_learn_its_lists_then_idles() {
     assert_eq!(
         fx,
         vec![
-            Effect::Disconnect { generation: 1 },
+            Effect::Disconnect {
+                generation: 1,
+                lost: None
+            },
             Effect::Signal {
                 generation: 1,
                 signal: Signal::Term

@@ -466,6 +466,60 @@ fn hosts_stay_attached_through_an_outage_and_get_their_state_back() {
     assert!(d.stop(Signal::TERM).success());
 }
 
+/// The daemon may learn that the server exited before it reads the end of
+/// the connection (here the test holds the server's stdout pipe open): a
+/// call in flight gets the same §3 error either way, naming what ended the
+/// server.
+#[test]
+fn a_call_in_flight_when_the_server_exits_gets_connection_lost_with_the_exit() {
+    let units = tempfile::tempdir().expect("tempdir");
+    std::fs::write(
+        units.path().join("exits.kdl"),
+        "stdio {\n    command \"mcp-fixture\" \"--chatter\" \"0\"\n}\nreconnect {\n    initial-delay \"1h\"\n    max-delay \"2h\"\n}\n",
+    )
+    .expect("write");
+    let mut d = Daemon::user_no_bus(units.path(), &[]);
+    d.wait_until("exits running", |d| d.latest_pid("exits").is_some());
+    let pid = d.latest_pid("exits").expect("pid");
+    // Another writer of the pipe mcpd reads the server from: no end of the
+    // connection until it is dropped, after the exit.
+    let stdout = std::fs::OpenOptions::new()
+        .write(true)
+        .open(format!("/proc/{pid}/fd/1"))
+        .expect("the server's stdout");
+    let runtime = d.runtime_dir().expect("runtime").to_owned();
+    let logs = |needle: &str| {
+        let out = mcpctl_user(&runtime, &["logs", "exits", "-n", "500"]);
+        String::from_utf8_lossy(&out.stdout).matches(needle).count()
+    };
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    rt.block_on(async {
+        tokio::time::timeout(Duration::from_secs(30), async {
+            let (mut bridge, io) = crate::helper::bridge(&runtime, "exits");
+            let client = Host::new("A", false).serve(io).await.expect("initialize");
+            let hang = tokio::spawn({
+                let peer = client.peer().clone();
+                async move { peer.call_tool(call("hang", json!({}))).await }
+            });
+            eventually("the hang started", || logs("call hang") == 1).await;
+            text(&client, "crash", json!({"code": 3})).await;
+            let failed = hang.await.expect("task").expect_err("the server died");
+            assert!(
+                failed
+                    .to_string()
+                    .contains("server exits: connection lost: process exited with status 3"),
+                "{failed}"
+            );
+            drop(stdout);
+            client.cancel().await.expect("close");
+            assert!(bridge.wait().await.expect("bridge exits").success());
+        })
+        .await
+        .expect("within 30 s");
+    });
+    assert!(d.stop(Signal::TERM).success());
+}
+
 /// A host that writes raw lines: `mcpctl bridge` with piped stdio.
 struct Raw {
     _bridge: tokio::process::Child,

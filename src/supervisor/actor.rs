@@ -749,10 +749,10 @@ impl Actor {
                     }
                 });
             }
-            Effect::Disconnect { generation } => {
+            Effect::Disconnect { generation, lost } => {
                 // Quiesce: close the connection and wait for the
                 // generation's in-flight connect and sync to finish.
-                self.sessions.down(generation);
+                self.sessions.down(generation, lost);
                 if let Some(res) = self.gens.get_mut(&generation) {
                     if let Some(connect) = res.connect.take() {
                         connect.abort();

@@ -285,8 +285,12 @@ pub enum Effect {
     /// Signal the generation's process group.
     Signal { generation: Gen, signal: Signal },
     /// Close the generation's client and cancel its in-flight work (connect,
-    /// tool sync); wait for them to finish.
-    Disconnect { generation: Gen },
+    /// tool sync); wait for them to finish. `lost` is the failure that ended
+    /// it (`None` for a stop): what requests in flight are answered with.
+    Disconnect {
+        generation: Gen,
+        lost: Option<String>,
+    },
     /// Send the server an MCP `ping`; report [`Event::ProbeAnswered`] with
     /// `probe` if it is answered.
     Probe { generation: Gen, probe: u64 },
@@ -890,8 +894,16 @@ impl Machine {
         self.begin(0, now, fx);
     }
 
-    /// Takes the current generation down; `then` follows once it is gone.
-    fn end(&mut self, then: Then, closed: bool, now: Instant, fx: &mut Vec<Effect>) {
+    /// Takes the current generation down (because of `lost`, if it failed);
+    /// `then` follows once it is gone.
+    fn end(
+        &mut self,
+        then: Then,
+        closed: bool,
+        lost: Option<String>,
+        now: Instant,
+        fx: &mut Vec<Effect>,
+    ) {
         let g = match std::mem::replace(&mut self.phase, Phase::Idle) {
             Phase::Active { g, .. } => g,
             other => {
@@ -901,6 +913,7 @@ impl Machine {
         };
         fx.push(Effect::Disconnect {
             generation: g.generation,
+            lost,
         });
         if !g.alive {
             self.phase = Phase::Ending {
@@ -949,9 +962,9 @@ impl Machine {
             Verdict::Retry(_) => State::Retrying,
         };
         let reason = self.describe(established, &error, verdict);
-        self.last_error = Some(error);
+        self.last_error = Some(error.clone());
         self.set_state(state, reason, now);
-        self.end(Then::Recover(verdict), closed, now, fx);
+        self.end(Then::Recover(verdict), closed, Some(error), now, fx);
     }
 
     /// Retry (counting it against the outage's budget) or give up.
@@ -1080,7 +1093,7 @@ impl Machine {
             (Timer::Probe, Phase::Active { .. }) => self.probe(now, fx),
             (Timer::IdleStop, Phase::Active { .. }) => {
                 self.set_state(State::Stopping, String::new(), now);
-                self.end(Then::Idle, false, now, fx);
+                self.end(Then::Idle, false, None, now, fx);
             }
             (
                 Timer::ProbeTimeout,
@@ -1210,7 +1223,7 @@ impl Machine {
         match &mut self.phase {
             Phase::Active { .. } => {
                 self.set_state(State::Stopping, String::new(), now);
-                self.end(Then::Stop, false, now, fx);
+                self.end(Then::Stop, false, None, now, fx);
             }
             Phase::Ending { then, .. } => {
                 *then = Then::Stop;
@@ -1231,7 +1244,7 @@ impl Machine {
         match &mut self.phase {
             Phase::Active { .. } => {
                 self.set_state(State::Stopping, String::new(), now);
-                self.end(Then::Fresh, false, now, fx);
+                self.end(Then::Fresh, false, None, now, fx);
             }
             Phase::Ending { then, .. } => {
                 *then = Then::Fresh;

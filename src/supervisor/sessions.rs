@@ -172,6 +172,7 @@ enum Input {
     },
     Down {
         generation: Gen,
+        lost: Option<String>,
     },
     Configure {
         filter: ToolFilter,
@@ -404,9 +405,11 @@ impl Sessions {
         });
     }
 
-    /// Generation `generation` is being taken down.
-    pub(crate) fn down(&self, generation: Gen) {
-        let _ = self.tx.send(Input::Down { generation });
+    /// Generation `generation` is being taken down, because of `lost` if it
+    /// failed: requests in flight are answered with that (the exit may be
+    /// noticed before the connection's end is read).
+    pub(crate) fn down(&self, generation: Gen, lost: Option<String>) {
+        let _ = self.tx.send(Input::Down { generation, lost });
     }
 
     /// The unit's tool filter, roots and activation changed.
@@ -747,7 +750,7 @@ impl Task {
                 wire,
                 init,
             } => self.up(generation, wire, init),
-            Input::Down { generation } => {
+            Input::Down { generation, lost } => {
                 if self
                     .upstream
                     .as_ref()
@@ -755,7 +758,7 @@ impl Task {
                 {
                     self.upstream = None;
                     let outs = self.router.upstream_lost();
-                    self.deliver(outs, None);
+                    self.deliver(outs, lost.as_deref());
                 }
             }
             Input::Configure {
