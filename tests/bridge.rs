@@ -588,3 +588,80 @@ fn handed_over_stdio_reads_the_pending_bytes_first_and_a_replay_is_answered_to_n
     drop(host_writes);
     assert!(d.stop(Signal::TERM).success());
 }
+
+/// A bridge whose daemon comes back without its server (the unit was
+/// removed meanwhile) ends as a server that is gone would: exit 4, saying
+/// why, where it would otherwise retry for ever.
+#[test]
+fn a_bridge_whose_server_is_gone_when_mcpd_comes_back_exits_4() {
+    let units = tempfile::tempdir().expect("tempdir");
+    let runtime = tempfile::tempdir().expect("tempdir");
+    let unit = units.path().join("demo.kdl");
+    std::fs::write(
+        &unit,
+        "stdio {\n    command \"mcp-fixture\" \"--chatter\" \"0\"\n}\n",
+    )
+    .expect("write");
+    let start = || {
+        Daemon::user_no_bus(
+            units.path(),
+            &[("XDG_RUNTIME_DIR", runtime.path().as_os_str())],
+        )
+    };
+    let mut d = start();
+    d.wait_until("demo running", |d| d.latest_pid("demo").is_some());
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    let d = rt.block_on(async {
+        tokio::time::timeout(Duration::from_secs(60), async {
+            let mut bridge = tokio::process::Command::new(env!("CARGO_BIN_EXE_mcpctl"))
+                .args(["--user", "bridge", "demo"])
+                .env("XDG_RUNTIME_DIR", runtime.path())
+                .env_remove("DBUS_SESSION_BUS_ADDRESS")
+                .env_remove("MCPD_RUNTIME_DIR")
+                .stdin(Stdio::piped())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .kill_on_drop(true)
+                .spawn()
+                .expect("spawn mcpctl bridge");
+            let io = (
+                bridge.stdout.take().expect("stdout"),
+                bridge.stdin.take().expect("stdin"),
+            );
+            let client = ().serve(io).await.expect("initialize");
+            assert_eq!(echo(&client, "here", "echo").await, "here");
+
+            assert!(d.stop(Signal::TERM).success());
+            std::fs::remove_file(&unit).expect("remove the unit");
+            let mut d = start();
+            d.wait_for("started 0 units");
+            // Whether the bridge tries again for this request or on its
+            // own first, the host learns the server is gone.
+            let answer = client
+                .call_tool(
+                    CallToolRequestParams::new("echo")
+                        .with_arguments(args(serde_json::json!({"text": "x"}))),
+                )
+                .await
+                .expect_err("no server any more");
+            let answer = answer.to_string();
+            assert!(
+                answer.contains("mcpd refused the session: no server named demo")
+                    || answer.contains("closed"),
+                "{answer}"
+            );
+            let out = bridge.wait_with_output().await.expect("bridge exits");
+            let stderr = String::from_utf8_lossy(&out.stderr);
+            assert_eq!(out.status.code(), Some(4), "{stderr}");
+            assert!(
+                stderr.contains("cannot attach to demo again: no server named demo"),
+                "{stderr}"
+            );
+            drop(client);
+            d
+        })
+        .await
+        .expect("within 60 s")
+    });
+    assert!(d.stop(Signal::TERM).success());
+}

@@ -298,15 +298,15 @@ async fn reattach<W: AsyncWrite + Unpin>(
     name: &str,
     session: &mut Session,
     host_out: &mut W,
-) -> Result<Attached, String> {
-    let mut link = Attached::new(attach(instance, name).await.map_err(|e| e.message)?);
+) -> Result<Attached, CtlError> {
+    let mut link = Attached::new(attach(instance, name).await?);
     if let Some(init) = &session.initialize {
         session.swallow = serde_json::from_slice::<Head>(init)
             .ok()
             .and_then(|h| h.id.and_then(id_key));
         let initialized = b"{\"jsonrpc\":\"2.0\",\"method\":\"notifications/initialized\"}\n";
         if !(write(&mut link.write, init).await && write(&mut link.write, initialized).await) {
-            return Err("the new session closed at once".into());
+            return Err(CtlError::failure("the new session closed at once"));
         }
         let changed = b"{\"jsonrpc\":\"2.0\",\"method\":\"notifications/tools/list_changed\"}\n";
         // A host that is gone is noticed by the pump.
@@ -537,10 +537,22 @@ async fn handed(instance: Instance, name: &str, mut replay: Option<Value>) -> Re
                     break;
                 }
                 Err(why) => {
+                    let gone = match &why {
+                        Attach::Refused(e) if e.code == exit::NO_SUCH_SERVER => Some(e.clone()),
+                        _ => None,
+                    };
                     let why = match why {
                         Attach::Refused(e) => format!("mcpd refused the session: {}", e.message),
                         Attach::Unreachable(e) => format!("mcpd is not reachable: {e}"),
                     };
+                    if let Some(e) = gone {
+                        if request {
+                            let mut session = Session::default();
+                            session.host_line(&line);
+                            let _ = write(&mut host_out, &session.lost(&why)).await;
+                        }
+                        return Ok(gone_for_good(name, &e));
+                    }
                     if !complained {
                         say!("cannot attach to {name} again: {why}; retrying");
                         complained = true;
@@ -560,6 +572,13 @@ async fn handed(instance: Instance, name: &str, mut replay: Option<Value>) -> Re
             }
         }
     }
+}
+
+/// The daemon came back without the server (its unit was removed while it
+/// was away): the bridge ends as a server that is gone would, exit 4.
+fn gone_for_good(name: &str, e: &CtlError) -> u8 {
+    say!("cannot attach to {name} again: {}", e.message);
+    exit::NO_SUCH_SERVER
 }
 
 /// Copies lines between stdin/stdout and the session's socket until the
@@ -596,11 +615,20 @@ async fn copy(instance: Instance, name: &str) -> Result<u8, CtlError> {
                                 }
                             }
                         }
-                        Err(why) => {
+                        Err(e) => {
                             session.host_line(&from_host);
-                            let failed = session.lost(&format!("mcpd is not reachable: {why}"));
+                            let gone = e.code == exit::NO_SUCH_SERVER;
+                            let why = if gone {
+                                format!("mcpd refused the session: {}", e.message)
+                            } else {
+                                format!("mcpd is not reachable: {}", e.message)
+                            };
+                            let failed = session.lost(&why);
                             if !write(&mut host_out, &failed).await {
                                 return Ok(exit::OK);
+                            }
+                            if gone {
+                                return Ok(gone_for_good(name, &e));
                             }
                         }
                     }
@@ -609,9 +637,14 @@ async fn copy(instance: Instance, name: &str) -> Result<u8, CtlError> {
                 () = tokio::time::sleep(delay) => {
                     match reattach(instance, name, &mut session, &mut host_out).await {
                         Ok(link) => attached = Some(link),
-                        Err(why) => {
+                        Err(e) if e.code == exit::NO_SUCH_SERVER => {
+                            let failed = session.lost(&format!("mcpd refused the session: {}", e.message));
+                            let _ = write(&mut host_out, &failed).await;
+                            return Ok(gone_for_good(name, &e));
+                        }
+                        Err(e) => {
                             if !complained {
-                                say!("cannot attach to {name} again: {why}; retrying");
+                                say!("cannot attach to {name} again: {}; retrying", e.message);
                                 complained = true;
                             }
                             delay = (delay * 2).min(Duration::from_secs(5));
