@@ -52,7 +52,10 @@ fn main() -> ExitCode {
     };
     let mut config = Config::new(instance, cli.units);
     config.no_bus = cli.no_bus;
-    let runtime = match tokio::runtime::Runtime::new() {
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
         Ok(runtime) => runtime,
         Err(e) => {
             eprintln!("mcpd: cannot start the async runtime: {e}");

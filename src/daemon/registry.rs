@@ -121,14 +121,33 @@ impl Registry {
 
     /// Rescans the search path and applies the differences.
     pub async fn reload(&mut self) -> Diff {
-        let (found, dir_errors) = unit::discover(&self.config.unit_dirs);
+        // Reading and parsing every file is blocking work (a large search
+        // path takes a while): not on the thread that carries the hosts'
+        // sessions.
+        let dirs = self.config.unit_dirs.clone();
+        let context = self.context.clone();
+        let scan = move || {
+            let (found, dir_errors) = unit::discover(&dirs);
+            let seen: BTreeMap<_, _> = found
+                .into_iter()
+                .filter(|f| !f.masked)
+                .map(|f| {
+                    let loaded = unit::load_in(&f.files, &context);
+                    (f.name, (f.files, loaded))
+                })
+                .collect();
+            (seen, dir_errors)
+        };
+        let (seen, dir_errors) = match tokio::task::spawn_blocking(scan).await {
+            Ok(scanned) => scanned,
+            Err(e) => {
+                // Nothing read: nothing changes.
+                tracing::error!(target: "mcpd::daemon", "reading the units failed: {e}");
+                return Diff(Vec::new());
+            }
+        };
         for e in &dir_errors {
             tracing::warn!(target: "mcpd::daemon", "{e}");
-        }
-        let mut seen = BTreeMap::new();
-        for f in found.into_iter().filter(|f| !f.masked) {
-            let loaded = unit::load_in(&f.files, &self.context);
-            seen.insert(f.name, (f.files, loaded));
         }
         let mut diff = Vec::new();
 
