@@ -209,21 +209,32 @@ fn running(line: &str) -> bool {
     line.contains("mcpd::supervisor: running")
 }
 
-/// CPU time of every thread of `pid`, in nanoseconds (schedstat).
+/// CPU time of every thread of `pid`, in nanoseconds (schedstat): the
+/// live threads', and what a thread seen earlier had when last seen (a
+/// runtime's blocking-pool thread ends after 10 s idle, taking its
+/// figures with it; it was idle, so they are final).
 pub(crate) fn cpu_ns(pid: u32) -> u64 {
-    let mut total = 0;
+    static SEEN: std::sync::Mutex<BTreeMap<(u32, u32), u64>> =
+        std::sync::Mutex::new(BTreeMap::new());
+    let mut seen = SEEN
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
     if let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) {
         for task in tasks.flatten() {
-            if let Ok(stat) = std::fs::read_to_string(task.path().join("schedstat")) {
-                total += stat
-                    .split_whitespace()
-                    .next()
-                    .and_then(|v| v.parse::<u64>().ok())
-                    .unwrap_or(0);
+            let Some(tid) = task.file_name().to_str().and_then(|t| t.parse().ok()) else {
+                continue;
+            };
+            if let Some(ns) = std::fs::read_to_string(task.path().join("schedstat"))
+                .ok()
+                .and_then(|stat| stat.split_whitespace().next()?.parse::<u64>().ok())
+            {
+                seen.insert((pid, tid), ns);
             }
         }
     }
-    total
+    seen.range((pid, 0)..=(pid, u32::MAX))
+        .map(|(_, ns)| ns)
+        .sum()
 }
 
 fn units_dir(n: usize) -> tempfile::TempDir {
