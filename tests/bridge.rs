@@ -357,22 +357,27 @@ fn the_bridge_hands_the_hosts_stdio_to_mcpd_and_copies_nothing() {
     assert!(d.stop(Signal::TERM).success());
 }
 
-/// Sends `request` on the attach socket with `fds`; the reply line.
+/// Sends `request` on the attach socket with `fds`; the reply line, and
+/// the socket behind the buffer that read it: what the daemon sends right
+/// after its reply (the answer to a message that came with the request)
+/// may be in that buffer already. Every read gives up after 10 s.
 fn attach_raw(
     runtime: &std::path::Path,
     request: &[u8],
     fds: &[std::os::fd::BorrowedFd<'_>],
-) -> (String, std::os::unix::net::UnixStream) {
+) -> (String, std::io::BufReader<std::os::unix::net::UnixStream>) {
     use std::io::BufRead;
     use std::os::fd::AsFd;
     let socket =
         std::os::unix::net::UnixStream::connect(runtime.join("mcpd/attach")).expect("connect");
+    socket
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .expect("timeout");
     let sent = mcpd::mux::attach::send_with_fds(socket.as_fd(), request, fds).expect("send");
     assert_eq!(sent, request.len());
+    let mut socket = std::io::BufReader::new(socket);
     let mut reply = String::new();
-    std::io::BufReader::new(&socket)
-        .read_line(&mut reply)
-        .expect("reply");
+    socket.read_line(&mut reply).expect("reply");
     (reply, socket)
 }
 
@@ -432,16 +437,14 @@ fn bad_attach_requests_get_named_refusals_and_a_file_is_copied() {
 
     // Without descriptors the socket is the session, and bytes sent with
     // the request are its first.
-    let (reply, socket) = attach_raw(
+    let (reply, mut socket) = attach_raw(
         &runtime,
         b"{\"server\":\"demo\"}\n{\"jsonrpc\":\"2.0\",\"id\":7,\"method\":\"initialize\",\"params\":{\"protocolVersion\":\"2025-11-25\",\"capabilities\":{},\"clientInfo\":{\"name\":\"t\",\"version\":\"1\"}}}\n",
         &[],
     );
     assert_eq!(reply, "\"attached\"\n");
     let mut answer = String::new();
-    std::io::BufReader::new(&socket)
-        .read_line(&mut answer)
-        .expect("answer");
+    socket.read_line(&mut answer).expect("answer");
     assert!(
         answer.contains("\"id\":7") && answer.contains("mcp-fixture"),
         "{answer}"
@@ -526,7 +529,7 @@ fn handed_over_stdio_reads_the_pending_bytes_first_and_a_replay_is_answered_to_n
         "{{\"server\":\"demo\",\"stdio\":true,\"pending\":{}}}\n{head}",
         head.len()
     );
-    let (reply, control) = attach_raw(
+    let (reply, mut control) = attach_raw(
         &runtime,
         request.as_bytes(),
         &[to_mcpd.as_fd(), from_mcpd.as_fd()],
@@ -542,17 +545,13 @@ fn handed_over_stdio_reads_the_pending_bytes_first_and_a_replay_is_answered_to_n
     );
     // The client is told the host's initialize, for a replay.
     let mut told = String::new();
-    std::io::BufReader::new(&control)
-        .read_line(&mut told)
-        .expect("control");
+    control.read_line(&mut told).expect("control");
     let told: serde_json::Value = serde_json::from_str(&told).expect("json");
     assert_eq!(told["initialize"]["method"], "initialize");
     // The host closes its input: the client is told the session is over.
     drop(host_writes);
     let mut end = String::new();
-    std::io::BufReader::new(&control)
-        .read_to_string(&mut end)
-        .expect("control");
+    control.read_to_string(&mut end).expect("control");
     assert_eq!(end, "{\"end\":null}\n");
 
     // A replay: initialized without an answer, told the lists may have
