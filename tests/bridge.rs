@@ -612,15 +612,8 @@ fn a_bridge_whose_server_is_gone_when_mcpd_comes_back_exits_4() {
     let rt = tokio::runtime::Runtime::new().expect("runtime");
     let d = rt.block_on(async {
         tokio::time::timeout(Duration::from_secs(60), async {
-            let mut bridge = tokio::process::Command::new(env!("CARGO_BIN_EXE_mcpctl"))
-                .args(["--user", "bridge", "demo"])
-                .env("XDG_RUNTIME_DIR", runtime.path())
-                .env_remove("DBUS_SESSION_BUS_ADDRESS")
-                .env_remove("MCPD_RUNTIME_DIR")
-                .stdin(Stdio::piped())
-                .stdout(Stdio::piped())
+            let mut bridge = crate::helper::bridge_command(runtime.path(), "demo")
                 .stderr(Stdio::piped())
-                .kill_on_drop(true)
                 .spawn()
                 .expect("spawn mcpctl bridge");
             let io = (

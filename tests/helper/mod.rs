@@ -77,7 +77,22 @@ pub fn fixture_path() -> PathBuf {
 }
 
 /// `mcpctl --user bridge NAME` for the daemon whose runtime dir is
-/// `runtime`, off any bus, with its stdio piped: the host's end of it.
+/// `runtime`, off any bus, with stdin and stdout piped (stderr is the
+/// caller's choice), killed when dropped.
+pub fn bridge_command(runtime: &Path, name: &str) -> tokio::process::Command {
+    let mut command = tokio::process::Command::new(env!("CARGO_BIN_EXE_mcpctl"));
+    command
+        .args(["--user", "bridge", name])
+        .env("XDG_RUNTIME_DIR", runtime)
+        .env_remove("DBUS_SESSION_BUS_ADDRESS")
+        .env_remove("MCPD_RUNTIME_DIR")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .kill_on_drop(true);
+    command
+}
+
+/// [`bridge_command`] spawned with stderr inherited: the host's end of it.
 pub fn bridge(
     runtime: &Path,
     name: &str,
@@ -85,15 +100,8 @@ pub fn bridge(
     tokio::process::Child,
     (tokio::process::ChildStdout, tokio::process::ChildStdin),
 ) {
-    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_mcpctl"))
-        .args(["--user", "bridge", name])
-        .env("XDG_RUNTIME_DIR", runtime)
-        .env_remove("DBUS_SESSION_BUS_ADDRESS")
-        .env_remove("MCPD_RUNTIME_DIR")
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
+    let mut child = bridge_command(runtime, name)
         .stderr(std::process::Stdio::inherit())
-        .kill_on_drop(true)
         .spawn()
         .expect("spawn mcpctl bridge");
     let io = (
