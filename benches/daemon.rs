@@ -74,6 +74,7 @@ struct Sizes {
     flood_secs: u64,
     ondemand_units: usize,
     cold_calls: usize,
+    restarts: usize,
 }
 
 impl Sizes {
@@ -97,6 +98,7 @@ impl Sizes {
             flood_secs: mode.size("MCPD_BENCH_FLOOD_SECS", 5, 1) as u64,
             ondemand_units: mode.size("MCPD_BENCH_ONDEMAND_UNITS", 20, 2).max(1),
             cold_calls: mode.size("MCPD_BENCH_COLD_CALLS", 20, 1).max(1),
+            restarts: mode.size("MCPD_BENCH_RESTARTS", 20, 2).max(1),
         }
     }
 }

@@ -28,7 +28,7 @@ mod common;
 use common::{Mode, Row, print_table, rss_kib, stats};
 use mcpd::supervisor::cgroup::Cgroups;
 use mcpd::supervisor::launch::{BoxFuture, Launched, Launcher};
-use mcpd::supervisor::machine::{ExitStatus, Gen, Signal};
+use mcpd::supervisor::machine::{Gen, Signal};
 use mcpd::supervisor::process::Host;
 use mcpd::supervisor::{LogRing, State, Supervisor, SystemLauncher};
 use mcpd::unit::spec::{ReconnectDraft, StdioDraft};
@@ -75,25 +75,27 @@ struct Timing {
 }
 
 impl Launcher for Timing {
-    fn launch(&self, spec: &UnitSpec, generation: Gen) -> Result<Launched, String> {
+    fn launch(&self, spec: &UnitSpec, generation: Gen) -> BoxFuture<Result<Launched, String>> {
         self.launched
             .lock()
             .expect("lock")
             .push((generation, Instant::now()));
-        let mut launched = self.inner.launch(spec, generation)?;
-        if let Some(exit) = launched.exit.take() {
-            let reaped = Arc::clone(&self.reaped);
-            let wrapped: BoxFuture<ExitStatus> = Box::pin(async move {
-                let status = exit.await;
-                reaped
-                    .lock()
-                    .expect("lock")
-                    .push((generation, Instant::now()));
-                status
-            });
-            launched.exit = Some(wrapped);
-        }
-        Ok(launched)
+        let launching = self.inner.launch(spec, generation);
+        let reaped = Arc::clone(&self.reaped);
+        Box::pin(async move {
+            let mut launched = launching.await?;
+            if let Some(exit) = launched.exit.take() {
+                launched.exit = Some(Box::pin(async move {
+                    let status = exit.await;
+                    reaped
+                        .lock()
+                        .expect("lock")
+                        .push((generation, Instant::now()));
+                    status
+                }));
+            }
+            Ok(launched)
+        })
     }
 
     fn signal(&self, pid: u32, signal: Signal) {

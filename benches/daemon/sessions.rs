@@ -270,6 +270,56 @@ async fn eight_hosts(d: &Daemon, sizes: &Sizes) -> Row {
     .met(share.p50 >= 0.8)
 }
 
+/// One host's calls on u0 through a bridge, one at a time: quiet, then
+/// while u1 is restarted every 50 ms (each restart stops a process and
+/// forks, cgroup and all, a new one, on the daemon every session shares).
+async fn beside_restarts(d: &Daemon, sizes: &Sizes) -> Row {
+    let (_bridge, io) = spawn(
+        &common::binary("mcpctl"),
+        &["--user", "bridge", "u0"],
+        d.runtime.path(),
+    );
+    let client = ().serve(io).await.expect("initialize");
+    let echo = serde_json::json!({"text": "x"});
+    let mut quiet = Vec::new();
+    for _ in 0..sizes.calls {
+        quiet.push(one(&client, "echo", &echo).await);
+    }
+    let conn = private(d).await;
+    let u1 = server(&conn, "u1").await;
+    let done = std::sync::atomic::AtomicBool::new(false);
+    let restarts = async {
+        for _ in 0..sizes.restarts {
+            u1.restart().await.expect("Restart");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        done.store(true, std::sync::atomic::Ordering::Relaxed);
+    };
+    let calls = async {
+        let mut xs = Vec::new();
+        while !done.load(std::sync::atomic::Ordering::Relaxed) {
+            xs.push(one(&client, "echo", &echo).await);
+        }
+        xs
+    };
+    let ((), busy) = tokio::join!(restarts, calls);
+    let _ = client.cancel().await;
+    let (quiet, busy) = (stats(quiet), stats(busy));
+    Row::new(
+        format!(
+            "tool call through mcpctl bridge while another server restarts every 50 ms ({} restarts), vs quiet",
+            sizes.restarts
+        ),
+        "-",
+        format!("p50 {:.3} vs {:.3} ms", busy.p50, quiet.p50),
+        format!(
+            "p95 {:.3} vs {:.3}, max {:.1} vs {:.1} ms",
+            busy.p95, quiet.p95, busy.max, quiet.max
+        ),
+        busy.runs,
+    )
+}
+
 /// The daemon's RSS growth per idle, initialized host session.
 async fn idle_sessions(d: &Daemon, sizes: &Sizes) -> Row {
     let n = sizes.sessions;
@@ -325,6 +375,7 @@ pub async fn rows(d: &Daemon, bus: Option<&Bus>, sizes: &Sizes) -> Vec<Row> {
     });
     rows.extend(bridge_start(d, sizes));
     rows.push(eight_hosts(d, sizes).await);
+    rows.push(beside_restarts(d, sizes).await);
     rows.push(idle_sessions(d, sizes).await);
     rows
 }

@@ -688,7 +688,7 @@ impl Actor {
         match effect {
             Effect::Spawn { generation } => {
                 self.sync_dirty = false;
-                match self.launcher.launch(&self.spec, generation) {
+                match self.launcher.launch(&self.spec, generation).await {
                     Ok(launched) => {
                         let tx = self.internal_tx.clone();
                         let connect = launched.connect;

@@ -387,6 +387,9 @@ impl Cgroup {
                 None => tokio::time::sleep(Duration::from_millis(50)).await,
             }
         }
+        if let Some(watch) = watch {
+            watch.close();
+        }
     }
 
     /// Removes it (it must be empty).
@@ -412,6 +415,14 @@ impl Watch {
         #[allow(deprecated)]
         let fd = tokio::io::unix::AsyncFd::new(fd).ok()?;
         Some(Self { fd })
+    }
+
+    /// Closes it on the blocking pool: closing an inotify instance waits
+    /// for an SRCU grace period (some 10 ms, measured), which would stall
+    /// the event loop and every session on it.
+    fn close(self) {
+        let fd = self.fd.into_inner();
+        drop(tokio::task::spawn_blocking(move || drop(fd)));
     }
 
     /// Waits for the next modification (or spuriously: callers re-check).

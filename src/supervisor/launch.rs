@@ -77,8 +77,9 @@ pub fn http_error_text(error: &StreamableHttpError<reqwest::Error>) -> String {
 /// Starts generations and signals their processes.
 pub trait Launcher: Send + Sync + 'static {
     /// Starts generation `generation` of `spec`. An error means nothing
-    /// was started.
-    fn launch(&self, spec: &UnitSpec, generation: Gen) -> Result<Launched, String>;
+    /// was started. What can be decided at once is (a plan, its cgroup);
+    /// the future resolves once the process exists (forked and exec'd).
+    fn launch(&self, spec: &UnitSpec, generation: Gen) -> BoxFuture<Result<Launched, String>>;
     /// Signals the process group led by `pid`.
     fn signal(&self, pid: u32, signal: Signal);
     /// The process `pid` was reaped: clean up what is left of its group.
@@ -99,6 +100,18 @@ pub trait Launcher: Send + Sync + 'static {
     fn sandbox(&self) -> String {
         String::new()
     }
+}
+
+/// A stdio generation ready to fork.
+struct Prepared {
+    plan: process::Plan,
+    /// Its cgroup's `cgroup.procs`, for the child to join.
+    procs: Option<std::os::fd::OwnedFd>,
+    confinement: Option<Confinement>,
+    cgroup: Option<Cgroup>,
+    /// The cgroup's OOM kills before this generation.
+    oom_kills: u64,
+    tmp: Option<PrivateTmp>,
 }
 
 /// Launches real children and HTTP sessions.
@@ -134,13 +147,29 @@ impl SystemLauncher {
         }
     }
 
+    /// Plans and prepares a stdio generation here; forks it on the
+    /// forker ([`process::spawn_on_forker`]) in the future it returns.
     fn stdio(
         &self,
         spec: &StdioSpec,
         limits: Limits,
         sandboxed: Option<&Sandbox>,
         generation: Gen,
-    ) -> Result<Launched, String> {
+    ) -> BoxFuture<Result<Launched, String>> {
+        match self.prepare(spec, limits, sandboxed, generation) {
+            Ok(prepared) => Box::pin(self.clone().fork(prepared, generation)),
+            Err(e) => Box::pin(std::future::ready(Err(e))),
+        }
+    }
+
+    /// Everything before the fork: what can fail with a reason does.
+    fn prepare(
+        &self,
+        spec: &StdioSpec,
+        limits: Limits,
+        sandboxed: Option<&Sandbox>,
+        generation: Gen,
+    ) -> Result<Prepared, String> {
         if let Ok(mut enforced) = self.enforced.lock() {
             enforced.clear();
         }
@@ -186,11 +215,27 @@ impl SystemLauncher {
             }
             None => None,
         };
-        let mut child = process::spawn(&plan, procs, confinement).inspect_err(|_| {
-            if let Some(cgroup) = &cgroup {
-                cgroup.remove();
-            }
-        })?;
+        Ok(Prepared {
+            plan,
+            procs,
+            confinement,
+            cgroup,
+            oom_kills,
+            tmp,
+        })
+    }
+
+    /// Forks a prepared generation and wires it up.
+    async fn fork(self, prepared: Prepared, generation: Gen) -> Result<Launched, String> {
+        let (cgroup, oom_kills, tmp) = (prepared.cgroup, prepared.oom_kills, prepared.tmp);
+        let mut child =
+            process::spawn_on_forker(prepared.plan, prepared.procs, prepared.confinement)
+                .await
+                .inspect_err(|_| {
+                    if let Some(cgroup) = &cgroup {
+                        cgroup.remove();
+                    }
+                })?;
         let pid = child.id();
         let (Some(stdin), Some(stdout), Some(stderr)) =
             (child.stdin.take(), child.stdout.take(), child.stderr.take())
@@ -431,11 +476,11 @@ fn install_crypto_provider() {
 }
 
 impl Launcher for SystemLauncher {
-    fn launch(&self, spec: &UnitSpec, generation: Gen) -> Result<Launched, String> {
+    fn launch(&self, spec: &UnitSpec, generation: Gen) -> BoxFuture<Result<Launched, String>> {
         self.configure(spec);
         match spec.transport() {
             Transport::Stdio(stdio) => self.stdio(stdio, spec.limits(), spec.sandbox(), generation),
-            Transport::Http(http) => self.http(http),
+            Transport::Http(http) => Box::pin(std::future::ready(self.http(http))),
         }
     }
 

@@ -423,6 +423,51 @@ pub fn spawn(
     })
 }
 
+/// [`spawn`] on the forker: one thread, started on first use, that forks
+/// every server. Two reasons it is not the event loop nor the blocking
+/// pool. `spawn` waits for the child's set-up to reach exec, and joining
+/// a cgroup there waits for an RCU grace period when no other cgroup
+/// moved recently (some 20 ms, measured on a reload): the one event loop
+/// that carries every host session would stall that long at each start.
+/// And `PR_SET_PDEATHSIG` fires when the *thread* that forked the child
+/// ends, not the process: a pool thread retires after 10 s idle and would
+/// take its servers with it, while the forker lives as long as the daemon.
+pub async fn spawn_on_forker(
+    plan: Plan,
+    cgroup: Option<std::os::fd::OwnedFd>,
+    confinement: Option<Confinement>,
+) -> Result<tokio::process::Child, String> {
+    type Job = Box<dyn FnOnce() + Send>;
+    static FORKER: std::sync::OnceLock<Option<std::sync::mpsc::Sender<Job>>> =
+        std::sync::OnceLock::new();
+    let forker = FORKER.get_or_init(|| {
+        let (tx, rx) = std::sync::mpsc::channel::<Job>();
+        std::thread::Builder::new()
+            .name("mcpd-forker".into())
+            .spawn(move || {
+                for job in rx {
+                    job();
+                }
+            })
+            .ok()
+            .map(|_| tx)
+    });
+    let cannot = |why: &str| format!("cannot start {}: {why}", plan.program.display());
+    let Some(forker) = forker else {
+        return Err(cannot("the daemon cannot start its forker thread"));
+    };
+    let gone = cannot("the daemon's forker thread is gone");
+    let runtime = tokio::runtime::Handle::current();
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    let job: Job = Box::new(move || {
+        // The child is tokio's to reap, on the daemon's runtime.
+        let _entered = runtime.enter();
+        let _ = tx.send(spawn(&plan, cgroup, confinement));
+    });
+    forker.send(job).map_err(|_| gone.clone())?;
+    rx.await.map_err(|_| gone)?
+}
+
 /// "Operation not permitted (EPERM)": what an errno means and its name, for
 /// reasons an operator searches for.
 fn errno_text(e: &std::io::Error) -> String {

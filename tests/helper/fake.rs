@@ -212,8 +212,9 @@ impl Fake {
     }
 }
 
-impl Launcher for Fake {
-    fn launch(&self, _spec: &UnitSpec, generation: Gen) -> Result<Launched, String> {
+impl Fake {
+    /// What [`Launcher::launch`] resolves to: a generation at once.
+    fn start(&self, _spec: &UnitSpec, generation: Gen) -> Result<Launched, String> {
         let mut state = self.state.lock().expect("lock");
         state.launches.push(generation);
         let plan = state.plans.pop_front().unwrap_or(Plan::Serve);
@@ -260,7 +261,12 @@ impl Launcher for Fake {
             exit: Some(exit),
         })
     }
+}
 
+impl Launcher for Fake {
+    fn launch(&self, spec: &UnitSpec, generation: Gen) -> BoxFuture<Result<Launched, String>> {
+        Box::pin(std::future::ready(self.start(spec, generation)))
+    }
     fn signal(&self, pid: u32, signal: Signal) {
         let ignore = {
             let mut state = self.state.lock().expect("lock");
