@@ -46,6 +46,8 @@ impl Entry {
 pub struct Registry {
     config: Config,
     context: unit::Context,
+    /// Parses the unit files, remembering what stands unchanged.
+    loader: unit::Loader,
     host: Host,
     entries: BTreeMap<String, Entry>,
     /// Units being stopped after removal, by name: a unit re-added under
@@ -61,6 +63,7 @@ impl Registry {
         let context = config.instance.load_context();
         Self {
             config,
+            loader: unit::Loader::new(context.clone()),
             context,
             host,
             entries: BTreeMap::new(),
@@ -124,24 +127,32 @@ impl Registry {
         // Reading and parsing every file is blocking work (a large search
         // path takes a while): not on the thread that carries the hosts'
         // sessions.
+        // Files that stand as they were are not parsed again (see
+        // `unit::Loader`): one changed among 500 costs one parse.
         let dirs = self.config.unit_dirs.clone();
-        let context = self.context.clone();
+        let mut loader = std::mem::take(&mut self.loader);
         let scan = move || {
+            let now = std::time::SystemTime::now();
             let (found, dir_errors) = unit::discover(&dirs);
             let seen: BTreeMap<_, _> = found
                 .into_iter()
                 .filter(|f| !f.masked)
                 .map(|f| {
-                    let loaded = unit::load_in(&f.files, &context);
+                    let loaded = loader.load(&f.files, now);
                     (f.name, (f.files, loaded))
                 })
                 .collect();
-            (seen, dir_errors)
+            loader.retain(&seen.values().map(|(files, _)| files).collect());
+            (seen, dir_errors, loader)
         };
         let (seen, dir_errors) = match tokio::task::spawn_blocking(scan).await {
-            Ok(scanned) => scanned,
+            Ok((seen, dir_errors, loader)) => {
+                self.loader = loader;
+                (seen, dir_errors)
+            }
             Err(e) => {
                 // Nothing read: nothing changes.
+                self.loader = unit::Loader::new(self.context.clone());
                 tracing::error!(target: "mcpd::daemon", "reading the units failed: {e}");
                 return Diff(Vec::new());
             }

@@ -19,7 +19,7 @@ use super::syntax::{self, Issue, Layer, Loc};
 
 /// The files that make up one unit: its main file, then drop-ins in the
 /// order they apply.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct UnitFiles {
     pub main: PathBuf,
     pub dropins: Vec<PathBuf>,
@@ -77,6 +77,104 @@ pub fn load(files: &UnitFiles) -> Result<UnitSpec, LoadError> {
 /// [`load`] for an instance (see [`Context`]).
 pub fn load_in(files: &UnitFiles, context: &Context) -> Result<UnitSpec, LoadError> {
     load_with(files, context, |path| std::fs::read(path))
+}
+
+/// How long a file must have been left alone before a [`Loader`] trusts
+/// its stamp: an edit within the filesystem's timestamp granularity of the
+/// moment the file was read could otherwise leave the stamp as it was.
+pub const SETTLED: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// [`load_in`] that remembers what it loaded: a unit whose files all stand
+/// as they did (device, inode, size, mtime, ctime) is not read and parsed
+/// again. It remembers only what depends on the files alone: valid units
+/// whose files had [`SETTLED`] when they were read, and whose sandbox
+/// names no paths (their existence is checked at load); errors and the
+/// rest are loaded afresh every time.
+#[derive(Debug, Default)]
+pub struct Loader {
+    context: Context,
+    known: HashMap<UnitFiles, (Vec<Stamp>, UnitSpec)>,
+    /// How many units were read and parsed (not remembered).
+    pub parsed: usize,
+}
+
+/// What identifies a file's content without reading it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Stamp {
+    dev: u64,
+    ino: u64,
+    size: u64,
+    mtime: (i64, i64),
+    ctime: (i64, i64),
+}
+
+impl Stamp {
+    fn of(path: &Path) -> Option<Self> {
+        use std::os::unix::fs::MetadataExt;
+        let m = std::fs::metadata(path).ok()?;
+        Some(Self {
+            dev: m.dev(),
+            ino: m.ino(),
+            size: m.size(),
+            mtime: (m.mtime(), m.mtime_nsec()),
+            ctime: (m.ctime(), m.ctime_nsec()),
+        })
+    }
+
+    /// Whether the file's last change is [`SETTLED`] before `now`.
+    fn settled(&self, now: std::time::SystemTime) -> bool {
+        let (Ok(secs), Ok(nanos)) = (u64::try_from(self.ctime.0), u32::try_from(self.ctime.1))
+        else {
+            return false;
+        };
+        let changed = std::time::UNIX_EPOCH + std::time::Duration::new(secs, nanos);
+        changed + SETTLED <= now
+    }
+}
+
+impl Loader {
+    pub fn new(context: Context) -> Self {
+        Self {
+            context,
+            ..Self::default()
+        }
+    }
+
+    /// Loads `files` (see [`load_in`]); `now` is the time of the scan.
+    pub fn load(
+        &mut self,
+        files: &UnitFiles,
+        now: std::time::SystemTime,
+    ) -> Result<UnitSpec, LoadError> {
+        // Stamped before reading: a change after the stamp makes the next
+        // stamp differ.
+        let stamps: Option<Vec<Stamp>> = std::iter::once(&files.main)
+            .chain(&files.dropins)
+            .map(|p| Stamp::of(p))
+            .collect();
+        if let (Some(stamps), Some((known, spec))) = (&stamps, self.known.get(files))
+            && stamps == known
+        {
+            return Ok(spec.clone());
+        }
+        self.known.remove(files);
+        self.parsed += 1;
+        let loaded = load_in(files, &self.context);
+        if let (Some(stamps), Ok(spec)) = (stamps, &loaded)
+            && stamps.iter().all(|s| s.settled(now))
+            && spec
+                .sandbox()
+                .is_none_or(|s| s.read_only.is_empty() && s.read_write.is_empty())
+        {
+            self.known.insert(files.clone(), (stamps, spec.clone()));
+        }
+        loaded
+    }
+
+    /// Forgets every unit but those in `kept` (the last scan's).
+    pub fn retain(&mut self, kept: &std::collections::HashSet<&UnitFiles>) {
+        self.known.retain(|files, _| kept.contains(files));
+    }
 }
 
 /// [`load_in`] with the file reads supplied by `read` (tests feed bytes from memory).
@@ -380,4 +478,81 @@ fn spec_problem(sources: &[Source], locs: &HashMap<Field, Loc>, e: SpecError) ->
         }
     }
     (loc, problem)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::{Duration, SystemTime};
+
+    fn unit(dir: &Path, name: &str, body: &str) -> UnitFiles {
+        let main = dir.join(format!("{name}.kdl"));
+        std::fs::write(&main, body).expect("write");
+        UnitFiles::beside(&main)
+    }
+
+    const FIXTURE: &str = "stdio {\n    command \"/bin/true\"\n}\n";
+
+    #[test]
+    fn a_settled_unchanged_unit_is_not_parsed_again_and_any_change_is() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let files = unit(dir.path(), "a", FIXTURE);
+        let mut loader = Loader::default();
+        let later = SystemTime::now() + SETTLED + Duration::from_secs(1);
+        let first = loader.load(&files, later).expect("valid");
+        assert_eq!(loader.load(&files, later).expect("valid"), first);
+        assert_eq!(loader.parsed, 1, "the second load is remembered");
+        // The same size, a new content: the ctime moves.
+        std::thread::sleep(Duration::from_millis(20));
+        std::fs::write(&files.main, FIXTURE.replace("true", "echo")).expect("write");
+        let changed = loader.load(&files, later + SETTLED).expect("valid");
+        assert_ne!(changed, first);
+        assert_eq!(loader.parsed, 2);
+        // A drop-in makes other files: parsed.
+        std::fs::create_dir(dir.path().join("a.kdl.d")).expect("mkdir");
+        std::fs::write(dir.path().join("a.kdl.d/10-x.kdl"), "stop-timeout \"3s\"\n")
+            .expect("write");
+        let files = UnitFiles::beside(&files.main);
+        loader.load(&files, later + SETTLED).expect("valid");
+        assert_eq!(loader.parsed, 3);
+        // Forgotten once it is not in a scan.
+        loader.retain(&std::collections::HashSet::new());
+        loader.load(&files, later + SETTLED).expect("valid");
+        assert_eq!(loader.parsed, 4);
+    }
+
+    #[test]
+    fn fresh_files_errors_and_sandbox_paths_are_parsed_every_time() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut loader = Loader::default();
+        let now = SystemTime::now();
+        // Just written: its stamp may not show an edit in the same tick.
+        let fresh = unit(dir.path(), "fresh", FIXTURE);
+        loader.load(&fresh, now).expect("valid");
+        loader.load(&fresh, now).expect("valid");
+        assert_eq!(loader.parsed, 2);
+        let later = now + SETTLED + Duration::from_secs(1);
+        let broken = unit(dir.path(), "broken", "stdio {\n");
+        assert!(loader.load(&broken, later).is_err());
+        assert!(loader.load(&broken, later).is_err());
+        assert_eq!(loader.parsed, 4);
+        let data = dir.path().join("data");
+        let sandboxed = unit(
+            dir.path(),
+            "sandboxed",
+            &format!(
+                "{FIXTURE}sandbox {{\n    read-only-paths \"{}\"\n}}\n",
+                data.display()
+            ),
+        );
+        assert!(
+            loader.load(&sandboxed, later).is_err(),
+            "the path is missing"
+        );
+        std::fs::create_dir(&data).expect("mkdir");
+        loader.load(&sandboxed, later).expect("valid now");
+        std::fs::remove_dir(&data).expect("rmdir");
+        assert!(loader.load(&sandboxed, later).is_err(), "missing again");
+        assert_eq!(loader.parsed, 7);
+    }
 }

@@ -26,7 +26,7 @@ pub fn vocabulary() -> Vec<String> {
 
 pub use diag::{LoadError, Problem, Style};
 pub use instance::Instance;
-pub use load::{Context, UnitFiles, load, load_in, load_with};
+pub use load::{Context, Loader, UnitFiles, load, load_in, load_with};
 pub use name::UnitName;
 pub use search::{Found, discover, search_path};
 pub use spec::{
