@@ -502,9 +502,17 @@ mod tests {
         let first = loader.load(&files, later).expect("valid");
         assert_eq!(loader.load(&files, later).expect("valid"), first);
         assert_eq!(loader.parsed, 1, "the second load is remembered");
-        // The same size, a new content: the ctime moves.
-        std::thread::sleep(Duration::from_millis(20));
-        std::fs::write(&files.main, FIXTURE.replace("true", "echo")).expect("write");
+        // The same size, a new content: only the ctime says so, once the
+        // filesystem's clock has ticked past the first write's.
+        let stamp = Stamp::of(&files.main).expect("stamp");
+        for _ in 0..400 {
+            std::fs::write(&files.main, FIXTURE.replace("true", "echo")).expect("write");
+            if Stamp::of(&files.main).expect("stamp").ctime != stamp.ctime {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        assert_ne!(Stamp::of(&files.main).expect("stamp").ctime, stamp.ctime);
         let changed = loader.load(&files, later + SETTLED).expect("valid");
         assert_ne!(changed, first);
         assert_eq!(loader.parsed, 2);
