@@ -45,7 +45,6 @@ impl Entry {
 #[derive(Debug)]
 pub struct Registry {
     config: Config,
-    context: unit::Context,
     /// Parses the unit files, remembering what stands unchanged.
     loader: unit::Loader,
     host: Host,
@@ -60,11 +59,9 @@ pub struct Registry {
 impl Registry {
     /// A registry of `config`'s units whose children are spawned on `host`.
     pub fn new(config: Config, host: Host) -> Self {
-        let context = config.instance.load_context();
         Self {
+            loader: unit::Loader::new(config.instance.load_context()),
             config,
-            loader: unit::Loader::new(context.clone()),
-            context,
             host,
             entries: BTreeMap::new(),
             retiring: HashMap::new(),
@@ -130,7 +127,9 @@ impl Registry {
         // Files that stand as they were are not parsed again (see
         // `unit::Loader`): one changed among 500 costs one parse.
         let dirs = self.config.unit_dirs.clone();
-        let mut loader = std::mem::take(&mut self.loader);
+        // A scan that fails (panics) leaves a loader that remembers nothing.
+        let fresh = self.loader.fresh();
+        let mut loader = std::mem::replace(&mut self.loader, fresh);
         let scan = move || {
             let now = std::time::SystemTime::now();
             let (found, dir_errors) = unit::discover(&dirs);
@@ -152,7 +151,6 @@ impl Registry {
             }
             Err(e) => {
                 // Nothing read: nothing changes.
-                self.loader = unit::Loader::new(self.context.clone());
                 tracing::error!(target: "mcpd::daemon", "reading the units failed: {e}");
                 return Diff(Vec::new());
             }

@@ -140,6 +140,11 @@ impl Loader {
         }
     }
 
+    /// A loader for the same instance that remembers nothing yet.
+    pub fn fresh(&self) -> Self {
+        Self::new(self.context.clone())
+    }
+
     /// Loads `files` (see [`load_in`]); `now` is the time of the scan.
     pub fn load(
         &mut self,
