@@ -11,10 +11,11 @@
 //! 4. D-Bus round trips: ListServers at 500, a property read, CallTool echo,
 //!    over the private socket and over the bus;
 //! 5. tool-call overhead: direct stdio to the fixture vs `mcpctl bridge` vs
+//!    a bare byte relay (`examples/relay`, the floor of any proxy) vs
 //!    D-Bus CallTool, and mcp-proxy (PyPI) in front of the same fixture;
 //! 6. `mcpctl status` whole-process wall time at 500 servers;
-//! 7. host sessions (`sessions`): server-everything through the bridge vs
-//!    direct, the bridge's start-up and RSS, 8 hosts on one server, the
+//! 7. host sessions (`sessions`): server-everything through the bridge and
+//!    through the bare relay vs direct, the bridge's start-up and RSS, 8 hosts on one server, the
 //!    daemon's memory per idle session;
 //! 8. liveness (`liveness`): idle CPU with probes at the defaults, hung
 //!    server detection time, the daemon's CPU under a stderr flood and a
@@ -681,13 +682,21 @@ async fn call_overhead(d: &Daemon, bus: Option<&Bus>, sizes: &Sizes) -> (Vec<Row
     let direct = ().serve(io).await.expect("initialize");
     let (_bridge, io) = spawn(common::binary("mcpctl"), &["--user", "bridge", "u0"]);
     let bridged = ().serve(io).await.expect("initialize");
-    // Call by call in turn, so the machine's noise falls on both alike.
+    let fixture = common::binary("examples/mcp-fixture");
+    let fixture = fixture.to_str().expect("a UTF-8 path");
+    let (_relay, io) = spawn(
+        common::binary("examples/relay"),
+        &[fixture, "--chatter", "0"],
+    );
+    let relayed = ().serve(io).await.expect("initialize");
+    // Call by call in turn, so the machine's noise falls on all alike.
     let echo = serde_json::json!({"text": "x"});
-    let (direct_xs, bridged_xs) =
-        sessions::side_by_side(&direct, &bridged, sizes.calls, "echo", &echo).await;
-    let _ = direct.cancel().await;
-    let _ = bridged.cancel().await;
-    let (direct, bridged) = (stats(direct_xs), stats(bridged_xs));
+    let [direct_xs, bridged_xs, relayed_xs] =
+        sessions::in_turn([&direct, &bridged, &relayed], sizes.calls, "echo", &echo).await;
+    for client in [direct, bridged, relayed] {
+        let _ = client.cancel().await;
+    }
+    let (direct, bridged, relayed) = (stats(direct_xs), stats(bridged_xs), stats(relayed_xs));
 
     let dbus_calls = |conn: zbus::Connection| async move {
         let u0 = server(&conn, "u0").await;
@@ -731,6 +740,14 @@ async fn call_overhead(d: &Daemon, bus: Option<&Bus>, sizes: &Sizes) -> (Vec<Row
         )
         .met(bridged.p50 - direct.p50 <= 0.1),
     );
+    let (m, s) = overhead(relayed);
+    rows.push(Row::new(
+        "tool call through a bare relay (examples/relay: the floor of any proxy) (+ overhead)",
+        "-",
+        m,
+        s,
+        relayed.runs,
+    ));
     let (m, s) = overhead(over_private);
     rows.push(
         Row::new(

@@ -62,21 +62,21 @@ fn params(tool: &str, arguments: serde_json::Value) -> CallToolRequestParams {
     CallToolRequestParams::new(tool.to_owned()).with_arguments(arguments)
 }
 
-/// Round trips of `tool` on `a` and on `b`, in turn, one at a time (so
-/// the machine's noise falls on both alike): milliseconds of each.
-pub async fn side_by_side(
-    a: &Client,
-    b: &Client,
+/// Round trips of `tool` on each client in turn, one at a time (so the
+/// machine's noise falls on all alike): milliseconds of each, per client.
+pub async fn in_turn<const N: usize>(
+    clients: [&Client; N],
     calls: usize,
     tool: &str,
     arguments: &serde_json::Value,
-) -> (Vec<f64>, Vec<f64>) {
-    let (mut xs, mut ys) = (Vec::with_capacity(calls), Vec::with_capacity(calls));
+) -> [Vec<f64>; N] {
+    let mut xs = std::array::from_fn(|_| Vec::with_capacity(calls));
     for _ in 0..calls {
-        xs.push(one(a, tool, arguments).await);
-        ys.push(one(b, tool, arguments).await);
+        for (client, xs) in clients.iter().zip(xs.iter_mut()) {
+            xs.push(one(client, tool, arguments).await);
+        }
     }
-    (xs, ys)
+    xs
 }
 
 /// One round trip, in milliseconds.
@@ -90,8 +90,9 @@ async fn one(client: &Client, tool: &str, arguments: &serde_json::Value) -> f64 
     t.elapsed().as_secs_f64() * 1000.0
 }
 
-/// server-everything's `echo`, direct and through the bridge.
-async fn everything_overhead(bus: Option<&Bus>, sizes: &Sizes) -> Result<Row, String> {
+/// server-everything's `echo`: direct, through the bridge and through a
+/// bare relay.
+async fn everything_overhead(bus: Option<&Bus>, sizes: &Sizes) -> Result<[Row; 2], String> {
     let server = everything()?;
     let server = server.to_str().ok_or("a non-UTF-8 path")?.to_owned();
     let units = tempfile::tempdir().map_err(|e| e.to_string())?;
@@ -111,19 +112,48 @@ async fn everything_overhead(bus: Option<&Bus>, sizes: &Sizes) -> Result<Row, St
         d.runtime.path(),
     );
     let bridged = ().serve(io).await.map_err(|e| e.to_string())?;
-    let (direct_xs, bridged_xs) = side_by_side(&direct, &bridged, sizes.calls, "echo", &echo).await;
-    let _ = direct.cancel().await;
-    let _ = bridged.cancel().await;
-    let (direct, bridged) = (stats(direct_xs), stats(bridged_xs));
+    let (_relay, io) = spawn(
+        &common::binary("examples/relay"),
+        &["node", &server, "stdio"],
+        d.runtime.path(),
+    );
+    let relayed = ().serve(io).await.map_err(|e| e.to_string())?;
+    let [direct_xs, bridged_xs, relayed_xs] =
+        in_turn([&direct, &bridged, &relayed], sizes.calls, "echo", &echo).await;
+    for client in [direct, bridged, relayed] {
+        let _ = client.cancel().await;
+    }
+    let (direct, bridged, relayed) = (stats(direct_xs), stats(bridged_xs), stats(relayed_xs));
+    let vs_direct = |s: common::Stats| {
+        (
+            format!(
+                "{:.3} ms vs {:.3} ms: {:.2}×",
+                s.p50,
+                direct.p50,
+                s.p50 / direct.p50
+            ),
+            format!("p95 {:.3} vs {:.3} ms", s.p95, direct.p95),
+        )
+    };
     let ratio = bridged.p50 / direct.p50;
-    Ok(Row::new(
+    let (m, s) = vs_direct(bridged);
+    let bridge = Row::new(
         "server-everything echo through mcpctl bridge, vs direct stdio",
         "p50 ≤ 1.25× direct",
-        format!("{:.3} ms vs {:.3} ms: {ratio:.2}×", bridged.p50, direct.p50),
-        format!("p95 {:.3} vs {:.3} ms", bridged.p95, direct.p95),
+        m,
+        s,
         bridged.runs,
     )
-    .met(ratio <= 1.25))
+    .met(ratio <= 1.25);
+    let (m, s) = vs_direct(relayed);
+    let relay = Row::new(
+        "server-everything echo through a bare relay (examples/relay), vs direct stdio",
+        "-",
+        m,
+        s,
+        relayed.runs,
+    );
+    Ok([bridge, relay])
 }
 
 /// `mcpctl bridge` from exec to the answer to `initialize`, and its RSS.
@@ -369,10 +399,13 @@ async fn idle_sessions(d: &Daemon, sizes: &Sizes) -> Row {
 /// Every host-session row.
 pub async fn rows(d: &Daemon, bus: Option<&Bus>, sizes: &Sizes) -> Vec<Row> {
     let mut rows = Vec::new();
-    rows.push(match everything_overhead(bus, sizes).await {
-        Ok(row) => row,
-        Err(reason) => Row::skipped("server-everything echo through mcpctl bridge", &reason),
-    });
+    match everything_overhead(bus, sizes).await {
+        Ok(both) => rows.extend(both),
+        Err(reason) => rows.push(Row::skipped(
+            "server-everything echo through mcpctl bridge",
+            &reason,
+        )),
+    }
     rows.extend(bridge_start(d, sizes));
     rows.push(eight_hosts(d, sizes).await);
     rows.push(beside_restarts(d, sizes).await);
