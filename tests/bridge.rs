@@ -51,14 +51,7 @@ fn an_mcp_client_uses_a_managed_server_through_the_bridge() {
         "stdio {\n    command \"mcp-fixture\" \"--chatter\" \"0\"\n}\nreconnect {\n    initial-delay \"1h\"\n    max-delay \"2h\"\n}\n",
     )
     .expect("write");
-    let start = || {
-        let mut d = Daemon::user_no_bus(
-            units.path(),
-            &[("XDG_RUNTIME_DIR", runtime.path().as_os_str())],
-        );
-        d.wait_until("demo running", |d| d.latest_pid("demo").is_some());
-        d
-    };
+    let start = || demo_running(units.path(), runtime.path());
     let mut daemon = Some(start());
 
     let rt = tokio::runtime::Runtime::new().expect("runtime");
@@ -298,6 +291,14 @@ fn a_host_with_the_sdks_default_environment_finds_the_user_daemon() {
     });
     assert_eq!(listed, 9);
     assert!(d.stop(Signal::TERM).success());
+}
+
+/// A user daemon of `units` in runtime directory `runtime`, once its unit
+/// demo runs.
+fn demo_running(units: &std::path::Path, runtime: &std::path::Path) -> Daemon {
+    let mut d = Daemon::user_no_bus(units, &[("XDG_RUNTIME_DIR", runtime.as_os_str())]);
+    d.wait_until("demo running", |d| d.latest_pid("demo").is_some());
+    d
 }
 
 /// A demo daemon for the attach tests: the fixture, retrying in an hour.
@@ -656,4 +657,155 @@ fn a_bridge_whose_server_is_gone_when_mcpd_comes_back_exits_4() {
         .expect("within 60 s")
     });
     assert!(d.stop(Signal::TERM).success());
+}
+
+/// A line of JSON to a bridge's stdin.
+async fn send_line(stdin: &mut tokio::process::ChildStdin, message: serde_json::Value) {
+    use tokio::io::AsyncWriteExt;
+    let mut line = message.to_string().into_bytes();
+    line.push(b'\n');
+    stdin.write_all(&line).await.expect("write to the bridge");
+}
+
+/// The next message from a bridge's stdout.
+async fn next_message(
+    out: &mut tokio::io::Lines<tokio::io::BufReader<tokio::process::ChildStdout>>,
+) -> serde_json::Value {
+    let line = out
+        .next_line()
+        .await
+        .expect("read from the bridge")
+        .expect("the bridge closed its stdout");
+    serde_json::from_str(&line).expect("a JSON line")
+}
+
+/// The answer to request `id`, skipping notifications; an answer to any
+/// other request fails the test.
+async fn answer_to(
+    out: &mut tokio::io::Lines<tokio::io::BufReader<tokio::process::ChildStdout>>,
+    id: &serde_json::Value,
+) -> serde_json::Value {
+    loop {
+        let message = next_message(out).await;
+        if message.get("method").is_some() {
+            continue;
+        }
+        assert_eq!(message.get("id"), Some(id), "{message}");
+        return message;
+    }
+}
+
+#[test]
+fn a_killed_daemons_requests_in_flight_fail_at_once_and_the_bridge_attaches_to_the_next() {
+    use serde_json::json;
+    use tokio::io::AsyncBufReadExt;
+    let units = tempfile::tempdir().expect("tempdir");
+    let runtime = tempfile::tempdir().expect("tempdir");
+    std::fs::write(
+        units.path().join("demo.kdl"),
+        "stdio {\n    command \"mcp-fixture\" \"--chatter\" \"0\"\n}\n",
+    )
+    .expect("write");
+    let start = || demo_running(units.path(), runtime.path());
+    let first = start();
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    let next = rt.block_on(async {
+        tokio::time::timeout(Duration::from_secs(60), async {
+            let (mut bridge, (stdout, mut stdin)) = crate::helper::bridge(runtime.path(), "demo");
+            let mut out = tokio::io::BufReader::new(stdout).lines();
+            send_line(
+                &mut stdin,
+                json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+                    "protocolVersion": "2025-06-18", "capabilities": {},
+                    "clientInfo": {"name": "test", "version": "1"}}}),
+            )
+            .await;
+            assert!(answer_to(&mut out, &json!(1)).await.get("result").is_some());
+            send_line(
+                &mut stdin,
+                json!({"jsonrpc": "2.0", "method": "notifications/initialized"}),
+            )
+            .await;
+            // Three calls that the server never answers (a string id and
+            // numbers), one of them cancelled by the host, and a list mcpd
+            // answers itself; then a ping: once it is answered, mcpd has
+            // read everything before it.
+            for id in [json!("hang-a"), json!(7), json!(8)] {
+                send_line(
+                    &mut stdin,
+                    json!({"jsonrpc": "2.0", "id": id, "method": "tools/call",
+                           "params": {"name": "hang", "arguments": {}}}),
+                )
+                .await;
+            }
+            send_line(
+                &mut stdin,
+                json!({"jsonrpc": "2.0", "method": "notifications/cancelled",
+                       "params": {"requestId": 8, "reason": "changed my mind"}}),
+            )
+            .await;
+            send_line(
+                &mut stdin,
+                json!({"jsonrpc": "2.0", "id": 3, "method": "tools/list"}),
+            )
+            .await;
+            assert!(answer_to(&mut out, &json!(3)).await["result"]["tools"].is_array());
+            send_line(
+                &mut stdin,
+                json!({"jsonrpc": "2.0", "id": 2, "method": "ping"}),
+            )
+            .await;
+            assert!(answer_to(&mut out, &json!(2)).await.get("result").is_some());
+
+            // Killed, mcpd answers nothing: the bridge answers both at once.
+            // (The next daemon, which kills what the first left, starts
+            // right away, so that nothing is left even if this fails.)
+            assert!(!first.stop(Signal::KILL).success());
+            let next = start();
+            let mut failed = Vec::new();
+            while failed.len() < 2 {
+                let message = next_message(&mut out).await;
+                let text = message["error"]["message"].as_str().unwrap_or_default();
+                assert_eq!(
+                    text, "server demo: connection lost: mcpd went away",
+                    "{message}"
+                );
+                failed.push(message["id"].clone());
+            }
+            failed.sort_by_key(|id| id.to_string());
+            assert_eq!(failed, [json!("hang-a"), json!(7)]);
+            // Nothing else fails: what was answered or cancelled is not in
+            // flight (`answer_to` refuses any other answer from here on).
+
+            // The bridge attaches to the next daemon, replays the host's
+            // initialize, and the session works without the host doing
+            // anything.
+            let mut answered = None;
+            for n in 0..200 {
+                let id = json!(100 + n);
+                send_line(
+                    &mut stdin,
+                    json!({"jsonrpc": "2.0", "id": id, "method": "tools/call",
+                           "params": {"name": "echo", "arguments": {"text": "back"}}}),
+                )
+                .await;
+                let answer = answer_to(&mut out, &id).await;
+                if answer.get("result").is_some() {
+                    answered = Some(answer);
+                    break;
+                }
+                // Refused while the bridge is not attached yet.
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            let answered = answered.expect("an answer from the next daemon");
+            assert_eq!(answered["result"]["content"][0]["text"], json!("back"));
+            drop(stdin);
+            let status = bridge.wait().await.expect("bridge exits");
+            assert!(status.success(), "{status:?}");
+            next
+        })
+        .await
+        .expect("within 60 s")
+    });
+    assert!(next.stop(Signal::TERM).success());
 }

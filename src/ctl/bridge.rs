@@ -12,8 +12,10 @@
 //! handing over what it read and the `initialize` to replay: the daemon
 //! initializes the new session with it, does not pass the answer on, and
 //! tells the host the lists may have changed. Requests in flight when the
-//! daemon went away are answered by the daemon when it stops, but not
-//! when it is killed (the host's own timeout applies then).
+//! daemon went away are answered by the daemon when it stops; when it is
+//! killed, by the bridge, from the session's ledger (`mux::ledger`: the
+//! requests the daemon read and had not answered, which came with the
+//! attach reply).
 //!
 //! Otherwise (a terminal, a file), or when the attach socket cannot be
 //! reached but D-Bus can, it copies lines between stdio and the session's
@@ -164,7 +166,7 @@ fn error_line(id: &str, message: &str) -> String {
 async fn attach(instance: Instance, name: &str) -> Result<UnixStream, CtlError> {
     let path = attach_socket(instance);
     let socket = match handshake(&path, &Request::new(name), None, &[]) {
-        Ok(socket) => socket,
+        Ok(accepted) => accepted.socket,
         Err(Attach::Refused(e)) => return Err(e),
         Err(Attach::Unreachable(_)) => {
             let client = Client::connect(instance).await?;
@@ -192,16 +194,24 @@ enum Attach {
     Refused(CtlError),
 }
 
+/// A session the daemon said yes to: its socket, and the ledger of the
+/// host's requests in flight that came with the reply (stdio handed over;
+/// `mux::ledger`).
+struct Accepted {
+    socket: std::os::unix::net::UnixStream,
+    ledger: Option<std::os::fd::OwnedFd>,
+}
+
 /// Connects to the attach socket at `path` and makes `request`, with the
-/// host's stdin and stdout attached when `stdio` is given: the socket,
-/// once the daemon said yes (blocking; nothing of the session is read).
+/// host's stdin and stdout attached when `stdio` is given (blocking;
+/// nothing of the session is read).
 fn handshake(
     path: &std::path::Path,
     request: &Request,
     stdio: Option<[std::os::fd::BorrowedFd<'_>; 2]>,
     pending: &[u8],
-) -> Result<std::os::unix::net::UnixStream, Attach> {
-    use std::io::{Read, Write};
+) -> Result<Accepted, Attach> {
+    use std::io::Write;
     use std::os::fd::AsFd;
     let socket = std::os::unix::net::UnixStream::connect(path).map_err(|e| {
         Attach::Unreachable(match e.kind() {
@@ -226,6 +236,7 @@ fn handshake(
     (&socket).write_all(&line[sent..]).map_err(failed)?;
     // The answer is one line; what may follow it is the session's.
     let mut answer = Vec::new();
+    let mut fds = Vec::new();
     loop {
         let mut peek = [0u8; 1024];
         let n = rustix::net::recv(&socket, &mut peek, rustix::net::RecvFlags::PEEK)
@@ -238,7 +249,14 @@ fn handshake(
         }
         let take = memchr::memchr(b'\n', &peek[..n]).map_or(n, |at| at + 1);
         let mut chunk = vec![0u8; take];
-        (&socket).read_exact(&mut chunk).map_err(failed)?;
+        let mut got = 0;
+        while got < take {
+            match crate::mux::attach::recv_into(socket.as_fd(), &mut chunk[got..], &mut fds) {
+                Ok(0) => return Err(failed(std::io::ErrorKind::UnexpectedEof.into())),
+                Ok(n) => got += n,
+                Err(e) => return Err(failed(e)),
+            }
+        }
         answer.extend_from_slice(&chunk);
         if answer.ends_with(b"\n") {
             break;
@@ -247,7 +265,10 @@ fn handshake(
     let _ = socket.set_read_timeout(None);
     let _ = socket.set_write_timeout(None);
     match serde_json::from_slice::<Reply>(&answer) {
-        Ok(Reply::Attached) => Ok(socket),
+        Ok(Reply::Attached) => Ok(Accepted {
+            socket,
+            ledger: fds.into_iter().next(),
+        }),
         Ok(Reply::Refused { code, message }) => Err(Attach::Refused(CtlError {
             message,
             code: match code {
@@ -383,13 +404,16 @@ pub fn run(instance: Instance, name: &str) -> Result<u8, CtlError> {
             Some([stdin.as_fd(), stdout.as_fd()]),
             &[],
         ) {
-            Ok(control) => match watch_blocking(control, &mut replay) {
+            Ok(accepted) => match watch_blocking(accepted.socket, &mut replay) {
                 Ended::Done(None) => return Ok(exit::OK),
                 Ended::Done(Some(why)) => {
                     say!("mcpd ended the session: {why}");
                     return Ok(exit::FAILURE);
                 }
-                Ended::Lost => return runtime()?.block_on(handed(instance, name, replay)),
+                Ended::Lost => {
+                    let ledger = accepted.ledger;
+                    return runtime()?.block_on(handed(instance, name, replay, ledger));
+                }
             },
             // Fail early (exit 4) for a server that does not exist.
             Err(Attach::Refused(e)) => return Err(e),
@@ -465,13 +489,19 @@ async fn watch(control: std::os::unix::net::UnixStream, replay: &mut Option<Valu
     }
 }
 
-/// The daemon went away from a handed-over session: the host's requests
-/// fail until it can be attached again, and the host's stdio is handed
-/// over again, each time it goes away.
-async fn handed(instance: Instance, name: &str, mut replay: Option<Value>) -> Result<u8, CtlError> {
+/// The daemon went away from a handed-over session: the requests it left
+/// unanswered (its `ledger`) fail at once, the host's next requests fail
+/// until it can be attached again, and the host's stdio is handed over
+/// again, each time it goes away.
+async fn handed(
+    instance: Instance,
+    name: &str,
+    mut replay: Option<Value>,
+    mut ledger: Option<std::os::fd::OwnedFd>,
+) -> Result<u8, CtlError> {
     use std::os::fd::AsFd;
     let path = attach_socket(instance);
-    let mut control = None;
+    let mut control: Option<Accepted> = None;
     let mut delay = Duration::from_millis(100);
     let mut complained = false;
     loop {
@@ -480,7 +510,8 @@ async fn handed(instance: Instance, name: &str, mut replay: Option<Value>) -> Re
                 say!("attached to {name} again");
                 complained = false;
             }
-            match watch(attached, &mut replay).await {
+            ledger = attached.ledger;
+            match watch(attached.socket, &mut replay).await {
                 Ended::Done(None) => return Ok(exit::OK),
                 Ended::Done(Some(why)) => {
                     say!("mcpd ended the session: {why}");
@@ -492,6 +523,12 @@ async fn handed(instance: Instance, name: &str, mut replay: Option<Value>) -> Re
         // Detached: the host's requests fail at once until the daemon is
         // back; a request is a reason to try now.
         let (host_in, mut host_out) = host_stdio();
+        if let Some(ledger) = ledger.take() {
+            let failed = in_flight_failed(name, &ledger);
+            if !failed.is_empty() && !write(&mut host_out, &failed).await {
+                return Ok(exit::OK);
+            }
+        }
         let mut host_in = BufReader::new(host_in);
         let mut line = Vec::new();
         let mut pending = Vec::new();
@@ -572,6 +609,36 @@ async fn handed(instance: Instance, name: &str, mut replay: Option<Value>) -> Re
             }
         }
     }
+}
+
+/// The errors for the requests a daemon that went away left in `ledger`
+/// (a daemon that stopped answered its own, so only a killed one leaves
+/// any).
+fn in_flight_failed(name: &str, ledger: &std::os::fd::OwnedFd) -> Vec<u8> {
+    use std::os::fd::AsFd;
+    let ids = match crate::mux::ledger::read(ledger.as_fd()) {
+        Ok(ids) => ids,
+        Err(e) => {
+            say!("cannot read the requests mcpd left unanswered: {e}");
+            return Vec::new();
+        }
+    };
+    if !ids.is_empty() {
+        say!(
+            "mcpd went away with {} of the host's requests unanswered; they fail",
+            ids.len()
+        );
+    }
+    let why = format!("server {name}: connection lost: mcpd went away");
+    ids.iter()
+        // Only ids as the daemon writes them (the bridge's own memory, but
+        // never a line of anything else).
+        .filter_map(|id| match serde_json::from_str::<Value>(id) {
+            Ok(id @ (Value::Number(_) | Value::String(_))) => Some(id.to_string()),
+            _ => None,
+        })
+        .flat_map(|id| error_line(&id, &why).into_bytes())
+        .collect()
 }
 
 /// The daemon came back without the server (its unit was removed while it

@@ -10,7 +10,7 @@
 //! session. Failed accepts back off as the private socket's do.
 
 use std::io;
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
@@ -21,6 +21,7 @@ use tokio::task::JoinHandle;
 
 use crate::dbus::Shared;
 use crate::mux::attach::{self, Kind, MAX_HEADER, Refusal, Reply, Request};
+use crate::mux::ledger::Ledger;
 use crate::sockets::{MAX_BACKOFF, Streak, describe};
 use crate::supervisor::{Caller, HostInput, HostLink, HostOutput};
 
@@ -96,14 +97,16 @@ fn refused(code: Refusal, message: impl Into<String>) -> Reply {
     }
 }
 
-/// One `recvmsg` once the socket is readable (tokio is told when it was
-/// not after all, so the wait is a real one).
-async fn recv(stream: &UnixStream, buf: &mut Vec<u8>, fds: &mut Vec<OwnedFd>) -> io::Result<usize> {
+/// `op` on `stream` once it is ready for `interest` (tokio is told when
+/// it was not after all, so the wait is a real one).
+async fn when_ready<T>(
+    stream: &UnixStream,
+    interest: tokio::io::Interest,
+    mut op: impl FnMut() -> io::Result<T>,
+) -> io::Result<T> {
     loop {
-        stream.readable().await?;
-        match stream.try_io(tokio::io::Interest::READABLE, || {
-            attach::recv_with_fds(stream.as_fd(), buf, fds)
-        }) {
+        stream.ready(interest).await?;
+        match stream.try_io(interest, &mut op) {
             Err(e)
                 if matches!(
                     e.kind(),
@@ -112,6 +115,14 @@ async fn recv(stream: &UnixStream, buf: &mut Vec<u8>, fds: &mut Vec<OwnedFd>) ->
             other => return other,
         }
     }
+}
+
+/// One `recvmsg`, once the socket is readable.
+async fn recv(stream: &UnixStream, buf: &mut Vec<u8>, fds: &mut Vec<OwnedFd>) -> io::Result<usize> {
+    when_ready(stream, tokio::io::Interest::READABLE, || {
+        attach::recv_with_fds(stream.as_fd(), buf, fds)
+    })
+    .await
 }
 
 /// Reads the request line, the descriptors that came with it, and any
@@ -145,7 +156,7 @@ async fn read_request(stream: &UnixStream) -> io::Result<(Vec<u8>, Vec<OwnedFd>,
     }
 }
 
-async fn serve(mut stream: UnixStream, shared: Arc<Shared>) {
+async fn serve(stream: UnixStream, shared: Arc<Shared>) {
     let caller = match stream.peer_cred() {
         Ok(cred) => Caller {
             uid: Some(cred.uid()),
@@ -195,13 +206,25 @@ async fn serve(mut stream: UnixStream, shared: Arc<Shared>) {
             return;
         }
     }
-    if stream
-        .write_all(&attach::line(&Reply::Attached))
-        .await
-        .is_err()
-    {
+    // A handed-over session's ledger goes with the reply (a bridge that
+    // does not take it loses nothing but the ledger; a session without
+    // one is as it was before ledgers).
+    let ledger = match &prepared {
+        Prepared::Stdio(..) => match Ledger::create() {
+            Ok(made) => Some(made),
+            Err(e) => {
+                tracing::warn!(target: "mcpd::daemon", pid = ?caller.pid, "attach socket: no ledger for the session (its requests in flight are lost if mcpd is killed): {e}");
+                None
+            }
+        },
+        Prepared::Socket => None,
+    };
+    let reply = attach::line(&Reply::Attached);
+    let fds: Vec<_> = ledger.iter().map(|(_, fd)| fd.as_fd()).collect();
+    if send_reply(&stream, &reply, &fds).await.is_err() {
         return;
     }
+    drop(fds);
     let link = match prepared {
         Prepared::Socket => HostLink::Socket { stream, pending },
         Prepared::Stdio(input, output, replay, _) => HostLink::Stdio {
@@ -210,9 +233,27 @@ async fn serve(mut stream: UnixStream, shared: Arc<Shared>) {
             control: stream,
             replay,
             pending,
+            // The bridge holds the descriptor; the mapping is enough here.
+            ledger: ledger.map(|(ledger, _)| Box::new(ledger)),
         },
     };
     supervisor.attach(link, caller);
+}
+
+/// Writes the reply, with `fds` on its first byte.
+async fn send_reply(stream: &UnixStream, reply: &[u8], fds: &[BorrowedFd<'_>]) -> io::Result<()> {
+    use tokio::io::Interest;
+    let mut sent = when_ready(stream, Interest::WRITABLE, || {
+        attach::send_with_fds(stream.as_fd(), reply, fds)
+    })
+    .await?;
+    while sent < reply.len() {
+        sent += when_ready(stream, Interest::WRITABLE, || {
+            rustix::io::write(stream, &reply[sent..]).map_err(io::Error::from)
+        })
+        .await?;
+    }
+    Ok(())
 }
 
 async fn refuse(mut stream: UnixStream, caller: Caller, reply: &Reply) {

@@ -12,7 +12,9 @@
 //!   ways, as on the socket of `Attach()`;
 //! - with them (the host's stdin and stdout, pipes or sockets), the daemon
 //!   reads the host's messages from the first and writes its own to the
-//!   second, and the socket is left for [`Control`] lines from the daemon:
+//!   second, attaches the session's ledger (`super::ledger`: the host's
+//!   requests in flight, for the client to fail if the daemon is killed)
+//!   to its reply, and the socket is left for [`Control`] lines from the daemon:
 //!   no process copies the session's bytes, so a host talks to mcpd as
 //!   directly as it would to the server. The client holds the socket open
 //!   while the session lasts; closing it ends the session.
@@ -154,22 +156,39 @@ pub fn recv_with_fds(
     buf: &mut Vec<u8>,
     fds: &mut Vec<OwnedFd>,
 ) -> io::Result<usize> {
+    let mut chunk = [0u8; 8192];
+    let n = recv_into(socket, &mut chunk, fds)?;
+    buf.extend_from_slice(&chunk[..n]);
+    Ok(n)
+}
+
+/// Reads at most `buf.len()` bytes of what `socket` has now into `buf`,
+/// and the descriptors that came with them into `fds`; `Ok(0)` at end of
+/// file.
+pub fn recv_into(
+    socket: BorrowedFd<'_>,
+    buf: &mut [u8],
+    fds: &mut Vec<OwnedFd>,
+) -> io::Result<usize> {
     use rustix::net::{RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags, recvmsg};
     let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(2))];
     let mut control = RecvAncillaryBuffer::new(&mut space);
-    let mut chunk = [0u8; 8192];
-    let received = recvmsg(
-        socket,
-        &mut [io::IoSliceMut::new(&mut chunk)],
-        &mut control,
-        RecvFlags::CMSG_CLOEXEC,
-    )?;
+    let received = loop {
+        match recvmsg(
+            socket,
+            &mut [io::IoSliceMut::new(buf)],
+            &mut control,
+            RecvFlags::CMSG_CLOEXEC,
+        ) {
+            Err(rustix::io::Errno::INTR) => {}
+            other => break other?,
+        }
+    };
     for message in control.drain() {
         if let RecvAncillaryMessage::ScmRights(received) = message {
             fds.extend(received);
         }
     }
-    buf.extend_from_slice(&chunk[..received.bytes]);
     Ok(received.bytes)
 }
 

@@ -6,11 +6,13 @@
 //! tokens, who answers a server→client request, subscriptions, log levels,
 //! detach and outage cleanup), table-tested like the supervisor's machine;
 //! [`message`], a message kept as its members' JSON text; [`wire`], the
-//! framing; [`attach`], the attach socket's protocol. The
+//! framing; [`attach`], the attach socket's protocol, and [`ledger`], the
+//! requests in flight of a handed-over session, for its bridge. The
 //! session layer that runs the router (`initialize`, the cached lists
 //! through outages) is `supervisor::sessions`.
 
 pub mod attach;
+pub mod ledger;
 pub mod message;
 pub mod route;
 pub mod wire;

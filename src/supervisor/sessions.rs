@@ -42,6 +42,7 @@ use tokio::net::unix::{OwnedReadHalf, OwnedWriteHalf, pipe};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, oneshot, watch};
 
 use crate::mux::attach::Control;
+use crate::mux::ledger::Ledger;
 use crate::mux::message::Message;
 use crate::mux::route::{self, Caps, HostId, Out, Router};
 use crate::mux::wire::{Frame, Incoming, Lines, MAX_LINE, Outbox, Refused, Source, Wire, line};
@@ -91,13 +92,15 @@ pub enum HostLink {
     /// `control` is the bridge's socket: the host's `initialize` and the
     /// session's end are told on it, and its closing ends the session.
     /// `replay`: an `initialize` of an earlier session, handled first and
-    /// not answered.
+    /// not answered. `ledger`: where the host's requests in flight are
+    /// recorded for the bridge (`mux::ledger`), when it could be made.
     Stdio {
         input: HostInput,
         output: HostOutput,
         control: UnixStream,
         replay: Option<Value>,
         pending: Vec<u8>,
+        ledger: Option<Box<Ledger>>,
     },
 }
 
@@ -594,6 +597,9 @@ struct Host {
     held: Vec<Frame>,
     /// Its `tools/call`s in flight, by its request id (as JSON text).
     calls: HashMap<String, Record>,
+    /// Its requests read and not answered, for its bridge (stdio handed
+    /// over).
+    ledger: Option<Box<Ledger>>,
 }
 
 impl Drop for Host {
@@ -847,12 +853,17 @@ impl Task {
         self.next_host += 1;
         let host = self.next_host;
         let (kill, killed) = oneshot::channel();
-        let (out, control, replay) = match link {
+        let (out, control, replay, ledger) = match link {
             HostLink::Socket { stream, pending } => {
                 let (read, write) = stream.into_split();
                 let lines = Lines::with_pending(read, pending);
                 tokio::spawn(read_host(host, lines, None, input, killed));
-                (HostOut::Half(Outbox::new(write, QUEUE, None)), None, None)
+                (
+                    HostOut::Half(Outbox::new(write, QUEUE, None)),
+                    None,
+                    None,
+                    None,
+                )
             }
             HostLink::Stdio {
                 input: from,
@@ -860,6 +871,7 @@ impl Task {
                 control,
                 replay,
                 pending,
+                ledger,
             } => {
                 let (watch, control) = control.into_split();
                 let watch = Some(watch);
@@ -877,7 +889,7 @@ impl Task {
                     HostOutput::Pipe(p) => HostOut::Pipe(Outbox::new(p, QUEUE, None)),
                     HostOutput::Socket(s) => HostOut::Socket(Outbox::new(s, QUEUE, None)),
                 };
-                (out, Some(Outbox::new(control, QUEUE, None)), replay)
+                (out, Some(Outbox::new(control, QUEUE, None)), replay, ledger)
             }
         };
         self.hosts.insert(
@@ -891,6 +903,7 @@ impl Task {
                 initialized: false,
                 held: Vec::new(),
                 calls: HashMap::new(),
+                ledger,
             },
         );
         self.count.store(self.hosts.len(), Ordering::Relaxed);
@@ -944,6 +957,14 @@ impl Task {
         }
     }
 
+    /// `host`'s request `id` is answered by bytes mcpd made (the answer
+    /// is sent after): its bridge need not answer it.
+    fn answered(&mut self, host: HostId, id: &Value) {
+        if let Some(ledger) = self.hosts.get_mut(&host).and_then(|h| h.ledger.as_mut()) {
+            ledger.clear(&id.to_string());
+        }
+    }
+
     /// Sends a message mcpd made to a host.
     fn send(&mut self, host: HostId, message: Value) {
         self.send_message(host, Message::from(message));
@@ -964,15 +985,18 @@ impl Task {
         }
         // A response ends a call being accounted: logged once the host
         // has it, so the log write is not on the answer's way.
-        let record = if answer
+        let mut record = None;
+        if answer
             && let Some(h) = self.hosts.get_mut(&host)
-            && !h.calls.is_empty()
+            && (!h.calls.is_empty() || h.ledger.is_some())
             && let Some(id) = message.id()
         {
-            h.calls.remove(&id.to_string())
-        } else {
-            None
-        };
+            let key = id.to_string();
+            record = h.calls.remove(&key);
+            if let Some(ledger) = &mut h.ledger {
+                ledger.clear(&key);
+            }
+        }
         self.send_bytes(host, message.line());
         if let Some(mut record) = record {
             record.finish(outcome_of(&message));
@@ -1306,6 +1330,7 @@ impl Task {
             "{{\"jsonrpc\":\"2.0\",\"id\":{id},\"result\":{{\"{}\":{list}}}}}\n",
             kind.key()
         );
+        self.answered(host, id);
         self.send_bytes(host, bytes.into_bytes());
         true
     }
@@ -1401,6 +1426,13 @@ impl Task {
         let method = message.method();
         let id = message.id().filter(|id| !id.is_null());
         let initialized = h.initialized;
+        if let (Some(ledger), Some(_), Some(id)) = (&mut h.ledger, &method, &id)
+            && h.swallow.as_ref() != Some(id)
+        {
+            // Read, so it is the daemon's to answer; if the daemon dies
+            // first, the bridge answers it from the ledger.
+            ledger.record(&id.to_string());
+        }
         match (method.as_deref(), id) {
             (Some("initialize"), Some(id)) => {
                 if initialized {
@@ -1436,6 +1468,7 @@ impl Task {
                     )
                     .into_bytes()
                 };
+                self.answered(host, &id);
                 self.send_bytes(host, bytes);
             }
             (Some(name), Some(id)) => {
@@ -1452,9 +1485,14 @@ impl Task {
                     .and_then(|p| p.get("requestId").map(Value::to_string));
                 if let Some(theirs) = theirs
                     && let Some(h) = self.hosts.get_mut(&host)
-                    && let Some(mut record) = h.calls.remove(&theirs)
                 {
-                    record.finish(Outcome::Failed("cancelled by the host".into()));
+                    // A cancelled request gets no answer, from anyone.
+                    if let Some(ledger) = &mut h.ledger {
+                        ledger.clear(&theirs);
+                    }
+                    if let Some(mut record) = h.calls.remove(&theirs) {
+                        record.finish(Outcome::Failed("cancelled by the host".into()));
+                    }
                 }
                 let outs = self.router.from_host(host, message);
                 self.deliver(outs, None);
