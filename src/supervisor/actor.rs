@@ -824,13 +824,10 @@ impl Actor {
                     tracing::info!(target: "mcpd::supervisor", mcpd_server = %name, generation, "running ({pid}{tools} tools)");
                 }
             }
-            State::Retrying | State::Reconnecting => match view.next_retry {
-                Some(at) => {
-                    // Rounded up to the millisecond: the delay as scheduled.
-                    let wait = at.saturating_duration_since(now());
-                    let wait = Duration::from_millis(
-                        u64::try_from(wait.as_micros().div_ceil(1000)).unwrap_or(u64::MAX),
-                    );
+            State::Retrying | State::Reconnecting => match view.retry_delay {
+                Some(wait) => {
+                    // The delay as scheduled: the log line is written once
+                    // the process is reaped, which may be a moment later.
                     tracing::warn!(
                         target: "mcpd::supervisor", mcpd_server = %name, generation,
                         "{}; retry {}/{} in {}", view.reason, view.attempt, view.max_attempts,

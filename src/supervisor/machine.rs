@@ -399,6 +399,8 @@ pub struct View<T = Instant> {
     pub max_attempts: u32,
     /// When the pending retry starts.
     pub next_retry: Option<T>,
+    /// The pending retry's delay, as it was scheduled.
+    pub retry_delay: Option<Duration>,
     /// When `state` last changed.
     pub since: T,
     pub main_pid: Option<u32>,
@@ -445,6 +447,7 @@ impl<T> View<T> {
             attempt: self.attempt,
             max_attempts: self.max_attempts,
             next_retry: self.next_retry.map(&time),
+            retry_delay: self.retry_delay,
             since: time(self.since),
             main_pid: self.main_pid,
             last_exit: self.last_exit,
@@ -639,6 +642,10 @@ impl Machine {
             attempt,
             max_attempts: self.timing.policy.max_attempts(),
             next_retry,
+            retry_delay: match &self.phase {
+                Phase::Backoff { retry, .. } => Some(self.timing.policy.delay(*retry)),
+                _ => None,
+            },
             since: self.since,
             main_pid,
             last_exit: self.last_exit,
