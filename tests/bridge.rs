@@ -727,9 +727,9 @@ fn a_killed_daemons_requests_in_flight_fail_at_once_and_the_bridge_attaches_to_t
             )
             .await;
             // Three calls that the server never answers (a string id and
-            // numbers), one of them cancelled by the host, and a list mcpd
-            // answers itself; then a ping: once it is answered, mcpd has
-            // read everything before it.
+            // numbers), one of them cancelled by the host, a list mcpd
+            // answers itself, and an id reused; then a ping: once it is
+            // answered, mcpd has read everything before it.
             for id in [json!("hang-a"), json!(7), json!(8)] {
                 send_line(
                     &mut stdin,
@@ -750,6 +750,21 @@ fn a_killed_daemons_requests_in_flight_fail_at_once_and_the_bridge_attaches_to_t
             )
             .await;
             assert!(answer_to(&mut out, &json!(3)).await["result"]["tools"].is_array());
+            // A second request with an id in flight is refused; the first
+            // stays in flight.
+            send_line(
+                &mut stdin,
+                json!({"jsonrpc": "2.0", "id": 7, "method": "tools/call",
+                       "params": {"name": "hang", "arguments": {}}}),
+            )
+            .await;
+            let refused = answer_to(&mut out, &json!(7)).await;
+            assert!(
+                refused["error"]["message"]
+                    .as_str()
+                    .is_some_and(|m| m.contains("already in use")),
+                "{refused}"
+            );
             send_line(
                 &mut stdin,
                 json!({"jsonrpc": "2.0", "id": 2, "method": "ping"}),

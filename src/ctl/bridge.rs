@@ -12,10 +12,10 @@
 //! handing over what it read and the `initialize` to replay: the daemon
 //! initializes the new session with it, does not pass the answer on, and
 //! tells the host the lists may have changed. Requests in flight when the
-//! daemon went away are answered by the daemon when it stops; when it is
-//! killed, by the bridge, from the session's ledger (`mux::ledger`: the
-//! requests the daemon read and had not answered, which came with the
-//! attach reply).
+//! daemon went away are answered by the daemon as it stops, and what it
+//! left unanswered (everything, when it was killed) by the bridge, from
+//! the session's ledger (`mux::ledger`: the requests the daemon took and
+//! had not answered, which came with the attach reply).
 //!
 //! Otherwise (a terminal, a file), or when the attach socket cannot be
 //! reached but D-Bus can, it copies lines between stdio and the session's

@@ -38,8 +38,10 @@ pub const SIZE: usize = SLOTS * SLOT;
 #[derive(Debug)]
 pub struct Ledger {
     map: NonNull<AtomicU8>,
-    /// Slot by id text.
-    used: HashMap<Box<str>, u16>,
+    /// Slot by id text, and how many of the host's requests in flight
+    /// have that id (a host that reuses one gets a refusal for the second,
+    /// which must not clear the first).
+    used: HashMap<Box<str>, (u16, u32)>,
     free: Vec<u16>,
 }
 
@@ -93,7 +95,11 @@ impl Ledger {
 
     /// Records request `id` (its JSON text) as read and unanswered.
     pub fn record(&mut self, id: &str) {
-        if id.is_empty() || id.len() >= SLOT || self.used.contains_key(id) {
+        if let Some((_, count)) = self.used.get_mut(id) {
+            *count += 1;
+            return;
+        }
+        if id.is_empty() || id.len() >= SLOT {
             return;
         }
         let Some(slot) = self.free.pop() else {
@@ -105,12 +111,18 @@ impl Ledger {
             cell.store(byte, Ordering::Relaxed);
         }
         bytes[0].store(id.len() as u8, Ordering::Release);
-        self.used.insert(id.into(), slot);
+        self.used.insert(id.into(), (slot, 1));
     }
 
-    /// Request `id` was answered (or will never be).
+    /// A request `id` was answered (or will never be).
     pub fn clear(&mut self, id: &str) {
-        if let Some(slot) = self.used.remove(id) {
+        let Some((slot, count)) = self.used.get_mut(id) else {
+            return;
+        };
+        *count -= 1;
+        if *count == 0 {
+            let slot = *slot;
+            self.used.remove(id);
             self.bytes()[usize::from(slot) * SLOT].store(0, Ordering::Release);
             self.free.push(slot);
         }
@@ -174,7 +186,11 @@ mod tests {
         ledger.record("\"req-a\"");
         ledger.record("1");
         ledger.record("3");
-        assert_eq!(ledger.len(), 3, "an id is recorded once");
+        assert_eq!(ledger.len(), 3, "an id takes one slot");
+        // Id 1 twice (a host reusing it): the answer to one (the refusal
+        // of the second) leaves the other recorded.
+        ledger.clear("1");
+        assert_eq!(read(fd.as_fd()).expect("read"), ["1", "\"req-a\"", "3"]);
         ledger.clear("1");
         ledger.clear("99");
         assert_eq!(read(fd.as_fd()).expect("read"), ["\"req-a\"", "3"]);

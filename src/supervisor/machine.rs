@@ -376,7 +376,12 @@ enum Phase {
         closed: bool,
     },
     /// Waiting to start retry `retry`.
-    Backoff { retry: u32, at: Instant },
+    Backoff {
+        retry: u32,
+        at: Instant,
+        /// The delay `at` was scheduled with.
+        delay: Duration,
+    },
     /// A process survived SIGKILL: failed closed, nothing will be started
     /// until it is reaped or the operator insists.
     Stuck { g: Generation },
@@ -631,7 +636,7 @@ impl Machine {
                 };
                 (attempt, None, g.pid.filter(|_| g.alive))
             }
-            Phase::Backoff { retry, at } => (*retry, Some(*at), None),
+            Phase::Backoff { retry, at, .. } => (*retry, Some(*at), None),
             Phase::Stuck { g } => (g.retry, None, g.pid),
             Phase::Idle => (self.outage.unwrap_or(0), None, None),
         };
@@ -643,7 +648,7 @@ impl Machine {
             max_attempts: self.timing.policy.max_attempts(),
             next_retry,
             retry_delay: match &self.phase {
-                Phase::Backoff { retry, .. } => Some(self.timing.policy.delay(*retry)),
+                Phase::Backoff { delay, .. } => Some(*delay),
                 _ => None,
             },
             since: self.since,
@@ -1020,9 +1025,11 @@ impl Machine {
         };
         match then {
             Then::Recover(Verdict::Retry(retry)) => {
+                let delay = self.timing.policy.delay(retry);
                 self.phase = Phase::Backoff {
                     retry,
-                    at: now + self.timing.policy.delay(retry),
+                    at: now + delay,
+                    delay,
                 };
             }
             Then::Recover(Verdict::GiveUp) => {

@@ -749,7 +749,10 @@ impl Task {
     fn input(&mut self, input: Input) {
         match input {
             Input::Attach { link, caller } => self.attach(link, caller),
-            Input::Host { host, frame, .. } => self.on_host(host, frame),
+            Input::Host { host, frame, .. } => {
+                self.record(host, &frame);
+                self.on_host(host, frame);
+            }
             Input::HostGone { host } => self.detach(host, None),
             Input::Up {
                 generation,
@@ -1390,6 +1393,19 @@ impl Task {
         }
     }
 
+    /// A request read from `host` is the daemon's to answer from now on
+    /// (handled at once or held): if the daemon dies first, the host's
+    /// bridge answers it from the ledger.
+    fn record(&mut self, host: HostId, frame: &Frame) {
+        if let Frame::Message(message) = frame
+            && let Some(ledger) = self.hosts.get_mut(&host).and_then(|h| h.ledger.as_mut())
+            && message.has("method")
+            && let Some(id) = message.id().filter(|id| !id.is_null())
+        {
+            ledger.record(&id.to_string());
+        }
+    }
+
     fn on_host(&mut self, host: HostId, frame: Frame) {
         let waiting = self.waiting.iter().any(|(h, _, _)| *h == host);
         let Some(h) = self.hosts.get_mut(&host) else {
@@ -1426,13 +1442,6 @@ impl Task {
         let method = message.method();
         let id = message.id().filter(|id| !id.is_null());
         let initialized = h.initialized;
-        if let (Some(ledger), Some(_), Some(id)) = (&mut h.ledger, &method, &id)
-            && h.swallow.as_ref() != Some(id)
-        {
-            // Read, so it is the daemon's to answer; if the daemon dies
-            // first, the bridge answers it from the ledger.
-            ledger.record(&id.to_string());
-        }
         match (method.as_deref(), id) {
             (Some("initialize"), Some(id)) => {
                 if initialized {
@@ -1541,6 +1550,7 @@ impl Task {
                     route::INVALID_REQUEST,
                     format!("request id {id} is already in use"),
                 );
+                self.answered(host, &id);
                 self.send_bytes(host, line(&refusal));
                 return;
             }
