@@ -123,6 +123,25 @@ impl Message {
         self.get("id")
     }
 
+    /// The `id` as serde_json writes it (`id().to_string()`), without
+    /// parsing it when its text already is that (an integer, a string
+    /// without escapes); `None` if it is absent or `null`.
+    pub fn id_text(&self) -> Option<Cow<'_, str>> {
+        let raw = self.raw("id")?;
+        let plain_integer = {
+            let digits = raw.strip_prefix('-').unwrap_or(raw);
+            !digits.is_empty() && digits.bytes().all(|b| b.is_ascii_digit())
+        };
+        let plain_string =
+            raw.len() >= 2 && raw.starts_with('"') && raw.ends_with('"') && !raw.contains('\\');
+        if plain_integer || plain_string {
+            return Some(Cow::Borrowed(raw));
+        }
+        self.id()
+            .filter(|id| !id.is_null())
+            .map(|id| Cow::Owned(id.to_string()))
+    }
+
     /// The `method`, if it is a string.
     pub fn method(&self) -> Option<Cow<'_, str>> {
         let raw = self.raw("method")?;
@@ -336,6 +355,30 @@ mod tests {
 
     fn parse(text: &str) -> Message {
         Message::parse(text.as_bytes()).expect("a message")
+    }
+
+    #[test]
+    fn id_text_is_what_serde_json_writes_for_the_id() {
+        for (id, text) in [
+            ("7", Some("7")),
+            ("-12", Some("-12")),
+            ("\"req-1\"", Some("\"req-1\"")),
+            ("\"caf\u{e9}\"", Some("\"caf\u{e9}\"")),
+            ("\"a\\u0041\"", Some("\"aA\"")),
+            ("\"tab\\t\"", Some("\"tab\\t\"")),
+            ("1.50", Some("1.5")),
+            ("1e2", Some("100.0")),
+            ("null", None),
+        ] {
+            let m = parse(&format!(
+                "{{\"jsonrpc\":\"2.0\",\"id\":{id},\"method\":\"ping\"}}"
+            ));
+            assert_eq!(m.id_text().as_deref(), text, "{id}");
+            if let Some(text) = text {
+                assert_eq!(m.id().expect("id").to_string(), text, "{id}");
+            }
+        }
+        assert_eq!(parse(r#"{"jsonrpc":"2.0","method":"x"}"#).id_text(), None);
     }
 
     #[test]

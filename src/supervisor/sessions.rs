@@ -992,10 +992,9 @@ impl Task {
         if answer
             && let Some(h) = self.hosts.get_mut(&host)
             && (!h.calls.is_empty() || h.ledger.is_some())
-            && let Some(id) = message.id()
+            && let Some(key) = message.id_text()
         {
-            let key = id.to_string();
-            record = h.calls.remove(&key);
+            record = h.calls.remove(key.as_ref());
             if let Some(ledger) = &mut h.ledger {
                 ledger.clear(&key);
             }
@@ -1400,9 +1399,9 @@ impl Task {
         if let Frame::Message(message) = frame
             && let Some(ledger) = self.hosts.get_mut(&host).and_then(|h| h.ledger.as_mut())
             && message.has("method")
-            && let Some(id) = message.id().filter(|id| !id.is_null())
+            && let Some(id) = message.id_text()
         {
-            ledger.record(&id.to_string());
+            ledger.record(&id);
         }
     }
 
