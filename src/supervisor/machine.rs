@@ -622,7 +622,7 @@ impl Machine {
     }
 
     pub fn view(&self) -> View {
-        let (attempt, next_retry, main_pid) = match &self.phase {
+        let (attempt, pending, main_pid) = match &self.phase {
             // Once the stability window has ended the outage, no retry counts.
             Phase::Active { g, .. } => (
                 if self.outage.is_some() { g.retry } else { 0 },
@@ -636,7 +636,7 @@ impl Machine {
                 };
                 (attempt, None, g.pid.filter(|_| g.alive))
             }
-            Phase::Backoff { retry, at, .. } => (*retry, Some(*at), None),
+            Phase::Backoff { retry, at, delay } => (*retry, Some((*at, *delay)), None),
             Phase::Stuck { g } => (g.retry, None, g.pid),
             Phase::Idle => (self.outage.unwrap_or(0), None, None),
         };
@@ -646,11 +646,8 @@ impl Machine {
             generation: self.last_gen,
             attempt,
             max_attempts: self.timing.policy.max_attempts(),
-            next_retry,
-            retry_delay: match &self.phase {
-                Phase::Backoff { delay, .. } => Some(*delay),
-                _ => None,
-            },
+            next_retry: pending.map(|(at, _)| at),
+            retry_delay: pending.map(|(_, delay)| delay),
             since: self.since,
             main_pid,
             last_exit: self.last_exit,
