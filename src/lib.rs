@@ -8,6 +8,7 @@ pub mod ctl;
 pub mod daemon;
 pub mod dbus;
 pub mod files;
+pub mod logbatch;
 pub mod model;
 pub mod mux;
 pub mod sockets;

@@ -57,7 +57,7 @@ pub fn init(filter: &str) -> Result<&'static str, String> {
     }
     tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr)
+        .with_writer(|| crate::logbatch::Stderr)
         .with_ansi(std::io::stderr().is_terminal())
         // A write that fails (whoever read stderr went away) is dropped:
         // reporting it would print to the same stderr, which panics the
@@ -237,7 +237,7 @@ mod tests {
         use std::sync::{Arc, Mutex};
         let out = Arc::new(Mutex::new(Vec::new()));
         let sink = Arc::clone(&out);
-        let writer = move || Sink(Arc::clone(&sink));
+        let writer = move || crate::logbatch::Sink(Arc::clone(&sink));
         let builder = tracing_subscriber::fmt()
             .with_max_level(Level::TRACE)
             .with_writer(writer)
@@ -259,18 +259,6 @@ mod tests {
                 rest.to_owned()
             })
             .collect()
-    }
-
-    struct Sink(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
-
-    impl std::io::Write for Sink {
-        fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
-            self.0.lock().expect("sink").extend_from_slice(bytes);
-            Ok(bytes.len())
-        }
-        fn flush(&mut self) -> std::io::Result<()> {
-            Ok(())
-        }
     }
 
     fn strip_ansi(text: &str) -> String {

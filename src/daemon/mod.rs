@@ -237,6 +237,7 @@ pub async fn run(
     }
     // Emptied by the servers' ends, as their cgroups.
     let _ = std::fs::remove_dir(&scratch_dir);
+    crate::supervisor::accounting::flush_log();
     tracing::info!(target: "mcpd::daemon", "stopped");
     drop(lock);
     Ok(())

@@ -1,9 +1,19 @@
 //! Tool-call accounting (DESIGN §8): every `tools/call` is counted per
 //! server and logged at info with who made it, its outcome and duration,
 //! never its arguments.
+//!
+//! The count is at once; the log line is written in a batch, the way
+//! web servers write access logs (nginx's `access_log … flush=`, Envoy's
+//! access-log flush interval): a finished call waits at most
+//! [`FLUSH_AFTER`] (or until [`FLUSH_AT`] wait) and the batch is written
+//! together. Writing each line as its call ended put its formatting, a
+//! `write` and the wake-up of the log's reader (journald) between a
+//! host's answer and the next message the daemon forwards. Nothing waits
+//! past the runtime: the timer task flushes when dropped, and the daemon
+//! flushes before its last line ([`flush_log`]).
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 /// Who made a call, from the socket or bus credentials.
@@ -90,13 +100,13 @@ impl Record {
     pub(crate) fn finish(&mut self, outcome: Outcome) {
         self.done = true;
         self.counters.record(outcome == Outcome::Ok);
-        log_call(
-            &self.server,
-            &self.tool,
-            self.caller,
-            &outcome,
-            self.started.elapsed(),
-        );
+        log_later(Finished {
+            server: Arc::clone(&self.server),
+            tool: std::mem::take(&mut self.tool),
+            caller: self.caller,
+            outcome,
+            took: self.started.elapsed(),
+        });
     }
 }
 
@@ -108,9 +118,108 @@ impl Drop for Record {
     }
 }
 
+/// How long a finished call's line may wait to be written.
+pub const FLUSH_AFTER: Duration = Duration::from_millis(50);
+/// How many lines may wait: the one that makes this many writes them all.
+pub const FLUSH_AT: usize = 64;
+
+/// A finished call, to be logged.
+#[derive(Debug)]
+struct Finished {
+    server: Arc<str>,
+    tool: String,
+    caller: Caller,
+    outcome: Outcome,
+    took: Duration,
+}
+
+/// The lines waiting, and whether a flush is on its way.
+struct Waiting {
+    calls: Vec<Finished>,
+    scheduled: bool,
+}
+
+static WAITING: Mutex<Waiting> = Mutex::new(Waiting {
+    calls: Vec::new(),
+    scheduled: false,
+});
+
+fn waiting() -> MutexGuard<'static, Waiting> {
+    // A panic while logging leaves the lines as good as they were.
+    WAITING
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// Queues a finished call's line: written at once when it makes
+/// [`FLUSH_AT`] or no runtime is there to time the flush, else within
+/// [`FLUSH_AFTER`].
+fn log_later(call: Finished) {
+    let mut w = waiting();
+    w.calls.push(call);
+    if w.calls.len() < FLUSH_AT && !w.scheduled {
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            w.scheduled = true;
+            drop(w);
+            // Dropped unpolled (the runtime stopping) or after the wait,
+            // it writes what waits.
+            let flush = Scheduled;
+            runtime.spawn(async move {
+                let _flush = flush;
+                tokio::time::sleep(FLUSH_AFTER).await;
+            });
+            return;
+        }
+    } else if w.calls.len() < FLUSH_AT {
+        return;
+    }
+    let calls = std::mem::take(&mut w.calls);
+    drop(w);
+    emit(calls);
+}
+
+/// The flush on its way: writes what waits when dropped.
+struct Scheduled;
+
+impl Drop for Scheduled {
+    fn drop(&mut self) {
+        let calls = {
+            let mut w = waiting();
+            w.scheduled = false;
+            std::mem::take(&mut w.calls)
+        };
+        emit(calls);
+    }
+}
+
+/// Writes the lines of every finished call now (the daemon, before its
+/// last line).
+pub fn flush_log() {
+    let calls = std::mem::take(&mut waiting().calls);
+    emit(calls);
+}
+
+fn emit(calls: Vec<Finished>) {
+    if calls.is_empty() {
+        return;
+    }
+    crate::logbatch::together(|| {
+        for call in &calls {
+            log_call(call);
+        }
+    });
+}
+
 /// Logs one finished call. The journal gets MCPD_SERVER, MCPD_TOOL,
 /// MCPD_CALLER_UID, MCPD_CALLER_PID, MCPD_OUTCOME and MCPD_DURATION_USEC.
-fn log_call(server: &str, tool: &str, caller: Caller, outcome: &Outcome, took: Duration) {
+fn log_call(call: &Finished) {
+    let Finished {
+        server,
+        tool,
+        caller,
+        outcome,
+        took,
+    } = call;
     let uid = caller.uid.map_or_else(|| "-".to_owned(), |u| u.to_string());
     let pid = caller.pid.map_or_else(|| "-".to_owned(), |p| p.to_string());
     tracing::info!(
@@ -124,4 +233,86 @@ fn log_call(server: &str, tool: &str, caller: Caller, outcome: &Outcome, took: D
         "tools/call {tool} by uid {uid} pid {pid}: {outcome} in {:.1} ms",
         took.as_secs_f64() * 1000.0
     );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    use crate::logbatch::Sink;
+
+    /// The lines `sink` was given for calls of `server`.
+    fn lines(sink: &Sink, server: &str) -> usize {
+        let text = String::from_utf8(sink.0.lock().expect("sink").clone()).expect("utf-8");
+        text.lines()
+            .filter(|l| l.contains(&format!("mcpd_server={server} ")))
+            .count()
+    }
+
+    fn call(server: &Arc<str>, counters: &Arc<Counters>) {
+        Record::new(server, "echo", counters).finish(Outcome::Ok);
+    }
+
+    fn paused() -> tokio::runtime::Runtime {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .start_paused(true)
+            .build()
+            .expect("runtime")
+    }
+
+    // One test: the queue is the process's, and tests run in parallel.
+    #[test]
+    fn calls_are_counted_at_once_and_logged_in_batches_that_are_never_lost() {
+        let sink = Sink::default();
+        let writer = sink.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_writer(move || writer.clone())
+            .with_ansi(false)
+            .finish();
+        tracing::subscriber::with_default(subscriber, || {
+            let counters = Arc::new(Counters::default());
+            // With no runtime to time a flush: at once.
+            let alone: Arc<str> = Arc::from("alone");
+            call(&alone, &counters);
+            assert_eq!((counters.calls(), lines(&sink, "alone")), (1, 1));
+
+            // In a runtime: counted at once, written FLUSH_AFTER later.
+            let timed: Arc<str> = Arc::from("timed");
+            paused().block_on(async {
+                call(&timed, &counters);
+                call(&timed, &counters);
+                assert_eq!((counters.calls(), lines(&sink, "timed")), (3, 0));
+                tokio::time::sleep(FLUSH_AFTER - Duration::from_millis(1)).await;
+                assert_eq!(lines(&sink, "timed"), 0, "written before its time");
+                tokio::time::sleep(Duration::from_millis(2)).await;
+                tokio::task::yield_now().await;
+                assert_eq!(lines(&sink, "timed"), 2, "both, in one batch");
+            });
+
+            // The call that makes FLUSH_AT writes them all, without waiting.
+            let full: Arc<str> = Arc::from("full");
+            paused().block_on(async {
+                for n in 1..FLUSH_AT {
+                    call(&full, &counters);
+                    assert_eq!(lines(&sink, "full"), 0, "after {n}");
+                }
+                call(&full, &counters);
+                assert_eq!(lines(&sink, "full"), FLUSH_AT);
+            });
+
+            // A runtime that ends first writes what waits as it goes, and
+            // the daemon's flush writes what waits at once.
+            let ended: Arc<str> = Arc::from("ended");
+            paused().block_on(async { call(&ended, &counters) });
+            assert_eq!(lines(&sink, "ended"), 1);
+            let flushed: Arc<str> = Arc::from("flushed");
+            paused().block_on(async {
+                call(&flushed, &counters);
+                flush_log();
+                assert_eq!(lines(&sink, "flushed"), 1);
+            });
+            assert_eq!(lines(&sink, "flushed"), 1, "written once");
+        });
+    }
 }

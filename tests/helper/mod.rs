@@ -338,14 +338,28 @@ impl Daemon {
     }
 
     /// Waits (bounded) for the daemon to exit by itself.
-    pub fn exit(mut self) -> std::process::ExitStatus {
+    pub fn exit(self) -> std::process::ExitStatus {
+        self.exit_logged().0
+    }
+
+    /// Sends `signal`, waits (bounded) for the exit, and returns its status
+    /// with every line the daemon logged.
+    pub fn stop_logged(
+        self,
+        signal: rustix::process::Signal,
+    ) -> (std::process::ExitStatus, Vec<String>) {
+        self.signal(signal);
+        self.exit_logged()
+    }
+
+    fn exit_logged(mut self) -> (std::process::ExitStatus, Vec<String>) {
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
         loop {
             if let Some(status) = self.child.try_wait().expect("wait") {
                 while let Ok(line) = self.lines.recv_timeout(std::time::Duration::from_secs(5)) {
                     self.seen.push(line);
                 }
-                return status;
+                return (status, std::mem::take(&mut self.seen));
             }
             assert!(
                 std::time::Instant::now() < deadline,
