@@ -66,8 +66,17 @@ impl Bus {
 }
 
 impl Drop for Bus {
+    /// Killed, the daemon leaves its socket file (`unix:tmpdir=` names
+    /// one in /tmp): it is removed here.
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+        let socket = self
+            .address
+            .strip_prefix("unix:")
+            .and_then(|rest| rest.split(',').find_map(|kv| kv.strip_prefix("path=")));
+        if let Some(socket) = socket {
+            let _ = std::fs::remove_file(socket);
+        }
     }
 }
