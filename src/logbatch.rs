@@ -14,31 +14,56 @@ thread_local! {
 
 /// Runs `f`, then writes to stderr in one go what the text log was given
 /// meanwhile (nothing when logs go to the journal). A failed write is
-/// dropped, as the text log drops its own.
+/// dropped, as the text log drops its own. Nested, the outer batch writes
+/// it; if `f` panics, what it logged is written as the stack unwinds.
 pub fn together(f: impl FnOnce()) {
-    let outer = BATCH.with(|b| b.borrow_mut().replace(Vec::new()));
+    let outer = BATCH
+        .try_with(|b| b.borrow_mut().replace(Vec::new()))
+        .ok()
+        .flatten();
+    let _batch = Batch { outer };
     f();
-    let bytes = BATCH.with(|b| std::mem::replace(&mut *b.borrow_mut(), outer));
-    // Nested, the outer batch writes it.
-    if let Some(bytes) = bytes.filter(|b| !b.is_empty())
-        && !collect(&bytes)
-    {
-        let _ = std::io::stderr().lock().write_all(&bytes);
+}
+
+/// An open batch: closing it (dropped) puts back the outer one and
+/// writes what it collected.
+struct Batch {
+    outer: Option<Vec<u8>>,
+}
+
+impl Drop for Batch {
+    fn drop(&mut self) {
+        let outer = self.outer.take();
+        let bytes = BATCH
+            .try_with(|b| {
+                b.try_borrow_mut()
+                    .map(|mut b| std::mem::replace(&mut *b, outer))
+            })
+            .ok()
+            .and_then(Result::ok)
+            .flatten();
+        if let Some(bytes) = bytes.filter(|b| !b.is_empty())
+            && !collect(&bytes)
+        {
+            let _ = std::io::stderr().lock().write_all(&bytes);
+        }
     }
 }
 
 /// Keeps `bytes` for the batch open on this thread, if any.
 pub fn collect(bytes: &[u8]) -> bool {
-    BATCH.with(|b| match b.try_borrow_mut() {
-        Ok(mut batch) => match batch.as_mut() {
-            Some(batch) => {
-                batch.extend_from_slice(bytes);
-                true
-            }
-            None => false,
-        },
-        Err(_) => false,
-    })
+    BATCH
+        .try_with(|b| match b.try_borrow_mut() {
+            Ok(mut batch) => match batch.as_mut() {
+                Some(batch) => {
+                    batch.extend_from_slice(bytes);
+                    true
+                }
+                None => false,
+            },
+            Err(_) => false,
+        })
+        .unwrap_or(false)
 }
 
 /// The text log's writer: stderr, or the batch open on this thread.
@@ -100,5 +125,14 @@ mod tests {
         });
         assert_eq!(seen, b"one two ");
         assert!(!collect(b"closed again"));
+        // A panic inside closes the batch all the same.
+        let panicked = std::panic::catch_unwind(|| {
+            together(|| {
+                assert!(collect(b""));
+                panic!("in a batch");
+            })
+        });
+        assert!(panicked.is_err());
+        assert!(!collect(b"no batch left open"));
     }
 }

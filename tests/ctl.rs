@@ -118,13 +118,13 @@ fn snapshot(name: &str, actual: &str) {
 
 /// A user daemon (no bus) running the fixture as `demo`, quiet on stderr,
 /// with units in `units`; and its runtime directory.
-fn quiet_demo(units: &Path) -> (Daemon, std::path::PathBuf) {
+fn quiet_demo(units: &Path, env: &[(&str, &std::ffi::OsStr)]) -> (Daemon, std::path::PathBuf) {
     std::fs::write(
         units.join("demo.kdl"),
         "stdio {\n    command \"mcp-fixture\" \"--chatter\" \"0\"\n}\n",
     )
     .expect("write");
-    let mut d = Daemon::user_no_bus(units, &[]);
+    let mut d = Daemon::user_no_bus(units, env);
     d.wait_until("demo running", |d| d.latest_pid("demo").is_some());
     let runtime = d.runtime_dir().expect("runtime").to_owned();
     (d, runtime)
@@ -357,7 +357,7 @@ fn without_a_daemon_mcpctl_says_so() {
 #[test]
 fn status_shows_local_time_and_how_the_last_process_ended() {
     let tmp = tempfile::tempdir().expect("tempdir");
-    let (mut d, runtime) = quiet_demo(tmp.path());
+    let (mut d, runtime) = quiet_demo(tmp.path(), &[]);
     let status = |tz: &str| {
         let out = mcpctl()
             .args(["--user", "status", "demo"])
@@ -453,7 +453,7 @@ fn as_root_a_missing_system_instance_points_at_the_user_one() {
 #[test]
 fn tool_calls_are_counted_and_logged_with_their_caller_never_their_arguments() {
     let tmp = tempfile::tempdir().expect("tempdir");
-    let (mut d, runtime) = quiet_demo(tmp.path());
+    let (mut d, runtime) = quiet_demo(tmp.path(), &[]);
     let call = |args: &[&str]| {
         let child = mcpctl()
             .arg("--user")
@@ -508,10 +508,11 @@ fn tool_calls_are_counted_and_logged_with_their_caller_never_their_arguments() {
 #[test]
 fn a_call_logged_in_a_batch_is_written_before_the_daemon_stops() {
     let tmp = tempfile::tempdir().expect("tempdir");
-    let (d, runtime) = quiet_demo(tmp.path());
+    // A minute's wait: only the daemon's flush at its end writes the line
+    // before its last one.
+    let (d, runtime) = quiet_demo(tmp.path(), &[("MCPD_CALL_LOG_DELAY", "60s".as_ref())]);
     let ok = mcpctl_user(&runtime, &["call", "demo", "echo", "{\"text\":\"x\"}"]);
     assert!(ok.status.success(), "{}", err(&ok));
-    // Stopped at once: the line may still be waiting for its batch.
     let (status, lines) = d.stop_logged(Signal::TERM);
     assert!(status.success());
     let at = |needle: &str| {

@@ -243,6 +243,23 @@ fn a_second_daemon_of_the_same_instance_refuses_to_start() {
 }
 
 #[test]
+fn a_bad_call_log_delay_is_refused_naming_the_variable() {
+    let units = root().join("units/demo");
+    let args = ["--user".as_ref(), "--units".as_ref(), units.as_os_str()];
+    for (value, why) in [("soon", "expected number"), ("2m", "at most 60s")] {
+        let runtime = tempfile::tempdir().expect("tempdir");
+        let env = [
+            ("XDG_RUNTIME_DIR", runtime.path().as_os_str()),
+            ("MCPD_CALL_LOG_DELAY", value.as_ref()),
+        ];
+        let mut d = Daemon::start(&args, &env);
+        let line = d.wait_for(&format!("mcpd: invalid MCPD_CALL_LOG_DELAY {value:?}: "));
+        assert!(line.contains(why), "{line}");
+        assert_eq!(d.exit().code(), Some(2));
+    }
+}
+
+#[test]
 fn sigterm_stops_stubborn_servers_in_parallel_within_their_stop_timeout() {
     let tmp = tempfile::tempdir().expect("tempdir");
     for name in ["s1", "s2"] {

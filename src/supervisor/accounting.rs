@@ -118,8 +118,11 @@ impl Drop for Record {
     }
 }
 
-/// How long a finished call's line may wait to be written.
+/// How long a finished call's line may wait to be written, unless
+/// [`set_flush_after`] said otherwise.
 pub const FLUSH_AFTER: Duration = Duration::from_millis(50);
+/// The longest [`set_flush_after`] takes.
+pub const FLUSH_AFTER_MAX: Duration = Duration::from_secs(60);
 /// How many lines may wait: the one that makes this many writes them all.
 pub const FLUSH_AT: usize = 64;
 
@@ -144,6 +147,21 @@ static WAITING: Mutex<Waiting> = Mutex::new(Waiting {
     scheduled: false,
 });
 
+/// The wait, in microseconds (`FLUSH_AFTER` until set).
+static FLUSH_AFTER_USEC: AtomicU64 = AtomicU64::new(FLUSH_AFTER.as_micros() as u64);
+
+/// Sets how long a call's line may wait (`MCPD_CALL_LOG_DELAY`, read by
+/// the daemon's binary): zero writes each line as its call ends. At most
+/// [`FLUSH_AFTER_MAX`].
+pub fn set_flush_after(wait: Duration) -> Result<(), String> {
+    if wait > FLUSH_AFTER_MAX {
+        return Err(format!("at most {}s", FLUSH_AFTER_MAX.as_secs()));
+    }
+    let usec = u64::try_from(wait.as_micros()).unwrap_or(u64::MAX);
+    FLUSH_AFTER_USEC.store(usec, Ordering::Relaxed);
+    Ok(())
+}
+
 fn waiting() -> MutexGuard<'static, Waiting> {
     // A panic while logging leaves the lines as good as they were.
     WAITING
@@ -152,12 +170,13 @@ fn waiting() -> MutexGuard<'static, Waiting> {
 }
 
 /// Queues a finished call's line: written at once when it makes
-/// [`FLUSH_AT`] or no runtime is there to time the flush, else within
-/// [`FLUSH_AFTER`].
+/// [`FLUSH_AT`], when the wait is zero, or when no runtime is there to
+/// time the flush; else within the wait ([`FLUSH_AFTER`]).
 fn log_later(call: Finished) {
+    let wait = Duration::from_micros(FLUSH_AFTER_USEC.load(Ordering::Relaxed));
     let mut w = waiting();
     w.calls.push(call);
-    if w.calls.len() < FLUSH_AT && !w.scheduled {
+    if w.calls.len() < FLUSH_AT && !w.scheduled && !wait.is_zero() {
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
             w.scheduled = true;
             drop(w);
@@ -166,11 +185,11 @@ fn log_later(call: Finished) {
             let flush = Scheduled;
             runtime.spawn(async move {
                 let _flush = flush;
-                tokio::time::sleep(FLUSH_AFTER).await;
+                tokio::time::sleep(wait).await;
             });
             return;
         }
-    } else if w.calls.len() < FLUSH_AT {
+    } else if w.calls.len() < FLUSH_AT && !wait.is_zero() {
         return;
     }
     let calls = std::mem::take(&mut w.calls);
@@ -313,6 +332,16 @@ mod tests {
                 assert_eq!(lines(&sink, "flushed"), 1);
             });
             assert_eq!(lines(&sink, "flushed"), 1, "written once");
+
+            // A wait of zero: each line as its call ends.
+            assert!(set_flush_after(FLUSH_AFTER_MAX + Duration::from_secs(1)).is_err());
+            set_flush_after(Duration::ZERO).expect("zero");
+            let now: Arc<str> = Arc::from("now");
+            paused().block_on(async {
+                call(&now, &counters);
+                assert_eq!(lines(&sink, "now"), 1);
+            });
+            set_flush_after(FLUSH_AFTER).expect("default");
         });
     }
 }
