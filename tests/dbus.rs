@@ -824,3 +824,17 @@ fn a_tool_filter_hides_and_refuses_tools_and_changes_in_place() {
     assert_eq!(listed(), ["echo", "add", "env"]);
     assert!(d.stop(Signal::TERM).success());
 }
+
+#[test]
+fn a_private_bus_leaves_no_socket_file_behind() {
+    let bus = Bus::start();
+    let socket = bus
+        .address
+        .split(',')
+        .find_map(|kv| kv.strip_prefix("unix:path="))
+        .map(std::path::PathBuf::from)
+        .expect("a unix:path= address");
+    assert!(socket.exists(), "{}", socket.display());
+    drop(bus);
+    assert!(!socket.exists(), "{} is left", socket.display());
+}

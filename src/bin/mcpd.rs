@@ -46,11 +46,9 @@ fn main() -> ExitCode {
         return ExitCode::from(2);
     }
     if let Ok(delay) = std::env::var("MCPD_CALL_LOG_DELAY") {
-        let set = match delay.trim() {
-            "0" => Ok(std::time::Duration::ZERO),
-            text => humantime::parse_duration(text).map_err(|e| e.to_string()),
-        }
-        .and_then(mcpd::supervisor::accounting::set_flush_after);
+        let set = humantime::parse_duration(delay.trim())
+            .map_err(|e| e.to_string())
+            .and_then(mcpd::supervisor::accounting::set_flush_after);
         if let Err(e) = set {
             eprintln!("mcpd: invalid MCPD_CALL_LOG_DELAY {delay:?}: {e}");
             return ExitCode::from(2);

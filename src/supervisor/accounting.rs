@@ -176,7 +176,10 @@ fn log_later(call: Finished) {
     let wait = Duration::from_micros(FLUSH_AFTER_USEC.load(Ordering::Relaxed));
     let mut w = waiting();
     w.calls.push(call);
-    if w.calls.len() < FLUSH_AT && !w.scheduled && !wait.is_zero() {
+    if w.calls.len() < FLUSH_AT && !wait.is_zero() {
+        if w.scheduled {
+            return;
+        }
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
             w.scheduled = true;
             drop(w);
@@ -189,12 +192,9 @@ fn log_later(call: Finished) {
             });
             return;
         }
-    } else if w.calls.len() < FLUSH_AT && !wait.is_zero() {
-        return;
     }
-    let calls = std::mem::take(&mut w.calls);
     drop(w);
-    emit(calls);
+    flush_log();
 }
 
 /// The flush on its way: writes what waits when dropped.
@@ -202,12 +202,8 @@ struct Scheduled;
 
 impl Drop for Scheduled {
     fn drop(&mut self) {
-        let calls = {
-            let mut w = waiting();
-            w.scheduled = false;
-            std::mem::take(&mut w.calls)
-        };
-        emit(calls);
+        waiting().scheduled = false;
+        flush_log();
     }
 }
 
@@ -215,10 +211,6 @@ impl Drop for Scheduled {
 /// last line).
 pub fn flush_log() {
     let calls = std::mem::take(&mut waiting().calls);
-    emit(calls);
-}
-
-fn emit(calls: Vec<Finished>) {
     if calls.is_empty() {
         return;
     }
