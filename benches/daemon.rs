@@ -35,8 +35,9 @@
 //! `MCPD_BENCH_PROBE_SECS` (31: the idle window with probes),
 //! `MCPD_BENCH_DETECTIONS` (5 hung servers), `MCPD_BENCH_FLOOD_SECS` (5),
 //! `MCPD_BENCH_ONDEMAND_UNITS` (20), `MCPD_BENCH_COLD_CALLS` (20).
-//! `MCPD_BENCH_ONLY=ondemand` or `sessions` (the tool-call paths and host
-//! sessions) runs only that section (while working on it).
+//! `MCPD_BENCH_ONLY=ondemand`, `sessions` (the tool-call paths and host
+//! sessions) or `everything` (server-everything direct, bridged and
+//! relayed: the one ratio) runs only that section (while working on it).
 
 mod common;
 #[path = "daemon/liveness.rs"]
@@ -388,6 +389,11 @@ fn main() {
     match std::env::var("MCPD_BENCH_ONLY").as_deref() {
         Ok("ondemand") => {
             print_table("Daemon", &ondemand::rows(&rt, &sizes));
+            return;
+        }
+        Ok("everything") => {
+            let rows = rt.block_on(sessions::everything_rows(bus.as_ref(), &sizes));
+            print_table("Daemon", &rows);
             return;
         }
         Ok("sessions") => {

@@ -396,6 +396,17 @@ async fn idle_sessions(d: &Daemon, sizes: &Sizes) -> Row {
     .met(per <= 16.0)
 }
 
+/// Only the server-everything rows (`MCPD_BENCH_ONLY=everything`).
+pub async fn everything_rows(bus: Option<&Bus>, sizes: &Sizes) -> Vec<Row> {
+    match everything_overhead(bus, sizes).await {
+        Ok(both) => Vec::from(both),
+        Err(reason) => vec![Row::skipped(
+            "server-everything echo through mcpctl bridge",
+            &reason,
+        )],
+    }
+}
+
 /// Every host-session row.
 pub async fn rows(d: &Daemon, bus: Option<&Bus>, sizes: &Sizes) -> Vec<Row> {
     let mut rows = Vec::new();

@@ -19,11 +19,12 @@
 //! before). The text is stored before its length, so a daemon killed
 //! between the two leaves a free slot, never half an id.
 
-use std::collections::HashMap;
 use std::io;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU8, Ordering};
+
+use foldhash::HashMap;
 
 /// Requests recorded at once, per session.
 pub const SLOTS: usize = 1024;
@@ -77,7 +78,7 @@ impl Ledger {
         let map = NonNull::new(map.cast::<AtomicU8>()).ok_or_else(|| io::Error::other("mmap"))?;
         let ledger = Self {
             map,
-            used: HashMap::new(),
+            used: HashMap::default(),
             free: (0..SLOTS as u16).rev().collect(),
         };
         Ok((ledger, fd))

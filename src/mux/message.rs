@@ -19,10 +19,8 @@
 use std::borrow::Cow;
 use std::fmt;
 
-use serde::de::{self, DeserializeSeed, MapAccess, Visitor};
-use serde::{Deserialize, Deserializer as _, Serialize};
+use serde::{Deserialize, Serialize};
 use serde_json::Value;
-use serde_json::value::RawValue;
 
 /// A JSON-RPC message: a JSON object, its members as text (`{}` by
 /// default).
@@ -84,15 +82,14 @@ impl fmt::Display for NotAMessage {
 impl Message {
     /// Parses one line (a JSON object; whitespace around it is fine).
     pub fn parse(line: &[u8]) -> Result<Self, NotAMessage> {
-        let members = std::str::from_utf8(line)
-            .ok()
-            .filter(|text| text.trim_start().starts_with('{'))
-            .and_then(|text| {
-                let text: Box<str> = text.into();
-                let members = members(&text).ok()?;
-                Some(Self { text, members })
-            });
-        members.ok_or_else(|| why_not(line))
+        let message = std::str::from_utf8(line).ok().and_then(|text| {
+            let members = members(text)?;
+            Some(Self {
+                text: text.into(),
+                members,
+            })
+        });
+        message.ok_or_else(|| why_not(line))
     }
 
     fn text<'a>(&'a self, text: &'a Text) -> &'a str {
@@ -120,7 +117,18 @@ impl Message {
 
     /// The `id`, if there is one (`null` included).
     pub fn id(&self) -> Option<Value> {
-        self.get("id")
+        let raw = self.raw("id")?;
+        // Integers and strings without escapes (every id mcpd makes, and
+        // most hosts') are read without a parser.
+        match plain_id(raw) {
+            Some(Plain::Integer) => raw
+                .parse::<i64>()
+                .map(Value::from)
+                .or_else(|_| raw.parse::<u64>().map(Value::from))
+                .ok(),
+            Some(Plain::String) => Some(Value::String(raw[1..raw.len() - 1].to_owned())),
+            None => serde_json::from_str(raw).ok(),
+        }
     }
 
     /// The `id` as serde_json writes it (`id().to_string()`), without
@@ -128,13 +136,7 @@ impl Message {
     /// without escapes); `None` if it is absent or `null`.
     pub fn id_text(&self) -> Option<Cow<'_, str>> {
         let raw = self.raw("id")?;
-        let plain_integer = {
-            let digits = raw.strip_prefix('-').unwrap_or(raw);
-            !digits.is_empty() && digits.bytes().all(|b| b.is_ascii_digit())
-        };
-        let plain_string =
-            raw.len() >= 2 && raw.starts_with('"') && raw.ends_with('"') && !raw.contains('\\');
-        if plain_integer || plain_string {
+        if plain_id(raw).is_some() {
             return Some(Cow::Borrowed(raw));
         }
         self.id()
@@ -162,8 +164,13 @@ impl Message {
     /// letter).
     pub fn may_hold(&self, key: &str, name: &str) -> bool {
         self.raw(key).is_some_and(|raw| {
-            let find = |word: &str| memchr::memmem::find(raw.as_bytes(), word.as_bytes());
-            find(name).is_some() || find("\\u").is_some()
+            // Texts are short and the words rare: a search by the first
+            // byte beats building a substring searcher for each.
+            let raw = raw.as_bytes();
+            let find = |word: &[u8]| {
+                memchr::memchr_iter(word[0], raw).any(|at| raw[at..].starts_with(word))
+            };
+            !name.is_empty() && find(name.as_bytes()) || find(b"\\u")
         })
     }
 
@@ -228,6 +235,40 @@ impl Message {
     }
 }
 
+/// What `id.to_string()` is (serde_json's text of it), without the
+/// formatter for integers and plain strings: a key of ids in maps.
+pub fn id_key(id: &Value) -> String {
+    match id {
+        Value::Number(n) if n.is_u64() => n.as_u64().unwrap_or_default().to_string(),
+        Value::Number(n) if n.is_i64() => n.as_i64().unwrap_or_default().to_string(),
+        Value::String(s) if !s.bytes().any(|b| b == b'"' || b == b'\\' || b < 0x20) => {
+            let mut key = String::with_capacity(s.len() + 2);
+            key.push('"');
+            key.push_str(s);
+            key.push('"');
+            key
+        }
+        other => other.to_string(),
+    }
+}
+
+/// An id's text that is what serde_json writes for it.
+enum Plain {
+    /// Digits, perhaps after a minus.
+    Integer,
+    /// A string without escapes.
+    String,
+}
+
+fn plain_id(raw: &str) -> Option<Plain> {
+    // Not one serde_json reads as a float: beyond 64 bits, or `-0`.
+    if raw != "-0" && (raw.parse::<i64>().is_ok() || raw.parse::<u64>().is_ok()) {
+        return Some(Plain::Integer);
+    }
+    (raw.len() >= 2 && raw.starts_with('"') && raw.ends_with('"') && !raw.contains('\\'))
+        .then_some(Plain::String)
+}
+
 /// A `Value` object as a message (anything else: an empty one; mcpd
 /// makes only objects).
 impl From<Value> for Message {
@@ -273,79 +314,32 @@ fn why_not(line: &[u8]) -> NotAMessage {
     }
 }
 
-/// The members of the JSON object `text`, as spans of it.
-fn members(text: &str) -> Result<Vec<Member>, serde_json::Error> {
-    let mut de = serde_json::Deserializer::from_str(text);
-    let members = (&mut de).deserialize_map(Members { text })?;
-    de.end()?;
-    Ok(members)
-}
-
-struct Members<'t> {
-    text: &'t str,
-}
-
-impl Members<'_> {
-    /// Where `part` (borrowed from the text) is in it.
-    fn span(&self, part: &str) -> Text {
-        let start = part.as_ptr() as usize - self.text.as_ptr() as usize;
-        // Lines are at most 16 MiB (wire::MAX_LINE).
-        Text::Span(start as u32, (start + part.len()) as u32)
-    }
-}
-
-impl<'de> Visitor<'de> for Members<'de> {
-    type Value = Vec<Member>;
-
-    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("a JSON-RPC message object")
-    }
-
-    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
-        let mut members = Vec::with_capacity(4);
-        while let Some(key) = map.next_key_seed(Key)? {
-            let value: &'de RawValue = map.next_value()?;
-            // A repeated key: the last value counts (and is kept alone).
-            let text = self.text;
-            members.retain(|m: &Member| m.key.get(text) != key);
-            let key = match key {
-                Cow::Borrowed(key) => self.span(key),
-                Cow::Owned(key) => Text::Own(key.into()),
-            };
-            members.push(Member {
-                key,
-                value: self.span(value.get()),
-            });
+/// The members of the JSON object `text`, as spans of it; `None` if it
+/// is not one (serde_json then says why). Of a repeated key only the last
+/// value is kept.
+fn members(text: &str) -> Option<Vec<Member>> {
+    let spans = super::scan::object(text.as_bytes())?;
+    let mut members: Vec<Member> = Vec::with_capacity(spans.len());
+    for span in spans {
+        let key = if span.escaped {
+            // Unescaped as serde_json does (a lone surrogate is an error).
+            let quoted = &text[span.key.0 - 1..span.key.1 + 1];
+            Text::Own(serde_json::from_str::<String>(quoted).ok()?.into())
+        } else {
+            Text::Span(span.key.0 as u32, span.key.1 as u32)
+        };
+        // A repeated key: the last value counts (and is kept alone).
+        let name = key.get(text);
+        if members.iter().any(|m| m.key.get(text) == name) {
+            members.retain(|m| m.key.get(text) != name);
         }
-        Ok(members)
+        // Lines are at most 16 MiB (wire::MAX_LINE).
+        members.push(Member {
+            key,
+            value: Text::Span(span.value.0 as u32, span.value.1 as u32),
+        });
     }
-}
-
-/// A key, borrowed from the text when it holds no escapes.
-struct Key;
-
-impl<'de> DeserializeSeed<'de> for Key {
-    type Value = Cow<'de, str>;
-
-    fn deserialize<D: de::Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
-        d.deserialize_str(self)
-    }
-}
-
-impl<'de> Visitor<'de> for Key {
-    type Value = Cow<'de, str>;
-
-    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("a key")
-    }
-
-    fn visit_borrowed_str<E: de::Error>(self, key: &'de str) -> Result<Self::Value, E> {
-        Ok(Cow::Borrowed(key))
-    }
-
-    fn visit_str<E: de::Error>(self, key: &str) -> Result<Self::Value, E> {
-        Ok(Cow::Owned(key.to_owned()))
-    }
+    Some(members)
 }
 
 #[cfg(test)]
@@ -362,18 +356,32 @@ mod tests {
         for (id, text) in [
             ("7", Some("7")),
             ("-12", Some("-12")),
+            ("18446744073709551615", Some("18446744073709551615")),
+            ("-0", Some("-0.0")),
+            ("-9223372036854775809", Some("-9.223372036854776e+18")),
+            (
+                "123456789012345678901234567890",
+                Some("1.2345678901234568e+29"),
+            ),
             ("\"req-1\"", Some("\"req-1\"")),
             ("\"caf\u{e9}\"", Some("\"caf\u{e9}\"")),
             ("\"a\\u0041\"", Some("\"aA\"")),
             ("\"tab\\t\"", Some("\"tab\\t\"")),
             ("1.50", Some("1.5")),
             ("1e2", Some("100.0")),
+            (
+                "\"a\\u0001\\\\\\\"\u{7f}\"",
+                Some("\"a\\u0001\\\\\\\"\u{7f}\""),
+            ),
             ("null", None),
         ] {
             let m = parse(&format!(
                 "{{\"jsonrpc\":\"2.0\",\"id\":{id},\"method\":\"ping\"}}"
             ));
             assert_eq!(m.id_text().as_deref(), text, "{id}");
+            assert_eq!(m.id(), serde_json::from_str(id).ok(), "{id}");
+            let value = m.id().expect("id");
+            assert_eq!(id_key(&value), value.to_string(), "{id}");
             if let Some(text) = text {
                 assert_eq!(m.id().expect("id").to_string(), text, "{id}");
             }
@@ -473,5 +481,231 @@ mod tests {
             };
             assert!(text.contains("line 1"), "{text}");
         }
+    }
+
+    /// What serde_json reads of `text` as an object of raw values: its
+    /// members in order, keys unescaped (the reference the scan is held
+    /// to).
+    fn serde_members(text: &str) -> Option<Vec<(String, String)>> {
+        use serde::Deserializer as _;
+        use serde::de::{MapAccess, Visitor};
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = Vec<(String, String)>;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("an object")
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+                let mut out = Vec::new();
+                while let Some(key) = map.next_key::<String>()? {
+                    let value: &serde_json::value::RawValue = map.next_value()?;
+                    out.push((key, value.get().to_owned()));
+                }
+                Ok(out)
+            }
+        }
+        let mut de = serde_json::Deserializer::from_str(text);
+        let members = (&mut de).deserialize_map(V).ok()?;
+        de.end().ok()?;
+        Some(members)
+    }
+
+    /// Checks that `Message::parse` reads `text` as serde_json does.
+    fn same_as_serde(text: &str) -> bool {
+        let ours = Message::parse(text.as_bytes()).ok().map(|m| {
+            m.members
+                .iter()
+                .map(|x| (m.text(&x.key).to_owned(), m.text(&x.value).to_owned()))
+                .collect::<Vec<_>>()
+        });
+        let theirs = serde_members(text).map(|members| {
+            // Of a repeated key the last value counts, and comes last.
+            let mut kept: Vec<(String, String)> = Vec::new();
+            for (key, value) in members {
+                kept.retain(|(k, _)| *k != key);
+                kept.push((key, value));
+            }
+            kept
+        });
+        assert_eq!(ours, theirs, "{text:?}");
+        ours.is_some()
+    }
+
+    #[test]
+    fn a_line_is_a_message_exactly_when_serde_json_reads_an_object() {
+        for text in [
+            "{}",
+            " {\"a\":1} \n",
+            "{\"a\":-0.5e+10,\"b\":[true,false,null,{}],\"c\":\"\\u00e9\\n\"}",
+            "{\"a\":01}",
+            "{\"a\":1.}",
+            "{\"a\":.5}",
+            "{\"a\":-}",
+            "{\"a\":1e}",
+            "{\"a\":+1}",
+            "{\"a\":\"\\x\"}",
+            "{\"a\":\"\\u12g4\"}",
+            "{\"a\":\"\\ud800\"}",
+            "{\"\\ud800\":1}",
+            "{\"\\u0069d\":1,\"id\":2}",
+            "{\"a\":\"tab\there\"}",
+            "{\"a\":\"del\u{7f}\"}",
+            "{\"a\":[1,]}",
+            "{\"a\":1,}",
+            "{,}",
+            "{\"a\" 1}",
+            "{\"a\":1}{}",
+            "{\"a\":1} x",
+            "\u{a0}{}",
+            "{\"a\":tru}",
+            "{\"a\":truex}",
+            "[]",
+            "",
+        ] {
+            same_as_serde(text);
+        }
+        // Any depth (serde_json sets no limit on a raw value's), past the
+        // scan's first 128 levels, and as deep as a line may be.
+        for depth in [1, 2, 127, 128, 129, 130, 300] {
+            let text = format!("{{\"a\":{}1{}}}", "[".repeat(depth), "]".repeat(depth));
+            same_as_serde(&text);
+            let text = format!(
+                "{{\"a\":{}1{}}}",
+                "{\"b\":".repeat(depth),
+                "}".repeat(depth)
+            );
+            same_as_serde(&text);
+        }
+        let deep = format!(
+            "{{\"a\":{}1{}}}",
+            "[{\"b\":".repeat(1000),
+            "}]".repeat(1000)
+        );
+        assert!(same_as_serde(&deep));
+        let line = format!("{{\"a\":{}}}", "[".repeat(crate::mux::wire::MAX_LINE - 7));
+        assert!(
+            Message::parse(line.as_bytes()).is_err(),
+            "refused, and no stack overflow"
+        );
+    }
+
+    /// Random objects, and random edits of them: held to serde_json.
+    #[test]
+    fn random_lines_read_as_serde_json_reads_them() {
+        let mut seed = 0x9e37_79b9_7f4a_7c15_u64;
+        let mut next = move |n: usize| {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            (seed % n as u64) as usize
+        };
+        const PIECES: &[&str] = &[
+            "{",
+            "}",
+            "[",
+            "]",
+            ",",
+            ":",
+            "\"",
+            "\\",
+            " ",
+            "\n",
+            "\t",
+            "0",
+            "1",
+            "-",
+            ".",
+            "e",
+            "E",
+            "+",
+            "true",
+            "false",
+            "null",
+            "tru",
+            "\\u00",
+            "\\u0041",
+            "\\ud83d\\ude00",
+            "\\udc00",
+            "x",
+            "\u{e9}",
+            "\u{1}",
+            "\"id\"",
+            "\"k\\\"q\"",
+            "12.5e-3",
+            "01",
+            "-0",
+        ];
+        fn value(next: &mut impl FnMut(usize) -> usize, depth: usize, out: &mut String) {
+            match next(if depth > 3 { 6 } else { 8 }) {
+                0 => out.push_str(["true", "false", "null"][next(3)]),
+                1 => out.push_str(["0", "-1", "12.5", "3e7", "-0.0E-2", "42"][next(6)]),
+                2 | 3 => {
+                    out.push('"');
+                    for _ in 0..next(5) {
+                        out.push_str(
+                            ["a", "\\n", "\\\"", "\u{e9}", "\\u00e9", " ", "/", "\\/"][next(8)],
+                        );
+                    }
+                    out.push('"');
+                }
+                4 | 5 => {
+                    out.push('"');
+                    out.push_str(["id", "method", "params", "x"][next(4)]);
+                    out.push('"');
+                }
+                6 => {
+                    out.push('[');
+                    for i in 0..next(4) {
+                        if i > 0 {
+                            out.push(',');
+                        }
+                        value(next, depth + 1, out);
+                    }
+                    out.push(']');
+                }
+                _ => object(next, depth + 1, out),
+            }
+        }
+        fn object(next: &mut impl FnMut(usize) -> usize, depth: usize, out: &mut String) {
+            out.push('{');
+            for i in 0..next(5) {
+                if i > 0 {
+                    out.push(',');
+                }
+                out.push_str([" ", "", "\n"][next(3)]);
+                out.push_str(
+                    ["\"id\"", "\"method\"", "\"a\\u0041\"", "\"params\"", "\"\""][next(5)],
+                );
+                out.push(':');
+                value(next, depth, out);
+            }
+            out.push('}');
+        }
+        let (mut accepted, mut refused) = (0, 0);
+        for _ in 0..20_000 {
+            let mut text = String::new();
+            object(&mut next, 0, &mut text);
+            // Most lines are edited: a piece inserted, or a byte dropped.
+            for _ in 0..next(3) {
+                let at = next(text.len() + 1);
+                if !text.is_char_boundary(at) {
+                    continue;
+                }
+                if next(2) == 0 {
+                    text.insert_str(at, PIECES[next(PIECES.len())]);
+                } else if at < text.len() && text.is_char_boundary(at + 1) {
+                    text.remove(at);
+                }
+            }
+            if same_as_serde(&text) {
+                accepted += 1;
+            } else {
+                refused += 1;
+            }
+        }
+        assert!(
+            accepted > 5_000 && refused > 5_000,
+            "{accepted} read, {refused} refused"
+        );
     }
 }

@@ -5,7 +5,8 @@
 //! Reading order: [`route`], the pure routing core (ids and progress
 //! tokens, who answers a server→client request, subscriptions, log levels,
 //! detach and outage cleanup), table-tested like the supervisor's machine;
-//! [`message`], a message kept as its members' JSON text; [`wire`], the
+//! [`message`], a message kept as its members' JSON text (found by
+//! `scan`, a validating scan of an object's top level); [`wire`], the
 //! framing; [`attach`], the attach socket's protocol, and [`ledger`], the
 //! requests in flight of a handed-over session, for its bridge. The
 //! session layer that runs the router (`initialize`, the cached lists
@@ -15,4 +16,5 @@ pub mod attach;
 pub mod ledger;
 pub mod message;
 pub mod route;
+mod scan;
 pub mod wire;

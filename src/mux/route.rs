@@ -30,13 +30,14 @@
 //!   held instead of failed, and sent in order once it is ready (or failed
 //!   when the start fails).
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 use std::str::FromStr;
 
+use foldhash::HashMap;
 use serde_json::{Value, json};
 
-use super::message::Message;
+use super::message::{Message, id_key};
 
 /// A host session, numbered by the session layer.
 pub type HostId = u64;
@@ -471,7 +472,8 @@ impl Router {
         msg: &mut Message,
         out: &mut Vec<Out>,
     ) {
-        if self.inflight.contains_key(&(host, id.to_string())) {
+        let key = (host, id_key(&id));
+        if self.inflight.contains_key(&key) {
             out.push(Out::Host(
                 host,
                 error(
@@ -555,7 +557,7 @@ impl Router {
         } else {
             None
         };
-        self.inflight.insert((host, id.to_string()), up_id);
+        self.inflight.insert(key, up_id);
         if let Some(h) = self.hosts.get_mut(&host) {
             h.busy += 1;
         }
@@ -611,7 +613,7 @@ impl Router {
             self.tokens.remove(&token);
         }
         if let Owner::Host { host, id } = &pending.owner {
-            self.inflight.remove(&(*host, id.to_string()));
+            self.inflight.remove(&(*host, id_key(id)));
             if let Some(h) = self.hosts.get_mut(host) {
                 h.busy = h.busy.saturating_sub(1);
             }

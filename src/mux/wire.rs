@@ -178,7 +178,7 @@ impl<S: Source> Lines<S> {
 
     /// The next whole line in `buf` (newline included), if there is one.
     fn take_line(&mut self) -> Option<BytesMut> {
-        let newline = self.buf[self.scanned..].iter().position(|b| *b == b'\n')?;
+        let newline = memchr::memchr(b'\n', &self.buf[self.scanned..])?;
         let line = self.buf.split_to(self.scanned + newline + 1);
         self.scanned = 0;
         if self.buf.is_empty() {

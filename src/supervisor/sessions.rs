@@ -31,11 +31,11 @@
 //! mcpd's own requests (tool syncs, D-Bus `CallTool`) go through the same
 //! router ([`Sessions::request`]), so their ids never collide with hosts'.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::Instant;
 
+use foldhash::HashMap;
 use serde_json::{Value, json};
 use tokio::net::UnixStream;
 use tokio::net::unix::{OwnedReadHalf, OwnedWriteHalf, pipe};
@@ -43,7 +43,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, oneshot, watch};
 
 use crate::mux::attach::Control;
 use crate::mux::ledger::Ledger;
-use crate::mux::message::Message;
+use crate::mux::message::{Message, id_key};
 use crate::mux::route::{self, Caps, HostId, Out, Router};
 use crate::mux::wire::{Frame, Incoming, Lines, MAX_LINE, Outbox, Refused, Source, Wire, line};
 use crate::unit::ToolFilter;
@@ -300,18 +300,18 @@ impl Sessions {
             name: Arc::from(name),
             input: tx.downgrade(),
             router: Router::new(),
-            hosts: HashMap::new(),
+            hosts: HashMap::default(),
             next_host: 0,
             upstream: None,
             init: None,
             waiting: Vec::new(),
-            own: HashMap::new(),
+            own: HashMap::default(),
             lists: Arc::clone(&lists),
             changes: changes_tx,
             listed: listed_tx,
             reading_for: None,
             caches: Default::default(),
-            tokens: HashMap::new(),
+            tokens: HashMap::default(),
             status,
             serial,
             events,
@@ -687,8 +687,18 @@ async fn next_incoming(upstream: &mut Option<Upstream>) -> (Gen, Option<Incoming
     }
 }
 
+/// Waits for the unit's status to change: owning its receiver, so that
+/// the wait is made once per change rather than once per message.
+async fn status_change(
+    mut status: watch::Receiver<Status>,
+) -> (Result<(), watch::error::RecvError>, watch::Receiver<Status>) {
+    let changed = status.changed().await;
+    (changed, status)
+}
+
 impl Task {
     async fn run(mut self, mut rx: mpsc::UnboundedReceiver<Input>) {
+        let mut status_changed = std::pin::pin!(status_change(self.status.clone()));
         loop {
             tokio::select! {
                 input = rx.recv() => match input {
@@ -700,8 +710,11 @@ impl Task {
                     Some(Err(why)) => self.lost(generation, format!("request failed: {why}")),
                     None => self.lost(generation, "the server closed the connection".into()),
                 },
-                changed = self.status.changed() => match changed {
-                    Ok(()) => self.status_changed(),
+                (changed, status) = &mut status_changed => match changed {
+                    Ok(()) => {
+                        status_changed.set(status_change(status));
+                        self.status_changed();
+                    }
                     // The actor has ended: so have its sessions.
                     Err(_) => break,
                 },
@@ -905,7 +918,7 @@ impl Task {
                 caller,
                 initialized: false,
                 held: Vec::new(),
-                calls: HashMap::new(),
+                calls: HashMap::default(),
                 ledger,
             },
         );
@@ -1537,7 +1550,7 @@ impl Task {
                 self.send(host, error(&id, INVALID_PARAMS, text));
                 return;
             }
-            let key = id.to_string();
+            let key = id_key(&id);
             let Some(h) = self.hosts.get_mut(&host) else {
                 return;
             };
@@ -1766,11 +1779,13 @@ async fn read_host<S: Source>(
     mut killed: oneshot::Receiver<()>,
 ) {
     let permits = Arc::new(Semaphore::new(BACKLOG));
+    // Made once: a wait made anew for each message costs a registration.
+    let mut gone = std::pin::pin!(bridge_gone(&mut control));
     loop {
         let frame = tokio::select! {
             biased;
             _ = &mut killed => return,
-            () = bridge_gone(&mut control) => break,
+            () = &mut gone => break,
             frame = lines.next() => frame,
         };
         let Some(frame) = frame else { break };
