@@ -383,6 +383,49 @@ fn attach_raw(
 }
 
 #[test]
+fn a_host_whose_stdio_was_handed_over_and_detached_is_read_no_more() {
+    use std::io::{BufRead, Write};
+    use std::os::fd::AsFd;
+    let units = tempfile::tempdir().expect("tempdir");
+    let d = demo_daemon(units.path());
+    let runtime = d.runtime_dir().expect("runtime").to_owned();
+    let (input, mut to_daemon) = std::io::pipe().expect("pipe");
+    // Its answers are never read: the daemon detaches it.
+    let (_unread, output) = std::io::pipe().expect("pipe");
+    let (reply, mut control) = attach_raw(
+        &runtime,
+        b"{\"server\":\"demo\",\"stdio\":true}\n",
+        &[input.as_fd(), output.as_fd()],
+    );
+    assert!(reply.contains("attached"), "{reply}");
+    // The daemon holds the only reader of the host's input now.
+    drop((input, output));
+    to_daemon
+        .write_all(b"{\"jsonrpc\":\"2.0\",\"id\":0,\"method\":\"initialize\",\"params\":{\"protocolVersion\":\"2025-11-25\",\"capabilities\":{},\"clientInfo\":{\"name\":\"deaf\",\"version\":\"1\"}}}\n")
+        .expect("write");
+    let mut refused = None;
+    for i in 1..200_000 {
+        let ping = format!("{{\"jsonrpc\":\"2.0\",\"id\":{i},\"method\":\"ping\"}}\n");
+        if let Err(e) = to_daemon.write_all(ping.as_bytes()) {
+            refused = Some(e);
+            break;
+        }
+    }
+    // Once detached, the session task stops reading the host's input and
+    // closes it: the host's writes fail, rather than go on being read.
+    let refused = refused.expect("the daemon stopped reading");
+    assert_eq!(refused.kind(), std::io::ErrorKind::BrokenPipe, "{refused}");
+    // The bridge is told why (after the host's initialize, for replays).
+    let mut end = String::new();
+    while !end.contains("\"end\"") {
+        end.clear();
+        assert!(control.read_line(&mut end).expect("read") > 0, "no end");
+    }
+    assert!(end.contains("it stopped reading its messages"), "{end}");
+    assert!(d.stop(Signal::TERM).success());
+}
+
+#[test]
 fn bad_attach_requests_get_named_refusals_and_a_file_is_copied() {
     use std::io::{BufRead, Write};
     use std::os::fd::AsFd;

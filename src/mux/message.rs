@@ -24,11 +24,23 @@ use serde_json::Value;
 
 /// A JSON-RPC message: a JSON object, its members as text (`{}` by
 /// default).
-#[derive(Clone, Default)]
+#[derive(Clone)]
 pub struct Message {
     /// The text the message was read from (empty for one made here).
     text: Box<str>,
     members: Vec<Member>,
+    /// Where the members routing asks for are ([`KNOWN`]): their index
+    /// in `members`, [`ABSENT`] if there is none.
+    known: [u8; KNOWN.len()],
+}
+
+/// The members looked up on every message, many times over.
+const KNOWN: [&str; 5] = ["id", "method", "params", "result", "error"];
+
+const ABSENT: u8 = u8::MAX;
+
+fn known(key: &str) -> Option<usize> {
+    KNOWN.iter().position(|k| *k == key)
 }
 
 #[derive(Clone)]
@@ -79,15 +91,45 @@ impl fmt::Display for NotAMessage {
     }
 }
 
+impl Default for Message {
+    fn default() -> Self {
+        Self {
+            text: Box::default(),
+            members: Vec::new(),
+            known: [ABSENT; KNOWN.len()],
+        }
+    }
+}
+
 impl Message {
+    fn new(text: Box<str>, members: Vec<Member>) -> Self {
+        let mut message = Self {
+            text,
+            members,
+            known: [ABSENT; KNOWN.len()],
+        };
+        message.index();
+        message
+    }
+
+    /// Finds the known members anew (the members changed).
+    fn index(&mut self) {
+        self.known = [ABSENT; KNOWN.len()];
+        for (i, m) in self.members.iter().enumerate() {
+            if let Some(k) = known(m.key.get(&self.text))
+                && let Ok(i) = u8::try_from(i)
+                && i != ABSENT
+            {
+                self.known[k] = i;
+            }
+        }
+    }
+
     /// Parses one line (a JSON object; whitespace around it is fine).
     pub fn parse(line: &[u8]) -> Result<Self, NotAMessage> {
         let message = std::str::from_utf8(line).ok().and_then(|text| {
             let members = members(text)?;
-            Some(Self {
-                text: text.into(),
-                members,
-            })
+            Some(Self::new(text.into(), members))
         });
         message.ok_or_else(|| why_not(line))
     }
@@ -96,8 +138,23 @@ impl Message {
         text.get(&self.text)
     }
 
+    /// Where member `key` is.
+    fn position(&self, key: &str) -> Option<usize> {
+        if let Some(k) = known(key) {
+            let at = self.known[k];
+            if at != ABSENT {
+                return Some(usize::from(at));
+            }
+            // Only the first 255 members are indexed.
+            if self.members.len() < usize::from(ABSENT) {
+                return None;
+            }
+        }
+        self.members.iter().position(|m| self.text(&m.key) == key)
+    }
+
     fn member(&self, key: &str) -> Option<&Member> {
-        self.members.iter().find(|m| self.text(&m.key) == key)
+        self.members.get(self.position(key)?)
     }
 
     /// Whether the message has a member `key`.
@@ -174,20 +231,46 @@ impl Message {
         })
     }
 
+    /// The JSON text of member `name` of the object member `key` holds
+    /// (of a repeated name, the last), found by a scan: `Ok(None)` if
+    /// `key` is absent or its object has no `name`; `Err` where only a
+    /// parser can tell (not an object, or a key with escapes).
+    pub fn inner(&self, key: &str, name: &str) -> Result<Option<&str>, Unsure> {
+        let Some(raw) = self.raw(key) else {
+            return Ok(None);
+        };
+        let spans = super::scan::object(raw.as_bytes()).ok_or(Unsure)?;
+        if spans.iter().any(|s| s.escaped) {
+            return Err(Unsure);
+        }
+        Ok(spans
+            .iter()
+            .rev()
+            .find(|s| &raw[s.key.0..s.key.1] == name)
+            .map(|s| &raw[s.value.0..s.value.1]))
+    }
+
     /// Sets member `key` to `value`: in its place if it is there, else
     /// last.
     pub fn set(&mut self, key: &str, value: &impl Serialize) {
         // Ids, tokens and params serialize.
-        let text: Box<str> = serde_json::to_string(value)
-            .unwrap_or_else(|_| "null".into())
-            .into();
-        let at = self.members.iter().position(|m| self.text(&m.key) == key);
-        match at {
-            Some(i) => self.members[i].value = Text::Own(text),
-            None => self.members.push(Member {
-                key: Text::Own(key.into()),
-                value: Text::Own(text),
-            }),
+        let text = serde_json::to_string(value).unwrap_or_else(|_| "null".into());
+        self.set_json(key, text);
+    }
+
+    /// Sets member `key` to the JSON text `json` (the caller's word that
+    /// it is JSON: an id's [`id_key`], a number).
+    pub fn set_json(&mut self, key: &str, json: String) {
+        let text = Text::Own(json.into());
+        match self.position(key) {
+            Some(i) => self.members[i].value = text,
+            None => {
+                self.members.push(Member {
+                    key: Text::Own(key.into()),
+                    value: text,
+                });
+                self.index();
+            }
         }
     }
 
@@ -234,6 +317,10 @@ impl Message {
         Value::Object(map)
     }
 }
+
+/// [`Message::inner`] cannot tell without parsing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Unsure;
 
 /// What `id.to_string()` is (serde_json's text of it), without the
 /// formatter for integers and plain strings: a key of ids in maps.
@@ -284,10 +371,7 @@ impl From<Value> for Message {
                 .collect(),
             _ => Vec::new(),
         };
-        Self {
-            text: Box::default(),
-            members,
-        }
+        Self::new(Box::default(), members)
     }
 }
 
@@ -434,6 +518,39 @@ mod tests {
     }
 
     #[test]
+    fn inner_members_are_found_by_a_scan_or_left_to_a_parser() {
+        let m = parse(
+            r#"{"params":{"name":"a","arguments":{"name":"x"},"name":"b"},"result":[1],"error":{"n\u0061me":1}}"#,
+        );
+        assert_eq!(m.inner("params", "name"), Ok(Some("\"b\"")), "the last");
+        assert_eq!(m.inner("params", "nothing"), Ok(None));
+        assert_eq!(m.inner("absent", "name"), Ok(None));
+        assert_eq!(m.inner("result", "name"), Err(Unsure), "not an object");
+        assert_eq!(m.inner("error", "name"), Err(Unsure), "an escaped key");
+    }
+
+    #[test]
+    fn members_past_the_indexed_ones_are_found_and_set() {
+        let mut text = String::from("{");
+        for i in 0..300 {
+            text.push_str(&format!("\"k{i}\":{i},"));
+        }
+        text.push_str("\"id\":7,\"method\":\"m\"}");
+        let mut m = parse(&text);
+        assert_eq!(m.id(), Some(json!(7)));
+        assert_eq!(m.method().as_deref(), Some("m"));
+        assert!(!m.has("params") && m.has("k299"));
+        m.set("params", &json!({}));
+        m.set("id", &8);
+        m.set_json("result", "true".into());
+        assert_eq!(m.raw("params"), Some("{}"));
+        assert_eq!(m.id(), Some(json!(8)));
+        assert_eq!(m.raw("result"), Some("true"));
+        assert_eq!(m.to_value()["k299"], 299);
+        assert_eq!(m.to_value().as_object().map(|o| o.len()), Some(304));
+    }
+
+    #[test]
     fn escaped_keys_and_methods_and_repeated_keys_read_as_a_value_reads_them() {
         let mut m = parse(r#"{"\u0069d":1,"method":"a\/b","id":2,"k\"q":0,"method":"c"}"#);
         assert_eq!(m.id(), Some(json!(2)), "the last occurrence counts");
@@ -528,6 +645,15 @@ mod tests {
             kept
         });
         assert_eq!(ours, theirs, "{text:?}");
+        if let (Ok(m), Some(theirs)) = (Message::parse(text.as_bytes()), &theirs) {
+            for key in KNOWN {
+                let value = theirs
+                    .iter()
+                    .find(|(k, _)| k == key)
+                    .map(|(_, v)| v.as_str());
+                assert_eq!(m.raw(key), value, "{key} of {text:?}");
+            }
+        }
         ours.is_some()
     }
 

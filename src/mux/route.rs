@@ -447,7 +447,7 @@ impl Router {
                     .as_u64()
                     .and_then(|down| self.asked.remove(&(host, down)));
                 if let Some(asked) = asked {
-                    msg.set("id", &asked.server_id);
+                    msg.set_json("id", id_key(&asked.server_id));
                     out.push(Out::Server(msg));
                 }
                 // An answer to a request nobody made: dropped.
@@ -568,7 +568,7 @@ impl Router {
                 token,
             },
         );
-        msg.set("id", &up_id);
+        msg.set_json("id", up_id.to_string());
         let sent = self.send_or_hold(up_id, std::mem::take(msg));
         out.extend(sent);
     }
@@ -637,7 +637,7 @@ impl Router {
                 let Some(up) = id.as_u64() else { return out };
                 match self.forget(up).map(|p| p.owner) {
                     Some(Owner::Host { host, id }) => {
-                        msg.set("id", &id);
+                        msg.set_json("id", id_key(&id));
                         out.push(Out::Host(host, msg));
                     }
                     Some(Owner::Own) => out.push(Out::Answer(up, msg)),

@@ -59,6 +59,20 @@ pub fn object(text: &[u8]) -> Option<Vec<Span>> {
     (s.at == text.len()).then_some(members)
 }
 
+/// The bytes a string's plain run stops at: its end, an escape, and
+/// the control characters JSON forbids in it.
+static STOP: [bool; 256] = {
+    let mut stop = [false; 256];
+    let mut b = 0;
+    while b < 0x20 {
+        stop[b] = true;
+        b += 1;
+    }
+    stop[b'"' as usize] = true;
+    stop[b'\\' as usize] = true;
+    stop
+};
+
 struct Scanner<'t> {
     text: &'t [u8],
     at: usize,
@@ -99,9 +113,7 @@ impl Scanner<'_> {
             // Plain bytes first (most of a string), a byte at a time:
             // strings in messages are short, and most are ASCII.
             let rest = &self.text[self.at..];
-            let plain = rest
-                .iter()
-                .position(|&b| b == b'"' || b == b'\\' || b < 0x20)?;
+            let plain = rest.iter().position(|&b| STOP[usize::from(b)])?;
             self.at += plain;
             match self.next()? {
                 b'"' => return Some(escaped),

@@ -15,8 +15,10 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use serde_json::Value;
 
+use std::task::{Context, Poll};
+
 use super::message::Message;
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, Interest};
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, Interest};
 use tokio::sync::mpsc;
 use tokio_util::bytes::BytesMut;
 
@@ -32,23 +34,34 @@ const CHUNK: usize = 8 * 1024;
 const FIRST_READ: usize = 512;
 
 /// Something lines are read from.
-pub trait Source: Send + 'static {
-    /// Appends what can be read now to `buf` (waiting until something
-    /// can); `Ok(0)` at end of file.
-    fn fill(&mut self, buf: &mut BytesMut) -> impl Future<Output = io::Result<usize>> + Send;
+pub trait Source: Send + Unpin + 'static {
+    /// Appends what can be read now to `buf`, or registers the task to be
+    /// woken when something can; `Ok(0)` at end of file.
+    fn poll_fill(&mut self, cx: &mut Context<'_>, buf: &mut BytesMut) -> Poll<io::Result<usize>>;
+
+    /// [`Source::poll_fill`], waiting.
+    fn fill(&mut self, buf: &mut BytesMut) -> impl Future<Output = io::Result<usize>> + Send {
+        std::future::poll_fn(move |cx| self.poll_fill(cx, buf))
+    }
 }
 
 macro_rules! readable_source {
-    ($t:ty) => {
+    ($t:ty, $ready:expr) => {
         impl Source for $t {
-            async fn fill(&mut self, buf: &mut BytesMut) -> io::Result<usize> {
+            fn poll_fill(
+                &mut self,
+                cx: &mut Context<'_>,
+                buf: &mut BytesMut,
+            ) -> Poll<io::Result<usize>> {
                 loop {
-                    self.readable().await?;
+                    // The descriptor's one reader waker slot: no waiter
+                    // list to join and leave.
+                    std::task::ready!($ready(&*self, cx))?;
                     // Most messages are small: a first read takes little,
                     // and a partial line grows a chunk at a time.
                     buf.reserve(if buf.is_empty() { FIRST_READ } else { CHUNK });
                     match self.drain(buf) {
-                        Ok(n) => return Ok(n),
+                        Ok(n) => return Poll::Ready(Ok(n)),
                         // Readiness was stale (and is now cleared).
                         Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
                             if buf.is_empty() {
@@ -56,7 +69,7 @@ macro_rules! readable_source {
                             }
                         }
                         Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                        Err(e) => return Err(e),
+                        Err(e) => return Poll::Ready(Err(e)),
                     }
                 }
             }
@@ -117,22 +130,38 @@ impl Drain for tokio::net::unix::OwnedReadHalf {
     }
 }
 
-readable_source!(tokio::net::unix::pipe::Receiver);
-readable_source!(tokio::net::unix::OwnedReadHalf);
-readable_source!(tokio::net::UnixStream);
+readable_source!(
+    tokio::net::unix::pipe::Receiver,
+    tokio::net::unix::pipe::Receiver::poll_read_ready
+);
+readable_source!(
+    tokio::net::unix::OwnedReadHalf,
+    |half: &tokio::net::unix::OwnedReadHalf, cx: &mut Context<'_>| {
+        let stream: &tokio::net::UnixStream = half.as_ref();
+        stream.poll_read_ready(cx)
+    }
+);
+readable_source!(
+    tokio::net::UnixStream,
+    tokio::net::UnixStream::poll_read_ready
+);
 
 /// Any byte stream (in-memory pipes in tests): holds a buffer while waiting.
 #[derive(Debug)]
 pub struct Stream<R>(pub R);
 
 impl<R: AsyncRead + Unpin + Send + 'static> Source for Stream<R> {
-    async fn fill(&mut self, buf: &mut BytesMut) -> io::Result<usize> {
+    fn poll_fill(&mut self, cx: &mut Context<'_>, buf: &mut BytesMut) -> Poll<io::Result<usize>> {
         buf.reserve(CHUNK);
-        let n = self.0.read_buf(buf).await?;
+        let n = std::task::ready!(tokio_util::io::poll_read_buf(
+            std::pin::Pin::new(&mut self.0),
+            cx,
+            buf
+        ))?;
         if buf.is_empty() {
             *buf = BytesMut::new();
         }
-        Ok(n)
+        Poll::Ready(Ok(n))
     }
 }
 
@@ -196,11 +225,28 @@ impl<S: Source> Lines<S> {
     /// The next line; `None` at end of file or on a read error (any bytes
     /// left are an incomplete last message).
     pub async fn next(&mut self) -> Option<Frame> {
+        std::future::poll_fn(|cx| self.poll_next(cx)).await
+    }
+
+    /// A line already read (no I/O), if a whole one is buffered.
+    pub fn buffered_frame(&mut self) -> Option<Frame> {
+        while !self.discarding {
+            let line = self.take_line()?;
+            if let Some(frame) = Self::frame(&line) {
+                return Some(frame);
+            }
+        }
+        None
+    }
+
+    /// [`Lines::next`], polled: cancelling it (not polling it again)
+    /// loses nothing.
+    pub fn poll_next(&mut self, cx: &mut Context<'_>) -> Poll<Option<Frame>> {
         // A descriptor's readiness is not budgeted by tokio: a peer that
         // never stops sending would keep this task (and its worker) for
         // ever. A unit of budget per message makes it yield to the other
         // tasks now and then.
-        tokio::task::consume_budget().await;
+        let coop = std::task::ready!(tokio::task::coop::poll_proceed(cx));
         loop {
             let Some(line) = self.take_line() else {
                 self.scanned = self.buf.len();
@@ -211,35 +257,45 @@ impl<S: Source> Lines<S> {
                     self.discarding = true;
                     self.buf = BytesMut::new();
                     self.scanned = 0;
-                    return Some(Frame::TooLong);
+                    coop.made_progress();
+                    return Poll::Ready(Some(Frame::TooLong));
                 }
-                match self.source.fill(&mut self.buf).await {
-                    Ok(0) => return None,
+                match std::task::ready!(self.source.poll_fill(cx, &mut self.buf)) {
+                    Ok(0) => return Poll::Ready(None),
                     Ok(_) => continue,
                     Err(e) => {
                         tracing::debug!("read failed: {e}");
-                        return None;
+                        return Poll::Ready(None);
                     }
                 }
             };
             if std::mem::take(&mut self.discarding) {
                 continue;
             }
-            if line.len() > MAX_LINE + 1 {
-                return Some(Frame::TooLong);
+            if let Some(frame) = Self::frame(&line) {
+                coop.made_progress();
+                return Poll::Ready(Some(frame));
             }
-            let mut text: &[u8] = &line;
-            if let Some(rest) = text.strip_prefix("\u{feff}".as_bytes()) {
-                text = rest;
-            }
-            if text.iter().all(u8::is_ascii_whitespace) {
-                continue;
-            }
-            return Some(match Message::parse(text) {
-                Ok(message) => Frame::Message(message),
-                Err(why) => Frame::Garbage(why.to_string()),
-            });
         }
+    }
+
+    /// What a whole line (newline included) holds; `None` for a blank
+    /// one.
+    fn frame(line: &[u8]) -> Option<Frame> {
+        if line.len() > MAX_LINE + 1 {
+            return Some(Frame::TooLong);
+        }
+        let mut text: &[u8] = line;
+        if let Some(rest) = text.strip_prefix("\u{feff}".as_bytes()) {
+            text = rest;
+        }
+        if text.iter().all(u8::is_ascii_whitespace) {
+            return None;
+        }
+        Some(match Message::parse(text) {
+            Ok(message) => Frame::Message(message),
+            Err(why) => Frame::Garbage(why.to_string()),
+        })
     }
 }
 
@@ -458,6 +514,9 @@ pub type Incoming = Result<Message, String>;
 fn read_lines<S: Source>(source: S, incoming: mpsc::UnboundedSender<Incoming>) {
     tokio::spawn(async move {
         let mut lines = Lines::new(source);
+        // Made once: a wait made anew for each message costs a waiter's
+        // registration and removal.
+        let mut closed = std::pin::pin!(incoming.closed());
         loop {
             tokio::select! {
                 frame = lines.next() => match frame {
@@ -476,7 +535,7 @@ fn read_lines<S: Source>(source: S, incoming: mpsc::UnboundedSender<Incoming>) {
                     None => break,
                 },
                 // Nobody listens any more: stop reading.
-                () = incoming.closed() => break,
+                () = &mut closed => break,
             }
         }
     });
@@ -489,7 +548,74 @@ fn read_lines<S: Source>(source: S, incoming: mpsc::UnboundedSender<Incoming>) {
 #[derive(Debug)]
 pub struct Wire {
     pub tx: Sender,
-    pub rx: mpsc::UnboundedReceiver<Incoming>,
+    pub rx: Receiver,
+}
+
+/// Messages from a server. A child's stdout is read by whoever awaits
+/// them (no task between the pipe and the session task: a message costs
+/// no task switch and no channel); other connections, and a failed write
+/// to the child, arrive on a channel.
+#[derive(Debug)]
+pub struct Receiver {
+    lines: Option<Lines<tokio::net::unix::pipe::Receiver>>,
+    channel: mpsc::UnboundedReceiver<Incoming>,
+    /// Keeps the channel open for the writer's report while the pipe is
+    /// read here.
+    _open: Option<mpsc::UnboundedSender<Incoming>>,
+    /// The end was seen.
+    ended: bool,
+}
+
+impl Receiver {
+    fn channel(channel: mpsc::UnboundedReceiver<Incoming>) -> Self {
+        Self {
+            lines: None,
+            channel,
+            _open: None,
+            ended: false,
+        }
+    }
+
+    /// The next message, or why the connection failed; `None` once it
+    /// ended. Cancelling it (not polling again) loses nothing.
+    pub fn poll_recv(&mut self, cx: &mut Context<'_>) -> Poll<Option<Incoming>> {
+        if self.ended {
+            return Poll::Ready(None);
+        }
+        match self.channel.poll_recv(cx) {
+            Poll::Ready(Some(incoming)) => return Poll::Ready(Some(incoming)),
+            Poll::Ready(None) if self.lines.is_none() => {
+                self.ended = true;
+                return Poll::Ready(None);
+            }
+            _ => {}
+        }
+        let Some(lines) = &mut self.lines else {
+            return Poll::Pending;
+        };
+        loop {
+            match std::task::ready!(lines.poll_next(cx)) {
+                Some(Frame::Message(message)) => return Poll::Ready(Some(Ok(message))),
+                Some(Frame::Garbage(why)) => {
+                    tracing::debug!("ignoring a line from the server: {why}");
+                }
+                Some(Frame::TooLong) => tracing::error!(
+                    max_line_length = MAX_LINE,
+                    "a message from the server exceeded the maximum line length; discarding it"
+                ),
+                None => {
+                    self.ended = true;
+                    self.lines = None;
+                    return Poll::Ready(None);
+                }
+            }
+        }
+    }
+
+    /// [`Receiver::poll_recv`], waiting.
+    pub async fn recv(&mut self) -> Option<Incoming> {
+        std::future::poll_fn(|cx| self.poll_recv(cx)).await
+    }
 }
 
 impl Wire {
@@ -530,7 +656,7 @@ impl Wire {
         });
         Self {
             tx: Sender(SenderKind::Values(tx)),
-            rx,
+            rx: Receiver::channel(rx),
         }
     }
 
@@ -542,10 +668,14 @@ impl Wire {
     ) -> Self {
         let (incoming, rx) = mpsc::unbounded_channel();
         let outbox = Outbox::new(sink, usize::MAX / 8, Some(incoming.downgrade()));
-        read_lines(source, incoming);
         Self {
             tx: Sender(SenderKind::Pipe(Arc::new(outbox))),
-            rx,
+            rx: Receiver {
+                lines: Some(Lines::new(source)),
+                channel: rx,
+                _open: Some(incoming),
+                ended: false,
+            },
         }
     }
 
@@ -620,7 +750,7 @@ impl Wire {
         });
         Self {
             tx: Sender(SenderKind::Values(tx)),
-            rx,
+            rx: Receiver::channel(rx),
         }
     }
 }

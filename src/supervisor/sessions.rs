@@ -3,8 +3,10 @@
 //! unit's current generation.
 //!
 //! Each host is a stream socket (from `Attach`) speaking newline-delimited
-//! JSON-RPC, with a reader task (at most [`BACKLOG`] messages queued here
-//! per host, so a flooding host waits on itself) and an [`Outbox`]: what
+//! JSON-RPC, read by this task itself (a [`HostReader`] among all hosts'
+//! readers, polled only when its host sent something: a message costs no
+//! task switch and no channel on its way) and written through an
+//! [`Outbox`]: what
 //! the socket takes is written at once, the rest queued (at most
 //! [`QUEUE`] messages: a host that stops reading is detached, never waited
 //! for). The upstream is the [`Wire`] the actor hands over once a
@@ -36,10 +38,13 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::Instant;
 
 use foldhash::HashMap;
+use futures_util::StreamExt as _;
+use futures_util::stream::SelectAll;
+use futures_util::task::AtomicWaker;
 use serde_json::{Value, json};
 use tokio::net::UnixStream;
 use tokio::net::unix::{OwnedReadHalf, OwnedWriteHalf, pipe};
-use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, oneshot, watch};
+use tokio::sync::{mpsc, oneshot, watch};
 
 use crate::mux::attach::Control;
 use crate::mux::ledger::Ledger;
@@ -54,8 +59,8 @@ use super::machine::{Gen, State};
 use super::upstream::{HOST_VERSIONS, PROTOCOL_VERSION, roots_result};
 use super::{CallError, Status};
 
-/// Messages read from one host and not yet routed: the reader waits for
-/// the router beyond this.
+/// Messages one host may send while its `initialize` waits for the first
+/// generation: a host that sends more is detached.
 pub const BACKLOG: usize = 64;
 
 /// Messages queued for one host: a host this far behind is not reading,
@@ -159,14 +164,6 @@ enum Input {
     Attach {
         link: HostLink,
         caller: Caller,
-    },
-    Host {
-        host: HostId,
-        frame: Frame,
-        _permit: OwnedSemaphorePermit,
-    },
-    HostGone {
-        host: HostId,
     },
     Up {
         generation: Gen,
@@ -298,7 +295,7 @@ impl Sessions {
             heard: Arc::clone(&heard),
             list_changed: Arc::default(),
             name: Arc::from(name),
-            input: tx.downgrade(),
+            readers: SelectAll::new(),
             router: Router::new(),
             hosts: HashMap::default(),
             next_host: 0,
@@ -588,7 +585,7 @@ struct Host {
     /// see.
     swallow: Option<Value>,
     /// Dropped with the host: stops its reader.
-    _kill: oneshot::Sender<()>,
+    _reader: StopReading,
     caller: Caller,
     /// Answered its `initialize`.
     initialized: bool,
@@ -631,13 +628,15 @@ impl Drop for Host {
 struct Upstream {
     generation: Gen,
     tx: crate::mux::wire::Sender,
-    rx: mpsc::UnboundedReceiver<Incoming>,
+    /// Dropped with the upstream: stops its reader.
+    _reader: StopReading,
 }
 
 struct Task {
     name: Arc<str>,
-    /// For new hosts' readers; weak, so the task ends with its handles.
-    input: mpsc::WeakUnboundedSender<Input>,
+    /// Every host's reader and the upstream's: each polled only once
+    /// woken, so a message costs a poll of its own reader alone.
+    readers: SelectAll<Reader>,
     router: Router,
     hosts: HashMap<HostId, Host>,
     next_host: HostId,
@@ -680,13 +679,6 @@ fn error(id: &Value, code: i64, message: impl Into<String>) -> Value {
     json!({"jsonrpc": "2.0", "id": id, "error": {"code": code, "message": message.into()}})
 }
 
-async fn next_incoming(upstream: &mut Option<Upstream>) -> (Gen, Option<Incoming>) {
-    match upstream {
-        Some(up) => (up.generation, up.rx.recv().await),
-        None => std::future::pending().await,
-    }
-}
-
 /// Waits for the unit's status to change: owning its receiver, so that
 /// the wait is made once per change rather than once per message.
 async fn status_change(
@@ -698,21 +690,39 @@ async fn status_change(
 
 impl Task {
     async fn run(mut self, mut rx: mpsc::UnboundedReceiver<Input>) {
-        let mut status_changed = std::pin::pin!(status_change(self.status.clone()));
+        // In a set of one: polled only once woken (a pending watch
+        // wait, polled again, takes its waiter list's lock).
+        let mut status_changed = futures_util::stream::FuturesUnordered::new();
+        status_changed.push(status_change(self.status.clone()));
         loop {
             tokio::select! {
                 input = rx.recv() => match input {
                     Some(input) => self.input(input),
                     None => break,
                 },
-                (generation, incoming) = next_incoming(&mut self.upstream) => match incoming {
-                    Some(Ok(message)) => self.on_server(message),
-                    Some(Err(why)) => self.lost(generation, format!("request failed: {why}")),
-                    None => self.lost(generation, "the server closed the connection".into()),
+                Some(event) = self.readers.next(), if !self.readers.is_empty() => match event {
+                    Event::Host(host, Some(frame)) => {
+                        self.record(host, &frame);
+                        self.on_host(host, frame);
+                    }
+                    Event::Host(host, None) => self.detach(host, None),
+                    Event::Server(generation, incoming) => {
+                        if self.upstream.as_ref().is_some_and(|u| u.generation == generation) {
+                            match incoming {
+                                Some(Ok(message)) => self.on_server(message),
+                                Some(Err(why)) => {
+                                    self.lost(generation, format!("request failed: {why}"));
+                                }
+                                None => {
+                                    self.lost(generation, "the server closed the connection".into());
+                                }
+                            }
+                        }
+                    }
                 },
-                (changed, status) = &mut status_changed => match changed {
+                Some((changed, status)) = status_changed.next() => match changed {
                     Ok(()) => {
-                        status_changed.set(status_change(status));
+                        status_changed.push(status_change(status));
                         self.status_changed();
                     }
                     // The actor has ended: so have its sessions.
@@ -730,10 +740,13 @@ impl Task {
     /// not handled yet gets the outage error, not silence.
     fn closing(&mut self, mut rx: mpsc::UnboundedReceiver<Input>) {
         rx.close();
+        // Lines read (a read may hold several) and not handled yet.
         let mut queued = Vec::new();
-        while let Ok(input) = rx.try_recv() {
-            if let Input::Host { host, frame, .. } = input {
-                queued.push((host, frame));
+        for reader in self.readers.iter_mut() {
+            if let Reader::Host(reader) = reader {
+                while let Some(frame) = reader.lines.buffered_frame() {
+                    queued.push((reader.host, frame));
+                }
             }
         }
         let held: Vec<(HostId, Frame)> = self
@@ -762,11 +775,6 @@ impl Task {
     fn input(&mut self, input: Input) {
         match input {
             Input::Attach { link, caller } => self.attach(link, caller),
-            Input::Host { host, frame, .. } => {
-                self.record(host, &frame);
-                self.on_host(host, frame);
-            }
-            Input::HostGone { host } => self.detach(host, None),
             Input::Up {
                 generation,
                 wire,
@@ -863,18 +871,14 @@ impl Task {
     }
 
     fn attach(&mut self, link: HostLink, caller: Caller) {
-        let Some(input) = self.input.upgrade() else {
-            return;
-        };
         self.next_host += 1;
         let host = self.next_host;
-        let (kill, killed) = oneshot::channel();
-        let (out, control, replay, ledger) = match link {
+        let (source, watch, out, control, replay, ledger) = match link {
             HostLink::Socket { stream, pending } => {
                 let (read, write) = stream.into_split();
-                let lines = Lines::with_pending(read, pending);
-                tokio::spawn(read_host(host, lines, None, input, killed));
                 (
+                    (HostSource::Half(read), pending),
+                    None,
                     HostOut::Half(Outbox::new(write, QUEUE, None)),
                     None,
                     None,
@@ -890,31 +894,40 @@ impl Task {
                 ledger,
             } => {
                 let (watch, control) = control.into_split();
-                let watch = Some(watch);
-                match from {
-                    HostInput::Pipe(p) => {
-                        let lines = Lines::with_pending(p, pending);
-                        tokio::spawn(read_host(host, lines, watch, input, killed));
-                    }
-                    HostInput::Socket(s) => {
-                        let lines = Lines::with_pending(s, pending);
-                        tokio::spawn(read_host(host, lines, watch, input, killed));
-                    }
-                }
+                let source = match from {
+                    HostInput::Pipe(p) => HostSource::Pipe(p),
+                    HostInput::Socket(s) => HostSource::Socket(s),
+                };
                 let out = match output {
                     HostOutput::Pipe(p) => HostOut::Pipe(Outbox::new(p, QUEUE, None)),
                     HostOutput::Socket(s) => HostOut::Socket(Outbox::new(s, QUEUE, None)),
                 };
-                (out, Some(Outbox::new(control, QUEUE, None)), replay, ledger)
+                (
+                    (source, pending),
+                    Some(watch),
+                    out,
+                    Some(Outbox::new(control, QUEUE, None)),
+                    replay,
+                    ledger,
+                )
             }
         };
+        let (source, pending) = source;
+        let stop = Arc::new(Stop::default());
+        self.readers.push(Reader::Host(HostReader {
+            host,
+            lines: Lines::with_pending(source, pending),
+            control: watch,
+            stop: Arc::clone(&stop),
+            ended: false,
+        }));
         self.hosts.insert(
             host,
             Host {
                 out,
                 control,
                 swallow: None,
-                _kill: kill,
+                _reader: StopReading(stop),
                 caller,
                 initialized: false,
                 held: Vec::new(),
@@ -1077,10 +1090,17 @@ impl Task {
     }
 
     fn up(&mut self, generation: Gen, wire: Wire, init: Arc<Value>) {
+        let stop = Arc::new(Stop::default());
+        self.readers.push(Reader::Server(ServerReader {
+            generation,
+            rx: wire.rx,
+            stop: Arc::clone(&stop),
+            ended: false,
+        }));
         self.upstream = Some(Upstream {
             generation,
             tx: wire.tx,
-            rx: wire.rx,
+            _reader: StopReading(stop),
         });
         let offered: Vec<Kind> = Kind::ALL
             .into_iter()
@@ -1709,13 +1729,13 @@ fn outcome_of(message: &Message) -> Outcome {
                 .to_owned(),
         );
     }
-    // Looked for only if the result may hold it, and then only it is
-    // parsed (the content is skipped).
+    // Looked for only if the result may hold it, and then found by a
+    // scan (nothing parsed), or, where only a parser can tell, read as a
+    // Value reads it.
     let is_error = message.may_hold("result", "isError")
-        && match message.get::<CallResult>("result") {
-            Some(result) => result.is_error == Some(true),
-            // Not an object, or a repeated key: read as a Value reads it.
-            None => message
+        && match message.inner("result", "isError") {
+            Ok(is_error) => is_error == Some("true"),
+            Err(_) => message
                 .get::<Value>("result")
                 .is_some_and(|r| r["isError"] == true),
         };
@@ -1726,87 +1746,172 @@ fn outcome_of(message: &Message) -> Outcome {
     }
 }
 
-/// Whether a `tools/call` result is an error result.
-#[derive(serde::Deserialize)]
-struct CallResult {
-    #[serde(rename = "isError")]
-    is_error: Option<bool>,
-}
-
 /// The tool a `tools/call`'s params name (the arguments are skipped, not
 /// parsed into values). The filter judges the name the server will read:
 /// of a repeated `name`, the last, as a `Value` (and most parsers) reads
 /// it.
 fn tool_name(message: &Message) -> String {
-    #[derive(serde::Deserialize)]
-    struct Params<'a> {
-        #[serde(borrow)]
-        name: Option<std::borrow::Cow<'a, str>>,
-    }
-    match message.get::<Params>("params") {
-        Some(params) => params.name.unwrap_or_default().into_owned(),
-        None => message
-            .params()
-            .and_then(|p| p.get("name").and_then(Value::as_str).map(str::to_owned))
-            .unwrap_or_default(),
-    }
-}
-
-/// Resolves when the bridge's control socket closes (or sends what it
-/// must not: it only listens); never without one.
-async fn bridge_gone(control: &mut Option<OwnedReadHalf>) {
-    let Some(control) = control else {
-        return std::future::pending().await;
-    };
-    let mut scratch = [0u8; 64];
-    loop {
-        if control.readable().await.is_err() {
-            return;
-        }
-        match control.try_read(&mut scratch) {
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-            _ => return,
-        }
-    }
-}
-
-async fn read_host<S: Source>(
-    host: HostId,
-    mut lines: Lines<S>,
-    mut control: Option<OwnedReadHalf>,
-    input: mpsc::UnboundedSender<Input>,
-    mut killed: oneshot::Receiver<()>,
-) {
-    let permits = Arc::new(Semaphore::new(BACKLOG));
-    // Made once: a wait made anew for each message costs a registration.
-    let mut gone = std::pin::pin!(bridge_gone(&mut control));
-    loop {
-        let frame = tokio::select! {
-            biased;
-            _ = &mut killed => return,
-            () = &mut gone => break,
-            frame = lines.next() => frame,
-        };
-        let Some(frame) = frame else { break };
-        let permit = tokio::select! {
-            biased;
-            _ = &mut killed => return,
-            permit = Arc::clone(&permits).acquire_owned() => match permit {
-                Ok(permit) => permit,
-                Err(_) => return,
+    let name = match message.inner("params", "name") {
+        Ok(name) => name.map(
+            |raw| match raw.strip_prefix('"').and_then(|r| r.strip_suffix('"')) {
+                Some(plain) if !plain.contains('\\') => plain.to_owned(),
+                _ => serde_json::from_str::<String>(raw).unwrap_or_default(),
             },
-        };
-        if input
-            .send(Input::Host {
-                host,
-                frame,
-                _permit: permit,
-            })
-            .is_err()
-        {
-            return;
+        ),
+        Err(_) => message
+            .params()
+            .and_then(|p| p.get("name").and_then(Value::as_str).map(str::to_owned)),
+    };
+    name.unwrap_or_default()
+}
+
+/// Stops a host's reader when dropped (with its host): its descriptors
+/// close once the session task next polls the readers (which this wakes).
+struct StopReading(Arc<Stop>);
+
+impl Drop for StopReading {
+    fn drop(&mut self) {
+        self.0.stopped.store(true, Ordering::Release);
+        self.0.waker.wake();
+    }
+}
+
+#[derive(Default)]
+struct Stop {
+    stopped: std::sync::atomic::AtomicBool,
+    waker: AtomicWaker,
+}
+
+/// What a host's stdin or socket is, to read it.
+#[derive(Debug)]
+enum HostSource {
+    Pipe(pipe::Receiver),
+    Socket(UnixStream),
+    Half(OwnedReadHalf),
+}
+
+impl Source for HostSource {
+    fn poll_fill(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio_util::bytes::BytesMut,
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        match self {
+            HostSource::Pipe(p) => p.poll_fill(cx, buf),
+            HostSource::Socket(s) => s.poll_fill(cx, buf),
+            HostSource::Half(h) => h.poll_fill(cx, buf),
         }
     }
-    let _ = input.send(Input::HostGone { host });
+}
+
+/// One host's messages, read by the session task: `Some(frame)` for each
+/// line, then `None` once (the host closed its end, or its bridge's
+/// socket closed), and then nothing.
+struct HostReader {
+    host: HostId,
+    lines: Lines<HostSource>,
+    /// The bridge's socket, for a host whose stdio was handed over: it
+    /// only listens, so anything read on it (its end) ends the session.
+    control: Option<OwnedReadHalf>,
+    stop: Arc<Stop>,
+    ended: bool,
+}
+
+impl HostReader {
+    /// Whether the bridge's socket closed (or sent what it must not).
+    fn poll_bridge_gone(&mut self, cx: &mut std::task::Context<'_>) -> bool {
+        let Some(control) = &self.control else {
+            return false;
+        };
+        let stream: &UnixStream = control.as_ref();
+        let mut scratch = [0u8; 64];
+        loop {
+            match stream.poll_read_ready(cx) {
+                std::task::Poll::Pending => return false,
+                std::task::Poll::Ready(Err(_)) => return true,
+                std::task::Poll::Ready(Ok(())) => {}
+            }
+            match control.try_read(&mut scratch) {
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                _ => return true,
+            }
+        }
+    }
+}
+
+/// What a reader read.
+enum Event {
+    /// A host's line, or its end (`None`).
+    Host(HostId, Option<Frame>),
+    /// What the upstream of generation `Gen` sent, or its end (`None`).
+    Server(Gen, Option<Incoming>),
+}
+
+/// A reader polled by the session task.
+enum Reader {
+    Host(HostReader),
+    Server(ServerReader),
+}
+
+impl futures_util::Stream for Reader {
+    type Item = Event;
+
+    fn poll_next(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Event>> {
+        use std::task::Poll;
+        match self.get_mut() {
+            Reader::Host(host) => {
+                let (id, frame) = std::task::ready!(host.poll_next(cx)).unzip();
+                Poll::Ready(id.map(|id| Event::Host(id, frame.flatten())))
+            }
+            Reader::Server(server) => server.poll_next(cx),
+        }
+    }
+}
+
+/// The upstream's messages (`Wire::rx`), read by the session task until
+/// its generation is let go.
+struct ServerReader {
+    generation: Gen,
+    rx: crate::mux::wire::Receiver,
+    stop: Arc<Stop>,
+    ended: bool,
+}
+
+impl ServerReader {
+    fn poll_next(&mut self, cx: &mut std::task::Context<'_>) -> std::task::Poll<Option<Event>> {
+        use std::task::Poll;
+        self.stop.waker.register(cx.waker());
+        if self.ended || self.stop.stopped.load(Ordering::Acquire) {
+            return Poll::Ready(None);
+        }
+        let incoming = std::task::ready!(self.rx.poll_recv(cx));
+        self.ended = incoming.is_none();
+        Poll::Ready(Some(Event::Server(self.generation, incoming)))
+    }
+}
+
+impl HostReader {
+    /// Its next line: `Some((host, None))` at its end.
+    fn poll_next(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<(HostId, Option<Frame>)>> {
+        use std::task::Poll;
+        let this = self;
+        this.stop.waker.register(cx.waker());
+        if this.ended || this.stop.stopped.load(Ordering::Acquire) {
+            return Poll::Ready(None);
+        }
+        if this.poll_bridge_gone(cx) {
+            this.ended = true;
+            return Poll::Ready(Some((this.host, None)));
+        }
+        let frame = std::task::ready!(this.lines.poll_next(cx));
+        this.ended = frame.is_none();
+        Poll::Ready(Some((this.host, frame)))
+    }
 }
