@@ -40,8 +40,18 @@ pub trait Source: Send + Unpin + 'static {
     fn poll_fill(&mut self, cx: &mut Context<'_>, buf: &mut BytesMut) -> Poll<io::Result<usize>>;
 
     /// [`Source::poll_fill`], waiting.
-    fn fill(&mut self, buf: &mut BytesMut) -> impl Future<Output = io::Result<usize>> + Send {
+    fn fill(&mut self, buf: &mut BytesMut) -> impl Future<Output = io::Result<usize>> + Send
+    where
+        Self: Sized,
+    {
         std::future::poll_fn(move |cx| self.poll_fill(cx, buf))
+    }
+}
+
+/// Any source, as a server connection's (`Receiver`) reads them.
+impl Source for Box<dyn Source> {
+    fn poll_fill(&mut self, cx: &mut Context<'_>, buf: &mut BytesMut) -> Poll<io::Result<usize>> {
+        (**self).poll_fill(cx, buf)
     }
 }
 
@@ -509,38 +519,6 @@ impl Sender {
 /// What a server connection reports.
 pub type Incoming = Result<Message, String>;
 
-/// Reads a server's lines into `incoming` until the end of file, or until
-/// nobody listens.
-fn read_lines<S: Source>(source: S, incoming: mpsc::UnboundedSender<Incoming>) {
-    tokio::spawn(async move {
-        let mut lines = Lines::new(source);
-        // Made once: a wait made anew for each message costs a waiter's
-        // registration and removal.
-        let mut closed = std::pin::pin!(incoming.closed());
-        loop {
-            tokio::select! {
-                frame = lines.next() => match frame {
-                    Some(Frame::Message(message)) => {
-                        if incoming.send(Ok(message)).is_err() {
-                            break;
-                        }
-                    }
-                    Some(Frame::Garbage(why)) => {
-                        tracing::debug!("ignoring a line from the server: {why}");
-                    }
-                    Some(Frame::TooLong) => tracing::error!(
-                        max_line_length = MAX_LINE,
-                        "a message from the server exceeded the maximum line length; discarding it"
-                    ),
-                    None => break,
-                },
-                // Nobody listens any more: stop reading.
-                () = &mut closed => break,
-            }
-        }
-    });
-}
-
 /// A connection to a server carrying raw JSON-RPC: messages to the server
 /// on `tx` (dropping every sender closes the connection), messages from it
 /// on `rx`. The connection is gone when `rx` ends, or at an `Err`: a
@@ -551,19 +529,27 @@ pub struct Wire {
     pub rx: Receiver,
 }
 
-/// Messages from a server. A child's stdout is read by whoever awaits
-/// them (no task between the pipe and the session task: a message costs
-/// no task switch and no channel); other connections, and a failed write
-/// to the child, arrive on a channel.
-#[derive(Debug)]
+/// Messages from a server. Lines (a child's stdout) are read by whoever
+/// awaits them (no task between the pipe and the session task: a message
+/// costs no task switch and no channel); messages of other connections,
+/// and a failed write, arrive on a channel.
 pub struct Receiver {
-    lines: Option<Lines<tokio::net::unix::pipe::Receiver>>,
+    lines: Option<Lines<Box<dyn Source>>>,
     channel: mpsc::UnboundedReceiver<Incoming>,
     /// Keeps the channel open for the writer's report while the pipe is
     /// read here.
     _open: Option<mpsc::UnboundedSender<Incoming>>,
     /// The end was seen.
     ended: bool,
+}
+
+impl std::fmt::Debug for Receiver {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Receiver")
+            .field("lines", &self.lines.is_some())
+            .field("ended", &self.ended)
+            .finish_non_exhaustive()
+    }
 }
 
 impl Receiver {
@@ -574,6 +560,19 @@ impl Receiver {
             _open: None,
             ended: false,
         }
+    }
+
+    /// Lines read from `source`; the sender of the channel, for a writer's
+    /// report of a failed write.
+    fn lines(source: impl Source) -> (Self, mpsc::UnboundedSender<Incoming>) {
+        let (incoming, channel) = mpsc::unbounded_channel();
+        let receiver = Self {
+            lines: Some(Lines::new(Box::new(source))),
+            channel,
+            _open: Some(incoming.clone()),
+            ended: false,
+        };
+        (receiver, incoming)
     }
 
     /// The next message, or why the connection failed; `None` once it
@@ -627,11 +626,11 @@ impl Wire {
         W: AsyncWrite + Unpin + Send + 'static,
     {
         let (tx, mut outgoing) = mpsc::unbounded_channel::<Message>();
-        let (incoming, rx) = mpsc::unbounded_channel();
-        // The writer reports a failed write without keeping the connection
-        // open once the reader has seen the end.
+        let (rx, incoming) = Receiver::lines(source);
+        // The writer reports a failed write without keeping the channel
+        // open once the receiver is gone.
         let reader_closed = incoming.downgrade();
-        read_lines(source, incoming);
+        drop(incoming);
         tokio::spawn(async move {
             let mut sink = sink;
             while let Some(message) = outgoing.recv().await {
@@ -656,7 +655,7 @@ impl Wire {
         });
         Self {
             tx: Sender(SenderKind::Values(tx)),
-            rx: Receiver::channel(rx),
+            rx,
         }
     }
 
@@ -666,16 +665,11 @@ impl Wire {
         source: tokio::net::unix::pipe::Receiver,
         sink: tokio::net::unix::pipe::Sender,
     ) -> Self {
-        let (incoming, rx) = mpsc::unbounded_channel();
+        let (rx, incoming) = Receiver::lines(source);
         let outbox = Outbox::new(sink, usize::MAX / 8, Some(incoming.downgrade()));
         Self {
             tx: Sender(SenderKind::Pipe(Arc::new(outbox))),
-            rx: Receiver {
-                lines: Some(Lines::new(source)),
-                channel: rx,
-                _open: Some(incoming),
-                ended: false,
-            },
+            rx,
         }
     }
 

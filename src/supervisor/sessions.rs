@@ -1782,6 +1782,14 @@ struct Stop {
     waker: AtomicWaker,
 }
 
+impl Stop {
+    /// Whether its reader is stopped; if not, `cx` is woken when it is.
+    fn stopped(&self, cx: &std::task::Context<'_>) -> bool {
+        self.waker.register(cx.waker());
+        self.stopped.load(Ordering::Acquire)
+    }
+}
+
 /// What a host's stdin or socket is, to read it.
 #[derive(Debug)]
 enum HostSource {
@@ -1818,6 +1826,21 @@ struct HostReader {
 }
 
 impl HostReader {
+    /// Its next line: `Event::Host(host, None)` at its end.
+    fn poll_next(&mut self, cx: &mut std::task::Context<'_>) -> std::task::Poll<Option<Event>> {
+        use std::task::Poll;
+        if self.ended || self.stop.stopped(cx) {
+            return Poll::Ready(None);
+        }
+        if self.poll_bridge_gone(cx) {
+            self.ended = true;
+            return Poll::Ready(Some(Event::Host(self.host, None)));
+        }
+        let frame = std::task::ready!(self.lines.poll_next(cx));
+        self.ended = frame.is_none();
+        Poll::Ready(Some(Event::Host(self.host, frame)))
+    }
+
     /// Whether the bridge's socket closed (or sent what it must not).
     fn poll_bridge_gone(&mut self, cx: &mut std::task::Context<'_>) -> bool {
         let Some(control) = &self.control else {
@@ -1861,12 +1884,8 @@ impl futures_util::Stream for Reader {
         self: std::pin::Pin<&mut Self>,
         cx: &mut std::task::Context<'_>,
     ) -> std::task::Poll<Option<Event>> {
-        use std::task::Poll;
         match self.get_mut() {
-            Reader::Host(host) => {
-                let (id, frame) = std::task::ready!(host.poll_next(cx)).unzip();
-                Poll::Ready(id.map(|id| Event::Host(id, frame.flatten())))
-            }
+            Reader::Host(host) => host.poll_next(cx),
             Reader::Server(server) => server.poll_next(cx),
         }
     }
@@ -1884,34 +1903,11 @@ struct ServerReader {
 impl ServerReader {
     fn poll_next(&mut self, cx: &mut std::task::Context<'_>) -> std::task::Poll<Option<Event>> {
         use std::task::Poll;
-        self.stop.waker.register(cx.waker());
-        if self.ended || self.stop.stopped.load(Ordering::Acquire) {
+        if self.ended || self.stop.stopped(cx) {
             return Poll::Ready(None);
         }
         let incoming = std::task::ready!(self.rx.poll_recv(cx));
         self.ended = incoming.is_none();
         Poll::Ready(Some(Event::Server(self.generation, incoming)))
-    }
-}
-
-impl HostReader {
-    /// Its next line: `Some((host, None))` at its end.
-    fn poll_next(
-        &mut self,
-        cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<Option<(HostId, Option<Frame>)>> {
-        use std::task::Poll;
-        let this = self;
-        this.stop.waker.register(cx.waker());
-        if this.ended || this.stop.stopped.load(Ordering::Acquire) {
-            return Poll::Ready(None);
-        }
-        if this.poll_bridge_gone(cx) {
-            this.ended = true;
-            return Poll::Ready(Some((this.host, None)));
-        }
-        let frame = std::task::ready!(this.lines.poll_next(cx));
-        this.ended = frame.is_none();
-        Poll::Ready(Some((this.host, frame)))
     }
 }
