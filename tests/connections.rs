@@ -13,7 +13,7 @@ use rmcp::ServiceExt;
 use rmcp::model::CallToolRequestParams;
 use rustix::process::Signal;
 
-use crate::helper::{Daemon, alive, mcpctl_user};
+use crate::helper::{Daemon, alive, mcpctl_user, rss_kib};
 
 /// The fixture as a unit that respawns quickly.
 fn demo_unit(dir: &Path) {
@@ -57,16 +57,6 @@ fn fds(pid: u32) -> usize {
     std::fs::read_dir(format!("/proc/{pid}/fd"))
         .expect("/proc/PID/fd")
         .count()
-}
-
-/// Resident memory of `pid` in KiB.
-fn rss_kib(pid: u32) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("status");
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .expect("VmRSS")
 }
 
 /// CPU time (user + system) of `pid`. /proc counts in USER_HZ, which is

@@ -691,6 +691,33 @@ fn tool_list_changes_are_published_once_and_only_when_different() {
 }
 
 #[test]
+fn a_list_that_failed_is_the_last_error_of_the_established_generation_only() {
+    let mut r = Rig::new(&stdio_spec(policy(100, 800, 3, true)));
+    r.step(Event::Start);
+    r.spawned();
+    r.established(&tools(&["a"]));
+    let why = r#"resources/list: cursor "A" repeated after 3 pages"#;
+    // a stale generation's failure is inert
+    r.step(Event::ListFailed {
+        generation: 7,
+        error: why.into(),
+    });
+    assert_eq!(r.m.view().last_error, None);
+    r.step(Event::ListFailed {
+        generation: 1,
+        error: why.into(),
+    });
+    let v = r.m.view();
+    assert_eq!(v.last_error.as_deref(), Some(why));
+    // the server goes on serving: nothing else changes
+    assert_eq!(
+        (v.state, v.generation, v.tools.len()),
+        (State::Running, 1, 1)
+    );
+    assert!(v.reason.is_empty(), "{}", v.reason);
+}
+
+#[test]
 fn restart_and_start_begin_with_a_fresh_budget() {
     let mut r = Rig::new(&stdio_spec(policy(100, 800, 2, true)));
     r.step(Event::Start);

@@ -16,6 +16,7 @@ mod fidelity;
 mod fixture;
 mod fuzz;
 mod interop;
+mod lists;
 mod machine;
 mod ondemand;
 mod packaging;

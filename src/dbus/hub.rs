@@ -379,9 +379,9 @@ impl Hub {
                         }
                         let now = *lists.borrow_and_update();
                         let Some(hub) = hub.upgrade() else { return };
-                        let mut which: Vec<&str> = ListKind::ALL
+                        let mut which: Vec<&str> = ListKind::KEPT
                             .into_iter()
-                            .filter(|k| now[*k as usize] != last_lists[*k as usize])
+                            .filter(|k| now[k.index()] != last_lists[k.index()])
                             .map(ListKind::which)
                             .collect();
                         which.dedup();

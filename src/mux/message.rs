@@ -157,6 +157,12 @@ impl Message {
         self.members.get(self.position(key)?)
     }
 
+    /// The length of the line it was read from, as received (0 for a
+    /// message made here).
+    pub fn received(&self) -> usize {
+        self.text.len()
+    }
+
     /// Whether the message has a member `key`.
     pub fn has(&self, key: &str) -> bool {
         self.member(key).is_some()

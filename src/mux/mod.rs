@@ -14,6 +14,7 @@
 
 pub mod attach;
 pub mod ledger;
+pub mod lists;
 pub mod message;
 pub mod route;
 mod scan;

@@ -9,7 +9,7 @@
 //! `list_changed` coalesces into one more sync after it.
 
 use std::collections::{HashMap, VecDeque};
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, Instant};
 
 use std::sync::Arc;
 
@@ -22,12 +22,14 @@ use crate::unit::UnitSpec;
 
 use super::accounting::Counters;
 use super::cache::CacheFile;
+use super::clock::{Clock, now};
+use super::events::Internal;
 use super::launch::{ConnectError, SharedLauncher};
 use super::machine::{Effect, Event, Gen, Machine, State, Timer, ToolList, View};
-use super::sessions::Kind;
-use super::sessions::Sessions;
+use super::sessions::{Sessions, Settings};
 use super::upstream::{self, Handshake};
 use super::{CallError, Status};
+use crate::mux::lists::List;
 
 /// What the handle asks of the actor.
 #[derive(Debug)]
@@ -49,46 +51,6 @@ pub(crate) enum Command {
     },
     /// Stop, wait until quiescent, then end the actor.
     Shutdown,
-}
-
-/// What the generations' tasks report.
-#[derive(Debug)]
-pub(crate) enum Internal {
-    Connected {
-        generation: Gen,
-        result: Result<Box<Handshake>, ConnectError>,
-    },
-    Closed {
-        generation: Gen,
-        error: String,
-    },
-    Exited {
-        generation: Gen,
-        status: super::machine::ExitStatus,
-    },
-    ListChanged {
-        generation: Gen,
-        /// Cleared when taken, so the next notification sends a notice.
-        pending: Arc<std::sync::atomic::AtomicBool>,
-    },
-    Synced {
-        generation: Gen,
-        result: Result<Vec<Value>, String>,
-    },
-    /// A request waits for the server (DESIGN §9).
-    Demand,
-    /// The cache file was written (or not).
-    CacheStored {
-        digest: u64,
-        result: Result<(), String>,
-    },
-    /// Probe `probe` was answered in time (`refused`: with an error).
-    Probed {
-        generation: Gen,
-        probe: u64,
-        rtt: Duration,
-        refused: Option<String>,
-    },
 }
 
 /// A generation's live resources (its connection, once established,
@@ -169,37 +131,6 @@ async fn lists_changed(cache: &mut Cache) {
 /// `list_changed` storm costs ten reads a second (DESIGN §3, invariant 10).
 pub(crate) const SYNC_SPACING: Duration = Duration::from_millis(100);
 
-/// The current instant, on tokio's clock (so paused-time tests apply).
-pub(crate) fn now() -> Instant {
-    tokio::time::Instant::now().into_std()
-}
-
-/// Maps machine instants to wall-clock time from one fixed reference, so
-/// the same instant always maps to the same time (and an unchanged read
-/// model compares equal).
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Clock {
-    instant: Instant,
-    wall: SystemTime,
-}
-
-impl Clock {
-    pub(crate) fn new() -> Self {
-        Self {
-            instant: now(),
-            wall: SystemTime::now(),
-        }
-    }
-
-    pub(crate) fn wall(&self, at: Instant) -> SystemTime {
-        if at >= self.instant {
-            self.wall + (at - self.instant)
-        } else {
-            self.wall - (self.instant - at)
-        }
-    }
-}
-
 pub(crate) fn status_of(view: &View, clock: &Clock) -> Status {
     view.clone().at(|at| clock.wall(at))
 }
@@ -240,9 +171,7 @@ impl Actor {
             status.subscribe(),
             internal_tx.clone(),
             counters,
-            spec.tool_filter().clone(),
-            spec.roots().to_vec(),
-            spec.activation().idle_stop().is_some(),
+            Settings::of(&spec),
         );
         let cache = Cache {
             file: Self::cache_file(cache_dir.as_deref(), name, &spec),
@@ -364,11 +293,7 @@ impl Actor {
             Command::Apply { spec, restart } => {
                 self.spec = (*spec).clone();
                 self.launcher.configure(&spec);
-                self.sessions.configure(
-                    spec.tool_filter().clone(),
-                    spec.roots().to_vec(),
-                    spec.activation().idle_stop().is_some(),
-                );
+                self.sessions.configure(Settings::of(&spec));
                 let file = Self::cache_file(self.cache_dir.as_deref(), &self.name, &spec);
                 if file != self.cache.file {
                     self.cache.file = file;
@@ -540,10 +465,18 @@ impl Actor {
                         self.save_cache();
                     }
                     Err(e) => {
-                        tracing::warn!(target: "mcpd::supervisor", mcpd_server = %self.name, generation, "re-reading the tool list failed: {e}");
+                        tracing::warn!(target: "mcpd::supervisor", mcpd_server = %self.name, generation, "re-reading the tool list failed: {e}; keeping the list read before");
+                        self.step(Event::ListFailed {
+                            generation,
+                            error: e.to_string(),
+                        })
+                        .await;
                     }
                 }
                 self.resync_if_dirty(generation);
+            }
+            Internal::ListFailed { generation, error } => {
+                self.step(Event::ListFailed { generation, error }).await;
             }
             Internal::Demand => self.step(Event::Demand).await,
             Internal::CacheStored { digest, result } => {
@@ -620,7 +553,7 @@ impl Actor {
             self.cache.dirty = true;
             return;
         }
-        let lists = Kind::ALL.map(|kind| self.sessions.list(kind));
+        let lists = List::KEPT.map(|kind| self.sessions.list(kind));
         let text = file.render(init, self.machine.server_tools(), &lists);
         let digest = super::cache::digest(&text);
         if self.cache.written == Some(digest) {
@@ -658,8 +591,9 @@ impl Actor {
         self.sync_at = None;
         let sessions = self.sessions.clone();
         let tx = self.internal_tx.clone();
+        let timeout = self.spec.startup_timeout();
         let task = tokio::spawn(async move {
-            let result = sessions.list_all("tools/list", "tools").await;
+            let result = sessions.read_list(List::Tools, timeout).await;
             let _ = tx.send(Internal::Synced { generation, result });
         });
         self.sync = Some((generation, task));
@@ -693,10 +627,13 @@ impl Actor {
                         let tx = self.internal_tx.clone();
                         let connect = launched.connect;
                         let roots = self.spec.roots().to_vec();
+                        let list_timeout = self.spec.startup_timeout();
                         let task = tokio::spawn(async move {
                             let result = async {
                                 let wire = connect.await?;
-                                upstream::handshake(wire, &roots).await.map(Box::new)
+                                upstream::handshake(wire, &roots, list_timeout)
+                                    .await
+                                    .map(Box::new)
                             }
                             .await;
                             let _ = tx.send(Internal::Connected { generation, result });

@@ -20,7 +20,7 @@ use serde_json::value::RawValue;
 use crate::unit::UnitSpec;
 
 use super::machine::{Cached, ToolList};
-use super::sessions::Kind;
+use crate::mux::lists::List as Kind;
 
 /// The format's version: a file of another version is not read.
 const VERSION: u64 = 1;
@@ -38,7 +38,7 @@ pub struct Restored {
     pub init: Arc<Value>,
     /// The tools and instructions, for the machine.
     pub cached: Cached,
-    /// The resource, template and prompt lists (as [`Kind::ALL`]), as
+    /// The resource, template and prompt lists (as [`Kind::KEPT`]), as
     /// JSON arrays; None where the server offered none.
     pub lists: [Option<Arc<str>>; 3],
     /// [`digest`] of the file: what [`CacheFile::render`] gives for the
@@ -150,7 +150,7 @@ impl CacheFile {
         let tools = ToolList::from_json(file.tools.get()).ok_or_else(|| bad("no tools array"))?;
         let mut lists: [Option<Arc<str>>; 3] = Default::default();
         let raw = [file.resources, file.templates, file.prompts];
-        for ((slot, kind), raw) in lists.iter_mut().zip(Kind::ALL).zip(raw) {
+        for ((slot, kind), raw) in lists.iter_mut().zip(Kind::KEPT).zip(raw) {
             *slot = match raw.map(RawValue::get) {
                 None | Some("null") => None,
                 Some(list) if list.starts_with('[') => Some(Arc::from(list)),

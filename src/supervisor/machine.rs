@@ -262,6 +262,10 @@ pub enum Event {
     Exited { generation: Gen, status: ExitStatus },
     /// A `notifications/tools/list_changed` re-sync finished.
     ToolsSynced { generation: Gen, tools: ToolList },
+    /// A list of the established generation could not be read (a re-sync
+    /// of the tools, a resource, template or prompt list): the server
+    /// goes on serving what was read before, and the error is its last.
+    ListFailed { generation: Gen, error: String },
     /// The server's newest message (answers to probes aside) arrived at
     /// `at`: it is alive. The actor reports it before a probe deadline.
     Heard { generation: Gen, at: Instant },
@@ -778,6 +782,11 @@ impl Machine {
             Event::ToolsSynced { generation, tools } => {
                 if self.established() == Some(generation) {
                     self.publish(generation, tools);
+                }
+            }
+            Event::ListFailed { generation, error } => {
+                if self.established() == Some(generation) {
+                    self.last_error = Some(error);
                 }
             }
             Event::Heard { generation, at } => {

@@ -16,7 +16,9 @@ pub mod accounting;
 mod actor;
 pub mod cache;
 pub mod cgroup;
+mod clock;
 pub mod envfile;
+mod events;
 pub mod launch;
 pub mod logs;
 pub mod machine;
@@ -36,11 +38,11 @@ use tokio::task::JoinHandle;
 
 use crate::unit::UnitSpec;
 
+pub use crate::mux::lists::List as ListKind;
 pub use accounting::{Caller, Counters};
 pub use launch::{Launcher, SharedLauncher, SystemLauncher};
 pub use logs::LogRing;
 pub use machine::{ExitStatus, Gen, State, Timer, Timing, ToolList};
-pub use sessions::Kind as ListKind;
 pub use sessions::{HostInput, HostLink, HostOutput};
 
 use actor::{Actor, Command};
@@ -199,7 +201,7 @@ impl Supervisor {
         let (commands_tx, commands_rx) = mpsc::unbounded_channel();
         let initial = actor::status_of(
             &machine::Machine::new(name, &spec, std::time::Instant::now()).view(),
-            &actor::Clock::new(),
+            &clock::Clock::new(),
         );
         let (status_tx, status_rx) = watch::channel(initial);
         let counters = Arc::<Counters>::default();
@@ -395,7 +397,7 @@ impl Supervisor {
     }
 
     /// The serials of the resource, template and prompt lists (indexed as
-    /// [`ListKind::ALL`]): each rises when its list changes.
+    /// [`ListKind::KEPT`]): each rises when its list changes.
     pub fn subscribe_lists(&self) -> watch::Receiver<[u64; 3]> {
         self.sessions.changes()
     }

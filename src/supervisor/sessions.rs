@@ -35,7 +35,7 @@
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use foldhash::HashMap;
 use futures_util::StreamExt as _;
@@ -48,15 +48,17 @@ use tokio::sync::{mpsc, oneshot, watch};
 
 use crate::mux::attach::Control;
 use crate::mux::ledger::Ledger;
+use crate::mux::lists::{List, ListError, ListRead, Next, Why};
 use crate::mux::message::{Message, id_key};
 use crate::mux::route::{self, Caps, HostId, Out, Router};
 use crate::mux::wire::{Frame, Incoming, Lines, MAX_LINE, Outbox, Refused, Source, Wire, line};
 use crate::unit::ToolFilter;
 
 use super::accounting::{Caller, Counters, Outcome, Record};
-use super::actor::{Internal, now};
+use super::clock::now;
+use super::events::Internal;
 use super::machine::{Gen, State};
-use super::upstream::{HOST_VERSIONS, PROTOCOL_VERSION, roots_result};
+use super::upstream::{HOST_VERSIONS, PROTOCOL_VERSION, Paged, Pages, roots_result};
 use super::{CallError, Status};
 
 /// Messages one host may send while its `initialize` waits for the first
@@ -174,16 +176,12 @@ enum Input {
         generation: Gen,
         lost: Option<String>,
     },
-    Configure {
-        filter: ToolFilter,
-        roots: Vec<String>,
-        on_demand: bool,
-    },
+    Configure(Settings),
     Request {
         token: u64,
         method: String,
         params: Value,
-        reply: oneshot::Sender<Result<Value, String>>,
+        reply: oneshot::Sender<Result<Message, String>>,
         purpose: Purpose,
     },
     /// An idle on-demand unit's lists, as its last generation left them.
@@ -202,6 +200,30 @@ enum Input {
     Cancel {
         token: u64,
     },
+}
+
+/// What the host sessions take from the unit's spec.
+#[derive(Debug, Clone)]
+pub(crate) struct Settings {
+    /// `tools { allow …; deny …; }`.
+    pub filter: ToolFilter,
+    /// `roots`, answered to the server's `roots/list`.
+    pub roots: Vec<String>,
+    /// `start "on-demand"`: requests wait for the server to start.
+    pub on_demand: bool,
+    /// `startup-timeout`: how long a read of a list may take.
+    pub list_timeout: Duration,
+}
+
+impl Settings {
+    pub(crate) fn of(spec: &crate::unit::UnitSpec) -> Self {
+        Self {
+            filter: spec.tool_filter().clone(),
+            roots: spec.roots().to_vec(),
+            on_demand: spec.activation().idle_stop().is_some(),
+            list_timeout: spec.startup_timeout(),
+        }
+    }
 }
 
 /// What mcpd's own request is for.
@@ -280,9 +302,7 @@ impl Sessions {
         status: watch::Receiver<Status>,
         events: mpsc::UnboundedSender<Internal>,
         counters: Arc<Counters>,
-        filter: ToolFilter,
-        roots: Vec<String>,
-        on_demand: bool,
+        settings: Settings,
     ) -> Self {
         let (tx, rx) = mpsc::unbounded_channel();
         let count = Arc::new(AtomicUsize::new(0));
@@ -294,6 +314,9 @@ impl Sessions {
         let task = Task {
             heard: Arc::clone(&heard),
             list_changed: Arc::default(),
+            list_timeout: settings.list_timeout,
+            list_deadline: None,
+            list_timer: Box::pin(tokio::time::sleep(Duration::ZERO)),
             name: Arc::from(name),
             readers: SelectAll::new(),
             router: Router::new(),
@@ -313,9 +336,9 @@ impl Sessions {
             serial,
             events,
             counters,
-            filter,
-            roots,
-            on_demand,
+            filter: settings.filter,
+            roots: settings.roots,
+            on_demand: settings.on_demand,
             used: now(),
             count: Arc::clone(&count),
             doomed: Vec::new(),
@@ -347,7 +370,9 @@ impl Sessions {
     /// A liveness probe: MCP `ping`, its whole answer. The caller bounds
     /// the wait; dropping it cancels the ping.
     pub(crate) async fn probe(&self) -> Result<Value, String> {
-        self.send_request("ping", json!({}), Purpose::Probe).await
+        self.send_request("ping", json!({}), Purpose::Probe)
+            .await
+            .map(|answer| answer.to_value())
     }
 
     /// When the server was last used (a request of a host or a client
@@ -375,14 +400,14 @@ impl Sessions {
     }
 
     /// The serials of the resource, template and prompt lists (indexed as
-    /// [`Kind::ALL`]): each rises when its list changes.
+    /// [`List::KEPT`]): each rises when its list changes.
     pub(crate) fn changes(&self) -> watch::Receiver<[u64; 3]> {
         self.changes.clone()
     }
 
     /// A list as published (a JSON array), if the server offers it and it
     /// has been read.
-    pub(crate) fn list(&self, kind: Kind) -> Option<Arc<str>> {
+    pub(crate) fn list(&self, kind: List) -> Option<Arc<str>> {
         self.lists.lock().ok()?[kind.index()].clone()
     }
 
@@ -412,13 +437,9 @@ impl Sessions {
         let _ = self.tx.send(Input::Down { generation, lost });
     }
 
-    /// The unit's tool filter, roots and activation changed.
-    pub(crate) fn configure(&self, filter: ToolFilter, roots: Vec<String>, on_demand: bool) {
-        let _ = self.tx.send(Input::Configure {
-            filter,
-            roots,
-            on_demand,
-        });
+    /// The unit's settings changed.
+    pub(crate) fn configure(&self, settings: Settings) {
+        let _ = self.tx.send(Input::Configure(settings));
     }
 
     /// A request upstream on a client's behalf: the server's whole answer
@@ -426,7 +447,9 @@ impl Sessions {
     /// while an on-demand server starts. Dropping the future cancels the
     /// request upstream.
     pub(crate) async fn request(&self, method: &str, params: Value) -> Result<Value, String> {
-        self.send_request(method, params, Purpose::Use).await
+        self.send_request(method, params, Purpose::Use)
+            .await
+            .map(|answer| answer.to_value())
     }
 
     async fn send_request(
@@ -434,7 +457,7 @@ impl Sessions {
         method: &str,
         params: Value,
         purpose: Purpose,
-    ) -> Result<Value, String> {
+    ) -> Result<Message, String> {
         let token = self.tokens.fetch_add(1, Ordering::Relaxed);
         let (reply, answer) = oneshot::channel();
         let sent = self.tx.send(Input::Request {
@@ -457,90 +480,27 @@ impl Sessions {
         answer.unwrap_or_else(|_| Err("the server's sessions have ended".into()))
     }
 
-    /// Every item of a paginated list (`tools/list`: `key` "tools").
-    pub(crate) async fn list_all(&self, method: &str, key: &str) -> Result<Vec<Value>, String> {
-        let mut items = Vec::new();
-        let mut cursor: Option<Value> = None;
+    /// Every page of `list`, read again (a re-sync after `list_changed`)
+    /// by the list reader: complete within `timeout`, or an error naming
+    /// the list and the bound. Dropping the future cancels the page in
+    /// flight upstream.
+    pub(crate) async fn read_list(
+        &self,
+        list: List,
+        timeout: Duration,
+    ) -> Result<Vec<Value>, ListError> {
+        let (mut pages, mut params) = Pages::new(list, timeout);
         loop {
-            let params = match &cursor {
-                Some(c) => json!({"cursor": c}),
-                None => json!({}),
-            };
-            let mut answer = self.send_request(method, params, Purpose::Sync).await?;
-            let Some(mut page) = answer.get_mut("result").map(Value::take) else {
-                return Err(format!(
-                    "{method} failed: {}",
-                    answer["error"]["message"].as_str().unwrap_or("no result")
-                ));
-            };
-            match page.get_mut(key).map(Value::take) {
-                Some(Value::Array(page_items)) => items.extend(page_items),
-                _ => return Err(format!("{method} failed: the answer has no {key} array")),
-            }
-            match page.get("nextCursor") {
-                Some(next) if !next.is_null() && cursor.as_ref() != Some(next) => {
-                    cursor = Some(next.clone());
+            let answer = self.send_request(list.method(), params, Purpose::Sync);
+            match pages.next(answer).await {
+                Paged::Ask(next) => params = next,
+                Paged::Done(items) => return Ok(items),
+                Paged::Asking(why) => {
+                    let why = Why::Lost(why);
+                    return Err(ListError { list, why });
                 }
-                _ => return Ok(items),
+                Paged::Failed(e) => return Err(e),
             }
-        }
-    }
-}
-
-/// A list mcpd keeps for hosts besides the tools (those are the
-/// machine's): read after each handshake and on the server's
-/// `list_changed`, answered from here, kept through outages.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Kind {
-    Resources,
-    Templates,
-    Prompts,
-}
-
-impl Kind {
-    pub const ALL: [Kind; 3] = [Kind::Resources, Kind::Templates, Kind::Prompts];
-
-    /// Its name in D-Bus `ListChanged` (templates are resources).
-    pub fn which(self) -> &'static str {
-        match self {
-            Kind::Resources | Kind::Templates => "resources",
-            Kind::Prompts => "prompts",
-        }
-    }
-
-    fn index(self) -> usize {
-        self as usize
-    }
-
-    pub fn method(self) -> &'static str {
-        match self {
-            Kind::Resources => "resources/list",
-            Kind::Templates => "resources/templates/list",
-            Kind::Prompts => "prompts/list",
-        }
-    }
-
-    /// The member of the result holding the items.
-    pub fn key(self) -> &'static str {
-        match self {
-            Kind::Resources => "resources",
-            Kind::Templates => "resourceTemplates",
-            Kind::Prompts => "prompts",
-        }
-    }
-
-    /// The server capability that offers it.
-    fn capability(self) -> &'static str {
-        match self {
-            Kind::Resources | Kind::Templates => "resources",
-            Kind::Prompts => "prompts",
-        }
-    }
-
-    fn changed(self) -> &'static str {
-        match self {
-            Kind::Resources | Kind::Templates => "notifications/resources/list_changed",
-            Kind::Prompts => "notifications/prompts/list_changed",
         }
     }
 }
@@ -548,17 +508,15 @@ impl Kind {
 /// The lists as JSON arrays, shared with the D-Bus side.
 pub(crate) type Lists = Arc<std::sync::Mutex<[Option<Arc<str>>; 3]>>;
 
-/// A list being read.
-#[derive(Debug, Default)]
-struct Reading {
-    items: Vec<Value>,
-    cursor: Option<Value>,
-}
-
 #[derive(Debug, Default)]
 struct Cache {
     /// Being read now.
-    reading: Option<Reading>,
+    reading: Option<ListRead>,
+    /// The upstream id of the page asked for.
+    asked: Option<u64>,
+    /// Why the last read failed, once warned about (a read that fails
+    /// the same way again is not warned about again).
+    failed: Option<String>,
     /// The server said it changed while it was being read.
     dirty: bool,
     /// The read was asked for by the server's `list_changed`: hosts are
@@ -568,12 +526,12 @@ struct Cache {
 
 /// Who waits for the answer to mcpd's own request.
 enum Waiter {
-    Caller(u64, oneshot::Sender<Result<Value, String>>),
+    Caller(u64, oneshot::Sender<Result<Message, String>>),
     /// A client's request (a use of the server).
-    Use(u64, oneshot::Sender<Result<Value, String>>),
+    Use(u64, oneshot::Sender<Result<Message, String>>),
     /// A liveness probe's caller.
-    Probe(u64, oneshot::Sender<Result<Value, String>>),
-    Page(Kind),
+    Probe(u64, oneshot::Sender<Result<Message, String>>),
+    Page(List),
 }
 
 /// One attached host.
@@ -647,7 +605,7 @@ struct Task {
     waiting: Vec<(HostId, Value, Value)>,
     /// mcpd's own requests: upstream id → who waits.
     own: HashMap<u64, Waiter>,
-    /// The resource, template and prompt lists (`Kind`), and their reads.
+    /// The resource, template and prompt lists (`List`), and their reads.
     lists: Lists,
     changes: watch::Sender<[u64; 3]>,
     listed: watch::Sender<Gen>,
@@ -673,6 +631,12 @@ struct Task {
     heard: Arc<Heard>,
     /// A `tools/list_changed` notice is on its way to the actor.
     list_changed: Arc<std::sync::atomic::AtomicBool>,
+    /// How long a read of a list may take (`startup-timeout`).
+    list_timeout: Duration,
+    /// The earliest deadline of the list reads under way, and its timer
+    /// (armed only while one is).
+    list_deadline: Option<Instant>,
+    list_timer: std::pin::Pin<Box<tokio::time::Sleep>>,
 }
 
 fn error(id: &Value, code: i64, message: impl Into<String>) -> Value {
@@ -720,6 +684,10 @@ impl Task {
                         }
                     }
                 },
+                () = &mut self.list_timer, if self.list_deadline.is_some() => {
+                    self.list_deadline = None;
+                    self.lists_expired();
+                }
                 Some((changed, status)) = status_changed.next() => match changed {
                     Ok(()) => {
                         status_changed.push(status_change(status));
@@ -791,14 +759,11 @@ impl Task {
                     self.deliver(outs, lost.as_deref());
                 }
             }
-            Input::Configure {
-                filter,
-                roots,
-                on_demand,
-            } => {
-                self.filter = filter;
-                self.roots = roots;
-                self.on_demand = on_demand;
+            Input::Configure(settings) => {
+                self.list_timeout = settings.list_timeout;
+                self.filter = settings.filter;
+                self.roots = settings.roots;
+                self.on_demand = settings.on_demand;
                 self.update_hold();
             }
             Input::Request {
@@ -832,7 +797,7 @@ impl Task {
                 if self.init.is_none() {
                     self.init = Some(init);
                 }
-                for (kind, list) in Kind::ALL.into_iter().zip(lists) {
+                for (kind, list) in List::KEPT.into_iter().zip(lists) {
                     if list.is_some() && self.cached(kind).is_none() {
                         self.set_list(kind, list);
                     }
@@ -1060,13 +1025,13 @@ impl Task {
                     Some(Waiter::Use(token, reply)) => {
                         self.used = now();
                         self.tokens.remove(&token);
-                        let _ = reply.send(Ok(message.to_value()));
+                        let _ = reply.send(Ok(message));
                     }
                     Some(Waiter::Caller(token, reply) | Waiter::Probe(token, reply)) => {
                         self.tokens.remove(&token);
-                        let _ = reply.send(Ok(message.to_value()));
+                        let _ = reply.send(Ok(message));
                     }
-                    Some(Waiter::Page(kind)) => self.page(kind, message.to_value()),
+                    Some(Waiter::Page(kind)) => self.page(kind, &message),
                     None => {}
                 },
                 Out::Unanswered(id) => match self.own.remove(&id) {
@@ -1080,7 +1045,10 @@ impl Task {
                     }
                     // Read again on the next handshake.
                     Some(Waiter::Page(kind)) => {
-                        self.caches[kind.index()].reading = None;
+                        let cache = &mut self.caches[kind.index()];
+                        cache.reading = None;
+                        cache.asked = None;
+                        self.arm_lists();
                         self.check_listed();
                     }
                     None => {}
@@ -1102,7 +1070,7 @@ impl Task {
             tx: wire.tx,
             _reader: StopReading(stop),
         });
-        let offered: Vec<Kind> = Kind::ALL
+        let offered: Vec<List> = List::KEPT
             .into_iter()
             .filter(|k| init["capabilities"].get(k.capability()).is_some())
             .collect();
@@ -1117,7 +1085,7 @@ impl Task {
         }
         let outs = self.router.upstream_ready();
         self.deliver(outs, None);
-        for kind in Kind::ALL {
+        for kind in List::KEPT {
             if offered.contains(&kind) {
                 self.read_list(kind, false);
             } else if self.set_list(kind, None).is_some_and(|old| &*old != "[]") {
@@ -1154,7 +1122,7 @@ impl Task {
         }
         if matches!(state, State::Failed | State::Stopped) {
             // Withdrawn with the tools.
-            for kind in Kind::ALL {
+            for kind in List::KEPT {
                 self.caches[kind.index()] = Cache::default();
                 let old = self.set_list(kind, None);
                 if old.is_some_and(|l| &*l != "[]") {
@@ -1232,7 +1200,7 @@ impl Task {
     }
 
     /// Publishes list `kind`; returns the one it replaces.
-    fn set_list(&mut self, kind: Kind, list: Option<Arc<str>>) -> Option<Arc<str>> {
+    fn set_list(&mut self, kind: List, list: Option<Arc<str>>) -> Option<Arc<str>> {
         let old = match self.lists.lock() {
             Ok(mut lists) => std::mem::replace(&mut lists[kind.index()], list.clone()),
             Err(_) => None,
@@ -1244,30 +1212,32 @@ impl Task {
         old
     }
 
-    fn cached(&self, kind: Kind) -> Option<Arc<str>> {
+    fn cached(&self, kind: List) -> Option<Arc<str>> {
         self.lists.lock().ok()?[kind.index()].clone()
     }
 
     /// Reads list `kind` from the server (again, once the read in flight
-    /// is done, if one is).
-    fn read_list(&mut self, kind: Kind, notify: bool) {
+    /// is done, if one is), by the list reader: complete within the
+    /// unit's `startup-timeout`, at most `MAX_PAGES` pages and
+    /// `MAX_BYTES` bytes, never a cursor twice.
+    fn read_list(&mut self, kind: List, notify: bool) {
         let cache = &mut self.caches[kind.index()];
         cache.notify |= notify;
         if cache.reading.is_some() {
             cache.dirty = true;
             return;
         }
-        cache.reading = Some(Reading::default());
-        self.request_page(kind, None);
+        let read = ListRead::new(kind, now(), self.list_timeout);
+        let params = read.first();
+        cache.reading = Some(read);
+        self.request_page(kind, params);
+        self.arm_lists();
     }
 
-    fn request_page(&mut self, kind: Kind, cursor: Option<Value>) {
-        let params = match cursor {
-            Some(cursor) => json!({"cursor": cursor}),
-            None => json!({}),
-        };
+    fn request_page(&mut self, kind: List, params: Value) {
         let (id, outs) = self.router.request(kind.method(), params);
         self.own.insert(id, Waiter::Page(kind));
+        self.caches[kind.index()].asked = Some(id);
         self.deliver(outs, None);
     }
 
@@ -1281,48 +1251,70 @@ impl Task {
         }
     }
 
-    /// A page of list `kind` arrived.
-    fn page(&mut self, kind: Kind, answer: Value) {
-        self.read_page(kind, answer);
+    /// Arms the timer of the list reads for the earliest deadline of
+    /// those under way (none: disarmed).
+    fn arm_lists(&mut self) {
+        let deadline = self
+            .caches
+            .iter()
+            .filter_map(|c| c.reading.as_ref().map(ListRead::deadline))
+            .min();
+        if deadline != self.list_deadline {
+            self.list_deadline = deadline;
+            if let Some(at) = deadline {
+                self.list_timer
+                    .as_mut()
+                    .reset(tokio::time::Instant::from_std(at));
+            }
+        }
+    }
+
+    /// The timer of the list reads fired: those past their deadline fail
+    /// (their page in flight is cancelled upstream).
+    fn lists_expired(&mut self) {
+        let now = now();
+        for kind in List::KEPT {
+            let cache = &mut self.caches[kind.index()];
+            let Some(error) = cache.reading.as_ref().and_then(|r| r.expired(now)) else {
+                continue;
+            };
+            if let Some(id) = cache.asked.take() {
+                self.own.remove(&id);
+                let outs = self.router.cancel(id);
+                self.deliver(outs, None);
+            }
+            self.list_failed(kind, error);
+        }
+        self.arm_lists();
         self.check_listed();
     }
 
-    fn read_page(&mut self, kind: Kind, mut answer: Value) {
+    /// A page of list `kind` arrived.
+    fn page(&mut self, kind: List, answer: &Message) {
+        self.read_page(kind, answer);
+        self.arm_lists();
+        self.check_listed();
+    }
+
+    fn read_page(&mut self, kind: List, answer: &Message) {
         let cache = &mut self.caches[kind.index()];
+        cache.asked = None;
         let Some(reading) = cache.reading.as_mut() else {
             return;
         };
-        let items = answer
-            .pointer_mut(&format!("/result/{}", kind.key()))
-            .map(Value::take);
-        let Some(Value::Array(items)) = items else {
-            let why = answer
-                .pointer("/error/message")
-                .and_then(Value::as_str)
-                .unwrap_or("the answer has no list");
-            tracing::warn!(target: "mcpd::sessions", mcpd_server = %self.name, "{} failed: {why}", kind.method());
-            cache.reading = None;
-            if std::mem::take(&mut cache.notify) {
-                // Hosts ask the server themselves now (nothing is cached
-                // to answer from).
-                self.set_list(kind, None);
-                self.broadcast(kind.changed());
+        let items = match reading.answer(answer, answer.received(), now()) {
+            Next::Page(params) => {
+                self.request_page(kind, params);
+                return;
             }
-            return;
+            Next::Failed(error) => {
+                self.list_failed(kind, error);
+                return;
+            }
+            Next::Done(items) => items,
         };
-        reading.items.extend(items);
-        let next = answer
-            .pointer("/result/nextCursor")
-            .filter(|c| !c.is_null())
-            .cloned();
-        if let Some(next) = next
-            && reading.cursor.as_ref() != Some(&next)
-        {
-            reading.cursor = Some(next.clone());
-            self.request_page(kind, Some(next));
-            return;
-        }
-        let items = cache.reading.take().map(|r| r.items).unwrap_or_default();
+        cache.reading = None;
+        cache.failed = None;
         let dirty = std::mem::take(&mut cache.dirty);
         let notify = std::mem::take(&mut cache.notify);
         let new: Arc<str> = Arc::from(Value::Array(items).to_string());
@@ -1342,11 +1334,37 @@ impl Task {
         }
     }
 
+    /// A read of list `kind` failed: the server goes on serving its tools
+    /// and hosts the last good list (or the server's own answers, if none
+    /// was read); the operator is told once per distinct failure, in the
+    /// log and in the unit's last error.
+    fn list_failed(&mut self, kind: List, error: ListError) {
+        let cache = &mut self.caches[kind.index()];
+        cache.reading = None;
+        cache.asked = None;
+        cache.notify = false;
+        let error = error.to_string();
+        if cache.failed.as_deref() != Some(error.as_str()) {
+            tracing::warn!(target: "mcpd::sessions", mcpd_server = %self.name, "{error}; keeping the list read before");
+            if let Some(up) = &self.upstream {
+                let _ = self.events.send(Internal::ListFailed {
+                    generation: up.generation,
+                    error: error.clone(),
+                });
+            }
+            cache.failed = Some(error);
+        }
+        if std::mem::take(&mut cache.dirty) {
+            // The server said it changed since: one more try.
+            self.read_list(kind, true);
+        }
+    }
+
     /// Answers a host's list request from the cache, if the list is kept
     /// (or, while an on-demand server does not run, with the error it
     /// would give if it does not offer the list: listing never starts it).
     fn answer_list(&mut self, host: HostId, id: &Value, method: &str) -> bool {
-        let Some(kind) = Kind::ALL.into_iter().find(|k| k.method() == method) else {
+        let Some(kind) = List::KEPT.into_iter().find(|k| k.method() == method) else {
             return false;
         };
         let Some(list) = self.cached(kind) else {
@@ -1653,7 +1671,7 @@ impl Task {
                 | "notifications/prompts/list_changed"),
             ) if !has_id => {
                 // Read again first; hosts hear of it if the list differs.
-                let kinds: Vec<Kind> = Kind::ALL
+                let kinds: Vec<List> = List::KEPT
                     .into_iter()
                     .filter(|k| k.changed() == changed)
                     .collect();

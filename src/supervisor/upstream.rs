@@ -1,16 +1,21 @@
 //! mcpd's own MCP client on a generation's [`Wire`]: the handshake that
 //! establishes a generation (`initialize`, `notifications/initialized`, the
-//! complete tool list), before the wire is handed to the host sessions.
+//! complete tool list, read by the list reader `mux::lists`), before the
+//! wire is handed to the host sessions.
 //!
 //! The upstream client declares `sampling`, `elicitation` and `roots`, so a
 //! server lists the tools that need them; hosts answer those requests
 //! through their sessions (DESIGN §8).
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use serde_json::{Value, json};
 
+use super::clock::now;
 use super::launch::ConnectError;
+use crate::mux::lists::{List, ListError, ListRead, Next};
+use crate::mux::message::Message;
 use crate::mux::wire::Wire;
 
 /// The revision mcpd asks servers for (the server may answer with an older
@@ -56,14 +61,38 @@ struct Client<'a> {
 }
 
 impl Client<'_> {
-    /// Sends request `method` and waits for its answer, answering what the
-    /// server asks meanwhile. `what` names the step for errors.
+    /// Sends request `method` and waits for its result, answering what
+    /// the server asks meanwhile. `what` names the step for errors.
     async fn request(
         &mut self,
         method: &str,
         params: Value,
         what: &str,
     ) -> Result<Value, ConnectError> {
+        let message = self.answer(method, params, what).await?;
+        // The handshake's few messages, parsed whole.
+        let message = message.to_value();
+        if let Some(result) = message.get("result") {
+            return Ok(result.clone());
+        }
+        let error = &message["error"];
+        let text = error["message"]
+            .as_str()
+            .unwrap_or("no result and no error");
+        Err(ConnectError::Failed(match error["code"].as_i64() {
+            Some(code) => format!("{what} failed: {text} ({code})"),
+            None => format!("{what} failed: {text}"),
+        }))
+    }
+
+    /// Sends request `method` and waits for its answer (a result or an
+    /// error), answering what the server asks meanwhile.
+    async fn answer(
+        &mut self,
+        method: &str,
+        params: Value,
+        what: &str,
+    ) -> Result<Message, ConnectError> {
         self.next += 1;
         let id = self.next;
         let closed =
@@ -78,25 +107,13 @@ impl Client<'_> {
                 Some(Err(why)) => {
                     return Err(ConnectError::Failed(format!("{what} failed: {why}")));
                 }
-                // The handshake's few messages, parsed whole.
-                Some(Ok(message)) => message.to_value(),
+                Some(Ok(message)) => message,
             };
-            match (
-                message.get("method").and_then(Value::as_str),
-                message.get("id"),
-            ) {
+            let asked = message.method();
+            match (asked.as_deref(), message.id()) {
                 (None, Some(answer)) if answer.as_u64() == Some(id) => {
-                    if let Some(result) = message.get("result") {
-                        return Ok(result.clone());
-                    }
-                    let error = &message["error"];
-                    let text = error["message"]
-                        .as_str()
-                        .unwrap_or("no result and no error");
-                    return Err(ConnectError::Failed(match error["code"].as_i64() {
-                        Some(code) => format!("{what} failed: {text} ({code})"),
-                        None => format!("{what} failed: {text}"),
-                    }));
+                    drop(asked);
+                    return Ok(message);
                 }
                 (Some(asked), Some(their_id)) => {
                     let reply = match asked {
@@ -117,10 +134,83 @@ impl Client<'_> {
             }
         }
     }
+
+    /// Every page of `list`: complete within `timeout`, or an error
+    /// naming the list and the bound.
+    async fn list(&mut self, list: List, timeout: Duration) -> Result<Vec<Value>, ConnectError> {
+        let (mut pages, mut params) = Pages::new(list, timeout);
+        loop {
+            let answer = self.answer(list.method(), params, list.method());
+            match pages.next(answer).await {
+                Paged::Ask(next) => params = next,
+                Paged::Done(items) => return Ok(items),
+                Paged::Asking(e) => return Err(e),
+                Paged::Failed(e) => return Err(ConnectError::Failed(e.to_string())),
+            }
+        }
+    }
 }
 
-/// Runs the handshake on `wire`.
-pub async fn handshake(mut wire: Wire, roots: &[String]) -> Result<Handshake, ConnectError> {
+/// A list read page by page by a task of its own (the handshake, the
+/// tools' re-sync) with the list reader (`mux::lists`): each answer
+/// waited for until the read's deadline, and judged.
+pub(crate) struct Pages {
+    read: ListRead,
+    deadline: tokio::time::Instant,
+}
+
+/// What to do after a page.
+pub(crate) enum Paged<E> {
+    /// Ask for the next page with these params.
+    Ask(Value),
+    /// The whole list.
+    Done(Vec<Value>),
+    /// The request for a page failed.
+    Asking(E),
+    /// The list reader gave up.
+    Failed(ListError),
+}
+
+impl Pages {
+    /// A read of `list` within `timeout`, and the first page's params.
+    pub(crate) fn new(list: List, timeout: Duration) -> (Self, Value) {
+        let read = ListRead::new(list, now(), timeout);
+        let first = read.first();
+        let deadline = tokio::time::Instant::from_std(read.deadline());
+        (Self { read, deadline }, first)
+    }
+
+    /// Waits for `answer`, the page asked for, until the deadline.
+    pub(crate) async fn next<E>(
+        &mut self,
+        answer: impl Future<Output = Result<Message, E>>,
+    ) -> Paged<E> {
+        let message = match tokio::time::timeout_at(self.deadline, answer).await {
+            Ok(Ok(message)) => message,
+            Ok(Err(e)) => return Paged::Asking(e),
+            Err(_) => {
+                let read = &self.read;
+                return Paged::Failed(
+                    read.expired(now())
+                        .unwrap_or_else(|| read.lost("the read timed out")),
+                );
+            }
+        };
+        match self.read.answer(&message, message.received(), now()) {
+            Next::Page(next) => Paged::Ask(next),
+            Next::Done(items) => Paged::Done(items),
+            Next::Failed(error) => Paged::Failed(error),
+        }
+    }
+}
+
+/// Runs the handshake on `wire`; the tool list must be complete within
+/// `list_timeout` of its first request.
+pub async fn handshake(
+    mut wire: Wire,
+    roots: &[String],
+    list_timeout: Duration,
+) -> Result<Handshake, ConnectError> {
     let mut client = Client {
         wire: &mut wire,
         roots,
@@ -150,36 +240,11 @@ pub async fn handshake(mut wire: Wire, roots: &[String]) -> Result<Handshake, Co
         .map_err(|_| {
             ConnectError::Closed("the server closed the connection during initialize".into())
         })?;
-    let mut tools = Vec::new();
-    if init["capabilities"].get("tools").is_some() {
-        let mut cursor: Option<Value> = None;
-        loop {
-            let params = match &cursor {
-                Some(c) => json!({"cursor": c}),
-                None => json!({}),
-            };
-            let mut page = client.request("tools/list", params, "tools/list").await?;
-            match page.get_mut("tools").map(Value::take) {
-                Some(Value::Array(items)) => tools.extend(items),
-                _ => {
-                    return Err(ConnectError::Failed(
-                        "tools/list failed: the answer has no tools array".into(),
-                    ));
-                }
-            }
-            match page.get("nextCursor") {
-                Some(next) if !next.is_null() => {
-                    if cursor.as_ref() == Some(next) {
-                        return Err(ConnectError::Failed(
-                            "tools/list failed: the server repeated its cursor".into(),
-                        ));
-                    }
-                    cursor = Some(next.clone());
-                }
-                _ => break,
-            }
-        }
-    }
+    let tools = if init["capabilities"].get("tools").is_some() {
+        client.list(List::Tools, list_timeout).await?
+    } else {
+        Vec::new()
+    };
     let dirty = client.dirty;
     Ok(Handshake {
         wire,

@@ -131,6 +131,16 @@ pub async fn private_server(
     (conn, server)
 }
 
+/// The resident set of process `pid`, in KiB.
+pub fn rss_kib(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("status");
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .expect("VmRSS")
+}
+
 /// Runs a command to completion with no stdin.
 pub fn run(cmd: &mut Command) -> Output {
     cmd.stdin(std::process::Stdio::null())

@@ -1,0 +1,365 @@
+//! The list reader (`mux::lists`), answer by answer: the pure paging
+//! machine every path that reads a server's lists uses.
+
+use std::time::{Duration, Instant};
+
+use mcpd::mux::lists::{List, ListRead, MAX_BYTES, MAX_PAGES, Next, Why};
+use mcpd::mux::message::Message;
+use serde_json::{Value, json};
+
+const TIMEOUT: Duration = Duration::from_secs(30);
+
+/// An answer whose result is `result`, as a line received.
+fn answer(result: Value) -> Message {
+    let line = json!({"jsonrpc": "2.0", "id": 1, "result": result}).to_string();
+    Message::parse(line.as_bytes()).expect("a message")
+}
+
+/// A page of `list` with `items` and `next` as its cursor.
+fn page(list: List, items: &[&str], next: Option<Value>) -> Message {
+    let items: Vec<Value> = items.iter().map(|n| json!({"name": n, "uri": n})).collect();
+    let mut result = json!({ list.key(): items });
+    if let Some(next) = next {
+        result["nextCursor"] = next;
+    }
+    answer(result)
+}
+
+/// Feeds `pages` in order; returns what the reader asked for after each.
+fn feed(list: List, pages: &[Message]) -> Vec<Next> {
+    let t0 = Instant::now();
+    let mut read = ListRead::new(list, t0, TIMEOUT);
+    assert_eq!(read.first(), json!({}));
+    pages
+        .iter()
+        .map(|m| read.answer(m, m.received(), t0))
+        .collect()
+}
+
+fn names(next: &Next) -> Vec<String> {
+    match next {
+        Next::Done(items) => items
+            .iter()
+            .map(|i| i["name"].as_str().expect("name").to_owned())
+            .collect(),
+        other => panic!("not done: {other:?}"),
+    }
+}
+
+fn failed(next: &Next) -> String {
+    match next {
+        Next::Failed(error) => error.to_string(),
+        other => panic!("not failed: {other:?}"),
+    }
+}
+
+#[test]
+fn a_list_of_one_page_is_done_at_once() {
+    for list in [List::Tools, List::Resources, List::Templates, List::Prompts] {
+        let out = feed(list, &[page(list, &["a", "b"], None)]);
+        assert_eq!(names(&out[0]), ["a", "b"], "{list}");
+    }
+    // a null cursor ends the list as an absent one does
+    let out = feed(List::Tools, &[page(List::Tools, &["a"], Some(Value::Null))]);
+    assert_eq!(names(&out[0]), ["a"]);
+}
+
+#[test]
+fn pages_are_asked_for_by_cursor_and_joined_in_order() {
+    let list = List::Prompts;
+    let out = feed(
+        list,
+        &[
+            page(list, &["a"], Some(json!("p2"))),
+            page(list, &["b", "c"], Some(json!({"opaque": [1, 2]}))),
+            page(list, &[], Some(json!(3))),
+            page(list, &["d"], None),
+        ],
+    );
+    assert_eq!(out[0], Next::Page(json!({"cursor": "p2"})));
+    // a cursor is opaque: whatever JSON the server gave goes back as it was
+    assert_eq!(out[1], Next::Page(json!({"cursor": {"opaque": [1, 2]}})));
+    assert_eq!(out[2], Next::Page(json!({"cursor": 3})));
+    assert_eq!(names(&out[3]), ["a", "b", "c", "d"]);
+}
+
+#[test]
+fn a_cursor_given_twice_ends_the_read_whether_it_repeats_at_once_or_cycles() {
+    let list = List::Tools;
+    // A, then A again
+    let out = feed(
+        list,
+        &[
+            page(list, &["a"], Some(json!("A"))),
+            page(list, &["a"], Some(json!("A"))),
+        ],
+    );
+    assert_eq!(
+        failed(&out[1]),
+        r#"tools/list: cursor "A" repeated after 2 pages"#
+    );
+    // A → B → A: the cycle that grew the daemon by 2 GB in 20 s
+    let list = List::Resources;
+    let out = feed(
+        list,
+        &[
+            page(list, &["x"], Some(json!("A"))),
+            page(list, &["y"], Some(json!("B"))),
+            page(list, &["x"], Some(json!("A"))),
+        ],
+    );
+    assert_eq!(out[1], Next::Page(json!({"cursor": "B"})));
+    assert_eq!(
+        failed(&out[2]),
+        r#"resources/list: cursor "A" repeated after 3 pages"#
+    );
+    // equal as JSON text: 1 and "1" are different cursors
+    let out = feed(
+        list,
+        &[
+            page(list, &[], Some(json!(1))),
+            page(list, &[], Some(json!("1"))),
+            page(list, &[], None),
+        ],
+    );
+    assert!(matches!(out[1], Next::Page(_)));
+    assert!(matches!(out[2], Next::Done(_)));
+}
+
+#[test]
+fn a_list_of_more_pages_than_the_bound_is_refused_at_the_bound() {
+    let list = List::Templates;
+    let t0 = Instant::now();
+    let mut read = ListRead::new(list, t0, TIMEOUT);
+    for n in 1..=MAX_PAGES {
+        let m = page(list, &["t"], Some(json!(format!("c{n}"))));
+        match read.answer(&m, m.received(), t0) {
+            Next::Page(_) if n < MAX_PAGES => {}
+            Next::Failed(error) if n == MAX_PAGES => {
+                assert_eq!(error.why, Why::TooManyPages);
+                assert_eq!(
+                    error.to_string(),
+                    "resources/templates/list: more than 1000 pages"
+                );
+                return;
+            }
+            other => panic!("page {n}: {other:?}"),
+        }
+    }
+    panic!("never refused");
+}
+
+#[test]
+fn a_list_of_more_bytes_than_the_bound_is_refused_counting_what_was_received() {
+    let list = List::Resources;
+    let t0 = Instant::now();
+    let mut read = ListRead::new(list, t0, TIMEOUT);
+    let m = page(list, &["r"], Some(json!("next")));
+    // sizes as received (a line may carry whitespace the parse dropped)
+    assert!(matches!(read.answer(&m, MAX_BYTES - 10, t0), Next::Page(_)));
+    let m = page(list, &["r"], None);
+    assert_eq!(
+        failed(&read.answer(&m, 11, t0)),
+        "resources/list: more than 64 MiB of answers after 2 pages"
+    );
+    // at the bound exactly, it is read
+    let mut read = ListRead::new(list, t0, TIMEOUT);
+    let m = page(list, &["r"], None);
+    assert!(matches!(read.answer(&m, MAX_BYTES, t0), Next::Done(_)));
+}
+
+#[test]
+fn a_read_not_complete_by_its_deadline_has_expired() {
+    let list = List::Tools;
+    let t0 = Instant::now();
+    let mut read = ListRead::new(list, t0, Duration::from_secs(2));
+    assert_eq!(read.deadline(), t0 + Duration::from_secs(2));
+    assert!(read.expired(t0 + Duration::from_millis(1999)).is_none());
+    let m = page(list, &["a"], Some(json!("A")));
+    assert!(matches!(
+        read.answer(&m, m.received(), t0 + Duration::from_secs(1)),
+        Next::Page(_)
+    ));
+    let error = read
+        .expired(t0 + Duration::from_secs(2))
+        .expect("expired at its deadline");
+    assert_eq!(
+        error.to_string(),
+        "tools/list: not complete within 2s (1 page read)"
+    );
+    // an answer arriving after the deadline does not revive it
+    let m = page(list, &["b"], None);
+    assert_eq!(
+        failed(&read.answer(&m, m.received(), t0 + Duration::from_secs(3))),
+        "tools/list: not complete within 2s (1 page read)"
+    );
+}
+
+#[test]
+fn an_error_or_a_page_without_the_list_ends_the_read_saying_why() {
+    let list = List::Tools;
+    let refusal = Message::parse(
+        br#"{"jsonrpc":"2.0","id":1,"error":{"code":-32601,"message":"Method not found"}}"#,
+    )
+    .expect("message");
+    assert_eq!(
+        failed(&feed(list, &[refusal])[0]),
+        "tools/list: Method not found (-32601)"
+    );
+    assert_eq!(
+        failed(&feed(list, &[answer(json!({"items": []}))])[0]),
+        "tools/list: the answer has no tools array"
+    );
+    assert_eq!(
+        failed(&feed(List::Prompts, &[answer(json!({"prompts": {}}))])[0]),
+        "prompts/list: the answer has no prompts array"
+    );
+    let t0 = Instant::now();
+    let read = ListRead::new(List::Resources, t0, TIMEOUT);
+    assert_eq!(
+        read.lost("the server closed the connection").to_string(),
+        "resources/list: the server closed the connection"
+    );
+}
+
+/// Real servers with hostile lists beside a healthy one, under the real
+/// `mcpd`.
+mod hostile {
+    use std::path::Path;
+    use std::time::{Duration, Instant};
+
+    use crate::helper::{Daemon, mcpctl_user, root, rss_kib};
+
+    /// Unit `name` running the hostile server in `mode`.
+    fn hostile(dir: &Path, name: &str, mode: &str, extra: &str) {
+        let script = root().join("tests/data/hostile_lists.py");
+        std::fs::write(
+            dir.join(format!("{name}.kdl")),
+            format!(
+                "stdio {{\n    command \"python3\" \"{}\" \"{mode}\"\n}}\n{extra}",
+                script.display()
+            ),
+        )
+        .expect("write unit");
+    }
+
+    /// `mcpctl status NAME --json`, its one entry.
+    fn status(runtime: &Path, name: &str) -> serde_json::Value {
+        let out = mcpctl_user(runtime, &["status", name, "--json"]);
+        let all: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+        all[0].clone()
+    }
+
+    #[test]
+    fn a_server_whose_tool_cursors_cycle_fails_to_establish_and_is_retried_under_its_budget() {
+        let units = tempfile::tempdir().expect("tempdir");
+        let runtime = tempfile::tempdir().expect("tempdir");
+        hostile(
+            units.path(),
+            "cycle",
+            "cycle-tools",
+            "reconnect {\n    initial-delay \"50ms\"\n    max-attempts 2\n}\n",
+        );
+        let mut d = Daemon::user_no_bus(
+            units.path(),
+            &[("XDG_RUNTIME_DIR", runtime.path().as_os_str())],
+        );
+        let why = r#"tools/list: cursor "A" repeated after 3 pages"#;
+        let line = d.wait_for(why);
+        assert!(line.contains("mcpd_server=cycle"), "{line}");
+        assert!(
+            line.contains("retry 1/2"),
+            "retried under the budget: {line}"
+        );
+        d.wait_for("retry 2/2");
+        let failed = d.wait_for("ERROR");
+        assert!(failed.contains(why), "{failed}");
+        let s = status(runtime.path(), "cycle");
+        assert_eq!(s["state"], "failed", "{s}");
+        assert!(s["reason"].as_str().expect("reason").contains(why), "{s}");
+        assert!(d.stop(rustix::process::Signal::TERM).success());
+    }
+
+    #[test]
+    fn servers_with_endless_cycling_or_huge_lists_cost_the_daemon_little_and_say_why() {
+        let units = tempfile::tempdir().expect("tempdir");
+        let runtime = tempfile::tempdir().expect("tempdir");
+        // the oversized page never arrives (dropped at the line limit): its
+        // read ends at its deadline
+        let quick = "startup-timeout \"3s\"\n";
+        hostile(units.path(), "cycle", "cycle-resources", "");
+        hostile(units.path(), "endless", "endless-resources", "");
+        hostile(units.path(), "huge", "huge-resources", quick);
+        hostile(units.path(), "healthy", "plain", "");
+        let mut d = Daemon::user_no_bus(
+            units.path(),
+            &[("XDG_RUNTIME_DIR", runtime.path().as_os_str())],
+        );
+        let pid = d.pid();
+        let mut peak = 0;
+        let mut sample = |d: &Daemon| peak = peak.max(rss_kib(d.pid()));
+        let wanted = [
+            (
+                "cycle",
+                r#"resources/list: cursor "A" repeated after 3 pages"#,
+            ),
+            ("endless", "resources/list: more than 1000 pages"),
+            (
+                "huge",
+                "resources/list: not complete within 3s (0 pages read)",
+            ),
+        ];
+        d.wait_until("every hostile list refused", |d| {
+            wanted
+                .iter()
+                .all(|(name, why)| d.about(name).any(|l| l.contains(why)))
+        });
+        // each said once, naming the server, the list and the bound
+        for (name, why) in wanted {
+            assert_eq!(
+                d.about(name).filter(|l| l.contains(why)).count(),
+                1,
+                "{name}: {:?}",
+                d.seen
+            );
+        }
+        // then, for a while, the healthy server answers and the daemon
+        // stays small
+        let until = Instant::now() + Duration::from_secs(5);
+        let mut calls = 0;
+        while Instant::now() < until {
+            sample(&d);
+            let out = mcpctl_user(
+                runtime.path(),
+                &["call", "healthy", "echo", r#"{"text":"still here"}"#],
+            );
+            assert!(
+                out.status.success() && String::from_utf8_lossy(&out.stdout).contains("still here"),
+                "{out:?}"
+            );
+            calls += 1;
+        }
+        assert!(calls > 5, "{calls} calls");
+        sample(&d);
+        assert!(peak < 64 * 1024, "daemon RSS peaked at {peak} KiB");
+        // the servers go on serving their tools; status says what failed
+        for (name, why) in wanted {
+            let s = status(runtime.path(), name);
+            assert_eq!(s["state"], "running", "{s}");
+            assert_eq!(s["generation"], 1, "{s}");
+            assert_eq!(s["tools"], serde_json::json!(["echo"]), "{s}");
+            assert!(
+                s["last_error"].as_str().expect("last_error").contains(why),
+                "{name}: {s}"
+            );
+        }
+        let text = mcpctl_user(runtime.path(), &["status", "endless"]);
+        let text = String::from_utf8_lossy(&text.stdout);
+        assert!(
+            text.contains("Last error: resources/list: more than 1000 pages"),
+            "{text}"
+        );
+        assert_eq!(pid, d.pid());
+        assert!(d.stop(rustix::process::Signal::TERM).success());
+    }
+}
