@@ -24,6 +24,7 @@ mod reload;
 mod route;
 mod sandbox;
 mod search;
+mod session;
 mod sessions;
 mod supervisor;
 mod unit_files;

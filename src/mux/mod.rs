@@ -2,20 +2,28 @@
 //! own MCP session with mcpd, multiplexed onto the one upstream session of
 //! the unit's current generation.
 //!
-//! Reading order: [`route`], the pure routing core (ids and progress
-//! tokens, who answers a server→client request, subscriptions, log levels,
-//! detach and outage cleanup), table-tested like the supervisor's machine;
-//! [`message`], a message kept as its members' JSON text (found by
-//! `scan`, a validating scan of an object's top level); [`wire`], the
-//! framing; [`attach`], the attach socket's protocol, and [`ledger`], the
-//! requests in flight of a handed-over session, for its bridge. The
-//! session layer that runs the router (`initialize`, the cached lists
-//! through outages) is `supervisor::sessions`.
+//! Reading order: the three pure parts first — [`route`], the routing core
+//! (ids and progress tokens, who answers a server→client request,
+//! subscriptions, log levels, detach and outage cleanup), table-tested
+//! like the supervisor's machine; [`session`], what mcpd decides about a
+//! host's lines itself (`initialize` and its version, refusals, answers
+//! from kept lists, accounting); [`lists`], the list reader (paging
+//! bounded in cursors, pages, bytes and time). Then [`message`], a
+//! message kept as its members' JSON text (found by `scan`, a validating
+//! scan of an object's top level); [`error`], the JSON-RPC errors mcpd
+//! writes; [`wire`], the framing and a server's connection; [`host`], a
+//! host's link, writer and readers; [`attach`], the attach socket's
+//! protocol, and [`ledger`], the requests in flight of a handed-over
+//! session, for its bridge. The task that runs them for a unit (its
+//! state, its timers, the actor's requests) is `supervisor::sessions`.
 
 pub mod attach;
+pub mod error;
+pub mod host;
 pub mod ledger;
 pub mod lists;
 pub mod message;
 pub mod route;
 mod scan;
+pub mod session;
 pub mod wire;

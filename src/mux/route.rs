@@ -37,17 +37,14 @@ use std::str::FromStr;
 use foldhash::HashMap;
 use serde_json::{Value, json};
 
+use super::error::ErrorCode;
 use super::message::{Message, id_key};
 
 /// A host session, numbered by the session layer.
 pub type HostId = u64;
 
-/// JSON-RPC: the request is not a valid request object.
-pub const INVALID_REQUEST: i64 = -32600;
 /// JSON-RPC: no such method (here: nobody can answer it).
-pub const METHOD_NOT_FOUND: i64 = -32601;
-/// JSON-RPC: internal error (here: the host that was asked went away).
-pub const INTERNAL_ERROR: i64 = -32603;
+pub const METHOD_NOT_FOUND: i64 = ErrorCode::MethodNotFound.code();
 
 /// What a host declared it can answer, from its `initialize`.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -227,8 +224,8 @@ fn response(id: &Value, result: Value) -> Message {
     json!({"jsonrpc": "2.0", "id": id, "result": result}).into()
 }
 
-fn error(id: &Value, code: i64, message: impl Into<String>) -> Message {
-    json!({"jsonrpc": "2.0", "id": id, "error": {"code": code, "message": message.into()}}).into()
+fn error(id: &Value, code: ErrorCode, message: impl Into<String>) -> Message {
+    code.response(id, message).into()
 }
 
 /// The value at `path` (object keys) in `value`: `Value::pointer` without
@@ -430,7 +427,7 @@ impl Router {
                 host,
                 error(
                     &Value::Null,
-                    INVALID_REQUEST,
+                    ErrorCode::InvalidRequest,
                     "a request id must be a string or a number",
                 ),
             ));
@@ -456,7 +453,7 @@ impl Router {
                 host,
                 error(
                     &Value::Null,
-                    INVALID_REQUEST,
+                    ErrorCode::InvalidRequest,
                     "a message needs a method or an id",
                 ),
             )),
@@ -478,7 +475,7 @@ impl Router {
                 host,
                 error(
                     &id,
-                    INVALID_REQUEST,
+                    ErrorCode::InvalidRequest,
                     format!("request id {id} is already in use"),
                 ),
             ));
@@ -506,7 +503,11 @@ impl Router {
                     }
                     _ => out.push(Out::Host(
                         host,
-                        error(&id, -32602, "logging/setLevel needs a valid `level`"),
+                        error(
+                            &id,
+                            ErrorCode::InvalidParams,
+                            "logging/setLevel needs a valid `level`",
+                        ),
                     )),
                 }
                 return;
@@ -516,7 +517,11 @@ impl Router {
                 let Some(uri) = uri.as_str().map(str::to_owned) else {
                     out.push(Out::Host(
                         host,
-                        error(&id, -32602, format!("{name} needs a `uri`")),
+                        error(
+                            &id,
+                            ErrorCode::InvalidParams,
+                            format!("{name} needs a `uri`"),
+                        ),
                     ));
                     return;
                 };
@@ -716,7 +721,7 @@ impl Router {
                 msg.set("id", &down);
                 out.push(Out::Host(host, msg));
             }
-            Err(why) => out.push(Out::Server(error(&id, METHOD_NOT_FOUND, why))),
+            Err(why) => out.push(Out::Server(error(&id, ErrorCode::MethodNotFound, why))),
         }
     }
 
@@ -814,7 +819,7 @@ impl Router {
             if let Some(a) = self.asked.remove(&key) {
                 out.push(Out::Server(error(
                     &a.server_id,
-                    INTERNAL_ERROR,
+                    ErrorCode::InternalError,
                     format!("the host asked to answer {} disconnected", a.method),
                 )));
             }

@@ -50,27 +50,7 @@ impl Counters {
 }
 
 /// How a call ended.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Outcome {
-    Ok,
-    /// The tool answered with `isError`.
-    ErrorResult,
-    /// No result: why.
-    Failed(String),
-    /// The caller went away before the answer (the call was cancelled).
-    Abandoned,
-}
-
-impl std::fmt::Display for Outcome {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Outcome::Ok => f.write_str("ok"),
-            Outcome::ErrorResult => f.write_str("error result"),
-            Outcome::Failed(why) => write!(f, "failed: {why}"),
-            Outcome::Abandoned => f.write_str("cancelled: the caller left"),
-        }
-    }
-}
+pub use crate::mux::session::Outcome;
 
 /// One call being made: counted and logged when finished, or when dropped
 /// unfinished (abandoned).

@@ -38,12 +38,12 @@ use tokio::task::JoinHandle;
 
 use crate::unit::UnitSpec;
 
+pub use crate::mux::host::{HostInput, HostLink, HostOutput};
 pub use crate::mux::lists::List as ListKind;
 pub use accounting::{Caller, Counters};
 pub use launch::{Launcher, SharedLauncher, SystemLauncher};
 pub use logs::LogRing;
 pub use machine::{ExitStatus, Gen, State, Timer, Timing, ToolList};
-pub use sessions::{HostInput, HostLink, HostOutput};
 
 use actor::{Actor, Command};
 

@@ -40,30 +40,27 @@ use std::time::{Duration, Instant};
 use foldhash::HashMap;
 use futures_util::StreamExt as _;
 use futures_util::stream::SelectAll;
-use futures_util::task::AtomicWaker;
 use serde_json::{Value, json};
-use tokio::net::UnixStream;
-use tokio::net::unix::{OwnedReadHalf, OwnedWriteHalf, pipe};
+use tokio::net::unix::OwnedWriteHalf;
 use tokio::sync::{mpsc, oneshot, watch};
 
 use crate::mux::attach::Control;
+use crate::mux::error::ErrorCode;
+use crate::mux::host::{Event, HostLink, HostOut, Opened, Reader, StopReading};
 use crate::mux::ledger::Ledger;
 use crate::mux::lists::{List, ListError, ListRead, Next, Why};
 use crate::mux::message::{Message, id_key};
-use crate::mux::route::{self, Caps, HostId, Out, Router};
-use crate::mux::wire::{Frame, Incoming, Lines, MAX_LINE, Outbox, Refused, Source, Wire, line};
+use crate::mux::route::{Caps, HostId, Out, Router};
+use crate::mux::session::{self, HostState, Outcome, Step};
+use crate::mux::wire::{Frame, Outbox, Refused, Wire, line};
 use crate::unit::ToolFilter;
 
-use super::accounting::{Caller, Counters, Outcome, Record};
+use super::accounting::{Caller, Counters, Record};
 use super::clock::now;
 use super::events::Internal;
 use super::machine::{Gen, State};
-use super::upstream::{HOST_VERSIONS, PROTOCOL_VERSION, Paged, Pages, roots_result};
+use super::upstream::{Paged, Pages, roots_result};
 use super::{CallError, Status};
-
-/// Messages one host may send while its `initialize` waits for the first
-/// generation: a host that sends more is detached.
-pub const BACKLOG: usize = 64;
 
 /// Messages queued for one host: a host this far behind is not reading,
 /// and is detached.
@@ -76,90 +73,6 @@ pub const FLUSH_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5)
 
 /// Requests one host may have in flight upstream.
 pub const MAX_IN_FLIGHT: usize = 1024;
-
-/// JSON-RPC: the line is not JSON.
-const PARSE_ERROR: i64 = -32700;
-/// JSON-RPC: invalid params.
-const INVALID_PARAMS: i64 = -32602;
-/// The server is not reachable (an implementation-defined server error).
-const SERVER_DOWN: i64 = -32000;
-
-/// How a host session reaches its host.
-#[derive(Debug)]
-pub enum HostLink {
-    /// One stream socket both ways (D-Bus `Attach`, or the attach socket
-    /// without descriptors). `pending`: bytes of the host's already read,
-    /// which come first.
-    Socket {
-        stream: UnixStream,
-        pending: Vec<u8>,
-    },
-    /// The host's own stdin and stdout, handed over by `mcpctl bridge`
-    /// (`mux::attach`): nothing copies the session's bytes on the way.
-    /// `control` is the bridge's socket: the host's `initialize` and the
-    /// session's end are told on it, and its closing ends the session.
-    /// `replay`: an `initialize` of an earlier session, handled first and
-    /// not answered. `ledger`: where the host's requests in flight are
-    /// recorded for the bridge (`mux::ledger`), when it could be made.
-    Stdio {
-        input: HostInput,
-        output: HostOutput,
-        control: UnixStream,
-        replay: Option<Value>,
-        pending: Vec<u8>,
-        ledger: Option<Box<Ledger>>,
-    },
-}
-
-/// The host's stdin as handed over.
-#[derive(Debug)]
-pub enum HostInput {
-    Pipe(pipe::Receiver),
-    Socket(UnixStream),
-}
-
-/// The host's stdout as handed over.
-#[derive(Debug)]
-pub enum HostOutput {
-    Pipe(pipe::Sender),
-    Socket(UnixStream),
-}
-
-/// Where a host's messages are written.
-#[derive(Debug)]
-enum HostOut {
-    Half(Outbox<OwnedWriteHalf>),
-    Socket(Outbox<UnixStream>),
-    Pipe(Outbox<pipe::Sender>),
-}
-
-impl HostOut {
-    fn send(&self, bytes: Vec<u8>) -> Result<(), Refused> {
-        match self {
-            HostOut::Half(out) => out.send(bytes),
-            HostOut::Socket(out) => out.send(bytes),
-            HostOut::Pipe(out) => out.send(bytes),
-        }
-    }
-
-    fn writer(&mut self) -> Option<tokio::task::JoinHandle<()>> {
-        match self {
-            HostOut::Half(out) => out.take_writer(),
-            HostOut::Socket(out) => out.take_writer(),
-            HostOut::Pipe(out) => out.take_writer(),
-        }
-    }
-
-    /// The host sees the session end now (a handed-over pipe ends once
-    /// what was queued is written and the bridge exits).
-    fn shutdown(&self) {
-        match self {
-            HostOut::Half(out) => out.shutdown(),
-            HostOut::Socket(out) => out.shutdown(),
-            HostOut::Pipe(_) => {}
-        }
-    }
-}
 
 #[derive(Debug)]
 enum Input {
@@ -639,10 +552,6 @@ struct Task {
     list_timer: std::pin::Pin<Box<tokio::time::Sleep>>,
 }
 
-fn error(id: &Value, code: i64, message: impl Into<String>) -> Value {
-    json!({"jsonrpc": "2.0", "id": id, "error": {"code": code, "message": message.into()}})
-}
-
 /// Waits for the unit's status to change: owning its receiver, so that
 /// the wait is made once per change rather than once per message.
 async fn status_change(
@@ -711,11 +620,7 @@ impl Task {
         // Lines read (a read may hold several) and not handled yet.
         let mut queued = Vec::new();
         for reader in self.readers.iter_mut() {
-            if let Reader::Host(reader) = reader {
-                while let Some(frame) = reader.lines.buffered_frame() {
-                    queued.push((reader.host, frame));
-                }
-            }
+            reader.buffered(&mut queued);
         }
         let held: Vec<(HostId, Frame)> = self
             .hosts
@@ -728,14 +633,14 @@ impl Task {
             .collect();
         let text = self.down_text(None);
         for (host, id) in waiting {
-            self.send(host, error(&id, SERVER_DOWN, text.clone()));
+            self.send(host, ErrorCode::ServerDown.response(&id, text.clone()));
         }
         for (host, frame) in held.into_iter().chain(queued) {
             if let Frame::Message(message) = frame
                 && message.has("method")
                 && let Some(id) = message.id().filter(|id| !id.is_null())
             {
-                self.send(host, error(&id, SERVER_DOWN, text.clone()));
+                self.send(host, ErrorCode::ServerDown.response(&id, text.clone()));
             }
         }
     }
@@ -838,61 +743,22 @@ impl Task {
     fn attach(&mut self, link: HostLink, caller: Caller) {
         self.next_host += 1;
         let host = self.next_host;
-        let (source, watch, out, control, replay, ledger) = match link {
-            HostLink::Socket { stream, pending } => {
-                let (read, write) = stream.into_split();
-                (
-                    (HostSource::Half(read), pending),
-                    None,
-                    HostOut::Half(Outbox::new(write, QUEUE, None)),
-                    None,
-                    None,
-                    None,
-                )
-            }
-            HostLink::Stdio {
-                input: from,
-                output,
-                control,
-                replay,
-                pending,
-                ledger,
-            } => {
-                let (watch, control) = control.into_split();
-                let source = match from {
-                    HostInput::Pipe(p) => HostSource::Pipe(p),
-                    HostInput::Socket(s) => HostSource::Socket(s),
-                };
-                let out = match output {
-                    HostOutput::Pipe(p) => HostOut::Pipe(Outbox::new(p, QUEUE, None)),
-                    HostOutput::Socket(s) => HostOut::Socket(Outbox::new(s, QUEUE, None)),
-                };
-                (
-                    (source, pending),
-                    Some(watch),
-                    out,
-                    Some(Outbox::new(control, QUEUE, None)),
-                    replay,
-                    ledger,
-                )
-            }
-        };
-        let (source, pending) = source;
-        let stop = Arc::new(Stop::default());
-        self.readers.push(Reader::Host(HostReader {
-            host,
-            lines: Lines::with_pending(source, pending),
-            control: watch,
-            stop: Arc::clone(&stop),
-            ended: false,
-        }));
+        let Opened {
+            reader,
+            stop,
+            out,
+            control,
+            replay,
+            ledger,
+        } = link.open(host, QUEUE);
+        self.readers.push(reader);
         self.hosts.insert(
             host,
             Host {
                 out,
                 control,
                 swallow: None,
-                _reader: StopReading(stop),
+                _reader: stop,
                 caller,
                 initialized: false,
                 held: Vec::new(),
@@ -992,7 +858,7 @@ impl Task {
         }
         self.send_bytes(host, message.line());
         if let Some(mut record) = record {
-            record.finish(outcome_of(&message));
+            record.finish(session::outcome_of(&message));
         }
     }
 
@@ -1019,7 +885,7 @@ impl Task {
                 Out::Host(host, message) => self.send_message(host, message),
                 Out::Down { host, id } => {
                     let text = self.down_text(lost);
-                    self.send(host, error(&id, SERVER_DOWN, text));
+                    self.send(host, ErrorCode::ServerDown.response(&id, text));
                 }
                 Out::Answer(id, message) => match self.own.remove(&id) {
                     Some(Waiter::Use(token, reply)) => {
@@ -1058,17 +924,12 @@ impl Task {
     }
 
     fn up(&mut self, generation: Gen, wire: Wire, init: Arc<Value>) {
-        let stop = Arc::new(Stop::default());
-        self.readers.push(Reader::Server(ServerReader {
-            generation,
-            rx: wire.rx,
-            stop: Arc::clone(&stop),
-            ended: false,
-        }));
+        let (reader, stop) = Reader::server(generation, wire.rx);
+        self.readers.push(reader);
         self.upstream = Some(Upstream {
             generation,
             tx: wire.tx,
-            _reader: StopReading(stop),
+            _reader: stop,
         });
         let offered: Vec<List> = List::KEPT
             .into_iter()
@@ -1152,7 +1013,7 @@ impl Task {
             self.router.attach(host, Caps::from_initialize(params));
         } else {
             let text = self.down_text(None);
-            self.send(host, error(id, SERVER_DOWN, text));
+            self.send(host, ErrorCode::ServerDown.response(id, text));
         }
         // What it sent meanwhile, in order.
         let held = self
@@ -1171,16 +1032,7 @@ impl Task {
         let Some(init) = self.init.clone() else {
             return;
         };
-        let mut notices = vec!["notifications/tools/list_changed"];
-        for (capability, method) in [
-            ("resources", "notifications/resources/list_changed"),
-            ("prompts", "notifications/prompts/list_changed"),
-        ] {
-            if init["capabilities"][capability]["listChanged"] == json!(true) {
-                notices.push(method);
-            }
-        }
-        for method in notices {
+        for method in session::replay_notices(&init) {
             self.send(host, json!({"jsonrpc": "2.0", "method": method}));
         }
     }
@@ -1374,17 +1226,14 @@ impl Task {
                 .is_some_and(|init| init["capabilities"].get(kind.capability()).is_some());
             if self.on_demand && self.upstream.is_none() && !offered {
                 let text = format!("server {} does not offer {}", self.name, kind.capability());
-                self.send(host, error(id, route::METHOD_NOT_FOUND, text));
+                self.send(host, ErrorCode::MethodNotFound.response(id, text));
                 return true;
             }
             return false;
         };
-        let bytes = format!(
-            "{{\"jsonrpc\":\"2.0\",\"id\":{id},\"result\":{{\"{}\":{list}}}}}\n",
-            kind.key()
-        );
+        let bytes = session::list_answer(id, kind.key(), &list);
         self.answered(host, id);
-        self.send_bytes(host, bytes.into_bytes());
+        self.send_bytes(host, bytes);
         true
     }
 
@@ -1403,22 +1252,7 @@ impl Task {
             }
             return;
         };
-        let asked = params["protocolVersion"].as_str().unwrap_or_default();
-        let version = if HOST_VERSIONS.contains(&asked) {
-            asked
-        } else {
-            PROTOCOL_VERSION
-        };
-        let mut result = (*init).clone();
-        result["protocolVersion"] = json!(version);
-        // mcpd tells hosts when the published tools change (after an
-        // outage too), whether or not the server does.
-        if let Some(tools) = result
-            .pointer_mut("/capabilities/tools")
-            .and_then(Value::as_object_mut)
-        {
-            tools.insert("listChanged".into(), json!(true));
-        }
+        let result = session::initialize_result(&init, params);
         let held = match self.hosts.get_mut(&host) {
             Some(h) => {
                 h.initialized = true;
@@ -1461,103 +1295,55 @@ impl Task {
         let Some(h) = self.hosts.get_mut(&host) else {
             return;
         };
-        if waiting {
-            // Pipelined behind its initialize (a bridge replaying one).
-            if h.held.len() < BACKLOG {
-                h.held.push(frame);
-            } else {
-                self.doomed
-                    .push((host, "it sent too much before its initialize was answered"));
+        let state = HostState {
+            initialized: h.initialized,
+            waiting,
+            held: h.held.len(),
+        };
+        let step = session::classify(&frame, state);
+        let Frame::Message(message) = frame else {
+            if let Step::Refuse(refusal) = step {
+                self.send(host, refusal);
             }
             return;
-        }
-        let message = match frame {
-            Frame::Message(message) => message,
-            Frame::Garbage(why) => {
-                self.send(host, error(&Value::Null, PARSE_ERROR, why));
-                return;
-            }
-            Frame::TooLong => {
-                self.send(
-                    host,
-                    error(
-                        &Value::Null,
-                        route::INVALID_REQUEST,
-                        format!("a message longer than {MAX_LINE} bytes was dropped"),
-                    ),
-                );
-                return;
-            }
         };
-        let method = message.method();
-        let id = message.id().filter(|id| !id.is_null());
-        let initialized = h.initialized;
-        match (method.as_deref(), id) {
-            (Some("initialize"), Some(id)) => {
-                if initialized {
-                    self.send(
-                        host,
-                        error(
-                            &id,
-                            route::INVALID_REQUEST,
-                            "the session is already initialized",
-                        ),
-                    );
-                } else {
-                    let params = message.params().unwrap_or(Value::Null);
-                    self.initialize(host, &id, &params);
-                }
+        match step {
+            // Pipelined behind its initialize (a bridge replaying one).
+            Step::Hold => h.held.push(Frame::Message(message)),
+            Step::Overflow(why) => self.doomed.push((host, why)),
+            Step::Refuse(refusal) => self.send(host, refusal),
+            Step::Initialize(id) => {
+                let params = message.params().unwrap_or(Value::Null);
+                self.initialize(host, &id, &params);
             }
-            (Some("ping"), Some(id)) if !initialized => {
-                self.send(host, json!({"jsonrpc": "2.0", "id": id, "result": {}}));
-            }
-            (Some(_), Some(id)) if !initialized => {
-                self.send(
-                    host,
-                    error(&id, route::INVALID_REQUEST, "send initialize first"),
-                );
-            }
-            (Some(_), None) if !initialized => {}
-            (Some("tools/list"), Some(id)) => {
-                let bytes = {
-                    let s = self.status.borrow();
-                    format!(
-                        "{{\"jsonrpc\":\"2.0\",\"id\":{id},\"result\":{{\"tools\":{}}}}}\n",
-                        s.tools.json()
-                    )
-                    .into_bytes()
-                };
+            Step::Pong(id) => self.send(host, json!({"jsonrpc": "2.0", "id": id, "result": {}})),
+            Step::Ignore => {}
+            Step::ToolsList(id) => {
+                let bytes = session::list_answer(&id, "tools", self.status.borrow().tools.json());
                 self.answered(host, &id);
                 self.send_bytes(host, bytes);
             }
-            (Some(name), Some(id)) => {
-                let name = name.to_owned();
-                drop(method);
-                if !self.answer_list(host, &id, &name) {
-                    self.host_request(host, &name, id, message);
+            Step::Request { id, method } => {
+                if !self.answer_list(host, &id, &method) {
+                    self.host_request(host, &method, id, message);
                 }
             }
-            (Some("notifications/cancelled"), None) => {
-                drop(method);
-                let theirs = message
-                    .params()
-                    .and_then(|p| p.get("requestId").map(Value::to_string));
-                if let Some(theirs) = theirs
+            Step::Cancelled { request } => {
+                if let Some(request) = request
                     && let Some(h) = self.hosts.get_mut(&host)
                 {
                     // A cancelled request gets no answer, from anyone.
                     if let Some(ledger) = &mut h.ledger {
-                        ledger.clear(&theirs);
+                        ledger.clear(&request);
                     }
-                    if let Some(mut record) = h.calls.remove(&theirs) {
+                    if let Some(mut record) = h.calls.remove(&request) {
                         record.finish(Outcome::Failed("cancelled by the host".into()));
                     }
                 }
                 let outs = self.router.from_host(host, message);
                 self.deliver(outs, None);
             }
-            _ => {
-                drop(method);
+            Step::Route => {
                 let outs = self.router.from_host(host, message);
                 self.deliver(outs, None);
             }
@@ -1568,16 +1354,15 @@ impl Task {
         if self.router.in_flight(host) >= MAX_IN_FLIGHT {
             self.send(
                 host,
-                error(
+                ErrorCode::InvalidRequest.response(
                     &id,
-                    route::INVALID_REQUEST,
                     format!("too many requests in flight (at most {MAX_IN_FLIGHT} per session)"),
                 ),
             );
             return;
         }
         if name == "tools/call" {
-            let tool = tool_name(&message);
+            let tool = session::tool_name(&message);
             if let Some(why) = self.filter.why_not(&tool) {
                 let text = CallError::Filtered {
                     server: self.name.to_string(),
@@ -1585,7 +1370,7 @@ impl Task {
                     why,
                 }
                 .to_string();
-                self.send(host, error(&id, INVALID_PARAMS, text));
+                self.send(host, ErrorCode::InvalidParams.response(&id, text));
                 return;
             }
             let key = id_key(&id);
@@ -1595,11 +1380,8 @@ impl Task {
             if h.calls.contains_key(&key) {
                 // Not routed: the router's refusal would end the record of
                 // the call that holds the id.
-                let refusal = error(
-                    &id,
-                    route::INVALID_REQUEST,
-                    format!("request id {id} is already in use"),
-                );
+                let refusal = ErrorCode::InvalidRequest
+                    .response(&id, format!("request id {id} is already in use"));
                 self.answered(host, &id);
                 self.send_bytes(host, line(&refusal));
                 return;
@@ -1608,12 +1390,7 @@ impl Task {
             record.caller = h.caller;
             h.calls.insert(key, record);
         }
-        if !matches!(
-            name,
-            "ping" | "logging/setLevel" | "resources/subscribe" | "resources/unsubscribe"
-        ) {
-            // What needs the server is a use (the session's own settings
-            // and pings are not).
+        if session::counts_as_use(name) {
             self.used = now();
         }
         let outs = self.router.from_host(host, message);
@@ -1734,198 +1511,5 @@ impl Task {
                 tracing::error!(target: "mcpd::server", mcpd_server = %name, mcpd_logger = logger, "{level}: {data}")
             }
         }
-    }
-}
-
-/// How an answer to a `tools/call` ends its accounting.
-fn outcome_of(message: &Message) -> Outcome {
-    if let Some(error) = message.get::<Value>("error") {
-        return Outcome::Failed(
-            error["message"]
-                .as_str()
-                .unwrap_or("an error without a message")
-                .to_owned(),
-        );
-    }
-    // Looked for only if the result may hold it, and then found by a
-    // scan (nothing parsed), or, where only a parser can tell, read as a
-    // Value reads it.
-    let is_error = message.may_hold("result", "isError")
-        && match message.inner("result", "isError") {
-            Ok(is_error) => is_error == Some("true"),
-            Err(_) => message
-                .get::<Value>("result")
-                .is_some_and(|r| r["isError"] == true),
-        };
-    if is_error {
-        Outcome::ErrorResult
-    } else {
-        Outcome::Ok
-    }
-}
-
-/// The tool a `tools/call`'s params name (the arguments are skipped, not
-/// parsed into values). The filter judges the name the server will read:
-/// of a repeated `name`, the last, as a `Value` (and most parsers) reads
-/// it.
-fn tool_name(message: &Message) -> String {
-    let name = match message.inner("params", "name") {
-        Ok(name) => name.map(
-            |raw| match raw.strip_prefix('"').and_then(|r| r.strip_suffix('"')) {
-                Some(plain) if !plain.contains('\\') => plain.to_owned(),
-                _ => serde_json::from_str::<String>(raw).unwrap_or_default(),
-            },
-        ),
-        Err(_) => message
-            .params()
-            .and_then(|p| p.get("name").and_then(Value::as_str).map(str::to_owned)),
-    };
-    name.unwrap_or_default()
-}
-
-/// Stops a host's reader when dropped (with its host): its descriptors
-/// close once the session task next polls the readers (which this wakes).
-struct StopReading(Arc<Stop>);
-
-impl Drop for StopReading {
-    fn drop(&mut self) {
-        self.0.stopped.store(true, Ordering::Release);
-        self.0.waker.wake();
-    }
-}
-
-#[derive(Default)]
-struct Stop {
-    stopped: std::sync::atomic::AtomicBool,
-    waker: AtomicWaker,
-}
-
-impl Stop {
-    /// Whether its reader is stopped; if not, `cx` is woken when it is.
-    fn stopped(&self, cx: &std::task::Context<'_>) -> bool {
-        self.waker.register(cx.waker());
-        self.stopped.load(Ordering::Acquire)
-    }
-}
-
-/// What a host's stdin or socket is, to read it.
-#[derive(Debug)]
-enum HostSource {
-    Pipe(pipe::Receiver),
-    Socket(UnixStream),
-    Half(OwnedReadHalf),
-}
-
-impl Source for HostSource {
-    fn poll_fill(
-        &mut self,
-        cx: &mut std::task::Context<'_>,
-        buf: &mut tokio_util::bytes::BytesMut,
-    ) -> std::task::Poll<std::io::Result<usize>> {
-        match self {
-            HostSource::Pipe(p) => p.poll_fill(cx, buf),
-            HostSource::Socket(s) => s.poll_fill(cx, buf),
-            HostSource::Half(h) => h.poll_fill(cx, buf),
-        }
-    }
-}
-
-/// One host's messages, read by the session task: `Some(frame)` for each
-/// line, then `None` once (the host closed its end, or its bridge's
-/// socket closed), and then nothing.
-struct HostReader {
-    host: HostId,
-    lines: Lines<HostSource>,
-    /// The bridge's socket, for a host whose stdio was handed over: it
-    /// only listens, so anything read on it (its end) ends the session.
-    control: Option<OwnedReadHalf>,
-    stop: Arc<Stop>,
-    ended: bool,
-}
-
-impl HostReader {
-    /// Its next line: `Event::Host(host, None)` at its end.
-    fn poll_next(&mut self, cx: &mut std::task::Context<'_>) -> std::task::Poll<Option<Event>> {
-        use std::task::Poll;
-        if self.ended || self.stop.stopped(cx) {
-            return Poll::Ready(None);
-        }
-        if self.poll_bridge_gone(cx) {
-            self.ended = true;
-            return Poll::Ready(Some(Event::Host(self.host, None)));
-        }
-        let frame = std::task::ready!(self.lines.poll_next(cx));
-        self.ended = frame.is_none();
-        Poll::Ready(Some(Event::Host(self.host, frame)))
-    }
-
-    /// Whether the bridge's socket closed (or sent what it must not).
-    fn poll_bridge_gone(&mut self, cx: &mut std::task::Context<'_>) -> bool {
-        let Some(control) = &self.control else {
-            return false;
-        };
-        let stream: &UnixStream = control.as_ref();
-        let mut scratch = [0u8; 64];
-        loop {
-            match stream.poll_read_ready(cx) {
-                std::task::Poll::Pending => return false,
-                std::task::Poll::Ready(Err(_)) => return true,
-                std::task::Poll::Ready(Ok(())) => {}
-            }
-            match control.try_read(&mut scratch) {
-                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
-                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-                _ => return true,
-            }
-        }
-    }
-}
-
-/// What a reader read.
-enum Event {
-    /// A host's line, or its end (`None`).
-    Host(HostId, Option<Frame>),
-    /// What the upstream of generation `Gen` sent, or its end (`None`).
-    Server(Gen, Option<Incoming>),
-}
-
-/// A reader polled by the session task.
-enum Reader {
-    Host(HostReader),
-    Server(ServerReader),
-}
-
-impl futures_util::Stream for Reader {
-    type Item = Event;
-
-    fn poll_next(
-        self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<Option<Event>> {
-        match self.get_mut() {
-            Reader::Host(host) => host.poll_next(cx),
-            Reader::Server(server) => server.poll_next(cx),
-        }
-    }
-}
-
-/// The upstream's messages (`Wire::rx`), read by the session task until
-/// its generation is let go.
-struct ServerReader {
-    generation: Gen,
-    rx: crate::mux::wire::Receiver,
-    stop: Arc<Stop>,
-    ended: bool,
-}
-
-impl ServerReader {
-    fn poll_next(&mut self, cx: &mut std::task::Context<'_>) -> std::task::Poll<Option<Event>> {
-        use std::task::Poll;
-        if self.ended || self.stop.stopped(cx) {
-            return Poll::Ready(None);
-        }
-        let incoming = std::task::ready!(self.rx.poll_recv(cx));
-        self.ended = incoming.is_none();
-        Poll::Ready(Some(Event::Server(self.generation, incoming)))
     }
 }

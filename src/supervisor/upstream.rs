@@ -14,17 +14,11 @@ use serde_json::{Value, json};
 
 use super::clock::now;
 use super::launch::ConnectError;
+use crate::mux::error::ErrorCode;
 use crate::mux::lists::{List, ListError, ListRead, Next};
 use crate::mux::message::Message;
+use crate::mux::session::PROTOCOL_VERSION;
 use crate::mux::wire::Wire;
-
-/// The revision mcpd asks servers for (the server may answer with an older
-/// one it speaks; mcpd accepts whatever it answers).
-pub const PROTOCOL_VERSION: &str = "2025-11-25";
-
-/// Revisions host sessions may negotiate, oldest first; a host asking for
-/// another gets [`PROTOCOL_VERSION`], as the specification says.
-pub const HOST_VERSIONS: [&str; 4] = ["2024-11-05", "2025-03-26", "2025-06-18", "2025-11-25"];
 
 /// The capabilities mcpd's upstream client declares.
 pub fn client_capabilities() -> Value {
@@ -121,10 +115,10 @@ impl Client<'_> {
                         "roots/list" => {
                             json!({"jsonrpc": "2.0", "id": their_id, "result": roots_result(self.roots)})
                         }
-                        _ => json!({"jsonrpc": "2.0", "id": their_id, "error": {
-                            "code": -32601,
-                            "message": format!("mcpd cannot answer {asked} before the server is initialized"),
-                        }}),
+                        _ => ErrorCode::MethodNotFound.response(
+                            &their_id,
+                            format!("mcpd cannot answer {asked} before the server is initialized"),
+                        ),
                     };
                     let _ = self.wire.tx.send(reply.into());
                 }

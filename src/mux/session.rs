@@ -1,0 +1,256 @@
+//! The pure core of a host session (DESIGN §8): what mcpd decides about a
+//! host's messages itself, beside what the router decides about sharing
+//! the upstream. No I/O, no tasks, no clock: the session task
+//! (`supervisor::sessions`) reads and writes, keeps the state, and asks
+//! here.
+//!
+//! - [`classify`]: what a host's line is to its session — held behind its
+//!   `initialize`, refused (garbage, too long, before `initialize`, a
+//!   second `initialize`), answered by mcpd (`initialize`, an early
+//!   `ping`, `tools/list`), a request that may be answered from a kept
+//!   list or go upstream, a cancellation, or routed as it is;
+//! - [`initialize_result`]: the answer to a host's `initialize`, from the
+//!   server's own result with the version negotiated for that host
+//!   ([`negotiate`]) and `tools.listChanged` set (mcpd tells hosts when
+//!   the published tools change);
+//! - [`replay_notices`]: what a host whose `initialize` was replayed to a
+//!   new daemon is told instead of its answer;
+//! - [`list_answer`]: a list request answered from the list kept;
+//! - [`counts_as_use`]: which requests are a use of the server (its
+//!   `idle-stop`);
+//! - [`outcome_of`] and [`tool_name`]: how a `tools/call` is accounted.
+
+use serde_json::{Value, json};
+
+use super::error::ErrorCode;
+use super::message::Message;
+use super::wire::{Frame, MAX_LINE};
+
+/// The revision mcpd asks servers for (the server may answer with an older
+/// one it speaks; mcpd accepts whatever it answers), and answers hosts
+/// that ask for one it does not know.
+pub const PROTOCOL_VERSION: &str = "2025-11-25";
+
+/// Revisions host sessions may negotiate, oldest first; a host asking for
+/// another gets [`PROTOCOL_VERSION`], as the specification says.
+pub const HOST_VERSIONS: [&str; 4] = ["2024-11-05", "2025-03-26", "2025-06-18", "2025-11-25"];
+
+/// Messages one host may send while its `initialize` waits for the first
+/// generation: a host that sends more is detached.
+pub const BACKLOG: usize = 64;
+
+/// Where a host's session stands when a line of its arrives.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct HostState {
+    /// Its `initialize` was answered.
+    pub initialized: bool,
+    /// Its `initialize` waits for the first generation.
+    pub waiting: bool,
+    /// How many lines it sent meanwhile are held.
+    pub held: usize,
+}
+
+/// What a host's line is to its session.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Step {
+    /// Pipelined behind its waiting `initialize`: kept, handled in order
+    /// once that is answered.
+    Hold,
+    /// It sent more than [`BACKLOG`] lines before its `initialize` was
+    /// answered: detach it, with this reason.
+    Overflow(&'static str),
+    /// Answer it with this error response (and nothing else).
+    Refuse(Value),
+    /// Its `initialize` (`id`), to answer from the server's result.
+    Initialize(Value),
+    /// A `ping` before `initialize`: answered by mcpd.
+    Pong(Value),
+    /// A notification before `initialize`: dropped.
+    Ignore,
+    /// `tools/list` (`id`): answered from the published list.
+    ToolsList(Value),
+    /// A request (`id`, `method`): answered from a list mcpd keeps if it is
+    /// one, else sent upstream.
+    Request { id: Value, method: String },
+    /// `notifications/cancelled` of its request whose id is the JSON text
+    /// `request` (when it names one): nobody answers that request now;
+    /// routed on.
+    Cancelled { request: Option<String> },
+    /// Anything else (answers to the server's requests, notifications):
+    /// routed as it is.
+    Route,
+}
+
+/// What `frame`, a line of a host in state `state`, is to its session.
+pub fn classify(frame: &Frame, state: HostState) -> Step {
+    if state.waiting {
+        return if state.held < BACKLOG {
+            Step::Hold
+        } else {
+            Step::Overflow("it sent too much before its initialize was answered")
+        };
+    }
+    let message = match frame {
+        Frame::Message(message) => message,
+        Frame::Garbage(why) => {
+            return Step::Refuse(ErrorCode::ParseError.response(&Value::Null, why));
+        }
+        Frame::TooLong => {
+            return Step::Refuse(ErrorCode::InvalidRequest.response(
+                &Value::Null,
+                format!("a message longer than {MAX_LINE} bytes was dropped"),
+            ));
+        }
+    };
+    let method = message.method();
+    let id = message.id().filter(|id| !id.is_null());
+    match (method.as_deref(), id) {
+        (Some("initialize"), Some(id)) if state.initialized => Step::Refuse(
+            ErrorCode::InvalidRequest.response(&id, "the session is already initialized"),
+        ),
+        (Some("initialize"), Some(id)) => Step::Initialize(id),
+        (Some("ping"), Some(id)) if !state.initialized => Step::Pong(id),
+        (Some(_), Some(id)) if !state.initialized => {
+            Step::Refuse(ErrorCode::InvalidRequest.response(&id, "send initialize first"))
+        }
+        (Some(_), None) if !state.initialized => Step::Ignore,
+        (Some("tools/list"), Some(id)) => Step::ToolsList(id),
+        (Some(method), Some(id)) => Step::Request {
+            id,
+            method: method.to_owned(),
+        },
+        (Some("notifications/cancelled"), None) => Step::Cancelled {
+            request: message
+                .params()
+                .and_then(|p| p.get("requestId").map(Value::to_string)),
+        },
+        _ => Step::Route,
+    }
+}
+
+/// The version a host asking for `asked` gets.
+pub fn negotiate(asked: &str) -> &'static str {
+    HOST_VERSIONS
+        .into_iter()
+        .find(|v| *v == asked)
+        .unwrap_or(PROTOCOL_VERSION)
+}
+
+/// The answer to a host's `initialize` with `params`: the server's own
+/// result `init`, with the version negotiated for this host, and
+/// `tools.listChanged` (mcpd tells hosts when the published tools
+/// change, after an outage too, whether or not the server does).
+pub fn initialize_result(init: &Value, params: &Value) -> Value {
+    let asked = params["protocolVersion"].as_str().unwrap_or_default();
+    let mut result = init.clone();
+    result["protocolVersion"] = json!(negotiate(asked));
+    if let Some(tools) = result
+        .pointer_mut("/capabilities/tools")
+        .and_then(Value::as_object_mut)
+    {
+        tools.insert("listChanged".into(), json!(true));
+    }
+    result
+}
+
+/// What a host whose `initialize` was replayed (mcpd restarted while it
+/// was attached) is told instead of its answer: every list it may hold
+/// could have changed.
+pub fn replay_notices(init: &Value) -> Vec<&'static str> {
+    let mut notices = vec!["notifications/tools/list_changed"];
+    for (capability, method) in [
+        ("resources", "notifications/resources/list_changed"),
+        ("prompts", "notifications/prompts/list_changed"),
+    ] {
+        if init["capabilities"][capability]["listChanged"] == json!(true) {
+            notices.push(method);
+        }
+    }
+    notices
+}
+
+/// The answer to list request `id` from a kept list: `key` is the
+/// result's member (`tools`, `resources`, …), `list` the list's JSON
+/// array text, copied as it is.
+pub fn list_answer(id: &Value, key: &str, list: &str) -> Vec<u8> {
+    format!("{{\"jsonrpc\":\"2.0\",\"id\":{id},\"result\":{{\"{key}\":{list}}}}}\n").into_bytes()
+}
+
+/// Whether a host's request `method` is a use of the server (and so
+/// postpones its `idle-stop`): anything but pings and the session's own
+/// settings.
+pub fn counts_as_use(method: &str) -> bool {
+    !matches!(
+        method,
+        "ping" | "logging/setLevel" | "resources/subscribe" | "resources/unsubscribe"
+    )
+}
+
+/// How a tool call ended, for its accounting.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Outcome {
+    Ok,
+    /// The tool answered with `isError`.
+    ErrorResult,
+    /// No result: why.
+    Failed(String),
+    /// The caller went away before the answer (the call was cancelled).
+    Abandoned,
+}
+
+impl std::fmt::Display for Outcome {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Outcome::Ok => f.write_str("ok"),
+            Outcome::ErrorResult => f.write_str("error result"),
+            Outcome::Failed(why) => write!(f, "failed: {why}"),
+            Outcome::Abandoned => f.write_str("cancelled: the caller left"),
+        }
+    }
+}
+
+/// How an answer to a `tools/call` ends its accounting.
+pub fn outcome_of(message: &Message) -> Outcome {
+    if let Some(error) = message.get::<Value>("error") {
+        return Outcome::Failed(
+            error["message"]
+                .as_str()
+                .unwrap_or("an error without a message")
+                .to_owned(),
+        );
+    }
+    // Looked for only if the result may hold it, and then found by a
+    // scan (nothing parsed), or, where only a parser can tell, read as a
+    // Value reads it.
+    let is_error = message.may_hold("result", "isError")
+        && match message.inner("result", "isError") {
+            Ok(is_error) => is_error == Some("true"),
+            Err(_) => message
+                .get::<Value>("result")
+                .is_some_and(|r| r["isError"] == true),
+        };
+    if is_error {
+        Outcome::ErrorResult
+    } else {
+        Outcome::Ok
+    }
+}
+
+/// The tool a `tools/call`'s params name (the arguments are skipped, not
+/// parsed into values). The filter judges the name the server will read:
+/// of a repeated `name`, the last, as a `Value` (and most parsers) reads
+/// it.
+pub fn tool_name(message: &Message) -> String {
+    let name = match message.inner("params", "name") {
+        Ok(name) => name.map(
+            |raw| match raw.strip_prefix('"').and_then(|r| r.strip_suffix('"')) {
+                Some(plain) if !plain.contains('\\') => plain.to_owned(),
+                _ => serde_json::from_str::<String>(raw).unwrap_or_default(),
+            },
+        ),
+        Err(_) => message
+            .params()
+            .and_then(|p| p.get("name").and_then(Value::as_str).map(str::to_owned)),
+    };
+    name.unwrap_or_default()
+}
