@@ -78,6 +78,23 @@ impl Rig {
         self.step(Event::Deadline(timer))
     }
 
+    /// Fires the `idle-stop` deadline, which asks for the last use
+    /// (`Effect::Settle`), and answers that nothing used the server since
+    /// the cutoff: what the idle stop does.
+    fn idle_stop(&mut self) -> Vec<Effect> {
+        let (timer, _) = self.m.deadline().expect("a deadline is set");
+        assert_eq!(timer, Timer::IdleStop);
+        let fx = self.fire();
+        let [Effect::Settle { generation, cutoff }] = fx[..] else {
+            panic!("the idle-stop deadline settles first: {fx:?}");
+        };
+        self.step(Event::Used {
+            generation,
+            at: cutoff,
+            busy: false,
+        })
+    }
+
     fn generation(&self) -> u64 {
         self.m.view().generation
     }
@@ -1390,7 +1407,7 @@ fn without_a_cache_an_on_demand_unit_starts_to_learn_its_lists_then_idles() {
         at: established + ms(1700),
         busy: false,
     });
-    let fx = r.fire();
+    let fx = r.idle_stop();
     assert_eq!(
         fx,
         vec![
@@ -1418,12 +1435,91 @@ fn without_a_cache_an_on_demand_unit_starts_to_learn_its_lists_then_idles() {
 }
 
 #[test]
+fn the_idle_stop_deadline_asks_for_the_last_use_once_and_the_answer_decides() {
+    let mut r = Rig::new(&on_demand(1000, "on-demand"));
+    r.step(Event::Arm { cached: None });
+    r.spawned();
+    r.established(&tools(&["a"]));
+    let established = r.now;
+    let deadline = established + ms(1000);
+    assert_eq!(r.m.deadline(), Some((Timer::IdleStop, deadline)));
+    // the deadline asks; it does not stop the server by itself
+    let fx = r.fire();
+    assert_eq!(
+        fx,
+        vec![Effect::Settle {
+            generation: 1,
+            cutoff: established
+        }]
+    );
+    assert_eq!(r.state(), State::Running);
+    assert_eq!(r.m.deadline(), None, "asked once, until answered");
+    // a request in flight: not idle; idle-stop counts from now
+    r.step(Event::Used {
+        generation: 1,
+        at: established,
+        busy: true,
+    });
+    assert_eq!(r.state(), State::Running);
+    assert_eq!(r.m.deadline(), Some((Timer::IdleStop, deadline + ms(1000))));
+    // a use after the cutoff: not idle; idle-stop counts from that use
+    let fx = r.fire();
+    let [Effect::Settle { cutoff, .. }] = fx[..] else {
+        panic!("{fx:?}");
+    };
+    assert_eq!(cutoff, deadline);
+    r.step(Event::Used {
+        generation: 1,
+        at: cutoff + ms(1),
+        busy: false,
+    });
+    assert_eq!(r.state(), State::Running);
+    assert_eq!(r.m.deadline(), Some((Timer::IdleStop, deadline + ms(1001))));
+    // a use reported outside a settle only moves the deadline
+    r.step(Event::Used {
+        generation: 1,
+        at: deadline + ms(500),
+        busy: false,
+    });
+    assert_eq!(r.m.deadline(), Some((Timer::IdleStop, deadline + ms(1500))));
+    // unused since the cutoff (a use at the cutoff itself included): idle
+    let fx = r.fire();
+    let [Effect::Settle { cutoff, .. }] = fx[..] else {
+        panic!("{fx:?}");
+    };
+    let fx = r.step(Event::Used {
+        generation: 1,
+        at: cutoff,
+        busy: false,
+    });
+    assert_eq!(
+        fx,
+        vec![
+            Effect::Disconnect {
+                generation: 1,
+                lost: None
+            },
+            Effect::Signal {
+                generation: 1,
+                signal: Signal::Term
+            }
+        ]
+    );
+    assert_eq!(r.state(), State::Stopping);
+    // the rule itself
+    let t = r.now;
+    assert!(mcpd::supervisor::machine::idle(t, false, t));
+    assert!(!mcpd::supervisor::machine::idle(t, true, t));
+    assert!(!mcpd::supervisor::machine::idle(t + ms(1), false, t));
+}
+
+#[test]
 fn a_use_during_the_idle_stop_starts_it_again_once_the_old_process_is_gone() {
     let mut r = Rig::new(&on_demand(500, "on-demand"));
     r.step(Event::Arm { cached: None });
     r.spawned();
     r.established(&tools(&["a"]));
-    r.fire();
+    r.idle_stop();
     assert_eq!(r.state(), State::Stopping);
     assert!(!r.m.will_serve(), "stopping for good, until a use");
     assert!(r.step(Event::Demand).is_empty(), "one process at a time");
@@ -1537,7 +1633,7 @@ fn a_reload_switching_activation_applies_in_place() {
     });
     assert!(fx.is_empty(), "same process");
     assert!(matches!(r.m.deadline(), Some((Timer::IdleStop, _))));
-    r.fire();
+    r.idle_stop();
     r.exited(0);
     assert_eq!(r.state(), State::Idle);
     // On demand → always, while idle: it starts.
@@ -1557,7 +1653,7 @@ fn switched_to_always_while_stopping_for_idleness_it_starts_once_stopped() {
     r.step(Event::Arm { cached: None });
     r.spawned();
     r.established(&tools(&["a"]));
-    r.fire();
+    r.idle_stop();
     assert_eq!(r.state(), State::Stopping);
     assert!(
         r.step(Event::Apply {

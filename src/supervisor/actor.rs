@@ -248,24 +248,7 @@ impl Actor {
                         let at = self.sessions.heard();
                         self.step(Event::Heard { generation, at }).await;
                     }
-                    if timer == Timer::IdleStop
-                        && let Some(generation) = self.machine.established()
-                        && let Some(idle_stop) = self.spec.activation().idle_stop()
-                    {
-                        // A use since counts: it may not be idle yet. The
-                        // sessions stop sending to the server at once if
-                        // it is (the machine decides the same from the
-                        // same instant), so no request reaches a server
-                        // being stopped: later ones wait and start it again.
-                        let at = now();
-                        let cutoff = at.checked_sub(idle_stop).unwrap_or(at);
-                        if let Some((used, busy)) = self.sessions.settle(generation, cutoff).await {
-                            self.step_at(Event::Used { generation, at: used, busy }, at).await;
-                        }
-                        self.step_at(Event::Deadline(timer), at).await;
-                    } else {
-                        self.step(Event::Deadline(timer)).await;
-                    }
+                    self.step(Event::Deadline(timer)).await;
                 }
             }
             self.publish();
@@ -664,6 +647,20 @@ impl Actor {
                 if let Some(pid) = self.gens.get(&generation).and_then(|r| r.pid) {
                     self.launcher.signal(pid, signal);
                 }
+            }
+            Effect::Settle { generation, cutoff } => {
+                // The sessions let go of the upstream now if it is idle;
+                // gone (the unit is ending), nothing holds it either.
+                let (at, busy) = self
+                    .sessions
+                    .settle(generation, cutoff)
+                    .await
+                    .unwrap_or((cutoff, false));
+                queue.push_back(Event::Used {
+                    generation,
+                    at,
+                    busy,
+                });
             }
             Effect::Probe { generation, probe } => {
                 let sessions = self.sessions.clone();

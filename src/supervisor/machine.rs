@@ -223,9 +223,9 @@ pub enum Event {
     /// A request needs the server (DESIGN §9): an idle unit starts, one
     /// stopping because it was idle starts again once stopped.
     Demand,
-    /// At an `idle-stop` deadline the actor reports when the server was
-    /// last used (a request sent or answered), and whether a request is
-    /// in flight.
+    /// When the server was last used (a request sent or answered), and
+    /// whether a request is in flight: reported for [`Effect::Settle`],
+    /// and it decides a settle under way.
     Used {
         generation: Gen,
         at: Instant,
@@ -298,6 +298,21 @@ pub enum Effect {
     /// Send the server an MCP `ping`; report [`Event::ProbeAnswered`] with
     /// `probe` if it is answered.
     Probe { generation: Gen, probe: u64 },
+    /// An on-demand unit's `idle-stop` deadline passed: ask the sessions
+    /// when the server was last used and whether a request is in flight,
+    /// and report it ([`Event::Used`]), which decides. The sessions let go
+    /// of the upstream in the same step if it is [`idle`] since `cutoff`,
+    /// so that no request reaches a server being stopped.
+    Settle { generation: Gen, cutoff: Instant },
+}
+
+/// Whether a server last used at `used`, with a request in flight or not
+/// (`busy`), is idle at `cutoff` (the instant its `idle-stop` deadline
+/// passed, less `idle-stop`): the one rule of idleness, which the
+/// machine applies to what the sessions report and the sessions apply as
+/// they report it.
+pub fn idle(used: Instant, busy: bool, cutoff: Instant) -> bool {
+    !busy && used <= cutoff
 }
 
 /// What the next generation after a failure will be.
@@ -368,6 +383,9 @@ enum Phase {
         /// when it was established, or a request was last sent or
         /// answered.
         used: Instant,
+        /// Its `idle-stop` deadline passed and [`Effect::Settle`] asked
+        /// for its last use: idle if unused since this cutoff.
+        settling: Option<Instant>,
     },
     /// A generation is being taken down.
     Ending {
@@ -588,6 +606,7 @@ impl Machine {
                 stable_at,
                 live,
                 used,
+                settling,
             } => {
                 if g.established {
                     let health = self.timing.health;
@@ -598,6 +617,7 @@ impl Machine {
                     let idle = self
                         .timing
                         .idle_stop
+                        .filter(|_| settling.is_none())
                         .map(|after| (Timer::IdleStop, *used + after));
                     [stable_at.map(|at| (Timer::Stable, at)), probe, idle]
                 } else {
@@ -690,11 +710,19 @@ impl Machine {
                 at,
                 busy,
             } => {
-                if let Phase::Active { g, used, .. } = &mut self.phase
+                if let Phase::Active {
+                    g, used, settling, ..
+                } = &mut self.phase
                     && g.generation == generation
                 {
                     // A request in flight is use until it is answered.
                     *used = (*used).max(if busy { now } else { at });
+                    if let Some(cutoff) = settling.take()
+                        && idle(*used, busy, cutoff)
+                    {
+                        self.set_state(State::Stopping, String::new(), now);
+                        self.end(Then::Idle, false, None, now, &mut fx);
+                    }
                 }
             }
             Event::Start => self.start(now, &mut fx),
@@ -898,6 +926,7 @@ impl Machine {
             started: now,
             stable_at: None,
             live: None,
+            settling: None,
             used: now,
         };
         if retry == 0 {
@@ -1111,9 +1140,17 @@ impl Machine {
                 self.outage = None;
             }
             (Timer::Probe, Phase::Active { .. }) => self.probe(now, fx),
-            (Timer::IdleStop, Phase::Active { .. }) => {
-                self.set_state(State::Stopping, String::new(), now);
-                self.end(Then::Idle, false, None, now, fx);
+            (Timer::IdleStop, Phase::Active { g, settling, .. }) => {
+                // Idle only if the sessions saw no use since either: they
+                // tell (Event::Used), and let go of the upstream at once
+                // if it is, by the same rule (`idle`).
+                let after = self.timing.idle_stop.unwrap_or_default();
+                let cutoff = now.checked_sub(after).unwrap_or(now);
+                *settling = Some(cutoff);
+                fx.push(Effect::Settle {
+                    generation: g.generation,
+                    cutoff,
+                });
             }
             (
                 Timer::ProbeTimeout,

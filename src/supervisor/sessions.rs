@@ -58,7 +58,7 @@ use crate::unit::ToolFilter;
 use super::accounting::{Caller, Counters, Record};
 use super::clock::now;
 use super::events::Internal;
-use super::machine::{Gen, State};
+use super::machine::{self, Gen, State};
 use super::upstream::{Paged, Pages, roots_result};
 use super::{CallError, Status};
 
@@ -715,8 +715,7 @@ impl Task {
             } => {
                 let busy = self.router.hosts_busy()
                     || self.own.values().any(|w| matches!(w, Waiter::Use(..)));
-                if !busy
-                    && self.used <= cutoff
+                if machine::idle(self.used, busy, cutoff)
                     && self
                         .upstream
                         .as_ref()
