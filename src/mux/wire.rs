@@ -1,7 +1,10 @@
 //! JSON-RPC on the wire, as [`Message`]s: the framing of stdio
 //! (newline-delimited messages) shared by the upstream pipes and the host
 //! sessions' sockets, and [`Wire`], a connection to a server that carries
-//! whatever JSON-RPC it says, unknown methods and fields included.
+//! whatever JSON-RPC it says, unknown methods and fields included (over a
+//! child's pipes, any byte stream, or channels fed by a transport that
+//! runs its own task: the launcher's Streamable HTTP adapter,
+//! `supervisor::http`).
 //!
 //! A reader holds no buffer while its peer is idle: it waits for the
 //! descriptor to become readable before it takes one, and releases it once
@@ -673,78 +676,18 @@ impl Wire {
         }
     }
 
-    /// Over an rmcp client transport (Streamable HTTP): messages are
-    /// converted to rmcp's types on the way, so only what rmcp's model
-    /// knows of a message reaches the server. `describe` words a failed
-    /// send (which ends the connection).
-    pub fn transport<T>(transport: T, describe: fn(&T::Error) -> String) -> Self
-    where
-        T: rmcp::transport::Transport<rmcp::RoleClient> + Send + 'static,
-    {
-        use rmcp::model::ClientJsonRpcMessage;
-        let (tx, mut outgoing) = mpsc::unbounded_channel::<Message>();
-        let (incoming, rx) = mpsc::unbounded_channel();
-        tokio::spawn(async move {
-            let mut transport = transport;
-            loop {
-                tokio::select! {
-                    message = outgoing.recv() => {
-                        let Some(message) = message else { break };
-                        let message = message.to_value();
-                        let typed = match serde_json::from_value::<ClientJsonRpcMessage>(message.clone()) {
-                            Ok(typed) => typed,
-                            Err(e) => {
-                                // Answer a request rmcp cannot carry, so no
-                                // caller waits for it.
-                                if let (Some(id), Some(_)) = (message.get("id"), message.get("method")) {
-                                    let _ = incoming.send(Ok(serde_json::json!({
-                                        "jsonrpc": "2.0", "id": id,
-                                        "error": {"code": -32602, "message": format!("mcpd cannot send this request over HTTP: {e}")},
-                                    }).into()));
-                                }
-                                continue;
-                            }
-                        };
-                        // Poll the send once here, so it takes its place in
-                        // the transport's queue in the order it was sent
-                        // (`notifications/initialized` before the requests
-                        // after it); its HTTP round trip goes on apart.
-                        let mut send = Box::pin(transport.send(typed));
-                        let first = std::future::poll_fn(|cx| {
-                            std::task::Poll::Ready(send.as_mut().poll(cx))
-                        })
-                        .await;
-                        let failed = incoming.clone();
-                        let report = move |sent: Result<(), T::Error>| {
-                            if let Err(e) = sent {
-                                let _ = failed.send(Err(describe(&e)));
-                            }
-                        };
-                        match first {
-                            std::task::Poll::Ready(sent) => report(sent),
-                            std::task::Poll::Pending => {
-                                tokio::spawn(async move { report(send.await) });
-                            }
-                        }
-                    }
-                    message = transport.receive() => match message {
-                        Some(message) => match serde_json::to_value(&message) {
-                            Ok(value) => {
-                                if incoming.send(Ok(value.into())).is_err() {
-                                    break;
-                                }
-                            }
-                            Err(e) => tracing::debug!("ignoring a message from the server: {e}"),
-                        },
-                        None => break,
-                    },
-                }
-            }
-            let _ = transport.close().await;
-        });
+    /// Over channels, for a transport that runs its own task (the
+    /// launcher's Streamable HTTP adapter): the messages sent on the wire
+    /// come out of the receiver of `to_server`, and the transport sends
+    /// what the server says, or why the connection failed, to the sender
+    /// of `from_server`. The connection ends when that sender is dropped.
+    pub fn channel(
+        to_server: mpsc::UnboundedSender<Message>,
+        from_server: mpsc::UnboundedReceiver<Incoming>,
+    ) -> Self {
         Self {
-            tx: Sender(SenderKind::Values(tx)),
-            rx: Receiver::channel(rx),
+            tx: Sender(SenderKind::Values(to_server)),
+            rx: Receiver::channel(from_server),
         }
     }
 }
@@ -757,64 +700,6 @@ mod tests {
     use tokio::net::unix::pipe;
 
     const PING: &str = r#"{"jsonrpc":"2.0","id":7,"method":"ping"}"#;
-
-    /// A transport that records each message when its send is first
-    /// polled, as rmcp's worker transports queue it to their worker.
-    struct Recording(mpsc::UnboundedSender<String>);
-
-    impl rmcp::transport::Transport<rmcp::RoleClient> for Recording {
-        type Error = std::io::Error;
-
-        fn send(
-            &mut self,
-            item: rmcp::model::ClientJsonRpcMessage,
-        ) -> impl Future<Output = Result<(), Self::Error>> + Send + 'static {
-            let seen = self.0.clone();
-            async move {
-                let value = serde_json::to_value(&item).expect("serialize");
-                let method = value["method"].as_str().unwrap_or("?").to_owned();
-                let _ = seen.send(method);
-                Ok(())
-            }
-        }
-
-        async fn receive(&mut self) -> Option<rmcp::model::ServerJsonRpcMessage> {
-            std::future::pending().await
-        }
-
-        async fn close(&mut self) -> Result<(), Self::Error> {
-            Ok(())
-        }
-    }
-
-    // A multi-thread runtime runs the task spawned last first (its LIFO
-    // slot): sends spawned unpolled reached the transport out of order,
-    // `tools/list` before `notifications/initialized`.
-    #[tokio::test(flavor = "multi_thread", worker_threads = 1)]
-    async fn messages_reach_an_rmcp_transport_in_the_order_sent() {
-        let (recorder, mut seen) = mpsc::unbounded_channel();
-        let wire = Wire::transport(Recording(recorder), |e| e.to_string());
-        let sent = [
-            "notifications/initialized",
-            "tools/list",
-            "ping",
-            "resources/list",
-        ];
-        for (id, method) in sent.iter().enumerate() {
-            let message = if method.starts_with("notifications/") {
-                serde_json::json!({"jsonrpc": "2.0", "method": method})
-            } else {
-                serde_json::json!({"jsonrpc": "2.0", "id": id, "method": method})
-            };
-            wire.tx.send(message.into()).expect("the wire is open");
-        }
-        let mut order = Vec::new();
-        while order.len() < sent.len() {
-            let next = tokio::time::timeout(std::time::Duration::from_secs(10), seen.recv());
-            order.push(next.await.expect("in time").expect("recorded"));
-        }
-        assert_eq!(order, sent);
-    }
 
     fn rig() -> (Lines<pipe::Receiver>, pipe::Sender) {
         let (tx, rx) = pipe::pipe().expect("pipe");
