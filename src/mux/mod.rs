@@ -6,15 +6,18 @@
 //! tokens, who answers a server→client request, subscriptions, log levels,
 //! detach and outage cleanup), table-tested like the supervisor's machine;
 //! [`message`], a message kept as its members' JSON text (found by
-//! `scan`, a validating scan of an object's top level); [`wire`], the
-//! framing; [`attach`], the attach socket's protocol, and [`ledger`], the
+//! `scan`, a validating scan of an object's top level); [`lines`], the
+//! framing, [`outbox`], a descriptor's writer, and [`wire`], a connection
+//! to a server; [`attach`], the attach socket's protocol, and [`ledger`], the
 //! requests in flight of a handed-over session, for its bridge. The
 //! session layer that runs the router (`initialize`, the cached lists
 //! through outages) is `supervisor::sessions`.
 
 pub mod attach;
 pub mod ledger;
+pub mod lines;
 pub mod message;
+pub mod outbox;
 pub mod route;
 mod scan;
 pub mod wire;
