@@ -11,18 +11,21 @@
 //! bounded in cursors, pages, bytes and time). Then [`message`], a
 //! message kept as its members' JSON text (found by `scan`, a validating
 //! scan of an object's top level); [`error`], the JSON-RPC errors mcpd
-//! writes; [`wire`], the framing and a server's connection; [`host`], a
-//! host's link, writer and readers; [`attach`], the attach socket's
-//! protocol, and [`ledger`], the requests in flight of a handed-over
-//! session, for its bridge. The task that runs them for a unit (its
-//! state, its timers, the actor's requests) is `supervisor::sessions`.
+//! writes; [`lines`], the framing, [`outbox`], a descriptor's writer, and
+//! [`wire`], a connection to a server; [`host`], a host's link, writer
+//! and readers; [`attach`], the attach socket's protocol, and [`ledger`],
+//! the requests in flight of a handed-over session, for its bridge. The
+//! task that runs them for a unit (its state, its timers, the actor's
+//! requests) is `supervisor::sessions`.
 
 pub mod attach;
 pub mod error;
 pub mod host;
 pub mod ledger;
+pub mod lines;
 pub mod lists;
 pub mod message;
+pub mod outbox;
 pub mod route;
 mod scan;
 pub mod session;

@@ -1,5 +1,5 @@
-//! Starting a generation: a child process (stdio) or a session (HTTP), and
-//! the rmcp client connected to it.
+//! Starting a generation: a child process (stdio) or a session (HTTP,
+//! through rmcp's transport in [`super::http`]), as a raw [`Wire`].
 //!
 //! The actor only sees the [`Launcher`] trait, so its tests can launch
 //! in-process fakes; [`SystemLauncher`] is the real one.
@@ -8,13 +8,9 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 
-use rmcp::transport::StreamableHttpClientTransport;
-use rmcp::transport::streamable_http_client::{
-    StreamableHttpClientTransportConfig, StreamableHttpError,
-};
 use tokio::net::unix::pipe;
 
-use crate::mux::wire::{Wire, error_chain};
+use crate::mux::wire::Wire;
 use crate::unit::{HeaderValue, HttpSpec, Limits, Sandbox, StdioSpec, Transport, UnitSpec};
 
 use super::cgroup::{Cgroup, Usage};
@@ -61,17 +57,6 @@ impl ConnectError {
             ConnectError::Closed(m) | ConnectError::Failed(m) => m,
         }
     }
-}
-
-/// What went wrong in an HTTP request, without rmcp's wrapper type names.
-pub fn http_error_text(error: &StreamableHttpError<reqwest::Error>) -> String {
-    // rmcp wraps the HTTP client's error without exposing it as a source;
-    // unwrap it to reach "connection refused" and the like.
-    let text = match error {
-        StreamableHttpError::Client(inner) => error_chain(inner),
-        other => error_chain(other),
-    };
-    text.trim_end_matches([':', ' ']).to_owned()
 }
 
 /// Starts generations and signals their processes.
@@ -386,10 +371,7 @@ impl SystemLauncher {
             value.set_sensitive(true);
             headers.insert(name, value);
         }
-        let config = StreamableHttpClientTransportConfig::with_uri(spec.url().as_str())
-            .custom_headers(headers);
-        let transport = StreamableHttpClientTransport::from_config(config);
-        let wire = Wire::transport(transport, http_error_text);
+        let wire = super::http::connect(spec.url().as_str(), headers);
         let connect: BoxFuture<Result<Wire, ConnectError>> = Box::pin(async move { Ok(wire) });
         Ok(Launched {
             pid: None,

@@ -6,7 +6,8 @@
 //!
 //! Reading order: [`machine`] (the pure state machine: every rule of DESIGN
 //! §3), `actor` (the task that runs it), [`launch`] (children and HTTP
-//! sessions, as raw JSON-RPC wires), [`upstream`] (mcpd's handshake on a
+//! sessions, as raw JSON-RPC wires; [`http`], rmcp's Streamable HTTP
+//! transport adapted to a wire), [`upstream`] (mcpd's handshake on a
 //! wire), `sessions` (the host sessions multiplexed onto the established
 //! wire), [`process`] (environment, credentials, process groups),
 //! [`cgroup`] (containment), [`sandbox`] (confinement),
@@ -19,6 +20,7 @@ pub mod cgroup;
 mod clock;
 pub mod envfile;
 mod events;
+pub mod http;
 pub mod launch;
 pub mod logs;
 pub mod machine;

@@ -1,0 +1,204 @@
+//! [`Outbox`], the writer of a descriptor that one task sends lines to
+//! without waiting (a child's stdin, a host's socket), and [`Refused`],
+//! why it would not take a message.
+
+use std::io;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use tokio::sync::mpsc;
+
+use super::message::Message;
+
+/// A descriptor written to without waiting (pipes, sockets).
+pub trait TryWrite: Send + Sync + 'static {
+    fn try_write(&self, bytes: &[u8]) -> io::Result<usize>;
+    fn writable(&self) -> impl Future<Output = io::Result<()>> + Send;
+}
+
+macro_rules! try_write_sink {
+    ($t:ty) => {
+        impl TryWrite for $t {
+            fn try_write(&self, bytes: &[u8]) -> io::Result<usize> {
+                <$t>::try_write(self, bytes)
+            }
+            async fn writable(&self) -> io::Result<()> {
+                <$t>::writable(self).await
+            }
+        }
+    };
+}
+
+try_write_sink!(tokio::net::unix::pipe::Sender);
+try_write_sink!(tokio::net::unix::OwnedWriteHalf);
+try_write_sink!(tokio::net::UnixStream);
+
+/// Why a message could not be queued.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Refused {
+    /// More than the limit is waiting: the reader is not reading.
+    Full,
+    /// The connection failed or was closed.
+    Closed,
+}
+
+/// Writes lines to a descriptor from one task without waiting on it: what
+/// the descriptor takes now is written at once (no task switch on the way
+/// to the peer), the rest is queued for a writer task, and then everything
+/// queues behind it, so order is kept. Dropping the outbox closes the
+/// descriptor once the queue is written.
+#[derive(Debug)]
+pub struct Outbox<W> {
+    sink: Arc<W>,
+    /// Messages queued or being written by the writer task.
+    queued: Arc<AtomicUsize>,
+    queue: mpsc::UnboundedSender<Vec<u8>>,
+    limit: usize,
+    /// The writer task: it ends once the outbox is dropped and its queue
+    /// written (or a write failed).
+    writer: Option<tokio::task::JoinHandle<()>>,
+}
+
+impl<W: TryWrite> Outbox<W> {
+    /// An outbox that refuses more than `limit` waiting messages;
+    /// `failed` (a server connection's channel of
+    /// [`Incoming`](super::wire::Incoming), written out here so that the
+    /// outbox does not depend on the wire built on it) hears of a failed
+    /// write (once).
+    pub fn new(
+        sink: W,
+        limit: usize,
+        failed: Option<mpsc::WeakUnboundedSender<Result<Message, String>>>,
+    ) -> Self {
+        let sink = Arc::new(sink);
+        let queued = Arc::new(AtomicUsize::new(0));
+        let (queue, mut rx) = mpsc::unbounded_channel::<Vec<u8>>();
+        let (writer, count) = (Arc::clone(&sink), Arc::clone(&queued));
+        let writer = tokio::spawn(async move {
+            while let Some(bytes) = rx.recv().await {
+                if let Err(e) = write_all(&*writer, &bytes).await {
+                    // A closed pipe is the peer going away: its reader
+                    // sees the end of file.
+                    if e.kind() != io::ErrorKind::BrokenPipe
+                        && let Some(incoming) = failed.as_ref().and_then(|f| f.upgrade())
+                    {
+                        let _ = incoming.send(Err(format!("cannot write to the server: {e}")));
+                    }
+                    // Further sends are refused as closed.
+                    count.store(usize::MAX / 2, Ordering::Relaxed);
+                    return;
+                }
+                count.fetch_sub(1, Ordering::Relaxed);
+            }
+        });
+        Self {
+            sink,
+            queued,
+            queue,
+            limit,
+            writer: Some(writer),
+        }
+    }
+
+    /// The writer task, to wait for what is queued to be written after the
+    /// outbox is dropped (or to abort it).
+    pub fn take_writer(&mut self) -> Option<tokio::task::JoinHandle<()>> {
+        self.writer.take()
+    }
+
+    /// Writes `bytes` now if the descriptor takes them, else queues them.
+    pub fn send(&self, mut bytes: Vec<u8>) -> Result<(), Refused> {
+        let queued = self.queued.load(Ordering::Relaxed);
+        if queued >= usize::MAX / 4 {
+            return Err(Refused::Closed);
+        }
+        if queued == 0 {
+            let mut written = 0;
+            loop {
+                match self.sink.try_write(&bytes[written..]) {
+                    Ok(n) => {
+                        written += n;
+                        if written == bytes.len() {
+                            return Ok(());
+                        }
+                    }
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                    // WouldBlock, or an error the writer task will meet
+                    // and report.
+                    Err(_) => break,
+                }
+            }
+            bytes.drain(..written);
+        } else if queued >= self.limit {
+            return Err(Refused::Full);
+        }
+        self.queued.fetch_add(1, Ordering::Relaxed);
+        self.queue.send(bytes).map_err(|_| Refused::Closed)
+    }
+}
+
+impl Outbox<tokio::net::unix::OwnedWriteHalf> {
+    /// Shuts the socket down both ways now, whatever is still queued: the
+    /// peer sees the end at once, and a writer task waiting for it to read
+    /// fails and ends.
+    pub fn shutdown(&self) {
+        let stream: &tokio::net::UnixStream = (*self.sink).as_ref();
+        shutdown(stream);
+    }
+}
+
+impl Outbox<tokio::net::UnixStream> {
+    /// As for a socket's half.
+    pub fn shutdown(&self) {
+        shutdown(&self.sink);
+    }
+}
+
+fn shutdown(stream: &tokio::net::UnixStream) {
+    use std::os::fd::AsFd;
+    let _ = rustix::net::shutdown(stream.as_fd(), rustix::net::Shutdown::Both);
+}
+
+async fn write_all<W: TryWrite>(sink: &W, mut bytes: &[u8]) -> io::Result<()> {
+    while !bytes.is_empty() {
+        sink.writable().await?;
+        match sink.try_write(bytes) {
+            Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+            Ok(n) => bytes = &bytes[n..],
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted
+                ) => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::net::unix::pipe;
+
+    #[tokio::test]
+    async fn an_outbox_writes_at_once_queues_the_rest_in_order_and_refuses_past_its_limit() {
+        let (tx, rx) = pipe::pipe().expect("pipe");
+        let outbox = Outbox::new(tx, 3, None);
+        // One message larger than the pipe holds: part now, part queued.
+        let big = vec![b'a'; 256 * 1024];
+        outbox.send(big.clone()).expect("first");
+        outbox.send(b"b\n".to_vec()).expect("behind it");
+        outbox.send(b"c\n".to_vec()).expect("behind it");
+        assert_eq!(outbox.send(b"d\n".to_vec()), Err(Refused::Full));
+        drop(outbox);
+        let mut all = Vec::new();
+        let mut rx = rx;
+        tokio::io::AsyncReadExt::read_to_end(&mut rx, &mut all)
+            .await
+            .expect("read");
+        let mut want = big;
+        want.extend_from_slice(b"b\nc\n");
+        assert_eq!(all.len(), want.len());
+        assert!(all == want, "in order, nothing lost, closed once written");
+    }
+}
