@@ -19,7 +19,7 @@ use tokio::io::AsyncWriteExt;
 use tokio::net::{UnixListener, UnixStream};
 use tokio::task::JoinHandle;
 
-use crate::dbus::Shared;
+use crate::model::{Shared, UnitError};
 use crate::mux::attach::{self, Kind, MAX_HEADER, Refusal, Reply, Request};
 use crate::mux::ledger::Ledger;
 use crate::sockets::{MAX_BACKOFF, Streak, describe};
@@ -295,26 +295,12 @@ fn judge(
             format!("not an attach request: {e}"),
         )
     })?;
-    let unit = shared
-        .units
-        .read()
-        .ok()
-        .and_then(|u| u.get(&request.server).cloned())
-        .ok_or_else(|| {
-            refused(
-                Refusal::NoSuchServer,
-                format!("no server named {}", request.server),
-            )
-        })?;
-    let supervisor = unit.supervisor.ok_or_else(|| {
-        refused(
-            Refusal::Failed,
-            format!(
-                "unit {} is invalid and cannot run: {}",
-                request.server,
-                unit.load_error.unwrap_or_default()
-            ),
-        )
+    let supervisor = shared.supervisor(&request.server).map_err(|e| {
+        let code = match e {
+            UnitError::NoSuchServer(_) => Refusal::NoSuchServer,
+            UnitError::Invalid { .. } => Refusal::Failed,
+        };
+        refused(code, e.to_string())
     })?;
     if let Some(replay) = &request.replay
         && (replay.get("method").and_then(|m| m.as_str()) != Some("initialize")
