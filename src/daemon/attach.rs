@@ -7,22 +7,24 @@
 //! Each client gets [`HANDSHAKE_TIMEOUT`] to send its request; a bad one
 //! (not JSON, an unknown server, descriptors that are not pipes or
 //! sockets) gets a refusal naming the problem and is closed, touching no
-//! session. Failed accepts back off as the private socket's do.
+//! session. It runs the daemon's one accept loop
+//! ([`crate::sockets::accept_loop`]), so failed accepts back off as the
+//! private socket's do.
 
 use std::io;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Weak};
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::io::AsyncWriteExt;
-use tokio::net::{UnixListener, UnixStream};
+use tokio::net::UnixStream;
 use tokio::task::JoinHandle;
 
 use crate::model::{Shared, UnitError};
 use crate::mux::attach::{self, Kind, MAX_HEADER, Refusal, Reply, Request};
 use crate::mux::ledger::Ledger;
-use crate::sockets::{MAX_BACKOFF, Streak, describe};
+use crate::sockets::Log;
 use crate::supervisor::{Caller, HostInput, HostLink, HostOutput};
 
 /// How long a client may take to send its request.
@@ -49,44 +51,17 @@ pub fn start(shared: &Arc<Shared>, runtime_dir: &Path) -> io::Result<AttachSocke
     let path = attach::socket(runtime_dir);
     let listener = crate::sockets::bind(&path)?;
     crate::sockets::secure_socket(&path, shared.instance)?;
-    let accept = tokio::spawn(accept_loop(listener, path.clone(), Arc::downgrade(shared)));
+    let accept = tokio::spawn(crate::sockets::accept_loop(
+        listener,
+        path.clone(),
+        Log::Daemon,
+        Arc::downgrade(shared),
+        None,
+        |stream, shared| {
+            tokio::spawn(serve(stream, shared));
+        },
+    ));
     Ok(AttachSocket { accept, path })
-}
-
-async fn accept_loop(listener: UnixListener, path: PathBuf, shared: Weak<Shared>) {
-    let mut streak: Option<Streak> = None;
-    loop {
-        let accepted = listener.accept().await;
-        let Some(shared) = shared.upgrade() else {
-            return;
-        };
-        match accepted {
-            Ok((stream, _)) => {
-                if let Some(s) = streak.take() {
-                    tracing::info!(
-                        target: "mcpd::daemon",
-                        "accepting clients on {} again after {} failed accepts",
-                        path.display(),
-                        s.failures
-                    );
-                }
-                tokio::spawn(serve(stream, shared));
-            }
-            Err(error) => {
-                let (wait, new) = streak.get_or_insert_default().failed(&error);
-                if new {
-                    tracing::warn!(
-                        target: "mcpd::daemon",
-                        "cannot accept clients on {}: {}; retrying with backoff (up to {} between tries)",
-                        path.display(),
-                        describe(&error),
-                        humantime::format_duration(MAX_BACKOFF)
-                    );
-                }
-                tokio::time::sleep(wait).await;
-            }
-        }
-    }
 }
 
 /// A refusal.

@@ -104,7 +104,7 @@ pub struct Hub {
     watchers: Mutex<BTreeMap<String, Watcher>>,
     /// Woken whenever a peer is released: its fd is free again, so an
     /// accept loop starved of fds may retry at once.
-    released: Notify,
+    released: Arc<Notify>,
 }
 
 impl Hub {
@@ -115,7 +115,7 @@ impl Hub {
             peers: Mutex::new(BTreeMap::new()),
             next_id: AtomicU64::new(1),
             watchers: Mutex::new(BTreeMap::new()),
-            released: Notify::new(),
+            released: Arc::new(Notify::new()),
         });
         for name in hub.shared.names() {
             hub.watch(&name);
@@ -133,9 +133,10 @@ impl Hub {
         self.len() == 0
     }
 
-    /// Resolves once a peer has been released since the call.
-    pub async fn peer_released(&self) {
-        self.released.notified().await;
+    /// Notified whenever a peer is released (a permit is kept when no
+    /// one waits), for the accept loop to retry a failed accept at once.
+    pub fn released(&self) -> Arc<Notify> {
+        Arc::clone(&self.released)
     }
 
     fn snapshot(&self) -> Vec<(u64, Peer)> {
