@@ -37,7 +37,7 @@ use tokio::net::UnixStream;
 use tokio::net::unix::{OwnedReadHalf, OwnedWriteHalf};
 
 use crate::dbus::Client;
-use crate::mux::attach::{Control, Refusal, Reply, Request};
+use crate::mux::attach::{self, Accepted, AttachError, Control, Request};
 use crate::unit::Instance;
 
 use super::client::CtlError;
@@ -165,13 +165,13 @@ fn error_line(id: &str, message: &str) -> String {
 /// `Attach()` (the connection is not kept).
 async fn attach(instance: Instance, name: &str) -> Result<UnixStream, CtlError> {
     let path = attach_socket(instance);
-    let socket = match handshake(&path, &Request::new(name), None, &[]) {
+    let socket = match attach::attach(&path, &Request::new(name), None, &[]) {
         Ok(accepted) => accepted.socket,
-        Err(Attach::Refused(e)) => return Err(e),
-        Err(Attach::Unreachable(_)) => {
+        Err(AttachError::Unreachable(_)) => {
             let client = Client::connect(instance).await?;
             std::os::unix::net::UnixStream::from(client.attach(name).await?)
         }
+        Err(refused) => return Err(refused.into()),
     };
     let failed = |e: std::io::Error| CtlError::failure(format!("cannot use the session: {e}"));
     socket.set_nonblocking(true).map_err(failed)?;
@@ -180,106 +180,6 @@ async fn attach(instance: Instance, name: &str) -> Result<UnixStream, CtlError> 
 
 fn attach_socket(instance: Instance) -> std::path::PathBuf {
     crate::mux::attach::socket(&instance.runtime_dir())
-}
-
-/// How long the daemon may take to answer an attach request.
-const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
-
-/// Why an attach did not happen.
-#[derive(Debug)]
-enum Attach {
-    /// No daemon answers on the socket.
-    Unreachable(String),
-    /// The daemon said no, or the session could not be set up.
-    Refused(CtlError),
-}
-
-/// A session the daemon said yes to: its socket, and the ledger of the
-/// host's requests in flight that came with the reply (stdio handed over;
-/// `mux::ledger`).
-struct Accepted {
-    socket: std::os::unix::net::UnixStream,
-    ledger: Option<std::os::fd::OwnedFd>,
-}
-
-/// Connects to the attach socket at `path` and makes `request`, with the
-/// host's stdin and stdout attached when `stdio` is given (blocking;
-/// nothing of the session is read).
-fn handshake(
-    path: &std::path::Path,
-    request: &Request,
-    stdio: Option<[std::os::fd::BorrowedFd<'_>; 2]>,
-    pending: &[u8],
-) -> Result<Accepted, Attach> {
-    use std::io::Write;
-    use std::os::fd::AsFd;
-    let socket = std::os::unix::net::UnixStream::connect(path).map_err(|e| {
-        Attach::Unreachable(match e.kind() {
-            std::io::ErrorKind::NotFound | std::io::ErrorKind::ConnectionRefused => {
-                format!("no daemon at {}", path.display())
-            }
-            _ => format!("cannot connect to {}: {e}", path.display()),
-        })
-    })?;
-    // A daemon that stops answering (out of descriptors, wedged) does not
-    // hold the host's bridge for ever.
-    let _ = socket.set_read_timeout(Some(HANDSHAKE_TIMEOUT));
-    let _ = socket.set_write_timeout(Some(HANDSHAKE_TIMEOUT));
-    // A daemon that goes away mid-handshake is one that cannot be reached.
-    let failed = |e: std::io::Error| {
-        Attach::Unreachable(format!("attaching at {} failed: {e}", path.display()))
-    };
-    let mut line = crate::mux::attach::line(request);
-    line.extend_from_slice(pending);
-    let fds = stdio.as_ref().map_or(&[][..], |fds| &fds[..]);
-    let sent = crate::mux::attach::send_with_fds(socket.as_fd(), &line, fds).map_err(failed)?;
-    (&socket).write_all(&line[sent..]).map_err(failed)?;
-    // The answer is one line; what may follow it is the session's.
-    let mut answer = Vec::new();
-    let mut fds = Vec::new();
-    loop {
-        let mut peek = [0u8; 1024];
-        let n = rustix::net::recv(&socket, &mut peek, rustix::net::RecvFlags::PEEK)
-            .map_err(|e| failed(e.into()))?
-            .0;
-        if n == 0 {
-            return Err(Attach::Unreachable(
-                "the daemon closed the connection".into(),
-            ));
-        }
-        let take = memchr::memchr(b'\n', &peek[..n]).map_or(n, |at| at + 1);
-        let mut chunk = vec![0u8; take];
-        let mut got = 0;
-        while got < take {
-            match crate::mux::attach::recv_into(socket.as_fd(), &mut chunk[got..], &mut fds) {
-                Ok(0) => return Err(failed(std::io::ErrorKind::UnexpectedEof.into())),
-                Ok(n) => got += n,
-                Err(e) => return Err(failed(e)),
-            }
-        }
-        answer.extend_from_slice(&chunk);
-        if answer.ends_with(b"\n") {
-            break;
-        }
-    }
-    let _ = socket.set_read_timeout(None);
-    let _ = socket.set_write_timeout(None);
-    match serde_json::from_slice::<Reply>(&answer) {
-        Ok(Reply::Attached) => Ok(Accepted {
-            socket,
-            ledger: fds.into_iter().next(),
-        }),
-        Ok(Reply::Refused { code, message }) => Err(Attach::Refused(CtlError {
-            message,
-            code: match code {
-                Refusal::NoSuchServer => exit::NO_SUCH_SERVER,
-                _ => exit::FAILURE,
-            },
-        })),
-        Err(e) => Err(Attach::Refused(CtlError::failure(format!(
-            "the daemon's answer is not understood: {e}"
-        )))),
-    }
 }
 
 /// Reads one line into `buf` (kept across cancellations: a partial line
@@ -395,7 +295,7 @@ pub fn run(instance: Instance, name: &str) -> Result<u8, CtlError> {
     let mut replay = None;
     if handable {
         let path = attach_socket(instance);
-        match handshake(
+        match attach::attach(
             &path,
             &Request {
                 stdio: true,
@@ -415,10 +315,10 @@ pub fn run(instance: Instance, name: &str) -> Result<u8, CtlError> {
                     return runtime()?.block_on(handed(instance, name, replay, ledger));
                 }
             },
-            // Fail early (exit 4) for a server that does not exist.
-            Err(Attach::Refused(e)) => return Err(e),
             // Perhaps D-Bus reaches it.
-            Err(Attach::Unreachable(_)) => {}
+            Err(AttachError::Unreachable(_)) => {}
+            // Fail early (exit 4) for a server that does not exist.
+            Err(refused) => return Err(refused.into()),
         }
     }
     runtime()?.block_on(copy(instance, name))
@@ -562,7 +462,7 @@ async fn handed(
                 pending: pending.len(),
                 ..Request::new(name)
             };
-            match handshake(
+            match attach::attach(
                 &path,
                 &request_for,
                 Some([stdin.as_fd(), stdout.as_fd()]),
@@ -573,15 +473,13 @@ async fn handed(
                     control = Some(attached);
                     break;
                 }
-                Err(why) => {
-                    let gone = match &why {
-                        Attach::Refused(e) if e.code == exit::NO_SUCH_SERVER => Some(e.clone()),
-                        _ => None,
+                Err(failed) => {
+                    let why = match &failed {
+                        AttachError::Unreachable(e) => format!("mcpd is not reachable: {e}"),
+                        refused => format!("mcpd refused the session: {refused}"),
                     };
-                    let why = match why {
-                        Attach::Refused(e) => format!("mcpd refused the session: {}", e.message),
-                        Attach::Unreachable(e) => format!("mcpd is not reachable: {e}"),
-                    };
+                    let failed = CtlError::from(failed);
+                    let gone = (failed.code == exit::NO_SUCH_SERVER).then_some(failed);
                     if let Some(e) = gone {
                         if request {
                             let mut session = Session::default();
