@@ -8,7 +8,8 @@
 //! socket. The daemon tells it the host's `initialize` request; when the
 //! daemon goes away (restarted), the bridge reads the host's messages
 //! itself, answering each request with an error at once, and attaches
-//! again (backing off from 100 ms to 5 s, or at once for a request),
+//! again (backing off from 100 ms to 5 s, or at once for a request:
+//! [`Reconnect`], the same for both modes),
 //! handing over what it read and the `initialize` to replay: the daemon
 //! initializes the new session with it, does not pass the answer on, and
 //! tells the host the lists may have changed. Requests in flight when the
@@ -211,6 +212,67 @@ impl Attached {
     }
 }
 
+/// The first wait before attaching again once the daemon went away.
+const FIRST_RETRY: Duration = Duration::from_millis(100);
+/// The longest wait between two tries to attach again.
+const MAX_RETRY: Duration = Duration::from_secs(5);
+
+/// How the bridge attaches again once the daemon went away, one policy
+/// for both modes (handed over and copying; `man/mcpctl.1`): at once when
+/// the host sends a request (which has been failed already, so its try
+/// does not lengthen the wait), else after [`Reconnect::delay`], which
+/// starts at [`FIRST_RETRY`] and doubles after each try that fails by
+/// itself (or a new session that refused the replayed `initialize`), up
+/// to [`MAX_RETRY`]; it tries for as long as the host stays. The first
+/// failure of an outage is said on stderr once, and the return after it.
+#[derive(Debug)]
+struct Reconnect {
+    delay: Duration,
+    complained: bool,
+}
+
+impl Default for Reconnect {
+    fn default() -> Self {
+        Self {
+            delay: FIRST_RETRY,
+            complained: false,
+        }
+    }
+}
+
+impl Reconnect {
+    /// How long to wait before the next try, unless a request comes.
+    fn delay(&self) -> Duration {
+        self.delay
+    }
+
+    /// A try that was due failed: the next wait is twice as long.
+    fn wait_longer(&mut self) {
+        self.delay = (self.delay * 2).min(MAX_RETRY);
+    }
+
+    /// Attached again: the next outage starts from the first wait.
+    fn reset(&mut self) {
+        self.delay = FIRST_RETRY;
+    }
+
+    /// A try failed: said once per outage.
+    fn complain(&mut self, name: &str, why: &str) {
+        if !self.complained {
+            say!("cannot attach to {name} again: {why}; retrying");
+            self.complained = true;
+        }
+    }
+
+    /// Attached again: said when the outage was.
+    fn attached(&mut self, name: &str) {
+        if self.complained {
+            say!("attached to {name} again");
+            self.complained = false;
+        }
+    }
+}
+
 /// Attaches again after the daemon went away, and replays the host's
 /// `initialize` exchange on the new session (its answer is not passed on);
 /// the host is told the tools may have changed.
@@ -402,14 +464,10 @@ async fn handed(
     use std::os::fd::AsFd;
     let path = attach_socket(instance);
     let mut control: Option<Accepted> = None;
-    let mut delay = Duration::from_millis(100);
-    let mut complained = false;
+    let mut reconnect = Reconnect::default();
     loop {
         if let Some(attached) = control.take() {
-            if complained {
-                say!("attached to {name} again");
-                complained = false;
-            }
+            reconnect.attached(name);
             ledger = attached.ledger;
             match watch(attached.socket, &mut replay).await {
                 Ended::Done(None) => return Ok(exit::OK),
@@ -450,7 +508,7 @@ async fn handed(
                     }
                     true
                 }
-                () = tokio::time::sleep(delay) => false,
+                () = tokio::time::sleep(reconnect.delay()) => false,
             };
             pending.clear();
             pending.extend_from_slice(&line);
@@ -469,7 +527,7 @@ async fn handed(
                 &pending,
             ) {
                 Ok(attached) => {
-                    delay = Duration::from_millis(100);
+                    reconnect.reset();
                     control = Some(attached);
                     break;
                 }
@@ -488,10 +546,7 @@ async fn handed(
                         }
                         return Ok(gone_for_good(name, &e));
                     }
-                    if !complained {
-                        say!("cannot attach to {name} again: {why}; retrying");
-                        complained = true;
-                    }
+                    reconnect.complain(name, &why);
                     if request {
                         let mut session = Session::default();
                         session.host_line(&line);
@@ -501,7 +556,7 @@ async fn handed(
                         }
                         line.clear();
                     } else {
-                        delay = (delay * 2).min(Duration::from_secs(5));
+                        reconnect.wait_longer();
                     }
                 }
             }
@@ -556,8 +611,7 @@ async fn copy(instance: Instance, name: &str) -> Result<u8, CtlError> {
     let mut session = Session::default();
     let mut from_host = Vec::new();
     let mut from_daemon = Vec::new();
-    let mut delay = Duration::from_millis(100);
-    let mut complained = false;
+    let mut reconnect = Reconnect::default();
     // The last replayed initialize was refused: keep backing off.
     let mut refused = false;
     loop {
@@ -599,7 +653,7 @@ async fn copy(instance: Instance, name: &str) -> Result<u8, CtlError> {
                     }
                     from_host.clear();
                 }
-                () = tokio::time::sleep(delay) => {
+                () = tokio::time::sleep(reconnect.delay()) => {
                     match reattach(instance, name, &mut session, &mut host_out).await {
                         Ok(link) => attached = Some(link),
                         Err(e) if e.code == exit::NO_SUCH_SERVER => {
@@ -608,22 +662,16 @@ async fn copy(instance: Instance, name: &str) -> Result<u8, CtlError> {
                             return Ok(gone_for_good(name, &e));
                         }
                         Err(e) => {
-                            if !complained {
-                                say!("cannot attach to {name} again: {}; retrying", e.message);
-                                complained = true;
-                            }
-                            delay = (delay * 2).min(Duration::from_secs(5));
+                            reconnect.complain(name, &e.message);
+                            reconnect.wait_longer();
                         }
                     }
                 }
             }
             if attached.is_some() {
-                if complained {
-                    say!("attached to {name} again");
-                }
-                complained = false;
+                reconnect.attached(name);
                 if !refused {
-                    delay = Duration::from_millis(100);
+                    reconnect.reset();
                 }
                 from_daemon.clear();
             }
@@ -667,7 +715,7 @@ async fn copy(instance: Instance, name: &str) -> Result<u8, CtlError> {
                     Verdict::Swallow => refused = false,
                     Verdict::Reattach => {
                         refused = true;
-                        delay = (delay * 2).min(Duration::from_secs(5));
+                        reconnect.wait_longer();
                         let failed = session.lost("the server refused the session; the bridge is reconnecting");
                         attached = None;
                         if !write(&mut host_out, &failed).await {
@@ -684,6 +732,23 @@ async fn copy(instance: Instance, name: &str) -> Result<u8, CtlError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn reconnecting_backs_off_from_100_ms_to_5_s() {
+        let mut reconnect = Reconnect::default();
+        let mut waits = Vec::new();
+        for _ in 0..8 {
+            waits.push(reconnect.delay().as_millis());
+            reconnect.wait_longer();
+        }
+        assert_eq!(waits, [100, 200, 400, 800, 1600, 3200, 5000, 5000]);
+        reconnect.reset();
+        assert_eq!(reconnect.delay(), FIRST_RETRY);
+        reconnect.complain("demo", "gone");
+        assert!(reconnect.complained, "said once per outage");
+        reconnect.attached("demo");
+        assert!(!reconnect.complained, "the next outage is said again");
+    }
 
     #[test]
     fn requests_are_pending_until_answered_and_failed_when_the_daemon_goes() {
