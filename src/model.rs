@@ -1,17 +1,22 @@
-//! The types the daemon and its adapters (D-Bus) share: what a reload
-//! did ([`Diff`], [`Change`]), what a unit looks like from outside
-//! ([`UnitView`]) and what the daemon can be asked to do ([`Control`]).
+//! The types the daemon and its adapters (D-Bus, the attach socket)
+//! share: what a reload did ([`Diff`], [`Change`]), what a unit looks like
+//! from outside ([`UnitView`]), what the daemon can be asked to do
+//! ([`Control`]) and the read model the daemon publishes after every
+//! reload ([`Shared`]), which the adapters read.
 //!
 //! Architecture Invariant: a leaf. It imports neither `crate::daemon` nor
 //! `crate::dbus`, so the daemon can wire the D-Bus adapter in while the
 //! adapter knows nothing of the daemon's internals (`tests/docs.rs` checks).
 
+use std::collections::BTreeMap;
 use std::fmt;
 use std::path::PathBuf;
+use std::sync::RwLock;
 
-use tokio::sync::oneshot;
+use tokio::sync::{mpsc, oneshot};
 
 use crate::supervisor::Supervisor;
+use crate::unit::Instance;
 
 /// What a reload did to one unit.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -87,4 +92,106 @@ pub enum Control {
     },
     /// Stop every server and return.
     Shutdown,
+}
+
+/// What the daemon's adapters read and act through: the units as the
+/// daemon last loaded them, published after every reload, and the
+/// daemon's control channel.
+#[derive(Debug)]
+pub struct Shared {
+    pub instance: Instance,
+    pub unit_dirs: Vec<PathBuf>,
+    /// The units as the daemon last loaded them.
+    pub units: RwLock<BTreeMap<String, UnitView>>,
+    /// Reloads go to the daemon's loop.
+    pub control: mpsc::UnboundedSender<Control>,
+}
+
+/// Why the read model has no unit, or no supervisor, by a name. The
+/// messages are the ones the adapters pass on.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum UnitError {
+    /// No unit of that name is known.
+    #[error("no server named {0}")]
+    NoSuchServer(String),
+    /// The unit has never loaded, so nothing runs it.
+    #[error("unit {name} is invalid and cannot run: {reason}")]
+    Invalid { name: String, reason: String },
+}
+
+impl Shared {
+    /// The read model of a daemon with no units yet.
+    pub fn new(
+        instance: Instance,
+        unit_dirs: Vec<PathBuf>,
+        control: mpsc::UnboundedSender<Control>,
+    ) -> Self {
+        Self {
+            instance,
+            unit_dirs,
+            units: RwLock::new(BTreeMap::new()),
+            control,
+        }
+    }
+
+    /// The names of every known unit.
+    pub fn names(&self) -> Vec<String> {
+        self.units
+            .read()
+            .map(|u| u.keys().cloned().collect())
+            .unwrap_or_default()
+    }
+
+    /// The unit `name` as the daemon last loaded it.
+    pub fn unit(&self, name: &str) -> Result<UnitView, UnitError> {
+        self.units
+            .read()
+            .ok()
+            .and_then(|u| u.get(name).cloned())
+            .ok_or_else(|| UnitError::NoSuchServer(name.to_owned()))
+    }
+
+    /// The supervisor of `name`; a unit that never loaded has none.
+    pub fn supervisor(&self, name: &str) -> Result<Supervisor, UnitError> {
+        let unit = self.unit(name)?;
+        unit.supervisor.ok_or_else(|| UnitError::Invalid {
+            name: name.to_owned(),
+            reason: unit.load_error.unwrap_or_default(),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_missing_or_invalid_unit_is_named_in_the_adapters_words() {
+        let (control, _) = mpsc::unbounded_channel();
+        let shared = Shared::new(Instance::User, Vec::new(), control);
+        let invalid = UnitView {
+            supervisor: None,
+            path: PathBuf::from("/units/bad.kdl"),
+            description: None,
+            load_error: Some("/units/bad.kdl:1:1: oops".into()),
+        };
+        if let Ok(mut units) = shared.units.write() {
+            units.insert("bad".into(), invalid);
+        }
+        assert_eq!(shared.names(), ["bad"]);
+        let missing = shared
+            .supervisor("nope")
+            .map(|_| ())
+            .expect_err("no such unit");
+        assert_eq!(missing.to_string(), "no server named nope");
+        let bad = shared
+            .supervisor("bad")
+            .map(|_| ())
+            .expect_err("never loaded");
+        assert_eq!(
+            bad.to_string(),
+            "unit bad is invalid and cannot run: /units/bad.kdl:1:1: oops"
+        );
+        assert!(shared.unit("bad").is_ok());
+    }
 }

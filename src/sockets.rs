@@ -1,13 +1,16 @@
 //! The daemon's sockets (the private D-Bus socket, the attach socket):
 //! who may control the daemon through them, their modes, binding, and
-//! the backoff of an accept loop that fails. Shared by `dbus` and
-//! `daemon`, so both say the same.
+//! the one accept loop both run, with its backoff when accepts fail.
+//! Shared by `dbus` and `daemon`, so both say the same (and knows no
+//! zbus: what a client is served is the caller's).
 
 use std::io;
-use std::path::Path;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Weak};
 use std::time::Duration;
 
-use tokio::net::UnixListener;
+use tokio::net::{UnixListener, UnixStream};
+use tokio::sync::Notify;
 
 use crate::unit::Instance;
 
@@ -145,6 +148,93 @@ pub fn describe(error: &io::Error) -> String {
     }
 }
 
+/// Whose socket an accept loop serves: the log target of its lines.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Log {
+    /// `mcpd::daemon` (the attach socket).
+    Daemon,
+    /// `mcpd::dbus` (the private socket).
+    Dbus,
+}
+
+/// A tracing event under the target of a [`Log`] (tracing wants a
+/// constant target, hence one call per target).
+macro_rules! log_as {
+    ($log:expr, $level:ident, $($arg:tt)+) => {
+        match $log {
+            Log::Daemon => tracing::$level!(target: "mcpd::daemon", $($arg)+),
+            Log::Dbus => tracing::$level!(target: "mcpd::dbus", $($arg)+),
+        }
+    };
+}
+
+/// Accepts clients on `listener` (bound at `path`) until the task is
+/// aborted or `owner` is gone, handing each to `serve` with the owner
+/// (which spawns what serves it). The loop holds its owner weakly, so it
+/// keeps nothing alive. An accept that fails (most often: the daemon is
+/// out of file descriptors) is retried after the [`Streak`]'s backoff,
+/// [`FIRST_BACKOFF`] doubling to [`MAX_BACKOFF`], or as soon as `freed`
+/// is notified (a client's descriptor was given back), and each kind of
+/// failure is logged once per streak: the loop never spins.
+pub async fn accept_loop<T: ?Sized>(
+    listener: UnixListener,
+    path: PathBuf,
+    log: Log,
+    owner: Weak<T>,
+    freed: Option<Arc<Notify>>,
+    mut serve: impl FnMut(UnixStream, Arc<T>),
+) {
+    let mut streak: Option<Streak> = None;
+    loop {
+        let accepted = listener.accept().await;
+        let Some(live) = owner.upgrade() else {
+            return;
+        };
+        match accepted {
+            Ok((stream, _)) => {
+                if let Some(s) = streak.take() {
+                    log_as!(
+                        log,
+                        info,
+                        "accepting clients on {} again after {} failed accepts",
+                        path.display(),
+                        s.failures
+                    );
+                }
+                serve(stream, live);
+            }
+            Err(error) => {
+                drop(live);
+                let (wait, new) = streak.get_or_insert_default().failed(&error);
+                if new {
+                    log_as!(
+                        log,
+                        warn,
+                        "cannot accept clients on {}: {}; retrying with backoff (up to {} between tries)",
+                        path.display(),
+                        describe(&error),
+                        humantime::format_duration(MAX_BACKOFF)
+                    );
+                }
+                let released = async {
+                    match &freed {
+                        Some(freed) => freed.notified().await,
+                        None => std::future::pending().await,
+                    }
+                };
+                tokio::select! {
+                    () = tokio::time::sleep(wait) => {}
+                    () = released => {
+                        if let Some(s) = streak.as_mut() {
+                            s.woken();
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
 /// Binds a socket at `path`, replacing a stale one.
 pub fn bind(path: &Path) -> io::Result<UnixListener> {
     match std::fs::remove_file(path) {
@@ -184,6 +274,36 @@ mod tests {
         fresh.failed(&emfile);
         fresh.woken();
         assert_eq!(fresh.failed(&emfile).0.as_millis(), 200);
+    }
+
+    #[tokio::test]
+    async fn the_accept_loop_serves_each_client_and_ends_with_its_owner() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("socket");
+        let listener = bind(&path).expect("bind");
+        let owner = Arc::new("owner");
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        let task = tokio::spawn(accept_loop(
+            listener,
+            path.clone(),
+            Log::Daemon,
+            Arc::downgrade(&owner),
+            None,
+            move |stream: UnixStream, owner: Arc<&str>| {
+                let _ = tx.send((stream, *owner));
+            },
+        ));
+        let _client = UnixStream::connect(&path).await.expect("connect");
+        let (_served, by) = rx.recv().await.expect("served");
+        assert_eq!(by, "owner");
+        drop(owner);
+        // The next client finds the owner gone: the loop ends unserved.
+        let _late = UnixStream::connect(&path).await.expect("connect");
+        tokio::time::timeout(Duration::from_secs(10), task)
+            .await
+            .expect("the loop ends")
+            .expect("no panic");
+        assert!(rx.recv().await.is_none(), "no second client served");
     }
 
     #[test]

@@ -8,7 +8,8 @@
 //! socket. The daemon tells it the host's `initialize` request; when the
 //! daemon goes away (restarted), the bridge reads the host's messages
 //! itself, answering each request with an error at once, and attaches
-//! again (backing off from 100 ms to 5 s, or at once for a request),
+//! again (backing off from 100 ms to 5 s, or at once for a request:
+//! [`Reconnect`], the same for both modes),
 //! handing over what it read and the `initialize` to replay: the daemon
 //! initializes the new session with it, does not pass the answer on, and
 //! tells the host the lists may have changed. Requests in flight when the
@@ -37,7 +38,7 @@ use tokio::net::UnixStream;
 use tokio::net::unix::{OwnedReadHalf, OwnedWriteHalf};
 
 use crate::dbus::Client;
-use crate::mux::attach::{Control, Refusal, Reply, Request};
+use crate::mux::attach::{self, Accepted, AttachError, Control, Request};
 use crate::unit::Instance;
 
 use super::client::CtlError;
@@ -165,13 +166,13 @@ fn error_line(id: &str, message: &str) -> String {
 /// `Attach()` (the connection is not kept).
 async fn attach(instance: Instance, name: &str) -> Result<UnixStream, CtlError> {
     let path = attach_socket(instance);
-    let socket = match handshake(&path, &Request::new(name), None, &[]) {
+    let socket = match attach::attach(&path, &Request::new(name), None, &[]) {
         Ok(accepted) => accepted.socket,
-        Err(Attach::Refused(e)) => return Err(e),
-        Err(Attach::Unreachable(_)) => {
+        Err(AttachError::Unreachable(_)) => {
             let client = Client::connect(instance).await?;
             std::os::unix::net::UnixStream::from(client.attach(name).await?)
         }
+        Err(refused) => return Err(refused.into()),
     };
     let failed = |e: std::io::Error| CtlError::failure(format!("cannot use the session: {e}"));
     socket.set_nonblocking(true).map_err(failed)?;
@@ -180,106 +181,6 @@ async fn attach(instance: Instance, name: &str) -> Result<UnixStream, CtlError> 
 
 fn attach_socket(instance: Instance) -> std::path::PathBuf {
     crate::mux::attach::socket(&instance.runtime_dir())
-}
-
-/// How long the daemon may take to answer an attach request.
-const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
-
-/// Why an attach did not happen.
-#[derive(Debug)]
-enum Attach {
-    /// No daemon answers on the socket.
-    Unreachable(String),
-    /// The daemon said no, or the session could not be set up.
-    Refused(CtlError),
-}
-
-/// A session the daemon said yes to: its socket, and the ledger of the
-/// host's requests in flight that came with the reply (stdio handed over;
-/// `mux::ledger`).
-struct Accepted {
-    socket: std::os::unix::net::UnixStream,
-    ledger: Option<std::os::fd::OwnedFd>,
-}
-
-/// Connects to the attach socket at `path` and makes `request`, with the
-/// host's stdin and stdout attached when `stdio` is given (blocking;
-/// nothing of the session is read).
-fn handshake(
-    path: &std::path::Path,
-    request: &Request,
-    stdio: Option<[std::os::fd::BorrowedFd<'_>; 2]>,
-    pending: &[u8],
-) -> Result<Accepted, Attach> {
-    use std::io::Write;
-    use std::os::fd::AsFd;
-    let socket = std::os::unix::net::UnixStream::connect(path).map_err(|e| {
-        Attach::Unreachable(match e.kind() {
-            std::io::ErrorKind::NotFound | std::io::ErrorKind::ConnectionRefused => {
-                format!("no daemon at {}", path.display())
-            }
-            _ => format!("cannot connect to {}: {e}", path.display()),
-        })
-    })?;
-    // A daemon that stops answering (out of descriptors, wedged) does not
-    // hold the host's bridge for ever.
-    let _ = socket.set_read_timeout(Some(HANDSHAKE_TIMEOUT));
-    let _ = socket.set_write_timeout(Some(HANDSHAKE_TIMEOUT));
-    // A daemon that goes away mid-handshake is one that cannot be reached.
-    let failed = |e: std::io::Error| {
-        Attach::Unreachable(format!("attaching at {} failed: {e}", path.display()))
-    };
-    let mut line = crate::mux::attach::line(request);
-    line.extend_from_slice(pending);
-    let fds = stdio.as_ref().map_or(&[][..], |fds| &fds[..]);
-    let sent = crate::mux::attach::send_with_fds(socket.as_fd(), &line, fds).map_err(failed)?;
-    (&socket).write_all(&line[sent..]).map_err(failed)?;
-    // The answer is one line; what may follow it is the session's.
-    let mut answer = Vec::new();
-    let mut fds = Vec::new();
-    loop {
-        let mut peek = [0u8; 1024];
-        let n = rustix::net::recv(&socket, &mut peek, rustix::net::RecvFlags::PEEK)
-            .map_err(|e| failed(e.into()))?
-            .0;
-        if n == 0 {
-            return Err(Attach::Unreachable(
-                "the daemon closed the connection".into(),
-            ));
-        }
-        let take = memchr::memchr(b'\n', &peek[..n]).map_or(n, |at| at + 1);
-        let mut chunk = vec![0u8; take];
-        let mut got = 0;
-        while got < take {
-            match crate::mux::attach::recv_into(socket.as_fd(), &mut chunk[got..], &mut fds) {
-                Ok(0) => return Err(failed(std::io::ErrorKind::UnexpectedEof.into())),
-                Ok(n) => got += n,
-                Err(e) => return Err(failed(e)),
-            }
-        }
-        answer.extend_from_slice(&chunk);
-        if answer.ends_with(b"\n") {
-            break;
-        }
-    }
-    let _ = socket.set_read_timeout(None);
-    let _ = socket.set_write_timeout(None);
-    match serde_json::from_slice::<Reply>(&answer) {
-        Ok(Reply::Attached) => Ok(Accepted {
-            socket,
-            ledger: fds.into_iter().next(),
-        }),
-        Ok(Reply::Refused { code, message }) => Err(Attach::Refused(CtlError {
-            message,
-            code: match code {
-                Refusal::NoSuchServer => exit::NO_SUCH_SERVER,
-                _ => exit::FAILURE,
-            },
-        })),
-        Err(e) => Err(Attach::Refused(CtlError::failure(format!(
-            "the daemon's answer is not understood: {e}"
-        )))),
-    }
 }
 
 /// Reads one line into `buf` (kept across cancellations: a partial line
@@ -307,6 +208,67 @@ impl Attached {
         Self {
             read: BufReader::new(read),
             write,
+        }
+    }
+}
+
+/// The first wait before attaching again once the daemon went away.
+const FIRST_RETRY: Duration = Duration::from_millis(100);
+/// The longest wait between two tries to attach again.
+const MAX_RETRY: Duration = Duration::from_secs(5);
+
+/// How the bridge attaches again once the daemon went away, one policy
+/// for both modes (handed over and copying; `man/mcpctl.1`): at once when
+/// the host sends a request (which has been failed already, so its try
+/// does not lengthen the wait), else after [`Reconnect::delay`], which
+/// starts at [`FIRST_RETRY`] and doubles after each try that fails by
+/// itself (or a new session that refused the replayed `initialize`), up
+/// to [`MAX_RETRY`]; it tries for as long as the host stays. The first
+/// failure of an outage is said on stderr once, and the return after it.
+#[derive(Debug)]
+struct Reconnect {
+    delay: Duration,
+    complained: bool,
+}
+
+impl Default for Reconnect {
+    fn default() -> Self {
+        Self {
+            delay: FIRST_RETRY,
+            complained: false,
+        }
+    }
+}
+
+impl Reconnect {
+    /// How long to wait before the next try, unless a request comes.
+    fn delay(&self) -> Duration {
+        self.delay
+    }
+
+    /// A try that was due failed: the next wait is twice as long.
+    fn wait_longer(&mut self) {
+        self.delay = (self.delay * 2).min(MAX_RETRY);
+    }
+
+    /// Attached again: the next outage starts from the first wait.
+    fn reset(&mut self) {
+        self.delay = FIRST_RETRY;
+    }
+
+    /// A try failed: said once per outage.
+    fn complain(&mut self, name: &str, why: &str) {
+        if !self.complained {
+            say!("cannot attach to {name} again: {why}; retrying");
+            self.complained = true;
+        }
+    }
+
+    /// Attached again: said when the outage was.
+    fn attached(&mut self, name: &str) {
+        if self.complained {
+            say!("attached to {name} again");
+            self.complained = false;
         }
     }
 }
@@ -395,7 +357,7 @@ pub fn run(instance: Instance, name: &str) -> Result<u8, CtlError> {
     let mut replay = None;
     if handable {
         let path = attach_socket(instance);
-        match handshake(
+        match attach::attach(
             &path,
             &Request {
                 stdio: true,
@@ -415,10 +377,10 @@ pub fn run(instance: Instance, name: &str) -> Result<u8, CtlError> {
                     return runtime()?.block_on(handed(instance, name, replay, ledger));
                 }
             },
-            // Fail early (exit 4) for a server that does not exist.
-            Err(Attach::Refused(e)) => return Err(e),
             // Perhaps D-Bus reaches it.
-            Err(Attach::Unreachable(_)) => {}
+            Err(AttachError::Unreachable(_)) => {}
+            // Fail early (exit 4) for a server that does not exist.
+            Err(refused) => return Err(refused.into()),
         }
     }
     runtime()?.block_on(copy(instance, name))
@@ -502,14 +464,10 @@ async fn handed(
     use std::os::fd::AsFd;
     let path = attach_socket(instance);
     let mut control: Option<Accepted> = None;
-    let mut delay = Duration::from_millis(100);
-    let mut complained = false;
+    let mut reconnect = Reconnect::default();
     loop {
         if let Some(attached) = control.take() {
-            if complained {
-                say!("attached to {name} again");
-                complained = false;
-            }
+            reconnect.attached(name);
             ledger = attached.ledger;
             match watch(attached.socket, &mut replay).await {
                 Ended::Done(None) => return Ok(exit::OK),
@@ -550,7 +508,7 @@ async fn handed(
                     }
                     true
                 }
-                () = tokio::time::sleep(delay) => false,
+                () = tokio::time::sleep(reconnect.delay()) => false,
             };
             pending.clear();
             pending.extend_from_slice(&line);
@@ -562,26 +520,24 @@ async fn handed(
                 pending: pending.len(),
                 ..Request::new(name)
             };
-            match handshake(
+            match attach::attach(
                 &path,
                 &request_for,
                 Some([stdin.as_fd(), stdout.as_fd()]),
                 &pending,
             ) {
                 Ok(attached) => {
-                    delay = Duration::from_millis(100);
+                    reconnect.reset();
                     control = Some(attached);
                     break;
                 }
-                Err(why) => {
-                    let gone = match &why {
-                        Attach::Refused(e) if e.code == exit::NO_SUCH_SERVER => Some(e.clone()),
-                        _ => None,
+                Err(failed) => {
+                    let why = match &failed {
+                        AttachError::Unreachable(e) => format!("mcpd is not reachable: {e}"),
+                        refused => format!("mcpd refused the session: {refused}"),
                     };
-                    let why = match why {
-                        Attach::Refused(e) => format!("mcpd refused the session: {}", e.message),
-                        Attach::Unreachable(e) => format!("mcpd is not reachable: {e}"),
-                    };
+                    let failed = CtlError::from(failed);
+                    let gone = (failed.code == exit::NO_SUCH_SERVER).then_some(failed);
                     if let Some(e) = gone {
                         if request {
                             let mut session = Session::default();
@@ -590,10 +546,7 @@ async fn handed(
                         }
                         return Ok(gone_for_good(name, &e));
                     }
-                    if !complained {
-                        say!("cannot attach to {name} again: {why}; retrying");
-                        complained = true;
-                    }
+                    reconnect.complain(name, &why);
                     if request {
                         let mut session = Session::default();
                         session.host_line(&line);
@@ -603,7 +556,7 @@ async fn handed(
                         }
                         line.clear();
                     } else {
-                        delay = (delay * 2).min(Duration::from_secs(5));
+                        reconnect.wait_longer();
                     }
                 }
             }
@@ -658,8 +611,7 @@ async fn copy(instance: Instance, name: &str) -> Result<u8, CtlError> {
     let mut session = Session::default();
     let mut from_host = Vec::new();
     let mut from_daemon = Vec::new();
-    let mut delay = Duration::from_millis(100);
-    let mut complained = false;
+    let mut reconnect = Reconnect::default();
     // The last replayed initialize was refused: keep backing off.
     let mut refused = false;
     loop {
@@ -701,7 +653,7 @@ async fn copy(instance: Instance, name: &str) -> Result<u8, CtlError> {
                     }
                     from_host.clear();
                 }
-                () = tokio::time::sleep(delay) => {
+                () = tokio::time::sleep(reconnect.delay()) => {
                     match reattach(instance, name, &mut session, &mut host_out).await {
                         Ok(link) => attached = Some(link),
                         Err(e) if e.code == exit::NO_SUCH_SERVER => {
@@ -710,22 +662,16 @@ async fn copy(instance: Instance, name: &str) -> Result<u8, CtlError> {
                             return Ok(gone_for_good(name, &e));
                         }
                         Err(e) => {
-                            if !complained {
-                                say!("cannot attach to {name} again: {}; retrying", e.message);
-                                complained = true;
-                            }
-                            delay = (delay * 2).min(Duration::from_secs(5));
+                            reconnect.complain(name, &e.message);
+                            reconnect.wait_longer();
                         }
                     }
                 }
             }
             if attached.is_some() {
-                if complained {
-                    say!("attached to {name} again");
-                }
-                complained = false;
+                reconnect.attached(name);
                 if !refused {
-                    delay = Duration::from_millis(100);
+                    reconnect.reset();
                 }
                 from_daemon.clear();
             }
@@ -769,7 +715,7 @@ async fn copy(instance: Instance, name: &str) -> Result<u8, CtlError> {
                     Verdict::Swallow => refused = false,
                     Verdict::Reattach => {
                         refused = true;
-                        delay = (delay * 2).min(Duration::from_secs(5));
+                        reconnect.wait_longer();
                         let failed = session.lost("the server refused the session; the bridge is reconnecting");
                         attached = None;
                         if !write(&mut host_out, &failed).await {
@@ -786,6 +732,23 @@ async fn copy(instance: Instance, name: &str) -> Result<u8, CtlError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn reconnecting_backs_off_from_100_ms_to_5_s() {
+        let mut reconnect = Reconnect::default();
+        let mut waits = Vec::new();
+        for _ in 0..8 {
+            waits.push(reconnect.delay().as_millis());
+            reconnect.wait_longer();
+        }
+        assert_eq!(waits, [100, 200, 400, 800, 1600, 3200, 5000, 5000]);
+        reconnect.reset();
+        assert_eq!(reconnect.delay(), FIRST_RETRY);
+        reconnect.complain("demo", "gone");
+        assert!(reconnect.complained, "said once per outage");
+        reconnect.attached("demo");
+        assert!(!reconnect.complained, "the next outage is said again");
+    }
 
     #[test]
     fn requests_are_pending_until_answered_and_failed_when_the_daemon_goes() {

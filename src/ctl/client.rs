@@ -3,6 +3,7 @@
 //! (`NoSuchServer` → 4).
 
 use crate::dbus::{ConnectError, Error};
+use crate::mux::attach::{AttachError, Refusal};
 
 use super::exit;
 
@@ -53,6 +54,24 @@ impl From<ConnectError> for CtlError {
             unreachable @ ConnectError::Unreachable { .. } => {
                 Self::failure(unreachable.to_string())
             }
+        }
+    }
+}
+
+impl From<AttachError> for CtlError {
+    /// The attach socket's refusal of a server that does not exist is
+    /// exit 4, as D-Bus's `NoSuchServer` is; anything else is a failure.
+    fn from(e: AttachError) -> Self {
+        let code = match e {
+            AttachError::Refused {
+                code: Refusal::NoSuchServer,
+                ..
+            } => exit::NO_SUCH_SERVER,
+            _ => exit::FAILURE,
+        };
+        Self {
+            message: e.to_string(),
+            code,
         }
     }
 }

@@ -7,22 +7,26 @@
 //! Each client gets [`HANDSHAKE_TIMEOUT`] to send its request; a bad one
 //! (not JSON, an unknown server, descriptors that are not pipes or
 //! sockets) gets a refusal naming the problem and is closed, touching no
-//! session. Failed accepts back off as the private socket's do.
+//! session. It runs the daemon's one accept loop
+//! ([`crate::sockets::accept_loop`]), so failed accepts back off as the
+//! private socket's do.
 
 use std::io;
-use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::fd::{AsFd, OwnedFd};
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Weak};
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::io::AsyncWriteExt;
-use tokio::net::{UnixListener, UnixStream};
+use tokio::net::UnixStream;
 use tokio::task::JoinHandle;
 
-use crate::dbus::Shared;
-use crate::mux::attach::{self, Kind, MAX_HEADER, Refusal, Reply, Request};
+use crate::model::{Shared, UnitError};
+use crate::mux::attach::{
+    self, Kind, MAX_HEADER, Refusal, Reply, Request, read_more, read_request, send_reply,
+};
 use crate::mux::ledger::Ledger;
-use crate::sockets::{MAX_BACKOFF, Streak, describe};
+use crate::sockets::Log;
 use crate::supervisor::{Caller, HostInput, HostLink, HostOutput};
 
 /// How long a client may take to send its request.
@@ -49,111 +53,17 @@ pub fn start(shared: &Arc<Shared>, runtime_dir: &Path) -> io::Result<AttachSocke
     let path = attach::socket(runtime_dir);
     let listener = crate::sockets::bind(&path)?;
     crate::sockets::secure_socket(&path, shared.instance)?;
-    let accept = tokio::spawn(accept_loop(listener, path.clone(), Arc::downgrade(shared)));
+    let accept = tokio::spawn(crate::sockets::accept_loop(
+        listener,
+        path.clone(),
+        Log::Daemon,
+        Arc::downgrade(shared),
+        None,
+        |stream, shared| {
+            tokio::spawn(serve(stream, shared));
+        },
+    ));
     Ok(AttachSocket { accept, path })
-}
-
-async fn accept_loop(listener: UnixListener, path: PathBuf, shared: Weak<Shared>) {
-    let mut streak: Option<Streak> = None;
-    loop {
-        let accepted = listener.accept().await;
-        let Some(shared) = shared.upgrade() else {
-            return;
-        };
-        match accepted {
-            Ok((stream, _)) => {
-                if let Some(s) = streak.take() {
-                    tracing::info!(
-                        target: "mcpd::daemon",
-                        "accepting clients on {} again after {} failed accepts",
-                        path.display(),
-                        s.failures
-                    );
-                }
-                tokio::spawn(serve(stream, shared));
-            }
-            Err(error) => {
-                let (wait, new) = streak.get_or_insert_default().failed(&error);
-                if new {
-                    tracing::warn!(
-                        target: "mcpd::daemon",
-                        "cannot accept clients on {}: {}; retrying with backoff (up to {} between tries)",
-                        path.display(),
-                        describe(&error),
-                        humantime::format_duration(MAX_BACKOFF)
-                    );
-                }
-                tokio::time::sleep(wait).await;
-            }
-        }
-    }
-}
-
-/// A refusal.
-fn refused(code: Refusal, message: impl Into<String>) -> Reply {
-    Reply::Refused {
-        code,
-        message: message.into(),
-    }
-}
-
-/// `op` on `stream` once it is ready for `interest` (tokio is told when
-/// it was not after all, so the wait is a real one).
-async fn when_ready<T>(
-    stream: &UnixStream,
-    interest: tokio::io::Interest,
-    mut op: impl FnMut() -> io::Result<T>,
-) -> io::Result<T> {
-    loop {
-        stream.ready(interest).await?;
-        match stream.try_io(interest, &mut op) {
-            Err(e)
-                if matches!(
-                    e.kind(),
-                    io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted
-                ) => {}
-            other => return other,
-        }
-    }
-}
-
-/// One `recvmsg`, once the socket is readable.
-async fn recv(stream: &UnixStream, buf: &mut Vec<u8>, fds: &mut Vec<OwnedFd>) -> io::Result<usize> {
-    when_ready(stream, tokio::io::Interest::READABLE, || {
-        attach::recv_with_fds(stream.as_fd(), buf, fds)
-    })
-    .await
-}
-
-/// Reads the request line, the descriptors that came with it, and any
-/// bytes after it.
-async fn read_request(stream: &UnixStream) -> io::Result<(Vec<u8>, Vec<OwnedFd>, Vec<u8>)> {
-    let mut buf = Vec::new();
-    let mut fds = Vec::new();
-    loop {
-        let before = buf.len();
-        match recv(stream, &mut buf, &mut fds).await {
-            Ok(0) => {
-                return Err(io::Error::new(
-                    io::ErrorKind::UnexpectedEof,
-                    "the client closed before its request ended",
-                ));
-            }
-            Ok(_) => {}
-            Err(e) => return Err(e),
-        }
-        if let Some(at) = memchr::memchr(b'\n', &buf[before..]) {
-            let rest = buf.split_off(before + at + 1);
-            buf.pop();
-            return Ok((buf, fds, rest));
-        }
-        if buf.len() > MAX_HEADER {
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidData,
-                format!("the request is longer than {MAX_HEADER} bytes"),
-            ));
-        }
-    }
 }
 
 async fn serve(stream: UnixStream, shared: Arc<Shared>) {
@@ -168,7 +78,7 @@ async fn serve(stream: UnixStream, shared: Arc<Shared>) {
     // who may not is read.
     let instance = shared.instance;
     if let Err(why) = crate::sockets::may_control_async(instance, caller.uid).await {
-        refuse(stream, caller, &refused(Refusal::AccessDenied, why)).await;
+        refuse(stream, caller, &Reply::refused(Refusal::AccessDenied, why)).await;
         return;
     }
     let read = match tokio::time::timeout(HANDSHAKE_TIMEOUT, read_request(&stream)).await {
@@ -202,7 +112,12 @@ async fn serve(stream: UnixStream, shared: Arc<Shared>) {
                 "{} bytes follow the request, not the {count} it says",
                 pending.len()
             );
-            refuse(stream, caller, &refused(Refusal::InvalidRequest, message)).await;
+            refuse(
+                stream,
+                caller,
+                &Reply::refused(Refusal::InvalidRequest, message),
+            )
+            .await;
             return;
         }
     }
@@ -240,39 +155,12 @@ async fn serve(stream: UnixStream, shared: Arc<Shared>) {
     supervisor.attach(link, caller);
 }
 
-/// Writes the reply, with `fds` on its first byte.
-async fn send_reply(stream: &UnixStream, reply: &[u8], fds: &[BorrowedFd<'_>]) -> io::Result<()> {
-    use tokio::io::Interest;
-    let mut sent = when_ready(stream, Interest::WRITABLE, || {
-        attach::send_with_fds(stream.as_fd(), reply, fds)
-    })
-    .await?;
-    while sent < reply.len() {
-        sent += when_ready(stream, Interest::WRITABLE, || {
-            rustix::io::write(stream, &reply[sent..]).map_err(io::Error::from)
-        })
-        .await?;
-    }
-    Ok(())
-}
-
 async fn refuse(mut stream: UnixStream, caller: Caller, reply: &Reply) {
     if let Reply::Refused { message, .. } = reply {
         tracing::debug!(target: "mcpd::daemon", pid = ?caller.pid, "attach socket: refused: {message}");
     }
     let _ = stream.write_all(&attach::line(reply)).await;
     let _ = stream.shutdown().await;
-}
-
-/// Reads until `buf` holds at least `count` bytes.
-async fn read_more(stream: &UnixStream, buf: &mut Vec<u8>, count: usize) -> io::Result<()> {
-    let mut ignored = Vec::new();
-    while buf.len() < count {
-        if recv(stream, buf, &mut ignored).await? == 0 {
-            return Err(io::ErrorKind::UnexpectedEof.into());
-        }
-    }
-    Ok(())
 }
 
 /// A session ready to attach: on the socket, or on the host's stdio with
@@ -290,50 +178,36 @@ fn judge(
     caller: Caller,
 ) -> Result<(crate::supervisor::Supervisor, Prepared), Reply> {
     let request: Request = serde_json::from_slice(header).map_err(|e| {
-        refused(
+        Reply::refused(
             Refusal::InvalidRequest,
             format!("not an attach request: {e}"),
         )
     })?;
-    let unit = shared
-        .units
-        .read()
-        .ok()
-        .and_then(|u| u.get(&request.server).cloned())
-        .ok_or_else(|| {
-            refused(
-                Refusal::NoSuchServer,
-                format!("no server named {}", request.server),
-            )
-        })?;
-    let supervisor = unit.supervisor.ok_or_else(|| {
-        refused(
-            Refusal::Failed,
-            format!(
-                "unit {} is invalid and cannot run: {}",
-                request.server,
-                unit.load_error.unwrap_or_default()
-            ),
-        )
+    let supervisor = shared.supervisor(&request.server).map_err(|e| {
+        let code = match e {
+            UnitError::NoSuchServer(_) => Refusal::NoSuchServer,
+            UnitError::Invalid { .. } => Refusal::Failed,
+        };
+        Reply::refused(code, e.to_string())
     })?;
     if let Some(replay) = &request.replay
         && (replay.get("method").and_then(|m| m.as_str()) != Some("initialize")
             || replay.get("id").is_none_or(serde_json::Value::is_null))
     {
-        return Err(refused(
+        return Err(Reply::refused(
             Refusal::InvalidRequest,
             "replay: expected an initialize request with an id",
         ));
     }
     if !request.stdio {
         if !fds.is_empty() {
-            return Err(refused(
+            return Err(Reply::refused(
                 Refusal::InvalidRequest,
                 "descriptors came with a request without \"stdio\"",
             ));
         }
         if request.replay.is_some() {
-            return Err(refused(
+            return Err(Reply::refused(
                 Refusal::InvalidRequest,
                 "replay: only with \"stdio\" (a client on the socket replays itself)",
             ));
@@ -341,7 +215,7 @@ fn judge(
         return Ok((supervisor, Prepared::Socket));
     }
     if fds.len() != 2 {
-        return Err(refused(
+        return Err(Reply::refused(
             Refusal::InvalidRequest,
             format!(
                 "\"stdio\" needs two descriptors (the host's input and output); {} came",
@@ -351,12 +225,12 @@ fn judge(
     }
     let output = fds
         .pop()
-        .ok_or_else(|| refused(Refusal::Failed, "no output"))?;
+        .ok_or_else(|| Reply::refused(Refusal::Failed, "no output"))?;
     let input = fds
         .pop()
-        .ok_or_else(|| refused(Refusal::Failed, "no input"))?;
+        .ok_or_else(|| Reply::refused(Refusal::Failed, "no input"))?;
     let bad = |which: &str, why: String| {
-        refused(
+        Reply::refused(
             Refusal::InvalidRequest,
             format!("the host's {which}: {why}"),
         )
@@ -380,7 +254,7 @@ fn judge(
         }
     };
     if request.pending > MAX_HEADER {
-        return Err(refused(
+        return Err(Reply::refused(
             Refusal::InvalidRequest,
             format!("more than {MAX_HEADER} pending bytes"),
         ));

@@ -137,7 +137,7 @@ pub async fn run(
     let mut watcher = watch::DirWatcher::new(events_tx)?;
     let runtime_dir = config.runtime_dir.clone();
     let no_bus = config.no_bus;
-    let shared = Arc::new(crate::dbus::Shared::new(
+    let shared = Arc::new(crate::model::Shared::new(
         config.instance,
         config.unit_dirs.clone(),
         controller,
@@ -244,7 +244,7 @@ pub async fn run(
 }
 
 /// Hands the registry's read model to D-Bus.
-fn publish(shared: &crate::dbus::Shared, registry: &Registry) {
+fn publish(shared: &crate::model::Shared, registry: &Registry) {
     if let Ok(mut units) = shared.units.write() {
         *units = registry.snapshot();
     }

@@ -25,7 +25,9 @@ use crate::supervisor::ListKind;
 
 use super::manager::Manager;
 use super::server::{self, Server};
-use super::{MANAGER_PATH, Shared, server_path};
+use crate::model::Shared;
+
+use super::{Callers, MANAGER_PATH, server_path};
 
 /// How long one send to one peer may take. A client that stops reading
 /// (a suspended `mcpctl bridge`) fills its socket and would hold up the
@@ -93,6 +95,8 @@ struct Watcher {
 #[derive(Debug)]
 pub struct Hub {
     shared: Arc<Shared>,
+    /// The bus callers' credentials, which every server object shares.
+    callers: Arc<Callers>,
     /// Live peers by a number never reused.
     peers: Mutex<BTreeMap<u64, Peer>>,
     next_id: AtomicU64,
@@ -100,17 +104,18 @@ pub struct Hub {
     watchers: Mutex<BTreeMap<String, Watcher>>,
     /// Woken whenever a peer is released: its fd is free again, so an
     /// accept loop starved of fds may retry at once.
-    released: Notify,
+    released: Arc<Notify>,
 }
 
 impl Hub {
     pub fn new(shared: Arc<Shared>) -> Arc<Self> {
         let hub = Arc::new(Self {
             shared,
+            callers: Arc::default(),
             peers: Mutex::new(BTreeMap::new()),
             next_id: AtomicU64::new(1),
             watchers: Mutex::new(BTreeMap::new()),
-            released: Notify::new(),
+            released: Arc::new(Notify::new()),
         });
         for name in hub.shared.names() {
             hub.watch(&name);
@@ -128,9 +133,10 @@ impl Hub {
         self.len() == 0
     }
 
-    /// Resolves once a peer has been released since the call.
-    pub async fn peer_released(&self) {
-        self.released.notified().await;
+    /// Notified whenever a peer is released (a permit is kept when no
+    /// one waits), for the accept loop to retry a failed accept at once.
+    pub fn released(&self) -> Arc<Notify> {
+        Arc::clone(&self.released)
     }
 
     fn snapshot(&self) -> Vec<(u64, Peer)> {
@@ -152,7 +158,7 @@ impl Hub {
                 .object_server()
                 .at(
                     server_path(name),
-                    Server::new(name, Arc::clone(&self.shared)),
+                    Server::new(name, Arc::clone(&self.shared), Arc::clone(&self.callers)),
                 )
                 .await;
             if let Err(e) = at {
@@ -249,7 +255,7 @@ impl Hub {
         for name in &names {
             builder = builder.serve_at(
                 server_path(name),
-                Server::new(name, Arc::clone(&self.shared)),
+                Server::new(name, Arc::clone(&self.shared), Arc::clone(&self.callers)),
             );
         }
         (builder, names)
@@ -302,7 +308,10 @@ impl Hub {
                 let existing = peer
                     .conn
                     .object_server()
-                    .at(&path, Server::new(name, Arc::clone(&self.shared)))
+                    .at(
+                        &path,
+                        Server::new(name, Arc::clone(&self.shared), Arc::clone(&self.callers)),
+                    )
                     .await?;
                 // `None`: served now; `Some`: it was there already.
                 if existing.is_none() {

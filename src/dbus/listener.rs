@@ -1,10 +1,12 @@
 //! The private socket's accept loop: one zbus peer-to-peer connection per
 //! client, with every object registered before its handshake ends.
 //!
-//! An accept that fails (most often: the daemon is out of file
-//! descriptors) is retried with backoff, never in a loop that spins, and
-//! each kind of failure is logged once per streak; a peer released by the
-//! [`Hub`] frees an fd, so the loop then retries at once. A client that
+//! The loop is the daemon's one accept loop
+//! ([`crate::sockets::accept_loop`]): an accept that fails (most often:
+//! the daemon is out of file descriptors) is retried with backoff, never
+//! in a loop that spins, and each kind of failure is logged once per
+//! streak; a peer released by the [`Hub`] frees an fd, so the loop then
+//! retries at once. A client that
 //! does not finish the authentication handshake within
 //! [`HANDSHAKE_TIMEOUT`] is dropped (dbus-daemon's `auth_timeout` does the
 //! same).
@@ -12,69 +14,40 @@
 use std::path::PathBuf;
 use std::sync::{Arc, Weak};
 
-use tokio::net::UnixListener;
+use tokio::net::{UnixListener, UnixStream};
 
-use crate::sockets::{MAX_BACKOFF, Streak, describe};
+use crate::sockets::Log;
 
 use super::hub::{Hub, Who};
 
 /// How long a client may take to authenticate.
 pub const HANDSHAKE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
+
 /// Accepts clients on `listener` until the task is aborted or the hub is
-/// gone.
+/// gone (the daemon's one accept loop, [`crate::sockets::accept_loop`]);
+/// a failed accept is retried early when the hub releases a peer.
 pub async fn accept_loop(listener: UnixListener, socket: PathBuf, hub: Weak<Hub>) {
-    let mut streak: Option<Streak> = None;
-    loop {
-        let accepted = listener.accept().await;
-        let Some(live) = hub.upgrade() else { return };
-        match accepted {
-            Ok((stream, _)) => {
-                if let Some(s) = streak.take() {
-                    tracing::info!(
-                        target: "mcpd::dbus",
-                        "accepting clients on {} again after {} failed accepts",
-                        socket.display(),
-                        s.failures
-                    );
-                }
-                let who = match stream.peer_cred() {
-                    Ok(cred) => Who::Private {
-                        pid: cred.pid().and_then(|p| u32::try_from(p).ok()),
-                        uid: Some(cred.uid()),
-                    },
-                    Err(_) => Who::Private {
-                        pid: None,
-                        uid: None,
-                    },
-                };
-                tokio::spawn(serve(stream, who, live));
-            }
-            Err(error) => {
-                let (wait, new) = streak.get_or_insert_default().failed(&error);
-                if new {
-                    tracing::warn!(
-                        target: "mcpd::dbus",
-                        "cannot accept clients on {}: {}; retrying with backoff (up to {} between tries)",
-                        socket.display(),
-                        describe(&error),
-                        humantime::format_duration(MAX_BACKOFF)
-                    );
-                }
-                tokio::select! {
-                    () = tokio::time::sleep(wait) => {}
-                    () = live.peer_released() => {
-                        if let Some(s) = streak.as_mut() {
-                            s.woken();
-                        }
-                    }
-                }
-            }
-        }
-    }
+    let Some(released) = hub.upgrade().map(|live| live.released()) else {
+        return;
+    };
+    let serve_peer = |stream: UnixStream, hub: Arc<Hub>| {
+        let who = match stream.peer_cred() {
+            Ok(cred) => Who::Private {
+                pid: cred.pid().and_then(|p| u32::try_from(p).ok()),
+                uid: Some(cred.uid()),
+            },
+            Err(_) => Who::Private {
+                pid: None,
+                uid: None,
+            },
+        };
+        tokio::spawn(serve(stream, who, hub));
+    };
+    crate::sockets::accept_loop(listener, socket, Log::Dbus, hub, Some(released), serve_peer).await;
 }
 
 /// The handshake and registration of one accepted client.
-async fn serve(stream: tokio::net::UnixStream, who: Who, hub: Arc<Hub>) {
+async fn serve(stream: UnixStream, who: Who, hub: Arc<Hub>) {
     let stream = match stream.into_std() {
         Ok(stream) => stream,
         Err(e) => {

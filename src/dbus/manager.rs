@@ -10,7 +10,9 @@ use zbus::{ObjectPath, OwnedObjectPath};
 
 use crate::model::Control;
 
-use super::{Error, Shared, authorize, server_path};
+use crate::model::Shared;
+
+use super::{Error, authorize, server_path};
 
 /// One row of `ListServers`, `(ssssuo)` on the wire.
 #[derive(
@@ -38,7 +40,7 @@ impl Manager {
     }
 
     fn supervisor(&self, name: &str) -> Result<crate::supervisor::Supervisor, Error> {
-        self.shared.supervisor(name)
+        Ok(self.shared.supervisor(name)?)
     }
 }
 

@@ -6,8 +6,8 @@
 //! connection per client, each with its own object registrations). Signals
 //! and property changes fan out to every live connection ([`Hub`]).
 //!
-//! Interfaces are thin adapters: they hold the shared read model of the
-//! units ([`Shared`]) and turn calls into supervisor commands or daemon
+//! Interfaces are thin adapters: they hold the daemon's read model of the
+//! units ([`crate::model::Shared`]) and turn calls into supervisor commands or daemon
 //! control messages; errors map to `org.mcpd1.Error.*`.
 
 pub mod client;
@@ -16,16 +16,15 @@ mod listener;
 mod manager;
 mod server;
 
-use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, RwLock};
+use std::sync::Arc;
 
-use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use zbus::Connection;
 use zbus::OwnedObjectPath;
 
-use crate::model::{Control, UnitView};
+use crate::model::{Shared, UnitError, UnitView};
+use crate::supervisor::Caller;
 use crate::unit::Instance;
 
 pub use crate::sockets::{FIRST_BACKOFF, MAX_BACKOFF};
@@ -105,64 +104,22 @@ pub fn server_path(name: &str) -> OwnedObjectPath {
     OwnedObjectPath::from(zbus::ObjectPath::from_string_unchecked(path))
 }
 
-/// What every interface reads and acts through.
-#[derive(Debug)]
-pub struct Shared {
-    pub instance: Instance,
-    pub unit_dirs: Vec<PathBuf>,
-    /// The units as the daemon last loaded them.
-    pub units: RwLock<BTreeMap<String, UnitView>>,
-    /// Reloads go to the daemon's loop.
-    pub control: mpsc::UnboundedSender<Control>,
-    /// Bus callers' credentials by unique name (never reused while the bus
-    /// runs), so a client's calls after its first cost no lookup.
-    callers: std::sync::Mutex<std::collections::HashMap<String, crate::supervisor::Caller>>,
-}
+/// Bus callers' credentials by unique name (never reused while the bus
+/// runs), so a client's calls after its first cost no lookup.
+#[derive(Debug, Default)]
+pub(crate) struct Callers(std::sync::Mutex<std::collections::HashMap<String, Caller>>);
 
 /// Bus callers remembered at most; the cache starts over beyond.
 const MAX_CACHED_CALLERS: usize = 1024;
 
-impl Shared {
-    /// The read model of a daemon with no units yet.
-    pub fn new(
-        instance: Instance,
-        unit_dirs: Vec<PathBuf>,
-        control: mpsc::UnboundedSender<Control>,
-    ) -> Self {
-        Self {
-            instance,
-            unit_dirs,
-            units: RwLock::new(BTreeMap::new()),
-            control,
-            callers: std::sync::Mutex::default(),
+impl From<UnitError> for Error {
+    /// A name no unit has is `NoSuchServer`; a unit that never loaded
+    /// cannot be acted on, `InvalidArguments`.
+    fn from(e: UnitError) -> Self {
+        match e {
+            UnitError::NoSuchServer(_) => Error::NoSuchServer(e.to_string()),
+            UnitError::Invalid { .. } => Error::InvalidArguments(e.to_string()),
         }
-    }
-
-    /// The names of every known unit.
-    pub fn names(&self) -> Vec<String> {
-        self.units
-            .read()
-            .map(|u| u.keys().cloned().collect())
-            .unwrap_or_default()
-    }
-
-    pub fn unit(&self, name: &str) -> Result<UnitView, Error> {
-        self.units
-            .read()
-            .ok()
-            .and_then(|u| u.get(name).cloned())
-            .ok_or_else(|| Error::NoSuchServer(format!("no server named {name}")))
-    }
-
-    /// The supervisor of `name`; a unit that never loaded has none.
-    pub fn supervisor(&self, name: &str) -> Result<crate::supervisor::Supervisor, Error> {
-        let unit = self.unit(name)?;
-        unit.supervisor.ok_or_else(|| {
-            Error::InvalidArguments(format!(
-                "unit {name} is invalid and cannot run: {}",
-                unit.load_error.unwrap_or_default()
-            ))
-        })
     }
 }
 
@@ -214,11 +171,11 @@ const CALLER_LOOKUP_TIMEOUT: std::time::Duration = std::time::Duration::from_sec
 /// Who sent `header`: the bus's credentials of the sender, or the private
 /// socket's `SO_PEERCRED`; unknown parts are `None`.
 pub(crate) async fn caller(
-    shared: &Shared,
+    callers: &Callers,
     conn: &Connection,
     header: &zbus::message::Header<'_>,
-) -> crate::supervisor::Caller {
-    tokio::time::timeout(CALLER_LOOKUP_TIMEOUT, lookup_caller(shared, conn, header))
+) -> Caller {
+    tokio::time::timeout(CALLER_LOOKUP_TIMEOUT, lookup_caller(callers, conn, header))
         .await
         .unwrap_or_default()
 }
@@ -233,15 +190,15 @@ async fn bus_daemon(conn: &Connection) -> zbus::Result<zbus::fdo::DBusProxy<'_>>
 }
 
 async fn lookup_caller(
-    shared: &Shared,
+    callers: &Callers,
     conn: &Connection,
     header: &zbus::message::Header<'_>,
-) -> crate::supervisor::Caller {
+) -> Caller {
     // As in `authorize`: a sender name means something only on the bus.
     match header.sender().filter(|_| conn.is_bus()) {
         Some(sender) => {
-            let known = shared
-                .callers
+            let known = callers
+                .0
                 .lock()
                 .ok()
                 .and_then(|c| c.get(sender.as_str()).copied());
@@ -255,12 +212,12 @@ async fn lookup_caller(
                     .ok(),
                 Err(_) => None,
             };
-            let caller = crate::supervisor::Caller {
+            let caller = Caller {
                 uid: creds.as_ref().and_then(|c| c.unix_user_id()),
                 pid: creds.as_ref().and_then(|c| c.process_id()),
             };
             if creds.is_some()
-                && let Ok(mut callers) = shared.callers.lock()
+                && let Ok(mut callers) = callers.0.lock()
             {
                 if callers.len() >= MAX_CACHED_CALLERS {
                     callers.clear();
@@ -270,11 +227,11 @@ async fn lookup_caller(
             caller
         }
         None => match conn.peer_creds().await {
-            Ok(c) => crate::supervisor::Caller {
+            Ok(c) => Caller {
                 uid: c.unix_user_id(),
                 pid: c.process_id(),
             },
-            Err(_) => crate::supervisor::Caller::default(),
+            Err(_) => Caller::default(),
         },
     }
 }

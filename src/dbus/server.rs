@@ -9,7 +9,9 @@ use zbus::{Connection, interface};
 
 use crate::supervisor::{CallError, ListKind, Status};
 
-use super::{Error, Shared, authorize, caller, server_path};
+use crate::model::Shared;
+
+use super::{Callers, Error, authorize, caller, server_path};
 
 /// A tool as published, `(sss)` on the wire.
 #[derive(
@@ -30,6 +32,8 @@ pub const CALL_TIMEOUT: Duration = Duration::from_secs(120);
 pub struct Server {
     name: String,
     shared: Arc<Shared>,
+    /// The bus callers known so far (one cache for every object).
+    callers: Arc<Callers>,
 }
 
 fn usec(t: SystemTime) -> u64 {
@@ -53,10 +57,11 @@ pub fn tool_rows(status: &Status) -> Vec<ToolRow> {
 }
 
 impl Server {
-    pub fn new(name: &str, shared: Arc<Shared>) -> Self {
+    pub(crate) fn new(name: &str, shared: Arc<Shared>, callers: Arc<Callers>) -> Self {
         Self {
             name: name.to_owned(),
             shared,
+            callers,
         }
     }
 
@@ -74,7 +79,7 @@ impl Server {
     }
 
     fn supervisor(&self) -> Result<crate::supervisor::Supervisor, Error> {
-        self.shared.supervisor(&self.name)
+        Ok(self.shared.supervisor(&self.name)?)
     }
 
     fn list(&self, kind: ListKind) -> String {
@@ -414,10 +419,10 @@ impl Server {
         // still accounted to it. A bus caller costs a round trip to the bus,
         // learnt while the call runs.
         let who = if conn.is_bus() {
-            futures_util::future::Either::Left(caller(&self.shared, conn, &header))
+            futures_util::future::Either::Left(caller(&self.callers, conn, &header))
         } else {
             futures_util::future::Either::Right(std::future::ready(
-                caller(&self.shared, conn, &header).await,
+                caller(&self.callers, conn, &header).await,
             ))
         };
         let call = tokio::select! {
@@ -508,7 +513,7 @@ impl Server {
     ) -> Result<zbus::OwnedFd, Error> {
         authorize(&self.shared, conn, &header).await?;
         let supervisor = self.supervisor()?;
-        let who = caller(&self.shared, conn, &header).await;
+        let who = caller(&self.callers, conn, &header).await;
         let failed = |e: std::io::Error| {
             Error::ZBus(zbus::Error::Failure(format!(
                 "cannot make a socket for the session: {e}"
