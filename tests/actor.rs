@@ -154,9 +154,20 @@ async fn a_list_changed_storm_is_serialized_and_ends_on_the_newest_list() {
     let last = r
         .until("newest list", |s| s.tools.names().next() == Some("v50"))
         .await;
-    // let any sync still queued finish, then look again
-    tokio::time::sleep(ms(100)).await;
+    // Wait until the actor has nothing left to do: no tools/list in flight
+    // and its health probe reaching the server. It probes only after
+    // `health.interval` of silence, so any coalesced sync still queued (due
+    // at most the sync spacing after the previous one began) has run by then.
     let probe = &fake.server.probe;
+    let pings = probe.pings.load(Ordering::SeqCst);
+    tokio::time::timeout(
+        BOUND,
+        probe.until(|p| {
+            p.pings.load(Ordering::SeqCst) > pings && p.in_flight.load(Ordering::SeqCst) == 0
+        }),
+    )
+    .await
+    .expect("the actor settles and probes");
     assert_eq!(
         probe.max_in_flight.load(Ordering::SeqCst),
         1,

@@ -718,10 +718,9 @@ fn the_private_socket_serves_everything_without_a_bus() {
             assert!(load_error.contains("broken.kdl:5:18"), "{load_error}");
             assert_eq!(broken.state().await.expect("State"), "stopped");
             // fixed, it starts under the same object: no second ServerAdded
+            let mut broken_states = broken.receive_state_changed().await;
             fixture_unit(tmp.path(), "broken", "");
-            while broken.state().await.expect("State") != "running" {
-                tokio::time::sleep(Duration::from_millis(10)).await;
-            }
+            state_becomes(&mut broken_states, "running").await;
             std::fs::remove_file(tmp.path().join("broken.kdl")).expect("rm");
             let signal = removed.next().await.expect("ServerRemoved");
             assert_eq!(signal.args().expect("args").name(), "broken");
@@ -733,9 +732,7 @@ fn the_private_socket_serves_everything_without_a_bus() {
 
             // a stopped server: NotRunning
             manager.stop("demo").await.expect("Stop");
-            while server.state().await.expect("State") != "stopped" {
-                tokio::time::sleep(Duration::from_millis(10)).await;
-            }
+            state_becomes(&mut states, "stopped").await;
             let stopped = server.call_tool("echo", "{}").await.expect_err("stopped");
             assert_eq!(name_of(stopped), "org.mcpd1.Error.NotRunning");
             assert!(
@@ -749,6 +746,23 @@ fn the_private_socket_serves_everything_without_a_bus() {
     });
     assert!(d.stop(Signal::TERM).success());
     assert!(!socket.exists(), "the socket is removed on exit");
+}
+
+/// Waits until the State property, as `states` (a proxy's
+/// `receive_state_changed()`, taken before what changes it) reports it,
+/// is `want`. The stream may skip values it was too slow for, never the
+/// last one.
+async fn state_becomes(states: &mut zbus::proxy::PropertyStream<'_, String>, want: &str) {
+    use futures_util::StreamExt;
+    let mut seen = Vec::new();
+    while let Some(change) = states.next().await {
+        let state = change.get().await.expect("State value");
+        if state == want {
+            return;
+        }
+        seen.push(state);
+    }
+    panic!("the State stream ended before {want}; seen {seen:?}");
 }
 
 #[test]

@@ -1,4 +1,5 @@
-//! Documentation stays true: man pages lint clean and list every key.
+//! Documentation stays true: man pages lint clean and list every key, and
+//! the code keeps the layering ARCHITECTURE.md states.
 
 use crate::helper::{root, run};
 
@@ -129,6 +130,191 @@ fn only_src_dbus_knows_zbus() {
         for (n, line) in code_lines(&text) {
             if line.contains("zbus::") || line.contains("use zbus") {
                 offenders.push(format!("{}:{n}: {}", path.display(), line.trim()));
+            }
+        }
+    }
+    assert!(offenders.is_empty(), "{}", offenders.join("\n"));
+}
+
+/// One layering rule: the code under `under` (a directory or one file,
+/// relative to the package root) names none of `forbidden`, except where a
+/// row of `allowed` lets one file name one pattern. Patterns are matched
+/// as text within a line of code and within every path a `use` names.
+struct Layer {
+    under: &'static str,
+    forbidden: &'static [&'static str],
+    /// `(file, pattern)`: a file under `under` that may name `pattern`.
+    allowed: &'static [(&'static str, &'static str)],
+    /// Why the rule holds, for the failure message.
+    why: &'static str,
+}
+
+/// What a pure module may not name: tasks, files, sockets, processes and
+/// clocks.
+const NO_IO_NO_CLOCK: &[&str] = &[
+    "tokio",
+    "std::fs",
+    "std::net",
+    "std::process",
+    "Instant::now",
+    "SystemTime::now",
+];
+
+/// The layering of ARCHITECTURE.md's invariants, one row per rule. Adding a
+/// pure module is adding a row.
+const LAYERS: &[Layer] = &[
+    Layer {
+        under: "src/unit/",
+        forbidden: NO_IO_NO_CLOCK,
+        // The unit pipeline reads files and nothing else: `load.rs` reads a
+        // unit's main file and drop-ins (and stamps them, and checks that
+        // sandbox paths exist), `search.rs` lists the unit directories and
+        // a file's drop-in directory and recognises masks, and
+        // `instance.rs` asks whether `/run/user/UID` is a directory the
+        // user owns (the one fact of the runtime directory's rule that is
+        // on disk).
+        allowed: &[
+            ("src/unit/load.rs", "std::fs"),
+            ("src/unit/search.rs", "std::fs"),
+            ("src/unit/instance.rs", "std::fs"),
+        ],
+        why: "src/unit/ is pure: it reads unit files, runs no task, process or \
+              socket and reads no clock",
+    },
+    Layer {
+        under: "src/supervisor/machine.rs",
+        forbidden: NO_IO_NO_CLOCK,
+        allowed: &[],
+        why: "the machine is pure: no tasks, no I/O, no clock (it is handed `now`)",
+    },
+    Layer {
+        under: "src/mux/route.rs",
+        forbidden: NO_IO_NO_CLOCK,
+        allowed: &[],
+        why: "the router is pure: no tasks, no I/O, no clock",
+    },
+    Layer {
+        under: "src/mux/",
+        forbidden: &["crate::supervisor", "crate::daemon", "crate::dbus"],
+        allowed: &[],
+        why: "mux is below the supervisor, the daemon and D-Bus, which use it",
+    },
+];
+
+/// Each code line of `text` before its `#[cfg(test)] mod tests` block, with
+/// what it names: the line itself and, for a line that starts a `use`
+/// declaration, every path of the whole declaration with its braces
+/// expanded, so `use std::{\n fs,\n};` names `std::fs` at its first line.
+fn named(text: &str) -> Vec<(usize, &str, String)> {
+    let lines: Vec<(usize, &str)> = code_lines(text).collect();
+    // Tests at the end of a file may use what the module may not (a temp
+    // directory, a clock), so the check stops at their block.
+    let end = lines
+        .windows(2)
+        .position(|w| w[0].1 == "#[cfg(test)]" && w[1].1.starts_with("mod tests"))
+        .unwrap_or(lines.len());
+    let lines = &lines[..end];
+    let mut out = Vec::new();
+    for (i, &(n, line)) in lines.iter().enumerate() {
+        let mut names = line.to_owned();
+        let code = line.trim_start();
+        // `pub use`, `pub(crate) use` and `use` alike.
+        let code = match code.strip_prefix("pub") {
+            Some(rest) => rest.split_once(' ').map_or(rest, |(_, r)| r),
+            None => code,
+        };
+        if let Some(tree) = code.strip_prefix("use ") {
+            let mut decl = tree.trim_end().to_owned();
+            let mut next = lines[i + 1..].iter();
+            while !decl.ends_with(';') {
+                let Some((_, l)) = next.next() else { break };
+                decl.push_str(l.trim());
+            }
+            let mut paths = Vec::new();
+            use_paths("", decl.trim_end_matches(';'), &mut paths);
+            names.push(' ');
+            names.push_str(&paths.join(" "));
+        }
+        out.push((n, line, names));
+    }
+    out
+}
+
+/// Every path of a use tree, braces expanded: `std::{fs, net::TcpStream}`
+/// gives `std::fs` and `std::net::TcpStream`.
+fn use_paths(prefix: &str, tree: &str, out: &mut Vec<String>) {
+    let tree = tree.trim();
+    let Some(open) = tree.find('{') else {
+        if !tree.is_empty() {
+            out.push(format!("{prefix}{tree}"));
+        }
+        return;
+    };
+    let head = format!("{prefix}{}", &tree[..open]);
+    let inner = &tree[open + 1..tree.rfind('}').unwrap_or(tree.len())];
+    let (mut depth, mut start) = (0, 0);
+    for (i, c) in inner.char_indices() {
+        match c {
+            '{' => depth += 1,
+            '}' => depth -= 1,
+            ',' if depth == 0 => {
+                use_paths(&head, &inner[start..i], out);
+                start = i + 1;
+            }
+            _ => {}
+        }
+    }
+    use_paths(&head, &inner[start..], out);
+}
+
+#[test]
+fn the_layering_check_sees_grouped_imports_and_skips_tests() {
+    let text = "use std::{\n    fmt,\n    net::{self, TcpStream},\n};\n// tokio\n\
+                fn f() {}\n#[cfg(test)]\nmod tests {\n    use tokio;\n}\n";
+    let named = named(text);
+    assert_eq!(named[0].0, 1);
+    assert!(named[0].2.contains("std::net::self"), "{named:?}");
+    assert!(named[0].2.contains("std::net::TcpStream"), "{named:?}");
+    assert!(
+        named.iter().all(|(_, _, names)| !names.contains("tokio")),
+        "{named:?}"
+    );
+}
+
+#[test]
+fn pure_modules_and_mux_keep_their_layers() {
+    let mut offenders = Vec::new();
+    let mut used = std::collections::HashSet::new();
+    for layer in LAYERS {
+        for (path, text) in sources(layer.under) {
+            let file = path
+                .strip_prefix(root())
+                .unwrap_or(&path)
+                .display()
+                .to_string();
+            for (n, line, names) in named(&text) {
+                for pattern in layer.forbidden {
+                    if !names.contains(pattern) {
+                        continue;
+                    }
+                    if layer.allowed.contains(&(file.as_str(), *pattern)) {
+                        used.insert((file.clone(), *pattern));
+                        continue;
+                    }
+                    offenders.push(format!(
+                        "{file}:{n}: {} (names `{pattern}`; {})",
+                        line.trim(),
+                        layer.why
+                    ));
+                }
+            }
+        }
+        // An exception no longer needed goes, so the list stays the truth.
+        for &(file, pattern) in layer.allowed {
+            if !used.contains(&(file.to_owned(), pattern)) {
+                offenders.push(format!(
+                    "{file}: allowed to name `{pattern}` but does not: drop the exception"
+                ));
             }
         }
     }

@@ -6,8 +6,6 @@
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 
-use super::load::Context;
-
 /// Which daemon instance: one per machine, or one per user.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Instance {
@@ -62,6 +60,16 @@ impl Instance {
             own_user: Some((uid, name)),
         }
     }
+}
+
+/// Where a unit is loaded: rules that depend on the daemon, not the file.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Context {
+    /// The instance that will run the unit; None (as `mcpctl verify` without
+    /// `--user`/`--system`) checks only what holds everywhere.
+    pub instance: Option<Instance>,
+    /// The user the daemon runs as: its uid and, when known, its name.
+    pub own_user: Option<(u32, Option<String>)>,
 }
 
 /// Whether `dir` is a directory owned by `uid`.

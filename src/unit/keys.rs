@@ -4,10 +4,9 @@
 //! The reader ([`super::syntax`]) dispatches on this table, checks
 //! duplicates and merges layers by it; [`Field::key`] names keys from it;
 //! [`super::vocabulary`] lists it (the man-page test and "did you mean"
-//! use that). Adding a key is a row here, its draft field (read in
-//! `Layer::into_draft`) and its rule in [`super::spec`].
-
-use super::spec::Field;
+//! use that). Adding a key is a row here (and its [`Field`] variant), its
+//! draft field (read in `Layer::into_draft`) and its rule in
+//! [`super::spec`].
 
 /// Where a key may appear.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -99,6 +98,66 @@ pub enum Merge {
     AppendUnique,
     /// May repeat; entries are replaced by name.
     ByName,
+}
+
+/// A key of the unit vocabulary, used to point errors at their origin.
+///
+/// It is defined here, beside the table that names each field's key, so
+/// the vocabulary needs nothing of the spec judge that reports with it.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Field {
+    /// The unit as a whole (e.g. no transport at all).
+    Unit,
+    Description,
+    Stdio,
+    Command,
+    WorkingDirectory,
+    Env(String),
+    EnvFile(usize),
+    PassEnv(usize),
+    User,
+    Http,
+    Url,
+    HttpEnvFile(usize),
+    Header(usize),
+    ReconnectEnabled,
+    InitialDelay,
+    MaxDelay,
+    MaxAttempts,
+    HealthEnabled,
+    HealthInterval,
+    HealthTimeout,
+    HealthFailures,
+    MemoryMax,
+    TasksMax,
+    CpuWeight,
+    Nofile,
+    Core,
+    Sandbox,
+    ReadOnlyPaths(usize),
+    ReadWritePaths(usize),
+    Network,
+    LogRateLimit,
+    StartupTimeout,
+    StopTimeout,
+    Start,
+    IdleStop,
+    Roots(usize),
+    ToolsAllow(usize),
+    ToolsDeny(usize),
+}
+
+impl Field {
+    /// The key as written in a unit file, e.g. `reconnect.max-delay`
+    /// (from the vocabulary table, [`KEYS`]).
+    pub fn key(&self) -> String {
+        match self {
+            Field::Unit => "unit".into(),
+            Field::Env(name) => format!("stdio.env {name}"),
+            Field::Url => "http".into(),
+            other => of(other).map_or_else(|| "unit".into(), |k| k.path()),
+        }
+    }
 }
 
 /// One key of the vocabulary.

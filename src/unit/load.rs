@@ -17,56 +17,16 @@ use super::name::UnitName;
 use super::spec::{Field, SpecError, UnitSpec};
 use super::syntax::{self, Issue, Layer, Loc};
 
-/// The files that make up one unit: its main file, then drop-ins in the
-/// order they apply.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub struct UnitFiles {
-    pub main: PathBuf,
-    pub dropins: Vec<PathBuf>,
-}
-
-impl UnitFiles {
-    /// A unit file and the drop-ins found next to it in `FILE.d/*.kdl`.
-    pub fn beside(main: &Path) -> Self {
-        let mut dir = main.as_os_str().to_owned();
-        dir.push(".d");
-        let mut dropins: Vec<PathBuf> = std::fs::read_dir(PathBuf::from(dir))
-            .into_iter()
-            .flatten()
-            .flatten()
-            .map(|e| e.path())
-            .filter(|p| super::search::is_unit_file_name(p))
-            .collect();
-        dropins.sort_by(|a, b| a.file_name().cmp(&b.file_name()));
-        Self {
-            main: main.to_owned(),
-            dropins,
-        }
-    }
-
-    /// The unit name: the main file's stem.
-    pub fn stem(&self) -> String {
-        self.main
-            .file_stem()
-            .map(|s| s.to_string_lossy().into_owned())
-            .unwrap_or_default()
-    }
-}
+// Defined beside what they belong to (an instance's rules, the files
+// discovery finds) and named here too, where the loader takes them, so
+// `unit::load::Context` and `unit::load::UnitFiles` keep working.
+pub use super::instance::Context;
+pub use super::search::UnitFiles;
 
 /// A file's path and text, for rendering problems.
 struct Source {
     path: PathBuf,
     text: Arc<str>,
-}
-
-/// Where a unit is loaded: rules that depend on the daemon, not the file.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Context {
-    /// The instance that will run the unit; None (as `mcpctl verify` without
-    /// `--user`/`--system`) checks only what holds everywhere.
-    pub instance: Option<Instance>,
-    /// The user the daemon runs as: its uid and, when known, its name.
-    pub own_user: Option<(u32, Option<String>)>,
 }
 
 /// Loads and validates a unit. All problems of all its files come back at once.

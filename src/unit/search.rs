@@ -1,4 +1,5 @@
-//! The unit search path and discovery of units and their drop-ins.
+//! The unit search path and discovery of units and their drop-ins (a
+//! unit's [`UnitFiles`]).
 //!
 //! Earlier directories win over later ones for a unit of the same name
 //! (systemd order, DESIGN §2). Drop-ins `NAME.kdl.d/*.kdl` are collected from
@@ -13,7 +14,6 @@ use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 
 use super::instance::Instance;
-use super::load::UnitFiles;
 
 /// The unit directories of an instance, highest priority first. `env` looks
 /// up environment variables (so tests need not change the process's own).
@@ -38,6 +38,42 @@ pub fn search_path(instance: Instance, env: impl Fn(&str) -> Option<OsString>) -
                 .map(|base| base.join("mcpd/units"))
                 .collect()
         }
+    }
+}
+
+/// The files that make up one unit: its main file, then drop-ins in the
+/// order they apply.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct UnitFiles {
+    pub main: PathBuf,
+    pub dropins: Vec<PathBuf>,
+}
+
+impl UnitFiles {
+    /// A unit file and the drop-ins found next to it in `FILE.d/*.kdl`.
+    pub fn beside(main: &Path) -> Self {
+        let mut dir = main.as_os_str().to_owned();
+        dir.push(".d");
+        let mut dropins: Vec<PathBuf> = std::fs::read_dir(PathBuf::from(dir))
+            .into_iter()
+            .flatten()
+            .flatten()
+            .map(|e| e.path())
+            .filter(|p| is_unit_file_name(p))
+            .collect();
+        dropins.sort_by(|a, b| a.file_name().cmp(&b.file_name()));
+        Self {
+            main: main.to_owned(),
+            dropins,
+        }
+    }
+
+    /// The unit name: the main file's stem.
+    pub fn stem(&self) -> String {
+        self.main
+            .file_stem()
+            .map(|s| s.to_string_lossy().into_owned())
+            .unwrap_or_default()
     }
 }
 

@@ -11,6 +11,11 @@ use std::fmt;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+// Defined beside the vocabulary table that names each field's key; named
+// here too, where errors are built with it, so `unit::spec::Field` keeps
+// working.
+pub use super::keys::Field;
+
 /// Default `reconnect.initial-delay`.
 pub const DEFAULT_INITIAL_DELAY: Duration = Duration::from_millis(500);
 /// Default `reconnect.max-delay` (also the stability window).
@@ -232,63 +237,6 @@ pub struct HealthPolicy {
 pub struct RateLimit {
     pub lines: u32,
     pub interval: Duration,
-}
-
-/// A key of the unit vocabulary, used to point errors at their origin.
-#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub enum Field {
-    /// The unit as a whole (e.g. no transport at all).
-    Unit,
-    Description,
-    Stdio,
-    Command,
-    WorkingDirectory,
-    Env(String),
-    EnvFile(usize),
-    PassEnv(usize),
-    User,
-    Http,
-    Url,
-    HttpEnvFile(usize),
-    Header(usize),
-    ReconnectEnabled,
-    InitialDelay,
-    MaxDelay,
-    MaxAttempts,
-    HealthEnabled,
-    HealthInterval,
-    HealthTimeout,
-    HealthFailures,
-    MemoryMax,
-    TasksMax,
-    CpuWeight,
-    Nofile,
-    Core,
-    Sandbox,
-    ReadOnlyPaths(usize),
-    ReadWritePaths(usize),
-    Network,
-    LogRateLimit,
-    StartupTimeout,
-    StopTimeout,
-    Start,
-    IdleStop,
-    Roots(usize),
-    ToolsAllow(usize),
-    ToolsDeny(usize),
-}
-
-impl Field {
-    /// The key as written in a unit file, e.g. `reconnect.max-delay`
-    /// (from the vocabulary table, [`super::keys`]).
-    pub fn key(&self) -> String {
-        match self {
-            Field::Unit => "unit".into(),
-            Field::Env(name) => format!("stdio.env {name}"),
-            Field::Url => "http".into(),
-            other => super::keys::of(other).map_or_else(|| "unit".into(), |k| k.path()),
-        }
-    }
 }
 
 /// One broken rule of a draft.

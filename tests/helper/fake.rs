@@ -39,6 +39,27 @@ pub struct Probe {
     pub max_in_flight: AtomicUsize,
     /// tools/list requests started.
     pub lists: AtomicUsize,
+    /// pings (the actor's health probes) answered.
+    pub pings: AtomicUsize,
+    /// Told of every change of the counters above, for [`Probe::until`].
+    changed: Notify,
+}
+
+impl Probe {
+    /// Waits until `cond` holds of the counters, woken by their changes
+    /// (not by polling).
+    pub async fn until(&self, cond: impl Fn(&Probe) -> bool) {
+        loop {
+            let changed = self.changed.notified();
+            tokio::pin!(changed);
+            // Registered before the check, so a change in between still wakes it.
+            changed.as_mut().enable();
+            if cond(self) {
+                return;
+            }
+            changed.await;
+        }
+    }
 }
 
 /// The fake server's state, shared with the test.
@@ -57,6 +78,7 @@ struct InFlight(Arc<Probe>);
 impl Drop for InFlight {
     fn drop(&mut self) {
         self.0.in_flight.fetch_sub(1, Ordering::SeqCst);
+        self.0.changed.notify_waiters();
     }
 }
 
@@ -70,6 +92,12 @@ impl ServerHandler for Server {
         )
     }
 
+    async fn ping(&self, _context: RequestContext<RoleServer>) -> Result<(), ErrorData> {
+        self.probe.pings.fetch_add(1, Ordering::SeqCst);
+        self.probe.changed.notify_waiters();
+        Ok(())
+    }
+
     async fn list_tools(
         &self,
         _request: Option<PaginatedRequestParams>,
@@ -79,6 +107,7 @@ impl ServerHandler for Server {
         probe.lists.fetch_add(1, Ordering::SeqCst);
         let now = probe.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
         probe.max_in_flight.fetch_max(now, Ordering::SeqCst);
+        probe.changed.notify_waiters();
         let _guard = InFlight(probe);
         let gate = self.gate.lock().expect("lock").clone();
         if let Some(gate) = gate {
