@@ -194,6 +194,35 @@ const LAYERS: &[Layer] = &[
         why: "the router is pure: no tasks, no I/O, no clock",
     },
     Layer {
+        under: "src/mux/session.rs",
+        forbidden: NO_IO_NO_CLOCK,
+        allowed: &[],
+        why: "the host-session core is pure: no tasks, no I/O, no clock",
+    },
+    Layer {
+        under: "src/mux/lists.rs",
+        forbidden: NO_IO_NO_CLOCK,
+        allowed: &[],
+        why: "the list reader is pure: no tasks, no I/O, no clock (it is handed `now`)",
+    },
+    Layer {
+        under: "src/",
+        forbidden: &["rmcp::"],
+        // The Streamable HTTP client is rmcp's transport; Supervisor::call_tool
+        // still returns rmcp's CallToolResult, which D-Bus `CallTool`
+        // serializes as it always has, and ToolList hands D-Bus `Tools` as
+        // rmcp's Tool.
+        allowed: &[
+            ("src/supervisor/http.rs", "rmcp::"),
+            ("src/supervisor/actor.rs", "rmcp::"),
+            ("src/supervisor/mod.rs", "rmcp::"),
+            ("src/supervisor/tools.rs", "rmcp::"),
+        ],
+        why: "rmcp stays in the supervisor's launcher (its HTTP transport) and the \
+              types of the D-Bus CallTool and Tools answers: mcpd's own sessions speak \
+              JSON-RPC as `Message`s",
+    },
+    Layer {
         under: "src/mux/",
         forbidden: &["crate::supervisor", "crate::daemon", "crate::dbus"],
         allowed: &[],

@@ -39,6 +39,7 @@ use tokio::net::unix::{OwnedReadHalf, OwnedWriteHalf};
 
 use crate::dbus::Client;
 use crate::mux::attach::{self, Accepted, AttachError, Control, Request};
+use crate::mux::error::ErrorCode;
 use crate::unit::Instance;
 
 use super::client::CtlError;
@@ -155,11 +156,10 @@ impl Session {
     }
 }
 
+/// The outage error for request `id` (its JSON text), as the daemon
+/// answers it while a server is down.
 fn error_line(id: &str, message: &str) -> String {
-    let message = Value::String(message.to_owned());
-    format!(
-        "{{\"jsonrpc\":\"2.0\",\"id\":{id},\"error\":{{\"code\":-32000,\"message\":{message}}}}}\n"
-    )
+    ErrorCode::ServerDown.line(id, message)
 }
 
 /// Attaches to server `name` for copying: the attach socket, else D-Bus

@@ -10,8 +10,14 @@ use zbus::{Connection, interface};
 use crate::supervisor::{CallError, ListKind, Status};
 
 use crate::model::Shared;
+use crate::mux::error::{self, ErrorCode};
 
 use super::{Callers, Error, authorize, caller, server_path};
+
+// `CallError::Rejected` carries a server's code as an i32.
+const INVALID_PARAMS: i32 = ErrorCode::InvalidParams.code() as i32;
+const METHOD_NOT_FOUND: i32 = ErrorCode::MethodNotFound.code() as i32;
+const RESOURCE_NOT_FOUND: i32 = error::RESOURCE_NOT_FOUND as i32;
 
 /// A tool as published, `(sss)` on the wire.
 #[derive(
@@ -99,7 +105,7 @@ impl Server {
         match supervisor.request(method, params, CALL_TIMEOUT).await {
             Ok(result) => Ok(result.to_string()),
             Err(CallError::Rejected {
-                code: -32602 | -32601 | -32002,
+                code: INVALID_PARAMS | METHOD_NOT_FOUND | RESOURCE_NOT_FOUND,
                 message,
             }) => Err(Error::InvalidArguments(message)),
             Err(e) => Err(Error::ToolFailed(e.to_string())),
@@ -449,9 +455,9 @@ impl Server {
             Err(e @ (CallError::NoSuchTool { .. } | CallError::Filtered { .. })) => {
                 Err(Error::InvalidArguments(e.to_string()))
             }
-            // -32602 invalid params, -32601 no such method/tool
+            // invalid params, no such method/tool
             Err(CallError::Rejected {
-                code: -32602 | -32601,
+                code: INVALID_PARAMS | METHOD_NOT_FOUND,
                 message,
             }) => Err(Error::InvalidArguments(message)),
             Err(e) => Err(Error::ToolFailed(e.to_string())),

@@ -59,6 +59,10 @@ impl ErrorCode {
     }
 }
 
+/// MCP: the resource asked for does not exist (servers answer it to
+/// `resources/read`; mcpd reads it, never writes it).
+pub const RESOURCE_NOT_FOUND: i64 = -32002;
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -11,6 +11,7 @@ use rmcp::transport::streamable_http_client::{
 };
 use tokio::sync::mpsc;
 
+use crate::mux::error::ErrorCode;
 use crate::mux::message::Message;
 use crate::mux::wire::{Wire, error_chain};
 
@@ -57,10 +58,11 @@ where
                             // Answer a request rmcp cannot carry, so no
                             // caller waits for it.
                             if let (Some(id), Some(_)) = (message.get("id"), message.get("method")) {
-                                let _ = incoming.send(Ok(serde_json::json!({
-                                    "jsonrpc": "2.0", "id": id,
-                                    "error": {"code": -32602, "message": format!("mcpd cannot send this request over HTTP: {e}")},
-                                }).into()));
+                                let refusal = ErrorCode::InvalidParams.response(
+                                    id,
+                                    format!("mcpd cannot send this request over HTTP: {e}"),
+                                );
+                                let _ = incoming.send(Ok(refusal.into()));
                             }
                             continue;
                         }
