@@ -1,12 +1,17 @@
 //! The pure core of a host session (`mux::session`), case by case: what
 //! mcpd decides about a host's lines itself.
 
-use mcpd::mux::message::Message;
+use mcpd::mux::message::{Message, RequestId};
 use mcpd::mux::session::{
     self, BACKLOG, HOST_VERSIONS, HostState, Outcome, PROTOCOL_VERSION, Step, classify,
 };
 use mcpd::mux::wire::Frame;
 use serde_json::{Value, json};
+
+/// The request id `id`.
+fn rid(id: Value) -> RequestId {
+    RequestId::of(&id).expect("not null")
+}
 
 fn frame(value: Value) -> Frame {
     Frame::Message(value.into())
@@ -46,8 +51,11 @@ fn refusal(step: &Step) -> (i64, Value, String) {
 #[test]
 fn a_new_session_answers_initialize_and_ping_and_refuses_the_rest() {
     let cases: [(Frame, Step); 5] = [
-        (request(json!(1), "initialize"), Step::Initialize(json!(1))),
-        (request(json!("p"), "ping"), Step::Pong(json!("p"))),
+        (
+            request(json!(1), "initialize"),
+            Step::Initialize(rid(json!(1))),
+        ),
+        (request(json!("p"), "ping"), Step::Pong(rid(json!("p")))),
         (
             frame(json!({"jsonrpc": "2.0", "method": "notifications/initialized"})),
             Step::Ignore,
@@ -89,13 +97,13 @@ fn an_initialized_session_routes_requests_and_refuses_a_second_initialize() {
     );
     assert_eq!(
         classify(&request(json!(3), "tools/list"), READY),
-        Step::ToolsList(json!(3))
+        Step::ToolsList(rid(json!(3)))
     );
     for method in ["ping", "resources/list", "tools/call", "x/unknown"] {
         assert_eq!(
             classify(&request(json!(4), method), READY),
             Step::Request {
-                id: json!(4),
+                id: rid(json!(4)),
                 method: method.into()
             }
         );
@@ -113,7 +121,7 @@ fn an_initialized_session_routes_requests_and_refuses_a_second_initialize() {
             READY
         ),
         Step::Cancelled {
-            request: Some("\"a\"".into())
+            request: Some(rid(json!("a")))
         }
     );
     assert_eq!(
@@ -215,7 +223,7 @@ fn a_replayed_initialize_is_told_every_list_that_may_have_changed() {
 
 #[test]
 fn a_kept_list_is_answered_as_its_text() {
-    let bytes = session::list_answer(&json!("a\"b"), "prompts", r#"[{"name":"p"}]"#);
+    let bytes = session::list_answer(&rid(json!("a\"b")), "prompts", r#"[{"name":"p"}]"#);
     let answer: Value = serde_json::from_slice(&bytes).expect("json");
     assert_eq!(
         answer,
@@ -286,4 +294,39 @@ fn a_tool_call_is_accounted_by_its_answer_and_named_by_its_params() {
     assert_eq!(session::tool_name(&call(r#"{"name":"a\u0062"}"#)), "ab");
     assert_eq!(session::tool_name(&call(r#"{"\u006eame":"n"}"#)), "n");
     assert_eq!(session::tool_name(&call(r#"{"arguments":{}}"#)), "");
+}
+
+#[test]
+fn a_request_id_is_its_json_text_read_once() {
+    let read = |line: &str| {
+        Message::parse(line.as_bytes())
+            .expect("message")
+            .request_id()
+    };
+    let cases = [
+        (r#"{"id":7}"#, Some("7")),
+        (r#"{"id":-3}"#, Some("-3")),
+        (r#"{"id":"a"}"#, Some(r#""a""#)),
+        // as serde_json writes it: escapes normalised
+        (r#"{"id":"\u0061"}"#, Some(r#""a""#)),
+        (r#"{"id":"a\"b"}"#, Some(r#""a\"b""#)),
+        (r#"{"id":1e2}"#, Some("100.0")),
+        (r#"{"id":null}"#, None),
+        (r#"{"method":"x"}"#, None),
+    ];
+    for (line, want) in cases {
+        assert_eq!(read(line).as_ref().map(RequestId::as_json), want, "{line}");
+    }
+    // the same id from a Value and from a line
+    for id in [json!(7), json!("a"), json!("a\"b"), json!(u64::MAX)] {
+        let line = json!({"id": id}).to_string();
+        assert_eq!(read(&line), RequestId::of(&id), "{id}");
+        assert_eq!(rid(id.clone()).to_value(), id);
+    }
+    assert_eq!(RequestId::of(&Value::Null), None);
+    // 1 and "1" are two ids
+    assert_ne!(rid(json!(1)), rid(json!("1")));
+    assert_eq!(rid(json!(42)).as_u64(), Some(42));
+    assert_eq!(rid(json!("42")).as_u64(), None);
+    assert_eq!(rid(json!("a")).to_string(), r#""a""#);
 }

@@ -841,3 +841,58 @@ fn a_tool_filter_shapes_what_hosts_see_and_a_reload_lifts_it_in_place() {
     });
     assert_eq!(d.latest_pid("filtered"), Some(pid), "not restarted");
 }
+
+#[test]
+fn a_request_reusing_the_id_of_a_call_in_flight_is_refused_and_the_call_goes_on() {
+    let units = tempfile::tempdir().expect("tempdir");
+    std::fs::write(
+        units.path().join("ids.kdl"),
+        "stdio {\n    command \"mcp-fixture\" \"--chatter\" \"0\"\n}\n",
+    )
+    .expect("write");
+    let mut d = Daemon::user_no_bus(units.path(), &[]);
+    d.wait_until("ids running", |d| d.latest_pid("ids").is_some());
+    let runtime = d.runtime_dir().expect("runtime").to_owned();
+    let counts = || {
+        let out = mcpctl_user(&runtime, &["status", "ids", "--json"]);
+        let json: Value = serde_json::from_slice(&out.stdout).expect("json");
+        (json[0]["calls"].as_u64(), json[0]["failed_calls"].as_u64())
+    };
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    rt.block_on(async {
+        tokio::time::timeout(Duration::from_secs(30), async {
+            let mut host = Raw::new(&runtime, "ids");
+            host.send(concat!(
+                r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"raw","version":"1"}}}"#, "\n",
+                r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#, "\n",
+            ).as_bytes())
+            .await;
+            assert_eq!(host.answer().await["id"], 1);
+            // a call that stays in flight, then a ping and a call with its id
+            host.send(concat!(
+                r#"{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{"name":"hang","arguments":{}}}"#, "\n",
+                r#"{"jsonrpc":"2.0","id":7,"method":"ping"}"#, "\n",
+                r#"{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{"name":"echo","arguments":{"text":"x"}}}"#, "\n",
+                r#"{"jsonrpc":"2.0","id":8,"method":"tools/call","params":{"name":"echo","arguments":{"text":"after"}}}"#, "\n",
+            ).as_bytes())
+            .await;
+            for _ in 0..2 {
+                let refused = host.answer().await;
+                assert_eq!(refused["id"], 7, "{refused}");
+                assert_eq!(refused["error"]["code"], -32600, "{refused}");
+                assert_eq!(refused["error"]["message"], "request id 7 is already in use");
+            }
+            let echo = host.answer().await;
+            assert_eq!((echo["id"].clone(), echo["result"]["content"][0]["text"].clone()), (json!(8), json!("after")));
+            // the refusals ended nothing: one call counted (8), none failed,
+            // and 7 is still in flight (a third refusal says so)
+            assert_eq!(counts(), (Some(1), Some(0)));
+            host.send(b"{\"jsonrpc\":\"2.0\",\"id\":7,\"method\":\"ping\"}\n").await;
+            assert_eq!(host.answer().await["error"]["message"], "request id 7 is already in use");
+            assert_eq!(counts(), (Some(1), Some(0)));
+        })
+        .await
+        .expect("within 30 s");
+    });
+    assert!(d.stop(Signal::TERM).success());
+}

@@ -207,6 +207,11 @@ impl Message {
             .map(|id| Cow::Owned(id.to_string()))
     }
 
+    /// The request id, read once: `None` if it is absent or `null`.
+    pub fn request_id(&self) -> Option<RequestId> {
+        self.id_text().map(|text| RequestId(text.into()))
+    }
+
     /// The `method`, if it is a string.
     pub fn method(&self) -> Option<Cow<'_, str>> {
         let raw = self.raw("method")?;
@@ -321,6 +326,60 @@ impl Message {
             map.insert(self.text(&m.key).to_owned(), value);
         }
         Value::Object(map)
+    }
+}
+
+/// A request's id, read once ([`Message::request_id`], [`RequestId::of`]):
+/// its JSON text as serde_json writes it (`7`, `"a"`). The key of every
+/// map of requests in flight (the router's, a session's calls, a
+/// bridge's ledger), and the text an answer carries back. Equal ids have
+/// equal text: `1` and `"1"` are two ids.
+#[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct RequestId(std::sync::Arc<str>);
+
+impl RequestId {
+    /// The id `id` (`None` for `null`, which is no id).
+    pub fn of(id: &Value) -> Option<Self> {
+        (!id.is_null()).then(|| Self(id_key(id).into()))
+    }
+
+    /// Its JSON text.
+    pub fn as_json(&self) -> &str {
+        &self.0
+    }
+
+    /// It as a `Value` (for a message built as one).
+    pub fn to_value(&self) -> Value {
+        // Read from JSON, or written by serde_json.
+        serde_json::from_str(&self.0).unwrap_or(Value::Null)
+    }
+
+    /// It as an unsigned integer, if it is one (the ids mcpd gives).
+    pub fn as_u64(&self) -> Option<u64> {
+        self.0.parse().ok()
+    }
+
+    /// Its JSON text, owned.
+    pub fn into_json(self) -> String {
+        self.0.as_ref().to_owned()
+    }
+}
+
+impl fmt::Display for RequestId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl fmt::Debug for RequestId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::borrow::Borrow<str> for RequestId {
+    fn borrow(&self) -> &str {
+        &self.0
     }
 }
 

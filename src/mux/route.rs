@@ -38,7 +38,7 @@ use foldhash::HashMap;
 use serde_json::{Value, json};
 
 use super::error::ErrorCode;
-use super::message::{Message, id_key};
+use super::message::{Message, RequestId};
 
 /// A host session, numbered by the session layer.
 pub type HostId = u64;
@@ -160,7 +160,7 @@ pub enum Out {
 enum Owner {
     Host {
         host: HostId,
-        id: Value,
+        id: RequestId,
     },
     /// mcpd's own request (a replayed subscription, an aggregated level):
     /// the answer goes nowhere.
@@ -180,7 +180,7 @@ struct Pending {
 #[derive(Debug, Clone, PartialEq)]
 struct Asked {
     /// The server's own id for it.
-    server_id: Value,
+    server_id: RequestId,
     method: String,
 }
 
@@ -204,8 +204,8 @@ pub struct Router {
     calls: u64,
     /// Upstream request id → who waits for the answer.
     pending: HashMap<u64, Pending>,
-    /// (host, the host's id as JSON text) → upstream request id.
-    inflight: HashMap<(HostId, String), u64>,
+    /// (host, the host's id) → upstream request id.
+    inflight: HashMap<(HostId, RequestId), u64>,
     /// Upstream progress token → the host's own token.
     tokens: HashMap<u64, (HostId, Value)>,
     /// (host, the id we gave the host) → the server's request.
@@ -341,7 +341,10 @@ impl Router {
         let mut out = Vec::new();
         for up in held {
             match self.forget(up).map(|p| p.owner) {
-                Some(Owner::Host { host, id }) => out.push(Out::Down { host, id }),
+                Some(Owner::Host { host, id }) => out.push(Out::Down {
+                    host,
+                    id: id.to_value(),
+                }),
                 Some(Owner::Own) => out.push(Out::Unanswered(up)),
                 Some(Owner::Mcpd) | None => {}
             }
@@ -385,6 +388,12 @@ impl Router {
         self.hosts.get(&host).map_or(0, |h| h.busy)
     }
 
+    /// Whether host `host` has a request `id` in flight (or held): a
+    /// request reusing it is refused.
+    pub fn in_use(&self, host: HostId, id: &RequestId) -> bool {
+        self.inflight.contains_key(&(host, id.clone()))
+    }
+
     /// The most verbose level any host asked for.
     fn wanted_level(&self) -> Option<Level> {
         self.hosts.values().filter_map(|h| h.level).min()
@@ -418,9 +427,8 @@ impl Router {
         }
         // JSON-RPC allows a null id only in error responses; MCP ids are
         // strings or numbers.
-        let raw_id = msg.id();
-        let null_id = raw_id.as_ref().is_some_and(Value::is_null);
-        let id = raw_id.filter(|id| !id.is_null());
+        let null_id = msg.raw("id") == Some("null");
+        let id = msg.request_id();
         let method = msg.method().map(|m| m.into_owned());
         if null_id && method.is_some() {
             out.push(Out::Host(
@@ -444,7 +452,7 @@ impl Router {
                     .as_u64()
                     .and_then(|down| self.asked.remove(&(host, down)));
                 if let Some(asked) = asked {
-                    msg.set_json("id", id_key(&asked.server_id));
+                    msg.set_json("id", asked.server_id.into_json());
                     out.push(Out::Server(msg));
                 }
                 // An answer to a request nobody made: dropped.
@@ -465,16 +473,15 @@ impl Router {
         &mut self,
         host: HostId,
         name: &str,
-        id: Value,
+        id: RequestId,
         msg: &mut Message,
         out: &mut Vec<Out>,
     ) {
-        let key = (host, id_key(&id));
-        if self.inflight.contains_key(&key) {
+        if self.in_use(host, &id) {
             out.push(Out::Host(
                 host,
                 error(
-                    &id,
+                    &id.to_value(),
                     ErrorCode::InvalidRequest,
                     format!("request id {id} is already in use"),
                 ),
@@ -487,7 +494,7 @@ impl Router {
         }
         match name {
             "ping" => {
-                out.push(Out::Host(host, response(&id, json!({}))));
+                out.push(Out::Host(host, response(&id.to_value(), json!({}))));
                 return;
             }
             "logging/setLevel" => {
@@ -499,12 +506,12 @@ impl Router {
                             h.level = Some(level);
                         }
                         self.sync_level(out);
-                        out.push(Out::Host(host, response(&id, json!({}))));
+                        out.push(Out::Host(host, response(&id.to_value(), json!({}))));
                     }
                     _ => out.push(Out::Host(
                         host,
                         error(
-                            &id,
+                            &id.to_value(),
                             ErrorCode::InvalidParams,
                             "logging/setLevel needs a valid `level`",
                         ),
@@ -518,7 +525,7 @@ impl Router {
                     out.push(Out::Host(
                         host,
                         error(
-                            &id,
+                            &id.to_value(),
                             ErrorCode::InvalidParams,
                             format!("{name} needs a `uri`"),
                         ),
@@ -538,14 +545,17 @@ impl Router {
                 };
                 if !(forward && self.up) {
                     // Shared, or replayed when the upstream is back.
-                    out.push(Out::Host(host, response(&id, json!({}))));
+                    out.push(Out::Host(host, response(&id.to_value(), json!({}))));
                     return;
                 }
             }
             _ => {}
         }
         if !self.up && !self.hold {
-            out.push(Out::Down { host, id });
+            out.push(Out::Down {
+                host,
+                id: id.to_value(),
+            });
             return;
         }
         let up_id = self.fresh_id();
@@ -562,7 +572,7 @@ impl Router {
         } else {
             None
         };
-        self.inflight.insert(key, up_id);
+        self.inflight.insert((host, id.clone()), up_id);
         if let Some(h) = self.hosts.get_mut(&host) {
             h.busy += 1;
         }
@@ -590,7 +600,8 @@ impl Router {
             "notifications/initialized" => {}
             "notifications/cancelled" => {
                 let (params, theirs) = param(msg, "requestId");
-                if let Some(up) = self.inflight.get(&(host, theirs.to_string())).copied() {
+                let theirs = RequestId::of(&theirs);
+                if let Some(up) = theirs.and_then(|id| self.inflight.get(&(host, id)).copied()) {
                     // The server will not answer a cancelled request (and
                     // a held one is never sent).
                     self.forget(up);
@@ -618,7 +629,7 @@ impl Router {
             self.tokens.remove(&token);
         }
         if let Owner::Host { host, id } = &pending.owner {
-            self.inflight.remove(&(*host, id_key(id)));
+            self.inflight.remove(&(*host, id.clone()));
             if let Some(h) = self.hosts.get_mut(host) {
                 h.busy = h.busy.saturating_sub(1);
             }
@@ -630,19 +641,19 @@ impl Router {
     pub fn from_server(&mut self, msg: impl Into<Message>) -> Vec<Out> {
         let mut msg = msg.into();
         let mut out = Vec::new();
-        let id = msg.id();
-        if id.as_ref().is_some_and(Value::is_null) {
+        if msg.raw("id") == Some("null") {
             // Not a request (MCP ids are strings or numbers), and an error
             // about something unparseable belongs to nobody.
             return out;
         }
+        let id = msg.request_id();
         let method = msg.method().map(|m| m.into_owned());
         match (method, id) {
             (None, Some(id)) => {
                 let Some(up) = id.as_u64() else { return out };
                 match self.forget(up).map(|p| p.owner) {
                     Some(Owner::Host { host, id }) => {
-                        msg.set_json("id", id_key(&id));
+                        msg.set_json("id", id.into_json());
                         out.push(Out::Host(host, msg));
                     }
                     Some(Owner::Own) => out.push(Out::Answer(up, msg)),
@@ -703,9 +714,9 @@ impl Router {
         }
     }
 
-    fn server_request(&mut self, name: &str, id: Value, mut msg: Message, out: &mut Vec<Out>) {
+    fn server_request(&mut self, name: &str, id: RequestId, mut msg: Message, out: &mut Vec<Out>) {
         if name == "ping" {
-            out.push(Out::Server(response(&id, json!({}))));
+            out.push(Out::Server(response(&id.to_value(), json!({}))));
             return;
         }
         match self.answerer(name) {
@@ -721,7 +732,11 @@ impl Router {
                 msg.set("id", &down);
                 out.push(Out::Host(host, msg));
             }
-            Err(why) => out.push(Out::Server(error(&id, ErrorCode::MethodNotFound, why))),
+            Err(why) => out.push(Out::Server(error(
+                &id.to_value(),
+                ErrorCode::MethodNotFound,
+                why,
+            ))),
         }
     }
 
@@ -738,10 +753,11 @@ impl Router {
             "notifications/cancelled" => {
                 // The server withdraws a request it handed a host.
                 let (params, theirs) = param(&msg, "requestId");
+                let theirs = RequestId::of(&theirs);
                 let found = self
                     .asked
                     .iter()
-                    .find_map(|(key, a)| (a.server_id == theirs).then_some(*key));
+                    .find_map(|(key, a)| (Some(&a.server_id) == theirs.as_ref()).then_some(*key));
                 if let Some((host, down)) = found {
                     self.asked.remove(&(host, down));
                     set_param(&mut msg, params, "requestId", json!(down));
@@ -818,7 +834,7 @@ impl Router {
         for key in asked {
             if let Some(a) = self.asked.remove(&key) {
                 out.push(Out::Server(error(
-                    &a.server_id,
+                    &a.server_id.to_value(),
                     ErrorCode::InternalError,
                     format!("the host asked to answer {} disconnected", a.method),
                 )));
@@ -846,7 +862,7 @@ impl Router {
     pub fn upstream_lost(&mut self) -> Vec<Out> {
         self.up = false;
         self.held.clear();
-        let mut failed: Vec<(HostId, Value)> = Vec::new();
+        let mut failed: Vec<(HostId, RequestId)> = Vec::new();
         let mut own: Vec<u64> = Vec::new();
         for (up, p) in self.pending.drain() {
             match p.owner {
@@ -855,7 +871,7 @@ impl Router {
                 Owner::Mcpd => {}
             }
         }
-        failed.sort_by_key(|(host, id)| (*host, id.to_string()));
+        failed.sort_unstable();
         own.sort_unstable();
         self.inflight.clear();
         self.tokens.clear();
@@ -866,7 +882,10 @@ impl Router {
         asked.sort_unstable();
         own.into_iter()
             .map(Out::Unanswered)
-            .chain(failed.into_iter().map(|(host, id)| Out::Down { host, id }))
+            .chain(failed.into_iter().map(|(host, id)| Out::Down {
+                host,
+                id: id.to_value(),
+            }))
             // Questions the server asked hosts are void: say so, so no
             // dialog waits for an answer that would be dropped.
             .chain(asked.into_iter().map(|(host, down)| {

@@ -23,7 +23,7 @@
 use serde_json::{Value, json};
 
 use super::error::ErrorCode;
-use super::message::Message;
+use super::message::{Message, RequestId};
 use super::wire::{Frame, MAX_LINE};
 
 /// The revision mcpd asks servers for (the server may answer with an older
@@ -62,20 +62,19 @@ pub enum Step {
     /// Answer it with this error response (and nothing else).
     Refuse(Value),
     /// Its `initialize` (`id`), to answer from the server's result.
-    Initialize(Value),
+    Initialize(RequestId),
     /// A `ping` before `initialize`: answered by mcpd.
-    Pong(Value),
+    Pong(RequestId),
     /// A notification before `initialize`: dropped.
     Ignore,
     /// `tools/list` (`id`): answered from the published list.
-    ToolsList(Value),
+    ToolsList(RequestId),
     /// A request (`id`, `method`): answered from a list mcpd keeps if it is
     /// one, else sent upstream.
-    Request { id: Value, method: String },
-    /// `notifications/cancelled` of its request whose id is the JSON text
-    /// `request` (when it names one): nobody answers that request now;
-    /// routed on.
-    Cancelled { request: Option<String> },
+    Request { id: RequestId, method: String },
+    /// `notifications/cancelled` of its request `request` (when it names
+    /// one): nobody answers that request now; routed on.
+    Cancelled { request: Option<RequestId> },
     /// Anything else (answers to the server's requests, notifications):
     /// routed as it is.
     Route,
@@ -103,16 +102,17 @@ pub fn classify(frame: &Frame, state: HostState) -> Step {
         }
     };
     let method = message.method();
-    let id = message.id().filter(|id| !id.is_null());
+    let id = message.request_id();
     match (method.as_deref(), id) {
         (Some("initialize"), Some(id)) if state.initialized => Step::Refuse(
-            ErrorCode::InvalidRequest.response(&id, "the session is already initialized"),
+            ErrorCode::InvalidRequest
+                .response(&id.to_value(), "the session is already initialized"),
         ),
         (Some("initialize"), Some(id)) => Step::Initialize(id),
         (Some("ping"), Some(id)) if !state.initialized => Step::Pong(id),
-        (Some(_), Some(id)) if !state.initialized => {
-            Step::Refuse(ErrorCode::InvalidRequest.response(&id, "send initialize first"))
-        }
+        (Some(_), Some(id)) if !state.initialized => Step::Refuse(
+            ErrorCode::InvalidRequest.response(&id.to_value(), "send initialize first"),
+        ),
         (Some(_), None) if !state.initialized => Step::Ignore,
         (Some("tools/list"), Some(id)) => Step::ToolsList(id),
         (Some(method), Some(id)) => Step::Request {
@@ -122,7 +122,7 @@ pub fn classify(frame: &Frame, state: HostState) -> Step {
         (Some("notifications/cancelled"), None) => Step::Cancelled {
             request: message
                 .params()
-                .and_then(|p| p.get("requestId").map(Value::to_string)),
+                .and_then(|p| p.get("requestId").and_then(RequestId::of)),
         },
         _ => Step::Route,
     }
@@ -172,7 +172,7 @@ pub fn replay_notices(init: &Value) -> Vec<&'static str> {
 /// The answer to list request `id` from a kept list: `key` is the
 /// result's member (`tools`, `resources`, …), `list` the list's JSON
 /// array text, copied as it is.
-pub fn list_answer(id: &Value, key: &str, list: &str) -> Vec<u8> {
+pub fn list_answer(id: &RequestId, key: &str, list: &str) -> Vec<u8> {
     format!("{{\"jsonrpc\":\"2.0\",\"id\":{id},\"result\":{{\"{key}\":{list}}}}}\n").into_bytes()
 }
 

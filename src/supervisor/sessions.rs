@@ -49,7 +49,7 @@ use crate::mux::error::ErrorCode;
 use crate::mux::host::{Event, HostLink, HostOut, Opened, Reader, StopReading};
 use crate::mux::ledger::Ledger;
 use crate::mux::lists::{List, ListError, ListRead, Next, Why};
-use crate::mux::message::{Message, id_key};
+use crate::mux::message::{Message, RequestId};
 use crate::mux::route::{Caps, HostId, Out, Router};
 use crate::mux::session::{self, HostState, Outcome, Step};
 use crate::mux::wire::{Frame, Outbox, Refused, Wire, line};
@@ -464,7 +464,7 @@ struct Host {
     /// generation, handled in order once it is answered.
     held: Vec<Frame>,
     /// Its `tools/call`s in flight, by its request id (as JSON text).
-    calls: HashMap<String, Record>,
+    calls: HashMap<RequestId, Record>,
     /// Its requests read and not answered, for its bridge (stdio handed
     /// over).
     ledger: Option<Box<Ledger>>,
@@ -818,9 +818,9 @@ impl Task {
 
     /// `host`'s request `id` is answered by bytes mcpd made (the answer
     /// is sent after): its bridge need not answer it.
-    fn answered(&mut self, host: HostId, id: &Value) {
+    fn answered(&mut self, host: HostId, id: &RequestId) {
         if let Some(ledger) = self.hosts.get_mut(&host).and_then(|h| h.ledger.as_mut()) {
-            ledger.clear(&id.to_string());
+            ledger.clear(id.as_json());
         }
     }
 
@@ -1214,7 +1214,7 @@ impl Task {
     /// Answers a host's list request from the cache, if the list is kept
     /// (or, while an on-demand server does not run, with the error it
     /// would give if it does not offer the list: listing never starts it).
-    fn answer_list(&mut self, host: HostId, id: &Value, method: &str) -> bool {
+    fn answer_list(&mut self, host: HostId, id: &RequestId, method: &str) -> bool {
         let Some(kind) = List::KEPT.into_iter().find(|k| k.method() == method) else {
             return false;
         };
@@ -1225,7 +1225,10 @@ impl Task {
                 .is_some_and(|init| init["capabilities"].get(kind.capability()).is_some());
             if self.on_demand && self.upstream.is_none() && !offered {
                 let text = format!("server {} does not offer {}", self.name, kind.capability());
-                self.send(host, ErrorCode::MethodNotFound.response(id, text));
+                self.send(
+                    host,
+                    ErrorCode::MethodNotFound.response(&id.to_value(), text),
+                );
                 return true;
             }
             return false;
@@ -1313,9 +1316,14 @@ impl Task {
             Step::Refuse(refusal) => self.send(host, refusal),
             Step::Initialize(id) => {
                 let params = message.params().unwrap_or(Value::Null);
-                self.initialize(host, &id, &params);
+                self.initialize(host, &id.to_value(), &params);
             }
-            Step::Pong(id) => self.send(host, json!({"jsonrpc": "2.0", "id": id, "result": {}})),
+            Step::Pong(id) => {
+                self.send(
+                    host,
+                    json!({"jsonrpc": "2.0", "id": id.to_value(), "result": {}}),
+                );
+            }
             Step::Ignore => {}
             Step::ToolsList(id) => {
                 let bytes = session::list_answer(&id, "tools", self.status.borrow().tools.json());
@@ -1333,7 +1341,7 @@ impl Task {
                 {
                     // A cancelled request gets no answer, from anyone.
                     if let Some(ledger) = &mut h.ledger {
-                        ledger.clear(&request);
+                        ledger.clear(request.as_json());
                     }
                     if let Some(mut record) = h.calls.remove(&request) {
                         record.finish(Outcome::Failed("cancelled by the host".into()));
@@ -1349,15 +1357,25 @@ impl Task {
         }
     }
 
-    fn host_request(&mut self, host: HostId, name: &str, id: Value, message: Message) {
+    fn host_request(&mut self, host: HostId, name: &str, id: RequestId, message: Message) {
         if self.router.in_flight(host) >= MAX_IN_FLIGHT {
             self.send(
                 host,
                 ErrorCode::InvalidRequest.response(
-                    &id,
+                    &id.to_value(),
                     format!("too many requests in flight (at most {MAX_IN_FLIGHT} per session)"),
                 ),
             );
+            return;
+        }
+        if self.router.in_use(host, &id) {
+            // Refused here, not by the router, and written as it is: an
+            // answer with this id would end the record of the call that
+            // holds it.
+            let refusal = ErrorCode::InvalidRequest
+                .response(&id.to_value(), format!("request id {id} is already in use"));
+            self.answered(host, &id);
+            self.send_bytes(host, line(&refusal));
             return;
         }
         if name == "tools/call" {
@@ -1369,25 +1387,18 @@ impl Task {
                     why,
                 }
                 .to_string();
-                self.send(host, ErrorCode::InvalidParams.response(&id, text));
+                self.send(
+                    host,
+                    ErrorCode::InvalidParams.response(&id.to_value(), text),
+                );
                 return;
             }
-            let key = id_key(&id);
             let Some(h) = self.hosts.get_mut(&host) else {
                 return;
             };
-            if h.calls.contains_key(&key) {
-                // Not routed: the router's refusal would end the record of
-                // the call that holds the id.
-                let refusal = ErrorCode::InvalidRequest
-                    .response(&id, format!("request id {id} is already in use"));
-                self.answered(host, &id);
-                self.send_bytes(host, line(&refusal));
-                return;
-            }
             let mut record = Record::new(&self.name, &tool, &self.counters);
             record.caller = h.caller;
-            h.calls.insert(key, record);
+            h.calls.insert(id, record);
         }
         if session::counts_as_use(name) {
             self.used = now();
