@@ -330,3 +330,77 @@ fn a_request_id_is_its_json_text_read_once() {
     assert_eq!(rid(json!("42")).as_u64(), None);
     assert_eq!(rid(json!("a")).to_string(), r#""a""#);
 }
+
+#[test]
+fn what_is_not_json_rpc_2_0_is_an_invalid_request_and_unknown_members_go() {
+    let line = |text: &str| Frame::Message(Message::parse(text.as_bytes()).expect("message"));
+    let cases = [
+        (
+            r#"{"jsonrpc":"1.0","id":1,"method":"ping"}"#,
+            json!(1),
+            "jsonrpc must be \"2.0\"",
+        ),
+        (
+            r#"{"id":"a","method":"tools/list"}"#,
+            json!("a"),
+            "jsonrpc must be \"2.0\"",
+        ),
+        (
+            r#"{"jsonrpc":2.0,"id":1,"method":"ping"}"#,
+            json!(1),
+            "jsonrpc must be \"2.0\"",
+        ),
+        (
+            r#"{"jsonrpc":"1.0","method":"notifications/initialized"}"#,
+            Value::Null,
+            "jsonrpc must be \"2.0\"",
+        ),
+        (
+            r#"{"jsonrpc":"2.0","id":true,"method":"ping"}"#,
+            Value::Null,
+            "a request id must be a string or a number",
+        ),
+        (
+            r#"{"jsonrpc":"2.0","id":{"a":1},"method":"ping"}"#,
+            Value::Null,
+            "a request id must be a string or a number",
+        ),
+        (
+            r#"{"jsonrpc":"2.0","id":[1],"result":{}}"#,
+            Value::Null,
+            "a request id must be a string or a number",
+        ),
+    ];
+    for state in [NEW, READY] {
+        for (text, id, why) in &cases {
+            let (code, got, message) = refusal(&classify(&line(text), state));
+            assert_eq!((code, &got, message.as_str()), (-32600, id, *why), "{text}");
+        }
+    }
+    // valid ids of every kind pass
+    for text in [
+        r#"{"jsonrpc":"2.0","id":-1,"method":"ping"}"#,
+        r#"{"jsonrpc":"2.0","id":"x","method":"ping"}"#,
+        r#"{"jsonrpc":"2.0","id":null,"error":{"code":-32600,"message":"m"}}"#,
+    ] {
+        assert!(
+            !matches!(classify(&line(text), READY), Step::Refuse(_)),
+            "{text}"
+        );
+    }
+    // members JSON-RPC does not have are dropped, the rest kept in order
+    let mut message = Message::parse(
+        br#"{"jsonrpc":"2.0","extra":1,"id":5,"method":"tools/call","params":{"x":1},"trace":"t"}"#,
+    )
+    .expect("message");
+    assert_eq!(session::strip(&mut message), ["extra", "trace"]);
+    assert_eq!(
+        message.to_value(),
+        json!({"jsonrpc": "2.0", "id": 5, "method": "tools/call", "params": {"x": 1}})
+    );
+    assert_eq!(
+        String::from_utf8(message.line()).expect("utf-8"),
+        "{\"jsonrpc\":\"2.0\",\"id\":5,\"method\":\"tools/call\",\"params\":{\"x\":1}}\n"
+    );
+    assert!(session::strip(&mut message).is_empty());
+}

@@ -521,14 +521,14 @@ fn a_call_in_flight_when_the_server_exits_gets_connection_lost_with_the_exit() {
 }
 
 /// A host that writes raw lines: `mcpctl bridge` with piped stdio.
-struct Raw {
+pub(crate) struct Raw {
     _bridge: tokio::process::Child,
     write: tokio::process::ChildStdin,
     read: tokio::io::Lines<tokio::io::BufReader<tokio::process::ChildStdout>>,
 }
 
 impl Raw {
-    fn new(runtime: &std::path::Path, name: &str) -> Self {
+    pub(crate) fn new(runtime: &std::path::Path, name: &str) -> Self {
         use tokio::io::AsyncBufReadExt;
         let (bridge, (stdout, stdin)) = crate::helper::bridge(runtime, name);
         Self {
@@ -538,14 +538,14 @@ impl Raw {
         }
     }
 
-    async fn send(&mut self, bytes: &[u8]) {
+    pub(crate) async fn send(&mut self, bytes: &[u8]) {
         use tokio::io::AsyncWriteExt;
         self.write.write_all(bytes).await.expect("write");
         self.write.flush().await.expect("flush");
     }
 
     /// The next answer (notifications on the way are skipped).
-    async fn answer(&mut self) -> Value {
+    pub(crate) async fn answer(&mut self) -> Value {
         loop {
             let line = self.line().await;
             if line.get("method").is_none() {
@@ -554,7 +554,7 @@ impl Raw {
         }
     }
 
-    async fn line(&mut self) -> Value {
+    pub(crate) async fn line(&mut self) -> Value {
         let line = tokio::time::timeout(Duration::from_secs(10), self.read.next_line())
             .await
             .expect("an answer within 10 s")

@@ -15,6 +15,7 @@ mod docs;
 mod fidelity;
 mod fixture;
 mod fuzz;
+mod hostile;
 mod interop;
 mod lists;
 mod machine;

@@ -285,6 +285,25 @@ impl Message {
         }
     }
 
+    /// Keeps only the members whose key `keep` accepts; returns the keys
+    /// of those it dropped.
+    pub fn retain(&mut self, keep: impl Fn(&str) -> bool) -> Vec<String> {
+        let text = &self.text;
+        if self.members.iter().all(|m| keep(m.key.get(text))) {
+            return Vec::new();
+        }
+        let mut dropped = Vec::new();
+        self.members.retain(|m| {
+            let key = m.key.get(text);
+            keep(key) || {
+                dropped.push(key.to_owned());
+                false
+            }
+        });
+        self.index();
+        dropped
+    }
+
     /// The message as one line, newline included.
     pub fn line(&self) -> Vec<u8> {
         let size: usize = self

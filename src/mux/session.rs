@@ -101,6 +101,9 @@ pub fn classify(frame: &Frame, state: HostState) -> Step {
             ));
         }
     };
+    if let Some(refusal) = invalid(message) {
+        return Step::Refuse(refusal);
+    }
     let method = message.method();
     let id = message.request_id();
     match (method.as_deref(), id) {
@@ -126,6 +129,44 @@ pub fn classify(frame: &Frame, state: HostState) -> Step {
         },
         _ => Step::Route,
     }
+}
+
+/// The members of a JSON-RPC 2.0 message: requests and notifications
+/// (`jsonrpc`, `id`, `method`, `params`) and responses (`result`, `error`).
+pub const MEMBERS: [&str; 6] = ["jsonrpc", "id", "method", "params", "result", "error"];
+
+/// Drops the members of a host's message that JSON-RPC 2.0 does not have
+/// (a server may refuse, or silently drop, a message that has them, and
+/// the host would wait for ever); returns their keys.
+pub fn strip(message: &mut Message) -> Vec<String> {
+    message.retain(|key| MEMBERS.contains(&key))
+}
+
+/// Why a host's message is not a valid JSON-RPC 2.0 message, as the
+/// `-32600 Invalid Request` answer to it: `jsonrpc` must be `"2.0"`, and
+/// an id a string or a number (MCP: a string or an integer; `null` is
+/// for error responses alone).
+fn invalid(message: &Message) -> Option<Value> {
+    let id = message.raw("id");
+    let id_ok = id.is_none_or(|raw| {
+        raw.starts_with('"')
+            || raw.starts_with('-')
+            || raw.as_bytes().first().is_some_and(u8::is_ascii_digit)
+            || raw == "null"
+    });
+    let why = if message.raw("jsonrpc") != Some("\"2.0\"") {
+        "jsonrpc must be \"2.0\""
+    } else if !id_ok {
+        "a request id must be a string or a number"
+    } else {
+        return None;
+    };
+    let id = if id_ok {
+        message.request_id().map_or(Value::Null, |id| id.to_value())
+    } else {
+        Value::Null
+    };
+    Some(ErrorCode::InvalidRequest.response(&id, why))
 }
 
 /// The version a host asking for `asked` gets.

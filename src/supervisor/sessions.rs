@@ -1292,7 +1292,13 @@ impl Task {
         }
     }
 
-    fn on_host(&mut self, host: HostId, frame: Frame) {
+    fn on_host(&mut self, host: HostId, mut frame: Frame) {
+        if let Frame::Message(message) = &mut frame {
+            let dropped = session::strip(message);
+            if !dropped.is_empty() {
+                tracing::debug!(target: "mcpd::sessions", mcpd_server = %self.name, host, "dropped members JSON-RPC does not have: {}", dropped.join(", "));
+            }
+        }
         let waiting = self.waiting.iter().any(|(h, _, _)| *h == host);
         let Some(h) = self.hosts.get_mut(&host) else {
             return;
@@ -1486,11 +1492,17 @@ impl Task {
             self.used = now();
         }
         if answer {
-            // An answer: to anything but a probe, a sign of life.
-            let probed = outs.iter().any(|out| {
-                matches!(out, Out::Answer(id, _) if matches!(self.own.get(id), Some(Waiter::Probe(..))))
+            // An answer to a request still waited for, other than a probe,
+            // is a sign of life. An answer to a probe is judged by its
+            // timeout alone, and an answer to nothing (a probe answered
+            // after its timeout, cancelled since) is no sign either: a
+            // late answer is still a miss.
+            let alive = outs.iter().any(|out| match out {
+                Out::Host(..) => true,
+                Out::Answer(id, _) => !matches!(self.own.get(id), Some(Waiter::Probe(..))),
+                _ => false,
             });
-            if !probed {
+            if alive {
                 self.heard.now();
             }
         }

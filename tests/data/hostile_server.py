@@ -1,0 +1,73 @@
+"""An MCP stdio server that misbehaves on purpose, for the tests of what a
+hostile server cannot do to the daemon and its neighbours.
+
+Usage: hostile_server.py MODE [ARG], where MODE is one of:
+
+- ``slow-ping SECONDS``: answers every ``ping`` SECONDS late (everything
+  else at once);
+- ``strict``: drops, unanswered, a message with a member JSON-RPC 2.0 does
+  not have (as a strictly validating SDK does);
+- ``plain``: behaves.
+
+Raw JSON-RPC on stdin and stdout, no SDK, so the misbehaviour is exactly
+what is written here. It offers one tool, ``echo``.
+"""
+
+import json
+import sys
+import threading
+
+MODE = sys.argv[1]
+ARG = sys.argv[2] if len(sys.argv) > 2 else None
+LOCK = threading.Lock()
+
+
+def send(message):
+    line = json.dumps(message, separators=(",", ":")) + "\n"
+    with LOCK:
+        sys.stdout.write(line)
+        sys.stdout.flush()
+
+
+def answer(message, result):
+    send({"jsonrpc": "2.0", "id": message["id"], "result": result})
+
+
+MEMBERS = {"jsonrpc", "id", "method", "params", "result", "error"}
+
+ECHO = {
+    "name": "echo",
+    "description": "says it back",
+    "inputSchema": {"type": "object", "properties": {"text": {"type": "string"}}},
+}
+
+for line in sys.stdin:
+    try:
+        message = json.loads(line)
+    except ValueError:
+        continue
+    method = message.get("method")
+    if MODE == "strict" and set(message) - MEMBERS:
+        continue
+    if "id" not in message or method is None:
+        continue
+    params = message.get("params") or {}
+    if method == "initialize":
+        answer(message, {
+            "protocolVersion": "2025-11-25",
+            "capabilities": {"tools": {}},
+            "serverInfo": {"name": "hostile", "version": "1"},
+        })
+    elif method == "ping":
+        if MODE == "slow-ping":
+            threading.Timer(float(ARG), answer, (message, {})).start()
+        else:
+            answer(message, {})
+    elif method == "tools/list":
+        answer(message, {"tools": [ECHO]})
+    elif method == "tools/call":
+        text = params.get("arguments", {}).get("text", "")
+        answer(message, {"content": [{"type": "text", "text": text}]})
+    else:
+        send({"jsonrpc": "2.0", "id": message["id"],
+              "error": {"code": -32601, "message": "no such method"}})

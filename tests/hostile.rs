@@ -1,0 +1,89 @@
+//! Hostile servers and hosts beside well-behaved ones, under the real
+//! `mcpd`: what one misbehaving peer cannot do to the daemon or to its
+//! neighbours. The servers are `tests/data/hostile_server.py` (raw
+//! JSON-RPC, misbehaving exactly as its mode says).
+
+use std::path::Path;
+
+use rustix::process::Signal;
+
+use crate::helper::{Daemon, root};
+
+/// Unit `name` running the hostile server in `mode` (with `arg`), and
+/// `extra` unit text.
+fn hostile(dir: &Path, name: &str, mode: &[&str], extra: &str) {
+    let script = root().join("tests/data/hostile_server.py");
+    let args: String = mode.iter().map(|a| format!(" \"{a}\"")).collect();
+    std::fs::write(
+        dir.join(format!("{name}.kdl")),
+        format!(
+            "stdio {{\n    command \"python3\" \"{}\"{args}\n}}\n{extra}",
+            script.display()
+        ),
+    )
+    .expect("write unit");
+}
+
+#[test]
+fn a_ping_answered_after_its_timeout_is_a_miss() {
+    let units = tempfile::tempdir().expect("tempdir");
+    // every ping is answered 1.3 s late, with a timeout of 1 s
+    hostile(
+        units.path(),
+        "late",
+        &["slow-ping", "1.3"],
+        "health {\n    interval \"1s\"\n    timeout \"1s\"\n    failures 2\n}\n\
+         reconnect {\n    initial-delay \"100ms\"\n}\n",
+    );
+    let mut d = Daemon::user_no_bus(units.path(), &[]);
+    d.wait_until("late running", |d| d.starts("late") == 1);
+    let line = d.wait_for("no answer to ping (2 probes, 1s each)");
+    assert!(line.contains("mcpd_server=late"), "{line}");
+    d.wait_until("late running again", |d| d.starts("late") == 2);
+    assert!(d.stop(Signal::TERM).success());
+}
+
+#[test]
+fn what_is_not_json_rpc_2_0_is_refused_at_once_and_unknown_members_never_reach_the_server() {
+    use serde_json::json;
+    let units = tempfile::tempdir().expect("tempdir");
+    hostile(units.path(), "strict", &["strict"], "");
+    let mut d = Daemon::user_no_bus(units.path(), &[]);
+    d.wait_until("strict running", |d| d.starts("strict") == 1);
+    let runtime = d.runtime_dir().expect("runtime").to_owned();
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    rt.block_on(async {
+        tokio::time::timeout(std::time::Duration::from_secs(30), async {
+            let mut host = crate::sessions::Raw::new(&runtime, "strict");
+            host.send(concat!(
+                r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"raw","version":"1"}}}"#, "\n",
+                r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#, "\n",
+            ).as_bytes())
+            .await;
+            assert_eq!(host.answer().await["id"], 1);
+            for (line, id, why) in [
+                (r#"{"jsonrpc":"1.0","id":2,"method":"tools/list"}"#, json!(2), "jsonrpc must be \"2.0\""),
+                (r#"{"id":3,"method":"ping"}"#, json!(3), "jsonrpc must be \"2.0\""),
+                (r#"{"jsonrpc":"2.0","id":true,"method":"ping"}"#, json!(null), "a request id must be a string or a number"),
+                (r#"{"jsonrpc":"2.0","id":{"x":1},"method":"tools/call","params":{"name":"echo"}}"#, json!(null), "a request id must be a string or a number"),
+            ] {
+                host.send(format!("{line}\n").as_bytes()).await;
+                let refused = host.answer().await;
+                assert_eq!(
+                    (&refused["id"], &refused["error"]["code"], refused["error"]["message"].as_str()),
+                    (&id, &json!(-32600), Some(why)),
+                    "{line}: {refused}"
+                );
+            }
+            // a member JSON-RPC does not have is dropped on the way: the
+            // strict server answers instead of ignoring the request
+            host.send(b"{\"jsonrpc\":\"2.0\",\"id\":4,\"method\":\"tools/call\",\"params\":{\"name\":\"echo\",\"arguments\":{\"text\":\"through\"}},\"trace\":\"x\"}\n").await;
+            let echo = host.answer().await;
+            assert_eq!(echo["id"], 4, "{echo}");
+            assert_eq!(echo["result"]["content"][0]["text"], "through", "{echo}");
+        })
+        .await
+        .expect("within 30 s");
+    });
+    assert!(d.stop(Signal::TERM).success());
+}
