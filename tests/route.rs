@@ -850,3 +850,63 @@ fn a_held_request_cancelled_or_left_behind_is_never_sent() {
     );
     assert!(!r.holding());
 }
+
+#[test]
+fn subscriptions_are_bounded_per_host_and_per_unit_and_freed_with_their_host() {
+    use mcpd::mux::route::{MAX_SUBSCRIPTIONS, MAX_URIS};
+    let hosts: Vec<(HostId, Caps)> = (1..=17).map(|h| (h, Caps::default())).collect();
+    let mut r = router(&hosts);
+    let subscribe = |r: &mut Router, host: HostId, n: usize, uri: &str| {
+        r.from_host(
+            host,
+            request(json!(n), "resources/subscribe", json!({"uri": uri})),
+        )
+    };
+    let refused = |out: &[Out]| match out {
+        [Out::Host(_, msg)] => msg.to_value()["error"]["message"]
+            .as_str()
+            .map(str::to_owned),
+        _ => None,
+    };
+    // one host: up to its bound, then refused; the same URI again is fine
+    for n in 0..MAX_SUBSCRIPTIONS {
+        let out = subscribe(&mut r, 1, n, &format!("file:///1/{n}"));
+        assert_eq!(refused(&out), None, "subscription {n}");
+    }
+    let out = subscribe(&mut r, 1, 9999, "file:///1/more");
+    assert_eq!(
+        refused(&out).as_deref(),
+        Some("too many subscriptions (at most 1024 per session)")
+    );
+    assert_eq!(refused(&subscribe(&mut r, 1, 10000, "file:///1/0")), None);
+    // an unsubscribe makes room
+    r.from_host(
+        1,
+        request(
+            json!(10001),
+            "resources/unsubscribe",
+            json!({"uri": "file:///1/0"}),
+        ),
+    );
+    assert_eq!(
+        refused(&subscribe(&mut r, 1, 10002, "file:///1/more")),
+        None
+    );
+    // the unit: every host to its bound fills it; a URI subscribed already
+    // is no new one
+    for host in 2..=(MAX_URIS / MAX_SUBSCRIPTIONS) as u64 {
+        for n in 0..MAX_SUBSCRIPTIONS {
+            let out = subscribe(&mut r, host, n, &format!("file:///{host}/{n}"));
+            assert_eq!(refused(&out), None, "host {host}, subscription {n}");
+        }
+    }
+    let out = subscribe(&mut r, 17, 1, "file:///17/new");
+    assert_eq!(
+        refused(&out).as_deref(),
+        Some("too many subscriptions on this server (at most 16384 URIs for all its sessions)")
+    );
+    assert_eq!(refused(&subscribe(&mut r, 17, 2, "file:///2/5")), None);
+    // a host that leaves frees its URIs
+    r.detach(3);
+    assert_eq!(refused(&subscribe(&mut r, 17, 3, "file:///17/new")), None);
+}

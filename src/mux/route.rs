@@ -43,6 +43,12 @@ use super::message::{Message, RequestId};
 /// A host session, numbered by the session layer.
 pub type HostId = u64;
 
+/// URIs one host session may be subscribed to at once.
+pub const MAX_SUBSCRIPTIONS: usize = 1024;
+
+/// URIs the sessions of one unit may be subscribed to at once, together.
+pub const MAX_URIS: usize = 16384;
+
 /// JSON-RPC: no such method (here: nobody can answer it).
 pub const METHOD_NOT_FOUND: i64 = ErrorCode::MethodNotFound.code();
 
@@ -192,6 +198,8 @@ struct Host {
     last_call: u64,
     /// Its requests in flight upstream.
     busy: usize,
+    /// The URIs it is subscribed to.
+    subscribed: usize,
 }
 
 /// The routing state of one unit's host sessions.
@@ -388,6 +396,31 @@ impl Router {
         self.hosts.get(&host).map_or(0, |h| h.busy)
     }
 
+    /// Why host `host` may not subscribe to `uri` now, if it may not:
+    /// at most [`MAX_SUBSCRIPTIONS`] URIs per host and [`MAX_URIS`] per
+    /// unit (a subscription held already is no new one).
+    fn refuse_subscription(&self, host: HostId, uri: &str) -> Option<String> {
+        let subscribers = self.subscriptions.get(uri);
+        if subscribers.is_some_and(|s| s.contains(&host)) {
+            return None;
+        }
+        if self
+            .hosts
+            .get(&host)
+            .is_some_and(|h| h.subscribed >= MAX_SUBSCRIPTIONS)
+        {
+            return Some(format!(
+                "too many subscriptions (at most {MAX_SUBSCRIPTIONS} per session)"
+            ));
+        }
+        if subscribers.is_none() && self.subscriptions.len() >= MAX_URIS {
+            return Some(format!(
+                "too many subscriptions on this server (at most {MAX_URIS} URIs for all its sessions)"
+            ));
+        }
+        None
+    }
+
     /// Whether host `host` has a request `id` in flight (or held): a
     /// request reusing it is refused.
     pub fn in_use(&self, host: HostId, id: &RequestId) -> bool {
@@ -532,17 +565,31 @@ impl Router {
                     ));
                     return;
                 };
+                let subscribing = name == "resources/subscribe";
+                if subscribing && let Some(why) = self.refuse_subscription(host, &uri) {
+                    let refusal = error(&id.to_value(), ErrorCode::InvalidRequest, why);
+                    out.push(Out::Host(host, refusal));
+                    return;
+                }
                 let subscribers = self.subscriptions.entry(uri.clone()).or_default();
-                let forward = if name == "resources/subscribe" {
-                    subscribers.insert(host) && subscribers.len() == 1
+                let (changed, forward) = if subscribing {
+                    let added = subscribers.insert(host);
+                    (added, added && subscribers.len() == 1)
                 } else {
                     let removed = subscribers.remove(&host);
                     let last = subscribers.is_empty();
                     if last {
                         self.subscriptions.remove(&uri);
                     }
-                    removed && last
+                    (removed, removed && last)
                 };
+                if changed && let Some(h) = self.hosts.get_mut(&host) {
+                    if subscribing {
+                        h.subscribed += 1;
+                    } else {
+                        h.subscribed = h.subscribed.saturating_sub(1);
+                    }
+                }
                 if !(forward && self.up) {
                     // Shared, or replayed when the upstream is back.
                     out.push(Out::Host(host, response(&id.to_value(), json!({}))));
