@@ -87,3 +87,69 @@ fn what_is_not_json_rpc_2_0_is_refused_at_once_and_unknown_members_never_reach_t
     });
     assert!(d.stop(Signal::TERM).success());
 }
+
+#[test]
+fn a_host_that_never_reads_large_answers_is_detached_and_the_daemon_stays_small() {
+    let units = tempfile::tempdir().expect("tempdir");
+    hostile(units.path(), "big", &["plain"], "");
+    let mut d = Daemon::user_no_bus(units.path(), &[]);
+    d.wait_until("big running", |d| d.starts("big") == 1);
+    let runtime = d.runtime_dir().expect("runtime").to_owned();
+    let pid = d.pid();
+    let init = concat!(
+        r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"raw","version":"1"}}}"#,
+        "\n",
+        r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#,
+        "\n",
+    );
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    let mut peak = 0;
+    rt.block_on(async {
+        tokio::time::timeout(std::time::Duration::from_secs(60), async {
+            let mut sink = crate::sessions::Raw::new(&runtime, "big");
+            sink.send(init.as_bytes()).await;
+            assert_eq!(sink.answer().await["id"], 1);
+            // 24 answers of 8 MiB asked for, none read
+            let mut calls = String::new();
+            for id in 2..26 {
+                calls.push_str(&format!(
+                    "{{\"jsonrpc\":\"2.0\",\"id\":{id},\"method\":\"tools/call\",\"params\":{{\"name\":\"big\",\"arguments\":{{\"n\":{}}}}}}}\n",
+                    8 << 20
+                ));
+            }
+            sink.send(calls.as_bytes()).await;
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+            while !d.seen.iter().any(|l| l.contains("detaching host session")) {
+                assert!(
+                    std::time::Instant::now() < deadline,
+                    "the host was never detached; mcpd logged:\n{}",
+                    d.seen.join("\n")
+                );
+                peak = peak.max(crate::helper::rss_kib(pid));
+                d.read_for(std::time::Duration::from_millis(50));
+            }
+            // the daemon goes on serving a host that reads
+            let mut good = crate::sessions::Raw::new(&runtime, "big");
+            good.send(init.as_bytes()).await;
+            assert_eq!(good.answer().await["id"], 1);
+            good.send(b"{\"jsonrpc\":\"2.0\",\"id\":2,\"method\":\"tools/call\",\"params\":{\"name\":\"echo\",\"arguments\":{\"text\":\"here\"}}}\n").await;
+            let echo = good.answer().await;
+            assert_eq!(echo["result"]["content"][0]["text"], "here", "{echo}");
+            drop(sink);
+        })
+        .await
+        .expect("within 60 s");
+    });
+    let detached = d
+        .seen
+        .iter()
+        .find(|l| l.contains("detaching host session"))
+        .expect("detached");
+    assert!(
+        detached.contains("it stopped reading its messages"),
+        "{detached}"
+    );
+    assert!(detached.contains("mcpd_server=big"), "{detached}");
+    assert!(peak < 256 * 1024, "daemon RSS peaked at {peak} KiB");
+    assert!(d.stop(Signal::TERM).success());
+}

@@ -70,8 +70,9 @@ pub struct Opened {
 
 impl HostLink {
     /// Opens the link for host session `host`: what is written to the
-    /// host (and to its bridge) is queued up to `queue` messages.
-    pub fn open(self, host: HostId, queue: usize) -> Opened {
+    /// host is queued up to `queue` messages and `bytes` bytes behind the
+    /// one being written (to its bridge, up to `queue` messages).
+    pub fn open(self, host: HostId, queue: usize, bytes: usize) -> Opened {
         let (source, pending, watch, out, control, replay, ledger) = match self {
             HostLink::Socket { stream, pending } => {
                 let (read, write) = stream.into_split();
@@ -79,7 +80,7 @@ impl HostLink {
                     HostSource::Half(read),
                     pending,
                     None,
-                    HostOut::Half(Outbox::new(write, queue, None)),
+                    HostOut::Half(Outbox::new(write, queue, None).bounded_in_bytes(bytes)),
                     None,
                     None,
                     None,
@@ -99,8 +100,12 @@ impl HostLink {
                     HostInput::Socket(s) => HostSource::Socket(s),
                 };
                 let out = match output {
-                    HostOutput::Pipe(p) => HostOut::Pipe(Outbox::new(p, queue, None)),
-                    HostOutput::Socket(s) => HostOut::Socket(Outbox::new(s, queue, None)),
+                    HostOutput::Pipe(p) => {
+                        HostOut::Pipe(Outbox::new(p, queue, None).bounded_in_bytes(bytes))
+                    }
+                    HostOutput::Socket(s) => {
+                        HostOut::Socket(Outbox::new(s, queue, None).bounded_in_bytes(bytes))
+                    }
                 };
                 (
                     source,

@@ -52,8 +52,13 @@ pub struct Outbox<W> {
     sink: Arc<W>,
     /// Messages queued or being written by the writer task.
     queued: Arc<AtomicUsize>,
+    /// Their bytes.
+    bytes: Arc<AtomicUsize>,
     queue: mpsc::UnboundedSender<Vec<u8>>,
     limit: usize,
+    /// The bytes that may wait behind a message being written
+    /// ([`Outbox::bounded_in_bytes`]).
+    byte_limit: usize,
     /// The writer task: it ends once the outbox is dropped and its queue
     /// written (or a write failed).
     writer: Option<tokio::task::JoinHandle<()>>,
@@ -72,8 +77,9 @@ impl<W: TryWrite> Outbox<W> {
     ) -> Self {
         let sink = Arc::new(sink);
         let queued = Arc::new(AtomicUsize::new(0));
+        let bytes = Arc::new(AtomicUsize::new(0));
         let (queue, mut rx) = mpsc::unbounded_channel::<Vec<u8>>();
-        let (writer, count) = (Arc::clone(&sink), Arc::clone(&queued));
+        let (writer, count, size) = (Arc::clone(&sink), Arc::clone(&queued), Arc::clone(&bytes));
         let writer = tokio::spawn(async move {
             while let Some(bytes) = rx.recv().await {
                 if let Err(e) = write_all(&*writer, &bytes).await {
@@ -88,16 +94,27 @@ impl<W: TryWrite> Outbox<W> {
                     count.store(usize::MAX / 2, Ordering::Relaxed);
                     return;
                 }
+                size.fetch_sub(bytes.len(), Ordering::Relaxed);
                 count.fetch_sub(1, Ordering::Relaxed);
             }
         });
         Self {
             sink,
             queued,
+            bytes,
             queue,
             limit,
+            byte_limit: usize::MAX,
             writer: Some(writer),
         }
+    }
+
+    /// Also refuses a message once `bytes` wait behind the one being
+    /// written (the first message queued is always taken: a peer reading
+    /// slowly gets one answer of any size).
+    pub fn bounded_in_bytes(mut self, bytes: usize) -> Self {
+        self.byte_limit = bytes;
+        self
     }
 
     /// The writer task, to wait for what is queued to be written after the
@@ -129,10 +146,17 @@ impl<W: TryWrite> Outbox<W> {
                 }
             }
             bytes.drain(..written);
-        } else if queued >= self.limit {
+        } else if queued >= self.limit
+            || self
+                .bytes
+                .load(Ordering::Relaxed)
+                .saturating_add(bytes.len())
+                > self.byte_limit
+        {
             return Err(Refused::Full);
         }
         self.queued.fetch_add(1, Ordering::Relaxed);
+        self.bytes.fetch_add(bytes.len(), Ordering::Relaxed);
         self.queue.send(bytes).map_err(|_| Refused::Closed)
     }
 }
@@ -200,5 +224,17 @@ mod tests {
         want.extend_from_slice(b"b\nc\n");
         assert_eq!(all.len(), want.len());
         assert!(all == want, "in order, nothing lost, closed once written");
+    }
+
+    #[tokio::test]
+    async fn an_outbox_bounded_in_bytes_takes_one_message_of_any_size_then_refuses_past_the_bound()
+    {
+        let (tx, rx) = pipe::pipe().expect("pipe");
+        let outbox = Outbox::new(tx, 1000, None).bounded_in_bytes(1 << 20);
+        // larger than the bound and the pipe: taken, most of it queued
+        outbox.send(vec![b'a'; 4 << 20]).expect("the first");
+        // behind it, the bound counts everything queued
+        assert_eq!(outbox.send(vec![b'b'; 1]), Err(Refused::Full));
+        drop(rx);
     }
 }

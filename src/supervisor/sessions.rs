@@ -6,10 +6,9 @@
 //! JSON-RPC, read by this task itself (a [`HostReader`] among all hosts'
 //! readers, polled only when its host sent something: a message costs no
 //! task switch and no channel on its way) and written through an
-//! [`Outbox`]: what
-//! the socket takes is written at once, the rest queued (at most
-//! [`QUEUE`] messages: a host that stops reading is detached, never waited
-//! for). The upstream is the [`Wire`] the actor hands over once a
+//! [`Outbox`]: what the socket takes is written at once, the rest queued
+//! (at most [`QUEUE`] messages and [`QUEUE_BYTES`]: a host that stops
+//! reading is detached, never waited for). The upstream is the [`Wire`] the actor hands over once a
 //! generation's handshake is done, and takes back when it ends. What the
 //! router does not decide is done here, where the unit's state is known:
 //!
@@ -65,6 +64,11 @@ use super::{CallError, Status};
 /// Messages queued for one host: a host this far behind is not reading,
 /// and is detached.
 pub const QUEUE: usize = 4096;
+
+/// Bytes queued for one host behind the message being written: a host
+/// this far behind is not reading (300 answers of 8 MiB once held the
+/// daemon at 4 GB), and is detached.
+pub const QUEUE_BYTES: usize = 32 << 20;
 
 /// How long what was queued for a host whose stdio was handed over may
 /// take to be written once its session ended; its bridge takes the stdio
@@ -749,7 +753,7 @@ impl Task {
             control,
             replay,
             ledger,
-        } = link.open(host, QUEUE);
+        } = link.open(host, QUEUE, QUEUE_BYTES);
         self.readers.push(reader);
         self.hosts.insert(
             host,

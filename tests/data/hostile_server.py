@@ -9,8 +9,11 @@ Usage: hostile_server.py MODE [ARG], where MODE is one of:
   not have (as a strictly validating SDK does);
 - ``plain``: behaves.
 
+Tools: ``echo`` (``text``), and ``big`` (``n``: an answer of ``n`` bytes
+of text).
+
 Raw JSON-RPC on stdin and stdout, no SDK, so the misbehaviour is exactly
-what is written here. It offers one tool, ``echo``.
+what is written here.
 """
 
 import json
@@ -41,6 +44,12 @@ ECHO = {
     "inputSchema": {"type": "object", "properties": {"text": {"type": "string"}}},
 }
 
+BIG = {
+    "name": "big",
+    "description": "an answer of n bytes",
+    "inputSchema": {"type": "object", "properties": {"n": {"type": "integer"}}},
+}
+
 for line in sys.stdin:
     try:
         message = json.loads(line)
@@ -64,9 +73,13 @@ for line in sys.stdin:
         else:
             answer(message, {})
     elif method == "tools/list":
-        answer(message, {"tools": [ECHO]})
+        answer(message, {"tools": [ECHO, BIG]})
     elif method == "tools/call":
-        text = params.get("arguments", {}).get("text", "")
+        arguments = params.get("arguments", {})
+        if params.get("name") == "big":
+            text = "y" * int(arguments.get("n", 0))
+        else:
+            text = arguments.get("text", "")
         answer(message, {"content": [{"type": "text", "text": text}]})
     else:
         send({"jsonrpc": "2.0", "id": message["id"],

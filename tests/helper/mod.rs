@@ -300,6 +300,14 @@ impl Daemon {
         }
     }
 
+    /// Reads what the daemon logs for at most `wait` (the first line
+    /// ends it).
+    pub fn read_for(&mut self, wait: std::time::Duration) {
+        if let Ok(line) = self.lines.recv_timeout(wait) {
+            self.seen.push(line);
+        }
+    }
+
     /// Lines logged about unit `name` (its `mcpd_server` field).
     pub fn about<'a>(&'a self, name: &'a str) -> impl Iterator<Item = &'a String> + 'a {
         let field = format!("mcpd_server={name}");
