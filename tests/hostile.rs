@@ -153,3 +153,98 @@ fn a_host_that_never_reads_large_answers_is_detached_and_the_daemon_stays_small(
     assert!(peak < 256 * 1024, "daemon RSS peaked at {peak} KiB");
     assert!(d.stop(Signal::TERM).success());
 }
+
+#[test]
+fn a_log_flood_is_rate_limited_and_a_slow_reading_host_keeps_its_session_and_every_answer() {
+    use serde_json::{Value, json};
+    use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
+    let units = tempfile::tempdir().expect("tempdir");
+    hostile(
+        units.path(),
+        "flood",
+        &["log-flood", "100000"],
+        "log-rate-limit 100 \"30s\"\n",
+    );
+    let mut d = Daemon::user_no_bus(units.path(), &[]);
+    d.wait_until("flood running", |d| d.starts("flood") == 1);
+    let runtime = d.runtime_dir().expect("runtime").to_owned();
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    let (answers, notices) = rt.block_on(async {
+        tokio::time::timeout(std::time::Duration::from_secs(90), async {
+            let (_bridge, (stdout, mut stdin)) = crate::helper::bridge(&runtime, "flood");
+            let mut lines = tokio::io::BufReader::new(stdout).lines();
+            let mut send = async |line: String| {
+                stdin.write_all(format!("{line}\n").as_bytes()).await.expect("write");
+                stdin.flush().await.expect("flush");
+            };
+            send(json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "slow", "version": "1"}}}).to_string()).await;
+            send(json!({"jsonrpc": "2.0", "method": "notifications/initialized"}).to_string()).await;
+            send(json!({"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {"name": "flood", "arguments": {}}}).to_string()).await;
+            for id in 10..20 {
+                send(json!({"jsonrpc": "2.0", "id": id, "method": "tools/call", "params": {"name": "echo", "arguments": {"text": format!("echo {id}")}}}).to_string()).await;
+            }
+            // A host that reads every line, slowly (a millisecond each):
+            // it falls behind the flood but never stops reading.
+            let mut answers = std::collections::BTreeMap::new();
+            let mut notices = Vec::new();
+            let mut pinged = false;
+            // Until it is told what it missed, once it caught up: before
+            // the next message after that, so it keeps asking (a ping
+            // each time the last was answered).
+            let mut next_ping = 99;
+            while notices.is_empty() || !answers.contains_key(&99) {
+                let line = lines.next_line().await.expect("read").expect("the session ended");
+                let message: Value = serde_json::from_str(&line).expect("json");
+                if let Some(id) = message["id"].as_u64() {
+                    answers.insert(id, message);
+                } else if message["params"]["logger"] == "mcpd" {
+                    notices.push(message["params"]["data"].as_str().unwrap_or_default().to_owned());
+                }
+                // answers 1, 2 and 10..20 are in: one more request, behind
+                // the flood
+                if answers.len() >= 12 && (!pinged || answers.contains_key(&(next_ping - 1))) {
+                    assert!(next_ping < 10_000, "never told what it missed");
+                    send(json!({"jsonrpc": "2.0", "id": next_ping, "method": "ping"}).to_string()).await;
+                    pinged = true;
+                    next_ping += 1;
+                }
+                tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+            }
+            (answers, notices)
+        })
+        .await
+        .expect("within 90 s")
+    });
+    // lossless answers
+    assert_eq!(answers[&2]["result"]["content"][0]["text"], "flooding");
+    for id in 10..20u64 {
+        assert_eq!(
+            answers[&id]["result"]["content"][0]["text"],
+            format!("echo {id}"),
+            "{:?}",
+            answers[&id]
+        );
+    }
+    assert_eq!(answers[&99]["result"], json!({}));
+    // told what it missed
+    assert!(
+        notices.iter().any(|n| n.starts_with("mcpd dropped ")
+            && n.ends_with(" for this session while it was behind")),
+        "{notices:?}"
+    );
+    // never detached; the daemon's log kept to the unit's rate limit
+    assert_eq!(d.count("detaching host session"), 0, "{:?}", d.seen);
+    let logged = d
+        .about("flood")
+        .filter(|l| l.contains("mcpd::server") && l.contains("flood "))
+        .count();
+    assert!(logged <= 100, "{logged} log lines of the flood");
+    let out = crate::helper::mcpctl_user(&runtime, &["status", "flood", "--json"]);
+    let status: Value = serde_json::from_slice(&out.stdout).expect("json");
+    assert!(
+        status[0]["dropped_notifications"].as_u64() > Some(0),
+        "{status}"
+    );
+    assert_eq!(status[0]["detached_sessions"], 0, "{status}");
+    assert!(d.stop(Signal::TERM).success());
+}

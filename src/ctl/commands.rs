@@ -74,6 +74,8 @@ struct Props {
     cpu_nsec: u64,
     calls: u64,
     failed_calls: u64,
+    detached: u64,
+    dropped: u64,
     sessions: u32,
     unit_path: String,
     load_error: String,
@@ -109,6 +111,8 @@ async fn props(server: &ServerProxy<'_>) -> Result<Props> {
         cpu_nsec: server.cpu_usage_nsec().await.map_err(e)?,
         calls: server.calls().await.map_err(e)?,
         failed_calls: server.failed_calls().await.map_err(e)?,
+        detached: server.detached_sessions().await.map_err(e)?,
+        dropped: server.dropped_notifications().await.map_err(e)?,
         sessions: server.sessions().await.map_err(e)?,
         unit_path: server.unit_path().await.map_err(e)?,
         load_error: server.load_error().await.map_err(e)?,
@@ -145,6 +149,8 @@ impl Props {
             "cpu_usage_nsec": known(self.cpu_nsec),
             "calls": self.calls,
             "failed_calls": self.failed_calls,
+            "detached_sessions": self.detached,
+            "dropped_notifications": self.dropped,
             "sessions": self.sessions,
             "unit_path": self.unit_path,
             "load_error": self.load_error,
@@ -368,6 +374,25 @@ fn write_block(
             out,
             "      Calls: {} ({} failed){sessions}",
             p.calls, p.failed_calls
+        )?;
+    }
+    // What misbehaving hosts cost them, when they did.
+    if p.detached != 0 || p.dropped != 0 {
+        writeln!(
+            out,
+            "   Detached: {} {}; {} {} dropped for sessions behind",
+            p.detached,
+            if p.detached == 1 {
+                "session"
+            } else {
+                "sessions"
+            },
+            p.dropped,
+            if p.dropped == 1 {
+                "notification"
+            } else {
+                "notifications"
+            },
         )?;
     }
     if !logs.is_empty() {

@@ -354,6 +354,25 @@ impl Server {
             .map_or(0, |s| s.counters().failed())
     }
 
+    /// Host sessions detached since the daemon loaded the unit for
+    /// misbehaving (not reading their messages, sending too much before
+    /// `initialize`, a failed connection). Not signalled.
+    #[zbus(property(emits_changed_signal = "false"))]
+    fn detached_sessions(&self) -> u64 {
+        self.shared
+            .supervisor(&self.name)
+            .map_or(0, |s| s.counters().detached())
+    }
+
+    /// Notifications not sent to host sessions that were behind (each
+    /// such session is told how many once it caught up). Not signalled.
+    #[zbus(property(emits_changed_signal = "false"))]
+    fn dropped_notifications(&self) -> u64 {
+        self.shared
+            .supervisor(&self.name)
+            .map_or(0, |s| s.counters().dropped())
+    }
+
     /// The `instructions` of the server's `initialize` answer.
     #[zbus(property)]
     fn instructions(&self) -> String {
@@ -758,6 +777,10 @@ pub mod client {
         fn calls(&self) -> Result<u64, Error>;
         #[zbus(property(emits_changed_signal = "false"))]
         fn failed_calls(&self) -> Result<u64, Error>;
+        #[zbus(property(emits_changed_signal = "false"))]
+        fn detached_sessions(&self) -> Result<u64, Error>;
+        #[zbus(property(emits_changed_signal = "false"))]
+        fn dropped_notifications(&self) -> Result<u64, Error>;
         #[zbus(property)]
         fn instructions(&self) -> Result<String, Error>;
         #[zbus(property)]

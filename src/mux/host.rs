@@ -168,6 +168,15 @@ impl HostOut {
         }
     }
 
+    /// Messages and bytes waiting to be written to the host.
+    pub fn backlog(&self) -> (usize, usize) {
+        match self {
+            HostOut::Half(out) => out.backlog(),
+            HostOut::Socket(out) => out.backlog(),
+            HostOut::Pipe(out) => out.backlog(),
+        }
+    }
+
     /// Its writer task, to wait for what is queued to be written.
     pub fn writer(&mut self) -> Option<tokio::task::JoinHandle<()>> {
         match self {

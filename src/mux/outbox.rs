@@ -123,6 +123,15 @@ impl<W: TryWrite> Outbox<W> {
         self.writer.take()
     }
 
+    /// Messages and bytes waiting to be written (the one being written
+    /// included).
+    pub fn backlog(&self) -> (usize, usize) {
+        (
+            self.queued.load(Ordering::Relaxed),
+            self.bytes.load(Ordering::Relaxed),
+        )
+    }
+
     /// Writes `bytes` now if the descriptor takes them, else queues them.
     pub fn send(&self, mut bytes: Vec<u8>) -> Result<(), Refused> {
         let queued = self.queued.load(Ordering::Relaxed);

@@ -131,6 +131,44 @@ pub fn classify(frame: &Frame, state: HostState) -> Step {
     }
 }
 
+/// Messages waiting for a host past which it is behind: notifications for
+/// it are dropped until it catches up (a quarter of what detaches it).
+pub const BEHIND_MESSAGES: usize = 1024;
+
+/// Bytes waiting for a host past which it is behind.
+pub const BEHIND_BYTES: usize = 8 << 20;
+
+/// Whether a host with `backlog` (messages, bytes) waiting is behind.
+pub fn behind(backlog: (usize, usize)) -> bool {
+    backlog.0 >= BEHIND_MESSAGES || backlog.1 >= BEHIND_BYTES
+}
+
+/// Whether notification `message` may be dropped for a host that is
+/// behind: any but `notifications/cancelled` (the server withdrawing a
+/// request it made of the host, which the host must hear of).
+pub fn may_drop(message: &Message) -> bool {
+    message.method().as_deref() != Some("notifications/cancelled")
+}
+
+/// What a host that was behind is told once it caught up: how many
+/// notifications it did not get.
+pub fn dropped_notice(dropped: u64) -> Value {
+    let what = if dropped == 1 {
+        "notification"
+    } else {
+        "notifications"
+    };
+    json!({
+        "jsonrpc": "2.0",
+        "method": "notifications/message",
+        "params": {
+            "level": "warning",
+            "logger": "mcpd",
+            "data": format!("mcpd dropped {dropped} {what} for this session while it was behind"),
+        },
+    })
+}
+
 /// The members of a JSON-RPC 2.0 message: requests and notifications
 /// (`jsonrpc`, `id`, `method`, `params`) and responses (`result`, `error`).
 pub const MEMBERS: [&str; 6] = ["jsonrpc", "id", "method", "params", "result", "error"];

@@ -23,14 +23,36 @@ pub struct Caller {
     pub pid: Option<u32>,
 }
 
-/// The calls of one server since the daemon loaded it.
+/// The calls of one server since the daemon loaded it, and what its host
+/// sessions lost to peers that misbehaved.
 #[derive(Debug, Default)]
 pub struct Counters {
     calls: AtomicU64,
     failed: AtomicU64,
+    detached: AtomicU64,
+    dropped: AtomicU64,
 }
 
 impl Counters {
+    /// Host sessions detached for misbehaving (not reading, sending too
+    /// much before `initialize`, a failed connection).
+    pub fn detached(&self) -> u64 {
+        self.detached.load(Ordering::Relaxed)
+    }
+
+    /// Notifications not sent to host sessions that were behind.
+    pub fn dropped(&self) -> u64 {
+        self.dropped.load(Ordering::Relaxed)
+    }
+
+    pub(crate) fn host_detached(&self) {
+        self.detached.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub(crate) fn notification_dropped(&self) {
+        self.dropped.fetch_add(1, Ordering::Relaxed);
+    }
+
     /// Every call made.
     pub fn calls(&self) -> u64 {
         self.calls.load(Ordering::Relaxed)

@@ -57,9 +57,11 @@ use crate::unit::ToolFilter;
 use super::accounting::{Caller, Counters, Record};
 use super::clock::now;
 use super::events::Internal;
+use super::logs::{self, Limiter};
 use super::machine::{self, Gen, State};
 use super::upstream::{Paged, Pages, roots_result};
 use super::{CallError, Status};
+use crate::unit::RateLimit;
 
 /// Messages queued for one host: a host this far behind is not reading,
 /// and is detached.
@@ -130,6 +132,8 @@ pub(crate) struct Settings {
     pub on_demand: bool,
     /// `startup-timeout`: how long a read of a list may take.
     pub list_timeout: Duration,
+    /// `log-rate-limit`, for the server's `notifications/message`.
+    pub log_rate_limit: Option<RateLimit>,
 }
 
 impl Settings {
@@ -139,6 +143,7 @@ impl Settings {
             roots: spec.roots().to_vec(),
             on_demand: spec.activation().idle_stop().is_some(),
             list_timeout: spec.startup_timeout(),
+            log_rate_limit: spec.log_rate_limit(),
         }
     }
 }
@@ -232,6 +237,7 @@ impl Sessions {
             heard: Arc::clone(&heard),
             list_changed: Arc::default(),
             list_timeout: settings.list_timeout,
+            log_limit: Limiter::new(settings.log_rate_limit),
             list_deadline: None,
             list_timer: Box::pin(tokio::time::sleep(Duration::ZERO)),
             name: Arc::from(name),
@@ -472,6 +478,8 @@ struct Host {
     /// Its requests read and not answered, for its bridge (stdio handed
     /// over).
     ledger: Option<Box<Ledger>>,
+    /// Notifications not sent to it while it was behind, not told yet.
+    dropped: u64,
 }
 
 impl Drop for Host {
@@ -550,6 +558,8 @@ struct Task {
     list_changed: Arc<std::sync::atomic::AtomicBool>,
     /// How long a read of a list may take (`startup-timeout`).
     list_timeout: Duration,
+    /// The unit's `log-rate-limit`, for the server's log messages.
+    log_limit: Limiter,
     /// The earliest deadline of the list reads under way, and its timer
     /// (armed only while one is).
     list_deadline: Option<Instant>,
@@ -670,6 +680,7 @@ impl Task {
             }
             Input::Configure(settings) => {
                 self.list_timeout = settings.list_timeout;
+                self.log_limit.set(settings.log_rate_limit);
                 self.filter = settings.filter;
                 self.roots = settings.roots;
                 self.on_demand = settings.on_demand;
@@ -767,6 +778,7 @@ impl Task {
                 held: Vec::new(),
                 calls: HashMap::default(),
                 ledger,
+                dropped: 0,
             },
         );
         self.count.store(self.hosts.len(), Ordering::Relaxed);
@@ -787,6 +799,7 @@ impl Task {
         };
         if let Some(why) = why {
             tracing::warn!(target: "mcpd::sessions", mcpd_server = %self.name, host, pid = ?gone.caller.pid, "detaching host session {host}: {why}");
+            self.counters.host_detached();
         }
         self.waiting.retain(|(h, _, _)| *h != host);
         self.count.store(self.hosts.len(), Ordering::Relaxed);
@@ -846,6 +859,12 @@ impl Task {
             self.replayed(host);
             return;
         }
+        if let Some(h) = self.hosts.get_mut(&host) {
+            let notification = !answer && !message.has("id");
+            if (notification || h.dropped > 0) && self.behind(host, notification, &message) {
+                return;
+            }
+        }
         // A response ends a call being accounted: logged once the host
         // has it, so the log write is not on the answer's way.
         let mut record = None;
@@ -863,6 +882,28 @@ impl Task {
         if let Some(mut record) = record {
             record.finish(session::outcome_of(&message));
         }
+    }
+
+    /// Fan-out to a host that is behind (DESIGN §3, invariant 10): a
+    /// notification for a host whose queue is past `session::behind` is
+    /// dropped and counted (answers and requests never are); once it has
+    /// caught up, it is told how many before its next message. Returns
+    /// whether `message` was dropped.
+    fn behind(&mut self, host: HostId, notification: bool, message: &Message) -> bool {
+        let Some(h) = self.hosts.get_mut(&host) else {
+            return false;
+        };
+        let behind = session::behind(h.out.backlog());
+        if behind && notification && session::may_drop(message) {
+            h.dropped += 1;
+            self.counters.notification_dropped();
+            return true;
+        }
+        if !behind && h.dropped > 0 {
+            let notice = session::dropped_notice(std::mem::take(&mut h.dropped));
+            self.send_bytes(host, line(&notice));
+        }
+        false
     }
 
     /// What a request gets while the upstream is not established.
@@ -1514,7 +1555,17 @@ impl Task {
     }
 
     /// A server's log message also goes to the journal.
-    fn journal(&self, message: &Message) {
+    /// The unit's `log-rate-limit` applies, as to its stderr: past it,
+    /// messages are counted and the count reported once the window ends.
+    fn journal(&mut self, message: &Message) {
+        let admit = self.log_limit.admit(now());
+        if let Some(n) = admit.suppressed {
+            let line = logs::suppressed_line(n, self.log_limit.limit());
+            tracing::warn!(target: "mcpd::server", mcpd_server = %self.name, "notifications/message: {line}");
+        }
+        if !admit.log {
+            return;
+        }
         let params = message.params().unwrap_or(Value::Null);
         let level = params["level"].as_str().unwrap_or("info");
         let logger = params["logger"].as_str().unwrap_or_default();

@@ -7,10 +7,12 @@ Usage: hostile_server.py MODE [ARG], where MODE is one of:
   else at once);
 - ``strict``: drops, unanswered, a message with a member JSON-RPC 2.0 does
   not have (as a strictly validating SDK does);
+- ``log-flood N``: a call of the tool ``flood`` answers at once and then
+  sends N ``notifications/message``, as fast as the pipe takes them;
 - ``plain``: behaves.
 
-Tools: ``echo`` (``text``), and ``big`` (``n``: an answer of ``n`` bytes
-of text).
+Tools: ``echo`` (``text``), ``big`` (``n``: an answer of ``n`` bytes of
+text) and ``flood`` (see ``log-flood``).
 
 Raw JSON-RPC on stdin and stdout, no SDK, so the misbehaviour is exactly
 what is written here.
@@ -50,6 +52,12 @@ BIG = {
     "inputSchema": {"type": "object", "properties": {"n": {"type": "integer"}}},
 }
 
+def flood(n):
+    for i in range(n):
+        send({"jsonrpc": "2.0", "method": "notifications/message",
+              "params": {"level": "info", "logger": "flood", "data": f"flood {i}"}})
+
+
 for line in sys.stdin:
     try:
         message = json.loads(line)
@@ -74,6 +82,9 @@ for line in sys.stdin:
             answer(message, {})
     elif method == "tools/list":
         answer(message, {"tools": [ECHO, BIG]})
+    elif method == "tools/call" and params.get("name") == "flood":
+        answer(message, {"content": [{"type": "text", "text": "flooding"}]})
+        threading.Thread(target=flood, args=(int(ARG or 0),)).start()
     elif method == "tools/call":
         arguments = params.get("arguments", {})
         if params.get("name") == "big":
