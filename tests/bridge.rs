@@ -362,7 +362,7 @@ fn the_bridge_hands_the_hosts_stdio_to_mcpd_and_copies_nothing() {
 /// the socket behind the buffer that read it: what the daemon sends right
 /// after its reply (the answer to a message that came with the request)
 /// may be in that buffer already. Every read gives up after 10 s.
-fn attach_raw(
+pub(crate) fn attach_raw(
     runtime: &std::path::Path,
     request: &[u8],
     fds: &[std::os::fd::BorrowedFd<'_>],

@@ -243,17 +243,22 @@ fn a_second_daemon_of_the_same_instance_refuses_to_start() {
 }
 
 #[test]
-fn a_bad_call_log_delay_is_refused_naming_the_variable() {
+fn a_bad_call_log_delay_or_initialize_timeout_is_refused_naming_the_variable() {
     let units = root().join("units/demo");
     let args = ["--user".as_ref(), "--units".as_ref(), units.as_os_str()];
-    for (value, why) in [("soon", "expected number"), ("2m", "at most 60s")] {
+    for (variable, value, why) in [
+        ("MCPD_CALL_LOG_DELAY", "soon", "expected number"),
+        ("MCPD_CALL_LOG_DELAY", "2m", "at most 60s"),
+        ("MCPD_INITIALIZE_TIMEOUT", "0", "between 1ms and 1h"),
+        ("MCPD_INITIALIZE_TIMEOUT", "later", "expected number"),
+    ] {
         let runtime = tempfile::tempdir().expect("tempdir");
         let env = [
             ("XDG_RUNTIME_DIR", runtime.path().as_os_str()),
-            ("MCPD_CALL_LOG_DELAY", value.as_ref()),
+            (variable, value.as_ref()),
         ];
         let mut d = Daemon::start(&args, &env);
-        let line = d.wait_for(&format!("mcpd: invalid MCPD_CALL_LOG_DELAY {value:?}: "));
+        let line = d.wait_for(&format!("mcpd: invalid {variable} {value:?}: "));
         assert!(line.contains(why), "{line}");
         assert_eq!(d.exit().code(), Some(2));
     }

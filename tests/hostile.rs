@@ -248,3 +248,144 @@ fn a_log_flood_is_rate_limited_and_a_slow_reading_host_keeps_its_session_and_eve
     assert_eq!(status[0]["detached_sessions"], 0, "{status}");
     assert!(d.stop(Signal::TERM).success());
 }
+
+/// A host session on the attach socket that has said nothing yet: the
+/// daemon's reply line, and the session's socket.
+fn session(
+    runtime: &Path,
+    name: &str,
+) -> (String, std::io::BufReader<std::os::unix::net::UnixStream>) {
+    crate::bridge::attach_raw(
+        runtime,
+        format!("{{\"server\":\"{name}\"}}\n").as_bytes(),
+        &[],
+    )
+}
+
+/// The next line of a session's socket, as JSON (`None` at its end).
+fn next(
+    socket: &mut std::io::BufReader<std::os::unix::net::UnixStream>,
+) -> Option<serde_json::Value> {
+    use std::io::BufRead;
+    let mut line = String::new();
+    match socket.read_line(&mut line).expect("read") {
+        0 => None,
+        _ => Some(serde_json::from_str(&line).expect("json")),
+    }
+}
+
+const INITIALIZE: &str = concat!(
+    r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"raw","version":"1"}}}"#,
+    "\n",
+    r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#,
+    "\n",
+);
+
+#[test]
+fn sessions_are_bounded_per_unit_and_one_that_never_initializes_is_let_go() {
+    use std::io::Write;
+    let units = tempfile::tempdir().expect("tempdir");
+    hostile(units.path(), "many", &["plain"], "");
+    let timeout: &std::ffi::OsStr = "3s".as_ref();
+    let mut d = Daemon::user_no_bus(units.path(), &[("MCPD_INITIALIZE_TIMEOUT", timeout)]);
+    d.wait_until("many running", |d| d.starts("many") == 1);
+    let runtime = d.runtime_dir().expect("runtime").to_owned();
+    let max = mcpd::supervisor::MAX_SESSIONS;
+    // as many sessions as a unit may have, none of them initializing
+    let mut silent: Vec<_> = (0..max)
+        .map(|_| {
+            let (reply, socket) = session(&runtime, "many");
+            assert!(reply.contains("attached"), "{reply}");
+            socket
+        })
+        .collect();
+    // one more is refused, saying why
+    let (reply, mut extra) = session(&runtime, "many");
+    assert!(reply.contains("attached"), "{reply}");
+    let refusal = next(&mut extra).expect("a refusal");
+    assert_eq!(refusal["error"]["code"], -32600, "{refusal}");
+    assert_eq!(
+        refusal["error"]["message"],
+        format!("too many sessions on server many (at most {max})")
+    );
+    assert!(next(&mut extra).is_none(), "and the session ends");
+    // the silent ones are let go after MCPD_INITIALIZE_TIMEOUT
+    for socket in &mut silent {
+        assert!(next(socket).is_none(), "a silent session ends");
+    }
+    d.wait_until("every silent session let go", |d| {
+        d.count("it sent no initialize in time") == max
+    });
+    // a session that initializes is served
+    let (reply, mut host) = session(&runtime, "many");
+    assert!(reply.contains("attached"), "{reply}");
+    host.get_mut()
+        .write_all(INITIALIZE.as_bytes())
+        .expect("write");
+    let init = next(&mut host).expect("an answer");
+    assert_eq!(init["result"]["serverInfo"]["name"], "hostile", "{init}");
+    let out = crate::helper::mcpctl_user(&runtime, &["status", "many", "--json"]);
+    let status: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+    assert_eq!(status[0]["detached_sessions"], max, "{status}");
+    assert!(d.stop(Signal::TERM).success());
+}
+
+#[test]
+fn requests_in_flight_are_bounded_per_unit_as_well_as_per_session() {
+    use std::io::Write;
+    let units = tempfile::tempdir().expect("tempdir");
+    std::fs::write(
+        units.path().join("busy.kdl"),
+        "stdio {\n    command \"mcp-fixture\" \"--chatter\" \"0\"\n}\nhealth {\n    enabled #false\n}\n",
+    )
+    .expect("write");
+    let mut d = Daemon::user_no_bus(units.path(), &[]);
+    d.wait_until("busy running", |d| d.starts("busy") == 1);
+    let runtime = d.runtime_dir().expect("runtime").to_owned();
+    let per_host = mcpd::supervisor::MAX_IN_FLIGHT;
+    let per_unit = mcpd::supervisor::MAX_UNIT_IN_FLIGHT;
+    let hang = |id: usize| {
+        format!(
+            "{{\"jsonrpc\":\"2.0\",\"id\":{id},\"method\":\"tools/call\",\"params\":{{\"name\":\"hang\",\"arguments\":{{}}}}}}\n"
+        )
+    };
+    let mut hosts = Vec::new();
+    for _ in 0..per_unit / per_host {
+        let (reply, mut host) = session(&runtime, "busy");
+        assert!(reply.contains("attached"), "{reply}");
+        host.get_mut()
+            .write_all(INITIALIZE.as_bytes())
+            .expect("write");
+        assert_eq!(next(&mut host).expect("initialize")["id"], 1);
+        let calls: String = (0..per_host).map(|i| hang(100 + i)).collect();
+        host.get_mut().write_all(calls.as_bytes()).expect("write");
+        hosts.push(host);
+    }
+    // one more host: its call is refused, naming the unit's bound, once
+    // the others' are all in flight (a ping of each is answered after)
+    for host in &mut hosts {
+        host.get_mut()
+            .write_all(b"{\"jsonrpc\":\"2.0\",\"id\":\"p\",\"method\":\"ping\"}\n")
+            .expect("write");
+        // (refused: the session has its 1,024 in flight)
+        let pong = next(host).expect("pong");
+        assert_eq!(pong["id"], "p", "{pong}");
+    }
+    let (reply, mut late) = session(&runtime, "busy");
+    assert!(reply.contains("attached"), "{reply}");
+    late.get_mut()
+        .write_all(INITIALIZE.as_bytes())
+        .expect("write");
+    assert_eq!(next(&mut late).expect("initialize")["id"], 1);
+    late.get_mut().write_all(hang(7).as_bytes()).expect("write");
+    let refused = next(&mut late).expect("a refusal");
+    assert_eq!(refused["id"], 7, "{refused}");
+    assert_eq!(
+        refused["error"]["message"],
+        format!(
+            "too many requests in flight on server busy (at most {per_unit} for all its sessions)"
+        )
+    );
+    drop(hosts);
+    assert!(d.stop(Signal::TERM).success());
+}

@@ -45,13 +45,27 @@ fn main() -> ExitCode {
         eprintln!("mcpd: {e}");
         return ExitCode::from(2);
     }
-    if let Ok(delay) = std::env::var("MCPD_CALL_LOG_DELAY") {
-        let set = humantime::parse_duration(delay.trim())
-            .map_err(|e| e.to_string())
-            .and_then(mcpd::supervisor::accounting::set_flush_after);
-        if let Err(e) = set {
-            eprintln!("mcpd: invalid MCPD_CALL_LOG_DELAY {delay:?}: {e}");
-            return ExitCode::from(2);
+    // Tunables for the tests and the benchmarks, checked at start.
+    type Set = fn(std::time::Duration) -> Result<(), String>;
+    let knobs: [(&str, Set); 2] = [
+        (
+            "MCPD_CALL_LOG_DELAY",
+            mcpd::supervisor::accounting::set_flush_after,
+        ),
+        (
+            "MCPD_INITIALIZE_TIMEOUT",
+            mcpd::supervisor::set_initialize_timeout,
+        ),
+    ];
+    for (name, set) in knobs {
+        if let Ok(value) = std::env::var(name) {
+            let set = humantime::parse_duration(value.trim())
+                .map_err(|e| e.to_string())
+                .and_then(set);
+            if let Err(e) = set {
+                eprintln!("mcpd: invalid {name} {value:?}: {e}");
+                return ExitCode::from(2);
+            }
         }
     }
     let instance = match (cli.system, cli.user) {

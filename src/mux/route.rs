@@ -396,6 +396,11 @@ impl Router {
         self.hosts.get(&host).map_or(0, |h| h.busy)
     }
 
+    /// Requests in flight upstream (or held) of every host, and mcpd's own.
+    pub fn requests(&self) -> usize {
+        self.pending.len()
+    }
+
     /// Why host `host` may not subscribe to `uri` now, if it may not:
     /// at most [`MAX_SUBSCRIPTIONS`] URIs per host and [`MAX_URIS`] per
     /// unit (a subscription held already is no new one).

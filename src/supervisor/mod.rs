@@ -46,6 +46,9 @@ pub use accounting::{Caller, Counters};
 pub use launch::{Launcher, SharedLauncher, SystemLauncher};
 pub use logs::LogRing;
 pub use machine::{ExitStatus, Gen, State, Timer, Timing, ToolList};
+pub use sessions::{
+    INITIALIZE_TIMEOUT, MAX_IN_FLIGHT, MAX_SESSIONS, MAX_UNIT_IN_FLIGHT, set_initialize_timeout,
+};
 
 use actor::{Actor, Command};
 

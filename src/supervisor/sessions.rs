@@ -80,6 +80,36 @@ pub const FLUSH_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5)
 /// Requests one host may have in flight upstream.
 pub const MAX_IN_FLIGHT: usize = 1024;
 
+/// Requests all the host sessions of one unit may have in flight upstream
+/// together.
+pub const MAX_UNIT_IN_FLIGHT: usize = 4096;
+
+/// Host sessions one unit may have at once.
+pub const MAX_SESSIONS: usize = 512;
+
+/// How long a host session may take to send `initialize` after it
+/// attached (`MCPD_INITIALIZE_TIMEOUT`): a connection that says nothing is
+/// not kept for ever.
+pub const INITIALIZE_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// [`INITIALIZE_TIMEOUT`], or what the daemon was told.
+static INITIALIZE_TIMEOUT_MS: AtomicU64 = AtomicU64::new(INITIALIZE_TIMEOUT.as_millis() as u64);
+
+/// Sets how long a host session may take to send `initialize`
+/// (`MCPD_INITIALIZE_TIMEOUT`, read by the daemon's binary): 1 ms to 1 h.
+pub fn set_initialize_timeout(timeout: Duration) -> Result<(), String> {
+    if timeout < Duration::from_millis(1) || timeout > Duration::from_secs(3600) {
+        return Err("between 1ms and 1h".into());
+    }
+    let ms = u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX);
+    INITIALIZE_TIMEOUT_MS.store(ms, Ordering::Relaxed);
+    Ok(())
+}
+
+fn initialize_timeout() -> Duration {
+    Duration::from_millis(INITIALIZE_TIMEOUT_MS.load(Ordering::Relaxed))
+}
+
 #[derive(Debug)]
 enum Input {
     Attach {
@@ -238,8 +268,8 @@ impl Sessions {
             list_changed: Arc::default(),
             list_timeout: settings.list_timeout,
             log_limit: Limiter::new(settings.log_rate_limit),
-            list_deadline: None,
-            list_timer: Box::pin(tokio::time::sleep(Duration::ZERO)),
+            deadline: None,
+            timer: Box::pin(tokio::time::sleep(Duration::ZERO)),
             name: Arc::from(name),
             readers: SelectAll::new(),
             router: Router::new(),
@@ -480,6 +510,9 @@ struct Host {
     ledger: Option<Box<Ledger>>,
     /// Notifications not sent to it while it was behind, not told yet.
     dropped: u64,
+    /// When it attached, until it sends `initialize`: it has
+    /// [`initialize_timeout`] to.
+    uninitialized: Option<Instant>,
 }
 
 impl Drop for Host {
@@ -560,10 +593,11 @@ struct Task {
     list_timeout: Duration,
     /// The unit's `log-rate-limit`, for the server's log messages.
     log_limit: Limiter,
-    /// The earliest deadline of the list reads under way, and its timer
-    /// (armed only while one is).
-    list_deadline: Option<Instant>,
-    list_timer: std::pin::Pin<Box<tokio::time::Sleep>>,
+    /// The earliest deadline of the list reads under way and of the
+    /// hosts that have not sent `initialize` yet, and its timer (armed
+    /// only while there is one).
+    deadline: Option<Instant>,
+    timer: std::pin::Pin<Box<tokio::time::Sleep>>,
 }
 
 /// Waits for the unit's status to change: owning its receiver, so that
@@ -607,9 +641,11 @@ impl Task {
                         }
                     }
                 },
-                () = &mut self.list_timer, if self.list_deadline.is_some() => {
-                    self.list_deadline = None;
+                () = &mut self.timer, if self.deadline.is_some() => {
+                    self.deadline = None;
                     self.lists_expired();
+                    self.uninitialized_expired();
+                    self.arm();
                 }
                 Some((changed, status)) = status_changed.next() => match changed {
                     Ok(()) => {
@@ -779,10 +815,22 @@ impl Task {
                 calls: HashMap::default(),
                 ledger,
                 dropped: 0,
+                uninitialized: Some(now()),
             },
         );
         self.count.store(self.hosts.len(), Ordering::Relaxed);
         tracing::debug!(target: "mcpd::sessions", mcpd_server = %self.name, host, uid = ?caller.uid, pid = ?caller.pid, "host session attached");
+        if self.hosts.len() > MAX_SESSIONS {
+            let why = format!(
+                "too many sessions on server {} (at most {MAX_SESSIONS})",
+                self.name
+            );
+            let refusal = ErrorCode::InvalidRequest.response(&Value::Null, &why);
+            self.send(host, refusal);
+            self.end(host, Some(&why), false);
+            return;
+        }
+        self.arm();
         if let Some(replay) = replay {
             // The host initialized an earlier session (mcpd restarted):
             // this one is initialized the same way, silently.
@@ -793,13 +841,23 @@ impl Task {
         }
     }
 
+    /// Ends host session `host`: it left (`why` none), or misbehaved.
     fn detach(&mut self, host: HostId, why: Option<&str>) {
+        self.end(host, why, true);
+    }
+
+    /// Ends host session `host`, because of `why` if it is not its own
+    /// doing, which is `counted` among the detached sessions if it
+    /// misbehaved.
+    fn end(&mut self, host: HostId, why: Option<&str>, counted: bool) {
         let Some(gone) = self.hosts.remove(&host) else {
             return;
         };
         if let Some(why) = why {
             tracing::warn!(target: "mcpd::sessions", mcpd_server = %self.name, host, pid = ?gone.caller.pid, "detaching host session {host}: {why}");
-            self.counters.host_detached();
+            if counted {
+                self.counters.host_detached();
+            }
         }
         self.waiting.retain(|(h, _, _)| *h != host);
         self.count.store(self.hosts.len(), Ordering::Relaxed);
@@ -958,7 +1016,7 @@ impl Task {
                         let cache = &mut self.caches[kind.index()];
                         cache.reading = None;
                         cache.asked = None;
-                        self.arm_lists();
+                        self.arm();
                         self.check_listed();
                     }
                     None => {}
@@ -1127,7 +1185,7 @@ impl Task {
         let params = read.first();
         cache.reading = Some(read);
         self.request_page(kind, params);
-        self.arm_lists();
+        self.arm();
     }
 
     fn request_page(&mut self, kind: List, params: Value) {
@@ -1147,21 +1205,42 @@ impl Task {
         }
     }
 
-    /// Arms the timer of the list reads for the earliest deadline of
-    /// those under way (none: disarmed).
-    fn arm_lists(&mut self) {
-        let deadline = self
+    /// Arms the task's timer for the earliest deadline: of the list reads
+    /// under way, and of the hosts that have not sent `initialize` (none:
+    /// disarmed).
+    fn arm(&mut self) {
+        let reads = self
             .caches
             .iter()
-            .filter_map(|c| c.reading.as_ref().map(ListRead::deadline))
-            .min();
-        if deadline != self.list_deadline {
-            self.list_deadline = deadline;
+            .filter_map(|c| c.reading.as_ref().map(ListRead::deadline));
+        let timeout = initialize_timeout();
+        let hosts = self
+            .hosts
+            .values()
+            .filter_map(|h| h.uninitialized.map(|since| since + timeout));
+        let deadline = reads.chain(hosts).min();
+        if deadline != self.deadline {
+            self.deadline = deadline;
             if let Some(at) = deadline {
-                self.list_timer
+                self.timer
                     .as_mut()
                     .reset(tokio::time::Instant::from_std(at));
             }
+        }
+    }
+
+    /// Hosts that have not sent `initialize` within
+    /// [`initialize_timeout`] of attaching are detached.
+    fn uninitialized_expired(&mut self) {
+        let cutoff = now().checked_sub(initialize_timeout());
+        let late: Vec<HostId> = self
+            .hosts
+            .iter()
+            .filter(|(_, h)| h.uninitialized.is_some_and(|since| Some(since) <= cutoff))
+            .map(|(host, _)| *host)
+            .collect();
+        for host in late {
+            self.detach(host, Some("it sent no initialize in time"));
         }
     }
 
@@ -1181,14 +1260,14 @@ impl Task {
             }
             self.list_failed(kind, error);
         }
-        self.arm_lists();
+        self.arm();
         self.check_listed();
     }
 
     /// A page of list `kind` arrived.
     fn page(&mut self, kind: List, answer: &Message) {
         self.read_page(kind, answer);
-        self.arm_lists();
+        self.arm();
         self.check_listed();
     }
 
@@ -1366,6 +1445,7 @@ impl Task {
             Step::Overflow(why) => self.doomed.push((host, why)),
             Step::Refuse(refusal) => self.send(host, refusal),
             Step::Initialize(id) => {
+                h.uninitialized = None;
                 let params = message.params().unwrap_or(Value::Null);
                 self.initialize(host, &id.to_value(), &params);
             }
@@ -1417,6 +1497,17 @@ impl Task {
                     format!("too many requests in flight (at most {MAX_IN_FLIGHT} per session)"),
                 ),
             );
+            return;
+        }
+        if self.router.requests() >= MAX_UNIT_IN_FLIGHT {
+            let refusal = ErrorCode::InvalidRequest.response(
+                &id.to_value(),
+                format!(
+                    "too many requests in flight on server {} (at most {MAX_UNIT_IN_FLIGHT} for all its sessions)",
+                    self.name
+                ),
+            );
+            self.send(host, refusal);
             return;
         }
         if self.router.in_use(host, &id) {
