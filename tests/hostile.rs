@@ -389,3 +389,55 @@ fn requests_in_flight_are_bounded_per_unit_as_well_as_per_session() {
     drop(hosts);
     assert!(d.stop(Signal::TERM).success());
 }
+
+#[test]
+fn an_answer_over_the_line_limit_is_an_error_to_the_host_at_once() {
+    use serde_json::json;
+    let units = tempfile::tempdir().expect("tempdir");
+    hostile(units.path(), "first", &["plain"], "");
+    hostile(units.path(), "last", &["id-last"], "");
+    let mut d = Daemon::user_no_bus(units.path(), &[]);
+    d.wait_until("both running", |d| {
+        d.starts("first") == 1 && d.starts("last") == 1
+    });
+    let runtime = d.runtime_dir().expect("runtime").to_owned();
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    rt.block_on(async {
+        tokio::time::timeout(std::time::Duration::from_secs(60), async {
+            // the id first (most servers) or last (the TypeScript SDK)
+            for name in ["first", "last"] {
+                let mut host = crate::sessions::Raw::new(&runtime, name);
+                host.send(INITIALIZE.as_bytes()).await;
+                assert_eq!(host.answer().await["id"], 1);
+                host.send(format!("{{\"jsonrpc\":\"2.0\",\"id\":\"big\",\"method\":\"tools/call\",\"params\":{{\"name\":\"big\",\"arguments\":{{\"n\":{}}}}}}}\n", 17 << 20).as_bytes()).await;
+                let answer = host.answer().await;
+                assert_eq!(answer["id"], "big", "{name}: {answer}");
+                assert_eq!(answer["error"]["code"], -32603, "{name}: {answer}");
+                assert_eq!(
+                    answer["error"]["message"],
+                    "the server's answer exceeded mcpd's limit of 16 MiB per message and was dropped",
+                    "{name}"
+                );
+                // the session goes on
+                host.send(b"{\"jsonrpc\":\"2.0\",\"id\":3,\"method\":\"tools/call\",\"params\":{\"name\":\"echo\",\"arguments\":{\"text\":\"on\"}}}\n").await;
+                assert_eq!(host.answer().await["result"]["content"][0]["text"], json!("on"));
+            }
+        })
+        .await
+        .expect("within 60 s");
+    });
+    // each call counted as failed
+    for name in ["first", "last"] {
+        let out = crate::helper::mcpctl_user(&runtime, &["status", name, "--json"]);
+        let status: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+        assert_eq!(
+            (
+                status[0]["calls"].as_u64(),
+                status[0]["failed_calls"].as_u64()
+            ),
+            (Some(2), Some(1)),
+            "{status}"
+        );
+    }
+    assert!(d.stop(Signal::TERM).success());
+}

@@ -145,9 +145,12 @@ fn lines_that_are_not_messages_are_refused_with_a_null_id() {
     for state in [NEW, READY] {
         let (code, id, why) = refusal(&classify(&Frame::Garbage("not JSON".into()), state));
         assert_eq!((code, id, why.as_str()), (-32700, Value::Null, "not JSON"));
-        let (code, id, why) = refusal(&classify(&Frame::TooLong, state));
+        let (code, id, why) = refusal(&classify(&Frame::TooLong(None), state));
         assert_eq!((code, id), (-32600, Value::Null));
         assert_eq!(why, "a message longer than 16777216 bytes was dropped");
+        // with the id its ends told
+        let (code, id, _) = refusal(&classify(&Frame::TooLong(Some(rid(json!(9)))), state));
+        assert_eq!((code, id), (-32600, json!(9)));
     }
 }
 
@@ -161,7 +164,7 @@ fn behind_a_waiting_initialize_lines_are_held_up_to_the_backlog() {
     for line in [
         request(json!(1), "tools/call"),
         Frame::Garbage("x".into()),
-        Frame::TooLong,
+        Frame::TooLong(None),
     ] {
         assert_eq!(classify(&line, waiting(0)), Step::Hold);
         assert_eq!(classify(&line, waiting(BACKLOG - 1)), Step::Hold);

@@ -16,7 +16,7 @@ use serde_json::Value;
 use tokio::io::{AsyncRead, Interest};
 use tokio_util::bytes::BytesMut;
 
-use super::message::Message;
+use super::message::{Message, RequestId, id_of_cut};
 
 /// The most a single message (one line) may hold.
 pub const MAX_LINE: usize = 16 * 1024 * 1024;
@@ -179,8 +179,48 @@ pub enum Frame {
     Message(Message),
     /// A line that is not a JSON object: why.
     Garbage(String),
-    /// A line longer than [`MAX_LINE`] (dropped).
-    TooLong,
+    /// A line longer than [`MAX_LINE`] (dropped), reported once it ended,
+    /// with the id of the message it held when its first or last bytes
+    /// tell it ([`id_of_cut`]).
+    TooLong(Option<RequestId>),
+}
+
+/// What is kept of a line too long to read: its first and its last
+/// [`KEPT`] bytes, to find its id.
+#[derive(Debug, Default)]
+struct Cut {
+    head: Vec<u8>,
+    tail: Vec<u8>,
+}
+
+/// Bytes kept of each end of a line too long to read.
+const KEPT: usize = 4096;
+
+impl Cut {
+    fn starting(bytes: &[u8]) -> Self {
+        let mut cut = Self {
+            head: bytes[..bytes.len().min(KEPT)].to_vec(),
+            tail: Vec::new(),
+        };
+        cut.then(bytes);
+        cut
+    }
+
+    /// More of the line.
+    fn then(&mut self, bytes: &[u8]) {
+        if bytes.len() >= KEPT {
+            self.tail.clear();
+            self.tail.extend_from_slice(&bytes[bytes.len() - KEPT..]);
+        } else {
+            let keep = (KEPT - bytes.len()).min(self.tail.len());
+            self.tail.drain(..self.tail.len() - keep);
+            self.tail.extend_from_slice(bytes);
+        }
+    }
+
+    fn frame(self) -> Frame {
+        Frame::TooLong(id_of_cut(&self.head, &self.tail))
+    }
 }
 
 /// Reads newline-delimited JSON messages from a [`Source`].
@@ -191,8 +231,8 @@ pub struct Lines<S> {
     buf: BytesMut,
     /// How far `buf` is known to hold no newline.
     scanned: usize,
-    /// Dropping the rest of an oversized line.
-    discarding: bool,
+    /// Dropping the rest of an oversized line: what is kept of it.
+    discarding: Option<Cut>,
 }
 
 impl<S: Source> Lines<S> {
@@ -207,7 +247,7 @@ impl<S: Source> Lines<S> {
             source,
             buf: BytesMut::from(&pending[..]),
             scanned: 0,
-            discarding: false,
+            discarding: None,
         }
     }
 
@@ -236,7 +276,7 @@ impl<S: Source> Lines<S> {
 
     /// A line already read (no I/O), if a whole one is buffered.
     pub fn buffered_frame(&mut self) -> Option<Frame> {
-        while !self.discarding {
+        while self.discarding.is_none() {
             let line = self.take_line()?;
             if let Some(frame) = Self::frame(&line) {
                 return Some(frame);
@@ -256,15 +296,14 @@ impl<S: Source> Lines<S> {
         loop {
             let Some(line) = self.take_line() else {
                 self.scanned = self.buf.len();
-                if self.discarding {
+                if let Some(cut) = &mut self.discarding {
+                    cut.then(&self.buf);
                     self.buf = BytesMut::new();
                     self.scanned = 0;
                 } else if self.buf.len() > MAX_LINE {
-                    self.discarding = true;
+                    self.discarding = Some(Cut::starting(&self.buf));
                     self.buf = BytesMut::new();
                     self.scanned = 0;
-                    coop.made_progress();
-                    return Poll::Ready(Some(Frame::TooLong));
                 }
                 match std::task::ready!(self.source.poll_fill(cx, &mut self.buf)) {
                     Ok(0) => return Poll::Ready(None),
@@ -275,8 +314,12 @@ impl<S: Source> Lines<S> {
                     }
                 }
             };
-            if std::mem::take(&mut self.discarding) {
-                continue;
+            if let Some(mut cut) = self.discarding.take() {
+                // The end of the line too long: reported now, with the id
+                // its ends tell.
+                cut.then(&line[..line.len() - 1]);
+                coop.made_progress();
+                return Poll::Ready(Some(cut.frame()));
             }
             if let Some(frame) = Self::frame(&line) {
                 coop.made_progress();
@@ -289,7 +332,7 @@ impl<S: Source> Lines<S> {
     /// one.
     fn frame(line: &[u8]) -> Option<Frame> {
         if line.len() > MAX_LINE + 1 {
-            return Some(Frame::TooLong);
+            return Some(Cut::starting(&line[..line.len() - 1]).frame());
         }
         let mut text: &[u8] = line;
         if let Some(rest) = text.strip_prefix("\u{feff}".as_bytes()) {
@@ -443,9 +486,54 @@ mod tests {
                 .expect("write");
             w
         });
-        assert_eq!(lines.next().await, Some(Frame::TooLong));
+        assert_eq!(lines.next().await, Some(Frame::TooLong(None)));
         assert_eq!(lines.next().await, Some(ping()));
         assert!(lines.buffered() < MAX_LINE, "the long line was not kept");
         drop(writer.await.expect("writer"));
+    }
+
+    #[tokio::test]
+    async fn an_oversized_message_is_reported_with_the_id_its_first_or_last_bytes_tell() {
+        let filler = "y".repeat(MAX_LINE + 10);
+        for (line, id) in [
+            // as most servers write an answer
+            (
+                format!(r#"{{"jsonrpc":"2.0","id":7,"result":{{"text":"{filler}"}}}}"#),
+                Some("7"),
+            ),
+            // as the TypeScript SDK does: the id last
+            (
+                format!(r#"{{"result":{{"text":"{filler}"}},"jsonrpc":"2.0","id":"a\"b"}}"#),
+                Some(r#""a\"b""#),
+            ),
+            (
+                format!(r#"{{ "result" : "{filler}" , "id" : -3 }}"#),
+                Some("-3"),
+            ),
+            // an id nested deeper is not the message's
+            (
+                format!(r#"{{"result":{{"id":5,"text":"{filler}"}}}}"#),
+                None,
+            ),
+            (
+                format!(r#"{{"result":{{"text":"{filler}","id":5}}}}"#),
+                None,
+            ),
+            (format!(r#"{{"id":true,"result":"{filler}"}}"#), None),
+        ] {
+            let (mut lines, mut w) = rig();
+            let writer = tokio::spawn(async move {
+                w.write_all(format!("{line}\n{PING}\n").as_bytes())
+                    .await
+                    .expect("write");
+                w
+            });
+            let Some(Frame::TooLong(got)) = lines.next().await else {
+                panic!("not too long");
+            };
+            assert_eq!(got.as_ref().map(RequestId::as_json), id);
+            assert_eq!(lines.next().await, Some(ping()));
+            drop(writer.await.expect("writer"));
+        }
     }
 }

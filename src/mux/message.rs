@@ -402,6 +402,146 @@ impl std::borrow::Borrow<str> for RequestId {
     }
 }
 
+/// The id of a message whose line was too long to be read (only its
+/// first and last bytes were kept, `head` and `tail`): found at the top
+/// level of the head (`{"jsonrpc":"2.0","id":7,"result":…`, as most
+/// servers write it) or as the last member before the closing brace
+/// (`{"result":…,"jsonrpc":"2.0","id":7}`, as the TypeScript SDK writes
+/// it); `None` when neither says.
+pub fn id_of_cut(head: &[u8], tail: &[u8]) -> Option<RequestId> {
+    id_in_head(head).or_else(|| id_in_tail(tail))
+}
+
+fn id_of_raw(raw: &[u8]) -> Option<RequestId> {
+    match serde_json::from_slice::<Value>(raw).ok()? {
+        id @ (Value::String(_) | Value::Number(_)) => RequestId::of(&id),
+        _ => None,
+    }
+}
+
+fn skip_ws(text: &[u8], mut i: usize) -> usize {
+    while text.get(i).is_some_and(u8::is_ascii_whitespace) {
+        i += 1;
+    }
+    i
+}
+
+/// Where the string starting at `text[i]` (its opening quote) ends: the
+/// index after its closing quote.
+fn string_end(text: &[u8], mut i: usize) -> Option<usize> {
+    i += 1;
+    loop {
+        match text.get(i)? {
+            b'"' => return Some(i + 1),
+            b'\\' => i += 2,
+            _ => i += 1,
+        }
+    }
+}
+
+/// Where the value starting at `text[i]` ends, if it ends within `text`.
+fn value_end(text: &[u8], i: usize) -> Option<usize> {
+    match text.get(i)? {
+        b'"' => string_end(text, i),
+        b'{' | b'[' => {
+            let mut depth = 0usize;
+            let mut j = i;
+            loop {
+                match text.get(j)? {
+                    b'"' => {
+                        j = string_end(text, j)?;
+                        continue;
+                    }
+                    b'{' | b'[' => depth += 1,
+                    b'}' | b']' => {
+                        depth -= 1;
+                        if depth == 0 {
+                            return Some(j + 1);
+                        }
+                    }
+                    _ => {}
+                }
+                j += 1;
+            }
+        }
+        _ => {
+            let len = text[i..]
+                .iter()
+                .position(|b| matches!(b, b',' | b'}' | b']') || b.is_ascii_whitespace())?;
+            Some(i + len)
+        }
+    }
+}
+
+fn id_in_head(head: &[u8]) -> Option<RequestId> {
+    let mut i = skip_ws(head, 0);
+    if head.get(i) != Some(&b'{') {
+        return None;
+    }
+    i += 1;
+    loop {
+        i = skip_ws(head, i);
+        if head.get(i) != Some(&b'"') {
+            return None;
+        }
+        let key_end = string_end(head, i)?;
+        let key = &head[i + 1..key_end - 1];
+        i = skip_ws(head, key_end);
+        if head.get(i) != Some(&b':') {
+            return None;
+        }
+        i = skip_ws(head, i + 1);
+        let end = value_end(head, i)?;
+        if key == b"id" {
+            return id_of_raw(&head[i..end]);
+        }
+        i = skip_ws(head, end);
+        if head.get(i) != Some(&b',') {
+            return None;
+        }
+        i += 1;
+    }
+}
+
+fn id_in_tail(tail: &[u8]) -> Option<RequestId> {
+    let trim = |t: &[u8]| -> usize {
+        t.iter()
+            .rposition(|b| !b.is_ascii_whitespace())
+            .map_or(0, |p| p + 1)
+    };
+    let mut end = trim(tail);
+    if end == 0 || tail[end - 1] != b'}' {
+        return None;
+    }
+    end = trim(&tail[..end - 1]);
+    let value_start = if end > 0 && tail[end - 1] == b'"' {
+        // the opening quote: one not escaped by an odd run of backslashes
+        let mut q = end - 1;
+        loop {
+            q = tail[..q].iter().rposition(|b| *b == b'"')?;
+            let slashes = tail[..q].iter().rev().take_while(|b| **b == b'\\').count();
+            if slashes % 2 == 0 {
+                break q;
+            }
+        }
+    } else {
+        tail[..end]
+            .iter()
+            .rposition(|b| !(b.is_ascii_digit() || matches!(b, b'-' | b'+' | b'.' | b'e' | b'E')))
+            .map_or(0, |p| p + 1)
+    };
+    let raw = &tail[value_start..end];
+    let before = &tail[..trim(&tail[..value_start])];
+    let before = before.strip_suffix(b":")?;
+    let before = &before[..trim(before)];
+    let before = before.strip_suffix(b"\"id\"")?;
+    let before = &before[..trim(before)];
+    if !(before.ends_with(b",") || before.ends_with(b"{")) {
+        return None;
+    }
+    id_of_raw(raw)
+}
+
 /// [`Message::inner`] cannot tell without parsing.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Unsure;

@@ -94,9 +94,10 @@ pub fn classify(frame: &Frame, state: HostState) -> Step {
         Frame::Garbage(why) => {
             return Step::Refuse(ErrorCode::ParseError.response(&Value::Null, why));
         }
-        Frame::TooLong => {
+        Frame::TooLong(id) => {
+            let id = id.as_ref().map_or(Value::Null, RequestId::to_value);
             return Step::Refuse(ErrorCode::InvalidRequest.response(
-                &Value::Null,
+                &id,
                 format!("a message longer than {MAX_LINE} bytes was dropped"),
             ));
         }

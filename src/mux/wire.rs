@@ -16,8 +16,9 @@ use std::task::{Context, Poll};
 use tokio::io::{AsyncWrite, AsyncWriteExt};
 use tokio::sync::mpsc;
 
+use super::error::ErrorCode;
 pub use super::lines::{Drain, Frame, Lines, MAX_LINE, Source, Stream, line};
-use super::message::Message;
+use super::message::{Message, RequestId};
 pub use super::outbox::{Outbox, Refused, TryWrite};
 
 /// An error and its sources, as one line.
@@ -142,10 +143,17 @@ impl Receiver {
                 Some(Frame::Garbage(why)) => {
                     tracing::debug!("ignoring a line from the server: {why}");
                 }
-                Some(Frame::TooLong) => tracing::error!(
-                    max_line_length = MAX_LINE,
-                    "a message from the server exceeded the maximum line length; discarding it"
-                ),
+                Some(Frame::TooLong(id)) => {
+                    tracing::error!(
+                        max_line_length = MAX_LINE,
+                        "a message from the server exceeded the maximum line length; discarding it"
+                    );
+                    // An answer whose id is known is answered, in its
+                    // place, with an error: nobody waits for it for ever.
+                    if let Some(id) = id {
+                        return Poll::Ready(Some(Ok(oversized(&id))));
+                    }
+                }
                 None => {
                     self.ended = true;
                     self.lines = None;
@@ -230,6 +238,20 @@ impl Wire {
             rx: Receiver::channel(from_server),
         }
     }
+}
+
+/// What stands for the server's answer to request `id` that exceeded the
+/// line limit and was dropped.
+fn oversized(id: &RequestId) -> Message {
+    ErrorCode::InternalError
+        .response(
+            &id.to_value(),
+            format!(
+                "the server's answer exceeded mcpd's limit of {} MiB per message and was dropped",
+                MAX_LINE >> 20
+            ),
+        )
+        .into()
 }
 
 #[cfg(test)]

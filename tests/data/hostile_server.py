@@ -9,6 +9,8 @@ Usage: hostile_server.py MODE [ARG], where MODE is one of:
   not have (as a strictly validating SDK does);
 - ``log-flood N``: a call of the tool ``flood`` answers at once and then
   sends N ``notifications/message``, as fast as the pipe takes them;
+- ``id-last``: behaves, but writes every answer with its id last, as the
+  TypeScript SDK does;
 - ``plain``: behaves.
 
 Tools: ``echo`` (``text``), ``big`` (``n``: an answer of ``n`` bytes of
@@ -35,7 +37,10 @@ def send(message):
 
 
 def answer(message, result):
-    send({"jsonrpc": "2.0", "id": message["id"], "result": result})
+    if MODE == "id-last":
+        send({"result": result, "jsonrpc": "2.0", "id": message["id"]})
+    else:
+        send({"jsonrpc": "2.0", "id": message["id"], "result": result})
 
 
 MEMBERS = {"jsonrpc", "id", "method", "params", "result", "error"}
