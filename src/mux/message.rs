@@ -35,7 +35,10 @@ pub struct Message {
 }
 
 /// The members looked up on every message, many times over.
-const KNOWN: [&str; 5] = ["id", "method", "params", "result", "error"];
+/// (The members of a JSON-RPC 2.0 message, `jsonrpc` last: routing reads
+/// the first five, a host session checks the version and that there is
+/// nothing else.)
+const KNOWN: [&str; 6] = ["id", "method", "params", "result", "error", "jsonrpc"];
 
 const ABSENT: u8 = u8::MAX;
 
@@ -283,6 +286,14 @@ impl Message {
                 self.index();
             }
         }
+    }
+
+    /// Whether every member is a JSON-RPC 2.0 one (`jsonrpc`, `id`,
+    /// `method`, `params`, `result`, `error`): a look at the index, no
+    /// key compared.
+    pub fn only_json_rpc_members(&self) -> bool {
+        let known = self.known.iter().filter(|at| **at != ABSENT).count();
+        known == self.members.len()
     }
 
     /// Keeps only the members whose key `keep` accepts; returns the keys

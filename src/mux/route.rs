@@ -456,6 +456,23 @@ impl Router {
         }
     }
 
+    /// Request `method` of host `host`, whose id `id` the caller read
+    /// already (as [`Router::from_host`] would, without reading it again).
+    pub fn request_from(
+        &mut self,
+        host: HostId,
+        id: RequestId,
+        method: &str,
+        msg: Message,
+    ) -> Vec<Out> {
+        let mut msg = msg;
+        let mut out = Vec::new();
+        if self.hosts.contains_key(&host) {
+            self.host_request(host, method, id, &mut msg, &mut out);
+        }
+        out
+    }
+
     /// A message from host `host`.
     pub fn from_host(&mut self, host: HostId, msg: impl Into<Message>) -> Vec<Out> {
         let mut msg = msg.into();
@@ -698,11 +715,14 @@ impl Router {
             // about something unparseable belongs to nobody.
             return out;
         }
-        let id = msg.request_id();
         let method = msg.method().map(|m| m.into_owned());
-        match (method, id) {
-            (None, Some(id)) => {
-                let Some(up) = id.as_u64() else { return out };
+        match method {
+            // An answer: its id is one mcpd gave, an integer (read as
+            // text, made into no RequestId).
+            None => {
+                let Some(up) = msg.raw("id").and_then(|raw| raw.parse::<u64>().ok()) else {
+                    return out;
+                };
                 match self.forget(up).map(|p| p.owner) {
                     Some(Owner::Host { host, id }) => {
                         msg.set_json("id", id.into_json());
@@ -712,9 +732,10 @@ impl Router {
                     Some(Owner::Mcpd) | None => {}
                 }
             }
-            (Some(name), Some(id)) => self.server_request(&name, id, msg, &mut out),
-            (Some(name), None) => self.server_notification(&name, msg, &mut out),
-            (None, None) => {}
+            Some(name) => match msg.request_id() {
+                Some(id) => self.server_request(&name, id, msg, &mut out),
+                None => self.server_notification(&name, msg, &mut out),
+            },
         }
         out
     }

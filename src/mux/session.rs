@@ -178,6 +178,9 @@ pub const MEMBERS: [&str; 6] = ["jsonrpc", "id", "method", "params", "result", "
 /// (a server may refuse, or silently drop, a message that has them, and
 /// the host would wait for ever); returns their keys.
 pub fn strip(message: &mut Message) -> Vec<String> {
+    if message.only_json_rpc_members() {
+        return Vec::new();
+    }
     message.retain(|key| MEMBERS.contains(&key))
 }
 

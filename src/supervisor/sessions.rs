@@ -1540,12 +1540,12 @@ impl Task {
             };
             let mut record = Record::new(&self.name, &tool, &self.counters);
             record.caller = h.caller;
-            h.calls.insert(id, record);
+            h.calls.insert(id.clone(), record);
         }
         if session::counts_as_use(name) {
             self.used = now();
         }
-        let outs = self.router.from_host(host, message);
+        let outs = self.router.request_from(host, id, name, message);
         self.deliver(outs, None);
         self.demand_if_held();
     }
