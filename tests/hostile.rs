@@ -441,3 +441,56 @@ fn an_answer_over_the_line_limit_is_an_error_to_the_host_at_once() {
     }
     assert!(d.stop(Signal::TERM).success());
 }
+
+#[test]
+fn garbage_on_stdout_is_counted_logged_within_the_rate_limit_and_ends_the_generation_past_a_bound()
+{
+    let units = tempfile::tempdir().expect("tempdir");
+    hostile(
+        units.path(),
+        "some",
+        &["garbage"],
+        "log-rate-limit 20 \"30s\"\n",
+    );
+    hostile(
+        units.path(),
+        "binary",
+        &["binary"],
+        "log-rate-limit 20 \"30s\"\nreconnect {\n    initial-delay \"100ms\"\n}\n",
+    );
+    let mut d = Daemon::user_no_bus(units.path(), &[]);
+    d.wait_until("both running", |d| {
+        d.starts("some") == 1 && d.starts("binary") == 1
+    });
+    let runtime = d.runtime_dir().expect("runtime").to_owned();
+    let status = |name: &str| {
+        let out = crate::helper::mcpctl_user(&runtime, &["status", name, "--json"]);
+        let status: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+        status[0].clone()
+    };
+    // a few lines of garbage: counted and logged, the server serves on
+    let out = crate::helper::mcpctl_user(&runtime, &["call", "some", "garbage", r#"{"n":50}"#]);
+    assert!(out.status.success(), "{out:?}");
+    let s = status("some");
+    assert_eq!(s["garbage_lines"], 50, "{s}");
+    assert_eq!(
+        (s["state"].as_str(), s["generation"].as_u64()),
+        (Some("running"), Some(1)),
+        "{s}"
+    );
+    let text = crate::helper::mcpctl_user(&runtime, &["status", "some"]);
+    let text = String::from_utf8_lossy(&text.stdout);
+    assert!(text.contains("Misbehaved: 50 lines of garbage"), "{text}");
+    // binary for ever: the connection fails past the bound, the server is
+    // restarted, and the log holds what the rate limit lets through
+    let _ = crate::helper::mcpctl_user(&runtime, &["call", "binary", "garbage", "{}"]);
+    d.wait_for("lines in a row that are not JSON-RPC messages");
+    d.wait_until("binary running again", |d| d.starts("binary") == 2);
+    let logged = d
+        .about("binary")
+        .filter(|l| l.contains("not a JSON-RPC message") || l.contains("not JSON-RPC messages ("))
+        .count();
+    assert!((1..=20).contains(&logged), "{logged} lines about garbage");
+    assert!(status("binary")["garbage_lines"].as_u64() >= Some(10_000));
+    assert!(d.stop(Signal::TERM).success());
+}

@@ -76,6 +76,7 @@ struct Props {
     failed_calls: u64,
     detached: u64,
     dropped: u64,
+    garbage: u64,
     sessions: u32,
     unit_path: String,
     load_error: String,
@@ -113,6 +114,7 @@ async fn props(server: &ServerProxy<'_>) -> Result<Props> {
         failed_calls: server.failed_calls().await.map_err(e)?,
         detached: server.detached_sessions().await.map_err(e)?,
         dropped: server.dropped_notifications().await.map_err(e)?,
+        garbage: server.garbage_lines().await.map_err(e)?,
         sessions: server.sessions().await.map_err(e)?,
         unit_path: server.unit_path().await.map_err(e)?,
         load_error: server.load_error().await.map_err(e)?,
@@ -151,6 +153,7 @@ impl Props {
             "failed_calls": self.failed_calls,
             "detached_sessions": self.detached,
             "dropped_notifications": self.dropped,
+            "garbage_lines": self.garbage,
             "sessions": self.sessions,
             "unit_path": self.unit_path,
             "load_error": self.load_error,
@@ -376,24 +379,28 @@ fn write_block(
             p.calls, p.failed_calls
         )?;
     }
-    // What misbehaving hosts cost them, when they did.
-    if p.detached != 0 || p.dropped != 0 {
-        writeln!(
-            out,
-            "   Detached: {} {}; {} {} dropped for sessions behind",
+    // What misbehaving peers cost, when they did.
+    let plural = |n: u64, one: &str, many: &str| format!("{n} {}", if n == 1 { one } else { many });
+    let trouble: Vec<String> = [
+        (
             p.detached,
-            if p.detached == 1 {
-                "session"
-            } else {
-                "sessions"
-            },
+            plural(p.detached, "session detached", "sessions detached"),
+        ),
+        (
             p.dropped,
-            if p.dropped == 1 {
-                "notification"
-            } else {
-                "notifications"
-            },
-        )?;
+            plural(p.dropped, "notification dropped", "notifications dropped"),
+        ),
+        (
+            p.garbage,
+            plural(p.garbage, "line of garbage", "lines of garbage"),
+        ),
+    ]
+    .into_iter()
+    .filter(|(n, _)| *n != 0)
+    .map(|(_, text)| text)
+    .collect();
+    if !trouble.is_empty() {
+        writeln!(out, " Misbehaved: {}", trouble.join(", "))?;
     }
     if !logs.is_empty() {
         writeln!(out)?;

@@ -373,6 +373,15 @@ impl Server {
             .map_or(0, |s| s.counters().dropped())
     }
 
+    /// Lines the server wrote to its standard output that were not
+    /// JSON-RPC messages. Not signalled.
+    #[zbus(property(emits_changed_signal = "false"))]
+    fn garbage_lines(&self) -> u64 {
+        self.shared
+            .supervisor(&self.name)
+            .map_or(0, |s| s.counters().garbage_lines())
+    }
+
     /// The `instructions` of the server's `initialize` answer.
     #[zbus(property)]
     fn instructions(&self) -> String {
@@ -781,6 +790,8 @@ pub mod client {
         fn detached_sessions(&self) -> Result<u64, Error>;
         #[zbus(property(emits_changed_signal = "false"))]
         fn dropped_notifications(&self) -> Result<u64, Error>;
+        #[zbus(property(emits_changed_signal = "false"))]
+        fn garbage_lines(&self) -> Result<u64, Error>;
         #[zbus(property)]
         fn instructions(&self) -> Result<String, Error>;
         #[zbus(property)]

@@ -303,7 +303,9 @@ pub enum Event {
     /// A host's line, or its end (`None`).
     Host(HostId, Option<Frame>),
     /// What the upstream of generation `Generation` sent, or its end (`None`).
-    Server(Generation, Option<Incoming>),
+    /// With it, how many lines that were not messages it read before,
+    /// and why the last was not.
+    Server(Generation, Option<Incoming>, Option<(u64, String)>),
 }
 
 /// A reader polled by the session task.
@@ -370,6 +372,7 @@ impl ServerReader {
         }
         let incoming = std::task::ready!(self.rx.poll_recv(cx));
         self.ended = incoming.is_none();
-        Poll::Ready(Some(Event::Server(self.generation, incoming)))
+        let garbage = self.rx.take_garbage();
+        Poll::Ready(Some(Event::Server(self.generation, incoming, garbage)))
     }
 }

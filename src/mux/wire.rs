@@ -86,7 +86,25 @@ pub struct Receiver {
     _open: Option<mpsc::UnboundedSender<Incoming>>,
     /// The end was seen.
     ended: bool,
+    /// Lines that were not messages.
+    garbage: Garbage,
 }
+
+/// Lines from a server that were not JSON-RPC messages.
+#[derive(Debug, Default)]
+struct Garbage {
+    /// Since the last message: past [`GARBAGE_RUN`], the connection fails.
+    run: u64,
+    /// Since the last [`Receiver::take_garbage`].
+    unreported: u64,
+    /// Why the last one was not a message.
+    last: String,
+}
+
+/// Lines in a row from a server that are not JSON-RPC messages past which
+/// its connection is taken for broken (a server writing binary to its
+/// stdout), and fails.
+pub const GARBAGE_RUN: u64 = 10_000;
 
 impl std::fmt::Debug for Receiver {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -104,6 +122,7 @@ impl Receiver {
             channel,
             _open: None,
             ended: false,
+            garbage: Garbage::default(),
         }
     }
 
@@ -116,6 +135,7 @@ impl Receiver {
             channel,
             _open: Some(incoming.clone()),
             ended: false,
+            garbage: Garbage::default(),
         };
         (receiver, incoming)
     }
@@ -139,9 +159,23 @@ impl Receiver {
         };
         loop {
             match std::task::ready!(lines.poll_next(cx)) {
-                Some(Frame::Message(message)) => return Poll::Ready(Some(Ok(message))),
+                Some(Frame::Message(message)) => {
+                    self.garbage.run = 0;
+                    return Poll::Ready(Some(Ok(message)));
+                }
                 Some(Frame::Garbage(why)) => {
-                    tracing::debug!("ignoring a line from the server: {why}");
+                    let garbage = &mut self.garbage;
+                    garbage.run += 1;
+                    garbage.unreported += 1;
+                    garbage.last = why;
+                    if garbage.run >= GARBAGE_RUN {
+                        garbage.run = 0;
+                        let why = format!(
+                            "the server wrote {GARBAGE_RUN} lines in a row that are not JSON-RPC messages (the last: {})",
+                            garbage.last
+                        );
+                        return Poll::Ready(Some(Err(why)));
+                    }
                 }
                 Some(Frame::TooLong(id)) => {
                     tracing::error!(
@@ -161,6 +195,18 @@ impl Receiver {
                 }
             }
         }
+    }
+
+    /// How many lines that were not messages were read since the last
+    /// call, and why the last was not, if there were any.
+    pub fn take_garbage(&mut self) -> Option<(u64, String)> {
+        let garbage = &mut self.garbage;
+        (garbage.unreported > 0).then(|| {
+            (
+                std::mem::take(&mut garbage.unreported),
+                garbage.last.clone(),
+            )
+        })
     }
 
     /// [`Receiver::poll_recv`], waiting.

@@ -31,6 +31,7 @@ pub struct Counters {
     failed: AtomicU64,
     detached: AtomicU64,
     dropped: AtomicU64,
+    garbage: AtomicU64,
 }
 
 impl Counters {
@@ -43,6 +44,16 @@ impl Counters {
     /// Notifications not sent to host sessions that were behind.
     pub fn dropped(&self) -> u64 {
         self.dropped.load(Ordering::Relaxed)
+    }
+
+    /// Lines the server wrote to its stdout that were not JSON-RPC
+    /// messages.
+    pub fn garbage_lines(&self) -> u64 {
+        self.garbage.load(Ordering::Relaxed)
+    }
+
+    pub(crate) fn garbage(&self, lines: u64) {
+        self.garbage.fetch_add(lines, Ordering::Relaxed);
     }
 
     pub(crate) fn host_detached(&self) {

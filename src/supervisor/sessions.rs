@@ -627,7 +627,10 @@ impl Task {
                         self.on_host(host, frame);
                     }
                     Event::Host(host, None) => self.detach(host, None),
-                    Event::Server(generation, incoming) => {
+                    Event::Server(generation, incoming, garbage) => {
+                        if let Some((lines, why)) = garbage {
+                            self.garbage(lines, &why);
+                        }
                         if self.upstream.as_ref().is_some_and(|u| u.generation == generation) {
                             match incoming {
                                 Some(Ok(message)) => self.on_server(message),
@@ -1645,6 +1648,34 @@ impl Task {
         self.deliver(outs, None);
     }
 
+    /// The server wrote `lines` lines that are not JSON-RPC messages (the
+    /// last one not because of `why`): counted, and logged within the
+    /// unit's `log-rate-limit` (its connection fails past `GARBAGE_RUN` in
+    /// a row).
+    fn garbage(&mut self, lines: u64, why: &str) {
+        self.counters.garbage(lines);
+        let now = now();
+        let mut logged = false;
+        for _ in 0..lines {
+            let admit = self.log_limit.admit(now);
+            if let Some(n) = admit.suppressed {
+                let line = logs::suppressed_line(n, self.log_limit.limit());
+                tracing::warn!(target: "mcpd::server", mcpd_server = %self.name, "{line}");
+            }
+            logged |= admit.log;
+        }
+        if logged {
+            match lines {
+                1 => {
+                    tracing::warn!(target: "mcpd::server", mcpd_server = %self.name, "a line on the server's stdout is not a JSON-RPC message: {why}")
+                }
+                n => {
+                    tracing::warn!(target: "mcpd::server", mcpd_server = %self.name, "{n} lines on the server's stdout are not JSON-RPC messages (the last: {why})")
+                }
+            }
+        }
+    }
+
     /// A server's log message also goes to the journal.
     /// The unit's `log-rate-limit` applies, as to its stderr: past it,
     /// messages are counted and the count reported once the window ends.
@@ -1652,7 +1683,7 @@ impl Task {
         let admit = self.log_limit.admit(now());
         if let Some(n) = admit.suppressed {
             let line = logs::suppressed_line(n, self.log_limit.limit());
-            tracing::warn!(target: "mcpd::server", mcpd_server = %self.name, "notifications/message: {line}");
+            tracing::warn!(target: "mcpd::server", mcpd_server = %self.name, "{line}");
         }
         if !admit.log {
             return;

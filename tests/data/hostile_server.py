@@ -11,6 +11,10 @@ Usage: hostile_server.py MODE [ARG], where MODE is one of:
   sends N ``notifications/message``, as fast as the pipe takes them;
 - ``id-last``: behaves, but writes every answer with its id last, as the
   TypeScript SDK does;
+- ``garbage``: a call of the tool ``garbage`` (``n``) writes ``n`` lines
+  of text that are not JSON before its answer;
+- ``binary``: a call of ``garbage`` writes random bytes to stdout for
+  ever, from then on;
 - ``plain``: behaves.
 
 Tools: ``echo`` (``text``), ``big`` (``n``: an answer of ``n`` bytes of
@@ -21,6 +25,7 @@ what is written here.
 """
 
 import json
+import os
 import sys
 import threading
 
@@ -57,6 +62,17 @@ BIG = {
     "inputSchema": {"type": "object", "properties": {"n": {"type": "integer"}}},
 }
 
+GARBAGE = dict(ECHO, name="garbage", description="writes what is not JSON")
+FLOOD = dict(ECHO, name="flood", description="floods log messages")
+
+
+def binary():
+    with LOCK:
+        while True:
+            sys.stdout.buffer.write(os.urandom(65536))
+            sys.stdout.buffer.flush()
+
+
 def flood(n):
     for i in range(n):
         send({"jsonrpc": "2.0", "method": "notifications/message",
@@ -86,7 +102,16 @@ for line in sys.stdin:
         else:
             answer(message, {})
     elif method == "tools/list":
-        answer(message, {"tools": [ECHO, BIG]})
+        answer(message, {"tools": [ECHO, BIG, GARBAGE, FLOOD]})
+    elif method == "tools/call" and params.get("name") == "garbage":
+        if MODE == "binary":
+            threading.Thread(target=binary).start()
+        else:
+            with LOCK:
+                n = int(params.get("arguments", {}).get("n", 0))
+                sys.stdout.write("".join(f"this is not json {i}\n" for i in range(n)))
+                sys.stdout.flush()
+            answer(message, {"content": [{"type": "text", "text": "garbage"}]})
     elif method == "tools/call" and params.get("name") == "flood":
         answer(message, {"content": [{"type": "text", "text": "flooding"}]})
         threading.Thread(target=flood, args=(int(ARG or 0),)).start()
