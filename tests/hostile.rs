@@ -494,3 +494,97 @@ fn garbage_on_stdout_is_counted_logged_within_the_rate_limit_and_ends_the_genera
     assert!(status("binary")["garbage_lines"].as_u64() >= Some(10_000));
     assert!(d.stop(Signal::TERM).success());
 }
+
+#[test]
+fn a_server_that_dies_with_requests_in_flight_names_the_sessions_that_had_them() {
+    use std::io::Write;
+    let units = tempfile::tempdir().expect("tempdir");
+    std::fs::write(
+        units.path().join("frail.kdl"),
+        "stdio {\n    command \"mcp-fixture\" \"--chatter\" \"0\"\n}\n",
+    )
+    .expect("write");
+    let mut d = Daemon::user_no_bus(units.path(), &[]);
+    d.wait_until("frail running", |d| d.starts("frail") == 1);
+    let runtime = d.runtime_dir().expect("runtime").to_owned();
+    let (reply, mut host) = session(&runtime, "frail");
+    assert!(reply.contains("attached"), "{reply}");
+    host.get_mut()
+        .write_all(INITIALIZE.as_bytes())
+        .expect("write");
+    assert_eq!(next(&mut host).expect("initialize")["id"], 1);
+    host.get_mut()
+        .write_all(concat!(
+            r#"{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"hang","arguments":{}}}"#, "\n",
+            r#"{"jsonrpc":"2.0","id":3,"method":"tools/call","params":{"name":"crash","arguments":{}}}"#, "\n",
+        ).as_bytes())
+        .expect("write");
+    // the crash is answered, then the call in flight fails with the loss
+    loop {
+        let answer = next(&mut host).expect("an answer");
+        if answer["id"] == 2 {
+            assert!(
+                answer["error"]["message"]
+                    .as_str()
+                    .is_some_and(|m| m.contains("connection lost")),
+                "{answer}"
+            );
+            break;
+        }
+    }
+    let line = d.wait_for("with requests in flight from");
+    let uid = rustix::process::getuid().as_raw();
+    assert!(
+        line.contains(&format!("(pid {}, uid {uid}): 1", std::process::id())),
+        "{line}"
+    );
+    assert!(line.contains("mcpd_server=frail"), "{line}");
+    assert!(d.stop(Signal::TERM).success());
+}
+
+#[test]
+fn a_request_over_max_request_size_is_refused_and_never_reaches_the_server() {
+    use std::io::Write;
+    let units = tempfile::tempdir().expect("tempdir");
+    hostile(
+        units.path(),
+        "small",
+        &["plain"],
+        "max-request-size \"1K\"\n",
+    );
+    let mut d = Daemon::user_no_bus(units.path(), &[]);
+    d.wait_until("small running", |d| d.starts("small") == 1);
+    let runtime = d.runtime_dir().expect("runtime").to_owned();
+    let (reply, mut host) = session(&runtime, "small");
+    assert!(reply.contains("attached"), "{reply}");
+    host.get_mut()
+        .write_all(INITIALIZE.as_bytes())
+        .expect("write");
+    assert_eq!(next(&mut host).expect("initialize")["id"], 1);
+    let call = |id: u32, text: &str| {
+        format!(
+            "{{\"jsonrpc\":\"2.0\",\"id\":{id},\"method\":\"tools/call\",\"params\":{{\"name\":\"echo\",\"arguments\":{{\"text\":\"{text}\"}}}}}}\n"
+        )
+    };
+    host.get_mut()
+        .write_all(call(2, &"x".repeat(2000)).as_bytes())
+        .expect("write");
+    let refused = next(&mut host).expect("a refusal");
+    assert_eq!(refused["id"], 2, "{refused}");
+    assert_eq!(refused["error"]["code"], -32600, "{refused}");
+    let message = refused["error"]["message"].as_str().expect("message");
+    assert!(
+        message.starts_with("a request of ")
+            && message
+                .ends_with(" bytes is over the max-request-size of server small (1024 bytes)"),
+        "{message}"
+    );
+    host.get_mut()
+        .write_all(call(3, "fits").as_bytes())
+        .expect("write");
+    assert_eq!(
+        next(&mut host).expect("an answer")["result"]["content"][0]["text"],
+        "fits"
+    );
+    assert!(d.stop(Signal::TERM).success());
+}

@@ -164,6 +164,8 @@ pub(crate) struct Settings {
     pub list_timeout: Duration,
     /// `log-rate-limit`, for the server's `notifications/message`.
     pub log_rate_limit: Option<RateLimit>,
+    /// `max-request-size`: the largest request a host may send.
+    pub max_request_size: u64,
 }
 
 impl Settings {
@@ -174,6 +176,7 @@ impl Settings {
             on_demand: spec.activation().idle_stop().is_some(),
             list_timeout: spec.startup_timeout(),
             log_rate_limit: spec.log_rate_limit(),
+            max_request_size: spec.max_request_size(),
         }
     }
 }
@@ -268,6 +271,7 @@ impl Sessions {
             list_changed: Arc::default(),
             list_timeout: settings.list_timeout,
             log_limit: Limiter::new(settings.log_rate_limit),
+            max_request_size: settings.max_request_size,
             deadline: None,
             timer: Box::pin(tokio::time::sleep(Duration::ZERO)),
             name: Arc::from(name),
@@ -593,6 +597,8 @@ struct Task {
     list_timeout: Duration,
     /// The unit's `log-rate-limit`, for the server's log messages.
     log_limit: Limiter,
+    /// The unit's `max-request-size`.
+    max_request_size: u64,
     /// The earliest deadline of the list reads under way and of the
     /// hosts that have not sent `initialize` yet, and its timer (armed
     /// only while there is one).
@@ -713,6 +719,9 @@ impl Task {
                     .is_some_and(|u| u.generation == generation)
                 {
                     self.upstream = None;
+                    if let Some(why) = &lost {
+                        self.blame(why);
+                    }
                     let outs = self.router.upstream_lost();
                     self.deliver(outs, lost.as_deref());
                 }
@@ -720,6 +729,7 @@ impl Task {
             Input::Configure(settings) => {
                 self.list_timeout = settings.list_timeout;
                 self.log_limit.set(settings.log_rate_limit);
+                self.max_request_size = settings.max_request_size;
                 self.filter = settings.filter;
                 self.roots = settings.roots;
                 self.on_demand = settings.on_demand;
@@ -1066,7 +1076,37 @@ impl Task {
         }
     }
 
+    /// The server failed (`why`) with host requests in flight: says whose,
+    /// so that a host whose requests bring a shared server down can be
+    /// found (a process and user id for each session).
+    fn blame(&self, why: &str) {
+        let mut whose: Vec<String> = self
+            .hosts
+            .iter()
+            .filter_map(|(host, h)| {
+                let n = self.router.in_flight(*host);
+                (n > 0).then(|| {
+                    let mut who = format!("session {host}");
+                    if let Some(pid) = h.caller.pid {
+                        who.push_str(&format!(" (pid {pid}"));
+                        if let Some(uid) = h.caller.uid {
+                            who.push_str(&format!(", uid {uid}"));
+                        }
+                        who.push(')');
+                    }
+                    format!("{who}: {n}")
+                })
+            })
+            .collect();
+        if whose.is_empty() {
+            return;
+        }
+        whose.sort();
+        tracing::warn!(target: "mcpd::sessions", mcpd_server = %self.name, "the server failed ({why}) with requests in flight from {}", whose.join("; "));
+    }
+
     fn lost(&mut self, generation: Gen, why: String) {
+        self.blame(&why);
         self.upstream = None;
         let _ = self.events.send(Internal::Closed {
             generation,
@@ -1500,6 +1540,18 @@ impl Task {
                     format!("too many requests in flight (at most {MAX_IN_FLIGHT} per session)"),
                 ),
             );
+            return;
+        }
+        let size = u64::try_from(message.received()).unwrap_or(u64::MAX);
+        if size > self.max_request_size {
+            let refusal = ErrorCode::InvalidRequest.response(
+                &id.to_value(),
+                format!(
+                    "a request of {size} bytes is over the max-request-size of server {} ({} bytes)",
+                    self.name, self.max_request_size
+                ),
+            );
+            self.send(host, refusal);
             return;
         }
         if self.router.requests() >= MAX_UNIT_IN_FLIGHT {

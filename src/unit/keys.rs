@@ -140,6 +140,7 @@ pub enum Field {
     LogRateLimit,
     StartupTimeout,
     StopTimeout,
+    MaxRequestSize,
     Start,
     IdleStop,
     Roots(usize),
@@ -319,6 +320,14 @@ pub const KEYS: &[Key] = &[
         Replace,
         Some(Field::StopTimeout),
         "\"30s\"",
+    ),
+    key(
+        Top,
+        "max-request-size",
+        Kind::Size,
+        Replace,
+        Some(Field::MaxRequestSize),
+        "\"1M\"",
     ),
     key(
         Top,

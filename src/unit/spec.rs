@@ -26,6 +26,13 @@ pub const DEFAULT_MAX_ATTEMPTS: u32 = 10;
 pub const DEFAULT_STARTUP_TIMEOUT: Duration = Duration::from_secs(30);
 /// Default `stop-timeout`.
 pub const DEFAULT_STOP_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Default and largest `max-request-size`: the line limit of every
+/// message mcpd reads (16 MiB).
+pub const MAX_REQUEST_SIZE: u64 = 16 << 20;
+
+/// Smallest `max-request-size`.
+pub const MIN_REQUEST_SIZE: u64 = 1 << 10;
 /// Default `idle-stop` of an on-demand unit.
 pub const DEFAULT_IDLE_STOP: Duration = Duration::from_secs(600);
 
@@ -90,6 +97,8 @@ pub struct UnitSpec {
     log_rate_limit: Option<RateLimit>,
     startup_timeout: Duration,
     stop_timeout: Duration,
+    /// The largest request a host may send the server, in bytes.
+    max_request_size: u64,
     /// `start` and `idle-stop`.
     activation: Activation,
     /// `file://` URIs answered to the server's `roots/list`.
@@ -276,6 +285,8 @@ pub struct UnitDraft {
     pub log_rate_limit: Option<Option<(i128, Duration)>>,
     pub startup_timeout: Option<Duration>,
     pub stop_timeout: Option<Duration>,
+    /// `max-request-size`, in bytes (checked here).
+    pub max_request_size: Option<i128>,
     /// `start`: "always" or "on-demand".
     pub start: Option<String>,
     pub idle_stop: Option<Duration>,
@@ -771,6 +782,21 @@ impl UnitSpec {
         );
         let stop_timeout =
             judge.duration(Field::StopTimeout, draft.stop_timeout, DEFAULT_STOP_TIMEOUT);
+        let max_request_size = match draft.max_request_size {
+            None => MAX_REQUEST_SIZE,
+            Some(n) => match u64::try_from(n) {
+                Ok(n) if (MIN_REQUEST_SIZE..=MAX_REQUEST_SIZE).contains(&n) => n,
+                _ => {
+                    judge.fail(
+                        Field::MaxRequestSize,
+                        format!(
+                            "`max-request-size` must be between 1K and 16M (the line limit), got {n} bytes"
+                        ),
+                    );
+                    MAX_REQUEST_SIZE
+                }
+            },
+        };
         let activation = judge.activation(draft.start.as_deref(), draft.idle_stop);
 
         let roots = judge.roots(draft.roots);
@@ -790,6 +816,7 @@ impl UnitSpec {
                 log_rate_limit,
                 startup_timeout,
                 stop_timeout,
+                max_request_size,
                 activation,
                 roots,
                 tool_filter,
@@ -838,6 +865,12 @@ impl UnitSpec {
     /// SIGTERM to the process group, then SIGKILL after this.
     pub fn stop_timeout(&self) -> Duration {
         self.stop_timeout
+    }
+
+    /// `max-request-size`: the largest request a host may send the server,
+    /// in bytes (at most the line limit).
+    pub fn max_request_size(&self) -> u64 {
+        self.max_request_size
     }
 
     /// When the server runs: always, or on demand (DESIGN §9).

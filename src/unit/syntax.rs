@@ -1053,6 +1053,10 @@ impl Layer {
             log_rate_limit,
             startup_timeout: d.duration(&mut self, "startup-timeout"),
             stop_timeout: d.duration(&mut self, "stop-timeout"),
+            max_request_size: match d.take(&mut self, "max-request-size") {
+                Some(Value::Size(n)) => Some(n),
+                _ => None,
+            },
             start: d.string(&mut self, "start"),
             idle_stop: d.duration(&mut self, "idle-stop"),
             roots: d.list(&mut self, "roots"),
