@@ -96,6 +96,7 @@ fn a_host_that_never_reads_large_answers_is_detached_and_the_daemon_stays_small(
     d.wait_until("big running", |d| d.starts("big") == 1);
     let runtime = d.runtime_dir().expect("runtime").to_owned();
     let pid = d.pid();
+    let baseline = crate::helper::rss_kib(pid);
     let init = concat!(
         r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"raw","version":"1"}}}"#,
         "\n",
@@ -151,6 +152,20 @@ fn a_host_that_never_reads_large_answers_is_detached_and_the_daemon_stays_small(
     );
     assert!(detached.contains("mcpd_server=big"), "{detached}");
     assert!(peak < 256 * 1024, "daemon RSS peaked at {peak} KiB");
+    // once the peer is gone, the daemon gives the memory back (within
+    // 16 MiB of where it started)
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    loop {
+        let now = crate::helper::rss_kib(pid);
+        if now <= baseline + 16 * 1024 {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "daemon RSS {now} KiB, {baseline} KiB at the start"
+        );
+        d.read_for(std::time::Duration::from_millis(100));
+    }
     assert!(d.stop(Signal::TERM).success());
 }
 

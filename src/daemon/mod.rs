@@ -15,6 +15,7 @@ pub mod attach;
 pub mod fdlimit;
 pub mod lock;
 pub mod logging;
+mod memory;
 pub mod registry;
 pub mod sdnotify;
 pub mod watch;
@@ -102,6 +103,7 @@ pub async fn run(
     mut control: mpsc::UnboundedReceiver<Control>,
 ) -> Result<(), RunError> {
     let lock = lock::InstanceLock::acquire(config.instance, &config.runtime_dir)?;
+    memory::give_large_buffers_back();
     let dirs: Vec<String> = config
         .unit_dirs
         .iter()
