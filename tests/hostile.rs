@@ -603,3 +603,31 @@ fn a_request_over_max_request_size_is_refused_and_never_reaches_the_server() {
     );
     assert!(d.stop(Signal::TERM).success());
 }
+
+#[test]
+fn what_is_not_a_message_behind_a_waiting_initialize_is_refused_in_its_turn() {
+    use std::io::Write;
+    let units = tempfile::tempdir().expect("tempdir");
+    std::fs::write(
+        units.path().join("slow.kdl"),
+        "stdio {\n    command \"mcp-fixture\" \"--chatter\" \"0\" \"--slow-start\" \"1s\"\n}\n",
+    )
+    .expect("write");
+    let mut d = Daemon::user_no_bus(units.path(), &[]);
+    d.wait_for("mcpd::supervisor: starting");
+    let runtime = d.runtime_dir().expect("runtime").to_owned();
+    let (reply, mut host) = session(&runtime, "slow");
+    assert!(reply.contains("attached"), "{reply}");
+    // while the server starts: initialize, a line that is not JSON, a ping
+    host.get_mut()
+        .write_all(
+            format!("{INITIALIZE}this is not json\n{{\"jsonrpc\":\"2.0\",\"id\":2,\"method\":\"ping\"}}\n")
+                .as_bytes(),
+        )
+        .expect("write");
+    assert_eq!(next(&mut host).expect("initialize")["id"], 1);
+    let refused = next(&mut host).expect("a refusal");
+    assert_eq!(refused["error"]["code"], -32700, "{refused}");
+    assert_eq!(next(&mut host).expect("pong")["id"], 2);
+    assert!(d.stop(Signal::TERM).success());
+}

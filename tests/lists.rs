@@ -169,6 +169,23 @@ fn a_list_of_more_bytes_than_the_bound_is_refused_counting_what_was_received() {
 }
 
 #[test]
+fn a_list_of_more_items_than_the_bound_is_refused() {
+    use mcpd::mux::lists::MAX_ITEMS;
+    let list = List::Tools;
+    let t0 = Instant::now();
+    let mut read = ListRead::new(list, t0, TIMEOUT);
+    // tiny items parse into many times their bytes: counted, not weighed
+    let zeros = |n: usize| answer(json!({"tools": vec![0; n], "nextCursor": format!("c{n}")}));
+    let m = zeros(MAX_ITEMS - 1);
+    assert!(matches!(read.answer(&m, m.received(), t0), Next::Page(_)));
+    let m = zeros(2);
+    assert_eq!(
+        failed(&read.answer(&m, m.received(), t0)),
+        "tools/list: more than 200000 items"
+    );
+}
+
+#[test]
 fn a_read_not_complete_by_its_deadline_has_expired() {
     let list = List::Tools;
     let t0 = Instant::now();

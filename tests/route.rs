@@ -909,4 +909,10 @@ fn subscriptions_are_bounded_per_host_and_per_unit_and_freed_with_their_host() {
     // a host that leaves frees its URIs
     r.detach(3);
     assert_eq!(refused(&subscribe(&mut r, 17, 3, "file:///17/new")), None);
+    // and each URI is bounded in size
+    let long = format!("file:///{}", "x".repeat(mcpd::mux::route::MAX_URI));
+    assert_eq!(
+        refused(&subscribe(&mut r, 17, 4, &long)).as_deref(),
+        Some("a URI of 8200 bytes is too long to subscribe to (at most 8192)")
+    );
 }

@@ -30,6 +30,10 @@ pub const MAX_PAGES: u32 = 1000;
 /// Bytes of answers (as received) one list may take.
 pub const MAX_BYTES: usize = 64 << 20;
 
+/// Items one list may hold (a page of tiny items parses into many times
+/// its bytes).
+pub const MAX_ITEMS: usize = 200_000;
+
 /// A list mcpd reads page by page.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum List {
@@ -118,6 +122,8 @@ pub enum Why {
     TooManyPages,
     /// More than [`MAX_BYTES`] of answers, after `pages` pages.
     TooLarge { pages: u32 },
+    /// More than [`MAX_ITEMS`] items.
+    TooManyItems,
     /// No complete list within `timeout`, after `pages` pages.
     Expired { timeout: Duration, pages: u32 },
     /// The server answered with an error (its message and code).
@@ -139,6 +145,7 @@ impl fmt::Display for Why {
                 write!(f, "cursor {cursor} repeated after {}", pages(n))
             }
             Why::TooManyPages => write!(f, "more than {MAX_PAGES} pages"),
+            Why::TooManyItems => write!(f, "more than {MAX_ITEMS} items"),
             Why::TooLarge { pages: n } => write!(
                 f,
                 "more than {} MiB of answers after {}",
@@ -270,6 +277,9 @@ impl ListRead {
             );
         };
         match result.get_mut(self.list.key()).map(Value::take) {
+            Some(Value::Array(items)) if self.items.len() + items.len() > MAX_ITEMS => {
+                return Next::Failed(self.fail(Why::TooManyItems));
+            }
             Some(Value::Array(items)) => self.items.extend(items),
             _ => {
                 return Next::Failed(self.fail(Why::Malformed(match self.list {

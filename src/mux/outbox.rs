@@ -52,7 +52,7 @@ pub struct Outbox<W> {
     sink: Arc<W>,
     /// Messages queued or being written by the writer task.
     queued: Arc<AtomicUsize>,
-    /// Their bytes.
+    /// The bytes of those queued behind the one being written.
     bytes: Arc<AtomicUsize>,
     queue: mpsc::UnboundedSender<Vec<u8>>,
     limit: usize,
@@ -82,6 +82,8 @@ impl<W: TryWrite> Outbox<W> {
         let (writer, count, size) = (Arc::clone(&sink), Arc::clone(&queued), Arc::clone(&bytes));
         let writer = tokio::spawn(async move {
             while let Some(bytes) = rx.recv().await {
+                // Being written now: no longer waiting behind it.
+                size.fetch_sub(bytes.len(), Ordering::Relaxed);
                 if let Err(e) = write_all(&*writer, &bytes).await {
                     // A closed pipe is the peer going away: its reader
                     // sees the end of file.
@@ -94,7 +96,6 @@ impl<W: TryWrite> Outbox<W> {
                     count.store(usize::MAX / 2, Ordering::Relaxed);
                     return;
                 }
-                size.fetch_sub(bytes.len(), Ordering::Relaxed);
                 count.fetch_sub(1, Ordering::Relaxed);
             }
         });
@@ -123,8 +124,8 @@ impl<W: TryWrite> Outbox<W> {
         self.writer.take()
     }
 
-    /// Messages and bytes waiting to be written (the one being written
-    /// included).
+    /// Messages waiting to be written (the one being written included),
+    /// and the bytes of those behind it.
     pub fn backlog(&self) -> (usize, usize) {
         (
             self.queued.load(Ordering::Relaxed),
@@ -236,14 +237,18 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn an_outbox_bounded_in_bytes_takes_one_message_of_any_size_then_refuses_past_the_bound()
-    {
+    async fn an_outbox_bounded_in_bytes_counts_what_waits_behind_the_message_being_written() {
         let (tx, rx) = pipe::pipe().expect("pipe");
         let outbox = Outbox::new(tx, 1000, None).bounded_in_bytes(1 << 20);
-        // larger than the bound and the pipe: taken, most of it queued
+        // larger than the bound and the pipe: taken, most of it queued,
+        // and being written once the writer has it
         outbox.send(vec![b'a'; 4 << 20]).expect("the first");
-        // behind it, the bound counts everything queued
-        assert_eq!(outbox.send(vec![b'b'; 1]), Err(Refused::Full));
+        tokio::task::yield_now().await;
+        assert_eq!(outbox.backlog(), (1, 0), "nothing behind it");
+        // behind it, up to the bound
+        outbox.send(vec![b'b'; 1 << 19]).expect("half the bound");
+        outbox.send(vec![b'c'; 1 << 19]).expect("the bound");
+        assert_eq!(outbox.send(vec![b'd'; 1]), Err(Refused::Full));
         drop(rx);
     }
 }

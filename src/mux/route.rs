@@ -49,6 +49,10 @@ pub const MAX_SUBSCRIPTIONS: usize = 1024;
 /// URIs the sessions of one unit may be subscribed to at once, together.
 pub const MAX_URIS: usize = 16384;
 
+/// The longest URI a host may subscribe to, in bytes (the counts above
+/// bound subscriptions only if each is small).
+pub const MAX_URI: usize = 8192;
+
 /// JSON-RPC: no such method (here: nobody can answer it).
 pub const METHOD_NOT_FOUND: i64 = ErrorCode::MethodNotFound.code();
 
@@ -405,6 +409,12 @@ impl Router {
     /// at most [`MAX_SUBSCRIPTIONS`] URIs per host and [`MAX_URIS`] per
     /// unit (a subscription held already is no new one).
     fn refuse_subscription(&self, host: HostId, uri: &str) -> Option<String> {
+        if uri.len() > MAX_URI {
+            return Some(format!(
+                "a URI of {} bytes is too long to subscribe to (at most {MAX_URI})",
+                uri.len()
+            ));
+        }
         let subscribers = self.subscriptions.get(uri);
         if subscribers.is_some_and(|s| s.contains(&host)) {
             return None;

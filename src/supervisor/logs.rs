@@ -94,6 +94,29 @@ impl Limiter {
         }
     }
 
+    /// `n` lines, written at `now`, at the cost of one: whether any of them
+    /// is logged (the caller logs one line for them all), and the report
+    /// of a window before that dropped lines.
+    pub fn admit_n(&mut self, n: u64, now: Instant) -> Admit {
+        if n == 0 {
+            return Admit {
+                log: false,
+                suppressed: None,
+            };
+        }
+        let first = self.admit(now);
+        let Some(limit) = self.limit else {
+            return first;
+        };
+        // The rest of the `n` in the same window.
+        let room = u64::from(limit.lines.saturating_sub(self.logged));
+        let rest = n - 1;
+        let logged = rest.min(room);
+        self.logged += u32::try_from(logged).unwrap_or(u32::MAX);
+        self.suppressed += rest - logged;
+        first
+    }
+
     /// Whether lines written at `now` are dropped: the window's lines are
     /// used up.
     pub fn over(&self, now: Instant) -> bool {
@@ -371,6 +394,12 @@ mod tests {
     #[test]
     fn no_limit_logs_everything_and_a_changed_limit_starts_a_new_window() {
         let t0 = Instant::now();
+        // many at once cost one call, and count as many
+        let mut l = Limiter::new(Some(LIMIT));
+        assert!(l.admit_n(1_000_000, t0).log);
+        assert!(!l.admit_n(3, t0 + Duration::from_secs(1)).log);
+        let later = l.admit(t0 + Duration::from_secs(30));
+        assert_eq!(later.suppressed, Some(1_000_003 - u64::from(LIMIT.lines)));
         let mut l = Limiter::new(None);
         for _ in 0..100_000 {
             assert!(l.admit(t0).log);

@@ -1012,7 +1012,7 @@ impl Task {
                         self.tokens.remove(&token);
                         let _ = reply.send(Ok(message));
                     }
-                    Some(Waiter::Page(kind)) => self.page(kind, &message),
+                    Some(Waiter::Page(kind)) => self.page(kind, id, &message),
                     None => {}
                 },
                 Out::Unanswered(id) => match self.own.remove(&id) {
@@ -1308,7 +1308,11 @@ impl Task {
     }
 
     /// A page of list `kind` arrived.
-    fn page(&mut self, kind: List, answer: &Message) {
+    fn page(&mut self, kind: List, id: u64, answer: &Message) {
+        if self.caches[kind.index()].asked != Some(id) {
+            // The page of a read given up since (a stop, its deadline).
+            return;
+        }
         self.read_page(kind, answer);
         self.arm();
         self.check_listed();
@@ -1465,6 +1469,25 @@ impl Task {
             if !dropped.is_empty() {
                 tracing::debug!(target: "mcpd::sessions", mcpd_server = %self.name, host, "dropped members JSON-RPC does not have: {}", dropped.join(", "));
             }
+            let size = u64::try_from(message.received()).unwrap_or(u64::MAX);
+            if size > self.max_request_size && !message.has("method") {
+                // An answer to the server's request, over max-request-size:
+                // the server gets an error in its place.
+                if let Some(id) = message.request_id() {
+                    let why = format!(
+                        "the host's answer of {size} bytes is over the max-request-size of server {} ({} bytes)",
+                        self.name, self.max_request_size
+                    );
+                    *message = ErrorCode::InternalError
+                        .response(&id.to_value(), why)
+                        .into();
+                }
+            } else if size > self.max_request_size && message.request_id().is_none() {
+                // A notification over it: dropped (requests are refused
+                // with an error, in host_request).
+                tracing::debug!(target: "mcpd::sessions", mcpd_server = %self.name, host, "dropped a notification of {size} bytes, over max-request-size");
+                return;
+            }
         }
         let waiting = self.waiting.iter().any(|(h, _, _)| *h == host);
         let Some(h) = self.hosts.get_mut(&host) else {
@@ -1477,8 +1500,12 @@ impl Task {
         };
         let step = session::classify(&frame, state);
         let Frame::Message(message) = frame else {
-            if let Step::Refuse(refusal) = step {
-                self.send(host, refusal);
+            match step {
+                Step::Refuse(refusal) => self.send(host, refusal),
+                // Refused in its turn, once the initialize is answered.
+                Step::Hold => h.held.push(frame),
+                Step::Overflow(why) => self.doomed.push((host, why)),
+                _ => {}
             }
             return;
         };
@@ -1706,17 +1733,12 @@ impl Task {
     /// a row).
     fn garbage(&mut self, lines: u64, why: &str) {
         self.counters.garbage(lines);
-        let now = now();
-        let mut logged = false;
-        for _ in 0..lines {
-            let admit = self.log_limit.admit(now);
-            if let Some(n) = admit.suppressed {
-                let line = logs::suppressed_line(n, self.log_limit.limit());
-                tracing::warn!(target: "mcpd::server", mcpd_server = %self.name, "{line}");
-            }
-            logged |= admit.log;
+        let admit = self.log_limit.admit_n(lines, now());
+        if let Some(n) = admit.suppressed {
+            let line = logs::suppressed_line(n, self.log_limit.limit());
+            tracing::warn!(target: "mcpd::server", mcpd_server = %self.name, "{line}");
         }
-        if logged {
+        if admit.log {
             match lines {
                 1 => {
                     tracing::warn!(target: "mcpd::server", mcpd_server = %self.name, "a line on the server's stdout is not a JSON-RPC message: {why}")
