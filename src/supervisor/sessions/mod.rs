@@ -31,6 +31,16 @@
 //!
 //! mcpd's own requests (tool syncs, D-Bus `CallTool`) go through the same
 //! router ([`Sessions::request`]), so their ids never collide with hosts'.
+//!
+//! This file holds the handle, the task's state and its host side;
+//! `lists` the kept lists and their reads, `server` what the task does
+//! with the upstream's own messages (re-syncs, roots, the journal,
+//! garbage, blame).
+
+mod lists;
+mod server;
+
+use lists::Cache;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -47,7 +57,7 @@ use crate::mux::attach::Control;
 use crate::mux::error::ErrorCode;
 use crate::mux::host::{Event, HostLink, HostOut, Opened, Reader, StopReading};
 use crate::mux::ledger::Ledger;
-use crate::mux::lists::{List, ListError, ListRead, Next, Why};
+use crate::mux::lists::{List, ListError, Why};
 use crate::mux::message::{Message, RequestId};
 use crate::mux::route::{Caps, HostId, Out, Router};
 use crate::mux::session::{self, HostState, Outcome, Step};
@@ -57,9 +67,9 @@ use crate::unit::ToolFilter;
 use super::accounting::{Caller, Counters, Record};
 use super::clock::now;
 use super::events::Internal;
-use super::logs::{self, Limiter};
+use super::logs::Limiter;
 use super::machine::{self, Gen, State};
-use super::upstream::{Paged, Pages, roots_result};
+use super::upstream::{Paged, Pages};
 use super::{CallError, Status};
 use crate::unit::RateLimit;
 
@@ -464,22 +474,6 @@ impl Sessions {
 
 /// The lists as JSON arrays, shared with the D-Bus side.
 pub(crate) type Lists = Arc<std::sync::Mutex<[Option<Arc<str>>; 3]>>;
-
-#[derive(Debug, Default)]
-struct Cache {
-    /// Being read now.
-    reading: Option<ListRead>,
-    /// The upstream id of the page asked for.
-    asked: Option<u64>,
-    /// Why the last read failed, once warned about (a read that fails
-    /// the same way again is not warned about again).
-    failed: Option<String>,
-    /// The server said it changed while it was being read.
-    dirty: bool,
-    /// The read was asked for by the server's `list_changed`: hosts are
-    /// told of the result even when there was no list before.
-    notify: bool,
-}
 
 /// Who waits for the answer to mcpd's own request.
 enum Waiter {
@@ -1024,14 +1018,7 @@ impl Task {
                         self.tokens.remove(&token);
                         let _ = reply.send(Err(self.down_text(lost)));
                     }
-                    // Read again on the next handshake.
-                    Some(Waiter::Page(kind)) => {
-                        let cache = &mut self.caches[kind.index()];
-                        cache.reading = None;
-                        cache.asked = None;
-                        self.arm();
-                        self.check_listed();
-                    }
+                    Some(Waiter::Page(kind)) => self.page_unanswered(kind),
                     None => {}
                 },
             }
@@ -1074,35 +1061,6 @@ impl Task {
         for (host, id, params) in std::mem::take(&mut self.waiting) {
             self.initialize(host, &id, &params);
         }
-    }
-
-    /// The server failed (`why`) with host requests in flight: says whose,
-    /// so that a host whose requests bring a shared server down can be
-    /// found (a process and user id for each session).
-    fn blame(&self, why: &str) {
-        let mut whose: Vec<String> = self
-            .hosts
-            .iter()
-            .filter_map(|(host, h)| {
-                let n = self.router.in_flight(*host);
-                (n > 0).then(|| {
-                    let mut who = format!("session {host}");
-                    if let Some(pid) = h.caller.pid {
-                        who.push_str(&format!(" (pid {pid}"));
-                        if let Some(uid) = h.caller.uid {
-                            who.push_str(&format!(", uid {uid}"));
-                        }
-                        who.push(')');
-                    }
-                    format!("{who}: {n}")
-                })
-            })
-            .collect();
-        if whose.is_empty() {
-            return;
-        }
-        whose.sort();
-        tracing::warn!(target: "mcpd::sessions", mcpd_server = %self.name, "the server failed ({why}) with requests in flight from {}", whose.join("; "));
     }
 
     fn lost(&mut self, generation: Gen, why: String) {
@@ -1196,66 +1154,11 @@ impl Task {
         }
     }
 
-    /// Publishes list `kind`; returns the one it replaces.
-    fn set_list(&mut self, kind: List, list: Option<Arc<str>>) -> Option<Arc<str>> {
-        let old = match self.lists.lock() {
-            Ok(mut lists) => std::mem::replace(&mut lists[kind.index()], list.clone()),
-            Err(_) => None,
-        };
-        if old != list {
-            self.changes
-                .send_modify(|serials| serials[kind.index()] += 1);
-        }
-        old
-    }
-
-    fn cached(&self, kind: List) -> Option<Arc<str>> {
-        self.lists.lock().ok()?[kind.index()].clone()
-    }
-
-    /// Reads list `kind` from the server (again, once the read in flight
-    /// is done, if one is), by the list reader: complete within the
-    /// unit's `startup-timeout`, at most `MAX_PAGES` pages and
-    /// `MAX_BYTES` bytes, never a cursor twice.
-    fn read_list(&mut self, kind: List, notify: bool) {
-        let cache = &mut self.caches[kind.index()];
-        cache.notify |= notify;
-        if cache.reading.is_some() {
-            cache.dirty = true;
-            return;
-        }
-        let read = ListRead::new(kind, now(), self.list_timeout);
-        let params = read.first();
-        cache.reading = Some(read);
-        self.request_page(kind, params);
-        self.arm();
-    }
-
-    fn request_page(&mut self, kind: List, params: Value) {
-        let (id, outs) = self.router.request(kind.method(), params);
-        self.own.insert(id, Waiter::Page(kind));
-        self.caches[kind.index()].asked = Some(id);
-        self.deliver(outs, None);
-    }
-
-    /// Says so once every list of the generation being read is read.
-    fn check_listed(&mut self) {
-        if let Some(generation) = self.reading_for
-            && self.caches.iter().all(|c| c.reading.is_none())
-        {
-            self.reading_for = None;
-            self.listed.send_replace(generation);
-        }
-    }
-
     /// Arms the task's timer for the earliest deadline: of the list reads
     /// under way, and of the hosts that have not sent `initialize` (none:
     /// disarmed).
     fn arm(&mut self) {
-        let reads = self
-            .caches
-            .iter()
-            .filter_map(|c| c.reading.as_ref().map(ListRead::deadline));
+        let reads = self.caches.iter().filter_map(Cache::deadline);
         let timeout = initialize_timeout();
         let hosts = self
             .hosts
@@ -1285,129 +1188,6 @@ impl Task {
         for host in late {
             self.detach(host, Some("it sent no initialize in time"));
         }
-    }
-
-    /// The timer of the list reads fired: those past their deadline fail
-    /// (their page in flight is cancelled upstream).
-    fn lists_expired(&mut self) {
-        let now = now();
-        for kind in List::KEPT {
-            let cache = &mut self.caches[kind.index()];
-            let Some(error) = cache.reading.as_ref().and_then(|r| r.expired(now)) else {
-                continue;
-            };
-            if let Some(id) = cache.asked.take() {
-                self.own.remove(&id);
-                let outs = self.router.cancel(id);
-                self.deliver(outs, None);
-            }
-            self.list_failed(kind, error);
-        }
-        self.arm();
-        self.check_listed();
-    }
-
-    /// A page of list `kind` arrived.
-    fn page(&mut self, kind: List, id: u64, answer: &Message) {
-        if self.caches[kind.index()].asked != Some(id) {
-            // The page of a read given up since (a stop, its deadline).
-            return;
-        }
-        self.read_page(kind, answer);
-        self.arm();
-        self.check_listed();
-    }
-
-    fn read_page(&mut self, kind: List, answer: &Message) {
-        let cache = &mut self.caches[kind.index()];
-        cache.asked = None;
-        let Some(reading) = cache.reading.as_mut() else {
-            return;
-        };
-        let items = match reading.answer(answer, answer.received(), now()) {
-            Next::Page(params) => {
-                self.request_page(kind, params);
-                return;
-            }
-            Next::Failed(error) => {
-                self.list_failed(kind, error);
-                return;
-            }
-            Next::Done(items) => items,
-        };
-        cache.reading = None;
-        cache.failed = None;
-        let dirty = std::mem::take(&mut cache.dirty);
-        let notify = std::mem::take(&mut cache.notify);
-        let new: Arc<str> = Arc::from(Value::Array(items).to_string());
-        let old = self.set_list(kind, Some(Arc::clone(&new)));
-        // Hosts attached before the first read had the server's own
-        // answers: they hear of it only if it changed, or if the server
-        // said so.
-        let changed = match old {
-            Some(old) => old != new,
-            None => notify,
-        };
-        if changed {
-            self.broadcast(kind.changed());
-        }
-        if dirty {
-            self.read_list(kind, true);
-        }
-    }
-
-    /// A read of list `kind` failed: the server goes on serving its tools
-    /// and hosts the last good list (or the server's own answers, if none
-    /// was read); the operator is told once per distinct failure, in the
-    /// log and in the unit's last error.
-    fn list_failed(&mut self, kind: List, error: ListError) {
-        let cache = &mut self.caches[kind.index()];
-        cache.reading = None;
-        cache.asked = None;
-        cache.notify = false;
-        let error = error.to_string();
-        if cache.failed.as_deref() != Some(error.as_str()) {
-            tracing::warn!(target: "mcpd::sessions", mcpd_server = %self.name, "{error}; keeping the list read before");
-            if let Some(up) = &self.upstream {
-                let _ = self.events.send(Internal::ListFailed {
-                    generation: up.generation,
-                    error: error.clone(),
-                });
-            }
-            cache.failed = Some(error);
-        }
-        if std::mem::take(&mut cache.dirty) {
-            // The server said it changed since: one more try.
-            self.read_list(kind, true);
-        }
-    }
-
-    /// Answers a host's list request from the cache, if the list is kept
-    /// (or, while an on-demand server does not run, with the error it
-    /// would give if it does not offer the list: listing never starts it).
-    fn answer_list(&mut self, host: HostId, id: &RequestId, method: &str) -> bool {
-        let Some(kind) = List::KEPT.into_iter().find(|k| k.method() == method) else {
-            return false;
-        };
-        let Some(list) = self.cached(kind) else {
-            let offered = self
-                .init
-                .as_ref()
-                .is_some_and(|init| init["capabilities"].get(kind.capability()).is_some());
-            if self.on_demand && self.upstream.is_none() && !offered {
-                let text = format!("server {} does not offer {}", self.name, kind.capability());
-                self.send(
-                    host,
-                    ErrorCode::MethodNotFound.response(&id.to_value(), text),
-                );
-                return true;
-            }
-            return false;
-        };
-        let bytes = session::list_answer(id, kind.key(), &list);
-        self.answered(host, id);
-        self.send_bytes(host, bytes);
-        true
     }
 
     /// Answers host `host`'s `initialize` with the server's own result.
@@ -1652,137 +1432,6 @@ impl Task {
     fn demand_if_held(&mut self) {
         if self.upstream.is_none() && self.router.holding() {
             let _ = self.events.send(Internal::Demand);
-        }
-    }
-
-    fn on_server(&mut self, message: Message) {
-        let name = message.method();
-        let method = name.as_deref();
-        let has_id = message.raw("id").is_some_and(|id| id != "null");
-        if method.is_some() {
-            self.heard.now();
-        }
-        match method {
-            Some("notifications/tools/list_changed") if !has_id => {
-                // Hosts hear of it once mcpd has re-synced (status_changed).
-                // One notice at a time: a storm wakes the actor once per
-                // notice it takes, not once per notification.
-                if let Some(up) = &self.upstream
-                    && !self.list_changed.swap(true, Ordering::AcqRel)
-                {
-                    let _ = self.events.send(Internal::ListChanged {
-                        generation: up.generation,
-                        pending: Arc::clone(&self.list_changed),
-                    });
-                }
-                return;
-            }
-            Some(
-                changed @ ("notifications/resources/list_changed"
-                | "notifications/prompts/list_changed"),
-            ) if !has_id => {
-                // Read again first; hosts hear of it if the list differs.
-                let kinds: Vec<List> = List::KEPT
-                    .into_iter()
-                    .filter(|k| k.changed() == changed)
-                    .collect();
-                for kind in kinds {
-                    self.read_list(kind, true);
-                }
-                return;
-            }
-            Some("roots/list") if has_id && !self.roots.is_empty() => {
-                let answer = json!({"jsonrpc": "2.0", "id": message.id(), "result": roots_result(&self.roots)});
-                if let Some(up) = &self.upstream {
-                    let _ = up.tx.send(answer.into());
-                }
-                return;
-            }
-            Some("notifications/message") => self.journal(&message),
-            _ => {}
-        }
-        let answer = method.is_none();
-        drop(name);
-        let outs = self.router.from_server(message);
-        if answer && outs.iter().any(|out| matches!(out, Out::Host(..))) {
-            // The server answered a host: a use (mcpd's own answers to
-            // pings and settings are not).
-            self.used = now();
-        }
-        if answer {
-            // An answer to a request still waited for, other than a probe,
-            // is a sign of life. An answer to a probe is judged by its
-            // timeout alone, and an answer to nothing (a probe answered
-            // after its timeout, cancelled since) is no sign either: a
-            // late answer is still a miss.
-            let alive = outs.iter().any(|out| match out {
-                Out::Host(..) => true,
-                Out::Answer(id, _) => !matches!(self.own.get(id), Some(Waiter::Probe(..))),
-                _ => false,
-            });
-            if alive {
-                self.heard.now();
-            }
-        }
-        self.deliver(outs, None);
-    }
-
-    /// The server wrote `lines` lines that are not JSON-RPC messages (the
-    /// last one not because of `why`): counted, and logged within the
-    /// unit's `log-rate-limit` (its connection fails past `GARBAGE_RUN` in
-    /// a row).
-    fn garbage(&mut self, lines: u64, why: &str) {
-        self.counters.garbage(lines);
-        let admit = self.log_limit.admit_n(lines, now());
-        if let Some(n) = admit.suppressed {
-            let line = logs::suppressed_line(n, self.log_limit.limit());
-            tracing::warn!(target: "mcpd::server", mcpd_server = %self.name, "{line}");
-        }
-        if admit.log {
-            match lines {
-                1 => {
-                    tracing::warn!(target: "mcpd::server", mcpd_server = %self.name, "a line on the server's stdout is not a JSON-RPC message: {why}")
-                }
-                n => {
-                    tracing::warn!(target: "mcpd::server", mcpd_server = %self.name, "{n} lines on the server's stdout are not JSON-RPC messages (the last: {why})")
-                }
-            }
-        }
-    }
-
-    /// A server's log message also goes to the journal.
-    /// The unit's `log-rate-limit` applies, as to its stderr: past it,
-    /// messages are counted and the count reported once the window ends.
-    fn journal(&mut self, message: &Message) {
-        let admit = self.log_limit.admit(now());
-        if let Some(n) = admit.suppressed {
-            let line = logs::suppressed_line(n, self.log_limit.limit());
-            tracing::warn!(target: "mcpd::server", mcpd_server = %self.name, "{line}");
-        }
-        if !admit.log {
-            return;
-        }
-        let params = message.params().unwrap_or(Value::Null);
-        let level = params["level"].as_str().unwrap_or("info");
-        let logger = params["logger"].as_str().unwrap_or_default();
-        let data = match &params["data"] {
-            Value::String(s) => s.clone(),
-            other => other.to_string(),
-        };
-        let name = &self.name;
-        match level {
-            "debug" => {
-                tracing::debug!(target: "mcpd::server", mcpd_server = %name, mcpd_logger = logger, "{data}")
-            }
-            "info" | "notice" => {
-                tracing::info!(target: "mcpd::server", mcpd_server = %name, mcpd_logger = logger, "{data}")
-            }
-            "warning" => {
-                tracing::warn!(target: "mcpd::server", mcpd_server = %name, mcpd_logger = logger, "{data}")
-            }
-            _ => {
-                tracing::error!(target: "mcpd::server", mcpd_server = %name, mcpd_logger = logger, "{level}: {data}")
-            }
         }
     }
 }

@@ -1,0 +1,230 @@
+//! The lists a unit's host sessions keep besides the tools (resources,
+//! templates, prompts: `List::KEPT`): read page by page by the list
+//! reader (`mux::lists`) after each handshake and on the server's
+//! `list_changed`, published when they differ, answered to hosts from
+//! here, kept through outages and after a failed read.
+
+use std::sync::Arc;
+
+use serde_json::Value;
+
+use crate::mux::error::ErrorCode;
+use crate::mux::lists::{List, ListError, ListRead, Next};
+use crate::mux::message::{Message, RequestId};
+use crate::mux::route::HostId;
+use crate::mux::session;
+
+use super::super::clock::now;
+use super::super::events::Internal;
+use super::{Task, Waiter};
+
+/// A kept list's reads.
+#[derive(Debug, Default)]
+pub(super) struct Cache {
+    /// Being read now.
+    reading: Option<ListRead>,
+    /// The upstream id of the page asked for.
+    asked: Option<u64>,
+    /// Why the last read failed, once warned about (a read that fails
+    /// the same way again is not warned about again).
+    failed: Option<String>,
+    /// The server said it changed while it was being read.
+    dirty: bool,
+    /// The read was asked for by the server's `list_changed`: hosts are
+    /// told of the result even when there was no list before.
+    notify: bool,
+}
+
+impl Cache {
+    /// When the read under way gives up, if one is.
+    pub(super) fn deadline(&self) -> Option<std::time::Instant> {
+        self.reading.as_ref().map(ListRead::deadline)
+    }
+}
+
+impl Task {
+    /// The page asked for will not be answered (the upstream ended): the
+    /// list is read again on the next handshake.
+    pub(super) fn page_unanswered(&mut self, kind: List) {
+        let cache = &mut self.caches[kind.index()];
+        cache.reading = None;
+        cache.asked = None;
+        self.arm();
+        self.check_listed();
+    }
+
+    /// Publishes list `kind`; returns the one it replaces.
+    pub(super) fn set_list(&mut self, kind: List, list: Option<Arc<str>>) -> Option<Arc<str>> {
+        let old = match self.lists.lock() {
+            Ok(mut lists) => std::mem::replace(&mut lists[kind.index()], list.clone()),
+            Err(_) => None,
+        };
+        if old != list {
+            self.changes
+                .send_modify(|serials| serials[kind.index()] += 1);
+        }
+        old
+    }
+
+    pub(super) fn cached(&self, kind: List) -> Option<Arc<str>> {
+        self.lists.lock().ok()?[kind.index()].clone()
+    }
+
+    /// Reads list `kind` from the server (again, once the read in flight
+    /// is done, if one is), by the list reader: complete within the
+    /// unit's `startup-timeout`, at most `MAX_PAGES` pages and
+    /// `MAX_BYTES` bytes, never a cursor twice.
+    pub(super) fn read_list(&mut self, kind: List, notify: bool) {
+        let cache = &mut self.caches[kind.index()];
+        cache.notify |= notify;
+        if cache.reading.is_some() {
+            cache.dirty = true;
+            return;
+        }
+        let read = ListRead::new(kind, now(), self.list_timeout);
+        let params = read.first();
+        cache.reading = Some(read);
+        self.request_page(kind, params);
+        self.arm();
+    }
+
+    pub(super) fn request_page(&mut self, kind: List, params: Value) {
+        let (id, outs) = self.router.request(kind.method(), params);
+        self.own.insert(id, Waiter::Page(kind));
+        self.caches[kind.index()].asked = Some(id);
+        self.deliver(outs, None);
+    }
+
+    /// Says so once every list of the generation being read is read.
+    pub(super) fn check_listed(&mut self) {
+        if let Some(generation) = self.reading_for
+            && self.caches.iter().all(|c| c.reading.is_none())
+        {
+            self.reading_for = None;
+            self.listed.send_replace(generation);
+        }
+    }
+
+    /// The timer of the list reads fired: those past their deadline fail
+    /// (their page in flight is cancelled upstream).
+    pub(super) fn lists_expired(&mut self) {
+        let now = now();
+        for kind in List::KEPT {
+            let cache = &mut self.caches[kind.index()];
+            let Some(error) = cache.reading.as_ref().and_then(|r| r.expired(now)) else {
+                continue;
+            };
+            if let Some(id) = cache.asked.take() {
+                self.own.remove(&id);
+                let outs = self.router.cancel(id);
+                self.deliver(outs, None);
+            }
+            self.list_failed(kind, error);
+        }
+        self.arm();
+        self.check_listed();
+    }
+
+    /// A page of list `kind` arrived.
+    pub(super) fn page(&mut self, kind: List, id: u64, answer: &Message) {
+        if self.caches[kind.index()].asked != Some(id) {
+            // The page of a read given up since (a stop, its deadline).
+            return;
+        }
+        self.read_page(kind, answer);
+        self.arm();
+        self.check_listed();
+    }
+
+    pub(super) fn read_page(&mut self, kind: List, answer: &Message) {
+        let cache = &mut self.caches[kind.index()];
+        cache.asked = None;
+        let Some(reading) = cache.reading.as_mut() else {
+            return;
+        };
+        let items = match reading.answer(answer, answer.received(), now()) {
+            Next::Page(params) => {
+                self.request_page(kind, params);
+                return;
+            }
+            Next::Failed(error) => {
+                self.list_failed(kind, error);
+                return;
+            }
+            Next::Done(items) => items,
+        };
+        cache.reading = None;
+        cache.failed = None;
+        let dirty = std::mem::take(&mut cache.dirty);
+        let notify = std::mem::take(&mut cache.notify);
+        let new: Arc<str> = Arc::from(Value::Array(items).to_string());
+        let old = self.set_list(kind, Some(Arc::clone(&new)));
+        // Hosts attached before the first read had the server's own
+        // answers: they hear of it only if it changed, or if the server
+        // said so.
+        let changed = match old {
+            Some(old) => old != new,
+            None => notify,
+        };
+        if changed {
+            self.broadcast(kind.changed());
+        }
+        if dirty {
+            self.read_list(kind, true);
+        }
+    }
+
+    /// A read of list `kind` failed: the server goes on serving its tools
+    /// and hosts the last good list (or the server's own answers, if none
+    /// was read); the operator is told once per distinct failure, in the
+    /// log and in the unit's last error.
+    pub(super) fn list_failed(&mut self, kind: List, error: ListError) {
+        let cache = &mut self.caches[kind.index()];
+        cache.reading = None;
+        cache.asked = None;
+        cache.notify = false;
+        let error = error.to_string();
+        if cache.failed.as_deref() != Some(error.as_str()) {
+            tracing::warn!(target: "mcpd::sessions", mcpd_server = %self.name, "{error}; keeping the list read before");
+            if let Some(up) = &self.upstream {
+                let _ = self.events.send(Internal::ListFailed {
+                    generation: up.generation,
+                    error: error.clone(),
+                });
+            }
+            cache.failed = Some(error);
+        }
+        if std::mem::take(&mut cache.dirty) {
+            // The server said it changed since: one more try.
+            self.read_list(kind, true);
+        }
+    }
+
+    /// Answers a host's list request from the cache, if the list is kept
+    /// (or, while an on-demand server does not run, with the error it
+    /// would give if it does not offer the list: listing never starts it).
+    pub(super) fn answer_list(&mut self, host: HostId, id: &RequestId, method: &str) -> bool {
+        let Some(kind) = List::KEPT.into_iter().find(|k| k.method() == method) else {
+            return false;
+        };
+        let Some(list) = self.cached(kind) else {
+            let offered = self
+                .init
+                .as_ref()
+                .is_some_and(|init| init["capabilities"].get(kind.capability()).is_some());
+            if self.on_demand && self.upstream.is_none() && !offered {
+                let text = format!("server {} does not offer {}", self.name, kind.capability());
+                self.send(
+                    host,
+                    ErrorCode::MethodNotFound.response(&id.to_value(), text),
+                );
+                return true;
+            }
+            return false;
+        };
+        let bytes = session::list_answer(id, kind.key(), &list);
+        self.answered(host, id);
+        self.send_bytes(host, bytes);
+        true
+    }
+}
