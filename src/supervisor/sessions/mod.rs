@@ -1249,24 +1249,38 @@ impl Task {
             if !dropped.is_empty() {
                 tracing::debug!(target: "mcpd::sessions", mcpd_server = %self.name, host, "dropped members JSON-RPC does not have: {}", dropped.join(", "));
             }
+            // max-request-size, for whatever a host sends the server.
             let size = u64::try_from(message.received()).unwrap_or(u64::MAX);
-            if size > self.max_request_size && !message.has("method") {
-                // An answer to the server's request, over max-request-size:
-                // the server gets an error in its place.
-                if let Some(id) = message.request_id() {
-                    let why = format!(
-                        "the host's answer of {size} bytes is over the max-request-size of server {} ({} bytes)",
-                        self.name, self.max_request_size
-                    );
-                    *message = ErrorCode::InternalError
-                        .response(&id.to_value(), why)
-                        .into();
+            if size > self.max_request_size {
+                let bound = format!(
+                    "over the max-request-size of server {} ({} bytes)",
+                    self.name, self.max_request_size
+                );
+                match (message.has("method"), message.request_id()) {
+                    // A request: refused, never sent.
+                    (true, Some(id)) => {
+                        let why = format!("a request of {size} bytes is {bound}");
+                        self.send(
+                            host,
+                            ErrorCode::InvalidRequest.response(&id.to_value(), why),
+                        );
+                        return;
+                    }
+                    // A notification: dropped.
+                    (true, None) => {
+                        tracing::debug!(target: "mcpd::sessions", mcpd_server = %self.name, host, "dropped a notification of {size} bytes, {bound}");
+                        return;
+                    }
+                    // An answer to the server's request: the server gets an
+                    // error in its place.
+                    (false, Some(id)) => {
+                        let why = format!("the host's answer of {size} bytes is {bound}");
+                        *message = ErrorCode::InternalError
+                            .response(&id.to_value(), why)
+                            .into();
+                    }
+                    (false, None) => {}
                 }
-            } else if size > self.max_request_size && message.request_id().is_none() {
-                // A notification over it: dropped (requests are refused
-                // with an error, in host_request).
-                tracing::debug!(target: "mcpd::sessions", mcpd_server = %self.name, host, "dropped a notification of {size} bytes, over max-request-size");
-                return;
             }
         }
         let waiting = self.waiting.iter().any(|(h, _, _)| *h == host);
@@ -1347,18 +1361,6 @@ impl Task {
                     format!("too many requests in flight (at most {MAX_IN_FLIGHT} per session)"),
                 ),
             );
-            return;
-        }
-        let size = u64::try_from(message.received()).unwrap_or(u64::MAX);
-        if size > self.max_request_size {
-            let refusal = ErrorCode::InvalidRequest.response(
-                &id.to_value(),
-                format!(
-                    "a request of {size} bytes is over the max-request-size of server {} ({} bytes)",
-                    self.name, self.max_request_size
-                ),
-            );
-            self.send(host, refusal);
             return;
         }
         if self.router.requests() >= MAX_UNIT_IN_FLIGHT {
