@@ -1,6 +1,7 @@
 //! The pure core of a host session (`mux::session`), case by case: what
 //! mcpd decides about a host's lines itself.
 
+use mcpd::mux::era::Era;
 use mcpd::mux::message::{Message, RequestId};
 use mcpd::mux::session::{
     self, BACKLOG, HOST_VERSIONS, HostState, Outcome, PROTOCOL_VERSION, Step, classify,
@@ -22,12 +23,14 @@ fn request(id: Value, method: &str) -> Frame {
 }
 
 const READY: HostState = HostState {
+    era: Some(Era::Legacy),
     initialized: true,
     waiting: false,
     held: 0,
 };
 
 const NEW: HostState = HostState {
+    era: None,
     initialized: false,
     waiting: false,
     held: 0,
@@ -79,7 +82,11 @@ fn a_new_session_answers_initialize_and_ping_and_refuses_the_rest() {
         let step = classify(&request(json!(7), method), NEW);
         assert_eq!(
             refusal(&step),
-            (-32600, json!(7), "send initialize first".into()),
+            (
+                -32600,
+                json!(7),
+                "send initialize first (MCP 2025), or server/discover or requests with _meta io.modelcontextprotocol/protocolVersion (MCP 2026-07-28)".into()
+            ),
             "{method}"
         );
     }
@@ -157,6 +164,7 @@ fn lines_that_are_not_messages_are_refused_with_a_null_id() {
 #[test]
 fn behind_a_waiting_initialize_lines_are_held_up_to_the_backlog() {
     let waiting = |held| HostState {
+        era: None,
         initialized: false,
         waiting: true,
         held,

@@ -189,7 +189,10 @@ fn three_hosts_share_one_server_and_each_gets_only_its_own() {
             let cc = connect(&c).await;
             b_pid = bridges[1].id();
             let shown = status_of(&runtime, "shared");
-            assert!(shown.contains("; 3 sessions"), "{shown}");
+            assert!(
+                shown.contains("   Sessions: 3 (3 on 2025-11-25)"),
+                "{shown}"
+            );
 
             // Progress reaches only the caller, with its own token, even
             // when two hosts use the same token at once.
@@ -320,7 +323,7 @@ fn three_hosts_share_one_server_and_each_gets_only_its_own() {
             // A and B still work; C's session is gone.
             assert_eq!(text(&ca, "echo", json!({"text": "still"})).await, "still");
             eventually("C's session gone", || {
-                status_of(&runtime, "shared").contains("; 2 sessions")
+                status_of(&runtime, "shared").contains("   Sessions: 2")
             })
             .await;
             ca.cancel().await.expect("close");
@@ -651,7 +654,7 @@ fn a_host_sending_garbage_or_a_flood_gets_errors_and_disturbs_nobody() {
             // The flooding host leaves: its calls are cancelled upstream,
             // the server and the other host carry on.
             drop(bad);
-            eventually("the flood's session gone", || status_of(&runtime, "robust").contains("; 1 session")).await;
+            eventually("the flood's session gone", || status_of(&runtime, "robust").contains("   Sessions: 1")).await;
             assert_eq!(text(&good, "echo", json!({"text": "still"})).await, "still");
             good.cancel().await.expect("close");
         })

@@ -78,6 +78,7 @@ struct Props {
     dropped: u64,
     garbage: u64,
     sessions: u32,
+    versions: Vec<(String, u32)>,
     unit_path: String,
     load_error: String,
     tools: Vec<ToolRow>,
@@ -116,6 +117,7 @@ async fn props(server: &ServerProxy<'_>) -> Result<Props> {
         dropped: server.dropped_notifications().await.map_err(e)?,
         garbage: server.garbage_lines().await.map_err(e)?,
         sessions: server.sessions().await.map_err(e)?,
+        versions: server.session_versions().await.map_err(e)?,
         unit_path: server.unit_path().await.map_err(e)?,
         load_error: server.load_error().await.map_err(e)?,
         tools: server.tools().await.map_err(e)?,
@@ -155,6 +157,7 @@ impl Props {
             "dropped_notifications": self.dropped,
             "garbage_lines": self.garbage,
             "sessions": self.sessions,
+            "session_versions": self.versions.iter().map(|(v, n)| (v.clone(), Value::from(*n))).collect::<serde_json::Map<String, Value>>(),
             "unit_path": self.unit_path,
             "load_error": self.load_error,
             "tools": self.tools.iter().map(|t| t.name.clone()).collect::<Vec<_>>(),
@@ -367,17 +370,21 @@ fn write_block(
     } else {
         writeln!(out, "      Tools: {} ({shown}{more})", names.len())?;
     }
-    let sessions = match p.sessions {
-        0 => String::new(),
-        1 => "; 1 session".to_owned(),
-        n => format!("; {n} sessions"),
-    };
-    if p.calls != 0 || p.sessions != 0 {
-        writeln!(
-            out,
-            "      Calls: {} ({} failed){sessions}",
-            p.calls, p.failed_calls
-        )?;
+    if p.sessions != 0 {
+        let versions: Vec<String> = p
+            .versions
+            .iter()
+            .map(|(version, n)| format!("{n} on {version}"))
+            .collect();
+        let versions = if versions.is_empty() {
+            String::new()
+        } else {
+            format!(" ({})", versions.join(", "))
+        };
+        writeln!(out, "   Sessions: {}{versions}", p.sessions)?;
+    }
+    if p.calls != 0 {
+        writeln!(out, "      Calls: {} ({} failed)", p.calls, p.failed_calls)?;
     }
     // What misbehaving peers cost, when they did.
     let plural = |n: u64, one: &str, many: &str| format!("{n} {}", if n == 1 { one } else { many });

@@ -574,6 +574,22 @@ impl Server {
             .map_or(0, |s| u32::try_from(s.sessions()).unwrap_or(u32::MAX))
     }
 
+    /// Host sessions attached now per protocol version they speak, newest
+    /// version first (sessions that have not sent their first request
+    /// yet are not counted).
+    #[zbus(property(emits_changed_signal = "false"))]
+    fn session_versions(&self) -> Vec<(String, u32)> {
+        self.shared
+            .supervisor(&self.name)
+            .map(|s| {
+                s.session_versions()
+                    .into_iter()
+                    .map(|(v, n)| (v.to_owned(), u32::try_from(n).unwrap_or(u32::MAX)))
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
     /// The last `n` lines the server wrote to stderr.
     fn recent_logs(&self, n: u32) -> Vec<String> {
         self.shared
@@ -722,6 +738,8 @@ pub mod client {
         fn attach(&self) -> Result<zbus::OwnedFd, Error>;
         #[zbus(property(emits_changed_signal = "false"))]
         fn sessions(&self) -> Result<u32, Error>;
+        #[zbus(property(emits_changed_signal = "false"))]
+        fn session_versions(&self) -> Result<Vec<(String, u32)>, Error>;
         #[zbus(signal, name = "ListChanged")]
         fn list_changed(&self, generation: u64, which: String) -> zbus::Result<()>;
         #[zbus(signal, name = "ToolsChanged")]

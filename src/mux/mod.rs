@@ -7,7 +7,9 @@
 //! subscriptions, log levels, detach and outage cleanup), table-tested
 //! like the supervisor's machine; [`session`], what mcpd decides about a
 //! host's lines itself (`initialize` and its version, refusals, answers
-//! from kept lists, accounting); [`lists`], the list reader (paging
+//! from kept lists, accounting); [`era`], what a host speaking MCP
+//! 2026-07-28 gets over a 2025 server (discovery, per-request `_meta`,
+//! `input_required`, listen streams); [`lists`], the list reader (paging
 //! bounded in cursors, pages, bytes and time). Then [`message`], a
 //! message kept as its members' JSON text (found by `scan`, a validating
 //! scan of an object's top level); [`error`], the JSON-RPC errors mcpd
@@ -19,6 +21,7 @@
 //! requests) is `supervisor::sessions`.
 
 pub mod attach;
+pub mod era;
 pub mod error;
 pub mod host;
 pub mod ledger;

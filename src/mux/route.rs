@@ -64,10 +64,33 @@ pub struct Caps {
     pub roots: bool,
 }
 
+impl Owner {
+    /// The host a request is of (in flight or parked).
+    fn host(&self) -> Option<HostId> {
+        match self {
+            Owner::Host { host, .. } | Owner::Parked { host } => Some(*host),
+            Owner::Mcpd | Owner::Own => None,
+        }
+    }
+}
+
 impl Caps {
+    /// Every capability: a host whose capabilities are judged per request
+    /// (MCP 2026-07-28) by the session layer, not here.
+    pub const ALL: Caps = Caps {
+        sampling: true,
+        elicitation: true,
+        roots: true,
+    };
+
     /// From the `capabilities` object of a host's `initialize` params.
     pub fn from_initialize(params: &Value) -> Self {
-        let caps = &params["capabilities"];
+        Self::of(&params["capabilities"])
+    }
+
+    /// From a `capabilities` object (a host's `initialize`, or a request's
+    /// `io.modelcontextprotocol/clientCapabilities`).
+    pub fn of(caps: &Value) -> Self {
         Self {
             sampling: caps.get("sampling").is_some(),
             elicitation: caps.get("elicitation").is_some(),
@@ -160,6 +183,14 @@ pub enum Out {
     Down { host: HostId, id: Value },
     /// The server's answer to mcpd's own request [`Router::request`] `id`.
     Answer(u64, Message),
+    /// The end of upstream request `up` of host `host`, parked
+    /// ([`Router::park`]) while the host supplies input: the server's
+    /// answer, or none (the upstream ended).
+    Parked {
+        host: HostId,
+        up: u64,
+        answer: Option<Message>,
+    },
     /// mcpd's own request `id` gets no answer: the upstream is not
     /// established, or ended.
     Unanswered(u64),
@@ -171,6 +202,12 @@ enum Owner {
     Host {
         host: HostId,
         id: RequestId,
+    },
+    /// A request of host `host` the host has had an answer to already
+    /// (an `input_required` result, MCP 2026-07-28): still open upstream,
+    /// answered to the host's retry ([`Router::resume`]).
+    Parked {
+        host: HostId,
     },
     /// mcpd's own request (a replayed subscription, an aggregated level):
     /// the answer goes nowhere.
@@ -184,6 +221,8 @@ struct Pending {
     owner: Owner,
     /// The upstream progress token of the request, if it had one.
     token: Option<u64>,
+    /// The log level the request asked for (MCP 2026-07-28: per request).
+    level: Option<Level>,
 }
 
 /// A server→client request handed to a host.
@@ -204,6 +243,12 @@ struct Host {
     busy: usize,
     /// The URIs it is subscribed to.
     subscribed: usize,
+    /// Its log level is per request (MCP 2026-07-28), not per session:
+    /// it gets log messages only while it has a request in flight that
+    /// asked for them, at or above that request's level.
+    by_request: bool,
+    /// Its requests in flight that asked for a log level, per level.
+    levels: [u32; 8],
 }
 
 /// The routing state of one unit's host sessions.
@@ -226,6 +271,8 @@ pub struct Router {
     subscriptions: BTreeMap<String, BTreeSet<HostId>>,
     /// The level last sent upstream.
     upstream_level: Option<Level>,
+    /// Requests in flight that asked for a log level, per level.
+    levels: [u32; 8],
     /// Requests are held while the upstream is down ([`Router::hold`]).
     hold: bool,
     /// Held requests, in arrival order: upstream id, rewritten message.
@@ -234,6 +281,18 @@ pub struct Router {
 
 fn response(id: &Value, result: Value) -> Message {
     json!({"jsonrpc": "2.0", "id": id, "result": result}).into()
+}
+
+/// `notifications/cancelled` of upstream request `up`, for the server.
+fn cancelled(up: u64, reason: &str) -> Out {
+    Out::Server(
+        json!({
+            "jsonrpc": "2.0",
+            "method": "notifications/cancelled",
+            "params": {"requestId": up, "reason": reason},
+        })
+        .into(),
+    )
 }
 
 fn error(id: &Value, code: ErrorCode, message: impl Into<String>) -> Message {
@@ -304,6 +363,7 @@ impl Router {
             Pending {
                 owner: Owner::Mcpd,
                 token: None,
+                level: None,
             },
         );
         out.push(Out::Server(
@@ -324,6 +384,7 @@ impl Router {
             Pending {
                 owner: Owner::Own,
                 token: None,
+                level: None,
             },
         );
         let msg = json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params});
@@ -358,7 +419,7 @@ impl Router {
                     id: id.to_value(),
                 }),
                 Some(Owner::Own) => out.push(Out::Unanswered(up)),
-                Some(Owner::Mcpd) | None => {}
+                Some(Owner::Mcpd | Owner::Parked { .. }) | None => {}
             }
         }
         out
@@ -382,14 +443,7 @@ impl Router {
                 owner: Owner::Own, ..
             }) => {
                 self.forget(id);
-                vec![Out::Server(
-                    json!({
-                        "jsonrpc": "2.0",
-                        "method": "notifications/cancelled",
-                        "params": {"requestId": id, "reason": "the caller left"},
-                    })
-                    .into(),
-                )]
+                vec![cancelled(id, "the caller left")]
             }
             _ => Vec::new(),
         }
@@ -444,7 +498,14 @@ impl Router {
 
     /// The most verbose level any host asked for.
     fn wanted_level(&self) -> Option<Level> {
-        self.hosts.values().filter_map(|h| h.level).min()
+        let by_request = Level::ALL
+            .into_iter()
+            .find(|l| self.levels[*l as usize] > 0);
+        self.hosts
+            .values()
+            .filter_map(|h| h.level)
+            .chain(by_request)
+            .min()
     }
 
     /// Tells the server the aggregated level when it changed.
@@ -478,7 +539,134 @@ impl Router {
         let mut msg = msg;
         let mut out = Vec::new();
         if self.hosts.contains_key(&host) {
-            self.host_request(host, method, id, &mut msg, &mut out);
+            self.host_request(host, (method, id, None), &mut msg, &mut out);
+        }
+        out
+    }
+
+    /// A host whose capabilities and log level are per request (MCP
+    /// 2026-07-28): the session layer judges its capabilities for each
+    /// server→client request, so the router hands it every one it caused.
+    pub fn attach_by_request(&mut self, host: HostId) {
+        self.hosts.insert(
+            host,
+            Host {
+                caps: Caps::ALL,
+                by_request: true,
+                ..Host::default()
+            },
+        );
+    }
+
+    /// Request `method` of host `host` (as [`Router::request_from`]) that
+    /// asked for log messages from `level` up while it is in flight.
+    pub fn request_logged(
+        &mut self,
+        host: HostId,
+        (id, method, level): (RequestId, &str, Option<Level>),
+        msg: Message,
+    ) -> Vec<Out> {
+        let mut msg = msg;
+        let mut out = Vec::new();
+        if self.hosts.contains_key(&host) {
+            self.host_request(host, (method, id, level), &mut msg, &mut out);
+        }
+        out
+    }
+
+    /// Host `host` has had its answer to request `id` from mcpd (an
+    /// `input_required` result) while the request stays open upstream:
+    /// the id is the host's to use again, and the server's answer comes
+    /// as [`Out::Parked`] unless [`Router::resume`] gives it an id again.
+    /// Returns the upstream id.
+    pub fn park(&mut self, host: HostId, id: &RequestId) -> Option<u64> {
+        let up = self.inflight.remove(&(host, id.clone()))?;
+        if let Some(p) = self.pending.get_mut(&up) {
+            p.owner = Owner::Parked { host };
+        }
+        Some(up)
+    }
+
+    /// Parked upstream request `up` of host `host` is the host's request
+    /// `id` again (its retry): the server's answer goes to it. False if
+    /// `up` is not parked for `host` or `id` is in use.
+    pub fn resume(&mut self, host: HostId, up: u64, id: RequestId) -> bool {
+        if self.in_use(host, &id) {
+            return false;
+        }
+        match self.pending.get_mut(&up) {
+            Some(p) if p.owner == (Owner::Parked { host }) => {
+                p.owner = Owner::Host {
+                    host,
+                    id: id.clone(),
+                };
+                self.inflight.insert((host, id), up);
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// Parked upstream request `up` will never be asked for again (its
+    /// host did not retry in time): the server is told to stop.
+    pub fn abandon(&mut self, up: u64, reason: &str) -> Vec<Out> {
+        let parked = matches!(
+            self.pending.get(&up),
+            Some(Pending {
+                owner: Owner::Parked { .. },
+                ..
+            })
+        );
+        let mut out = Vec::new();
+        if parked {
+            self.forget(up);
+            if self.up {
+                out.push(cancelled(up, reason));
+            }
+            self.sync_level(&mut out);
+        }
+        out
+    }
+
+    /// Host `host` listens for updates of `uri` (MCP 2026-07-28
+    /// `subscriptions/listen`), counted with the hosts' `resources/subscribe`:
+    /// the server is subscribed by mcpd when it is the first. Why not, if
+    /// it may not.
+    pub fn subscribe(&mut self, host: HostId, uri: &str) -> Result<Vec<Out>, String> {
+        if let Some(why) = self.refuse_subscription(host, uri) {
+            return Err(why);
+        }
+        let mut out = Vec::new();
+        let subscribers = self.subscriptions.entry(uri.to_owned()).or_default();
+        if subscribers.insert(host) {
+            let first = subscribers.len() == 1;
+            if let Some(h) = self.hosts.get_mut(&host) {
+                h.subscribed += 1;
+            }
+            if first && self.up {
+                self.own_request("resources/subscribe", json!({"uri": uri}), &mut out);
+            }
+        }
+        Ok(out)
+    }
+
+    /// Host `host` no longer listens for updates of `uri`: the server is
+    /// unsubscribed by mcpd when it was the last.
+    pub fn unsubscribe(&mut self, host: HostId, uri: &str) -> Vec<Out> {
+        let mut out = Vec::new();
+        let Some(subscribers) = self.subscriptions.get_mut(uri) else {
+            return out;
+        };
+        if subscribers.remove(&host) {
+            if let Some(h) = self.hosts.get_mut(&host) {
+                h.subscribed = h.subscribed.saturating_sub(1);
+            }
+            if subscribers.is_empty() {
+                self.subscriptions.remove(uri);
+                if self.up {
+                    self.own_request("resources/unsubscribe", json!({"uri": uri}), &mut out);
+                }
+            }
         }
         out
     }
@@ -508,7 +696,9 @@ impl Router {
         }
         match (method, id) {
             // A request.
-            (Some(name), Some(id)) => self.host_request(host, &name, id, &mut msg, &mut out),
+            (Some(name), Some(id)) => {
+                self.host_request(host, (&name, id, None), &mut msg, &mut out);
+            }
             // A notification.
             (Some(name), None) => self.host_notification(host, &name, &mut msg, &mut out),
             // The answer to a server→client request we handed this host.
@@ -537,8 +727,7 @@ impl Router {
     fn host_request(
         &mut self,
         host: HostId,
-        name: &str,
-        id: RequestId,
+        (name, id, level): (&str, RequestId, Option<Level>),
         msg: &mut Message,
         out: &mut Vec<Out>,
     ) {
@@ -654,12 +843,21 @@ impl Router {
         self.inflight.insert((host, id.clone()), up_id);
         if let Some(h) = self.hosts.get_mut(&host) {
             h.busy += 1;
+            if let Some(level) = level {
+                h.levels[level as usize] += 1;
+            }
+        }
+        if let Some(level) = level {
+            self.levels[level as usize] += 1;
+            // Told before the request, on the same pipe.
+            self.sync_level(out);
         }
         self.pending.insert(
             up_id,
             Pending {
                 owner: Owner::Host { host, id },
                 token,
+                level,
             },
         );
         msg.set_json("id", up_id.to_string());
@@ -709,9 +907,17 @@ impl Router {
         }
         if let Owner::Host { host, id } = &pending.owner {
             self.inflight.remove(&(*host, id.clone()));
-            if let Some(h) = self.hosts.get_mut(host) {
-                h.busy = h.busy.saturating_sub(1);
+        }
+        if let Some(host) = pending.owner.host()
+            && let Some(h) = self.hosts.get_mut(&host)
+        {
+            h.busy = h.busy.saturating_sub(1);
+            if let Some(level) = pending.level {
+                h.levels[level as usize] = h.levels[level as usize].saturating_sub(1);
             }
+        }
+        if let Some(level) = pending.level {
+            self.levels[level as usize] = self.levels[level as usize].saturating_sub(1);
         }
         Some(pending)
     }
@@ -733,13 +939,24 @@ impl Router {
                 let Some(up) = msg.raw("id").and_then(|raw| raw.parse::<u64>().ok()) else {
                     return out;
                 };
-                match self.forget(up).map(|p| p.owner) {
+                let pending = self.forget(up);
+                let level = pending.as_ref().and_then(|p| p.level);
+                match pending.map(|p| p.owner) {
                     Some(Owner::Host { host, id }) => {
                         msg.set_json("id", id.into_json());
                         out.push(Out::Host(host, msg));
                     }
+                    Some(Owner::Parked { host }) => out.push(Out::Parked {
+                        host,
+                        up,
+                        answer: Some(msg),
+                    }),
                     Some(Owner::Own) => out.push(Out::Answer(up, msg)),
                     Some(Owner::Mcpd) | None => {}
+                }
+                if level.is_some() {
+                    // The request that asked for the level is done.
+                    self.sync_level(&mut out);
                 }
             }
             Some(name) => match msg.request_id() {
@@ -755,10 +972,7 @@ impl Router {
         let busy: BTreeSet<HostId> = self
             .pending
             .values()
-            .filter_map(|p| match &p.owner {
-                Owner::Host { host, .. } => Some(*host),
-                Owner::Mcpd | Owner::Own => None,
-            })
+            .filter_map(|p| p.owner.host())
             .collect();
         let capable = |h: &HostId| {
             self.hosts
@@ -852,6 +1066,22 @@ impl Router {
                 let level = level.as_str().map(Level::from_str);
                 let floor_default = self.upstream_level.map(|_| DEFAULT_LEVEL);
                 for (id, host) in &self.hosts {
+                    if host.by_request {
+                        // Only while a request of its asked, at or above
+                        // the most verbose level its requests asked for.
+                        let asked = Level::ALL
+                            .into_iter()
+                            .find(|l| host.levels[*l as usize] > 0);
+                        let shown = match (&level, asked) {
+                            (_, None) => false,
+                            (Some(Ok(level)), Some(floor)) => *level >= floor,
+                            (_, Some(_)) => true,
+                        };
+                        if shown {
+                            out.push(Out::Host(*id, msg.clone()));
+                        }
+                        continue;
+                    }
                     let floor = host.level.or(floor_default);
                     let shown = match (&level, floor) {
                         (_, None) => true,
@@ -890,21 +1120,14 @@ impl Router {
         let mut mine: Vec<u64> = self
             .pending
             .iter()
-            .filter(|(_, p)| matches!(&p.owner, Owner::Host { host: h, .. } if *h == host))
+            .filter(|(_, p)| p.owner.host() == Some(host))
             .map(|(up, _)| *up)
             .collect();
         mine.sort_unstable();
         for up in mine {
             self.forget(up);
             if self.up {
-                out.push(Out::Server(
-                    json!({
-                        "jsonrpc": "2.0",
-                        "method": "notifications/cancelled",
-                        "params": {"requestId": up, "reason": "the host disconnected"},
-                    })
-                    .into(),
-                ));
+                out.push(cancelled(up, "the host disconnected"));
             }
         }
         let mut asked: Vec<(HostId, u64)> = self
@@ -947,19 +1170,24 @@ impl Router {
         self.held.clear();
         let mut failed: Vec<(HostId, RequestId)> = Vec::new();
         let mut own: Vec<u64> = Vec::new();
+        let mut parked: Vec<(HostId, u64)> = Vec::new();
         for (up, p) in self.pending.drain() {
             match p.owner {
                 Owner::Host { host, id } => failed.push((host, id)),
+                Owner::Parked { host } => parked.push((host, up)),
                 Owner::Own => own.push(up),
                 Owner::Mcpd => {}
             }
         }
         failed.sort_unstable();
         own.sort_unstable();
+        parked.sort_unstable();
         self.inflight.clear();
         self.tokens.clear();
+        self.levels = [0; 8];
         for h in self.hosts.values_mut() {
             h.busy = 0;
+            h.levels = [0; 8];
         }
         let mut asked: Vec<(HostId, u64)> = self.asked.drain().map(|(key, _)| key).collect();
         asked.sort_unstable();

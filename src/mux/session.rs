@@ -22,6 +22,7 @@
 
 use serde_json::{Value, json};
 
+use super::era::{self, Era};
 use super::error::ErrorCode;
 use super::message::{Message, RequestId};
 use super::wire::{Frame, MAX_LINE};
@@ -42,8 +43,10 @@ pub const BACKLOG: usize = 64;
 /// Where a host's session stands when a line of its arrives.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct HostState {
-    /// Its `initialize` was answered.
+    /// Its `initialize` was answered, or it speaks MCP 2026-07-28.
     pub initialized: bool,
+    /// The era it speaks, once its first request fixed it.
+    pub era: Option<Era>,
     /// Its `initialize` waits for the first generation.
     pub waiting: bool,
     /// How many lines it sent meanwhile are held.
@@ -63,6 +66,12 @@ pub enum Step {
     Refuse(Value),
     /// Its `initialize` (`id`), to answer from the server's result.
     Initialize(RequestId),
+    /// `server/discover` (`id`), answered by mcpd from the server's
+    /// result (MCP 2026-07-28).
+    Discover(RequestId),
+    /// A request of MCP 2026-07-28 (it claims the era, or the session
+    /// speaks it): checked and translated for a 2025 server.
+    Modern { id: RequestId, method: String },
     /// A `ping` before `initialize`: answered by mcpd.
     Pong(RequestId),
     /// A notification before `initialize`: dropped.
@@ -107,15 +116,36 @@ pub fn classify(frame: &Frame, state: HostState) -> Step {
     }
     let method = message.method();
     let id = message.request_id();
+    let legacy = state.era == Some(Era::Legacy);
+    let modern = state.era == Some(Era::Modern);
     match (method.as_deref(), id) {
+        (Some("initialize"), Some(id)) if modern => {
+            let params = message.params().unwrap_or(Value::Null);
+            let asked = params["protocolVersion"].as_str().unwrap_or_default();
+            Step::Refuse(era::unsupported(&id.to_value(), asked, &era::MODERN_VERSIONS))
+        }
         (Some("initialize"), Some(id)) if state.initialized => Step::Refuse(
             ErrorCode::InvalidRequest
                 .response(&id.to_value(), "the session is already initialized"),
         ),
         (Some("initialize"), Some(id)) => Step::Initialize(id),
-        (Some("ping"), Some(id)) if !state.initialized => Step::Pong(id),
+        (Some(method), Some(id)) if legacy && (method == "server/discover" || era::claims(message)) => {
+            Step::Refuse(ErrorCode::InvalidRequest.response(
+                &id.to_value(),
+                format!("this session began with initialize (MCP 2025): a request of MCP {} cannot join it; open a new session without initialize", era::MODERN),
+            ))
+        }
+        (Some("server/discover"), Some(id)) => Step::Discover(id),
+        (Some("ping"), Some(id)) if !state.initialized || modern => Step::Pong(id),
+        (Some(method), Some(id)) if modern || (!legacy && era::claims(message)) => Step::Modern {
+            id,
+            method: method.to_owned(),
+        },
         (Some(_), Some(id)) if !state.initialized => Step::Refuse(
-            ErrorCode::InvalidRequest.response(&id.to_value(), "send initialize first"),
+            ErrorCode::InvalidRequest.response(&id.to_value(), format!(
+                "send initialize first (MCP 2025), or server/discover or requests with _meta {} (MCP {})",
+                era::VERSION_KEY, era::MODERN
+            )),
         ),
         (Some(_), None) if !state.initialized => Step::Ignore,
         (Some("tools/list"), Some(id)) => Step::ToolsList(id),

@@ -375,6 +375,11 @@ impl Supervisor {
         self.sessions.count()
     }
 
+    /// Host sessions attached per protocol version, newest first.
+    pub fn session_versions(&self) -> Vec<(&'static str, usize)> {
+        self.sessions.versions()
+    }
+
     /// The server's resources, resource templates or prompts as a JSON
     /// array, kept like the tools (through outages, withdrawn when it fails
     /// or stops); None when it does not offer them or they were not read.

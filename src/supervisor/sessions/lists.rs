@@ -222,7 +222,19 @@ impl Task {
             }
             return false;
         };
-        let bytes = session::list_answer(id, kind.key(), &list);
+        let modern = self.hosts.get(&host).is_some_and(|h| h.modern.is_some());
+        let bytes = if modern {
+            if let Some(m) = self
+                .hosts
+                .get_mut(&host)
+                .and_then(|h| h.modern.as_deref_mut())
+            {
+                m.close(id);
+            }
+            crate::mux::era::list_answer(id, kind.key(), &list, &self.server_info())
+        } else {
+            session::list_answer(id, kind.key(), &list)
+        };
         self.answered(host, id);
         self.send_bytes(host, bytes);
         true

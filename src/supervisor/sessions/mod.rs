@@ -38,6 +38,7 @@
 //! garbage, blame).
 
 mod lists;
+mod modern;
 mod server;
 
 use lists::Cache;
@@ -54,12 +55,13 @@ use tokio::net::unix::OwnedWriteHalf;
 use tokio::sync::{mpsc, oneshot, watch};
 
 use crate::mux::attach::Control;
+use crate::mux::era::{self, Era};
 use crate::mux::error::ErrorCode;
 use crate::mux::host::{Event, HostLink, HostOut, Opened, Reader, StopReading};
 use crate::mux::ledger::Ledger;
 use crate::mux::lists::{List, ListError, Why};
 use crate::mux::message::{Message, RequestId};
-use crate::mux::route::{Caps, HostId, Out, Router};
+use crate::mux::route::{Caps, HostId, Level, Out, Router};
 use crate::mux::session::{self, HostState, Outcome, Step};
 use crate::mux::wire::{Frame, Outbox, Refused, Wire, line};
 use crate::unit::ToolFilter;
@@ -210,6 +212,7 @@ pub(crate) struct Sessions {
     tx: mpsc::UnboundedSender<Input>,
     tokens: Arc<AtomicU64>,
     count: Arc<AtomicUsize>,
+    versions: Arc<Versions>,
     lists: Lists,
     /// Serials of the three lists, raised when one changes.
     changes: watch::Receiver<[u64; 3]>,
@@ -271,6 +274,7 @@ impl Sessions {
     ) -> Self {
         let (tx, rx) = mpsc::unbounded_channel();
         let count = Arc::new(AtomicUsize::new(0));
+        let versions = Arc::new(Versions::default());
         let lists = Lists::default();
         let (changes_tx, changes) = watch::channel([0; 3]);
         let (listed_tx, listed) = watch::channel(0);
@@ -292,6 +296,7 @@ impl Sessions {
             upstream: None,
             init: None,
             waiting: Vec::new(),
+            versions: Arc::clone(&versions),
             own: HashMap::default(),
             lists: Arc::clone(&lists),
             changes: changes_tx,
@@ -315,6 +320,7 @@ impl Sessions {
             tx,
             tokens: Arc::new(AtomicU64::new(0)),
             count,
+            versions,
             lists,
             changes,
             listed,
@@ -384,6 +390,12 @@ impl Sessions {
     }
 
     /// How many host sessions are attached.
+    /// Attached sessions per protocol version, newest first (those that
+    /// have not fixed one yet are not counted).
+    pub(crate) fn versions(&self) -> Vec<(&'static str, usize)> {
+        self.versions.counts()
+    }
+
     pub(crate) fn count(&self) -> usize {
         self.count.load(Ordering::Relaxed)
     }
@@ -511,6 +523,11 @@ struct Host {
     /// When it attached, until it sends `initialize`: it has
     /// [`initialize_timeout`] to.
     uninitialized: Option<Instant>,
+    /// It speaks MCP 2026-07-28: what mcpd keeps for that.
+    modern: Option<Box<modern::Modern>>,
+    /// The version its session speaks, once fixed (counted in
+    /// [`Versions`]).
+    version: Option<&'static str>,
 }
 
 impl Drop for Host {
@@ -539,6 +556,70 @@ impl Drop for Host {
     }
 }
 
+/// A host's `initialize` or `server/discover` waiting for the first
+/// generation (nothing to answer it from yet).
+struct Waiting {
+    host: HostId,
+    id: Value,
+    params: Value,
+    discover: bool,
+}
+
+impl Waiting {
+    fn initialize(id: Value, params: Value) -> impl FnOnce(HostId) -> Self {
+        move |host| Self {
+            host,
+            id,
+            params,
+            discover: false,
+        }
+    }
+
+    fn discover(id: Value) -> impl FnOnce(HostId) -> Self {
+        move |host| Self {
+            host,
+            id,
+            params: Value::Null,
+            discover: true,
+        }
+    }
+}
+
+/// Attached host sessions per protocol version (the modern one, then
+/// those of the handshake, newest first).
+#[derive(Debug, Default)]
+struct Versions {
+    counts: [AtomicUsize; 1 + session::HOST_VERSIONS.len()],
+}
+
+impl Versions {
+    fn slot(version: &str) -> Option<usize> {
+        era::supported_versions().iter().position(|v| *v == version)
+    }
+
+    fn attached(&self, version: &str) {
+        if let Some(at) = Self::slot(version) {
+            self.counts[at].fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    fn detached(&self, version: &str) {
+        if let Some(at) = Self::slot(version) {
+            let _ = self.counts[at]
+                .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1));
+        }
+    }
+
+    fn counts(&self) -> Vec<(&'static str, usize)> {
+        era::supported_versions()
+            .into_iter()
+            .zip(&self.counts)
+            .map(|(v, n)| (v, n.load(Ordering::Relaxed)))
+            .filter(|(_, n)| *n > 0)
+            .collect()
+    }
+}
+
 struct Upstream {
     generation: Gen,
     tx: crate::mux::wire::Sender,
@@ -557,8 +638,11 @@ struct Task {
     upstream: Option<Upstream>,
     /// The server's `initialize` result (the newest generation's).
     init: Option<Arc<Value>>,
-    /// Hosts whose `initialize` waits for the first generation.
-    waiting: Vec<(HostId, Value, Value)>,
+    /// Hosts whose `initialize` (or `server/discover`) waits for the
+    /// first generation.
+    waiting: Vec<Waiting>,
+    /// Attached sessions per protocol version.
+    versions: Arc<Versions>,
     /// mcpd's own requests: upstream id → who waits.
     own: HashMap<u64, Waiter>,
     /// The resource, template and prompt lists (`List`), and their reads.
@@ -648,6 +732,7 @@ impl Task {
                     self.deadline = None;
                     self.lists_expired();
                     self.uninitialized_expired();
+                    self.inputs_expired();
                     self.arm();
                 }
                 Some((changed, status)) = status_changed.next() => match changed {
@@ -682,7 +767,7 @@ impl Task {
             .collect();
         let waiting: Vec<(HostId, Value)> = std::mem::take(&mut self.waiting)
             .into_iter()
-            .map(|(host, id, _)| (host, id))
+            .map(|w| (w.host, w.id))
             .collect();
         let text = self.down_text(None);
         for (host, id) in waiting {
@@ -823,6 +908,8 @@ impl Task {
                 ledger,
                 dropped: 0,
                 uninitialized: Some(now()),
+                modern: None,
+                version: None,
             },
         );
         self.count.store(self.hosts.len(), Ordering::Relaxed);
@@ -866,8 +953,15 @@ impl Task {
                 self.counters.host_detached();
             }
         }
-        self.waiting.retain(|(h, _, _)| *h != host);
+        self.waiting.retain(|w| w.host != host);
         self.count.store(self.hosts.len(), Ordering::Relaxed);
+        if let Some(version) = gone.version {
+            self.versions.detached(version);
+        }
+        let mut gone = gone;
+        if let Some(modern) = gone.modern.as_deref_mut() {
+            Self::modern_gone(modern);
+        }
         // The host sees its session end at once, whatever its writer task
         // still waits to write; its calls in flight are dropped (logged as
         // abandoned). A bridge is told why, and exits.
@@ -912,6 +1006,20 @@ impl Task {
     }
 
     fn send_message(&mut self, host: HostId, message: Message) {
+        let message = if self.hosts.get(&host).is_some_and(|h| h.modern.is_some()) {
+            match self.for_modern(host, message) {
+                Some(message) => message,
+                None => return,
+            }
+        } else {
+            message
+        };
+        self.send_plain(host, message);
+    }
+
+    /// Sends `message` to `host` as it is (made modern already, for a
+    /// modern host).
+    fn send_plain(&mut self, host: HostId, message: Message) {
         let answer = !message.has("method");
         if let Some(h) = self.hosts.get_mut(&host)
             && h.swallow.is_some()
@@ -966,7 +1074,10 @@ impl Task {
         }
         if !behind && h.dropped > 0 {
             let notice = session::dropped_notice(std::mem::take(&mut h.dropped));
-            self.send_bytes(host, line(&notice));
+            // A modern host gets log messages only for requests that ask.
+            if h.modern.is_none() {
+                self.send_bytes(host, line(&notice));
+            }
         }
         false
     }
@@ -992,6 +1103,7 @@ impl Task {
                     }
                 }
                 Out::Host(host, message) => self.send_message(host, message),
+                Out::Parked { host, up, answer } => self.parked_ended(host, up, answer),
                 Out::Down { host, id } => {
                     let text = self.down_text(lost);
                     self.send(host, ErrorCode::ServerDown.response(&id, text));
@@ -1058,8 +1170,8 @@ impl Task {
         }
         self.reading_for = Some(generation);
         self.check_listed();
-        for (host, id, params) in std::mem::take(&mut self.waiting) {
-            self.initialize(host, &id, &params);
+        for waiting in std::mem::take(&mut self.waiting) {
+            self.opened(waiting);
         }
     }
 
@@ -1095,8 +1207,14 @@ impl Task {
             }
         }
         if matches!(state, State::Failed | State::Stopped) && !self.waiting.is_empty() {
-            for (host, id, params) in std::mem::take(&mut self.waiting) {
-                self.refuse_initialize(host, &id, &params);
+            for w in std::mem::take(&mut self.waiting) {
+                if w.discover {
+                    let text = self.down_text(None);
+                    self.send(w.host, ErrorCode::ServerDown.response(&w.id, text));
+                    self.release_held(w.host);
+                } else {
+                    self.refuse_initialize(w.host, &w.id, &w.params);
+                }
             }
         }
     }
@@ -1140,17 +1258,22 @@ impl Task {
         }
     }
 
-    /// Sends notification `method` to every initialized host.
+    /// Sends notification `method` to every initialized host (a modern
+    /// host: on each of its listen streams that opted in to it).
     fn broadcast(&mut self, method: &str) {
         let bytes = line(&json!({"jsonrpc": "2.0", "method": method}));
-        let ready: Vec<HostId> = self
+        let ready: Vec<(HostId, bool)> = self
             .hosts
             .iter()
             .filter(|(_, h)| h.initialized)
-            .map(|(id, _)| *id)
+            .map(|(id, h)| (*id, h.modern.is_some()))
             .collect();
-        for host in ready {
-            self.send_bytes(host, bytes.clone());
+        for (host, modern) in ready {
+            if modern {
+                self.notice_modern(host, method);
+            } else {
+                self.send_bytes(host, bytes.clone());
+            }
         }
     }
 
@@ -1164,7 +1287,11 @@ impl Task {
             .hosts
             .values()
             .filter_map(|h| h.uninitialized.map(|since| since + timeout));
-        let deadline = reads.chain(hosts).min();
+        let inputs = self
+            .hosts
+            .values()
+            .filter_map(|h| h.modern.as_ref().and_then(|m| m.deadline()));
+        let deadline = reads.chain(hosts).chain(inputs).min();
         if deadline != self.deadline {
             self.deadline = deadline;
             if let Some(at) = deadline {
@@ -1197,11 +1324,7 @@ impl Task {
             if matches!(state, State::Failed | State::Stopped | State::Stopping) {
                 self.refuse_initialize(host, id, params);
             } else {
-                // Answered once the first generation is established.
-                self.waiting.push((host, id.clone(), params.clone()));
-                if state == State::Idle {
-                    let _ = self.events.send(Internal::Demand);
-                }
+                self.open_later(host, Waiting::initialize(id.clone(), params.clone()));
             }
             return;
         };
@@ -1214,6 +1337,13 @@ impl Task {
             None => Vec::new(),
         };
         self.router.attach(host, Caps::from_initialize(params));
+        let version = session::negotiate(params["protocolVersion"].as_str().unwrap_or_default());
+        if let Some(h) = self.hosts.get_mut(&host)
+            && h.version.is_none()
+        {
+            h.version = Some(version);
+            self.versions.attached(version);
+        }
         if let Some(h) = self.hosts.get(&host)
             && let Some(control) = &h.control
             && h.swallow.is_none()
@@ -1225,6 +1355,41 @@ impl Task {
         }
         self.send(host, json!({"jsonrpc": "2.0", "id": id, "result": result}));
         // What it sent meanwhile, in order.
+        for frame in held {
+            self.on_host(host, frame);
+        }
+    }
+
+    /// Host `host`'s opening request (`waiting`, made for it) is answered
+    /// once the first generation is established; an idle on-demand server
+    /// is started for it (it has nothing to answer from yet).
+    fn open_later(&mut self, host: HostId, waiting: impl FnOnce(HostId) -> Waiting) {
+        self.waiting.push(waiting(host));
+        if self.status.borrow().state == State::Idle {
+            let _ = self.events.send(Internal::Demand);
+        }
+    }
+
+    /// A waiting opening request, answered now that there is a result.
+    fn opened(&mut self, w: Waiting) {
+        if w.discover {
+            match RequestId::of(&w.id) {
+                Some(id) => self.discover(w.host, &id, &Message::from(json!({}))),
+                None => self.release_held(w.host),
+            }
+        } else {
+            self.initialize(w.host, &w.id, &w.params);
+        }
+    }
+
+    /// What host `host` sent while its opening request waited, handled
+    /// in order.
+    fn release_held(&mut self, host: HostId) {
+        let held = self
+            .hosts
+            .get_mut(&host)
+            .map(|h| std::mem::take(&mut h.held))
+            .unwrap_or_default();
         for frame in held {
             self.on_host(host, frame);
         }
@@ -1283,11 +1448,19 @@ impl Task {
                 }
             }
         }
-        let waiting = self.waiting.iter().any(|(h, _, _)| *h == host);
+        let waiting = self.waiting.iter().any(|w| w.host == host);
         let Some(h) = self.hosts.get_mut(&host) else {
             return;
         };
+        let era = if h.modern.is_some() {
+            Some(Era::Modern)
+        } else if h.initialized {
+            Some(Era::Legacy)
+        } else {
+            None
+        };
         let state = HostState {
+            era,
             initialized: h.initialized,
             waiting,
             held: h.held.len(),
@@ -1313,6 +1486,8 @@ impl Task {
                 let params = message.params().unwrap_or(Value::Null);
                 self.initialize(host, &id.to_value(), &params);
             }
+            Step::Discover(id) => self.discover(host, &id, &message),
+            Step::Modern { id, method } => self.modern_request(host, id, method, message),
             Step::Pong(id) => {
                 self.send(
                     host,
@@ -1327,10 +1502,15 @@ impl Task {
             }
             Step::Request { id, method } => {
                 if !self.answer_list(host, &id, &method) {
-                    self.host_request(host, &method, id, message);
+                    self.host_request(host, &method, id, message, None);
                 }
             }
             Step::Cancelled { request } => {
+                if let Some(request) = &request
+                    && self.cancel_listen(host, request)
+                {
+                    return;
+                }
                 if let Some(request) = request
                     && let Some(h) = self.hosts.get_mut(&host)
                 {
@@ -1352,7 +1532,14 @@ impl Task {
         }
     }
 
-    fn host_request(&mut self, host: HostId, name: &str, id: RequestId, message: Message) {
+    fn host_request(
+        &mut self,
+        host: HostId,
+        name: &str,
+        id: RequestId,
+        message: Message,
+        level: Option<Level>,
+    ) {
         if self.router.in_flight(host) >= MAX_IN_FLIGHT {
             self.send(
                 host,
@@ -1409,7 +1596,7 @@ impl Task {
         if session::counts_as_use(name) {
             self.used = now();
         }
-        let outs = self.router.request_from(host, id, name, message);
+        let outs = self.router.request_logged(host, (id, name, level), message);
         self.deliver(outs, None);
         self.demand_if_held();
     }
