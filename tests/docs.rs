@@ -200,6 +200,13 @@ const LAYERS: &[Layer] = &[
         why: "the host-session core is pure: no tasks, no I/O, no clock",
     },
     Layer {
+        under: "src/mux/era.rs",
+        forbidden: NO_IO_NO_CLOCK,
+        allowed: &[],
+        why: "the translation between eras is pure: no tasks, no I/O, no clock, \
+              no randomness (instants and the nonce are handed in)",
+    },
+    Layer {
         under: "src/mux/lists.rs",
         forbidden: NO_IO_NO_CLOCK,
         allowed: &[],

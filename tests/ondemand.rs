@@ -203,7 +203,10 @@ fn an_idle_server_answers_lists_without_a_process_and_first_uses_start_it_once()
             wait_active(&runtime, "idle (stopped after 1s idle)");
             wait_gone(&setup);
             let (_, status) = ctl(&runtime, &["status", "lazy"]);
-            assert!(status.contains("   Sessions: 1 (1 on 2025-11-25)"), "{status}");
+            assert!(
+                status.contains("   Sessions: 1 (1 on 2025-11-25)"),
+                "{status}"
+            );
             let result = host
                 .call_tool(
                     CallToolRequestParams::new("add")

@@ -10,6 +10,7 @@ mod containment;
 mod ctl;
 mod daemon;
 mod dbus;
+mod era;
 
 mod docs;
 mod fidelity;
@@ -19,6 +20,7 @@ mod hostile;
 mod interop;
 mod lists;
 mod machine;
+mod modern;
 mod ondemand;
 mod packaging;
 mod reload;

@@ -1197,6 +1197,13 @@ impl Router {
                 host,
                 id: id.to_value(),
             }))
+            // Calls parked for their host's input: their retry gets the
+            // outage error.
+            .chain(parked.into_iter().map(|(host, up)| Out::Parked {
+                host,
+                up,
+                answer: None,
+            }))
             // Questions the server asked hosts are void: say so, so no
             // dialog waits for an answer that would be dropped.
             .chain(asked.into_iter().map(|(host, down)| {

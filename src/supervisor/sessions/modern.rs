@@ -287,8 +287,6 @@ impl Task {
         let Some(down) = message.request_id().and_then(|id| id.as_u64()) else {
             return;
         };
-        let timeout = input_timeout();
-        let info = self.server_info();
         let Some(m) = self.modern_mut(host) else {
             return;
         };
@@ -351,17 +349,32 @@ impl Task {
             self.refuse_ask(host, down, "the call that caused it is no longer in flight");
             return;
         };
+        self.show_asks(host, &call, up, open, vec![era::ask(down, message)]);
+    }
+
+    /// Call `call` of host `host` (upstream `up`, parked in the router) is
+    /// answered `input_required` with `asks`, and waits for its retry.
+    fn show_asks(
+        &mut self,
+        host: HostId,
+        call: &RequestId,
+        up: u64,
+        open: Open,
+        asks: Vec<era::Ask>,
+    ) {
+        let timeout = input_timeout();
+        let info = self.server_info();
         let Some(h) = self.hosts.get_mut(&host) else {
             return;
         };
-        let record = h.calls.remove(&call);
+        let record = h.calls.remove(call);
         let Some(m) = h.modern.as_deref_mut() else {
             return;
         };
         let state = m.inputs.park(Parked {
             up,
             method: open.method,
-            asks: vec![era::ask(down, message)],
+            asks,
             settled: None,
             call: record,
             deadline: now() + timeout,
@@ -369,7 +382,7 @@ impl Task {
         });
         let parked = m.inputs.by_up(up).expect("parked above");
         let result = era::input_required(&mut parked.asks, &state, &info);
-        self.answered(host, &call);
+        self.answered(host, call);
         self.send_bytes(
             host,
             line(&json!({"jsonrpc": "2.0", "id": call.to_value(), "result": result})),
@@ -489,38 +502,13 @@ impl Task {
     /// Retry `id` of host `host` (upstream `up`) is answered
     /// `input_required` again, with `asks`.
     fn park_again(&mut self, host: HostId, id: &RequestId, up: u64, asks: Vec<era::Ask>) {
-        let timeout = input_timeout();
-        let info = self.server_info();
         if self.router.park(host, id).is_none() {
             return;
         }
-        let Some(h) = self.hosts.get_mut(&host) else {
+        let Some(open) = self.modern_mut(host).and_then(|m| m.open.remove(id)) else {
             return;
         };
-        let record = h.calls.remove(id);
-        let Some(m) = h.modern.as_deref_mut() else {
-            return;
-        };
-        let Some(open) = m.open.remove(id) else {
-            return;
-        };
-        let state = m.inputs.park(Parked {
-            up,
-            method: open.method,
-            asks,
-            settled: None,
-            call: record,
-            deadline: now() + timeout,
-            meta: open.meta,
-        });
-        let parked = m.inputs.by_up(up).expect("parked above");
-        let result = era::input_required(&mut parked.asks, &state, &info);
-        self.answered(host, id);
-        self.send_bytes(
-            host,
-            line(&json!({"jsonrpc": "2.0", "id": id.to_value(), "result": result})),
-        );
-        self.arm();
+        self.show_asks(host, id, up, open, asks);
     }
 
     /// Parked call `up` of host `host` ended before the host's retry: the

@@ -1,0 +1,335 @@
+//! Hosts that speak MCP 2026-07-28 (no handshake, per-request `_meta`)
+//! through `mcpctl bridge`, under the real `mcpd`, over a server of the
+//! 2025 era (`mcp-fixture`): raw JSON-RPC lines, so every member of what
+//! mcpd answers can be checked, beside a 2025 host on the same unit.
+
+use std::path::Path;
+use std::time::Duration;
+
+use rustix::process::Signal;
+use serde_json::{Value, json};
+
+use crate::helper::{Daemon, mcpctl_user};
+use crate::sessions::Raw;
+
+/// The `_meta` of a modern request: version 2026-07-28, `caps`, and a log
+/// level if `level` is one.
+fn meta(caps: Value, level: Option<&str>) -> Value {
+    let mut meta = json!({
+        "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+        "io.modelcontextprotocol/clientCapabilities": caps,
+        "io.modelcontextprotocol/clientInfo": {"name": "raw-modern", "version": "1"},
+    });
+    if let Some(level) = level {
+        meta["io.modelcontextprotocol/logLevel"] = json!(level);
+    }
+    meta
+}
+
+fn line(value: &Value) -> Vec<u8> {
+    let mut bytes = serde_json::to_vec(value).expect("json");
+    bytes.push(b'\n');
+    bytes
+}
+
+/// A modern `tools/call` of `tool` with `arguments` and `_meta` `meta`.
+fn call(id: u64, tool: &str, arguments: Value, meta: Value) -> Vec<u8> {
+    line(&json!({
+        "jsonrpc": "2.0", "id": id, "method": "tools/call",
+        "params": {"name": tool, "arguments": arguments, "_meta": meta},
+    }))
+}
+
+/// Reads `host`'s lines until the answer to `id`: the answer, and the
+/// notifications (and requests) on the way.
+async fn until_answer(host: &mut Raw, id: &Value) -> (Value, Vec<Value>) {
+    let mut seen = Vec::new();
+    loop {
+        let line = host.line().await;
+        if line.get("method").is_none() && line.get("id") == Some(id) {
+            return (line, seen);
+        }
+        seen.push(line);
+    }
+}
+
+/// The unit `shared`: mcp-fixture with the tools the host-session tests
+/// use, and `env` lines.
+fn unit(dir: &Path) {
+    std::fs::write(
+        dir.join("shared.kdl"),
+        "stdio {\n    command \"mcp-fixture\" \"--chatter\" \"0\"\n    \
+         env MCP_FIXTURE_TOOLS=\"progress,sample,levels,touch\"\n}\n",
+    )
+    .expect("write unit");
+}
+
+fn legacy_initialize() -> &'static [u8] {
+    concat!(
+        r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{"sampling":{}},"clientInfo":{"name":"raw-legacy","version":"1"}}}"#,
+        "\n",
+        r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#,
+        "\n"
+    )
+    .as_bytes()
+}
+
+#[test]
+fn a_modern_host_and_a_legacy_host_share_a_unit_each_in_its_own_era() {
+    let units = tempfile::tempdir().expect("tempdir");
+    unit(units.path());
+    let mut d = Daemon::user_no_bus(units.path(), &[]);
+    d.wait_until("shared running", |d| d.starts("shared") == 1);
+    let runtime = d.runtime_dir().expect("runtime").to_owned();
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    rt.block_on(async {
+        tokio::time::timeout(Duration::from_secs(60), async {
+            let mut legacy = Raw::new(&runtime, "shared");
+            legacy.send(legacy_initialize()).await;
+            let init = legacy.answer().await;
+            assert_eq!(init["result"]["protocolVersion"], "2025-11-25", "{init}");
+            legacy
+                .send(concat!(
+                    r#"{"jsonrpc":"2.0","id":2,"method":"logging/setLevel","params":{"level":"debug"}}"#,
+                    "\n",
+                    r#"{"jsonrpc":"2.0","id":3,"method":"resources/subscribe","params":{"uri":"fixture://b"}}"#,
+                    "\n"
+                ).as_bytes())
+                .await;
+            assert_eq!(legacy.answer().await["id"], 2);
+            assert_eq!(legacy.answer().await["id"], 3);
+
+            // No initialize: discovery, then requests with their _meta.
+            let mut modern = Raw::new(&runtime, "shared");
+            modern
+                .send(&line(&json!({"jsonrpc": "2.0", "id": "d", "method": "server/discover",
+                    "params": {"_meta": meta(json!({}), None)}})))
+                .await;
+            let discover = modern.answer().await;
+            let result = &discover["result"];
+            assert_eq!(result["resultType"], "complete", "{discover}");
+            let versions = result["supportedVersions"].as_array().expect("versions");
+            assert_eq!(versions[0], "2026-07-28", "{discover}");
+            assert!(versions.contains(&json!("2025-11-25")), "{discover}");
+            assert_eq!(result["capabilities"]["tools"]["listChanged"], true, "{discover}");
+            assert_eq!(result["_meta"]["io.modelcontextprotocol/serverInfo"]["name"], "mcp-fixture", "{discover}");
+            assert!(result.get("ttlMs").is_some() && result.get("cacheScope").is_some(), "{discover}");
+
+            modern
+                .send(&line(&json!({"jsonrpc": "2.0", "id": 10, "method": "tools/list",
+                    "params": {"_meta": meta(json!({}), None)}})))
+                .await;
+            let tools = modern.answer().await;
+            assert_eq!(tools["result"]["resultType"], "complete", "{tools}");
+            assert_eq!(tools["result"]["cacheScope"], "private", "{tools}");
+            assert_eq!(tools["result"]["ttlMs"], 0, "{tools}");
+            assert!(tools["result"]["tools"].as_array().expect("tools").iter().any(|t| t["name"] == "echo"));
+
+            modern.send(&call(11, "echo", json!({"text": "modern"}), meta(json!({}), None))).await;
+            let (echo, _) = until_answer(&mut modern, &json!(11)).await;
+            assert_eq!(echo["result"]["content"][0]["text"], "modern", "{echo}");
+            assert_eq!(echo["result"]["resultType"], "complete", "{echo}");
+            assert_eq!(echo["result"]["_meta"]["io.modelcontextprotocol/serverInfo"]["name"], "mcp-fixture", "{echo}");
+
+            // A listen stream for fixture://a: acknowledged, tagged.
+            modern
+                .send(&line(&json!({"jsonrpc": "2.0", "id": "listen", "method": "subscriptions/listen",
+                    "params": {"_meta": meta(json!({}), None),
+                               "notifications": {"toolsListChanged": true, "resourceSubscriptions": ["fixture://a"]}}})))
+                .await;
+            let ack = modern.line().await;
+            assert_eq!(ack["method"], "notifications/subscriptions/acknowledged", "{ack}");
+            assert_eq!(ack["params"]["_meta"]["io.modelcontextprotocol/subscriptionId"], "listen", "{ack}");
+            assert_eq!(ack["params"]["notifications"]["toolsListChanged"], true, "{ack}");
+            assert_eq!(ack["params"]["notifications"]["resourceSubscriptions"], json!(["fixture://a"]), "{ack}");
+
+            // Updates reach their own subscribers only.
+            modern.send(&call(12, "touch", json!({"uri": "fixture://a"}), meta(json!({}), None))).await;
+            let (_, seen) = until_answer(&mut modern, &json!(12)).await;
+            let updated: Vec<&Value> = seen.iter().filter(|m| m["method"] == "notifications/resources/updated").collect();
+            assert_eq!(updated.len(), 1, "{seen:?}");
+            assert_eq!(updated[0]["params"]["uri"], "fixture://a");
+            assert_eq!(updated[0]["params"]["_meta"]["io.modelcontextprotocol/subscriptionId"], "listen");
+            modern.send(&call(13, "touch", json!({"uri": "fixture://b"}), meta(json!({}), None))).await;
+            let (_, seen) = until_answer(&mut modern, &json!(13)).await;
+            assert!(seen.iter().all(|m| m["method"] != "notifications/resources/updated"), "{seen:?}");
+
+            // Log messages: only for its request that asked, from its level up.
+            modern.send(&call(14, "levels", json!({}), meta(json!({}), Some("warning")))).await;
+            let (_, seen) = until_answer(&mut modern, &json!(14)).await;
+            let levels: Vec<&str> = seen
+                .iter()
+                .filter(|m| m["method"] == "notifications/message")
+                .filter_map(|m| m["params"]["level"].as_str())
+                .collect();
+            assert_eq!(levels, ["warning", "error", "critical", "alert", "emergency"], "{seen:?}");
+            modern.send(&call(15, "levels", json!({}), meta(json!({}), None))).await;
+            let (_, seen) = until_answer(&mut modern, &json!(15)).await;
+            assert!(seen.iter().all(|m| m["method"] != "notifications/message"), "{seen:?}");
+
+            // Progress, with its own token.
+            let mut with_token = meta(json!({}), None);
+            with_token["progressToken"] = json!("m-token");
+            modern.send(&call(16, "progress", json!({"steps": 2}), with_token)).await;
+            let (_, seen) = until_answer(&mut modern, &json!(16)).await;
+            let progress: Vec<&Value> = seen.iter().filter(|m| m["method"] == "notifications/progress").collect();
+            assert_eq!(progress.len(), 2, "{seen:?}");
+            assert!(progress.iter().all(|p| p["params"]["progressToken"] == "m-token"));
+
+            // Sampling: input_required, answered by the retry.
+            modern.send(&call(17, "sample", json!({"text": "q?"}), meta(json!({"sampling": {}}), None))).await;
+            let (asked, _) = until_answer(&mut modern, &json!(17)).await;
+            let result = &asked["result"];
+            assert_eq!(result["resultType"], "input_required", "{asked}");
+            let requests = result["inputRequests"].as_object().expect("inputRequests");
+            assert_eq!(requests.len(), 1, "{asked}");
+            let (key, request) = requests.iter().next().expect("one");
+            assert_eq!(request["method"], "sampling/createMessage", "{asked}");
+            let state = result["requestState"].as_str().expect("requestState");
+            modern
+                .send(&line(&json!({"jsonrpc": "2.0", "id": 18, "method": "tools/call", "params": {
+                    "name": "sample", "arguments": {"text": "q?"}, "_meta": meta(json!({"sampling": {}}), None),
+                    "requestState": state,
+                    "inputResponses": {key: {"role": "assistant", "model": "m",
+                        "content": {"type": "text", "text": "sampled by the modern host"}}},
+                }})))
+                .await;
+            let (sampled, _) = until_answer(&mut modern, &json!(18)).await;
+            assert_eq!(sampled["result"]["content"][0]["text"], "sampled by the modern host", "{sampled}");
+            assert_eq!(sampled["result"]["resultType"], "complete", "{sampled}");
+            // The same state again: used once.
+            modern
+                .send(&line(&json!({"jsonrpc": "2.0", "id": 19, "method": "tools/call", "params": {
+                    "name": "sample", "_meta": meta(json!({"sampling": {}}), None),
+                    "requestState": state, "inputResponses": {},
+                }})))
+                .await;
+            let (replayed, _) = until_answer(&mut modern, &json!(19)).await;
+            assert_eq!(replayed["error"]["code"], -32602, "{replayed}");
+
+            // The legacy host, meanwhile: its own subscription, every level
+            // (it asked for debug), none of the modern host's updates.
+            legacy
+                .send(&line(&json!({"jsonrpc": "2.0", "id": 4, "method": "tools/call",
+                    "params": {"name": "touch", "arguments": {"uri": "fixture://b"}}})))
+                .await;
+            let (answer, seen) = until_answer(&mut legacy, &json!(4)).await;
+            assert!(answer.get("result").is_some() && answer["result"].get("resultType").is_none(), "{answer}");
+            // fixture://b, touched by the modern host and by itself; never
+            // fixture://a, the modern host's.
+            let updated: Vec<&Value> = seen.iter().filter(|m| m["method"] == "notifications/resources/updated").collect();
+            assert_eq!(updated.len(), 2, "{seen:?}");
+            assert!(updated.iter().all(|u| u["params"]["uri"] == "fixture://b" && u["params"].get("_meta").is_none()), "{seen:?}");
+            let logs = seen.iter().filter(|m| m["method"] == "notifications/message").count();
+            assert_eq!(logs, 16, "every level of both `levels` calls: {seen:?}");
+            assert!(seen.iter().all(|m| m["method"] != "notifications/progress"), "{seen:?}");
+
+            let status = mcpctl_user(&runtime, &["status", "shared"]);
+            let status = String::from_utf8_lossy(&status.stdout).into_owned();
+            assert!(status.contains("   Sessions: 2 (1 on 2026-07-28, 1 on 2025-11-25)"), "{status}");
+        })
+        .await
+        .expect("within 60 s");
+    });
+    assert!(d.stop(Signal::TERM).success());
+}
+
+#[test]
+fn bad_modern_requests_get_errors_and_an_input_not_given_in_time_is_withdrawn() {
+    let units = tempfile::tempdir().expect("tempdir");
+    unit(units.path());
+    let mut d = Daemon::user_no_bus(units.path(), &[("MCPD_INPUT_TIMEOUT", "1".as_ref())]);
+    d.wait_until("shared running", |d| d.starts("shared") == 1);
+    let runtime = d.runtime_dir().expect("runtime").to_owned();
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    let state = rt.block_on(async {
+        tokio::time::timeout(Duration::from_secs(60), async {
+            let mut host = Raw::new(&runtime, "shared");
+            // A version mcpd does not serve.
+            let mut wrong = meta(json!({}), None);
+            wrong["io.modelcontextprotocol/protocolVersion"] = json!("2099-01-01");
+            host.send(&call(1, "echo", json!({"text": "x"}), wrong)).await;
+            let answer = host.answer().await;
+            assert_eq!(answer["error"]["code"], -32022, "{answer}");
+            assert_eq!(answer["error"]["data"]["requested"], "2099-01-01", "{answer}");
+            let supported = &answer["error"]["data"]["supported"];
+            assert!(supported.as_array().is_some_and(|s| s.contains(&json!("2026-07-28"))), "{answer}");
+            // No capabilities.
+            let mut bare = meta(json!({}), None);
+            bare.as_object_mut().expect("meta").remove("io.modelcontextprotocol/clientCapabilities");
+            host.send(&call(2, "echo", json!({"text": "x"}), bare)).await;
+            let answer = host.answer().await;
+            assert_eq!(answer["error"]["code"], -32602, "{answer}");
+            assert!(answer["error"]["message"].as_str().expect("message").contains("clientCapabilities"), "{answer}");
+            // A request that needs a capability its request did not declare.
+            host.send(&call(3, "sample", json!({"text": "x"}), meta(json!({}), None))).await;
+            let answer = host.answer().await;
+            assert_eq!(answer["error"]["code"], -32021, "{answer}");
+            assert!(answer["error"]["data"]["requiredCapabilities"].get("sampling").is_some(), "{answer}");
+            // A forged state.
+            host
+                .send(&line(&json!({"jsonrpc": "2.0", "id": 4, "method": "tools/call", "params": {
+                    "name": "sample", "_meta": meta(json!({"sampling": {}}), None),
+                    "requestState": "mcpd:00000000000000000000000000000000:1", "inputResponses": {},
+                }})))
+                .await;
+            let answer = host.answer().await;
+            assert_eq!(answer["error"]["code"], -32602, "{answer}");
+            // A listen stream for a URI the server has not.
+            host
+                .send(&line(&json!({"jsonrpc": "2.0", "id": 5, "method": "subscriptions/listen",
+                    "params": {"_meta": meta(json!({}), None),
+                               "notifications": {"resourceSubscriptions": ["fixture://nowhere"]}}})))
+                .await;
+            let answer = host.answer().await;
+            assert_eq!(answer["error"]["code"], -32602, "{answer}");
+            assert!(answer["error"]["message"].as_str().expect("message").contains("fixture://nowhere"), "{answer}");
+            // The session is modern now: a handshake cannot join it.
+            host
+                .send(concat!(
+                    r#"{"jsonrpc":"2.0","id":6,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"x","version":"1"}}}"#,
+                    "\n"
+                ).as_bytes())
+                .await;
+            let answer = host.answer().await;
+            assert_eq!(answer["error"]["code"], -32022, "{answer}");
+            assert_eq!(answer["error"]["data"]["supported"], json!(["2026-07-28"]), "{answer}");
+
+            // A legacy session cannot send a modern request either.
+            let mut legacy = Raw::new(&runtime, "shared");
+            legacy.send(legacy_initialize()).await;
+            legacy.answer().await;
+            legacy.send(&call(7, "echo", json!({"text": "x"}), meta(json!({}), None))).await;
+            let answer = legacy.answer().await;
+            assert_eq!(answer["error"]["code"], -32600, "{answer}");
+            assert!(answer["error"]["message"].as_str().expect("message").contains("began with initialize"), "{answer}");
+
+            // An input asked for and never given.
+            host.send(&call(8, "sample", json!({"text": "x"}), meta(json!({"sampling": {}}), None))).await;
+            let (asked, _) = until_answer(&mut host, &json!(8)).await;
+            assert_eq!(asked["result"]["resultType"], "input_required", "{asked}");
+            (host, asked["result"]["requestState"].as_str().expect("state").to_owned())
+        })
+        .await
+        .expect("within 60 s")
+    });
+    let (mut host, state) = state;
+    // The call is withdrawn after MCPD_INPUT_TIMEOUT: the server's request
+    // gets an error, and a retry after that is refused.
+    d.wait_for("was not supplied within 1s");
+    rt.block_on(async {
+        host.send(&line(&json!({"jsonrpc": "2.0", "id": 9, "method": "tools/call", "params": {
+            "name": "sample", "_meta": meta(json!({"sampling": {}}), None),
+            "requestState": state,
+            "inputResponses": {"1": {"role": "assistant", "model": "m", "content": {"type": "text", "text": "late"}}},
+        }})))
+        .await;
+        let answer = host.answer().await;
+        assert_eq!(answer["error"]["code"], -32602, "{answer}");
+        // The session still works.
+        host.send(&call(10, "echo", json!({"text": "still"}), meta(json!({}), None))).await;
+        let (answer, _) = until_answer(&mut host, &json!(10)).await;
+        assert_eq!(answer["result"]["content"][0]["text"], "still", "{answer}");
+    });
+    assert!(d.stop(Signal::TERM).success());
+}
