@@ -333,3 +333,72 @@ fn bad_modern_requests_get_errors_and_an_input_not_given_in_time_is_withdrawn() 
     });
     assert!(d.stop(Signal::TERM).success());
 }
+
+#[test]
+fn discovery_and_lists_never_start_an_idle_server() {
+    let units = tempfile::tempdir().expect("tempdir");
+    std::fs::write(
+        units.path().join("lazy.kdl"),
+        "stdio {\n    command \"mcp-fixture\" \"--chatter\" \"0\"\n}\n\
+         start \"on-demand\"\nidle-stop \"2s\"\nstop-timeout \"2s\"\n",
+    )
+    .expect("write unit");
+    let mut d = Daemon::user_no_bus(units.path(), &[]);
+    // Started once to learn its lists, then idle.
+    d.wait_until("lazy started once", |d| d.starts("lazy") == 1);
+    let runtime = d.runtime_dir().expect("runtime").to_owned();
+    d.wait_until("lazy idle", |_| {
+        let status = mcpctl_user(&runtime, &["status", "lazy"]);
+        String::from_utf8_lossy(&status.stdout).contains("Active: idle")
+    });
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    rt.block_on(async {
+        tokio::time::timeout(Duration::from_secs(30), async {
+            let mut host = Raw::new(&runtime, "lazy");
+            host.send(&line(
+                &json!({"jsonrpc": "2.0", "id": 1, "method": "server/discover",
+                "params": {"_meta": meta(json!({}), None)}}),
+            ))
+            .await;
+            let discover = host.answer().await;
+            assert_eq!(
+                discover["result"]["_meta"]["io.modelcontextprotocol/serverInfo"]["name"],
+                "mcp-fixture",
+                "{discover}"
+            );
+            host.send(&line(
+                &json!({"jsonrpc": "2.0", "id": 2, "method": "tools/list",
+                "params": {"_meta": meta(json!({}), None)}}),
+            ))
+            .await;
+            let tools = host.answer().await;
+            assert_eq!(tools["result"]["resultType"], "complete", "{tools}");
+        })
+        .await
+        .expect("within 30 s");
+    });
+    // Still idle after both answers (a start asked for would show as
+    // starting or running by now), and started once.
+    let status = mcpctl_user(&runtime, &["status", "lazy"]);
+    let status = String::from_utf8_lossy(&status.stdout).into_owned();
+    assert!(status.contains("Active: idle"), "{status}");
+    assert_eq!(d.starts("lazy"), 1, "discovery and lists started nothing");
+    rt.block_on(async {
+        tokio::time::timeout(Duration::from_secs(30), async {
+            let mut host = Raw::new(&runtime, "lazy");
+            host.send(&call(
+                3,
+                "echo",
+                json!({"text": "wake"}),
+                meta(json!({}), None),
+            ))
+            .await;
+            let (answer, _) = until_answer(&mut host, &json!(3)).await;
+            assert_eq!(answer["result"]["content"][0]["text"], "wake", "{answer}");
+        })
+        .await
+        .expect("within 30 s");
+    });
+    d.wait_until("lazy started by the call", |d| d.starts("lazy") == 2);
+    assert!(d.stop(Signal::TERM).success());
+}
