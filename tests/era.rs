@@ -212,6 +212,21 @@ fn a_2025_server_sees_the_request_without_the_reserved_meta() {
         "params": {"_meta": modern_meta()}}));
     era::strip_reserved(&mut bare);
     assert_eq!(bare.params().expect("params"), json!({}));
+    // Keys only a parser can read: the same outcome.
+    let mut escaped = Message::parse(
+        br#"{"jsonrpc":"2.0","id":4,"method":"tools/call","params":{"n\u0061me":"echo","_meta":{"io.modelcontextprotocol/protocolVersion":"2026-07-28","progressToken":1}}}"#,
+    )
+    .expect("parse");
+    era::strip_reserved(&mut escaped);
+    assert_eq!(
+        escaped.params().expect("params"),
+        json!({"name": "echo", "_meta": {"progressToken": 1}})
+    );
+    // Nothing reserved: untouched, byte for byte.
+    let line = br#"{"jsonrpc":"2.0","id":5,"method":"x","params":{"a" : 1,"_meta":{"k":2}}}"#;
+    let mut plain = Message::parse(line).expect("parse");
+    era::strip_reserved(&mut plain);
+    assert_eq!(plain.line(), [&line[..], b"\n"].concat());
     // A 2025 request never claims the era.
     let legacy = message(json!({"jsonrpc": "2.0", "id": 3, "method": "tools/list",
         "params": {"_meta": {"progressToken": 1}}}));

@@ -33,6 +33,7 @@ use serde_json::{Map, Value, json};
 use super::error::ErrorCode;
 use super::message::{Message, RequestId};
 use super::route::{Caps, Level};
+use super::scan;
 use super::session::HOST_VERSIONS;
 
 /// The revision without the handshake.
@@ -182,8 +183,66 @@ pub fn check(id: &RequestId, meta: Option<&Map<String, Value>>) -> Result<Reques
 /// Takes the reserved `_meta` keys out of a modern request, which a 2025
 /// server must not see (it may refuse them, or act on a version it does
 /// not speak); everything else of `_meta` (a progress token, extensions'
-/// keys) stays.
+/// keys) stays, and a `_meta` left empty goes. Found by a scan, the
+/// members copied as text; only keys with escapes need a parser.
 pub fn strip_reserved(message: &mut Message) {
+    let Some(raw) = message.raw("params") else {
+        return;
+    };
+    match without_reserved(raw) {
+        Ok(Some(params)) => message.set_json("params", params),
+        Ok(None) => {}
+        Err(()) => strip_parsed(message),
+    }
+}
+
+/// The params text `params` without the reserved `_meta` keys; `None` if
+/// it has none; `Err` where only a parser can tell.
+fn without_reserved(params: &str) -> Result<Option<String>, ()> {
+    let spans = scan::object(params.as_bytes()).ok_or(())?;
+    if spans.iter().any(|s| s.escaped) {
+        return Err(());
+    }
+    let key = |s: &scan::Span| &params[s.key.0..s.key.1];
+    let value = |s: &scan::Span| &params[s.value.0..s.value.1];
+    let Some(last) = spans.iter().rposition(|s| key(s) == "_meta") else {
+        return Ok(None);
+    };
+    let meta = value(&spans[last]);
+    let Some(members) = scan::object(meta.as_bytes()) else {
+        // Not an object: nothing of MCP's in it.
+        return Ok(None);
+    };
+    if members.iter().any(|s| s.escaped) {
+        return Err(());
+    }
+    let meta_key = |s: &scan::Span| &meta[s.key.0..s.key.1];
+    if !members
+        .iter()
+        .any(|m| meta_key(m).starts_with(RESERVED_PREFIX))
+    {
+        return Ok(None);
+    }
+    let kept: Vec<String> = members
+        .iter()
+        .filter(|m| !meta_key(m).starts_with(RESERVED_PREFIX))
+        .map(|m| format!("\"{}\":{}", meta_key(m), &meta[m.value.0..m.value.1]))
+        .collect();
+    let mut out: Vec<String> = Vec::with_capacity(spans.len());
+    for (at, span) in spans.iter().enumerate() {
+        if key(span) == "_meta" {
+            if at == last && !kept.is_empty() {
+                out.push(format!("\"_meta\":{{{}}}", kept.join(",")));
+            }
+        } else {
+            out.push(format!("\"{}\":{}", key(span), value(span)));
+        }
+    }
+    Ok(Some(format!("{{{}}}", out.join(","))))
+}
+
+/// [`strip_reserved`] for params only a parser can read.
+fn strip_parsed(message: &mut Message) {
     let Some(mut params) = message.params() else {
         return;
     };
@@ -198,9 +257,6 @@ pub fn strip_reserved(message: &mut Message) {
     }
     message.set("params", &params);
 }
-
-/// The params members of a retry that a 2025 server must not see.
-pub const RETRY_MEMBERS: [&str; 2] = ["inputResponses", "requestState"];
 
 /// The server's capabilities as a modern host reads them: `tools.listChanged`
 /// (mcpd tells hosts when the published tools change), and the tasks of
@@ -261,13 +317,9 @@ pub fn complete(message: &mut Message, info: &str, cacheable: bool) {
     if !message.has("result") {
         return;
     }
-    let member = |name: &str| message.inner("result", name);
-    let (Ok(kind), Ok(meta), Ok(ttl), Ok(scope)) = (
-        member("resultType"),
-        member("_meta"),
-        member("ttlMs"),
-        member("cacheScope"),
-    ) else {
+    let Ok([kind, meta, ttl, scope]) =
+        message.inners("result", ["resultType", "_meta", "ttlMs", "cacheScope"])
+    else {
         // Only a parser can tell (a key with escapes, or not an object).
         complete_parsed(message, info, cacheable);
         return;
@@ -278,6 +330,8 @@ pub fn complete(message: &mut Message, info: &str, cacheable: bool) {
         return;
     };
     let mut text = match meta {
+        // It names its server already (a modern upstream's answer).
+        Some(meta) if meta.contains(SERVER_INFO_KEY) => raw.to_owned(),
         Some(meta) if meta.trim_start().starts_with('{') => {
             // The server's own `_meta`, with the identity added.
             let at = meta.as_ptr() as usize - raw.as_ptr() as usize;
@@ -319,7 +373,7 @@ fn complete_parsed(message: &mut Message, info: &str, cacheable: bool) {
     }
     let meta = result.entry("_meta").or_insert_with(|| json!({}));
     if let Some(meta) = meta.as_object_mut() {
-        meta.insert(SERVER_INFO_KEY.into(), info);
+        meta.entry(SERVER_INFO_KEY).or_insert(info);
     }
     message.set("result", &Value::Object(result));
 }

@@ -264,6 +264,28 @@ impl Message {
             .map(|s| &raw[s.value.0..s.value.1]))
     }
 
+    /// [`Message::inner`] for each of `names` at once (one scan).
+    pub fn inners<const N: usize>(
+        &self,
+        key: &str,
+        names: [&str; N],
+    ) -> Result<[Option<&str>; N], Unsure> {
+        let Some(raw) = self.raw(key) else {
+            return Ok([None; N]);
+        };
+        let spans = super::scan::object(raw.as_bytes()).ok_or(Unsure)?;
+        if spans.iter().any(|s| s.escaped) {
+            return Err(Unsure);
+        }
+        Ok(names.map(|name| {
+            spans
+                .iter()
+                .rev()
+                .find(|s| &raw[s.key.0..s.key.1] == name)
+                .map(|s| &raw[s.value.0..s.value.1])
+        }))
+    }
+
     /// Sets member `key` to `value`: in its place if it is there, else
     /// last.
     pub fn set(&mut self, key: &str, value: &impl Serialize) {
