@@ -154,6 +154,15 @@ fn a_modern_host_and_a_legacy_host_share_a_unit_each_in_its_own_era() {
             let (_, seen) = until_answer(&mut modern, &json!(13)).await;
             assert!(seen.iter().all(|m| m["method"] != "notifications/resources/updated"), "{seen:?}");
 
+            // Cancelling the stream ends it: no more updates.
+            modern
+                .send(&line(&json!({"jsonrpc": "2.0", "method": "notifications/cancelled",
+                    "params": {"requestId": "listen"}})))
+                .await;
+            modern.send(&call(20, "touch", json!({"uri": "fixture://a"}), meta(json!({}), None))).await;
+            let (_, seen) = until_answer(&mut modern, &json!(20)).await;
+            assert!(seen.iter().all(|m| m["method"] != "notifications/resources/updated"), "{seen:?}");
+
             // Log messages: only for its request that asked, from its level up.
             modern.send(&call(14, "levels", json!({}), meta(json!({}), Some("warning")))).await;
             let (_, seen) = until_answer(&mut modern, &json!(14)).await;
