@@ -12,6 +12,7 @@ mod daemon;
 mod dbus;
 
 mod docs;
+mod eras;
 mod fidelity;
 mod fixture;
 mod fuzz;
