@@ -16,7 +16,8 @@
 //! 6. `mcpctl status` whole-process wall time at 500 servers;
 //! 7. host sessions (`sessions`): server-everything through the bridge and
 //!    through the bare relay vs direct, the bridge's start-up and RSS, 8 hosts on one server, the
-//!    daemon's memory per idle session;
+//!    daemon's memory per idle session; a 2026-07-28 host's echo through the
+//!    bridge vs a 2025-11-25 host's (fixture and server-everything);
 //! 8. liveness (`liveness`): idle CPU with probes at the defaults, hung
 //!    server detection time, the daemon's CPU under a stderr flood and a
 //!    `list_changed` storm, another server's call latency and `mcpctl
@@ -37,7 +38,9 @@
 //! `MCPD_BENCH_ONDEMAND_UNITS` (20), `MCPD_BENCH_COLD_CALLS` (20).
 //! `MCPD_BENCH_ONLY=ondemand`, `sessions` (the tool-call paths and host
 //! sessions) or `everything` (server-everything direct, bridged and
-//! relayed: the one ratio) runs only that section (while working on it).
+//! relayed: the one ratio) or `eras` (a 2026-07-28 host vs a 2025-11-25
+//! host through the bridge, on the fixture and on server-everything) runs
+//! only that section (while working on it).
 
 mod common;
 #[path = "daemon/liveness.rs"]
@@ -393,6 +396,22 @@ fn main() {
         }
         Ok("everything") => {
             let rows = rt.block_on(sessions::everything_rows(bus.as_ref(), &sizes));
+            print_table("Daemon", &rows);
+            return;
+        }
+        Ok("eras") => {
+            let dir = units_dir(1);
+            let d = Daemon::start(dir.path(), bus.as_ref());
+            d.until(1, running);
+            let fixture = rt.block_on(sessions::modern_vs_legacy(
+                d.runtime.path(),
+                "u0",
+                "fixture",
+                r#"{"text":"x"}"#,
+                sizes.calls,
+            ));
+            let mut rows = vec![fixture];
+            rows.extend(rt.block_on(sessions::everything_rows(bus.as_ref(), &sizes)));
             print_table("Daemon", &rows);
             return;
         }

@@ -13,6 +13,7 @@ mod dbus;
 mod era;
 
 mod docs;
+mod eras;
 mod fidelity;
 mod fixture;
 mod fuzz;

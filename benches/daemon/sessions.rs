@@ -91,8 +91,9 @@ async fn one(client: &Client, tool: &str, arguments: &serde_json::Value) -> f64 
 }
 
 /// server-everything's `echo`: direct, through the bridge and through a
-/// bare relay.
-async fn everything_overhead(bus: Option<&Bus>, sizes: &Sizes) -> Result<[Row; 2], String> {
+/// bare relay; then through the bridge from a 2026-07-28 host vs a
+/// 2025-11-25 one.
+async fn everything_overhead(bus: Option<&Bus>, sizes: &Sizes) -> Result<Vec<Row>, String> {
     let server = everything()?;
     let server = server.to_str().ok_or("a non-UTF-8 path")?.to_owned();
     let units = tempfile::tempdir().map_err(|e| e.to_string())?;
@@ -153,7 +154,155 @@ async fn everything_overhead(bus: Option<&Bus>, sizes: &Sizes) -> Result<[Row; 2
         s,
         relayed.runs,
     );
-    Ok([bridge, relay])
+    let era = modern_vs_legacy(
+        d.runtime.path(),
+        "everything",
+        "server-everything",
+        r#"{"message":"x"}"#,
+        sizes.calls,
+    )
+    .await;
+    Ok(vec![bridge, relay, era])
+}
+
+/// A host writing JSON-RPC lines to `mcpctl bridge` and reading its
+/// answers, in either era: a 2025-11-25 host initializes first; a
+/// 2026-07-28 host does not, and stamps each request's `_meta` with its
+/// version and capabilities.
+struct LineHost {
+    _bridge: tokio::process::Child,
+    stdin: tokio::process::ChildStdin,
+    stdout: tokio::io::BufReader<tokio::process::ChildStdout>,
+    modern: bool,
+    next: u64,
+}
+
+/// The longest any one answer may take.
+const ANSWER: Duration = Duration::from_secs(10);
+
+impl LineHost {
+    async fn attach(runtime: &Path, unit: &str, modern: bool) -> Result<Self, String> {
+        let (bridge, (stdout, stdin)) = spawn(
+            &common::binary("mcpctl"),
+            &["--user", "bridge", unit],
+            runtime,
+        );
+        let mut host = Self {
+            _bridge: bridge,
+            stdin,
+            stdout: tokio::io::BufReader::new(stdout),
+            modern,
+            next: 1,
+        };
+        if !modern {
+            host.request(
+                r#""method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"bench","version":"1"}}"#,
+            )
+            .await?;
+            host.write(r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#)
+                .await?;
+        }
+        Ok(host)
+    }
+
+    async fn write(&mut self, line: &str) -> Result<(), String> {
+        use tokio::io::AsyncWriteExt;
+        self.stdin
+            .write_all(format!("{line}\n").as_bytes())
+            .await
+            .map_err(|e| format!("write: {e}"))
+    }
+
+    /// Sends a request (`members`: its method and params) and waits for
+    /// its answer, skipping whatever else arrives.
+    async fn request(&mut self, members: &str) -> Result<serde_json::Value, String> {
+        use tokio::io::AsyncBufReadExt;
+        let id = self.next;
+        self.next += 1;
+        self.write(&format!(r#"{{"jsonrpc":"2.0","id":{id},{members}}}"#))
+            .await?;
+        let mut line = String::new();
+        loop {
+            line.clear();
+            let n = tokio::time::timeout(ANSWER, self.stdout.read_line(&mut line))
+                .await
+                .map_err(|_| format!("no answer in {ANSWER:?}"))?
+                .map_err(|e| format!("read: {e}"))?;
+            if n == 0 {
+                return Err("the bridge closed its stdout".into());
+            }
+            let answer: serde_json::Value =
+                serde_json::from_str(&line).map_err(|e| format!("{e}: {line}"))?;
+            if answer["id"] != id {
+                continue;
+            }
+            return match answer.get("result") {
+                Some(result) if result["isError"] != true => Ok(answer),
+                _ => Err(line.trim_end().to_owned()),
+            };
+        }
+    }
+
+    /// One `tools/call` of `tool` with `arguments` (JSON text), in
+    /// milliseconds.
+    async fn call(&mut self, tool: &str, arguments: &str) -> Result<f64, String> {
+        let meta = if self.modern {
+            r#","_meta":{"io.modelcontextprotocol/protocolVersion":"2026-07-28","io.modelcontextprotocol/clientCapabilities":{}}"#
+        } else {
+            ""
+        };
+        let members = format!(
+            r#""method":"tools/call","params":{{"name":"{tool}","arguments":{arguments}{meta}}}"#
+        );
+        let t = Instant::now();
+        self.request(&members).await?;
+        Ok(t.elapsed().as_secs_f64() * 1000.0)
+    }
+}
+
+/// `echo` on `unit` through the bridge: a 2026-07-28 host vs a 2025-11-25
+/// host, both writing raw lines, call by call in turn.
+pub async fn modern_vs_legacy(
+    runtime: &Path,
+    unit: &str,
+    what: &str,
+    arguments: &str,
+    calls: usize,
+) -> Row {
+    let figure = format!(
+        "{what} echo through mcpctl bridge, 2026-07-28 host (no initialize, _meta on each request) vs 2025-11-25 host"
+    );
+    let target = "p50 ≤ 1.25× the 2025-11-25 host";
+    let timed = async {
+        let mut legacy = LineHost::attach(runtime, unit, false).await?;
+        let mut modern = LineHost::attach(runtime, unit, true).await?;
+        let (mut legacy_xs, mut modern_xs) = (Vec::new(), Vec::new());
+        for _ in 0..calls {
+            legacy_xs.push(legacy.call("echo", arguments).await?);
+            modern_xs.push(
+                modern
+                    .call("echo", arguments)
+                    .await
+                    .map_err(|e| format!("the 2026-07-28 host's call: {e}"))?,
+            );
+        }
+        Ok::<_, String>((stats(legacy_xs), stats(modern_xs)))
+    };
+    match timed.await {
+        Ok((legacy, modern)) => {
+            let ratio = modern.p50 / legacy.p50;
+            Row::new(
+                figure,
+                target,
+                format!("{:.3} ms vs {:.3} ms: {ratio:.2}×", modern.p50, legacy.p50),
+                format!("p95 {:.3} vs {:.3} ms", modern.p95, legacy.p95),
+                modern.runs,
+            )
+            .met(ratio <= 1.25)
+        }
+        // Until mcpd serves 2026-07-28 hosts: the row says why, and misses.
+        Err(why) => Row::new(figure, target, format!("fails: {why}"), "-", 0).met(false),
+    }
 }
 
 /// `mcpctl bridge` from exec to the answer to `initialize`, and its RSS.
@@ -399,7 +548,7 @@ async fn idle_sessions(d: &Daemon, sizes: &Sizes) -> Row {
 /// Only the server-everything rows (`MCPD_BENCH_ONLY=everything`).
 pub async fn everything_rows(bus: Option<&Bus>, sizes: &Sizes) -> Vec<Row> {
     match everything_overhead(bus, sizes).await {
-        Ok(both) => Vec::from(both),
+        Ok(rows) => rows,
         Err(reason) => vec![Row::skipped(
             "server-everything echo through mcpctl bridge",
             &reason,
@@ -411,12 +560,22 @@ pub async fn everything_rows(bus: Option<&Bus>, sizes: &Sizes) -> Vec<Row> {
 pub async fn rows(d: &Daemon, bus: Option<&Bus>, sizes: &Sizes) -> Vec<Row> {
     let mut rows = Vec::new();
     match everything_overhead(bus, sizes).await {
-        Ok(both) => rows.extend(both),
+        Ok(everything) => rows.extend(everything),
         Err(reason) => rows.push(Row::skipped(
             "server-everything echo through mcpctl bridge",
             &reason,
         )),
     }
+    rows.push(
+        modern_vs_legacy(
+            d.runtime.path(),
+            "u0",
+            "fixture",
+            r#"{"text":"x"}"#,
+            sizes.calls,
+        )
+        .await,
+    );
     rows.extend(bridge_start(d, sizes));
     rows.push(eight_hosts(d, sizes).await);
     rows.push(beside_restarts(d, sizes).await);

@@ -1,0 +1,381 @@
+//! Both eras of MCP through mcpd. A host on 2025-11-25 connects with the
+//! `initialize` handshake; a host on 2026-07-28 has none: it may ask
+//! `server/discover`, stamps every request's `_meta` with its version and
+//! capabilities, and is asked for elicitation and sampling by
+//! `input_required` results instead of requests of the server's own. mcpd
+//! serves 2026-07-28 to any host, whatever its server speaks.
+//!
+//! The host is the official MCP Python SDK's `mcp.client.Client` in each of
+//! its modes (`legacy`, `auto`: discover then initialize, `2026-07-28`:
+//! adopted without a probe), driven by `tests/data/era_client.py`, against
+//! two servers: `@modelcontextprotocol/server-everything` (TypeScript SDK,
+//! 2025-11-25 only) and the Python SDK's dual-era example server
+//! (`mcp-everything-server` from the mcp 2.3.0 sdist, over stdio). Each run
+//! is made directly and through `mcpctl bridge`; through mcpd a host gets
+//! what it gets directly, or better (2026-07-28 from a server that does not
+//! speak it).
+
+use std::path::{Path, PathBuf};
+
+use rustix::process::Signal;
+use serde_json::Value;
+
+use crate::fidelity::everything;
+use crate::helper::{Daemon, mcpctl_user, root};
+
+const MODERN: &str = "2026-07-28";
+const LEGACY: &str = "2025-11-25";
+
+/// The checks of a plain run (`era_client.py` without `--input`).
+const CHECKS: [&str; 6] = ["tools", "resources", "read", "prompts", "prompt", "call"];
+
+/// The virtualenv's Python: mcp 2.3.0 and the example server.
+fn py_everything() -> PathBuf {
+    let python = root().join("target/py-everything/bin/python");
+    assert!(
+        root()
+            .join("target/py-everything/bin/mcp-everything-server")
+            .is_file(),
+        "{} is missing: .ci/run installs the mcp 2.3.0 sdist's example server into target/py-everything",
+        python.display()
+    );
+    python
+}
+
+#[derive(Clone, Copy, Debug)]
+enum Server {
+    /// `@modelcontextprotocol/server-everything` (unit `everything`).
+    Everything,
+    /// The Python SDK's example server (unit `py`).
+    Python,
+}
+
+impl Server {
+    /// Its profile in `era_client.py`.
+    fn profile(self) -> &'static str {
+        match self {
+            Server::Everything => "everything",
+            Server::Python => "python",
+        }
+    }
+
+    fn unit(self) -> &'static str {
+        match self {
+            Server::Everything => "everything",
+            Server::Python => "py",
+        }
+    }
+
+    /// The command that runs it over stdio.
+    fn command(self) -> Vec<String> {
+        match self {
+            Server::Everything => vec![
+                "node".into(),
+                everything().to_str().expect("utf-8 path").into(),
+                "stdio".into(),
+            ],
+            Server::Python => vec![
+                py_everything().to_str().expect("utf-8 path").into(),
+                root()
+                    .join("tests/data/py_everything_stdio.py")
+                    .to_str()
+                    .expect("utf-8 path")
+                    .into(),
+            ],
+        }
+    }
+}
+
+/// One run of `era_client.py`: the host's mode, the server, directly or
+/// through the daemon whose runtime dir is given, and whether it calls the
+/// tools that ask the host for input.
+#[derive(Clone, Copy, Debug)]
+struct Run<'a> {
+    mode: &'static str,
+    server: Server,
+    through: Option<&'a Path>,
+    input: bool,
+}
+
+impl<'a> Run<'a> {
+    /// A plain run (no `--input`).
+    fn new(mode: &'static str, server: Server, through: Option<&'a Path>) -> Self {
+        Self {
+            mode,
+            server,
+            through,
+            input: false,
+        }
+    }
+
+    /// The same run calling the tools that ask the host for input.
+    fn input(self) -> Self {
+        Self {
+            input: true,
+            ..self
+        }
+    }
+
+    /// The run's JSON object.
+    fn go(&self) -> Value {
+        let mut cmd = std::process::Command::new(py_everything());
+        cmd.arg(root().join("tests/data/era_client.py"));
+        if self.input {
+            cmd.arg("--input");
+        }
+        cmd.args([self.mode, self.server.profile()])
+            .env("PYTHONWARNINGS", "ignore")
+            .env_remove("DBUS_SESSION_BUS_ADDRESS")
+            .env_remove("MCPD_RUNTIME_DIR")
+            .stdin(std::process::Stdio::null());
+        match self.through {
+            Some(runtime) => {
+                cmd.args([env!("CARGO_BIN_EXE_mcpctl"), "--user", "bridge"])
+                    .arg(self.server.unit())
+                    .env("XDG_RUNTIME_DIR", runtime);
+            }
+            None => {
+                cmd.args(self.server.command());
+            }
+        }
+        // era_client.py bounds every wait itself (at most some 90 s).
+        let out = cmd.output().expect("python");
+        assert!(
+            out.status.success(),
+            "{self:?}\nstdout: {}\nstderr: {}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+            panic!(
+                "{self:?}: not one JSON object ({e})\nstdout: {}\nstderr: {}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            )
+        })
+    }
+}
+
+/// Every run at once (each is mostly waiting on its Python start-up).
+fn all<const N: usize>(runs: [Run; N]) -> [Value; N] {
+    std::thread::scope(|s| {
+        let handles = runs.map(|run| s.spawn(move || run.go()));
+        handles.map(|h| h.join().expect("a run panicked"))
+    })
+}
+
+/// Both servers in `mode`, each directly and through the daemon whose
+/// runtime dir is `runtime`.
+fn each_server<'a>(mode: &'static str, runtime: &'a Path) -> [Run<'a>; 4] {
+    [
+        Run::new(mode, Server::Everything, None),
+        Run::new(mode, Server::Everything, Some(runtime)),
+        Run::new(mode, Server::Python, None),
+        Run::new(mode, Server::Python, Some(runtime)),
+    ]
+}
+
+/// `v` without the members `keys`.
+fn without(v: &Value, keys: &[&str]) -> Value {
+    let mut v = v.clone();
+    let object = v.as_object_mut().expect("an object");
+    for key in keys {
+        object.remove(*key);
+    }
+    v
+}
+
+/// Whether a check's outcome is a failure.
+fn failed(outcome: &Value) -> bool {
+    outcome.as_str().is_some_and(|o| o.starts_with("error"))
+}
+
+/// Every check of `run` passed (else a comparison with it proves nothing).
+fn passes(run: &Value, checks: &[&str]) {
+    assert_eq!(run["connect"], "ok", "{run:#}");
+    for check in checks {
+        assert!(
+            !run[check].is_null() && !failed(&run[check]),
+            "{check} fails: {run:#}"
+        );
+    }
+    assert!(run.get("close").is_none(), "{run:#}");
+}
+
+/// A daemon with both servers as units, ready: server-everything's
+/// capability-gated tools listed (it adds them after `initialized`), the
+/// Python server's 28.
+struct Servers {
+    daemon: Daemon,
+    runtime: PathBuf,
+    _units: tempfile::TempDir,
+}
+
+impl Servers {
+    fn start() -> Self {
+        let units = tempfile::tempdir().expect("tempdir");
+        let unit = |server: Server, extra: &str| {
+            let command: String = server
+                .command()
+                .iter()
+                .map(|a| format!(" \"{a}\""))
+                .collect();
+            std::fs::write(
+                units.path().join(format!("{}.kdl", server.unit())),
+                format!("stdio {{\n    command{command}\n}}\n{extra}"),
+            )
+            .expect("write unit");
+        };
+        unit(Server::Everything, "");
+        unit(Server::Python, "startup-timeout \"60s\"\n");
+        let mut daemon = Daemon::user_no_bus(units.path(), &[]);
+        let runtime = daemon.runtime_dir().expect("runtime").to_owned();
+        let tools = |name: &str| {
+            let out = mcpctl_user(&runtime, &["tools", name]);
+            String::from_utf8_lossy(&out.stdout).lines().count()
+        };
+        daemon.wait_until("both servers' tools", |_| {
+            tools("everything") >= 17 && tools("py") >= 28
+        });
+        Self {
+            daemon,
+            runtime,
+            _units: units,
+        }
+    }
+
+    fn stop(self) {
+        assert!(self.daemon.stop(Signal::TERM).success());
+    }
+}
+
+#[test]
+fn a_legacy_host_gets_through_mcpd_what_it_gets_directly() {
+    let servers = Servers::start();
+    let [e_direct, e_bridged, p_direct, p_bridged] = all(each_server("legacy", &servers.runtime));
+    for direct in [&e_direct, &p_direct] {
+        passes(direct, &CHECKS);
+        assert_eq!(direct["protocol"], LEGACY, "{direct:#}");
+    }
+    assert_eq!(e_direct["tools"].as_array().map(Vec::len), Some(17));
+    assert_eq!(e_direct["server"], "mcp-servers/everything");
+    assert_eq!(p_direct["server"], "mcp-conformance-test-server");
+    assert_eq!(e_bridged, e_direct);
+    assert_eq!(p_bridged, p_direct);
+    servers.stop();
+}
+
+#[test]
+fn an_auto_host_gets_2026_07_28_through_mcpd_whatever_its_server_speaks() {
+    let servers = Servers::start();
+    let [e_direct, e_bridged, p_direct, p_bridged] = all(each_server("auto", &servers.runtime));
+    passes(&e_direct, &CHECKS);
+    passes(&p_direct, &CHECKS);
+    // Directly, server-everything answers no `server/discover`: the SDK
+    // falls back to initialize. The Python server speaks 2026-07-28.
+    assert_eq!(e_direct["protocol"], LEGACY, "{e_direct:#}");
+    assert_eq!(p_direct["protocol"], MODERN, "{p_direct:#}");
+    // Through mcpd both are 2026-07-28, the server named by discover's
+    // serverInfo as by initialize, and everything else the same.
+    for (bridged, direct) in [(&e_bridged, &e_direct), (&p_bridged, &p_direct)] {
+        assert_eq!(bridged["protocol"], MODERN, "{bridged:#}");
+        assert_eq!(
+            without(bridged, &["protocol"]),
+            without(direct, &["protocol"]),
+            "through mcpd: {bridged:#}"
+        );
+    }
+    servers.stop();
+}
+
+#[test]
+fn a_2026_07_28_host_gets_through_mcpd_what_server_everything_cannot_give_it() {
+    let servers = Servers::start();
+    let runtime = Some(servers.runtime.as_path());
+    let [e_pinned, e_legacy, e_bridged, p_direct, p_bridged] = all([
+        Run::new(MODERN, Server::Everything, None),
+        Run::new("legacy", Server::Everything, None),
+        Run::new(MODERN, Server::Everything, runtime),
+        Run::new(MODERN, Server::Python, None),
+        Run::new(MODERN, Server::Python, runtime),
+    ]);
+    // Directly, a pinned host gets nothing from server-everything: its
+    // answers have no resultType (nor ttlMs, cacheScope on lists and
+    // reads), and the SDK refuses every one.
+    assert_eq!(e_pinned["protocol"], MODERN, "{e_pinned:#}");
+    for check in CHECKS {
+        assert!(failed(&e_pinned[check]), "{check}: {e_pinned:#}");
+    }
+    // Through mcpd it gets what a legacy host gets directly (a pinned host
+    // asks no discover, so the server is unnamed).
+    passes(&e_legacy, &CHECKS);
+    assert_eq!(e_bridged["protocol"], MODERN, "{e_bridged:#}");
+    assert_eq!(e_bridged["server"], Value::Null, "{e_bridged:#}");
+    assert_eq!(
+        without(&e_bridged, &["protocol", "server", "mode"]),
+        without(&e_legacy, &["protocol", "server", "mode"]),
+        "through mcpd: {e_bridged:#}"
+    );
+    // The Python server speaks 2026-07-28 itself: the same either way.
+    passes(&p_direct, &CHECKS);
+    assert_eq!(p_direct["protocol"], MODERN, "{p_direct:#}");
+    assert_eq!(p_bridged, p_direct);
+    servers.stop();
+}
+
+#[test]
+fn a_2026_07_28_host_answers_elicitation_and_sampling_through_mcpd() {
+    let servers = Servers::start();
+    let runtime = Some(servers.runtime.as_path());
+    let [e_legacy, e_bridged, p_legacy, p_pinned, p_bridged] = all([
+        Run::new("legacy", Server::Everything, None).input(),
+        Run::new(MODERN, Server::Everything, runtime).input(),
+        Run::new("legacy", Server::Python, None).input(),
+        Run::new(MODERN, Server::Python, None).input(),
+        Run::new(MODERN, Server::Python, runtime).input(),
+    ]);
+    // Directly, on 2025-11-25, each tool asks the host once in the middle
+    // of the call, and its result carries the host's answer.
+    let asked = |run: &Value, check: &str, callback: &str, answer: &str| {
+        let outcome = &run[check];
+        assert_eq!(outcome["callbacks"][callback], 1, "{check}: {run:#}");
+        assert_eq!(outcome["error"], false, "{check}: {run:#}");
+        assert!(
+            outcome["text"].as_str().is_some_and(|t| t.contains(answer)),
+            "{check}: {run:#}"
+        );
+    };
+    for run in [&e_legacy, &p_legacy] {
+        assert_eq!(run["protocol"], LEGACY, "{run:#}");
+        asked(run, "elicit", "elicitation", "elicited by the host");
+        asked(run, "sample", "sampling", "sampled by the host");
+    }
+    // Directly on 2026-07-28, the Python server cannot ask in the middle
+    // of a call (no back-channel), only by an input_required result.
+    assert_eq!(p_pinned["protocol"], MODERN, "{p_pinned:#}");
+    for check in ["elicit", "sample"] {
+        assert!(
+            p_pinned[check]["text"]
+                .as_str()
+                .is_some_and(|t| t.contains("no back-channel")),
+            "{check}: {p_pinned:#}"
+        );
+    }
+    asked(
+        &p_pinned,
+        "ir_elicit",
+        "elicitation",
+        "elicited by the host",
+    );
+    asked(&p_pinned, "ir_sample", "sampling", "sampled by the host");
+    // Through mcpd, a 2026-07-28 host is asked by input_required results
+    // (the SDK answers them with the same callbacks), and gets what a
+    // legacy host gets directly: the server's own requests, answered.
+    for (bridged, legacy) in [(&e_bridged, &e_legacy), (&p_bridged, &p_legacy)] {
+        assert_eq!(bridged["protocol"], MODERN, "{bridged:#}");
+        for check in ["elicit", "sample"] {
+            assert_eq!(bridged[check], legacy[check], "{check}: {bridged:#}");
+        }
+    }
+    servers.stop();
+}
