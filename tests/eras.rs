@@ -379,3 +379,47 @@ fn a_2026_07_28_host_answers_elicitation_and_sampling_through_mcpd() {
     }
     servers.stop();
 }
+
+#[test]
+fn a_2026_07_28_server_serves_hosts_of_both_eras_through_mcpd() {
+    // The Python server under `protocol "auto"`: spoken to in 2026-07-28.
+    let units = tempfile::tempdir().expect("tempdir");
+    let command: String = Server::Python
+        .command()
+        .iter()
+        .map(|a| format!(" \"{a}\""))
+        .collect();
+    std::fs::write(
+        units.path().join("py.kdl"),
+        format!("stdio {{\n    command{command}\n}}\nprotocol \"auto\"\nstartup-timeout \"60s\"\n"),
+    )
+    .expect("write unit");
+    let mut daemon = Daemon::user_no_bus(units.path(), &[]);
+    let runtime = daemon.runtime_dir().expect("runtime").to_owned();
+    let status = || {
+        let out = mcpctl_user(&runtime, &["status", "py"]);
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    daemon.wait_until("the server's tools", |_| status().contains("Tools: 28"));
+    assert!(status().contains("   Protocol: 2026-07-28"), "{}", status());
+    let through = Some(runtime.as_path());
+    let [legacy, modern, pinned_direct] = all([
+        Run::new("legacy", Server::Python, through).input(),
+        Run::new(MODERN, Server::Python, through).input(),
+        Run::new(MODERN, Server::Python, None).input(),
+    ]);
+    for run in [&legacy, &modern] {
+        passes(run, &[]);
+    }
+    assert_eq!(legacy["protocol"], LEGACY, "{legacy:#}");
+    assert_eq!(modern["protocol"], MODERN, "{modern:#}");
+    // The server's input_required results: a 2026-07-28 host answers them
+    // as it does directly; a 2025 host gets their questions as ordinary
+    // requests, answered with the same callbacks, and the same result.
+    for check in ["ir_elicit", "ir_sample"] {
+        assert!(!failed(&pinned_direct[check]), "{check}: {pinned_direct:#}");
+        assert_eq!(modern[check], pinned_direct[check], "{check}: {modern:#}");
+        assert_eq!(legacy[check], pinned_direct[check], "{check}: {legacy:#}");
+    }
+    assert!(daemon.stop(Signal::TERM).success());
+}

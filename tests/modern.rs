@@ -411,3 +411,77 @@ fn discovery_and_lists_never_start_an_idle_server() {
     d.wait_until("lazy started by the call", |d| d.starts("lazy") == 2);
     assert!(d.stop(Signal::TERM).success());
 }
+
+#[test]
+fn a_legacy_host_of_a_2026_07_28_server_gets_its_requests_updates_and_logs_translated() {
+    let units = tempfile::tempdir().expect("tempdir");
+    std::fs::write(
+        units.path().join("pinned.kdl"),
+        "stdio {\n    command \"mcp-fixture\" \"--chatter\" \"0\"\n    \
+         env MCP_FIXTURE_TOOLS=\"levels,touch\"\n}\nprotocol \"2026-07-28\"\n\
+         health {\n    interval \"300ms\"\n    timeout \"300ms\"\n    failures 3\n}\n",
+    )
+    .expect("write unit");
+    let mut d = Daemon::user_no_bus(units.path(), &[]);
+    d.wait_until("pinned running", |d| d.starts("pinned") == 1);
+    let runtime = d.runtime_dir().expect("runtime").to_owned();
+    let status = || {
+        let out = mcpctl_user(&runtime, &["status", "pinned"]);
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    // Probed by server/discover (there is no ping), and alive.
+    d.wait_until("a probe answered", |_| {
+        status().contains("Health: ok, ping")
+    });
+    let shown = status();
+    assert!(shown.contains("   Protocol: 2026-07-28"), "{shown}");
+    assert!(shown.contains(" Generation: 1"), "{shown}");
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    rt.block_on(async {
+        tokio::time::timeout(Duration::from_secs(30), async {
+            let mut host = Raw::new(&runtime, "pinned");
+            host.send(legacy_initialize()).await;
+            let init = host.answer().await;
+            assert_eq!(init["result"]["protocolVersion"], "2025-11-25", "{init}");
+            assert_eq!(init["result"]["serverInfo"]["name"], "mcp-fixture", "{init}");
+            host.send(concat!(
+                r#"{"jsonrpc":"2.0","id":2,"method":"logging/setLevel","params":{"level":"error"}}"#, "\n",
+                r#"{"jsonrpc":"2.0","id":3,"method":"resources/subscribe","params":{"uri":"fixture://a"}}"#, "\n",
+            ).as_bytes())
+            .await;
+            assert_eq!(host.answer().await["id"], 2);
+            assert_eq!(host.answer().await["id"], 3);
+            host.send(&line(&json!({"jsonrpc": "2.0", "id": 4, "method": "tools/call",
+                "params": {"name": "echo", "arguments": {"text": "hi"}}})))
+                .await;
+            let (echo, _) = until_answer(&mut host, &json!(4)).await;
+            assert_eq!(echo["result"]["content"][0]["text"], "hi", "{echo}");
+            // Its level goes with each of its requests.
+            host.send(&line(&json!({"jsonrpc": "2.0", "id": 5, "method": "tools/call",
+                "params": {"name": "levels", "arguments": {}}})))
+                .await;
+            let (_, seen) = until_answer(&mut host, &json!(5)).await;
+            let levels: Vec<&str> = seen
+                .iter()
+                .filter(|m| m["method"] == "notifications/message")
+                .filter_map(|m| m["params"]["level"].as_str())
+                .collect();
+            assert_eq!(levels, ["error", "critical", "alert", "emergency"], "{seen:?}");
+            // Its subscription is mcpd's listen stream's.
+            host.send(&line(&json!({"jsonrpc": "2.0", "id": 6, "method": "tools/call",
+                "params": {"name": "touch", "arguments": {"uri": "fixture://a"}}})))
+                .await;
+            let mut updated = None;
+            while updated.is_none() {
+                let line = host.line().await;
+                if line["method"] == "notifications/resources/updated" {
+                    updated = Some(line);
+                }
+            }
+            assert_eq!(updated.expect("updated")["params"]["uri"], "fixture://a");
+        })
+        .await
+        .expect("within 30 s");
+    });
+    assert!(d.stop(Signal::TERM).success());
+}

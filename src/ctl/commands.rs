@@ -79,6 +79,7 @@ struct Props {
     garbage: u64,
     sessions: u32,
     versions: Vec<(String, u32)>,
+    protocol: String,
     unit_path: String,
     load_error: String,
     tools: Vec<ToolRow>,
@@ -118,6 +119,7 @@ async fn props(server: &ServerProxy<'_>) -> Result<Props> {
         garbage: server.garbage_lines().await.map_err(e)?,
         sessions: server.sessions().await.map_err(e)?,
         versions: server.session_versions().await.map_err(e)?,
+        protocol: server.protocol_version().await.map_err(e)?,
         unit_path: server.unit_path().await.map_err(e)?,
         load_error: server.load_error().await.map_err(e)?,
         tools: server.tools().await.map_err(e)?,
@@ -157,6 +159,7 @@ impl Props {
             "dropped_notifications": self.dropped,
             "garbage_lines": self.garbage,
             "sessions": self.sessions,
+            "protocol_version": self.protocol,
             "session_versions": self.versions.iter().map(|(v, n)| (v.clone(), Value::from(*n))).collect::<serde_json::Map<String, Value>>(),
             "unit_path": self.unit_path,
             "load_error": self.load_error,
@@ -369,6 +372,9 @@ fn write_block(
         writeln!(out, "      Tools: 0")?;
     } else {
         writeln!(out, "      Tools: {} ({shown}{more})", names.len())?;
+    }
+    if !p.protocol.is_empty() {
+        writeln!(out, "   Protocol: {}", p.protocol)?;
     }
     if p.sessions != 0 {
         let versions: Vec<String> = p

@@ -574,6 +574,17 @@ impl Server {
             .map_or(0, |s| u32::try_from(s.sessions()).unwrap_or(u32::MAX))
     }
 
+    /// The protocol version mcpd speaks with the server: `2026-07-28` when
+    /// it answered `server/discover` as a server of that version, else the
+    /// one its `initialize` answer named; empty before the first start.
+    #[zbus(property(emits_changed_signal = "false"))]
+    fn protocol_version(&self) -> String {
+        self.shared
+            .supervisor(&self.name)
+            .map(|s| s.protocol_version())
+            .unwrap_or_default()
+    }
+
     /// Host sessions attached now per protocol version they speak, newest
     /// version first (sessions that have not sent their first request
     /// yet are not counted).
@@ -740,6 +751,8 @@ pub mod client {
         fn sessions(&self) -> Result<u32, Error>;
         #[zbus(property(emits_changed_signal = "false"))]
         fn session_versions(&self) -> Result<Vec<(String, u32)>, Error>;
+        #[zbus(property(emits_changed_signal = "false"))]
+        fn protocol_version(&self) -> Result<String, Error>;
         #[zbus(signal, name = "ListChanged")]
         fn list_changed(&self, generation: u64, which: String) -> zbus::Result<()>;
         #[zbus(signal, name = "ToolsChanged")]

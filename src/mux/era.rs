@@ -45,6 +45,7 @@ pub const MODERN_VERSIONS: [&str; 1] = [MODERN];
 /// `_meta` keys of a modern request, and of results and notifications.
 pub const VERSION_KEY: &str = "io.modelcontextprotocol/protocolVersion";
 pub const CAPABILITIES_KEY: &str = "io.modelcontextprotocol/clientCapabilities";
+pub const CLIENT_INFO_KEY: &str = "io.modelcontextprotocol/clientInfo";
 pub const LOG_LEVEL_KEY: &str = "io.modelcontextprotocol/logLevel";
 pub const SERVER_INFO_KEY: &str = "io.modelcontextprotocol/serverInfo";
 pub const SUBSCRIPTION_ID_KEY: &str = "io.modelcontextprotocol/subscriptionId";
@@ -294,6 +295,31 @@ pub fn discover_result(init: &Value) -> Value {
     result
 }
 
+/// What mcpd keeps of a server of MCP 2026-07-28 that answered
+/// `server/discover` with `discovered`: what an `initialize` result holds
+/// (`protocolVersion` 2026-07-28, `capabilities`, `serverInfo` from the
+/// result's `_meta`, `instructions`), so that every host, of either era,
+/// is answered from it.
+pub fn init_of_discover(discovered: &Value) -> Value {
+    let mut init = json!({
+        "protocolVersion": MODERN,
+        "capabilities": discovered["capabilities"],
+        "serverInfo": discovered["_meta"][SERVER_INFO_KEY],
+    });
+    if let Some(instructions) = discovered.get("instructions").filter(|i| i.is_string()) {
+        init["instructions"] = instructions.clone();
+    }
+    if init["serverInfo"].is_null() {
+        init["serverInfo"] = json!({"name": "", "version": ""});
+    }
+    init
+}
+
+/// Whether the server that answered with `init` speaks MCP 2026-07-28.
+pub fn is_modern(init: &Value) -> bool {
+    init["protocolVersion"] == MODERN
+}
+
 /// The JSON text of the server's identity, as results carry it.
 pub fn server_info(init: &Value) -> String {
     init.get("serverInfo")
@@ -378,11 +404,15 @@ fn complete_parsed(message: &mut Message, info: &str, cacheable: bool) {
     message.set("result", &Value::Object(result));
 }
 
-/// Whether a request's answer is a list (and so carries caching hints).
-pub fn is_list(method: &str) -> bool {
+/// Whether a request's answer carries caching hints (a list, a read).
+pub fn cacheable(method: &str) -> bool {
     matches!(
         method,
-        "tools/list" | "resources/list" | "resources/templates/list" | "prompts/list"
+        "tools/list"
+            | "resources/list"
+            | "resources/templates/list"
+            | "prompts/list"
+            | "resources/read"
     )
 }
 
@@ -514,6 +544,12 @@ pub struct Parked<C> {
     pub meta: RequestMeta,
 }
 
+/// Whether `state` is of the shape mcpd mints (a server's own states go
+/// to the server).
+pub fn minted(state: &str) -> bool {
+    state.starts_with("mcpd:")
+}
+
 /// Why a retry's `requestState` is refused.
 pub const STALE: &str =
     "requestState is not one mcpd gave this session, was used already, or expired";
@@ -549,7 +585,8 @@ impl<C> Inputs<C> {
         self.parked.is_empty()
     }
 
-    /// Parks `parked`; returns the state its retry must carry.
+    /// Parks `parked`; returns the state its retry must carry (see
+    /// [`minted`]).
     pub fn park(&mut self, parked: Parked<C>) -> String {
         self.minted += 1;
         let state = format!("mcpd:{:032x}:{}", self.nonce, self.minted);

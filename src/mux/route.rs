@@ -449,6 +449,11 @@ impl Router {
         }
     }
 
+    /// The log level host `host` asked for with `logging/setLevel`.
+    pub fn level(&self, host: HostId) -> Option<Level> {
+        self.hosts.get(&host).and_then(|h| h.level)
+    }
+
     /// How many requests of host `host` are in flight upstream.
     pub fn in_flight(&self, host: HostId) -> usize {
         self.hosts.get(&host).map_or(0, |h| h.busy)

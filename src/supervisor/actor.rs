@@ -611,10 +611,16 @@ impl Actor {
                         let connect = launched.connect;
                         let roots = self.spec.roots().to_vec();
                         let list_timeout = self.spec.startup_timeout();
+                        // Only stdio servers are probed: the HTTP client
+                        // speaks the handshake's era.
+                        let protocol = match self.spec.transport() {
+                            crate::unit::Transport::Stdio(_) => self.spec.protocol(),
+                            crate::unit::Transport::Http(_) => crate::unit::Protocol::Legacy,
+                        };
                         let task = tokio::spawn(async move {
                             let result = async {
                                 let wire = connect.await?;
-                                upstream::handshake(wire, &roots, list_timeout)
+                                upstream::handshake(wire, &roots, list_timeout, protocol)
                                     .await
                                     .map(Box::new)
                             }

@@ -375,6 +375,15 @@ impl Supervisor {
         self.sessions.count()
     }
 
+    /// The protocol version the server speaks (its last generation's, or
+    /// the on-demand cache's); empty if not known yet.
+    pub fn protocol_version(&self) -> String {
+        self.sessions
+            .protocol()
+            .map(|p| p.to_string())
+            .unwrap_or_default()
+    }
+
     /// Host sessions attached per protocol version, newest first.
     pub fn session_versions(&self) -> Vec<(&'static str, usize)> {
         self.sessions.versions()

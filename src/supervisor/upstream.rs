@@ -14,11 +14,13 @@ use serde_json::{Value, json};
 
 use super::clock::now;
 use super::launch::ConnectError;
+use crate::mux::era;
 use crate::mux::error::ErrorCode;
 use crate::mux::lists::{List, ListError, ListRead, Next};
 use crate::mux::message::Message;
 use crate::mux::session::PROTOCOL_VERSION;
 use crate::mux::wire::Wire;
+use crate::unit::Protocol;
 
 /// The capabilities mcpd's upstream client declares.
 pub fn client_capabilities() -> Value {
@@ -52,6 +54,33 @@ struct Client<'a> {
     roots: &'a [String],
     next: u64,
     dirty: bool,
+    /// The server speaks MCP 2026-07-28: every request carries mcpd's
+    /// `_meta`.
+    modern: bool,
+}
+
+/// The `_meta` of mcpd's own requests to a server of MCP 2026-07-28.
+pub fn mcpd_meta() -> Value {
+    json!({
+        era::VERSION_KEY: era::MODERN,
+        era::CAPABILITIES_KEY: client_capabilities(),
+        era::CLIENT_INFO_KEY: {"name": "mcpd", "version": env!("CARGO_PKG_VERSION")},
+    })
+}
+
+/// `params` with mcpd's `_meta` (its own keys kept).
+pub fn with_mcpd_meta(mut params: Value) -> Value {
+    if !params.is_object() {
+        params = json!({});
+    }
+    let meta = &mut params["_meta"];
+    if !meta.is_object() {
+        *meta = json!({});
+    }
+    if let (Some(meta), Value::Object(ours)) = (meta.as_object_mut(), mcpd_meta()) {
+        meta.extend(ours);
+    }
+    params
 }
 
 impl Client<'_> {
@@ -89,6 +118,11 @@ impl Client<'_> {
     ) -> Result<Message, ConnectError> {
         self.next += 1;
         let id = self.next;
+        let params = if self.modern {
+            with_mcpd_meta(params)
+        } else {
+            params
+        };
         let closed =
             || ConnectError::Closed(format!("the server closed the connection during {what}"));
         self.wire
@@ -198,19 +232,95 @@ impl Pages {
     }
 }
 
+/// How long the `server/discover` probe may take at most (a stdio server
+/// may need a moment to start; one that ignores the request costs this).
+pub const PROBE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// What the probe found: the server's discovery result when it speaks MCP
+/// 2026-07-28, else why it is taken for a server of the handshake.
+async fn probe(client: &mut Client<'_>, bound: Duration) -> Result<Value, String> {
+    let answer = client.answer(
+        "server/discover",
+        json!({"_meta": mcpd_meta()}),
+        "server/discover",
+    );
+    let message = match tokio::time::timeout(bound, answer).await {
+        Err(_) => return Err(format!("no answer to server/discover within {bound:?}")),
+        Ok(Err(ConnectError::Closed(why))) => return Err(why),
+        Ok(Err(ConnectError::Failed(why))) => return Err(why),
+        Ok(Ok(message)) => message.to_value(),
+    };
+    if let Some(error) = message.get("error") {
+        return Err(format!(
+            "server/discover failed: {} ({})",
+            error["message"].as_str().unwrap_or("no message"),
+            error["code"]
+        ));
+    }
+    let result = &message["result"];
+    let modern = result["supportedVersions"]
+        .as_array()
+        .is_some_and(|versions| versions.iter().any(|v| v == era::MODERN));
+    if !modern || !result["capabilities"].is_object() {
+        return Err(format!(
+            "server/discover did not offer {} (supportedVersions {})",
+            era::MODERN,
+            result["supportedVersions"]
+        ));
+    }
+    Ok(result.clone())
+}
+
 /// Runs the handshake on `wire`; the tool list must be complete within
-/// `list_timeout` of its first request.
+/// `list_timeout` of its first request. With `protocol` other than
+/// legacy, `server/discover` is asked first (within [`PROBE_TIMEOUT`] and
+/// `list_timeout`): a server that answers it as a server of MCP
+/// 2026-07-28 is spoken to in that era, any other answer (or none) means
+/// `initialize` (unless the unit pins 2026-07-28: then the start fails).
 pub async fn handshake(
     mut wire: Wire,
     roots: &[String],
     list_timeout: Duration,
+    protocol: Protocol,
 ) -> Result<Handshake, ConnectError> {
     let mut client = Client {
         wire: &mut wire,
         roots,
         next: 0,
         dirty: false,
+        modern: false,
     };
+    if protocol != Protocol::Legacy {
+        match probe(&mut client, PROBE_TIMEOUT.min(list_timeout)).await {
+            Ok(discovered) => {
+                // No initialize: its identity, capabilities and
+                // instructions kept as an initialize result holds them.
+                client.modern = true;
+                let init = era::init_of_discover(&discovered);
+                let tools = if init["capabilities"].get("tools").is_some() {
+                    client.list(List::Tools, list_timeout).await?
+                } else {
+                    Vec::new()
+                };
+                let dirty = client.dirty;
+                return Ok(Handshake {
+                    wire,
+                    init: Arc::new(init),
+                    tools,
+                    dirty,
+                });
+            }
+            Err(why) if protocol == Protocol::Modern => {
+                return Err(ConnectError::Failed(format!(
+                    "the unit pins protocol {} and the server does not speak it: {why}",
+                    era::MODERN
+                )));
+            }
+            Err(why) => {
+                tracing::debug!(target: "mcpd::supervisor", "speaking MCP {PROTOCOL_VERSION}: {why}");
+            }
+        }
+    }
     let init = client
         .request(
             "initialize",

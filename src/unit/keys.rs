@@ -141,6 +141,7 @@ pub enum Field {
     StartupTimeout,
     StopTimeout,
     MaxRequestSize,
+    Protocol,
     Start,
     IdleStop,
     Roots(usize),
@@ -328,6 +329,14 @@ pub const KEYS: &[Key] = &[
         Replace,
         Some(Field::MaxRequestSize),
         "\"1M\"",
+    ),
+    key(
+        Top,
+        "protocol",
+        Kind::String,
+        Replace,
+        Some(Field::Protocol),
+        "\"auto\"",
     ),
     key(
         Top,

@@ -99,6 +99,8 @@ pub struct UnitSpec {
     stop_timeout: Duration,
     /// The largest request a host may send the server, in bytes.
     max_request_size: u64,
+    /// `protocol`: the era spoken with the server.
+    protocol: Protocol,
     /// `start` and `idle-stop`.
     activation: Activation,
     /// `file://` URIs answered to the server's `roots/list`.
@@ -138,6 +140,40 @@ impl ToolFilter {
             return Some(format!("it matches no allow ({})", globs.join(", ")));
         }
         None
+    }
+}
+
+/// The era mcpd speaks with a unit's server (`protocol`, DESIGN §12).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Protocol {
+    /// `protocol "auto"`: `server/discover` first, `initialize` if the
+    /// server does not answer it as a 2026-07-28 server.
+    Auto,
+    /// `protocol "legacy"`: `initialize` only (MCP 2025); the default for
+    /// now: a dual-era server spoken to in 2026-07-28 loses its
+    /// push-style requests (sampling, elicitation during a call) for
+    /// every host.
+    #[default]
+    Legacy,
+    /// `protocol "2026-07-28"`: a server that does not speak it fails to
+    /// establish.
+    Modern,
+}
+
+impl Protocol {
+    /// As the unit file writes it.
+    pub fn word(self) -> &'static str {
+        match self {
+            Protocol::Auto => "auto",
+            Protocol::Legacy => "legacy",
+            Protocol::Modern => "2026-07-28",
+        }
+    }
+
+    fn from_word(word: &str) -> Option<Self> {
+        [Protocol::Auto, Protocol::Legacy, Protocol::Modern]
+            .into_iter()
+            .find(|p| p.word() == word)
     }
 }
 
@@ -287,6 +323,8 @@ pub struct UnitDraft {
     pub stop_timeout: Option<Duration>,
     /// `max-request-size`, in bytes (checked here).
     pub max_request_size: Option<i128>,
+    /// `protocol`: "auto", "legacy" or "2026-07-28".
+    pub protocol: Option<String>,
     /// `start`: "always" or "on-demand".
     pub start: Option<String>,
     pub idle_stop: Option<Duration>,
@@ -798,6 +836,18 @@ impl UnitSpec {
             },
         };
         let activation = judge.activation(draft.start.as_deref(), draft.idle_stop);
+        let protocol = match draft.protocol.as_deref() {
+            None => Protocol::default(),
+            Some(word) => Protocol::from_word(word).unwrap_or_else(|| {
+                judge
+                    .fail(
+                        Field::Protocol,
+                        format!("`protocol`: \"{word}\" is not a protocol"),
+                    )
+                    .help = Some("write \"auto\", \"legacy\" or \"2026-07-28\"".into());
+                Protocol::default()
+            }),
+        };
 
         let roots = judge.roots(draft.roots);
         let tool_filter = ToolFilter {
@@ -817,6 +867,7 @@ impl UnitSpec {
                 startup_timeout,
                 stop_timeout,
                 max_request_size,
+                protocol,
                 activation,
                 roots,
                 tool_filter,
@@ -871,6 +922,11 @@ impl UnitSpec {
     /// in bytes (at most the line limit).
     pub fn max_request_size(&self) -> u64 {
         self.max_request_size
+    }
+
+    /// The era mcpd speaks with the server (DESIGN §12).
+    pub fn protocol(&self) -> Protocol {
+        self.protocol
     }
 
     /// When the server runs: always, or on demand (DESIGN §9).

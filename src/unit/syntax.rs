@@ -1057,6 +1057,7 @@ impl Layer {
                 Some(Value::Size(n)) => Some(n),
                 _ => None,
             },
+            protocol: d.string(&mut self, "protocol"),
             start: d.string(&mut self, "start"),
             idle_stop: d.duration(&mut self, "idle-stop"),
             roots: d.list(&mut self, "roots"),

@@ -40,6 +40,7 @@
 mod lists;
 mod modern;
 mod server;
+mod upstream_era;
 
 use lists::Cache;
 
@@ -213,6 +214,7 @@ pub(crate) struct Sessions {
     tokens: Arc<AtomicU64>,
     count: Arc<AtomicUsize>,
     versions: Arc<Versions>,
+    protocol: Arc<std::sync::Mutex<Option<Arc<str>>>>,
     lists: Lists,
     /// Serials of the three lists, raised when one changes.
     changes: watch::Receiver<[u64; 3]>,
@@ -275,6 +277,7 @@ impl Sessions {
         let (tx, rx) = mpsc::unbounded_channel();
         let count = Arc::new(AtomicUsize::new(0));
         let versions = Arc::new(Versions::default());
+        let protocol = Arc::new(std::sync::Mutex::new(None));
         let lists = Lists::default();
         let (changes_tx, changes) = watch::channel([0; 3]);
         let (listed_tx, listed) = watch::channel(0);
@@ -297,6 +300,12 @@ impl Sessions {
             init: None,
             waiting: Vec::new(),
             versions: Arc::clone(&versions),
+            protocol: Arc::clone(&protocol),
+            listened: Default::default(),
+            listen: None,
+            next_listen: 0,
+            next_down: 0,
+            replaying: false,
             own: HashMap::default(),
             lists: Arc::clone(&lists),
             changes: changes_tx,
@@ -321,6 +330,7 @@ impl Sessions {
             tokens: Arc::new(AtomicU64::new(0)),
             count,
             versions,
+            protocol,
             lists,
             changes,
             listed,
@@ -394,6 +404,12 @@ impl Sessions {
     /// have not fixed one yet are not counted).
     pub(crate) fn versions(&self) -> Vec<(&'static str, usize)> {
         self.versions.counts()
+    }
+
+    /// The protocol version the server speaks (its last generation's, or
+    /// the on-demand cache's), if known.
+    pub(crate) fn protocol(&self) -> Option<Arc<str>> {
+        self.protocol.lock().ok().and_then(|p| p.clone())
     }
 
     pub(crate) fn count(&self) -> usize {
@@ -525,6 +541,9 @@ struct Host {
     uninitialized: Option<Instant>,
     /// It speaks MCP 2026-07-28: what mcpd keeps for that.
     modern: Option<Box<modern::Modern>>,
+    /// It speaks MCP 2025: what mcpd keeps to translate its requests for
+    /// a server of MCP 2026-07-28.
+    translated: Option<Box<upstream_era::Translated>>,
     /// The version its session speaks, once fixed (counted in
     /// [`Versions`]).
     version: Option<&'static str>,
@@ -643,6 +662,17 @@ struct Task {
     waiting: Vec<Waiting>,
     /// Attached sessions per protocol version.
     versions: Arc<Versions>,
+    /// The protocol version the server speaks (of its last generation).
+    protocol: Arc<std::sync::Mutex<Option<Arc<str>>>>,
+    /// A modern server: what mcpd's listen stream holds, its id, and the
+    /// ids mcpd gave its streams and its questions to 2025 hosts.
+    listened: upstream_era::Listened,
+    listen: Option<String>,
+    next_listen: u64,
+    next_down: u64,
+    /// The router's replayed subscriptions are being taken in (one listen
+    /// stream once they are all in).
+    replaying: bool,
     /// mcpd's own requests: upstream id → who waits.
     own: HashMap<u64, Waiter>,
     /// The resource, template and prompt lists (`List`), and their reads.
@@ -843,7 +873,7 @@ impl Task {
             }
             Input::Restore { init, lists } => {
                 if self.init.is_none() {
-                    self.init = Some(init);
+                    self.set_init(init);
                 }
                 for (kind, list) in List::KEPT.into_iter().zip(lists) {
                     if list.is_some() && self.cached(kind).is_none() {
@@ -909,6 +939,7 @@ impl Task {
                 dropped: 0,
                 uninitialized: Some(now()),
                 modern: None,
+                translated: None,
                 version: None,
             },
         );
@@ -1006,8 +1037,14 @@ impl Task {
     }
 
     fn send_message(&mut self, host: HostId, message: Message) {
-        let message = if self.hosts.get(&host).is_some_and(|h| h.modern.is_some()) {
+        let modern_host = self.hosts.get(&host).is_some_and(|h| h.modern.is_some());
+        let message = if modern_host {
             match self.for_modern(host, message) {
+                Some(message) => message,
+                None => return,
+            }
+        } else if self.modern_upstream() && !message.has("method") {
+            match self.answer_of_modern_server(host, message) {
                 Some(message) => message,
                 None => return,
             }
@@ -1098,6 +1135,14 @@ impl Task {
         for out in outs {
             match out {
                 Out::Server(message) => {
+                    let message = if self.modern_upstream() {
+                        match self.for_modern_server(message) {
+                            Some(message) => message,
+                            None => continue,
+                        }
+                    } else {
+                        message
+                    };
                     if let Some(up) = &self.upstream {
                         let _ = up.tx.send(message);
                     }
@@ -1149,7 +1194,7 @@ impl Task {
             .into_iter()
             .filter(|k| init["capabilities"].get(k.capability()).is_some())
             .collect();
-        self.init = Some(init);
+        self.set_init(init);
         // The actor published this generation's tools before handing it
         // over: hosts attached already are told now if they differ; hosts
         // answered from now on have them.
@@ -1158,8 +1203,18 @@ impl Task {
             self.serial = serial;
             self.broadcast("notifications/tools/list_changed");
         }
+        let modern = self.modern_upstream();
+        if modern {
+            self.listen = None;
+            self.listened.clear();
+            self.replaying = true;
+        }
         let outs = self.router.upstream_ready();
         self.deliver(outs, None);
+        if modern {
+            self.replaying = false;
+            self.listen_upstream();
+        }
         for kind in List::KEPT {
             if offered.contains(&kind) {
                 self.read_list(kind, false);
@@ -1173,6 +1228,15 @@ impl Task {
         for waiting in std::mem::take(&mut self.waiting) {
             self.opened(waiting);
         }
+    }
+
+    /// The server's `initialize` result (or discovery, kept as one) of the
+    /// newest generation, and the version it speaks for `ProtocolVersion`.
+    fn set_init(&mut self, init: Arc<Value>) {
+        if let Ok(mut protocol) = self.protocol.lock() {
+            *protocol = init["protocolVersion"].as_str().map(Arc::from);
+        }
+        self.init = Some(init);
     }
 
     fn lost(&mut self, generation: Gen, why: String) {
@@ -1230,6 +1294,7 @@ impl Task {
             if let Some(h) = self.hosts.get_mut(&host) {
                 h.swallow = None;
                 h.initialized = true;
+                h.translated = Some(Box::new(upstream_era::Translated::of_initialize(params)));
             }
             self.router.attach(host, Caps::from_initialize(params));
         } else {
@@ -1337,6 +1402,9 @@ impl Task {
             None => Vec::new(),
         };
         self.router.attach(host, Caps::from_initialize(params));
+        if let Some(h) = self.hosts.get_mut(&host) {
+            h.translated = Some(Box::new(upstream_era::Translated::of_initialize(params)));
+        }
         let version = session::negotiate(params["protocolVersion"].as_str().unwrap_or_default());
         if let Some(h) = self.hosts.get_mut(&host)
             && h.version.is_none()
@@ -1526,6 +1594,9 @@ impl Task {
                 self.deliver(outs, None);
             }
             Step::Route => {
+                if !message.has("method") && self.answered_input(host, &message) {
+                    return;
+                }
                 let outs = self.router.from_host(host, message);
                 self.deliver(outs, None);
             }
@@ -1595,6 +1666,10 @@ impl Task {
         }
         if session::counts_as_use(name) {
             self.used = now();
+        }
+        let mut message = message;
+        if self.modern_upstream() && self.hosts.get(&host).is_some_and(|h| h.modern.is_none()) {
+            self.meta_for_modern_server(host, &id, name, &mut message);
         }
         let outs = self.router.request_logged(host, (id, name, level), message);
         self.deliver(outs, None);

@@ -190,15 +190,21 @@ impl Task {
         }
         let retry = era::may_need_input(&method) && message.may_hold("params", "requestState");
         let params = if retry { message.params() } else { None };
+        let modern_upstream = self.modern_upstream();
         if let Some(state) = params
             .as_ref()
             .and_then(|p| p.get("requestState"))
             .and_then(Value::as_str)
+            // A state of the server's own goes to it, as it is.
+            .filter(|state| !modern_upstream || era::minted(state))
         {
             self.retry(host, id, &method, state, params.as_ref());
             return;
         }
-        era::strip_reserved(&mut message);
+        if !modern_upstream {
+            // A server of MCP 2026-07-28 gets the host's own _meta.
+            era::strip_reserved(&mut message);
+        }
         if method == "tools/list" {
             let info = self.server_info();
             let bytes = era::list_answer(&id, "tools", self.status.borrow().tools.json(), &info);
@@ -241,7 +247,7 @@ impl Task {
             None => {
                 let id = message.request_id();
                 let open = id.and_then(|id| self.modern_mut(host)?.open.remove(&id));
-                let cacheable = open.as_ref().is_some_and(|o| era::is_list(&o.method));
+                let cacheable = open.as_ref().is_some_and(|o| era::cacheable(&o.method));
                 era::complete(&mut message, &self.server_info(), cacheable);
                 Some(message)
             }

@@ -28,6 +28,8 @@ impl Task {
             self.heard.now();
         }
         match method {
+            // mcpd's listen stream opened (a server of MCP 2026-07-28).
+            Some("notifications/subscriptions/acknowledged") if !has_id => return,
             Some("notifications/tools/list_changed") if !has_id => {
                 // Hosts hear of it once mcpd has re-synced (status_changed).
                 // One notice at a time: a storm wakes the actor once per
