@@ -1586,6 +1586,12 @@ impl Task {
                     if let Some(ledger) = &mut h.ledger {
                         ledger.clear(request.as_json());
                     }
+                    if let Some(m) = h.modern.as_deref_mut() {
+                        m.close(&request);
+                    }
+                    if let Some(t) = h.translated.as_deref_mut() {
+                        t.cancelled(&request);
+                    }
                     if let Some(mut record) = h.calls.remove(&request) {
                         record.finish(Outcome::Failed("cancelled by the host".into()));
                     }

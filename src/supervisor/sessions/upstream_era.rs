@@ -90,6 +90,17 @@ impl Translated {
     }
 }
 
+impl Translated {
+    /// Its request `id` was cancelled: nothing of it is kept (questions
+    /// asked for it are left to its answers, which are then dropped).
+    pub(super) fn cancelled(&mut self, id: &RequestId) {
+        self.sent.remove(id);
+        if self.retries.remove(id).is_some() {
+            self.asked.retain(|_, (r, _)| r != id);
+        }
+    }
+}
+
 /// `message`'s params with `meta`'s keys added to its `_meta` (a 2025
 /// host's request going to a modern server).
 fn with_meta(message: &mut Message, meta: &Map<String, Value>, level: Option<Level>) {
