@@ -13,7 +13,8 @@
 //! 5. tool-call overhead: direct stdio to the fixture vs `mcpctl bridge` vs
 //!    a bare byte relay (`examples/relay`, the floor of any proxy) vs
 //!    D-Bus CallTool, and mcp-proxy (PyPI) in front of the same fixture;
-//! 6. `mcpctl status` whole-process wall time at 500 servers;
+//! 6. `mcpctl status` whole-process wall time at 500 servers, and of a
+//!    small unit beside a unit of 100,000 tools vs without it;
 //! 7. host sessions (`sessions`): server-everything through the bridge and
 //!    through the bare relay vs direct, the bridge's start-up and RSS, 8 hosts on one server, the
 //!    daemon's memory per idle session; a 2026-07-28 host's echo through the
@@ -35,12 +36,14 @@
 //! path), `MCPD_BENCH_COMPARE_SECS` (30 per supervisor),
 //! `MCPD_BENCH_PROBE_SECS` (31: the idle window with probes),
 //! `MCPD_BENCH_DETECTIONS` (5 hung servers), `MCPD_BENCH_FLOOD_SECS` (5),
-//! `MCPD_BENCH_ONDEMAND_UNITS` (20), `MCPD_BENCH_COLD_CALLS` (20).
+//! `MCPD_BENCH_ONDEMAND_UNITS` (20), `MCPD_BENCH_COLD_CALLS` (20),
+//! `MCPD_BENCH_CATALOG` (100,000 tools beside the small unit).
 //! `MCPD_BENCH_ONLY=ondemand`, `sessions` (the tool-call paths and host
-//! sessions) or `everything` (server-everything direct, bridged and
-//! relayed: the one ratio) or `eras` (a 2026-07-28 host vs a 2025-11-25
-//! host through the bridge, on the fixture and on server-everything) runs
-//! only that section (while working on it).
+//! sessions), `everything` (server-everything direct, bridged and
+//! relayed: the one ratio), `eras` (a 2026-07-28 host vs a 2025-11-25
+//! host through the bridge, on the fixture and on server-everything) or
+//! `catalog` (`mcpctl status` beside a large catalog) runs only that
+//! section (while working on it).
 
 mod common;
 #[path = "daemon/liveness.rs"]
@@ -80,6 +83,7 @@ struct Sizes {
     ondemand_units: usize,
     cold_calls: usize,
     restarts: usize,
+    catalog: usize,
 }
 
 impl Sizes {
@@ -104,6 +108,7 @@ impl Sizes {
             ondemand_units: mode.size("MCPD_BENCH_ONDEMAND_UNITS", 20, 2).max(1),
             cold_calls: mode.size("MCPD_BENCH_COLD_CALLS", 20, 1).max(1),
             restarts: mode.size("MCPD_BENCH_RESTARTS", 20, 2).max(1),
+            catalog: mode.size("MCPD_BENCH_CATALOG", 100_000, 1_000),
         }
     }
 }
@@ -394,6 +399,10 @@ fn main() {
             print_table("Daemon", &ondemand::rows(&rt, &sizes));
             return;
         }
+        Ok("catalog") => {
+            print_table("Daemon", &[beside_a_catalog(&rt, &sizes)]);
+            return;
+        }
         Ok("everything") => {
             let rows = rt.block_on(sessions::everything_rows(bus.as_ref(), &sizes));
             print_table("Daemon", &rows);
@@ -508,6 +517,7 @@ fn main() {
     });
     rows.push(mcpctl_status(&d, n, &sizes));
     drop(d);
+    rows.push(beside_a_catalog(&rt, &sizes));
     rows.push(churn);
     rows.append(&mut calls.0);
     rows.append(&mut host_sessions);
@@ -606,6 +616,74 @@ fn mcpctl_status(d: &Daemon, n: usize, sizes: &Sizes) -> Row {
         1,
     )
     .met(s.p50 < 100.0)
+}
+
+/// `mcpctl status small` beside a unit of `sizes.catalog` tools vs on a
+/// daemon with `small` alone: both daemons run at once and the runs
+/// alternate, so the machine's noise falls on both alike. Every run is a
+/// new private-socket client; the daemon's CPU per run is the cost a
+/// client's connection and reads put on it.
+fn beside_a_catalog(rt: &tokio::runtime::Runtime, sizes: &Sizes) -> Row {
+    let n = sizes.catalog;
+    let count = n.to_string();
+    let daemons = [false, true].map(|big| {
+        let dir = tempfile::tempdir().expect("tempdir");
+        liveness::fixture(dir.path(), "small", &[], "");
+        if big {
+            let args = ["--many-tools", &count, "--page-size", "10000"];
+            liveness::fixture(dir.path(), "big", &args, "");
+        }
+        let d = Daemon::start(dir.path(), None);
+        d.until(if big { 2 } else { 1 }, running);
+        (d, dir)
+    });
+    // The catalog is listed in full before the first run.
+    let tools = rt.block_on(async {
+        let conn = private(&daemons[1].0).await;
+        let manager = ManagerProxy::new(&conn).await.expect("proxy");
+        manager
+            .list_servers()
+            .await
+            .expect("ListServers")
+            .iter()
+            .map(|r| r.tools as usize)
+            .sum::<usize>()
+    });
+    assert_eq!(tools, 2 * 9 + n, "small's and big's tools");
+    let mut walls = [Vec::new(), Vec::new()];
+    let mut cpu = [0u64; 2];
+    for _ in 0..sizes.status_runs {
+        for (i, (d, _)) in daemons.iter().enumerate() {
+            let before = cpu_ns(d.pid());
+            let t = Instant::now();
+            let out = Command::new(common::binary("mcpctl"))
+                .args(["--user", "status", "small"])
+                .env("XDG_RUNTIME_DIR", d.runtime.path())
+                .env_remove("DBUS_SESSION_BUS_ADDRESS")
+                .output()
+                .expect("mcpctl");
+            walls[i].push(t.elapsed().as_secs_f64() * 1000.0);
+            cpu[i] += cpu_ns(d.pid()) - before;
+            assert!(
+                out.status.success(),
+                "{}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+    }
+    let runs = sizes.status_runs;
+    let [alone, beside] = walls.map(|w| stats(w).p50);
+    let [cpu_alone, cpu_beside] = cpu.map(|c| c as f64 / 1e6 / runs as f64);
+    Row::new(
+        format!(
+            "mcpctl status of a small unit beside a unit of {n} tools vs without, whole process"
+        ),
+        "within 2×",
+        format!("{beside:.1} vs {alone:.1} ms: {:.2}×", beside / alone),
+        format!("daemon CPU per run {cpu_beside:.1} vs {cpu_alone:.1} ms"),
+        runs,
+    )
+    .met(beside <= 2.0 * alone)
 }
 
 /// Open file descriptors of `pid`.

@@ -123,6 +123,15 @@ struct Args {
     /// With --http: answer 401 unless the request has this Authorization header value.
     #[arg(long, env = "MCP_FIXTURE_REQUIRE_AUTH", value_name = "VALUE")]
     require_auth: Option<String>,
+    /// N more extra tools from the start, `tool-0` to `tool-<N-1>` (a
+    /// catalog too large for a command line; page it with --page-size).
+    #[arg(
+        long,
+        env = "MCP_FIXTURE_MANY_TOOLS",
+        value_name = "N",
+        default_value_t = 0
+    )]
+    many_tools: usize,
     /// Tools per `tools/list` page (0: all in one page).
     #[arg(long, env = "MCP_FIXTURE_PAGE_SIZE", default_value_t = 0)]
     page_size: usize,
@@ -850,9 +859,11 @@ async fn main() -> std::process::ExitCode {
         println!("this line is not JSON-RPC");
     }
     let linger = args.linger;
+    let mut extra = args.tools;
+    extra.extend((0..args.many_tools).map(|i| format!("tool-{i}")));
     let fixture = Fixture {
         name: args.name,
-        extra: Arc::new(Mutex::new(args.tools)),
+        extra: Arc::new(Mutex::new(extra)),
         page_size: args.page_size,
         listed: args.list_changed_storm.map(|_| Arc::default()),
     };

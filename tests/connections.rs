@@ -276,7 +276,7 @@ impl Message {
 }
 
 /// A raw client that has passed the SASL handshake.
-fn handshaken(socket: &Path) -> UnixStream {
+pub(crate) fn handshaken(socket: &Path) -> UnixStream {
     let mut stream = UnixStream::connect(socket).expect("connect");
     stream
         .set_read_timeout(Some(Duration::from_secs(10)))

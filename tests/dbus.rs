@@ -2,6 +2,7 @@
 //! from independent clients (busctl, gdbus) and over the private socket
 //! with the project's own proxies.
 
+use std::collections::HashMap;
 use std::io::BufRead;
 use std::path::Path;
 use std::process::{Child, Command, Output, Stdio};
@@ -641,16 +642,7 @@ fn the_private_socket_serves_everything_without_a_bus() {
             assert_eq!((*args.generation(), args.which.as_str()), (1, "tools"));
 
             // the object manager lists the server with its interface
-            let objects = zbus::fdo::ObjectManagerProxy::builder(&conn)
-                .destination("org.mcpd1")
-                .path("/org/mcpd1")
-                .build()
-                .await
-                .expect("object manager proxy");
-            let managed = objects
-                .get_managed_objects()
-                .await
-                .expect("GetManagedObjects");
+            let managed = managed_objects(&object_manager(&conn).await).await;
             let demo = managed
                 .iter()
                 .find(|(path, _)| path.as_str() == DEMO)
@@ -744,7 +736,15 @@ fn the_private_socket_serves_everything_without_a_bus() {
                     break;
                 }
             }
-            assert!(server.tools().await.expect("Tools").is_empty());
+            // (read past the proxy's cache: its own task applies the
+            // PropertiesChanged sent before the signal, maybe not yet)
+            let uncached = ServerProxy::builder(&conn)
+                .path(server_path("demo"))
+                .cache_properties(zbus::proxy::CacheProperties::No)
+                .build()
+                .await
+                .expect("server proxy");
+            assert!(uncached.tools().await.expect("Tools").is_empty());
         })
         .await
         .expect("within 30 s");
@@ -856,4 +856,151 @@ fn a_private_bus_leaves_no_socket_file_behind() {
     assert!(socket.exists(), "{}", socket.display());
     drop(bus);
     assert!(!socket.exists(), "{} is left", socket.display());
+}
+
+/// A client of the private socket at `socket`, authenticated by hand
+/// (SASL EXTERNAL), so that every byte the daemon sends is seen: sends one
+/// `Peer.Ping` and returns what came before its reply, as (message type,
+/// size, member name if a signal).
+fn messages_before_the_first_reply(socket: &Path) -> Vec<(u8, usize, String)> {
+    use std::io::{Read, Write};
+    let mut s = crate::connections::handshaken(socket);
+    let ping = zbus::message::Message::method_call("/org/mcpd1", "Ping")
+        .interface("org.freedesktop.DBus.Peer")
+        .build(&())
+        .expect("a Ping");
+    s.write_all(ping.data()).expect("ping");
+    let mut before = Vec::new();
+    loop {
+        // The fixed header: endianness, type, flags, version, body length,
+        // serial, header fields' length; the fields are padded to 8.
+        let mut fixed = [0u8; 16];
+        s.read_exact(&mut fixed).expect("a message");
+        assert_eq!(fixed[0], b'l', "little-endian");
+        let word =
+            |at: usize| u32::from_le_bytes(fixed[at..at + 4].try_into().expect("4")) as usize;
+        let size = (16 + word(12)).div_ceil(8) * 8 + word(4);
+        let mut rest = vec![0u8; size - 16];
+        s.read_exact(&mut rest).expect("the rest of the message");
+        match fixed[1] {
+            // the method return (or error) of the one call made
+            2 | 3 => return before,
+            kind => {
+                let text = String::from_utf8_lossy(&rest);
+                let member = ["InterfacesAdded", "PropertiesChanged"]
+                    .into_iter()
+                    .find(|m| text.contains(m))
+                    .unwrap_or("?");
+                before.push((kind, size, member.to_owned()));
+            }
+        }
+    }
+}
+
+/// The object manager at `/org/mcpd1` on `conn`.
+async fn object_manager(conn: &zbus::Connection) -> zbus::fdo::ObjectManagerProxy<'_> {
+    zbus::fdo::ObjectManagerProxy::builder(conn)
+        .destination("org.mcpd1")
+        .path("/org/mcpd1")
+        .build()
+        .await
+        .expect("object manager proxy")
+}
+
+async fn managed_objects(objects: &zbus::fdo::ObjectManagerProxy<'_>) -> zbus::fdo::ManagedObjects {
+    objects
+        .get_managed_objects()
+        .await
+        .expect("GetManagedObjects")
+}
+
+/// The properties of `org.mcpd1.Server` among an object's interfaces.
+fn server_interface<I: std::fmt::Display, P>(interfaces: &HashMap<I, P>) -> &P {
+    interfaces
+        .iter()
+        .find(|(i, _)| i.to_string() == "org.mcpd1.Server")
+        .map(|(_, p)| p)
+        .expect("org.mcpd1.Server")
+}
+
+fn string(value: &zbus::Variant<'_>) -> String {
+    String::try_from(value.try_clone().expect("clone")).expect("a string")
+}
+
+/// Issue 32: a unit with a large catalog made every new private-socket
+/// client (every `mcpctl` run, whatever it asked about) cost the daemon
+/// the reading and serializing of that catalog: zbus's object manager
+/// announced every object, properties and all, when a connection was
+/// set up. A client is now sent nothing it did not ask for; the objects
+/// are there on request (`GetManagedObjects`), and units that come and go
+/// are announced.
+#[test]
+fn a_new_connection_is_not_sent_every_servers_properties() {
+    use futures_util::StreamExt;
+    use mcpd::dbus::server_path;
+
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let runtime = tempfile::tempdir().expect("tempdir");
+    fixture_unit(tmp.path(), "small", "");
+    fixture_unit(
+        tmp.path(),
+        "big",
+        " \"--many-tools\" \"20000\" \"--page-size\" \"5000\"",
+    );
+    let mut d = Daemon::user_no_bus(
+        tmp.path(),
+        &[("XDG_RUNTIME_DIR", runtime.path().as_os_str())],
+    );
+    d.wait_until("both running", |d| {
+        d.latest_pid("small").is_some() && d.latest_pid("big").is_some()
+    });
+    let socket = runtime.path().join("mcpd/private");
+
+    let told = messages_before_the_first_reply(&socket);
+    assert!(
+        told.is_empty(),
+        "a new connection was sent (type, bytes, member) {told:?} before the answer to its first call"
+    );
+
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    rt.block_on(async {
+        tokio::time::timeout(Duration::from_secs(60), async {
+            let conn = crate::helper::private_conn(&socket).await;
+            let objects = object_manager(&conn).await;
+            // every server, with every property, on request
+            let managed = managed_objects(&objects).await;
+            let mut paths: Vec<&str> = managed.keys().map(|p| p.as_str()).collect();
+            paths.sort_unstable();
+            assert_eq!(paths, ["/org/mcpd1/server/big", "/org/mcpd1/server/small"]);
+            let server = server_interface(&managed[&server_path("big")]);
+            assert_eq!(string(&server["Name"]), "big");
+            let zbus::Variant::Array(tools) = &*server["Tools"] else {
+                panic!("Tools is an array")
+            };
+            assert_eq!(tools.len(), 20_009);
+
+            // a unit that comes is announced with its properties, and
+            // withdrawn when it goes
+            let mut added = objects.receive_interfaces_added().await.expect("subscribe");
+            let mut removed = objects
+                .receive_interfaces_removed()
+                .await
+                .expect("subscribe");
+            fixture_unit(tmp.path(), "late", "");
+            let signal = added.next().await.expect("InterfacesAdded");
+            let args = signal.args().expect("args");
+            assert_eq!(args.object_path().as_str(), server_path("late").as_str());
+            let properties = server_interface(args.interfaces_and_properties());
+            assert_eq!(string(&properties["Name"]), "late");
+            std::fs::remove_file(tmp.path().join("late.kdl")).expect("rm");
+            let signal = removed.next().await.expect("InterfacesRemoved");
+            let args = signal.args().expect("args");
+            assert_eq!(args.object_path().as_str(), server_path("late").as_str());
+            let interfaces: Vec<&str> = args.interfaces().iter().map(|i| i.as_str()).collect();
+            assert_eq!(interfaces, ["org.mcpd1.Server"]);
+        })
+        .await
+        .expect("within 60 s");
+    });
+    assert!(d.stop(Signal::TERM).success());
 }

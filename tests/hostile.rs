@@ -631,3 +631,63 @@ fn what_is_not_a_message_behind_a_waiting_initialize_is_refused_in_its_turn() {
     assert_eq!(next(&mut host).expect("pong")["id"], 2);
     assert!(d.stop(Signal::TERM).success());
 }
+
+/// Issue 32 item 13 (a 4 s stall of every host on a unit, seen twice
+/// beside messages of a million keys): a request of 1,000,000 keys
+/// (10 MB, under the 16 MiB line limit) from one host holds up no other host of
+/// the unit. Another host's ping, sent once the big request is written,
+/// is answered within 2 s, and the big request is answered too.
+#[test]
+fn a_request_of_a_million_keys_holds_up_no_other_host_of_the_unit() {
+    use std::fmt::Write as _;
+    use std::io::Write;
+    use std::time::{Duration, Instant};
+    let units = tempfile::tempdir().expect("tempdir");
+    hostile(units.path(), "wide", &["plain"], "");
+    let mut d = Daemon::user_no_bus(units.path(), &[]);
+    d.wait_until("wide running", |d| d.starts("wide") == 1);
+    let runtime = d.runtime_dir().expect("runtime").to_owned();
+    let host = || {
+        let (reply, mut host) = session(&runtime, "wide");
+        assert!(reply.contains("attached"), "{reply}");
+        host.get_ref()
+            .set_read_timeout(Some(Duration::from_secs(60)))
+            .expect("timeout");
+        host.get_mut()
+            .write_all(INITIALIZE.as_bytes())
+            .expect("write");
+        assert_eq!(next(&mut host).expect("initialize")["id"], 1);
+        host
+    };
+    let (mut wide, mut other) = (host(), host());
+    let mut call = String::with_capacity(16 << 20);
+    call.push_str(r#"{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"echo","arguments":{"text":"wide""#);
+    for i in 0..1_000_000 {
+        write!(call, ",\"{i:x}\":0").expect("write");
+    }
+    call.push_str("}}}\n");
+    assert!(
+        call.len() < mcpd::mux::lines::MAX_LINE,
+        "{} bytes",
+        call.len()
+    );
+    let t0 = Instant::now();
+    // returns once the daemon has read all but a socket buffer of it
+    wide.get_mut().write_all(call.as_bytes()).expect("write");
+    let written = t0.elapsed();
+    let asked = Instant::now();
+    other
+        .get_mut()
+        .write_all(b"{\"jsonrpc\":\"2.0\",\"id\":3,\"method\":\"ping\"}\n")
+        .expect("write");
+    assert_eq!(next(&mut other).expect("pong")["id"], 3);
+    let pong = asked.elapsed();
+    let answer = next(&mut wide).expect("an answer");
+    let answered = t0.elapsed();
+    assert_eq!(answer["result"]["content"][0]["text"], "wide", "{answer}");
+    assert!(
+        pong < Duration::from_secs(2),
+        "a ping waited {pong:?} behind a request of a million keys (written in {written:?}, answered {answered:?} after it was sent)"
+    );
+    assert!(d.stop(Signal::TERM).success());
+}

@@ -13,7 +13,7 @@ use super::common::{self, Bus, Row, stats};
 use super::{Daemon, Sizes, cpu_ns, private, running, server, time};
 
 /// A fixture unit with `extra` KDL and `args` appended to its command.
-fn fixture(dir: &Path, name: &str, args: &[&str], extra: &str) {
+pub(super) fn fixture(dir: &Path, name: &str, args: &[&str], extra: &str) {
     let mut command = format!(
         "\"{}\" \"--name\" \"{name}\" \"--chatter\" \"0\"",
         common::binary("examples/mcp-fixture").display()

@@ -24,6 +24,7 @@ use crate::model::{Change, Diff};
 use crate::supervisor::ListKind;
 
 use super::manager::Manager;
+use super::objects::{self, ObjectManager};
 use super::server::{self, Server};
 use crate::model::Shared;
 
@@ -148,29 +149,34 @@ impl Hub {
 
     /// Adds a connection to the fan-out. `served` are the servers
     /// [`Hub::serving`] registered on it: a reload between then and now
-    /// (during the handshake) is caught up here. A private peer is released
+    /// (during the handshake) is caught up here, with the object manager's
+    /// signals a live connection gets. A private peer is released
     /// as soon as its socket closes; the bus connection stays for the
     /// daemon's life (its loss is logged when a send fails).
     pub async fn add(self: &Arc<Self>, conn: Connection, who: Who, served: Vec<String>) {
         let now = self.shared.names();
         for name in now.iter().filter(|n| !served.contains(n)) {
-            let at = conn
-                .object_server()
-                .at(
-                    server_path(name),
-                    Server::new(name, Arc::clone(&self.shared), Arc::clone(&self.callers)),
-                )
-                .await;
-            if let Err(e) = at {
+            let at = async {
+                conn.object_server()
+                    .at(
+                        server_path(name),
+                        Server::new(name, Arc::clone(&self.shared), Arc::clone(&self.callers)),
+                    )
+                    .await?;
+                objects::added(&conn, name).await
+            };
+            if let Err(e) = at.await {
                 tracing::warn!(target: "mcpd::dbus", "{who}: cannot serve {name}: {e}");
             }
         }
         for name in served.iter().filter(|n| !now.contains(n)) {
-            if let Err(e) = conn
-                .object_server()
-                .remove::<Server, _>(server_path(name))
-                .await
-            {
+            let remove = async {
+                conn.object_server()
+                    .remove::<Server, _>(server_path(name))
+                    .await?;
+                objects::removed(&conn, name).await
+            };
+            if let Err(e) = remove.await {
                 tracing::warn!(target: "mcpd::dbus", "{who}: cannot withdraw {name}: {e}");
             }
         }
@@ -249,7 +255,7 @@ impl Hub {
         builder: zbus::connection::Builder<'b>,
     ) -> (zbus::connection::Builder<'b>, Vec<String>) {
         let mut builder = builder
-            .serve_at(MANAGER_PATH, zbus::fdo::ObjectManager)
+            .serve_at(MANAGER_PATH, ObjectManager::new(Arc::clone(&self.shared)))
             .serve_at(MANAGER_PATH, Manager::new(Arc::clone(&self.shared)));
         let names = self.shared.names();
         for name in &names {
@@ -315,6 +321,7 @@ impl Hub {
                     .await?;
                 // `None`: served now; `Some`: it was there already.
                 if existing.is_none() {
+                    objects::added(&peer.conn, name).await?;
                     let emitter = SignalEmitter::new(&peer.conn, MANAGER_PATH)?;
                     Manager::server_added(&emitter, name, path.as_ref()).await?;
                 }
@@ -334,6 +341,7 @@ impl Hub {
         for (id, peer) in self.snapshot() {
             let sent = bounded(async {
                 peer.conn.object_server().remove::<Server, _>(&path).await?;
+                objects::removed(&peer.conn, name).await?;
                 let emitter = SignalEmitter::new(&peer.conn, MANAGER_PATH)?;
                 Manager::server_removed(&emitter, name, path.as_ref()).await
             })

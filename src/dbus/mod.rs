@@ -14,6 +14,7 @@ pub mod client;
 mod hub;
 mod listener;
 mod manager;
+mod objects;
 mod server;
 
 use std::path::{Path, PathBuf};

@@ -113,10 +113,10 @@ pub struct SystemLauncher {
     usage: Arc<std::sync::Mutex<Option<(std::time::Instant, Usage)>>>,
 }
 
-/// How long a usage reading serves: one D-Bus `GetAll` (or the
-/// `InterfacesAdded` a new client gets for every server) reads the three
-/// usage properties back to back, and each reading opens several files
-/// per process.
+/// How long a usage reading serves: one D-Bus `GetAll` (or
+/// `GetManagedObjects`, a `GetAll` of every server) reads the three usage
+/// properties back to back, and each reading opens several files per
+/// process.
 const USAGE_FRESH: std::time::Duration = std::time::Duration::from_millis(100);
 
 impl SystemLauncher {

@@ -111,18 +111,22 @@ pub fn bridge(
     (child, io)
 }
 
-/// A peer-to-peer D-Bus connection to the private socket at `socket`, and
-/// the proxy of server `name` on it.
+/// A peer-to-peer D-Bus connection to the private socket at `socket`.
+pub async fn private_conn(socket: &Path) -> zbus::Connection {
+    let stream = std::os::unix::net::UnixStream::connect(socket).expect("connect");
+    zbus::connection::Builder::unix_stream(stream)
+        .p2p()
+        .build()
+        .await
+        .expect("handshake")
+}
+
+/// [`private_conn`], and the proxy of server `name` on it.
 pub async fn private_server(
     socket: &Path,
     name: &str,
 ) -> (zbus::Connection, mcpd::dbus::ServerProxy<'static>) {
-    let stream = std::os::unix::net::UnixStream::connect(socket).expect("connect");
-    let conn = zbus::connection::Builder::unix_stream(stream)
-        .p2p()
-        .build()
-        .await
-        .expect("handshake");
+    let conn = private_conn(socket).await;
     let server = mcpd::dbus::ServerProxy::builder(&conn)
         .path(mcpd::dbus::server_path(name))
         .build()
