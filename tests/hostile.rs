@@ -691,3 +691,42 @@ fn a_request_of_a_million_keys_holds_up_no_other_host_of_the_unit() {
     );
     assert!(d.stop(Signal::TERM).success());
 }
+
+#[test]
+fn a_server_that_fumbles_server_discover_is_spoken_to_with_initialize() {
+    let units = tempfile::tempdir().expect("tempdir");
+    for mode in ["discover-hang", "discover-garbage", "discover-error"] {
+        // The probe gets half of the start's time at most.
+        hostile(
+            units.path(),
+            mode,
+            &[mode],
+            "protocol \"auto\"\nstartup-timeout \"4s\"\n",
+        );
+    }
+    let mut d = Daemon::user_no_bus(units.path(), &[]);
+    for (mode, why) in [
+        ("discover-hang", "no answer to server/discover within 2s"),
+        ("discover-garbage", "server/discover"),
+        (
+            "discover-error",
+            "server/discover failed: what is discover? (-1)",
+        ),
+    ] {
+        d.wait_until(&format!("{mode} running"), |d| {
+            d.about(mode).any(|l| l.contains("running (pid"))
+        });
+        assert!(
+            d.about(mode)
+                .any(|l| l.contains("speaking MCP 2025-11-25") && l.contains(why)),
+            "{mode}: {:?}",
+            d.about(mode).collect::<Vec<_>>()
+        );
+        assert_eq!(d.starts(mode), 1, "{mode} established at its first start");
+    }
+    let runtime = d.runtime_dir().expect("runtime").to_owned();
+    let out = crate::helper::mcpctl_user(&runtime, &["status", "discover-error"]);
+    let status = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(status.contains("   Protocol: 2025-11-25"), "{status}");
+    assert!(d.stop(Signal::TERM).success());
+}

@@ -617,10 +617,11 @@ impl Actor {
                             crate::unit::Transport::Stdio(_) => self.spec.protocol(),
                             crate::unit::Transport::Http(_) => crate::unit::Protocol::Legacy,
                         };
+                        let name = self.name.clone();
                         let task = tokio::spawn(async move {
                             let result = async {
                                 let wire = connect.await?;
-                                upstream::handshake(wire, &roots, list_timeout, protocol)
+                                upstream::handshake(wire, &roots, list_timeout, (protocol, &name))
                                     .await
                                     .map(Box::new)
                             }

@@ -281,7 +281,7 @@ pub async fn handshake(
     mut wire: Wire,
     roots: &[String],
     list_timeout: Duration,
-    protocol: Protocol,
+    (protocol, name): (Protocol, &str),
 ) -> Result<Handshake, ConnectError> {
     let mut client = Client {
         wire: &mut wire,
@@ -291,7 +291,8 @@ pub async fn handshake(
         modern: false,
     };
     if protocol != Protocol::Legacy {
-        match probe(&mut client, PROBE_TIMEOUT.min(list_timeout)).await {
+        // Half the start's time at most: initialize must fit after it.
+        match probe(&mut client, PROBE_TIMEOUT.min(list_timeout / 2)).await {
             Ok(discovered) => {
                 // No initialize: its identity, capabilities and
                 // instructions kept as an initialize result holds them.
@@ -317,7 +318,7 @@ pub async fn handshake(
                 )));
             }
             Err(why) => {
-                tracing::debug!(target: "mcpd::supervisor", "speaking MCP {PROTOCOL_VERSION}: {why}");
+                tracing::info!(target: "mcpd::supervisor", mcpd_server = %name, "speaking MCP {PROTOCOL_VERSION}: {why}");
             }
         }
     }

@@ -15,6 +15,9 @@ Usage: hostile_server.py MODE [ARG], where MODE is one of:
   of text that are not JSON before its answer;
 - ``binary``: a call of ``garbage`` writes random bytes to stdout for
   ever, from then on;
+- ``discover-hang``, ``discover-garbage``, ``discover-error``: behaves,
+  but never answers ``server/discover``, answers it with a line that is
+  not JSON, or with an error of an odd code;
 - ``plain``: behaves.
 
 Tools: ``echo`` (``text``), ``big`` (``n``: an answer of ``n`` bytes of
@@ -90,6 +93,15 @@ for line in sys.stdin:
     if "id" not in message or method is None:
         continue
     params = message.get("params") or {}
+    if method == "server/discover" and MODE.startswith("discover-"):
+        if MODE == "discover-garbage":
+            with LOCK:
+                sys.stdout.write("<discover>this is not json</discover>\n")
+                sys.stdout.flush()
+        elif MODE == "discover-error":
+            send({"jsonrpc": "2.0", "id": message["id"],
+                  "error": {"code": -1, "message": "what is discover?"}})
+        continue
     if method == "initialize":
         answer(message, {
             "protocolVersion": "2025-11-25",
