@@ -28,6 +28,8 @@ fn spec(reconnect: ReconnectDraft) -> UnitSpec {
         reconnect,
         startup_timeout: Some(ms(2000)),
         stop_timeout: Some(ms(1000)),
+        // The fake speaks both eras; these tests count its pings.
+        protocol: Some("legacy".into()),
         ..UnitDraft::default()
     })
     .expect("valid")

@@ -315,7 +315,8 @@ fn the_units_roots_answer_the_servers_roots_list() {
     let dir = tempfile::tempdir().expect("tempdir");
     let unit = |roots: &str| {
         format!(
-            "stdio {{\n    command \"mcp-fixture\" \"--tools\" \"roots\" \"--chatter\" \"0\"\n}}\n{roots}"
+            // roots/list in the middle of a call: the 2025 era's.
+            "stdio {{\n    command \"mcp-fixture\" \"--tools\" \"roots\" \"--chatter\" \"0\"\n}}\nprotocol \"legacy\"\n{roots}"
         )
     };
     std::fs::write(

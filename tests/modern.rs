@@ -58,8 +58,9 @@ async fn until_answer(host: &mut Raw, id: &Value) -> (Value, Vec<Value>) {
 fn unit(dir: &Path) {
     std::fs::write(
         dir.join("shared.kdl"),
+        // A 2025 server (the fixture speaks both eras; pinned to the old).
         "stdio {\n    command \"mcp-fixture\" \"--chatter\" \"0\"\n    \
-         env MCP_FIXTURE_TOOLS=\"progress,sample,levels,touch\"\n}\n",
+         env MCP_FIXTURE_TOOLS=\"progress,sample,levels,touch\"\n}\nprotocol \"legacy\"\n",
     )
     .expect("write unit");
 }

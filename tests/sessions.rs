@@ -161,7 +161,9 @@ fn three_hosts_share_one_server_and_each_gets_only_its_own() {
     let units = tempfile::tempdir().expect("tempdir");
     std::fs::write(
         units.path().join("shared.kdl"),
-        "stdio {\n    command \"mcp-fixture\" \"--chatter\" \"0\" \"--tools\" \"progress,sample,levels,touch\"\n}\n",
+        // The fixture speaks both eras; its `sample` asks in the middle of
+        // the call, which only the 2025 era has a channel for.
+        "stdio {\n    command \"mcp-fixture\" \"--chatter\" \"0\" \"--tools\" \"progress,sample,levels,touch\"\n}\nprotocol \"legacy\"\n",
     )
     .expect("write");
     let mut d = Daemon::user_no_bus(units.path(), &[]);
@@ -354,7 +356,7 @@ fn hosts_stay_attached_through_an_outage_and_get_their_state_back() {
     std::fs::write(
         units.path().join("outage.kdl"),
         format!(
-            "stdio {{\n    command \"mcp-fixture\" \"--chatter\" \"0\"\n    env-file \"{}\"\n}}\nreconnect {{\n    initial-delay \"1h\"\n    max-delay \"2h\"\n}}\n",
+            "stdio {{\n    command \"mcp-fixture\" \"--chatter\" \"0\"\n    env-file \"{}\"\n}}\nprotocol \"legacy\"\nreconnect {{\n    initial-delay \"1h\"\n    max-delay \"2h\"\n}}\n",
             env.display()
         ),
     )

@@ -148,12 +148,11 @@ impl ToolFilter {
 pub enum Protocol {
     /// `protocol "auto"`: `server/discover` first, `initialize` if the
     /// server does not answer it as a 2026-07-28 server.
-    Auto,
-    /// `protocol "legacy"`: `initialize` only (MCP 2025); the default for
-    /// now: a dual-era server spoken to in 2026-07-28 loses its
-    /// push-style requests (sampling, elicitation during a call) for
-    /// every host.
     #[default]
+    Auto,
+    /// `protocol "legacy"`: `initialize` only (MCP 2025): for a server of
+    /// both eras whose tools ask in the middle of a call (push-style
+    /// sampling, elicitation, roots), which 2026-07-28 has no channel for.
     Legacy,
     /// `protocol "2026-07-28"`: a server that does not speak it fails to
     /// establish.
