@@ -229,7 +229,10 @@ impl Servers {
         unit(Server::Everything, "");
         // Spoken to in 2025: its tools that ask in the middle of a call
         // (test_elicitation, test_sampling) need that era's channel.
-        unit(Server::Python, "protocol \"legacy\"\nstartup-timeout \"60s\"\n");
+        unit(
+            Server::Python,
+            "protocol \"legacy\"\nstartup-timeout \"60s\"\n",
+        );
         let mut daemon = Daemon::user_no_bus(units.path(), &[]);
         let runtime = daemon.runtime_dir().expect("runtime").to_owned();
         let tools = |name: &str| {

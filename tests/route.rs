@@ -916,3 +916,13 @@ fn subscriptions_are_bounded_per_host_and_per_unit_and_freed_with_their_host() {
         Some("a URI of 8200 bytes is too long to subscribe to (at most 8192)")
     );
 }
+
+#[test]
+fn the_units_bound_counts_the_hosts_requests_and_not_mcpds_own() {
+    let mut r = router(&[(1, Caps::default())]);
+    let _ = r.request("resources/list", json!({}));
+    let _ = r.request("ping", json!({}));
+    assert_eq!(r.requests(), 0, "mcpd's own list read and probe");
+    r.from_host(1, request(json!(1), "tools/call", json!({"name": "x"})));
+    assert_eq!(r.requests(), 1);
+}

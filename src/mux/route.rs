@@ -459,9 +459,11 @@ impl Router {
         self.hosts.get(&host).map_or(0, |h| h.busy)
     }
 
-    /// Requests in flight upstream (or held) of every host, and mcpd's own.
+    /// Requests in flight upstream (or held, or parked) of every host;
+    /// mcpd's own (list reads, replayed subscriptions, probes) are not
+    /// counted: a host's bound is the hosts' alone.
     pub fn requests(&self) -> usize {
-        self.pending.len()
+        self.hosts.values().map(|h| h.busy).sum()
     }
 
     /// Why host `host` may not subscribe to `uri` now, if it may not:
