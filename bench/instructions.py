@@ -8,7 +8,7 @@ cannot. It is not a target of bench/run (valgrind runs the daemon some 50
 times slower); run it before and after a change:
 
     cargo build --release --bins --examples
-    bench/instructions.py [CALLS] [--keep DIR]
+    [PROTOCOL=auto] bench/instructions.py [CALLS] [--keep DIR]
 
 It starts `mcpd --user --no-bus` under callgrind with one fixture unit
 (`--chatter 0`, logging as bench/run does), attaches one host through
@@ -51,7 +51,10 @@ def run(calls, keep=None):
         for d in (runtime, units, state):
             os.mkdir(d, 0o700)
         with open(os.path.join(units, "u0.kdl"), "w") as f:
-            f.write(f'stdio {{\n    command "{FIXTURE}" "--name" "u0" "--chatter" "0"\n}}\n')
+            # The fixture speaks both eras: PROTOCOL picks which (the 2025
+            # era by default, the figure's history).
+            f.write(f'stdio {{\n    command "{FIXTURE}" "--name" "u0" "--chatter" "0"\n}}\n'
+                    f'protocol "{os.environ.get("PROTOCOL", "legacy")}"\n')
         env = dict(os.environ, XDG_RUNTIME_DIR=runtime, MCPD_STATE_DIR=state,
                    MCPD_LOG="info,mcpd::server=warn")
         env.pop("DBUS_SESSION_BUS_ADDRESS", None)

@@ -486,3 +486,90 @@ fn a_legacy_host_of_a_2026_07_28_server_gets_its_requests_updates_and_logs_trans
     });
     assert!(d.stop(Signal::TERM).success());
 }
+
+#[test]
+fn hosts_of_both_eras_on_a_2026_07_28_server_get_only_their_own() {
+    let units = tempfile::tempdir().expect("tempdir");
+    std::fs::write(
+        units.path().join("both.kdl"),
+        "stdio {\n    command \"mcp-fixture\" \"--chatter\" \"0\"\n    \
+         env MCP_FIXTURE_TOOLS=\"progress,levels,touch\"\n}\nprotocol \"2026-07-28\"\n",
+    )
+    .expect("write unit");
+    let mut d = Daemon::user_no_bus(units.path(), &[]);
+    d.wait_until("both running", |d| d.starts("both") == 1);
+    let runtime = d.runtime_dir().expect("runtime").to_owned();
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    rt.block_on(async {
+        tokio::time::timeout(Duration::from_secs(30), async {
+            let mut legacy = Raw::new(&runtime, "both");
+            legacy.send(legacy_initialize()).await;
+            legacy.answer().await;
+            legacy
+                .send(concat!(
+                    r#"{"jsonrpc":"2.0","id":2,"method":"logging/setLevel","params":{"level":"debug"}}"#, "\n",
+                    r#"{"jsonrpc":"2.0","id":3,"method":"resources/subscribe","params":{"uri":"fixture://b"}}"#, "\n",
+                ).as_bytes())
+                .await;
+            assert_eq!(legacy.answer().await["id"], 2);
+            assert_eq!(legacy.answer().await["id"], 3);
+            let mut modern = Raw::new(&runtime, "both");
+            modern
+                .send(&line(&json!({"jsonrpc": "2.0", "id": "listen", "method": "subscriptions/listen",
+                    "params": {"_meta": meta(json!({}), None),
+                               "notifications": {"resourceSubscriptions": ["fixture://a"]}}})))
+                .await;
+            let ack = modern.line().await;
+            assert_eq!(ack["method"], "notifications/subscriptions/acknowledged", "{ack}");
+            // The modern host's call: its progress and its logs, its update.
+            let mut asked = meta(json!({}), Some("warning"));
+            asked["progressToken"] = json!("m");
+            modern.send(&call(1, "levels", json!({}), asked.clone())).await;
+            let (answer, seen) = until_answer(&mut modern, &json!(1)).await;
+            assert_eq!(answer["result"]["resultType"], "complete", "{answer}");
+            let levels: Vec<&str> = seen
+                .iter()
+                .filter(|m| m["method"] == "notifications/message")
+                .filter_map(|m| m["params"]["level"].as_str())
+                .collect();
+            assert_eq!(levels, ["warning", "error", "critical", "alert", "emergency"], "{seen:?}");
+            modern.send(&call(2, "progress", json!({"steps": 2}), asked.clone())).await;
+            let (_, seen) = until_answer(&mut modern, &json!(2)).await;
+            let progress = seen.iter().filter(|m| m["method"] == "notifications/progress").count();
+            assert_eq!(progress, 2, "{seen:?}");
+            modern.send(&call(3, "touch", json!({"uri": "fixture://a"}), meta(json!({}), None))).await;
+            let mut updated = None;
+            while updated.is_none() {
+                let line = modern.line().await;
+                if line["method"] == "notifications/resources/updated" {
+                    updated = Some(line);
+                }
+            }
+            let updated = updated.expect("updated");
+            assert_eq!(updated["params"]["uri"], "fixture://a");
+            assert_eq!(updated["params"]["_meta"]["io.modelcontextprotocol/subscriptionId"], "listen");
+            // The legacy host's own call: all of its levels, its update;
+            // nothing of the modern host's.
+            legacy
+                .send(&line(&json!({"jsonrpc": "2.0", "id": 4, "method": "tools/call",
+                    "params": {"name": "levels", "arguments": {}}})))
+                .await;
+            let (_, seen) = until_answer(&mut legacy, &json!(4)).await;
+            let logs = seen.iter().filter(|m| m["method"] == "notifications/message").count();
+            assert_eq!(logs, 8, "only its own call's, at its level: {seen:?}");
+            assert!(seen.iter().all(|m| m["method"] != "notifications/progress"), "{seen:?}");
+            assert!(seen.iter().all(|m| m["method"] != "notifications/resources/updated"), "{seen:?}");
+            legacy
+                .send(&line(&json!({"jsonrpc": "2.0", "id": 5, "method": "tools/call",
+                    "params": {"name": "touch", "arguments": {"uri": "fixture://b"}}})))
+                .await;
+            let (_, seen) = until_answer(&mut legacy, &json!(5)).await;
+            let updated: Vec<&Value> = seen.iter().filter(|m| m["method"] == "notifications/resources/updated").collect();
+            assert_eq!(updated.len(), 1, "{seen:?}");
+            assert_eq!(updated[0]["params"]["uri"], "fixture://b");
+        })
+        .await
+        .expect("within 30 s");
+    });
+    assert!(d.stop(Signal::TERM).success());
+}

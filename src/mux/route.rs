@@ -273,6 +273,10 @@ pub struct Router {
     upstream_level: Option<Level>,
     /// Requests in flight that asked for a log level, per level.
     levels: [u32; 8],
+    /// The server sends log messages only for requests that asked (MCP
+    /// 2026-07-28): every host gets them only while a request of its that
+    /// asked is in flight.
+    logs_by_request: bool,
     /// Requests are held while the upstream is down ([`Router::hold`]).
     hold: bool,
     /// Held requests, in arrival order: upstream id, rewritten message.
@@ -452,6 +456,14 @@ impl Router {
     /// The log level host `host` asked for with `logging/setLevel`.
     pub fn level(&self, host: HostId) -> Option<Level> {
         self.hosts.get(&host).and_then(|h| h.level)
+    }
+
+    /// Whether the server sends log messages only for the requests that
+    /// asked for them (a server of MCP 2026-07-28): then each host gets
+    /// them only while one of its requests that asked is in flight, at or
+    /// above its level.
+    pub fn logs_by_request(&mut self, on: bool) {
+        self.logs_by_request = on;
     }
 
     /// How many requests of host `host` are in flight upstream.
@@ -1073,7 +1085,7 @@ impl Router {
                 let level = level.as_str().map(Level::from_str);
                 let floor_default = self.upstream_level.map(|_| DEFAULT_LEVEL);
                 for (id, host) in &self.hosts {
-                    if host.by_request {
+                    if host.by_request || self.logs_by_request {
                         // Only while a request of its asked, at or above
                         // the most verbose level its requests asked for.
                         let asked = Level::ALL

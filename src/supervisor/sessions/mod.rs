@@ -306,6 +306,7 @@ impl Sessions {
             next_listen: 0,
             next_down: 0,
             replaying: false,
+            modern_up: false,
             own: HashMap::default(),
             lists: Arc::clone(&lists),
             changes: changes_tx,
@@ -673,6 +674,8 @@ struct Task {
     /// The router's replayed subscriptions are being taken in (one listen
     /// stream once they are all in).
     replaying: bool,
+    /// The server (of `init`) speaks MCP 2026-07-28.
+    modern_up: bool,
     /// mcpd's own requests: upstream id → who waits.
     own: HashMap<u64, Waiter>,
     /// The resource, template and prompt lists (`List`), and their reads.
@@ -1204,6 +1207,7 @@ impl Task {
             self.broadcast("notifications/tools/list_changed");
         }
         let modern = self.modern_upstream();
+        self.router.logs_by_request(modern);
         if modern {
             self.listen = None;
             self.listened.clear();
@@ -1236,6 +1240,7 @@ impl Task {
         if let Ok(mut protocol) = self.protocol.lock() {
             *protocol = init["protocolVersion"].as_str().map(Arc::from);
         }
+        self.modern_up = era::is_modern(&init);
         self.init = Some(init);
     }
 
@@ -1674,8 +1679,12 @@ impl Task {
             self.used = now();
         }
         let mut message = message;
-        if self.modern_upstream() && self.hosts.get(&host).is_some_and(|h| h.modern.is_none()) {
+        let mut level = level;
+        if self.modern_up && self.hosts.get(&host).is_some_and(|h| h.modern.is_none()) {
             self.meta_for_modern_server(host, &id, name, &mut message);
+            // Its level goes with the request, and its log messages come
+            // for the request alone.
+            level = self.router.level(host);
         }
         let outs = self.router.request_logged(host, (id, name, level), message);
         self.deliver(outs, None);

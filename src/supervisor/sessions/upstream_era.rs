@@ -124,7 +124,7 @@ impl Task {
     /// Whether the server of the current (or last) generation speaks MCP
     /// 2026-07-28.
     pub(super) fn modern_upstream(&self) -> bool {
-        self.init.as_deref().is_some_and(era::is_modern)
+        self.modern_up
     }
 
     /// A 2025 host's request `message` (`method`, `id`) on its way to a
