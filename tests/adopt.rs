@@ -402,3 +402,96 @@ fn dry_run_writes_nothing_only_picks_entries_and_force_replaces() {
     );
     assert!(!after.contains("bridge"), "{after}");
 }
+
+/// A temporary HOME holding case `name`'s `home/` of `tests/data/hosts/`.
+fn case_home(name: &str) -> tempfile::TempDir {
+    let home = tempfile::tempdir().expect("home");
+    copy_tree(
+        &root().join("tests/data/hosts").join(name).join("home"),
+        home.path(),
+    );
+    home
+}
+
+/// A host's JSON-with-comments file, as a value.
+fn jsonc(path: &Path) -> serde_json::Value {
+    let text = std::fs::read_to_string(path).expect("host file");
+    jsonc_parser::parse_to_serde_value(&text, &Default::default()).expect("jsonc")
+}
+
+fn said(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr)
+}
+
+#[test]
+fn connect_bridges_each_entry_to_the_unit_imported_from_it_never_by_name_alone() {
+    // Claude Code's `time` runs Paris time, Gemini's Tokyo: two units.
+    let home = case_home("two-times");
+    let h = home.path();
+    let user = |args: &[&str]| as_user(h, h, &[], args);
+    let out = user(&["import"]);
+    assert!(out.status.success(), "{}", said(&out));
+    assert!(
+        said(&out).lines().any(|l| l.starts_with("gemini ")
+            && l.contains(" time-gemini.kdl ")
+            && l.contains("renamed: time is claude-code's")),
+        "{}",
+        said(&out)
+    );
+    let settings = h.join(".gemini/settings.json");
+    let original = std::fs::read_to_string(&settings).expect("settings");
+
+    let out = user(&["connect", "gemini"]);
+    assert!(out.status.success(), "{}", said(&out));
+    assert!(
+        said(&out).contains("gemini: time → mcpctl bridge time-gemini (imported from this entry)"),
+        "{}",
+        said(&out)
+    );
+    assert_eq!(
+        jsonc(&settings)["mcpServers"]["time"]["args"],
+        serde_json::json!(["--user", "bridge", "time-gemini"])
+    );
+    // Connecting again pairs them the same.
+    let again = user(&["connect", "gemini"]);
+    assert!(
+        said(&again)
+            .contains("gemini: time → mcpctl bridge time-gemini (imported from this entry)"),
+        "{}",
+        said(&again)
+    );
+    assert!(user(&["disconnect", "gemini"]).status.success());
+    assert_eq!(
+        std::fs::read_to_string(&settings).expect("settings"),
+        original
+    );
+
+    // Unit `time` is Claude Code's: Gemini's `time` is not replaced by it.
+    let named = user(&["connect", "gemini", "time"]);
+    assert_eq!(named.status.code(), Some(1), "{}", said(&named));
+    assert!(
+        said(&named).contains(&format!(
+            "entry time is not the server of unit time (imported from claude-code ({}/.claude.json, entry \"time\"))",
+            h.display()
+        )),
+        "{}",
+        said(&named)
+    );
+    assert_eq!(
+        std::fs::read_to_string(&settings).expect("settings"),
+        original
+    );
+
+    let out = user(&["connect", "claude-code"]);
+    assert!(out.status.success(), "{}", said(&out));
+    assert!(
+        said(&out).contains("claude-code: time → mcpctl bridge time (imported from this entry)"),
+        "{}",
+        said(&out)
+    );
+    let claude = jsonc(&h.join(".claude.json"));
+    assert_eq!(
+        claude["mcpServers"]["time"]["args"],
+        serde_json::json!(["--user", "bridge", "time"])
+    );
+}

@@ -77,6 +77,53 @@ pub fn unit_name(name: &str) -> Option<String> {
     (!out.is_empty()).then_some(out)
 }
 
+/// The comment that says which entry a unit was imported from: its first
+/// line, by which `connect` knows the unit again.
+pub fn origin(host: Host, file: &Path, entry: &str) -> String {
+    format!(
+        "{ORIGIN}{} ({}, entry {}).",
+        host.name(),
+        one_line(&file.display().to_string()),
+        kdl(entry)
+    )
+}
+
+const ORIGIN: &str = "// Imported by `mcpctl import` from ";
+
+/// Where `unit` (its text) was imported from: `HOST (FILE, entry "NAME")`.
+pub fn origin_of(unit: &str) -> Option<&str> {
+    unit.lines()
+        .find_map(|l| l.strip_prefix(ORIGIN))
+        .map(|o| o.trim_end_matches('.'))
+}
+
+/// A unit's text without the lines that say where it came from (its
+/// origin and description): what it runs.
+fn body(unit: &str) -> Vec<&str> {
+    unit.lines()
+        .filter(|l| !l.starts_with(ORIGIN) && !l.starts_with("description "))
+        .collect()
+}
+
+/// Whether `imported` runs the same server as the unit `unit` whose
+/// env-file is `env` (their origins aside).
+pub fn same_server(imported: &Imported, unit: &str, env: Option<&str>) -> bool {
+    let secrets: Vec<(String, String)> = env
+        .unwrap_or_default()
+        .lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter_map(|l| l.split_once('='))
+        .map(|(k, v)| {
+            let v = v
+                .strip_prefix('"')
+                .and_then(|v| v.strip_suffix('"'))
+                .unwrap_or(v);
+            (k.to_owned(), v.to_owned())
+        })
+        .collect();
+    body(&imported.unit) == body(unit) && imported.secrets == secrets
+}
+
 /// A piece of a value as the host would expand it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum Piece {
@@ -347,12 +394,7 @@ pub fn convert(entry: &Entry, env_file: &Path, lookup: &Lookup<'_>) -> Result<Im
     };
     let mut secrets: Vec<(String, String)> = Vec::new();
     let mut lines = vec![
-        format!(
-            "// Imported by `mcpctl import` from {} ({}, entry {}).",
-            entry.host.name(),
-            one_line(&entry.file.display().to_string()),
-            kdl(&entry.name)
-        ),
+        origin(entry.host, &entry.file, &entry.name),
         format!(
             "description {}",
             kdl(&format!(
@@ -471,6 +513,21 @@ pub fn convert(entry: &Entry, env_file: &Path, lookup: &Lookup<'_>) -> Result<Im
                 lines.push("}".into());
             }
         }
+    }
+    let tools = &entry.tools;
+    if !tools.allow.is_empty() || !tools.deny.is_empty() {
+        lines.push(format!(
+            "// {}'s own filter of the server's tools.",
+            entry.host.name()
+        ));
+        lines.push("tools {".into());
+        for (key, names) in [("allow", &tools.allow), ("deny", &tools.deny)] {
+            if !names.is_empty() {
+                let names: Vec<String> = names.iter().map(|n| kdl(n)).collect();
+                lines.push(format!("    {key} {}", names.join(" ")));
+            }
+        }
+        lines.push("}".into());
     }
     for (key, value) in &secrets {
         if value.contains(['\n', '\r', '\0']) {

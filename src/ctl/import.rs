@@ -10,6 +10,7 @@ use std::path::{Path, PathBuf};
 use crate::adopt::connect::{self, Record};
 use crate::adopt::convert::{self, Imported, Lookup};
 use crate::adopt::hosts::{self, Dirs, Entry, Host};
+use crate::adopt::pair;
 use crate::unit::Instance;
 
 use super::client::CtlError;
@@ -307,14 +308,8 @@ pub fn import(
 
 /// Whether two conversions are the same server (their origin comments aside).
 fn same(a: &Imported, b: &Imported) -> bool {
-    let body = |i: &Imported| -> String {
-        i.unit
-            .lines()
-            .filter(|l| !l.starts_with("// Imported by") && !l.starts_with("description "))
-            .collect::<Vec<_>>()
-            .join("\n")
-    };
-    body(a) == body(b) && a.secrets == b.secrets
+    let env = (!b.secrets.is_empty()).then(|| b.env_file("", Host::Codex));
+    convert::same_server(a, &b.unit, env.as_deref())
 }
 
 /// Verifies and writes one unit (and its env-file), or says why not.
@@ -444,8 +439,11 @@ pub fn connect(
     let file = user_file(host, &dirs);
     let text = std::fs::read_to_string(&file)
         .map_err(|e| CtlError::failure(format!("{}: {e}", file.display())))?;
-    let base = hosts::base_of(host, &file, &dirs);
-    let entries = hosts::read(host, &file, &text, &base).map_err(|e| {
+    // Read as `import` read it, by the path the host's docs give (a unit's
+    // origin names that path).
+    let listed = host.files(&dirs).into_iter().next().expect("a user file");
+    let base = hosts::base_of(host, &listed, &dirs);
+    let entries = hosts::read(host, &listed, &text, &base).map_err(|e| {
         CtlError::failure(format!(
             "{}:{}:{}: {}",
             file.display(),
@@ -454,17 +452,29 @@ pub fn connect(
             e.message
         ))
     })?;
-    let search = crate::unit::search_path(instance, env);
-    let is_unit = |unit: &str| {
-        search
-            .iter()
-            .any(|d| d.join(format!("{unit}.kdl")).is_file())
+    let bridge = |unit: &str| bridge_line(instance, unit);
+    let units = units_of(instance, env);
+    let var = |name: &str| env(name).and_then(|v| v.into_string().ok());
+    let read = |path: &Path| std::fs::read_to_string(path).ok();
+    let lookup = Lookup {
+        var: &var,
+        file: &read,
+        home: &dirs.home,
     };
-    let mut servers: Vec<(String, String)> = Vec::new();
+    // Only the user-level servers: `connect` edits that object alone.
+    let paired: Vec<(&Entry, pair::Pairing)> = entries
+        .iter()
+        .filter(|e| e.base == base)
+        .map(|e| (e, pair::pair(e, &units, &lookup, &bridge)))
+        .collect();
+    // (entry, unit, why) for each entry to rewrite.
+    let mut servers: Vec<(String, String, &str)> = Vec::new();
+    let mut left = Vec::new();
     if names.is_empty() {
-        for entry in &entries {
-            if let Some(unit) = convert::unit_name(&entry.name).filter(|u| is_unit(u)) {
-                servers.push((entry.name.clone(), unit));
+        for (entry, pairing) in &paired {
+            match pairing {
+                Ok((unit, how)) => servers.push((entry.name.clone(), unit.clone(), how.says())),
+                Err(why) => left.push(format!("{}: {} left alone: {why}", host.name(), entry.name)),
             }
         }
         if servers.is_empty() {
@@ -477,17 +487,36 @@ pub fn connect(
         }
     } else {
         for unit in names {
-            if !is_unit(unit) {
+            if !units.iter().any(|u| u.name == *unit) {
                 return Err(CtlError::failure(format!(
                     "no unit {unit} in the {} instance's unit directories",
                     instance.as_str()
                 )));
             }
-            let entry = entries
-                .iter()
-                .find(|e| convert::unit_name(&e.name).as_deref() == Some(unit.as_str()))
-                .map_or_else(|| unit.clone(), |e| e.name.clone());
-            servers.push((entry, unit.clone()));
+            let ours = paired.iter().find_map(|(e, p)| match p {
+                Ok((u, how)) if u == unit => Some((e.name.clone(), how.says())),
+                _ => None,
+            });
+            if let Some((entry, why)) = ours {
+                servers.push((entry, unit.clone(), why));
+                continue;
+            }
+            // An entry of that name that is another server is not replaced.
+            if let Some((entry, _)) = paired.iter().find(|(e, _)| e.name == *unit) {
+                return Err(CtlError::failure(format!(
+                    "{}: entry {} is not the server of unit {unit}{}; `mcpctl import {}` makes a unit of it",
+                    file.display(),
+                    entry.name,
+                    units
+                        .iter()
+                        .find(|u| u.name == *unit)
+                        .and_then(|u| convert::origin_of(&u.text))
+                        .map(|o| format!(" (imported from {o})"))
+                        .unwrap_or_default(),
+                    host.name()
+                )));
+            }
+            servers.push((unit.clone(), unit.clone(), "added"));
         }
     }
     let record_path = beside(&file, ".mcpd-connect.json");
@@ -495,8 +524,11 @@ pub fn connect(
     let earlier: Option<Record> = std::fs::read_to_string(&record_path)
         .ok()
         .and_then(|t| serde_json::from_str(&t).ok());
-    let bridge = |unit: &str| bridge_line(instance, unit);
-    let connected = connect::connect(host, &text, &servers, &bridge)
+    let pairs: Vec<(String, String)> = servers
+        .iter()
+        .map(|(e, u, _)| (e.clone(), u.clone()))
+        .collect();
+    let connected = connect::connect(host, &text, &pairs, &bridge)
         .map_err(|e| CtlError::failure(format!("{}: {e}", file.display())))?;
     let w = |e: std::io::Error| CtlError::failure(format!("cannot write: {e}"));
     if dry_run {
@@ -516,7 +548,7 @@ pub fn connect(
         .as_ref()
         .is_none_or(|r| !r.connected.is_empty() && r.connected == text);
     let mut all = earlier.map(|r| r.servers).unwrap_or_default();
-    for server in &servers {
+    for server in &pairs {
         if !all.contains(server) {
             all.push(server.clone());
         }
@@ -532,8 +564,16 @@ pub fn connect(
     let record_text = serde_json::to_string_pretty(&record).expect("a record serializes");
     write_atomically(&record_path, record_text.as_bytes(), 0o600).map_err(CtlError::failure)?;
     write_atomically(&file, connected.as_bytes(), mode_of(&file)).map_err(CtlError::failure)?;
-    for (entry, unit) in &servers {
-        writeln!(out, "{}: {entry} → mcpctl bridge {unit}", host.name()).map_err(w)?;
+    for (entry, unit, why) in &servers {
+        writeln!(
+            out,
+            "{}: {entry} → mcpctl bridge {unit} ({why})",
+            host.name()
+        )
+        .map_err(w)?;
+    }
+    for line in &left {
+        writeln!(out, "{line}").map_err(w)?;
     }
     writeln!(
         out,
@@ -544,6 +584,25 @@ pub fn connect(
     )
     .map_err(w)?;
     Ok(exit::OK)
+}
+
+/// The units of `instance`, as its daemon would find them.
+fn units_of(instance: Instance, env: &dyn Fn(&str) -> Option<OsString>) -> Vec<pair::Unit> {
+    let (found, _) = crate::unit::discover(&crate::unit::search_path(instance, env));
+    found
+        .into_iter()
+        .filter(|f| !f.masked)
+        .filter_map(|f| {
+            let text = std::fs::read_to_string(&f.files.main).ok()?;
+            let env = std::fs::read_to_string(f.files.main.with_extension("env")).ok();
+            Some(pair::Unit {
+                name: f.name,
+                path: f.files.main,
+                text,
+                env,
+            })
+        })
+        .collect()
 }
 
 /// `mcpctl disconnect HOST`: puts back what `connect` changed.
