@@ -404,13 +404,26 @@ fn dry_run_writes_nothing_only_picks_entries_and_force_replaces() {
 }
 
 /// A temporary HOME holding case `name`'s `home/` of `tests/data/hosts/`.
-fn case_home(name: &str) -> tempfile::TempDir {
-    let home = tempfile::tempdir().expect("home");
-    copy_tree(
-        &root().join("tests/data/hosts").join(name).join("home"),
-        home.path(),
-    );
-    home
+struct Case(tempfile::TempDir);
+
+impl Case {
+    fn new(name: &str) -> Self {
+        let home = tempfile::tempdir().expect("home");
+        copy_tree(
+            &root().join("tests/data/hosts").join(name).join("home"),
+            home.path(),
+        );
+        Case(home)
+    }
+
+    fn home(&self) -> &Path {
+        self.0.path()
+    }
+
+    /// `mcpctl --user ARGS` as its user, in its home.
+    fn run(&self, args: &[&str]) -> Output {
+        as_user(self.home(), self.home(), &[], args)
+    }
 }
 
 /// A host's JSON-with-comments file, as a value.
@@ -423,42 +436,42 @@ fn said(out: &Output) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr)
 }
 
+/// What a command that must succeed said.
+fn succeeded(out: &Output) -> String {
+    assert!(out.status.success(), "{}", said(out));
+    said(out)
+}
+
 #[test]
 fn connect_bridges_each_entry_to_the_unit_imported_from_it_never_by_name_alone() {
     // Claude Code's `time` runs Paris time, Gemini's Tokyo: two units.
-    let home = case_home("two-times");
-    let h = home.path();
-    let user = |args: &[&str]| as_user(h, h, &[], args);
-    let out = user(&["import"]);
-    assert!(out.status.success(), "{}", said(&out));
+    let case = Case::new("two-times");
+    let h = case.home();
+    let user = |args: &[&str]| case.run(args);
+    let out = succeeded(&user(&["import"]));
     assert!(
-        said(&out).lines().any(|l| l.starts_with("gemini ")
+        out.lines().any(|l| l.starts_with("gemini ")
             && l.contains(" time-gemini.kdl ")
             && l.contains("renamed: time is claude-code's")),
-        "{}",
-        said(&out)
+        "{out}"
     );
     let settings = h.join(".gemini/settings.json");
     let original = std::fs::read_to_string(&settings).expect("settings");
 
-    let out = user(&["connect", "gemini"]);
-    assert!(out.status.success(), "{}", said(&out));
+    let out = succeeded(&user(&["connect", "gemini"]));
     assert!(
-        said(&out).contains("gemini: time → mcpctl bridge time-gemini (imported from this entry)"),
-        "{}",
-        said(&out)
+        out.contains("gemini: time → mcpctl bridge time-gemini (imported from this entry)"),
+        "{out}"
     );
     assert_eq!(
         jsonc(&settings)["mcpServers"]["time"]["args"],
         serde_json::json!(["--user", "bridge", "time-gemini"])
     );
     // Connecting again pairs them the same.
-    let again = user(&["connect", "gemini"]);
+    let again = succeeded(&user(&["connect", "gemini"]));
     assert!(
-        said(&again)
-            .contains("gemini: time → mcpctl bridge time-gemini (imported from this entry)"),
-        "{}",
-        said(&again)
+        again.contains("gemini: time → mcpctl bridge time-gemini (imported from this entry)"),
+        "{again}"
     );
     assert!(user(&["disconnect", "gemini"]).status.success());
     assert_eq!(
@@ -482,16 +495,81 @@ fn connect_bridges_each_entry_to_the_unit_imported_from_it_never_by_name_alone()
         original
     );
 
-    let out = user(&["connect", "claude-code"]);
-    assert!(out.status.success(), "{}", said(&out));
+    let out = succeeded(&user(&["connect", "claude-code"]));
     assert!(
-        said(&out).contains("claude-code: time → mcpctl bridge time (imported from this entry)"),
-        "{}",
-        said(&out)
+        out.contains("claude-code: time → mcpctl bridge time (imported from this entry)"),
+        "{out}"
     );
     let claude = jsonc(&h.join(".claude.json"));
     assert_eq!(
         claude["mcpServers"]["time"]["args"],
         serde_json::json!(["--user", "bridge", "time"])
     );
+}
+
+#[test]
+fn connect_keeps_the_hosts_own_settings_and_import_its_tool_filter() {
+    let case = Case::new("two-times");
+    let h = case.home();
+    assert!(case.run(&["import"]).status.success());
+    // Gemini's excludeTools holds on every path: it is the unit's.
+    let unit = std::fs::read_to_string(h.join(".config/mcpd/units/time-gemini.kdl")).expect("unit");
+    assert!(
+        unit.contains("tools {\n    deny \"convert_time\"\n}"),
+        "{unit}"
+    );
+    succeeded(&case.run(&["connect", "gemini"]));
+    let time = &jsonc(&h.join(".gemini/settings.json"))["mcpServers"]["time"];
+    assert_eq!(time["timeout"], 30000, "{time}");
+    assert_eq!(time["trust"], false, "{time}");
+    assert_eq!(time["excludeTools"], serde_json::json!(["convert_time"]));
+    assert_eq!(
+        time["args"],
+        serde_json::json!(["--user", "bridge", "time-gemini"])
+    );
+}
+
+#[test]
+fn disconnect_after_the_host_removed_an_entry_puts_back_the_rest() {
+    let case = Case::new("two-times");
+    let h = case.home();
+    let claude = h.join(".claude.json");
+    let original = std::fs::read_to_string(&claude).expect("config");
+    assert!(case.run(&["import"]).status.success());
+    assert!(case.run(&["connect", "claude-code"]).status.success());
+    // `claude mcp remove memory`: Claude Code writes its whole file again.
+    let mut value = jsonc(&claude);
+    value["mcpServers"]
+        .as_object_mut()
+        .expect("servers")
+        .remove("memory");
+    value["numStartups"] = 13.into();
+    let removed = serde_json::to_string_pretty(&value).expect("json");
+    std::fs::write(&claude, &removed).expect("write");
+
+    let out = succeeded(&case.run(&["disconnect", "claude-code"]));
+    assert!(
+        out.contains(
+            "claude-code: memory (mcpctl bridge memory) was removed since `mcpctl connect`: left removed"
+        ),
+        "{out}"
+    );
+    let after = jsonc(&claude);
+    assert_eq!(after["numStartups"], 13);
+    assert!(after["mcpServers"].get("memory").is_none(), "{after}");
+    assert_eq!(
+        after["mcpServers"]["time"],
+        jsonc_parser::parse_to_serde_value::<serde_json::Value>(&original, &Default::default())
+            .expect("original")["mcpServers"]["time"]
+    );
+    assert!(!h.join(".claude.json.mcpd-backup").exists());
+
+    // --force puts back the backup whole, the host's changes too.
+    let before = std::fs::read_to_string(&claude).expect("config");
+    assert!(case.run(&["connect", "claude-code"]).status.success());
+    let connected = std::fs::read_to_string(&claude).expect("config");
+    std::fs::write(&claude, connected.replace("\"time\"", "\"clock\"")).expect("write");
+    let out = succeeded(&case.run(&["disconnect", "--force", "claude-code"]));
+    assert!(out.contains("restored whole from the backup"), "{out}");
+    assert_eq!(std::fs::read_to_string(&claude).expect("config"), before);
 }

@@ -132,7 +132,12 @@ enum Command {
         dry_run: bool,
     },
     /// Undo `mcpctl connect HOST`.
-    Disconnect { host: String },
+    Disconnect {
+        host: String,
+        /// Put back the backup whole, undoing the host's changes since too.
+        #[arg(long)]
+        force: bool,
+    },
 }
 
 /// `mcpctl [--user|--system] bridge NAME` (the flags before or after),
@@ -246,9 +251,10 @@ fn main() -> ExitCode {
             &env,
             &mut std::io::stdout().lock(),
         )),
-        Command::Disconnect { host } => Some(mcpd::ctl::import::disconnect(
+        Command::Disconnect { host, force } => Some(mcpd::ctl::import::disconnect(
             instance,
             host,
+            *force,
             &env,
             &mut std::io::stdout().lock(),
         )),

@@ -7,7 +7,7 @@ use std::ffi::OsString;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
-use crate::adopt::connect::{self, Record};
+use crate::adopt::connect::{self, Record, Undo};
 use crate::adopt::convert::{self, Imported, Lookup};
 use crate::adopt::hosts::{self, Dirs, Entry, Host};
 use crate::adopt::pair;
@@ -605,10 +605,12 @@ fn units_of(instance: Instance, env: &dyn Fn(&str) -> Option<OsString>) -> Vec<p
         .collect()
 }
 
-/// `mcpctl disconnect HOST`: puts back what `connect` changed.
+/// `mcpctl disconnect HOST`: puts back what `connect` changed, leaving
+/// the host's own changes since; `force`: the backup, whole.
 pub fn disconnect(
     instance: Instance,
     host: &str,
+    force: bool,
     env: &dyn Fn(&str) -> Option<OsString>,
     out: &mut dyn Write,
 ) -> Result<u8, CtlError> {
@@ -632,24 +634,44 @@ pub fn disconnect(
     let current = std::fs::read_to_string(&file)
         .map_err(|e| CtlError::failure(format!("{}: {e}", file.display())))?;
     let bridge = |unit: &str| bridge_line(instance, unit);
-    let restored = connect::disconnect(host, &current, &original, &record, &bridge).map_err(|c| {
-        CtlError::failure(format!(
-            "{} changed since `mcpctl connect` in a way that cannot be undone: {}; the original is in {}",
-            file.display(),
-            c.0,
-            backup.display()
-        ))
-    })?;
+    let w = |e: std::io::Error| CtlError::failure(format!("cannot write: {e}"));
+    let (restored, undone) = if force {
+        (original, Vec::new())
+    } else {
+        connect::disconnect(host, &current, &original, &record, &bridge).map_err(|c| {
+            CtlError::failure(format!(
+                "{}: {}; `mcpctl disconnect --force {}` puts back the original, {}, whole",
+                file.display(),
+                c.0,
+                host.name(),
+                backup.display()
+            ))
+        })?
+    };
     write_atomically(&file, restored.as_bytes(), mode_of(&file)).map_err(CtlError::failure)?;
     let _ = std::fs::remove_file(&record_path);
     let _ = std::fs::remove_file(&backup);
-    let how = if current == record.connected {
+    let how = if force {
+        "restored whole from the backup"
+    } else if current == record.connected {
         "restored byte for byte"
     } else {
         "its entries put back; other changes kept"
     };
-    writeln!(out, "{}: {} {how}.", host.name(), file.display())
-        .map_err(|e| CtlError::failure(format!("cannot write: {e}")))?;
+    writeln!(out, "{}: {} {how}.", host.name(), file.display()).map_err(w)?;
+    for ((entry, unit), undo) in record.servers.iter().zip(&undone) {
+        let what = match undo {
+            Undo::Restored => continue,
+            Undo::Removed => "removed since `mcpctl connect`: left removed",
+            Undo::Changed => "changed since `mcpctl connect`: left as it is",
+        };
+        writeln!(
+            out,
+            "{}: {entry} (mcpctl bridge {unit}) was {what}",
+            host.name()
+        )
+        .map_err(w)?;
+    }
     Ok(exit::OK)
 }
 
