@@ -37,6 +37,26 @@ fn as_user(home: &Path, project: &Path, vars: &[(String, String)], args: &[&str]
     cmd.output().expect("mcpctl")
 }
 
+/// Starts `host` (a bridge, as a host would), sends it `initialize` and
+/// gives its first line, once it exited after its stdin closed.
+fn initialize(mut host: Command) -> String {
+    use std::io::{BufRead, Write};
+    let mut host = host
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("bridge");
+    let mut stdin = host.stdin.take().expect("stdin");
+    writeln!(stdin, "{{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"initialize\",\"params\":{{\"protocolVersion\":\"2025-06-18\",\"capabilities\":{{}},\"clientInfo\":{{\"name\":\"t\",\"version\":\"1\"}}}}}}").expect("write");
+    let mut line = String::new();
+    std::io::BufReader::new(host.stdout.take().expect("stdout"))
+        .read_line(&mut line)
+        .expect("read");
+    drop(stdin);
+    assert!(host.wait().expect("bridge").success(), "{line}");
+    line
+}
+
 /// Everything in `dir`, file by file with its mode.
 fn listing(dir: &Path) -> String {
     let mut names: Vec<_> = std::fs::read_dir(dir)
@@ -234,29 +254,15 @@ fn imported_servers_run_and_hosts_connect_and_disconnect_byte_for_byte() {
         .expect("command");
     assert!(Path::new(bridge).is_absolute(), "{bridge}");
     // … and a host starting it that way reaches the managed server.
-    let mut host = Command::new(bridge)
-        .args(["--user", "bridge", "fixture"])
+    let mut host = Command::new(bridge);
+    host.args(["--user", "bridge", "fixture"])
         .env("XDG_RUNTIME_DIR", runtime.path())
-        .env_remove("DBUS_SESSION_BUS_ADDRESS")
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .expect("bridge");
-    {
-        use std::io::{BufRead, Write};
-        let mut stdin = host.stdin.take().expect("stdin");
-        writeln!(stdin, "{{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"initialize\",\"params\":{{\"protocolVersion\":\"2025-06-18\",\"capabilities\":{{}},\"clientInfo\":{{\"name\":\"t\",\"version\":\"1\"}}}}}}").expect("write");
-        let mut line = String::new();
-        std::io::BufReader::new(host.stdout.take().expect("stdout"))
-            .read_line(&mut line)
-            .expect("read");
-        assert!(
-            line.contains("\"id\":1") && line.contains("serverInfo"),
-            "{line}"
-        );
-        drop(stdin);
-    }
-    let _ = host.wait();
+        .env_remove("DBUS_SESSION_BUS_ADDRESS");
+    let line = initialize(host);
+    assert!(
+        line.contains("\"id\":1") && line.contains("serverInfo"),
+        "{line}"
+    );
     // disconnect: the original, byte for byte.
     let out = user(&["disconnect", "claude-desktop"]);
     assert!(
@@ -572,4 +578,68 @@ fn disconnect_after_the_host_removed_an_entry_puts_back_the_rest() {
     let out = succeeded(&case.run(&["disconnect", "--force", "claude-code"]));
     assert!(out.contains("restored whole from the backup"), "{out}");
     assert_eq!(std::fs::read_to_string(&claude).expect("config"), before);
+}
+
+#[test]
+fn connect_tells_the_bridge_where_a_runtime_directory_hosts_cannot_find_is() {
+    let home = tempfile::tempdir().expect("home");
+    let runtime = tempfile::tempdir().expect("runtime");
+    let h = home.path();
+    std::fs::create_dir_all(h.join(".gemini")).expect("mkdir");
+    let settings = h.join(".gemini/settings.json");
+    std::fs::write(
+        &settings,
+        format!(
+            "{{\n  \"mcpServers\": {{\n    \"fixture\": {{ \"command\": \"{}\", \"args\": [\"--chatter\", \"0\"], \"timeout\": 30000 }}\n  }}\n}}\n",
+            fixture_path().display()
+        ),
+    )
+    .expect("settings");
+    // The user's shell and daemon share a runtime directory that a host's
+    // default environment does not lead to.
+    let xdg = [(
+        "XDG_RUNTIME_DIR".to_owned(),
+        runtime.path().display().to_string(),
+    )];
+    let user = |args: &[&str]| as_user(h, h, &xdg, args);
+    succeeded(&user(&["import", "gemini"]));
+    let mut d = Daemon::user_no_bus(
+        &h.join(".config/mcpd/units"),
+        &[
+            ("XDG_RUNTIME_DIR", runtime.path().as_os_str()),
+            ("HOME", h.as_os_str()),
+        ],
+    );
+    d.wait_until("fixture running", |d| d.latest_pid("fixture").is_some());
+    let status = user(&["status"]);
+    assert!(
+        String::from_utf8_lossy(&status.stderr).contains(&format!(
+            "warning: the runtime directory {}/mcpd is not where hosts",
+            runtime.path().display()
+        )),
+        "{}",
+        said(&status)
+    );
+    let out = succeeded(&user(&["connect", "gemini"]));
+    assert!(out.contains("each entry sets MCPD_RUNTIME_DIR"), "{out}");
+    let entry = jsonc(&settings)["mcpServers"]["fixture"].clone();
+    assert_eq!(entry["timeout"], 30000, "{entry}");
+    // A host starts it with the SDKs' default environment and the entry's.
+    let mut host = Command::new(entry["command"].as_str().expect("command"));
+    host.args(
+        entry["args"]
+            .as_array()
+            .expect("args")
+            .iter()
+            .map(|a| a.as_str().expect("arg")),
+    )
+    .env_clear()
+    .env("HOME", h)
+    .env("PATH", "/usr/bin:/bin");
+    for (k, v) in entry["env"].as_object().expect("env") {
+        host.env(k, v.as_str().expect("value"));
+    }
+    let line = initialize(host);
+    assert!(line.contains("serverInfo"), "{line}");
+    drop(d);
 }

@@ -53,8 +53,18 @@ const TOML_TRANSPORT: &[&str] = &[
     "env_http_headers",
 ];
 
-/// A new entry that runs `bridge`, its keys in the order hosts' docs show.
-fn bridge_input(host: Host, bridge: &[String]) -> CstInputValue {
+/// `env` as a JSON object.
+fn env_input(env: &[(String, String)]) -> CstInputValue {
+    CstInputValue::Object(
+        env.iter()
+            .map(|(k, v)| (k.clone(), CstInputValue::String(v.clone())))
+            .collect(),
+    )
+}
+
+/// A new entry that runs `bridge` with `env`, its keys in the order hosts'
+/// docs show.
+fn bridge_input(host: Host, bridge: &[String], env: &[(String, String)]) -> CstInputValue {
     let (command, args) = bridge.split_first().expect("a command");
     let mut entry = Vec::new();
     if typed(host) {
@@ -65,12 +75,15 @@ fn bridge_input(host: Host, bridge: &[String]) -> CstInputValue {
         "args".to_owned(),
         CstInputValue::Array(args.iter().cloned().map(CstInputValue::String).collect()),
     ));
+    if !env.is_empty() {
+        entry.push(("env".to_owned(), env_input(env)));
+    }
     CstInputValue::Object(entry)
 }
 
 /// Rewrites the entry `object` in place to run `bridge`: its transport keys
 /// replaced, the others kept where they are.
-fn rewrite(host: Host, object: &CstObject, bridge: &[String]) {
+fn rewrite(host: Host, object: &CstObject, bridge: &[String], env: &[(String, String)]) {
     let (command, args) = bridge.split_first().expect("a command");
     for key in JSON_TRANSPORT {
         if !["type", "command", "args"].contains(key)
@@ -103,6 +116,9 @@ fn rewrite(host: Host, object: &CstObject, bridge: &[String]) {
         CstInputValue::Array(args.iter().cloned().map(CstInputValue::String).collect()),
         Some("command"),
     );
+    if !env.is_empty() {
+        set("env", env_input(env), Some("args"));
+    }
 }
 
 fn parse(text: &str) -> Result<CstRootNode, String> {
@@ -118,7 +134,8 @@ fn servers_key(host: Host) -> &'static str {
     }
 }
 
-/// `text` with each `(entry, unit)` of `servers` run through `bridge(unit)`:
+/// `text` with each `(entry, unit)` of `servers` run through `bridge(unit)`
+/// with the variables `env` (what the bridge needs to find its daemon):
 /// entries there are rewritten where they are (only the keys that say
 /// what to run change), missing ones added.
 pub fn connect(
@@ -126,6 +143,7 @@ pub fn connect(
     text: &str,
     servers: &[(String, String)],
     bridge: &dyn Fn(&str) -> Vec<String>,
+    env: &[(String, String)],
 ) -> Result<String, String> {
     if host == Host::Codex {
         let mut doc: toml_edit::DocumentMut = text
@@ -140,23 +158,32 @@ pub fn connect(
             })
             .as_table_mut()
             .ok_or("`mcp_servers` is not a table")?;
+        let vars: toml_edit::InlineTable = env
+            .iter()
+            .map(|(k, v)| (k.as_str(), toml_edit::Value::from(v.as_str())))
+            .collect();
         for (name, unit) in servers {
             let line = bridge(unit);
             let args: toml_edit::Array = line[1..].iter().map(String::as_str).collect();
-            if let Some(entry) = table.get_mut(name).and_then(|e| e.as_table_like_mut()) {
-                for key in TOML_TRANSPORT {
-                    if !["command", "args"].contains(key) {
-                        entry.remove(key);
+            let entry = match table.get_mut(name).and_then(|e| e.as_table_like_mut()) {
+                Some(entry) => {
+                    for key in TOML_TRANSPORT {
+                        if !["command", "args"].contains(key) {
+                            entry.remove(key);
+                        }
                     }
+                    entry
                 }
-                entry.insert("command", toml_edit::value(line[0].clone()));
-                entry.insert("args", toml_edit::value(args));
-                continue;
+                None => {
+                    table_insert(table, name, toml_edit::table());
+                    table[name].as_table_like_mut().expect("a table")
+                }
+            };
+            entry.insert("command", toml_edit::value(line[0].clone()));
+            entry.insert("args", toml_edit::value(args));
+            if !env.is_empty() {
+                entry.insert("env", toml_edit::value(vars.clone()));
             }
-            let mut entry = toml_edit::Table::new();
-            entry["command"] = toml_edit::value(line[0].clone());
-            entry["args"] = toml_edit::value(args);
-            table_insert(table, name, toml_edit::Item::Table(entry));
         }
         return Ok(doc.to_string());
     }
@@ -167,11 +194,11 @@ pub fn connect(
         let line = bridge(unit);
         match object.get(name) {
             Some(prop) => match prop.object_value() {
-                Some(entry) => rewrite(host, &entry, &line),
-                None => prop.set_value(bridge_input(host, &line)),
+                Some(entry) => rewrite(host, &entry, &line, env),
+                None => prop.set_value(bridge_input(host, &line, env)),
             },
             None => {
-                object.append(name, bridge_input(host, &line));
+                object.append(name, bridge_input(host, &line, env));
             }
         }
     }
@@ -349,7 +376,7 @@ mod tests {
             ("a".to_owned(), "a".to_owned()),
             ("b".to_owned(), "b".to_owned()),
         ];
-        let connected = connect(Host::ClaudeDesktop, text, &names, &bridge).expect("connect");
+        let connected = connect(Host::ClaudeDesktop, text, &names, &bridge, &[]).expect("connect");
         assert!(connected.contains("// my servers"), "{connected}");
         assert!(connected.contains("\"theme\": \"dark\""), "{connected}");
         assert!(
@@ -392,7 +419,7 @@ mod tests {
 }
 "#;
         let names = [("time", "time"), ("remote", "remote")].map(|(e, u)| (e.into(), u.into()));
-        let connected = connect(Host::Gemini, text, &names, &bridge).expect("connect");
+        let connected = connect(Host::Gemini, text, &names, &bridge, &[]).expect("connect");
         let value = json(&connected);
         assert_eq!(
             value["mcpServers"]["time"],
@@ -420,7 +447,8 @@ mod tests {
         // Claude Code documents `type`: set to stdio.
         let claude = r#"{"mcpServers": {"r": {"type": "http", "url": "https://x/mcp", "oauth": {"clientId": "c"}}}}"#;
         let names = [("r".to_owned(), "r".to_owned())];
-        let value = json(&connect(Host::ClaudeCode, claude, &names, &bridge).expect("connect"));
+        let value =
+            json(&connect(Host::ClaudeCode, claude, &names, &bridge, &[]).expect("connect"));
         assert_eq!(
             value["mcpServers"]["r"],
             serde_json::json!({
@@ -440,7 +468,7 @@ mod tests {
             .iter()
             .map(|(e, u)| (e.to_string(), u.to_string()))
             .collect();
-        let connected = connect(Host::Gemini, text, &names, &bridge).expect("connect");
+        let connected = connect(Host::Gemini, text, &names, &bridge, &[]).expect("connect");
         let record = record_of(&servers, &connected);
         // The host removed `time` (`gemini mcp remove time`) and pointed
         // `fetch` elsewhere since.
@@ -474,7 +502,7 @@ mod tests {
         // Codex: the same.
         let toml = "[mcp_servers.a]\ncommand = \"x\"\nstartup_timeout_sec = 20\nenabled_tools = [\"t\"]\n\n[mcp_servers.b]\ncommand = \"y\"\n";
         let names = [("a", "a"), ("b", "b")].map(|(e, u)| (e.into(), u.into()));
-        let connected = connect(Host::Codex, toml, &names, &bridge).expect("connect");
+        let connected = connect(Host::Codex, toml, &names, &bridge, &[]).expect("connect");
         assert!(
             connected.contains("startup_timeout_sec = 20\nenabled_tools = [\"t\"]"),
             "{connected}"
@@ -495,7 +523,7 @@ mod tests {
         let text =
             "model = \"o3\"\n\n# mine\n[mcp_servers.a]\ncommand = \"x\"\nenv = { K = \"v\" }\n";
         let names = vec![("a".to_owned(), "a".to_owned())];
-        let connected = connect(Host::Codex, text, &names, &bridge).expect("connect");
+        let connected = connect(Host::Codex, text, &names, &bridge, &[]).expect("connect");
         assert!(connected.starts_with("model = \"o3\"\n"), "{connected}");
         assert!(
             connected.contains("command = \"/usr/bin/mcpctl\""),

@@ -287,7 +287,19 @@ fn main() -> ExitCode {
         let client = Client::connect(instance).await?;
         let mut out = std::io::stdout().lock();
         match cli.command {
-            Command::Status { names } => commands::status(&client, &names, output, &mut out).await,
+            Command::Status { names } => {
+                // The overview, for a person.
+                if let Some(dir) = instance.runtime_dir_hidden_from_hosts()
+                    && !output.json
+                    && names.is_empty()
+                {
+                    eprintln!(
+                        "mcpctl: warning: the runtime directory {} is not where hosts started with a default environment (HOME LOGNAME PATH SHELL TERM USER) look; `mcpctl connect` writes MCPD_RUNTIME_DIR into the entries it rewrites",
+                        dir.display()
+                    );
+                }
+                commands::status(&client, &names, output, &mut out).await
+            }
             Command::List => commands::list(&client, output, &mut out).await,
             Command::Start { names } => commands::control(&client, Verb::Start, &names).await,
             Command::Stop { names } => commands::control(&client, Verb::Stop, &names).await,

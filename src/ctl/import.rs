@@ -528,7 +528,14 @@ pub fn connect(
         .iter()
         .map(|(e, u, _)| (e.clone(), u.clone()))
         .collect();
-    let connected = connect::connect(host, &text, &pairs, &bridge)
+    // A host that starts the bridge with a minimal environment must still
+    // find this daemon.
+    let hidden = instance.runtime_dir_hidden_from_hosts();
+    let vars: Vec<(String, String)> = hidden
+        .iter()
+        .map(|dir| ("MCPD_RUNTIME_DIR".to_owned(), dir.display().to_string()))
+        .collect();
+    let connected = connect::connect(host, &text, &pairs, &bridge, &vars)
         .map_err(|e| CtlError::failure(format!("{}: {e}", file.display())))?;
     let w = |e: std::io::Error| CtlError::failure(format!("cannot write: {e}"));
     if dry_run {
@@ -574,6 +581,14 @@ pub fn connect(
     }
     for line in &left {
         writeln!(out, "{line}").map_err(w)?;
+    }
+    if let Some(dir) = &hidden {
+        writeln!(
+            out,
+            "mcpd's runtime directory {} is not where a host's default environment finds it: each entry sets MCPD_RUNTIME_DIR.",
+            dir.display()
+        )
+        .map_err(w)?;
     }
     writeln!(
         out,
