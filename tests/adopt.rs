@@ -24,8 +24,19 @@ fn copy_tree(from: &Path, to: &Path) {
 /// `mcpctl --user ARGS` as a user whose HOME is `home`, in `project`,
 /// with only `vars` besides.
 fn as_user(home: &Path, project: &Path, vars: &[(String, String)], args: &[&str]) -> Output {
+    as_instance("--user", home, project, vars, args)
+}
+
+/// `mcpctl FLAG ARGS` (`--user`, `--system`), as [`as_user`].
+fn as_instance(
+    flag: &str,
+    home: &Path,
+    project: &Path,
+    vars: &[(String, String)],
+    args: &[&str],
+) -> Output {
     let mut cmd = mcpctl();
-    cmd.arg("--user")
+    cmd.arg(flag)
         .args(args)
         .env_clear()
         .env("PATH", std::env::var_os("PATH").unwrap_or_default())
@@ -642,4 +653,56 @@ fn connect_tells_the_bridge_where_a_runtime_directory_hosts_cannot_find_is() {
     let line = initialize(host);
     assert!(line.contains("serverInfo"), "{line}");
     drop(d);
+}
+
+#[test]
+fn import_says_where_units_go_and_connect_names_the_instance_that_has_them() {
+    let case = Case::new("two-times");
+    let h = case.home();
+    // As root a plain import is the system instance's: the table says so,
+    // a dry run too (which writes nothing, so it runs here).
+    let system = |args: &[&str]| as_instance("--system", h, h, &[], args);
+    let dry = succeeded(&system(&["import", "--dry-run"]));
+    assert!(
+        dry.ends_with("\nUnits would be written to /etc/mcpd/units (system instance).\n"),
+        "{dry}"
+    );
+    let units = h.join(".config/mcpd/units");
+    let dry = succeeded(&case.run(&["import", "--dry-run"]));
+    assert!(
+        dry.ends_with(&format!(
+            "\nUnits would be written to {} (user instance).\n",
+            units.display()
+        )),
+        "{dry}"
+    );
+    let done = succeeded(&case.run(&["import"]));
+    assert!(
+        done.contains(&format!(
+            "\nUnits are in {} (user instance); a running mcpd",
+            units.display()
+        )),
+        "{done}"
+    );
+    // connect without --user, for units only the user instance has.
+    let settings = h.join(".gemini/settings.json");
+    let refused = system(&["connect", "gemini"]);
+    assert_eq!(refused.status.code(), Some(1), "{}", said(&refused));
+    assert!(
+        said(&refused).contains(&format!(
+            "none of the servers in {} is a unit of the system instance: they are units of the user instance: use --user",
+            settings.display()
+        )),
+        "{}",
+        said(&refused)
+    );
+    let named = system(&["connect", "gemini", "time-gemini"]);
+    assert!(
+        said(&named).contains(
+            "no unit time-gemini in the system instance's unit directories; it is a unit of the user instance: use --user"
+        ),
+        "{}",
+        said(&named)
+    );
+    assert!(!h.join(".gemini/settings.json.mcpd-backup").exists());
 }

@@ -288,16 +288,21 @@ pub fn import(
         }
     }
     print_table(&rows, out).map_err(|e| CtlError::failure(format!("cannot write: {e}")))?;
-    let imported = rows
+    let place = format!("{} ({} instance)", units.display(), instance.as_str());
+    let said = if options.dry_run && rows.iter().any(|r| r.result.contains("would import")) {
+        Some(format!("Units would be written to {place}."))
+    } else if rows
         .iter()
-        .any(|r| r.result.starts_with("imported") || r.result.contains("; imported"));
-    if imported && !options.dry_run {
-        writeln!(
-            out,
-            "\nUnits are in {}; a running mcpd starts them by itself.",
-            units.display()
-        )
-        .map_err(|e| CtlError::failure(format!("cannot write: {e}")))?;
+        .any(|r| r.result.starts_with("imported") || r.result.contains("; imported"))
+    {
+        Some(format!(
+            "Units are in {place}; a running mcpd starts them by itself."
+        ))
+    } else {
+        None
+    };
+    if let Some(said) = said {
+        writeln!(out, "\n{said}").map_err(|e| CtlError::failure(format!("cannot write: {e}")))?;
     }
     Ok(if rows.iter().any(|r| r.failed) {
         exit::FAILURE
@@ -478,19 +483,35 @@ pub fn connect(
             }
         }
         if servers.is_empty() {
+            let other = other_instance(instance);
+            let theirs = units_of(other, env);
+            let there = paired.iter().any(|(e, _)| {
+                pair::pair(e, &theirs, &lookup, &|u: &str| bridge_line(other, u)).is_ok()
+            });
             return Err(CtlError::failure(format!(
-                "none of the servers in {} is a unit of the {} instance: run `mcpctl import {}` first",
+                "none of the servers in {} is a unit of the {} instance: {}",
                 file.display(),
                 instance.as_str(),
-                host.name()
+                if there {
+                    use_other("they are units", other)
+                } else {
+                    format!("run `mcpctl import {}` first", host.name())
+                }
             )));
         }
     } else {
         for unit in names {
             if !units.iter().any(|u| u.name == *unit) {
+                let other = other_instance(instance);
+                let there = units_of(other, env).iter().any(|u| u.name == *unit);
                 return Err(CtlError::failure(format!(
-                    "no unit {unit} in the {} instance's unit directories",
-                    instance.as_str()
+                    "no unit {unit} in the {} instance's unit directories{}",
+                    instance.as_str(),
+                    if there {
+                        format!("; {}", use_other("it is a unit", other))
+                    } else {
+                        String::new()
+                    }
                 )));
             }
             let ours = paired.iter().find_map(|(e, p)| match p {
@@ -599,6 +620,24 @@ pub fn connect(
     )
     .map_err(w)?;
     Ok(exit::OK)
+}
+
+/// The instance that is not `instance`.
+fn other_instance(instance: Instance) -> Instance {
+    match instance {
+        Instance::System => Instance::User,
+        Instance::User => Instance::System,
+    }
+}
+
+/// What to say when the units are `other`'s (`they are units`, `it is a
+/// unit`), as `status` says it.
+fn use_other(they: &str, other: Instance) -> String {
+    format!(
+        "{they} of the {} instance: use --{}",
+        other.as_str(),
+        other.as_str()
+    )
 }
 
 /// The units of `instance`, as its daemon would find them.
