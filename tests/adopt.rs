@@ -706,3 +706,24 @@ fn import_says_where_units_go_and_connect_names_the_instance_that_has_them() {
     );
     assert!(!h.join(".gemini/settings.json.mcpd-backup").exists());
 }
+
+#[test]
+fn output_whose_reader_went_away_ends_quietly() {
+    let case = Case::new("two-times");
+    succeeded(&case.run(&["import"]));
+    // `mcpctl connect --dry-run gemini | head -0`: the reader is gone
+    // before the first write.
+    let (reader, writer) = std::io::pipe().expect("pipe");
+    drop(reader);
+    let out = mcpctl()
+        .args(["--user", "connect", "--dry-run", "gemini"])
+        .env_clear()
+        .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+        .env("HOME", case.home())
+        .current_dir(case.home())
+        .stdout(writer)
+        .output()
+        .expect("mcpctl");
+    assert_eq!(String::from_utf8_lossy(&out.stderr), "");
+    assert_eq!(out.status.code(), Some(141));
+}

@@ -1,6 +1,6 @@
 //! `mcpctl`: argument parsing and dispatch only; the work is in `mcpd::ctl`.
 
-use std::io::{IsTerminal, Read};
+use std::io::{IsTerminal, Read, Write};
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -175,6 +175,15 @@ fn bridge(instance: Instance, name: &str) -> ExitCode {
     }
 }
 
+/// The exit of a failed command, its reason on stderr (none when standard
+/// output's reader went away).
+fn fail(e: &CtlError) -> ExitCode {
+    if !e.message.is_empty() {
+        eprintln!("mcpctl: {e}");
+    }
+    ExitCode::from(e.code)
+}
+
 fn main() -> ExitCode {
     // Hosts start a bridge for every session: it skips building the whole
     // command line grammar (its start-up time and memory count).
@@ -203,7 +212,19 @@ fn main() -> ExitCode {
             _ => mcpd::unit::Context::default(),
         };
         return match mcpd::ctl::verify::run(paths, &context, style, &mut stderr.lock()) {
-            Ok(summary) => ExitCode::from(summary.exit_code()),
+            Ok(summary) => {
+                let code = summary.exit_code();
+                if code == exit::OK {
+                    // As systemd-analyze prints its findings.
+                    let units = if summary.valid == 1 { "unit" } else { "units" };
+                    if let Err(e) =
+                        writeln!(std::io::stdout(), "{} {units}, no problems", summary.valid)
+                    {
+                        return fail(&CtlError::output(e));
+                    }
+                }
+                ExitCode::from(code)
+            }
             Err(e) => {
                 eprintln!("mcpctl: cannot write diagnostics: {e}");
                 ExitCode::from(exit::FAILURE)
@@ -263,10 +284,7 @@ fn main() -> ExitCode {
     if let Some(result) = offline {
         return match result {
             Ok(code) => ExitCode::from(code),
-            Err(e) => {
-                eprintln!("mcpctl: {e}");
-                ExitCode::from(e.code)
-            }
+            Err(e) => fail(&e),
         };
     }
     let output = Output {
@@ -349,10 +367,7 @@ fn main() -> ExitCode {
     });
     match result {
         Ok(code) => ExitCode::from(code),
-        Err(e) => {
-            eprintln!("mcpctl: {e}");
-            ExitCode::from(e.code)
-        }
+        Err(e) => fail(&e),
     }
 }
 

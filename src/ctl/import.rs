@@ -287,7 +287,7 @@ pub fn import(
             planned.insert(name, (entry, converted));
         }
     }
-    print_table(&rows, out).map_err(|e| CtlError::failure(format!("cannot write: {e}")))?;
+    print_table(&rows, out).map_err(CtlError::output)?;
     let place = format!("{} ({} instance)", units.display(), instance.as_str());
     let said = if options.dry_run && rows.iter().any(|r| r.result.contains("would import")) {
         Some(format!("Units would be written to {place}."))
@@ -302,7 +302,7 @@ pub fn import(
         None
     };
     if let Some(said) = said {
-        writeln!(out, "\n{said}").map_err(|e| CtlError::failure(format!("cannot write: {e}")))?;
+        writeln!(out, "\n{said}").map_err(CtlError::output)?;
     }
     Ok(if rows.iter().any(|r| r.failed) {
         exit::FAILURE
@@ -558,7 +558,7 @@ pub fn connect(
         .collect();
     let connected = connect::connect(host, &text, &pairs, &bridge, &vars)
         .map_err(|e| CtlError::failure(format!("{}: {e}", file.display())))?;
-    let w = |e: std::io::Error| CtlError::failure(format!("cannot write: {e}"));
+    let w = CtlError::output;
     if dry_run {
         let diff = similar::TextDiff::from_lines(&text, &connected);
         let shown = file.display().to_string();
@@ -688,7 +688,7 @@ pub fn disconnect(
     let current = std::fs::read_to_string(&file)
         .map_err(|e| CtlError::failure(format!("{}: {e}", file.display())))?;
     let bridge = |unit: &str| bridge_line(instance, unit);
-    let w = |e: std::io::Error| CtlError::failure(format!("cannot write: {e}"));
+    let w = CtlError::output;
     let (restored, undone) = if force {
         (original, Vec::new())
     } else {
