@@ -356,10 +356,17 @@ fn place(
             unit_path.display()
         ));
     }
+    // Each secret with the rule that moved it.
+    let why: Vec<String> = converted
+        .secrets
+        .iter()
+        .zip(&converted.because)
+        .map(|((k, _), why)| format!("{k}: {why}"))
+        .collect();
     let secrets = match converted.secrets.len() {
         0 => String::new(),
-        1 => format!(", 1 secret in {name}.env"),
-        n => format!(", {n} secrets in {name}.env"),
+        1 => format!(", 1 secret in {name}.env ({})", why.join("; ")),
+        n => format!(", {n} secrets in {name}.env ({})", why.join("; ")),
     };
     if options.dry_run {
         return Ok(format!("would import{secrets}"));
