@@ -24,8 +24,19 @@ fn copy_tree(from: &Path, to: &Path) {
 /// `mcpctl --user ARGS` as a user whose HOME is `home`, in `project`,
 /// with only `vars` besides.
 fn as_user(home: &Path, project: &Path, vars: &[(String, String)], args: &[&str]) -> Output {
+    as_instance("--user", home, project, vars, args)
+}
+
+/// `mcpctl FLAG ARGS` (`--user`, `--system`), as [`as_user`].
+fn as_instance(
+    flag: &str,
+    home: &Path,
+    project: &Path,
+    vars: &[(String, String)],
+    args: &[&str],
+) -> Output {
     let mut cmd = mcpctl();
-    cmd.arg("--user")
+    cmd.arg(flag)
         .args(args)
         .env_clear()
         .env("PATH", std::env::var_os("PATH").unwrap_or_default())
@@ -35,6 +46,26 @@ fn as_user(home: &Path, project: &Path, vars: &[(String, String)], args: &[&str]
         cmd.env(k, v);
     }
     cmd.output().expect("mcpctl")
+}
+
+/// Starts `host` (a bridge, as a host would), sends it `initialize` and
+/// gives its first line, once it exited after its stdin closed.
+fn initialize(mut host: Command) -> String {
+    use std::io::{BufRead, Write};
+    let mut host = host
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("bridge");
+    let mut stdin = host.stdin.take().expect("stdin");
+    writeln!(stdin, "{{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"initialize\",\"params\":{{\"protocolVersion\":\"2025-06-18\",\"capabilities\":{{}},\"clientInfo\":{{\"name\":\"t\",\"version\":\"1\"}}}}}}").expect("write");
+    let mut line = String::new();
+    std::io::BufReader::new(host.stdout.take().expect("stdout"))
+        .read_line(&mut line)
+        .expect("read");
+    drop(stdin);
+    assert!(host.wait().expect("bridge").success(), "{line}");
+    line
 }
 
 /// Everything in `dir`, file by file with its mode.
@@ -234,29 +265,15 @@ fn imported_servers_run_and_hosts_connect_and_disconnect_byte_for_byte() {
         .expect("command");
     assert!(Path::new(bridge).is_absolute(), "{bridge}");
     // … and a host starting it that way reaches the managed server.
-    let mut host = Command::new(bridge)
-        .args(["--user", "bridge", "fixture"])
+    let mut host = Command::new(bridge);
+    host.args(["--user", "bridge", "fixture"])
         .env("XDG_RUNTIME_DIR", runtime.path())
-        .env_remove("DBUS_SESSION_BUS_ADDRESS")
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .expect("bridge");
-    {
-        use std::io::{BufRead, Write};
-        let mut stdin = host.stdin.take().expect("stdin");
-        writeln!(stdin, "{{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"initialize\",\"params\":{{\"protocolVersion\":\"2025-06-18\",\"capabilities\":{{}},\"clientInfo\":{{\"name\":\"t\",\"version\":\"1\"}}}}}}").expect("write");
-        let mut line = String::new();
-        std::io::BufReader::new(host.stdout.take().expect("stdout"))
-            .read_line(&mut line)
-            .expect("read");
-        assert!(
-            line.contains("\"id\":1") && line.contains("serverInfo"),
-            "{line}"
-        );
-        drop(stdin);
-    }
-    let _ = host.wait();
+        .env_remove("DBUS_SESSION_BUS_ADDRESS");
+    let line = initialize(host);
+    assert!(
+        line.contains("\"id\":1") && line.contains("serverInfo"),
+        "{line}"
+    );
     // disconnect: the original, byte for byte.
     let out = user(&["disconnect", "claude-desktop"]);
     assert!(
@@ -401,4 +418,312 @@ fn dry_run_writes_nothing_only_picks_entries_and_force_replaces() {
         "{after}"
     );
     assert!(!after.contains("bridge"), "{after}");
+}
+
+/// A temporary HOME holding case `name`'s `home/` of `tests/data/hosts/`.
+struct Case(tempfile::TempDir);
+
+impl Case {
+    fn new(name: &str) -> Self {
+        let home = tempfile::tempdir().expect("home");
+        copy_tree(
+            &root().join("tests/data/hosts").join(name).join("home"),
+            home.path(),
+        );
+        Case(home)
+    }
+
+    fn home(&self) -> &Path {
+        self.0.path()
+    }
+
+    /// `mcpctl --user ARGS` as its user, in its home.
+    fn run(&self, args: &[&str]) -> Output {
+        as_user(self.home(), self.home(), &[], args)
+    }
+}
+
+/// A host's JSON-with-comments file, as a value.
+fn jsonc(path: &Path) -> serde_json::Value {
+    let text = std::fs::read_to_string(path).expect("host file");
+    jsonc_parser::parse_to_serde_value(&text, &Default::default()).expect("jsonc")
+}
+
+fn said(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr)
+}
+
+/// What a command that must succeed said.
+fn succeeded(out: &Output) -> String {
+    assert!(out.status.success(), "{}", said(out));
+    said(out)
+}
+
+#[test]
+fn connect_bridges_each_entry_to_the_unit_imported_from_it_never_by_name_alone() {
+    // Claude Code's `time` runs Paris time, Gemini's Tokyo: two units.
+    let case = Case::new("two-times");
+    let h = case.home();
+    let user = |args: &[&str]| case.run(args);
+    let out = succeeded(&user(&["import"]));
+    assert!(
+        out.lines().any(|l| l.starts_with("gemini ")
+            && l.contains(" time-gemini.kdl ")
+            && l.contains("renamed: time is claude-code's")),
+        "{out}"
+    );
+    let settings = h.join(".gemini/settings.json");
+    let original = std::fs::read_to_string(&settings).expect("settings");
+
+    let out = succeeded(&user(&["connect", "gemini"]));
+    assert!(
+        out.contains("gemini: time → mcpctl bridge time-gemini (imported from this entry)"),
+        "{out}"
+    );
+    assert_eq!(
+        jsonc(&settings)["mcpServers"]["time"]["args"],
+        serde_json::json!(["--user", "bridge", "time-gemini"])
+    );
+    // Connecting again pairs them the same.
+    let again = succeeded(&user(&["connect", "gemini"]));
+    assert!(
+        again.contains("gemini: time → mcpctl bridge time-gemini (imported from this entry)"),
+        "{again}"
+    );
+    assert!(user(&["disconnect", "gemini"]).status.success());
+    assert_eq!(
+        std::fs::read_to_string(&settings).expect("settings"),
+        original
+    );
+
+    // Unit `time` is Claude Code's: Gemini's `time` is not replaced by it.
+    let named = user(&["connect", "gemini", "time"]);
+    assert_eq!(named.status.code(), Some(1), "{}", said(&named));
+    assert!(
+        said(&named).contains(&format!(
+            "entry time is not the server of unit time (imported from claude-code ({}/.claude.json, entry \"time\"))",
+            h.display()
+        )),
+        "{}",
+        said(&named)
+    );
+    assert_eq!(
+        std::fs::read_to_string(&settings).expect("settings"),
+        original
+    );
+
+    let out = succeeded(&user(&["connect", "claude-code"]));
+    assert!(
+        out.contains("claude-code: time → mcpctl bridge time (imported from this entry)"),
+        "{out}"
+    );
+    let claude = jsonc(&h.join(".claude.json"));
+    assert_eq!(
+        claude["mcpServers"]["time"]["args"],
+        serde_json::json!(["--user", "bridge", "time"])
+    );
+}
+
+#[test]
+fn connect_keeps_the_hosts_own_settings_and_import_its_tool_filter() {
+    let case = Case::new("two-times");
+    let h = case.home();
+    assert!(case.run(&["import"]).status.success());
+    // Gemini's excludeTools holds on every path: it is the unit's.
+    let unit = std::fs::read_to_string(h.join(".config/mcpd/units/time-gemini.kdl")).expect("unit");
+    assert!(
+        unit.contains("tools {\n    deny \"convert_time\"\n}"),
+        "{unit}"
+    );
+    succeeded(&case.run(&["connect", "gemini"]));
+    let time = &jsonc(&h.join(".gemini/settings.json"))["mcpServers"]["time"];
+    assert_eq!(time["timeout"], 30000, "{time}");
+    assert_eq!(time["trust"], false, "{time}");
+    assert_eq!(time["excludeTools"], serde_json::json!(["convert_time"]));
+    assert_eq!(
+        time["args"],
+        serde_json::json!(["--user", "bridge", "time-gemini"])
+    );
+}
+
+#[test]
+fn disconnect_after_the_host_removed_an_entry_puts_back_the_rest() {
+    let case = Case::new("two-times");
+    let h = case.home();
+    let claude = h.join(".claude.json");
+    let original = std::fs::read_to_string(&claude).expect("config");
+    assert!(case.run(&["import"]).status.success());
+    assert!(case.run(&["connect", "claude-code"]).status.success());
+    // `claude mcp remove memory`: Claude Code writes its whole file again.
+    let mut value = jsonc(&claude);
+    value["mcpServers"]
+        .as_object_mut()
+        .expect("servers")
+        .remove("memory");
+    value["numStartups"] = 13.into();
+    let removed = serde_json::to_string_pretty(&value).expect("json");
+    std::fs::write(&claude, &removed).expect("write");
+
+    let out = succeeded(&case.run(&["disconnect", "claude-code"]));
+    assert!(
+        out.contains(
+            "claude-code: memory (mcpctl bridge memory) was removed since `mcpctl connect`: left removed"
+        ),
+        "{out}"
+    );
+    let after = jsonc(&claude);
+    assert_eq!(after["numStartups"], 13);
+    assert!(after["mcpServers"].get("memory").is_none(), "{after}");
+    assert_eq!(
+        after["mcpServers"]["time"],
+        jsonc_parser::parse_to_serde_value::<serde_json::Value>(&original, &Default::default())
+            .expect("original")["mcpServers"]["time"]
+    );
+    assert!(!h.join(".claude.json.mcpd-backup").exists());
+
+    // --force puts back the backup whole, the host's changes too.
+    let before = std::fs::read_to_string(&claude).expect("config");
+    assert!(case.run(&["connect", "claude-code"]).status.success());
+    let connected = std::fs::read_to_string(&claude).expect("config");
+    std::fs::write(&claude, connected.replace("\"time\"", "\"clock\"")).expect("write");
+    let out = succeeded(&case.run(&["disconnect", "--force", "claude-code"]));
+    assert!(out.contains("restored whole from the backup"), "{out}");
+    assert_eq!(std::fs::read_to_string(&claude).expect("config"), before);
+}
+
+#[test]
+fn connect_tells_the_bridge_where_a_runtime_directory_hosts_cannot_find_is() {
+    let home = tempfile::tempdir().expect("home");
+    let runtime = tempfile::tempdir().expect("runtime");
+    let h = home.path();
+    std::fs::create_dir_all(h.join(".gemini")).expect("mkdir");
+    let settings = h.join(".gemini/settings.json");
+    std::fs::write(
+        &settings,
+        format!(
+            "{{\n  \"mcpServers\": {{\n    \"fixture\": {{ \"command\": \"{}\", \"args\": [\"--chatter\", \"0\"], \"timeout\": 30000 }}\n  }}\n}}\n",
+            fixture_path().display()
+        ),
+    )
+    .expect("settings");
+    // The user's shell and daemon share a runtime directory that a host's
+    // default environment does not lead to.
+    let xdg = [(
+        "XDG_RUNTIME_DIR".to_owned(),
+        runtime.path().display().to_string(),
+    )];
+    let user = |args: &[&str]| as_user(h, h, &xdg, args);
+    succeeded(&user(&["import", "gemini"]));
+    let mut d = Daemon::user_no_bus(
+        &h.join(".config/mcpd/units"),
+        &[
+            ("XDG_RUNTIME_DIR", runtime.path().as_os_str()),
+            ("HOME", h.as_os_str()),
+        ],
+    );
+    d.wait_until("fixture running", |d| d.latest_pid("fixture").is_some());
+    let status = user(&["status"]);
+    assert!(
+        String::from_utf8_lossy(&status.stderr).contains(&format!(
+            "warning: the runtime directory {}/mcpd is not where hosts",
+            runtime.path().display()
+        )),
+        "{}",
+        said(&status)
+    );
+    let out = succeeded(&user(&["connect", "gemini"]));
+    assert!(out.contains("each entry sets MCPD_RUNTIME_DIR"), "{out}");
+    let entry = jsonc(&settings)["mcpServers"]["fixture"].clone();
+    assert_eq!(entry["timeout"], 30000, "{entry}");
+    // A host starts it with the SDKs' default environment and the entry's.
+    let mut host = Command::new(entry["command"].as_str().expect("command"));
+    host.args(
+        entry["args"]
+            .as_array()
+            .expect("args")
+            .iter()
+            .map(|a| a.as_str().expect("arg")),
+    )
+    .env_clear()
+    .env("HOME", h)
+    .env("PATH", "/usr/bin:/bin");
+    for (k, v) in entry["env"].as_object().expect("env") {
+        host.env(k, v.as_str().expect("value"));
+    }
+    let line = initialize(host);
+    assert!(line.contains("serverInfo"), "{line}");
+    drop(d);
+}
+
+#[test]
+fn import_says_where_units_go_and_connect_names_the_instance_that_has_them() {
+    let case = Case::new("two-times");
+    let h = case.home();
+    // As root a plain import is the system instance's: the table says so,
+    // a dry run too (which writes nothing, so it runs here).
+    let system = |args: &[&str]| as_instance("--system", h, h, &[], args);
+    let dry = succeeded(&system(&["import", "--dry-run"]));
+    assert!(
+        dry.ends_with("\nUnits would be written to /etc/mcpd/units (system instance).\n"),
+        "{dry}"
+    );
+    let units = h.join(".config/mcpd/units");
+    let dry = succeeded(&case.run(&["import", "--dry-run"]));
+    assert!(
+        dry.ends_with(&format!(
+            "\nUnits would be written to {} (user instance).\n",
+            units.display()
+        )),
+        "{dry}"
+    );
+    let done = succeeded(&case.run(&["import"]));
+    assert!(
+        done.contains(&format!(
+            "\nUnits are in {} (user instance); a running mcpd",
+            units.display()
+        )),
+        "{done}"
+    );
+    // connect without --user, for units only the user instance has.
+    let settings = h.join(".gemini/settings.json");
+    let refused = system(&["connect", "gemini"]);
+    assert_eq!(refused.status.code(), Some(1), "{}", said(&refused));
+    assert!(
+        said(&refused).contains(&format!(
+            "none of the servers in {} is a unit of the system instance: they are units of the user instance: use --user",
+            settings.display()
+        )),
+        "{}",
+        said(&refused)
+    );
+    let named = system(&["connect", "gemini", "time-gemini"]);
+    assert!(
+        said(&named).contains(
+            "no unit time-gemini in the system instance's unit directories; it is a unit of the user instance: use --user"
+        ),
+        "{}",
+        said(&named)
+    );
+    assert!(!h.join(".gemini/settings.json.mcpd-backup").exists());
+}
+
+#[test]
+fn output_whose_reader_went_away_ends_quietly() {
+    let case = Case::new("two-times");
+    succeeded(&case.run(&["import"]));
+    // `mcpctl connect --dry-run gemini | head -0`: the reader is gone
+    // before the first write.
+    let (reader, writer) = std::io::pipe().expect("pipe");
+    drop(reader);
+    let out = mcpctl()
+        .args(["--user", "connect", "--dry-run", "gemini"])
+        .env_clear()
+        .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+        .env("HOME", case.home())
+        .current_dir(case.home())
+        .stdout(writer)
+        .output()
+        .expect("mcpctl");
+    assert_eq!(String::from_utf8_lossy(&out.stderr), "");
+    assert_eq!(out.status.code(), Some(141));
 }

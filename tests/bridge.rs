@@ -46,11 +46,7 @@ async fn echo(peer: &rmcp::service::Peer<RoleClient>, text_: &str, what: &str) -
 fn an_mcp_client_uses_a_managed_server_through_the_bridge() {
     let units = tempfile::tempdir().expect("tempdir");
     let runtime = tempfile::tempdir().expect("tempdir");
-    std::fs::write(
-        units.path().join("demo.kdl"),
-        "stdio {\n    command \"mcp-fixture\" \"--chatter\" \"0\"\n}\nreconnect {\n    initial-delay \"1h\"\n    max-delay \"2h\"\n}\n",
-    )
-    .expect("write");
+    demo_unit(units.path());
     let start = || demo_running(units.path(), runtime.path());
     let mut daemon = Some(start());
 
@@ -301,13 +297,18 @@ fn demo_running(units: &std::path::Path, runtime: &std::path::Path) -> Daemon {
     d
 }
 
-/// A demo daemon for the attach tests: the fixture, retrying in an hour.
-fn demo_daemon(units: &std::path::Path) -> Daemon {
+/// Unit demo in `units`: the fixture, retrying in an hour.
+fn demo_unit(units: &std::path::Path) {
     std::fs::write(
         units.join("demo.kdl"),
         "stdio {\n    command \"mcp-fixture\" \"--chatter\" \"0\"\n}\nreconnect {\n    initial-delay \"1h\"\n    max-delay \"2h\"\n}\n",
     )
     .expect("write");
+}
+
+/// A demo daemon for the attach tests: the fixture, retrying in an hour.
+fn demo_daemon(units: &std::path::Path) -> Daemon {
+    demo_unit(units);
     let mut d = Daemon::user_no_bus(units, &[]);
     d.wait_until("demo running", |d| d.latest_pid("demo").is_some());
     d
@@ -866,4 +867,123 @@ fn a_killed_daemons_requests_in_flight_fail_at_once_and_the_bridge_attaches_to_t
         .expect("within 60 s")
     });
     assert!(next.stop(Signal::TERM).success());
+}
+
+/// Reads one line of `from` on a thread, or panics after `within`.
+fn line_within(from: std::process::ChildStdout, within: Duration) -> String {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        use std::io::BufRead;
+        let mut line = String::new();
+        let _ = std::io::BufReader::new(from).read_line(&mut line);
+        let _ = tx.send(line);
+    });
+    rx.recv_timeout(within).expect("a line in time")
+}
+
+/// Waits for `child` to exit, or panics after `within`.
+fn exit_within(child: &mut std::process::Child, within: Duration) -> std::process::ExitStatus {
+    let deadline = std::time::Instant::now() + within;
+    loop {
+        if let Some(status) = child.try_wait().expect("try_wait") {
+            return status;
+        }
+        assert!(std::time::Instant::now() < deadline, "still running");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// `mcpctl bridge demo` in `runtime`, sent an `initialize` request.
+fn initialized_bridge(
+    runtime: &std::path::Path,
+) -> (
+    std::process::Child,
+    std::process::ChildStdin,
+    std::process::ChildStdout,
+) {
+    use std::io::Write;
+    let mut bridge = crate::helper::mcpctl_user_command(runtime, &["bridge", "demo"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("bridge");
+    let mut stdin = bridge.stdin.take().expect("stdin");
+    stdin.write_all(INITIALIZE).expect("write");
+    let stdout = bridge.stdout.take().expect("stdout");
+    (bridge, stdin, stdout)
+}
+
+const INITIALIZE: &[u8] = b"{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"initialize\",\"params\":{\"protocolVersion\":\"2025-11-25\",\"capabilities\":{},\"clientInfo\":{\"name\":\"t\",\"version\":\"1\"}}}\n";
+
+#[test]
+fn with_no_daemon_the_host_is_told_why_and_how_to_start_it() {
+    let runtime = tempfile::tempdir().expect("runtime");
+    let attach = runtime.path().join("mcpd/attach");
+    // The official Python SDK's client shows the error initialize got.
+    let started = std::time::Instant::now();
+    let out = std::process::Command::new("python3")
+        .arg(crate::helper::root().join("tests/data/bridge_down.py"))
+        .arg(env!("CARGO_BIN_EXE_mcpctl"))
+        .env("XDG_RUNTIME_DIR", runtime.path())
+        .env_remove("DBUS_SESSION_BUS_ADDRESS")
+        .output()
+        .expect("python3");
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{said}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for part in [
+        "mcpd (user instance) is not running, so server demo cannot be reached",
+        &format!("no daemon at {}", attach.display()),
+        "start it with `systemctl --user start mcpd`",
+    ] {
+        assert!(said.contains(part), "{part:?} not in {said}");
+    }
+    // It waited for a daemon first (hosts start before it at login).
+    assert!(
+        started.elapsed() >= Duration::from_secs(4),
+        "{:?}",
+        started.elapsed()
+    );
+
+    // A host that reads late: the answer waits for it, the bridge too.
+    let (mut bridge, stdin, stdout) = initialized_bridge(runtime.path());
+    let answer = line_within(stdout, Duration::from_secs(30));
+    let answer: serde_json::Value = serde_json::from_str(&answer).expect("json");
+    assert_eq!(answer["id"], 1, "{answer}");
+    assert!(
+        answer["error"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("systemctl --user start mcpd")),
+        "{answer}"
+    );
+    assert!(
+        bridge.try_wait().expect("try_wait").is_none(),
+        "it waits for the host"
+    );
+    drop(stdin);
+    assert_eq!(
+        exit_within(&mut bridge, Duration::from_secs(10)).code(),
+        Some(1)
+    );
+}
+
+#[test]
+fn a_bridge_started_before_the_daemon_waits_for_it() {
+    let units = tempfile::tempdir().expect("units");
+    let runtime = tempfile::tempdir().expect("runtime");
+    demo_unit(units.path());
+    let (mut bridge, stdin, stdout) = initialized_bridge(runtime.path());
+    let d = Daemon::user_no_bus(
+        units.path(),
+        &[("XDG_RUNTIME_DIR", runtime.path().as_os_str())],
+    );
+    let answer = line_within(stdout, Duration::from_secs(60));
+    assert!(answer.contains("mcp-fixture"), "{answer}");
+    drop(stdin);
+    assert!(exit_within(&mut bridge, Duration::from_secs(10)).success());
+    assert!(d.stop(Signal::TERM).success());
 }

@@ -554,6 +554,18 @@ fn status_shows_health_and_a_flooding_server_is_rate_limited() {
         report.contains("flood") && report.contains("lines (log-rate-limit 20 per 1s)"),
         "{report}"
     );
+    // … and said so when it began to drop, not only at the window's end.
+    let reached = d
+        .seen
+        .iter()
+        .position(|l| l.contains("log-rate-limit reached: dropping stderr until "))
+        .expect("the limit says when it begins to drop");
+    let reported = d
+        .seen
+        .iter()
+        .position(|l| l.contains("suppressed "))
+        .expect("report");
+    assert!(reached < reported, "{:?}", &d.seen[reached..=reported]);
     // the daemon answers while the server floods; the ring has its newest lines
     let logs = text(&mcpctl_user(&runtime, &["logs", "flood"]));
     let newest: u64 = logs

@@ -32,6 +32,10 @@ fn every_shipped_unit_verifies() {
             file.display(),
             String::from_utf8_lossy(&out.stderr)
         );
+        assert_eq!(
+            String::from_utf8_lossy(&out.stdout),
+            "1 unit, no problems\n"
+        );
     }
     let out = run(mcpctl().arg("verify").arg(&units));
     assert!(
@@ -41,8 +45,13 @@ fn every_shipped_unit_verifies() {
     );
     assert!(
         out.stderr.is_empty(),
-        "valid units print nothing: {}",
+        "valid units print no diagnostics: {}",
         String::from_utf8_lossy(&out.stderr)
+    );
+    // What was checked, as systemd-analyze prints its findings.
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        format!("{} units, no problems\n", files.len())
     );
 }
 

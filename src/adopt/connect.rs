@@ -4,7 +4,7 @@
 //! (jsonc-parser's CST for JSON, toml_edit for TOML); `disconnect` undoes
 //! it. Pure: text in, text out.
 
-use jsonc_parser::cst::{CstInputValue, CstRootNode};
+use jsonc_parser::cst::{CstInputValue, CstObject, CstRootNode};
 use serde_json::Value;
 
 use super::hosts::Host;
@@ -18,27 +18,56 @@ pub struct Record {
     pub connected: String,
 }
 
-/// The entry that runs `mcpctl bridge` (`bridge` is the command line).
-fn bridge_entry(host: Host, bridge: &[String]) -> Value {
-    let (command, args) = bridge.split_first().expect("a command");
-    let mut entry = serde_json::Map::new();
-    if matches!(host, Host::ClaudeCode | Host::Cursor | Host::VsCode) {
-        // These document `type` (VS Code requires it).
-        entry.insert("type".into(), Value::String("stdio".into()));
-    }
-    entry.insert("command".into(), Value::String(command.clone()));
-    entry.insert(
-        "args".into(),
-        Value::Array(args.iter().cloned().map(Value::String).collect()),
-    );
-    Value::Object(entry)
+/// Whether `host` documents an entry's `type` (VS Code requires it).
+fn typed(host: Host) -> bool {
+    matches!(host, Host::ClaudeCode | Host::Cursor | Host::VsCode)
 }
 
-/// [`bridge_entry`] for the CST, its keys in the order hosts' docs show.
-fn bridge_input(host: Host, bridge: &[String]) -> CstInputValue {
+/// The keys of a JSON entry that say what to run or reach: `connect`
+/// replaces them; every other key (Gemini's `timeout`, `trust`,
+/// `excludeTools`, …) is the host's and stays.
+const JSON_TRANSPORT: &[&str] = &[
+    "type",
+    "transport",
+    "command",
+    "args",
+    "env",
+    "cwd",
+    "envFile",
+    "url",
+    "httpUrl",
+    "serverUrl",
+    "headers",
+];
+
+/// Codex's keys of the same kind.
+const TOML_TRANSPORT: &[&str] = &[
+    "command",
+    "args",
+    "env",
+    "env_vars",
+    "cwd",
+    "url",
+    "bearer_token_env_var",
+    "http_headers",
+    "env_http_headers",
+];
+
+/// `env` as a JSON object.
+fn env_input(env: &[(String, String)]) -> CstInputValue {
+    CstInputValue::Object(
+        env.iter()
+            .map(|(k, v)| (k.clone(), CstInputValue::String(v.clone())))
+            .collect(),
+    )
+}
+
+/// A new entry that runs `bridge` with `env`, its keys in the order hosts'
+/// docs show.
+fn bridge_input(host: Host, bridge: &[String], env: &[(String, String)]) -> CstInputValue {
     let (command, args) = bridge.split_first().expect("a command");
     let mut entry = Vec::new();
-    if matches!(host, Host::ClaudeCode | Host::Cursor | Host::VsCode) {
+    if typed(host) {
         entry.push(("type".to_owned(), CstInputValue::String("stdio".into())));
     }
     entry.push(("command".to_owned(), CstInputValue::String(command.clone())));
@@ -46,19 +75,49 @@ fn bridge_input(host: Host, bridge: &[String]) -> CstInputValue {
         "args".to_owned(),
         CstInputValue::Array(args.iter().cloned().map(CstInputValue::String).collect()),
     ));
+    if !env.is_empty() {
+        entry.push(("env".to_owned(), env_input(env)));
+    }
     CstInputValue::Object(entry)
 }
 
-fn input(value: &Value) -> CstInputValue {
-    match value {
-        Value::Null => CstInputValue::Null,
-        Value::Bool(b) => CstInputValue::Bool(*b),
-        Value::Number(n) => CstInputValue::Number(n.to_string()),
-        Value::String(s) => CstInputValue::String(s.clone()),
-        Value::Array(a) => CstInputValue::Array(a.iter().map(input).collect()),
-        Value::Object(o) => {
-            CstInputValue::Object(o.iter().map(|(k, v)| (k.clone(), input(v))).collect())
+/// Rewrites the entry `object` in place to run `bridge`: its transport keys
+/// replaced, the others kept where they are.
+fn rewrite(host: Host, object: &CstObject, bridge: &[String], env: &[(String, String)]) {
+    let (command, args) = bridge.split_first().expect("a command");
+    for key in JSON_TRANSPORT {
+        if !["type", "command", "args"].contains(key)
+            && let Some(prop) = object.get(key)
+        {
+            prop.remove();
         }
+    }
+    let set = |key: &str, value: CstInputValue, after: Option<&str>| match object.get(key) {
+        Some(prop) => prop.set_value(value),
+        None => {
+            let at = after
+                .and_then(|a| object.get(a))
+                .map_or(0, |p| p.property_index() + 1);
+            object.insert(at, key, value);
+        }
+    };
+    match object.get("type") {
+        Some(prop) if !typed(host) => prop.remove(),
+        _ if typed(host) => set("type", CstInputValue::String("stdio".into()), None),
+        _ => {}
+    }
+    set(
+        "command",
+        CstInputValue::String(command.clone()),
+        Some("type"),
+    );
+    set(
+        "args",
+        CstInputValue::Array(args.iter().cloned().map(CstInputValue::String).collect()),
+        Some("command"),
+    );
+    if !env.is_empty() {
+        set("env", env_input(env), Some("args"));
     }
 }
 
@@ -75,13 +134,16 @@ fn servers_key(host: Host) -> &'static str {
     }
 }
 
-/// `text` with each `(entry, unit)` of `servers` run through `bridge(unit)`:
-/// entries there are replaced where they are, missing ones added.
+/// `text` with each `(entry, unit)` of `servers` run through `bridge(unit)`
+/// with the variables `env` (what the bridge needs to find its daemon):
+/// entries there are rewritten where they are (only the keys that say
+/// what to run change), missing ones added.
 pub fn connect(
     host: Host,
     text: &str,
     servers: &[(String, String)],
     bridge: &dyn Fn(&str) -> Vec<String>,
+    env: &[(String, String)],
 ) -> Result<String, String> {
     if host == Host::Codex {
         let mut doc: toml_edit::DocumentMut = text
@@ -96,13 +158,32 @@ pub fn connect(
             })
             .as_table_mut()
             .ok_or("`mcp_servers` is not a table")?;
+        let vars: toml_edit::InlineTable = env
+            .iter()
+            .map(|(k, v)| (k.as_str(), toml_edit::Value::from(v.as_str())))
+            .collect();
         for (name, unit) in servers {
             let line = bridge(unit);
-            let mut entry = toml_edit::Table::new();
-            entry["command"] = toml_edit::value(line[0].clone());
             let args: toml_edit::Array = line[1..].iter().map(String::as_str).collect();
-            entry["args"] = toml_edit::value(args);
-            table_insert(table, name, toml_edit::Item::Table(entry));
+            let entry = match table.get_mut(name).and_then(|e| e.as_table_like_mut()) {
+                Some(entry) => {
+                    for key in TOML_TRANSPORT {
+                        if !["command", "args"].contains(key) {
+                            entry.remove(key);
+                        }
+                    }
+                    entry
+                }
+                None => {
+                    table_insert(table, name, toml_edit::table());
+                    table[name].as_table_like_mut().expect("a table")
+                }
+            };
+            entry.insert("command", toml_edit::value(line[0].clone()));
+            entry.insert("args", toml_edit::value(args));
+            if !env.is_empty() {
+                entry.insert("env", toml_edit::value(vars.clone()));
+            }
         }
         return Ok(doc.to_string());
     }
@@ -110,11 +191,14 @@ pub fn connect(
     let object = root.object_value_or_set();
     let object = object.object_value_or_set(servers_key(host));
     for (name, unit) in servers {
-        let entry = bridge_input(host, &bridge(unit));
+        let line = bridge(unit);
         match object.get(name) {
-            Some(prop) => prop.set_value(entry),
+            Some(prop) => match prop.object_value() {
+                Some(entry) => rewrite(host, &entry, &line, env),
+                None => prop.set_value(bridge_input(host, &line, env)),
+            },
             None => {
-                object.append(name, entry);
+                object.append(name, bridge_input(host, &line, env));
             }
         }
     }
@@ -131,24 +215,45 @@ fn table_insert(table: &mut toml_edit::Table, name: &str, item: toml_edit::Item)
     }
 }
 
-/// Why `disconnect` cannot undo a `connect`.
+/// Why `disconnect` cannot undo a `connect`: the file no longer parses.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Conflict(pub String);
 
-/// The file `connect` changed, as it should be now: `original` byte for
-/// byte when nothing else changed since; else `current` with each entry
-/// `connect` wrote put back as it was in `original` (or removed, if it was
-/// not there), when those entries are still as `connect` wrote them.
+/// What `disconnect` did with an entry `connect` wrote.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Undo {
+    /// Put back as it was (or removed, if `connect` added it).
+    Restored,
+    /// The host removed it since: left removed.
+    Removed,
+    /// The host changed it since (it no longer runs the bridge): left as is.
+    Changed,
+}
+
+/// Whether a command line (`command`, `args`) is `bridge`'s.
+fn runs(bridge: &[String], command: Option<&str>, args: Option<Vec<String>>) -> bool {
+    command == Some(bridge[0].as_str()) && args.as_deref() == Some(&bridge[1..])
+}
+
+/// The file `connect` changed, as it should be now, and what became of
+/// each entry it wrote: `original` byte for byte when nothing else changed
+/// since; else `current` with each entry that still runs the bridge put
+/// back as it was in `original` (or removed, if it was not there), and the
+/// host's own changes (entries it removed or changed) left alone.
 pub fn disconnect(
     host: Host,
     current: &str,
     original: &str,
     record: &Record,
     bridge: &dyn Fn(&str) -> Vec<String>,
-) -> Result<String, Conflict> {
+) -> Result<(String, Vec<Undo>), Conflict> {
     if current == record.connected {
-        return Ok(original.to_owned());
+        return Ok((
+            original.to_owned(),
+            vec![Undo::Restored; record.servers.len()],
+        ));
     }
+    let mut undone = Vec::new();
     if host == Host::Codex {
         let parse = |t: &str| {
             t.parse::<toml_edit::DocumentMut>()
@@ -157,17 +262,22 @@ pub fn disconnect(
         let mut now = parse(current)?;
         let before = parse(original)?;
         for (name, unit) in &record.servers {
-            let line = bridge(unit);
-            let ours = now
-                .get("mcp_servers")
-                .and_then(|s| s.get(name))
-                .and_then(|t| t.get("command"))
-                .and_then(|c| c.as_str())
-                == Some(line[0].as_str());
-            if !ours {
-                return Err(Conflict(format!(
-                    "entry {name} is no longer `mcpctl bridge {unit}`"
-                )));
+            let Some(entry) = now.get("mcp_servers").and_then(|s| s.get(name)) else {
+                undone.push(Undo::Removed);
+                continue;
+            };
+            let args = entry.get("args").and_then(|a| a.as_array()).map(|a| {
+                a.iter()
+                    .filter_map(|v| v.as_str().map(str::to_owned))
+                    .collect()
+            });
+            if !runs(
+                &bridge(unit),
+                entry.get("command").and_then(|c| c.as_str()),
+                args,
+            ) {
+                undone.push(Undo::Changed);
+                continue;
             }
             let old = before.get("mcp_servers").and_then(|s| s.get(name)).cloned();
             if let Some(servers) = now.get_mut("mcp_servers").and_then(|s| s.as_table_mut()) {
@@ -178,33 +288,58 @@ pub fn disconnect(
                     }
                 }
             }
+            undone.push(Undo::Restored);
         }
-        return Ok(now.to_string());
+        return Ok((now.to_string(), undone));
     }
     let conflict = |e: String| Conflict(e);
     let now = parse(current).map_err(conflict)?;
-    let before: Value = jsonc_parser::parse_to_serde_value(original, &Default::default())
-        .map_err(|e| Conflict(e.kind().to_string()))?;
+    let before = parse(original).map_err(conflict)?;
+    let old_servers = before
+        .object_value()
+        .and_then(|o| o.object_value(servers_key(host)));
     let servers = now
         .object_value()
-        .and_then(|o| o.object_value(servers_key(host)))
-        .ok_or_else(|| Conflict(format!("the `{}` object is gone", servers_key(host))))?;
+        .and_then(|o| o.object_value(servers_key(host)));
+    // Entries put back as their original text, byte for byte: each is
+    // marked first, the marks replaced in the text at the end.
+    let mut verbatim = Vec::new();
     for (name, unit) in &record.servers {
-        let prop = servers
-            .get(name)
-            .ok_or_else(|| Conflict(format!("entry {name} was removed")))?;
-        if prop.value().and_then(|v| v.to_serde_value()) != Some(bridge_entry(host, &bridge(unit)))
-        {
-            return Err(Conflict(format!(
-                "entry {name} is no longer `mcpctl bridge {unit}`"
-            )));
+        let Some(prop) = servers.as_ref().and_then(|s| s.get(name)) else {
+            undone.push(Undo::Removed);
+            continue;
+        };
+        let value = prop.value().and_then(|v| v.to_serde_value());
+        let field = |key: &str| value.as_ref().and_then(|v| v.get(key)).cloned();
+        let command = field("command");
+        let args = field("args").and_then(|a| serde_json::from_value(a).ok());
+        if !runs(
+            &bridge(unit),
+            command.as_ref().and_then(Value::as_str),
+            args,
+        ) {
+            undone.push(Undo::Changed);
+            continue;
         }
-        match before.get(servers_key(host)).and_then(|s| s.get(name)) {
-            Some(old) => prop.set_value(input(old)),
+        match old_servers
+            .as_ref()
+            .and_then(|s| s.get(name))
+            .and_then(|p| p.value())
+        {
+            Some(old) => {
+                let mark = format!("mcpd-disconnect-{}-{}", std::process::id(), verbatim.len());
+                prop.set_value(CstInputValue::String(mark.clone()));
+                verbatim.push((format!("\"{mark}\""), old.to_string()));
+            }
             None => prop.remove(),
         }
+        undone.push(Undo::Restored);
     }
-    Ok(now.to_string())
+    let mut text = now.to_string();
+    for (mark, old) in verbatim {
+        text = text.replacen(&mark, &old, 1);
+    }
+    Ok((text, undone))
 }
 
 #[cfg(test)]
@@ -220,6 +355,20 @@ mod tests {
         ]
     }
 
+    fn json(text: &str) -> Value {
+        jsonc_parser::parse_to_serde_value(text, &Default::default()).expect("json")
+    }
+
+    fn record_of(servers: &[(&str, &str)], connected: &str) -> Record {
+        Record {
+            servers: servers
+                .iter()
+                .map(|(e, u)| (e.to_string(), u.to_string()))
+                .collect(),
+            connected: connected.to_owned(),
+        }
+    }
+
     #[test]
     fn connect_keeps_comments_and_other_keys_and_disconnect_restores_them() {
         let text = "{\n  // my servers\n  \"theme\": \"dark\",\n  \"mcpServers\": {\n    \"a\": { \"command\": \"x\" },\n    \"keep\": { \"command\": \"y\" }\n  }\n}\n";
@@ -227,40 +376,146 @@ mod tests {
             ("a".to_owned(), "a".to_owned()),
             ("b".to_owned(), "b".to_owned()),
         ];
-        let connected = connect(Host::ClaudeDesktop, text, &names, &bridge).expect("connect");
+        let connected = connect(Host::ClaudeDesktop, text, &names, &bridge, &[]).expect("connect");
         assert!(connected.contains("// my servers"), "{connected}");
         assert!(connected.contains("\"theme\": \"dark\""), "{connected}");
         assert!(
             connected.contains("\"keep\": { \"command\": \"y\" }"),
             "{connected}"
         );
-        let value: Value =
-            serde_json::from_str(&connected.replace("// my servers", "")).expect("json");
+        let value = json(&connected);
         assert_eq!(value["mcpServers"]["a"]["args"][2], "a");
         assert_eq!(value["mcpServers"]["b"]["command"], "/usr/bin/mcpctl");
-        let record = Record {
-            servers: names.clone(),
-            connected: connected.clone(),
-        };
+        let record = record_of(&[("a", "a"), ("b", "b")], &connected);
+        let restored = vec![Undo::Restored; 2];
         assert_eq!(
             disconnect(Host::ClaudeDesktop, &connected, text, &record, &bridge),
-            Ok(text.to_owned())
+            Ok((text.to_owned(), restored.clone()))
         );
-        // The user added a key since: merged, not lost.
+        // The user changed a key since: merged, not lost.
         let edited = connected.replace("\"theme\": \"dark\"", "\"theme\": \"light\"");
-        let undone =
-            disconnect(Host::ClaudeDesktop, &edited, text, &record, &bridge).expect("merge");
-        assert!(undone.contains("\"theme\": \"light\""), "{undone}");
-        let value: Value =
-            serde_json::from_str(&undone.replace("// my servers", "")).expect("json");
         assert_eq!(
-            value["mcpServers"]["a"],
-            serde_json::json!({"command": "x"})
+            disconnect(Host::ClaudeDesktop, &edited, text, &record, &bridge),
+            Ok((text.replace("dark", "light"), restored))
         );
-        assert!(value["mcpServers"].get("b").is_none(), "{undone}");
-        // The user changed an entry mcpd wrote: refused.
-        let changed = connected.replacen("/usr/bin/mcpctl", "/opt/other", 1);
-        assert!(disconnect(Host::ClaudeDesktop, &changed, text, &record, &bridge).is_err());
+    }
+
+    #[test]
+    fn connect_changes_only_the_keys_that_say_what_to_run() {
+        // Gemini CLI's own settings of a server stay while it is connected.
+        let text = r#"{
+  "mcpServers": {
+    "time": {
+      "command": "uvx",
+      "args": ["mcp-server-time"],
+      "env": { "TZ": "Asia/Tokyo" },
+      "cwd": "/srv",
+      "timeout": 30000,
+      "trust": false,
+      "excludeTools": ["convert_time"]
+    },
+    "remote": { "httpUrl": "https://x/mcp", "headers": { "A": "b" }, "trust": true }
+  }
+}
+"#;
+        let names = [("time", "time"), ("remote", "remote")].map(|(e, u)| (e.into(), u.into()));
+        let connected = connect(Host::Gemini, text, &names, &bridge, &[]).expect("connect");
+        let value = json(&connected);
+        assert_eq!(
+            value["mcpServers"]["time"],
+            serde_json::json!({
+                "command": "/usr/bin/mcpctl",
+                "args": ["--user", "bridge", "time"],
+                "timeout": 30000,
+                "trust": false,
+                "excludeTools": ["convert_time"]
+            })
+        );
+        assert_eq!(
+            value["mcpServers"]["remote"],
+            serde_json::json!({
+                "command": "/usr/bin/mcpctl",
+                "args": ["--user", "bridge", "remote"],
+                "trust": true
+            })
+        );
+        // In the order they were, where they were.
+        assert!(
+            connected.contains("\"args\": [\"--user\", \"bridge\", \"time\"],\n      \"timeout\": 30000,\n      \"trust\": false,"),
+            "{connected}"
+        );
+        // Claude Code documents `type`: set to stdio.
+        let claude = r#"{"mcpServers": {"r": {"type": "http", "url": "https://x/mcp", "oauth": {"clientId": "c"}}}}"#;
+        let names = [("r".to_owned(), "r".to_owned())];
+        let value =
+            json(&connect(Host::ClaudeCode, claude, &names, &bridge, &[]).expect("connect"));
+        assert_eq!(
+            value["mcpServers"]["r"],
+            serde_json::json!({
+                "type": "stdio",
+                "command": "/usr/bin/mcpctl",
+                "args": ["--user", "bridge", "r"],
+                "oauth": {"clientId": "c"}
+            })
+        );
+    }
+
+    #[test]
+    fn disconnect_puts_back_its_entries_and_leaves_the_hosts_own_changes() {
+        let text = "{\n  \"mcpServers\": {\n    \"memory\": {\n      \"command\": \"npx\",\n      \"args\": [\n        \"-y\",\n        \"@modelcontextprotocol/server-memory\"\n      ],\n      \"trust\": true\n    },\n    \"time\": { \"command\": \"uvx\", \"args\": [\"mcp-server-time\"] },\n    \"fetch\": { \"command\": \"uvx\", \"args\": [\"mcp-server-fetch\"] }\n  }\n}\n";
+        let servers = [("memory", "memory"), ("time", "time"), ("fetch", "fetch")];
+        let names: Vec<(String, String)> = servers
+            .iter()
+            .map(|(e, u)| (e.to_string(), u.to_string()))
+            .collect();
+        let connected = connect(Host::Gemini, text, &names, &bridge, &[]).expect("connect");
+        let record = record_of(&servers, &connected);
+        // The host removed `time` (`gemini mcp remove time`) and pointed
+        // `fetch` elsewhere since.
+        let root = parse(&connected).expect("parse");
+        let object = root
+            .object_value()
+            .and_then(|o| o.object_value("mcpServers"))
+            .expect("servers");
+        object.get("time").expect("time").remove();
+        object
+            .get("fetch")
+            .expect("fetch")
+            .set_value(CstInputValue::Object(vec![(
+                "command".into(),
+                CstInputValue::String("my-fetch".into()),
+            )]));
+        let edited = root.to_string();
+        let (undone, how) =
+            disconnect(Host::Gemini, &edited, text, &record, &bridge).expect("disconnect");
+        assert_eq!(how, vec![Undo::Restored, Undo::Removed, Undo::Changed]);
+        // `memory` as it was, byte for byte (its key order and its array
+        // over lines).
+        assert!(
+            undone.contains("    \"memory\": {\n      \"command\": \"npx\",\n      \"args\": [\n        \"-y\",\n        \"@modelcontextprotocol/server-memory\"\n      ],\n      \"trust\": true\n    },"),
+            "{undone}"
+        );
+        let value = json(&undone);
+        assert!(value["mcpServers"].get("time").is_none(), "{undone}");
+        assert_eq!(value["mcpServers"]["fetch"]["command"], "my-fetch");
+
+        // Codex: the same.
+        let toml = "[mcp_servers.a]\ncommand = \"x\"\nstartup_timeout_sec = 20\nenabled_tools = [\"t\"]\n\n[mcp_servers.b]\ncommand = \"y\"\n";
+        let names = [("a", "a"), ("b", "b")].map(|(e, u)| (e.into(), u.into()));
+        let connected = connect(Host::Codex, toml, &names, &bridge, &[]).expect("connect");
+        assert!(
+            connected.contains("startup_timeout_sec = 20\nenabled_tools = [\"t\"]"),
+            "{connected}"
+        );
+        let record = record_of(&[("a", "a"), ("b", "b")], &connected);
+        let edited = connected.replace("[mcp_servers.b]", "[other]");
+        let (undone, how) =
+            disconnect(Host::Codex, &edited, toml, &record, &bridge).expect("disconnect");
+        assert_eq!(how, vec![Undo::Restored, Undo::Removed]);
+        assert!(
+            undone.starts_with("[mcp_servers.a]\ncommand = \"x\"\nstartup_timeout_sec = 20\n"),
+            "{undone}"
+        );
     }
 
     #[test]
@@ -268,20 +523,17 @@ mod tests {
         let text =
             "model = \"o3\"\n\n# mine\n[mcp_servers.a]\ncommand = \"x\"\nenv = { K = \"v\" }\n";
         let names = vec![("a".to_owned(), "a".to_owned())];
-        let connected = connect(Host::Codex, text, &names, &bridge).expect("connect");
+        let connected = connect(Host::Codex, text, &names, &bridge, &[]).expect("connect");
         assert!(connected.starts_with("model = \"o3\"\n"), "{connected}");
         assert!(
             connected.contains("command = \"/usr/bin/mcpctl\""),
             "{connected}"
         );
         assert!(!connected.contains("K = "), "{connected}");
-        let record = Record {
-            servers: names,
-            connected: connected.clone(),
-        };
+        let record = record_of(&[("a", "a")], &connected);
         assert_eq!(
             disconnect(Host::Codex, &connected, text, &record, &bridge),
-            Ok(text.to_owned())
+            Ok((text.to_owned(), vec![Undo::Restored]))
         );
     }
 }

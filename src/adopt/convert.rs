@@ -19,6 +19,8 @@ pub struct Imported {
     pub unit: String,
     /// The env-file's `NAME=value` pairs; empty: the unit has none.
     pub secrets: Vec<(String, String)>,
+    /// Why each of `secrets` is one ([`secret_because`]), in their order.
+    pub because: Vec<&'static str>,
 }
 
 impl Imported {
@@ -75,6 +77,53 @@ pub fn unit_name(name: &str) -> Option<String> {
     }
     let out: String = out.trim_end_matches('-').chars().take(64).collect();
     (!out.is_empty()).then_some(out)
+}
+
+/// The comment that says which entry a unit was imported from: its first
+/// line, by which `connect` knows the unit again.
+pub fn origin(host: Host, file: &Path, entry: &str) -> String {
+    format!(
+        "{ORIGIN}{} ({}, entry {}).",
+        host.name(),
+        one_line(&file.display().to_string()),
+        kdl(entry)
+    )
+}
+
+const ORIGIN: &str = "// Imported by `mcpctl import` from ";
+
+/// Where `unit` (its text) was imported from: `HOST (FILE, entry "NAME")`.
+pub fn origin_of(unit: &str) -> Option<&str> {
+    unit.lines()
+        .find_map(|l| l.strip_prefix(ORIGIN))
+        .map(|o| o.trim_end_matches('.'))
+}
+
+/// A unit's text without the lines that say where it came from (its
+/// origin and description): what it runs.
+fn body(unit: &str) -> Vec<&str> {
+    unit.lines()
+        .filter(|l| !l.starts_with(ORIGIN) && !l.starts_with("description "))
+        .collect()
+}
+
+/// Whether `imported` runs the same server as the unit `unit` whose
+/// env-file is `env` (their origins aside).
+pub fn same_server(imported: &Imported, unit: &str, env: Option<&str>) -> bool {
+    let secrets: Vec<(String, String)> = env
+        .unwrap_or_default()
+        .lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter_map(|l| l.split_once('='))
+        .map(|(k, v)| {
+            let v = v
+                .strip_prefix('"')
+                .and_then(|v| v.strip_suffix('"'))
+                .unwrap_or(v);
+            (k.to_owned(), v.to_owned())
+        })
+        .collect();
+    body(&imported.unit) == body(unit) && imported.secrets == secrets
 }
 
 /// A piece of a value as the host would expand it.
@@ -301,6 +350,16 @@ fn one_line(text: &str) -> String {
         .collect()
 }
 
+/// An env variable's name as a property key: bare, unless KDL reserves
+/// it (`true`, `null`, …).
+fn env_key(name: &str) -> String {
+    if matches!(name, "true" | "false" | "null" | "inf" | "nan") {
+        kdl(name)
+    } else {
+        name.to_owned()
+    }
+}
+
 /// An env-file variable for header `name`: `Authorization` → `AUTHORIZATION`.
 fn header_var(name: &str, taken: &[(String, String)]) -> String {
     let mut var: String = name
@@ -325,6 +384,79 @@ fn header_var(name: &str, taken: &[(String, String)]) -> String {
     candidate
 }
 
+/// Why the value `value` of `name` (an env variable or a header) is a
+/// secret, which goes to the env-file; `None`: it is not, and stays in the
+/// unit where `mcpctl status` shows it (`MEMORY_FILE_PATH`, `LOG_LEVEL`).
+/// `indirect`: the host filled it in from a variable or a file, which the
+/// user kept out of the host's file.
+pub fn secret_because(name: &str, value: &str, indirect: bool) -> Option<&'static str> {
+    if indirect {
+        return Some("from a variable or file");
+    }
+    let upper = name.to_ascii_uppercase();
+    let secretive = upper.split(['_', '-']).any(|part| {
+        matches!(
+            part,
+            "PASS" | "PWD" | "AUTH" | "AUTHORIZATION" | "COOKIE" | "SESSION" | "JWT" | "DSN"
+        ) || [
+            "KEY",
+            "TOKEN",
+            "SECRET",
+            "PASSWORD",
+            "PASSWD",
+            "CREDENTIAL",
+            "CREDENTIALS",
+            "PRIVATE",
+        ]
+        .iter()
+        .any(|word| part.ends_with(word))
+    });
+    if secretive {
+        return Some("its name");
+    }
+    // Well-known token prefixes, credentials in a URL, or a long random run.
+    const PREFIXES: &[&str] = &[
+        "ghp_",
+        "gho_",
+        "ghu_",
+        "ghs_",
+        "ghr_",
+        "github_pat_",
+        "glpat-",
+        "sk-",
+        "sk_",
+        "rk_",
+        "xoxb-",
+        "xoxp-",
+        "xoxa-",
+        "xapp-",
+        "AKIA",
+        "ASIA",
+        "AIza",
+        "ya29.",
+        "eyJ",
+        "npm_",
+        "pypi-",
+        "hf_",
+        "dop_v1_",
+        "Bearer ",
+        "Basic ",
+    ];
+    let userinfo = value
+        .split_once("://")
+        .and_then(|(_, rest)| rest.split(['/', '?', '#']).next())
+        .is_some_and(|authority| authority.contains(':') && authority.contains('@'));
+    let random = value.len() >= 24
+        && value
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || "+/=_-".contains(c))
+        && value.chars().any(|c| c.is_ascii_digit())
+        && value.chars().any(|c| c.is_ascii_alphabetic())
+        && !value.starts_with('/');
+    (PREFIXES.iter().any(|p| value.starts_with(p)) || userinfo || random)
+        .then_some("its value's shape")
+}
+
 /// Programs that fetch their server on first start: give them time.
 const FETCHERS: &[&str] = &["npx", "uvx", "bunx", "pnpx", "pipx", "docker", "podman"];
 
@@ -346,13 +478,9 @@ pub fn convert(entry: &Entry, env_file: &Path, lookup: &Lookup<'_>) -> Result<Im
         clean.display().to_string()
     };
     let mut secrets: Vec<(String, String)> = Vec::new();
+    let mut because = Vec::new();
     let mut lines = vec![
-        format!(
-            "// Imported by `mcpctl import` from {} ({}, entry {}).",
-            entry.host.name(),
-            one_line(&entry.file.display().to_string()),
-            kdl(&entry.name)
-        ),
+        origin(entry.host, &entry.file, &entry.name),
         format!(
             "description {}",
             kdl(&format!(
@@ -381,6 +509,7 @@ pub fn convert(entry: &Entry, env_file: &Path, lookup: &Lookup<'_>) -> Result<Im
                 words.push(kdl(&plain(&split(arg)?, &place("an argument"), lookup)?));
             }
             let mut pass_env: Vec<String> = pass.clone();
+            let mut plain_env = Vec::new();
             for (key, value) in env {
                 if !crate::unit::spec::is_env_name(key) {
                     return Err(format!(
@@ -402,13 +531,23 @@ pub fn convert(entry: &Entry, env_file: &Path, lookup: &Lookup<'_>) -> Result<Im
                     continue;
                 }
                 let value = secret(&parts, &place("its env"), lookup)?;
-                secrets.push((key.clone(), value));
+                let indirect = parts.iter().any(|p| !matches!(p, Piece::Text(_)));
+                match secret_because(key, &value, indirect) {
+                    Some(why) => {
+                        secrets.push((key.clone(), value));
+                        because.push(why);
+                    }
+                    None => plain_env.push(format!("{}={}", env_key(key), kdl(&value))),
+                }
             }
             lines.push("stdio {".into());
             lines.push(format!("    command {}", words.join(" ")));
             if let Some(cwd) = cwd {
                 let cwd = absolute(plain(&split(cwd)?, &place("its cwd"), lookup)?);
                 lines.push(format!("    working-directory {}", kdl(&cwd)));
+            }
+            if !plain_env.is_empty() {
+                lines.push(format!("    env {}", plain_env.join(" ")));
             }
             if let Some(file) = host_env_file {
                 let file = absolute(plain(&split(file)?, &place("its envFile"), lookup)?);
@@ -444,10 +583,14 @@ pub fn convert(entry: &Entry, env_file: &Path, lookup: &Lookup<'_>) -> Result<Im
             let url = plain(&split(url)?, &place("its url"), lookup)?;
             let mut header_lines = Vec::new();
             for (name, value) in headers {
-                let value = match value {
-                    HeaderValue::Text(text) => secret(&split(text)?, &place("a header"), lookup)?,
+                let (value, indirect) = match value {
+                    HeaderValue::Text(text) => {
+                        let parts = split(text)?;
+                        let indirect = parts.iter().any(|p| !matches!(p, Piece::Text(_)));
+                        (secret(&parts, &place("a header"), lookup)?, indirect)
+                    }
                     HeaderValue::Env { var, prefix } => match (lookup.var)(var) {
-                        Some(value) => format!("{prefix}{value}"),
+                        Some(value) => (format!("{prefix}{value}"), true),
                         None => {
                             return Err(format!(
                                 "its header {name} comes from {var}, which is not set here: set it and import again"
@@ -455,22 +598,44 @@ pub fn convert(entry: &Entry, env_file: &Path, lookup: &Lookup<'_>) -> Result<Im
                         }
                     },
                 };
+                let Some(why) = secret_because(name, &value, indirect) else {
+                    header_lines.push(format!("    header {} {}", kdl(name), kdl(&value)));
+                    continue;
+                };
                 let var = header_var(name, &secrets);
                 header_lines.push(format!("    header {} env={}", kdl(name), kdl(&var)));
                 secrets.push((var, value));
+                because.push(why);
             }
             if header_lines.is_empty() {
                 lines.push(format!("http {}", kdl(&url)));
             } else {
                 lines.push(format!("http {} {{", kdl(&url)));
-                lines.push(format!(
-                    "    env-file {}",
-                    kdl(&env_file.display().to_string())
-                ));
+                if !secrets.is_empty() {
+                    lines.push(format!(
+                        "    env-file {}",
+                        kdl(&env_file.display().to_string())
+                    ));
+                }
                 lines.extend(header_lines);
                 lines.push("}".into());
             }
         }
+    }
+    let tools = &entry.tools;
+    if !tools.allow.is_empty() || !tools.deny.is_empty() {
+        lines.push(format!(
+            "// {}'s own filter of the server's tools.",
+            entry.host.name()
+        ));
+        lines.push("tools {".into());
+        for (key, names) in [("allow", &tools.allow), ("deny", &tools.deny)] {
+            if !names.is_empty() {
+                let names: Vec<String> = names.iter().map(|n| kdl(n)).collect();
+                lines.push(format!("    {key} {}", names.join(" ")));
+            }
+        }
+        lines.push("}".into());
     }
     for (key, value) in &secrets {
         if value.contains(['\n', '\r', '\0']) {
@@ -483,6 +648,7 @@ pub fn convert(entry: &Entry, env_file: &Path, lookup: &Lookup<'_>) -> Result<Im
     Ok(Imported {
         unit: lines.join("\n"),
         secrets,
+        because,
     })
 }
 
@@ -552,6 +718,39 @@ mod tests {
             pieces(Syntax::Windsurf, "${file:~/t}", base, home),
             Ok(vec![Piece::File("~/t".into())])
         );
+    }
+
+    #[test]
+    fn only_secrets_go_to_the_env_file_and_each_says_why() {
+        let name = Some("its name");
+        let shape = Some("its value's shape");
+        let table = [
+            (
+                "MEMORY_FILE_PATH",
+                "/home/u/.local/share/memory.json",
+                false,
+                None,
+            ),
+            ("LOG_LEVEL", "debug", false, None),
+            ("GITHUB_HOST", "github.com", false, None),
+            ("X-Client", "codex", false, None),
+            ("API_KEY", "value", false, name),
+            ("GITHUB_PERSONAL_ACCESS_TOKEN", "x", false, name),
+            ("OPENAI_APIKEY", "x", false, name),
+            ("DB_PASSWORD", "x", false, name),
+            ("Authorization", "Bearer x", false, name),
+            ("STRIPE_SECRET", "x", false, name),
+            ("KEYBOARD_LAYOUT", "fr", false, None),
+            ("GH", "ghp_0123456789abcdef", false, shape),
+            ("DATABASE_URL", "postgres://me:hunter2@db/app", false, shape),
+            ("DATABASE_URL", "postgres://db/app", false, None),
+            ("SEED", "q8Z0vX3nR7tL1mK9pB5wY2cJ", false, shape),
+            ("REGION", "eu-west-1", false, None),
+            ("HOME_DIR", "x", true, Some("from a variable or file")),
+        ];
+        for (key, value, indirect, want) in table {
+            assert_eq!(secret_because(key, value, indirect), want, "{key}={value}");
+        }
     }
 
     #[test]

@@ -31,13 +31,15 @@
 //!   (`~/.gemini/settings.json`, `.gemini/settings.json`; `mcpServers` with
 //!   `command`, `args`, `env`, `cwd`, or `httpUrl` (Streamable HTTP) /
 //!   `url` (SSE) and `headers`; `$VAR`, `${VAR}`, `${VAR:-default}`;
-//!   `mcp.excluded`; JSON with comments).
+//!   `includeTools`, `excludeTools` (excluded wins); `mcp.excluded`; JSON
+//!   with comments).
 //! - Codex CLI: <https://developers.openai.com/codex/mcp> and
 //!   `openai/codex` `docs/config.md` (`$CODEX_HOME/config.toml`, by
 //!   default `~/.codex/config.toml`, and a trusted project's
 //!   `.codex/config.toml`; `[mcp_servers.NAME]` with `command`, `args`,
 //!   `env`, `env_vars`, `cwd`, or `url`, `bearer_token_env_var`,
-//!   `http_headers`, `env_http_headers`; `enabled = false`; no
+//!   `http_headers`, `env_http_headers`; `enabled = false`;
+//!   `enabled_tools`, `disabled_tools` (applied after it); no
 //!   interpolation).
 
 use std::path::{Path, PathBuf};
@@ -204,6 +206,17 @@ pub struct Entry {
     pub server: Server,
     /// Turned off in the host (not imported).
     pub disabled: bool,
+    /// The host's own filter of the server's tools.
+    pub tools: Tools,
+}
+
+/// Which of a server's tools a host lets its model use: Gemini CLI's
+/// `includeTools`/`excludeTools`, Codex's `enabled_tools`/`disabled_tools`
+/// (tool names; the exclusion wins in both, as in a unit's `tools`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Tools {
+    pub allow: Vec<String>,
+    pub deny: Vec<String>,
 }
 
 /// What an entry runs or reaches.
@@ -388,6 +401,12 @@ fn pairs(value: Option<&Value>) -> Vec<(String, String)> {
 fn json_entry(host: Host, name: &str, value: &Value) -> Entry {
     let get = |key: &str| value.get(key);
     let string = |key: &str| get(key).and_then(Value::as_str).map(str::to_owned);
+    let texts = |key: &str| -> Vec<String> {
+        get(key)
+            .and_then(Value::as_array)
+            .map(|a| a.iter().filter_map(text_of).collect())
+            .unwrap_or_default()
+    };
     let kind = string("type").or_else(|| string("transport"));
     let disabled = get("disabled").and_then(Value::as_bool) == Some(true)
         || get("enabled").and_then(Value::as_bool) == Some(false);
@@ -397,10 +416,7 @@ fn json_entry(host: Host, name: &str, value: &Value) -> Entry {
     } else if let Some(command) = string("command") {
         Server::Stdio {
             command,
-            args: get("args")
-                .and_then(Value::as_array)
-                .map(|a| a.iter().filter_map(text_of).collect())
-                .unwrap_or_default(),
+            args: texts("args"),
             env: pairs(get("env")),
             cwd: string("cwd"),
             env_file: string("envFile"),
@@ -431,6 +447,13 @@ fn json_entry(host: Host, name: &str, value: &Value) -> Entry {
     } else {
         Server::Unusable("it has no command and no url".into())
     };
+    let tools = match host {
+        Host::Gemini => Tools {
+            allow: texts("includeTools"),
+            deny: texts("excludeTools"),
+        },
+        _ => Tools::default(),
+    };
     Entry {
         name: name.to_owned(),
         host,
@@ -438,6 +461,7 @@ fn json_entry(host: Host, name: &str, value: &Value) -> Entry {
         base: PathBuf::new(),
         server,
         disabled,
+        tools,
     }
 }
 
@@ -449,6 +473,7 @@ fn unusable(host: Host, name: &str, why: &str) -> Entry {
         base: PathBuf::new(),
         server: Server::Unusable(why.into()),
         disabled: false,
+        tools: Tools::default(),
     }
 }
 
@@ -535,6 +560,10 @@ fn read_codex(path: &Path, text: &str, base: &Path) -> Result<Vec<Entry>, FileEr
             base: base.to_owned(),
             server,
             disabled: get("enabled").and_then(|v| v.as_bool()) == Some(false),
+            tools: Tools {
+                allow: strings("enabled_tools"),
+                deny: strings("disabled_tools"),
+            },
         });
     }
     Ok(entries)

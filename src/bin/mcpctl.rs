@@ -1,6 +1,6 @@
 //! `mcpctl`: argument parsing and dispatch only; the work is in `mcpd::ctl`.
 
-use std::io::{IsTerminal, Read};
+use std::io::{IsTerminal, Read, Write};
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -132,7 +132,12 @@ enum Command {
         dry_run: bool,
     },
     /// Undo `mcpctl connect HOST`.
-    Disconnect { host: String },
+    Disconnect {
+        host: String,
+        /// Put back the backup whole, undoing the host's changes since too.
+        #[arg(long)]
+        force: bool,
+    },
 }
 
 /// `mcpctl [--user|--system] bridge NAME` (the flags before or after),
@@ -170,6 +175,15 @@ fn bridge(instance: Instance, name: &str) -> ExitCode {
     }
 }
 
+/// The exit of a failed command, its reason on stderr (none when standard
+/// output's reader went away).
+fn fail(e: &CtlError) -> ExitCode {
+    if !e.message.is_empty() {
+        eprintln!("mcpctl: {e}");
+    }
+    ExitCode::from(e.code)
+}
+
 fn main() -> ExitCode {
     // Hosts start a bridge for every session: it skips building the whole
     // command line grammar (its start-up time and memory count).
@@ -198,7 +212,19 @@ fn main() -> ExitCode {
             _ => mcpd::unit::Context::default(),
         };
         return match mcpd::ctl::verify::run(paths, &context, style, &mut stderr.lock()) {
-            Ok(summary) => ExitCode::from(summary.exit_code()),
+            Ok(summary) => {
+                let code = summary.exit_code();
+                if code == exit::OK {
+                    // As systemd-analyze prints its findings.
+                    let units = if summary.valid == 1 { "unit" } else { "units" };
+                    if let Err(e) =
+                        writeln!(std::io::stdout(), "{} {units}, no problems", summary.valid)
+                    {
+                        return fail(&CtlError::output(e));
+                    }
+                }
+                ExitCode::from(code)
+            }
             Err(e) => {
                 eprintln!("mcpctl: cannot write diagnostics: {e}");
                 ExitCode::from(exit::FAILURE)
@@ -246,9 +272,10 @@ fn main() -> ExitCode {
             &env,
             &mut std::io::stdout().lock(),
         )),
-        Command::Disconnect { host } => Some(mcpd::ctl::import::disconnect(
+        Command::Disconnect { host, force } => Some(mcpd::ctl::import::disconnect(
             instance,
             host,
+            *force,
             &env,
             &mut std::io::stdout().lock(),
         )),
@@ -257,10 +284,7 @@ fn main() -> ExitCode {
     if let Some(result) = offline {
         return match result {
             Ok(code) => ExitCode::from(code),
-            Err(e) => {
-                eprintln!("mcpctl: {e}");
-                ExitCode::from(e.code)
-            }
+            Err(e) => fail(&e),
         };
     }
     let output = Output {
@@ -281,7 +305,19 @@ fn main() -> ExitCode {
         let client = Client::connect(instance).await?;
         let mut out = std::io::stdout().lock();
         match cli.command {
-            Command::Status { names } => commands::status(&client, &names, output, &mut out).await,
+            Command::Status { names } => {
+                // The overview, for a person.
+                if let Some(dir) = instance.runtime_dir_hidden_from_hosts()
+                    && !output.json
+                    && names.is_empty()
+                {
+                    eprintln!(
+                        "mcpctl: warning: the runtime directory {} is not where hosts started with a default environment (HOME LOGNAME PATH SHELL TERM USER) look; `mcpctl connect` writes MCPD_RUNTIME_DIR into the entries it rewrites",
+                        dir.display()
+                    );
+                }
+                commands::status(&client, &names, output, &mut out).await
+            }
             Command::List => commands::list(&client, output, &mut out).await,
             Command::Start { names } => commands::control(&client, Verb::Start, &names).await,
             Command::Stop { names } => commands::control(&client, Verb::Stop, &names).await,
@@ -331,10 +367,7 @@ fn main() -> ExitCode {
     });
     match result {
         Ok(code) => ExitCode::from(code),
-        Err(e) => {
-            eprintln!("mcpctl: {e}");
-            ExitCode::from(e.code)
-        }
+        Err(e) => fail(&e),
     }
 }
 

@@ -162,21 +162,47 @@ fn error_line(id: &str, message: &str) -> String {
     ErrorCode::ServerDown.line(id, message)
 }
 
+/// Why attaching failed.
+enum Failed {
+    /// No daemon answers, on the attach socket or D-Bus: why, for each.
+    Unreachable(String),
+    /// A daemon answered and said no, or the session cannot be used.
+    Refused(CtlError),
+}
+
+impl From<Failed> for CtlError {
+    fn from(failed: Failed) -> Self {
+        match failed {
+            Failed::Unreachable(why) => CtlError::failure(why),
+            Failed::Refused(e) => e,
+        }
+    }
+}
+
 /// Attaches to server `name` for copying: the attach socket, else D-Bus
 /// `Attach()` (the connection is not kept).
-async fn attach(instance: Instance, name: &str) -> Result<UnixStream, CtlError> {
+async fn try_attach(instance: Instance, name: &str) -> Result<UnixStream, Failed> {
     let path = attach_socket(instance);
     let socket = match attach::attach(&path, &Request::new(name), None, &[]) {
         Ok(accepted) => accepted.socket,
-        Err(AttachError::Unreachable(_)) => {
-            let client = Client::connect(instance).await?;
-            std::os::unix::net::UnixStream::from(client.attach(name).await?)
+        Err(AttachError::Unreachable(socket)) => {
+            let client = Client::connect(instance)
+                .await
+                .map_err(|e| Failed::Unreachable(format!("{socket}; {e}")))?;
+            let attached = client.attach(name).await;
+            std::os::unix::net::UnixStream::from(attached.map_err(|e| Failed::Refused(e.into()))?)
         }
-        Err(refused) => return Err(refused.into()),
+        Err(refused) => return Err(Failed::Refused(refused.into())),
     };
-    let failed = |e: std::io::Error| CtlError::failure(format!("cannot use the session: {e}"));
+    let failed = |e: std::io::Error| {
+        Failed::Refused(CtlError::failure(format!("cannot use the session: {e}")))
+    };
     socket.set_nonblocking(true).map_err(failed)?;
     UnixStream::from_std(socket).map_err(failed)
+}
+
+async fn attach(instance: Instance, name: &str) -> Result<UnixStream, CtlError> {
+    Ok(try_attach(instance, name).await?)
 }
 
 fn attach_socket(instance: Instance) -> std::path::PathBuf {
@@ -349,7 +375,27 @@ fn socket(fd: std::os::fd::OwnedFd) -> Option<UnixStream> {
 /// Serves `name` on stdin/stdout until the host closes stdin. While the
 /// daemon holds the host's stdio this blocks on one socket and needs no
 /// async runtime; one is made for copying, or when the daemon went away.
+/// No daemon at the start: it is waited for up to [`WAIT_FOR_DAEMON`],
+/// then the host is told why ([`not_running`]).
 pub fn run(instance: Instance, name: &str) -> Result<u8, CtlError> {
+    // Hosts often start before the user's mcpd (at login): wait a bounded
+    // moment for it, trying again.
+    let deadline = std::time::Instant::now() + WAIT_FOR_DAEMON;
+    let mut delay = FIRST_RETRY;
+    loop {
+        match start(instance, name) {
+            Ok(done) => return done,
+            Err(_) if std::time::Instant::now() + delay < deadline => {
+                std::thread::sleep(delay);
+                delay = (delay * 2).min(Duration::from_secs(1));
+            }
+            Err(why) => return runtime()?.block_on(not_running(instance, name, &why)),
+        }
+    }
+}
+
+/// One try of [`run`]: `Err` with why when no daemon answers.
+fn start(instance: Instance, name: &str) -> Result<Result<u8, CtlError>, String> {
     use std::os::fd::AsFd;
     let (stdin, stdout) = (std::io::stdin(), std::io::stdout());
     let handable = crate::mux::attach::kind(stdin.as_fd()).is_ok()
@@ -366,25 +412,89 @@ pub fn run(instance: Instance, name: &str) -> Result<u8, CtlError> {
             Some([stdin.as_fd(), stdout.as_fd()]),
             &[],
         ) {
-            Ok(accepted) => match watch_blocking(accepted.socket, &mut replay) {
-                Ended::Done(None) => return Ok(exit::OK),
-                Ended::Done(Some(why)) => {
-                    say!("mcpd ended the session: {why}");
-                    return Ok(exit::FAILURE);
-                }
-                Ended::Lost => {
-                    let ledger = accepted.ledger;
-                    return runtime()?.block_on(handed(instance, name, replay, ledger));
-                }
-            },
+            Ok(accepted) => {
+                return Ok(match watch_blocking(accepted.socket, &mut replay) {
+                    Ended::Done(None) => Ok(exit::OK),
+                    Ended::Done(Some(why)) => {
+                        say!("mcpd ended the session: {why}");
+                        Ok(exit::FAILURE)
+                    }
+                    Ended::Lost => {
+                        let ledger = accepted.ledger;
+                        runtime().and_then(|rt| rt.block_on(handed(instance, name, replay, ledger)))
+                    }
+                });
+            }
             // Perhaps D-Bus reaches it.
             Err(AttachError::Unreachable(_)) => {}
             // Fail early (exit 4) for a server that does not exist.
-            Err(refused) => return Err(refused.into()),
+            Err(refused) => return Ok(Err(refused.into())),
         }
     }
-    runtime()?.block_on(copy(instance, name))
+    let rt = match runtime() {
+        Ok(rt) => rt,
+        Err(e) => return Ok(Err(e)),
+    };
+    match rt.block_on(try_attach(instance, name)) {
+        Ok(socket) => Ok(rt.block_on(copy(instance, name, Attached::new(socket)))),
+        Err(Failed::Refused(e)) => Ok(Err(e)),
+        Err(Failed::Unreachable(why)) => Err(why),
+    }
 }
+
+/// How long a bridge started while no daemon runs waits for one.
+const WAIT_FOR_DAEMON: Duration = Duration::from_secs(5);
+
+/// No daemon came: the host's requests (its `initialize` first) are
+/// answered with an error that says why and what to do, so the host shows
+/// it; the bridge exits when the host closes its end, or [`LINGER`] after
+/// the first answer.
+async fn not_running(instance: Instance, name: &str, why: &str) -> Result<u8, CtlError> {
+    let fix = match instance {
+        Instance::User => "systemctl --user start mcpd",
+        Instance::System => "systemctl start mcpd",
+    };
+    let message = format!(
+        "mcpd ({} instance) is not running, so server {name} cannot be reached: {why}; start it with `{fix}`",
+        instance.as_str()
+    );
+    say!("{message}");
+    let (host_in, mut host_out) = host_stdio();
+    let mut host_in = BufReader::new(host_in);
+    let mut line = Vec::new();
+    let mut until = None;
+    loop {
+        line.clear();
+        let linger = async {
+            match until {
+                Some(at) => tokio::time::sleep_until(at).await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            more = read_line(&mut host_in, &mut line) => {
+                if !more {
+                    break;
+                }
+                let mut session = Session::default();
+                session.host_line(&line);
+                let answers = session.lost(&message);
+                if !answers.is_empty() {
+                    if !write(&mut host_out, &answers).await {
+                        break;
+                    }
+                    until.get_or_insert(tokio::time::Instant::now() + LINGER);
+                }
+            }
+            () = linger => break,
+        }
+    }
+    Ok(exit::FAILURE)
+}
+
+/// How long the bridge stays after telling the host no daemon runs, for a
+/// host that reads it late or does not close its end.
+const LINGER: Duration = Duration::from_secs(10);
 
 fn runtime() -> Result<tokio::runtime::Runtime, CtlError> {
     tokio::runtime::Builder::new_current_thread()
@@ -603,9 +713,8 @@ fn gone_for_good(name: &str, e: &CtlError) -> u8 {
 
 /// Copies lines between stdin/stdout and the session's socket until the
 /// host closes stdin.
-async fn copy(instance: Instance, name: &str) -> Result<u8, CtlError> {
-    // Fail early (exit 4) for a server that does not exist.
-    let mut attached = Some(Attached::new(attach(instance, name).await?));
+async fn copy(instance: Instance, name: &str, first: Attached) -> Result<u8, CtlError> {
+    let mut attached = Some(first);
     let (host_in, mut host_out) = host_stdio();
     let mut host_in = BufReader::new(host_in);
     let mut session = Session::default();

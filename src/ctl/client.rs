@@ -21,6 +21,19 @@ impl CtlError {
             code: exit::FAILURE,
         }
     }
+
+    /// Standard output could not be written. When its reader is gone
+    /// (`mcpctl … | head`), there is nothing to say: an empty message and
+    /// [`exit::BROKEN_PIPE`], as other command line tools end.
+    pub fn output(e: std::io::Error) -> Self {
+        if e.kind() == std::io::ErrorKind::BrokenPipe {
+            return Self {
+                message: String::new(),
+                code: exit::BROKEN_PIPE,
+            };
+        }
+        Self::failure(format!("cannot write output: {e}"))
+    }
 }
 
 impl std::fmt::Display for CtlError {

@@ -26,7 +26,7 @@ pub struct Output {
 type Result<T> = std::result::Result<T, CtlError>;
 
 fn io(e: std::io::Error) -> CtlError {
-    CtlError::failure(format!("cannot write output: {e}"))
+    CtlError::output(e)
 }
 
 /// The coloured state dot: green running, cyan idle (on demand, healthy),

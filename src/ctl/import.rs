@@ -7,9 +7,10 @@ use std::ffi::OsString;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
-use crate::adopt::connect::{self, Record};
+use crate::adopt::connect::{self, Record, Undo};
 use crate::adopt::convert::{self, Imported, Lookup};
 use crate::adopt::hosts::{self, Dirs, Entry, Host};
+use crate::adopt::pair;
 use crate::unit::Instance;
 
 use super::client::CtlError;
@@ -286,17 +287,22 @@ pub fn import(
             planned.insert(name, (entry, converted));
         }
     }
-    print_table(&rows, out).map_err(|e| CtlError::failure(format!("cannot write: {e}")))?;
-    let imported = rows
+    print_table(&rows, out).map_err(CtlError::output)?;
+    let place = format!("{} ({} instance)", units.display(), instance.as_str());
+    let said = if options.dry_run && rows.iter().any(|r| r.result.contains("would import")) {
+        Some(format!("Units would be written to {place}."))
+    } else if rows
         .iter()
-        .any(|r| r.result.starts_with("imported") || r.result.contains("; imported"));
-    if imported && !options.dry_run {
-        writeln!(
-            out,
-            "\nUnits are in {}; a running mcpd starts them by itself.",
-            units.display()
-        )
-        .map_err(|e| CtlError::failure(format!("cannot write: {e}")))?;
+        .any(|r| r.result.starts_with("imported") || r.result.contains("; imported"))
+    {
+        Some(format!(
+            "Units are in {place}; a running mcpd starts them by itself."
+        ))
+    } else {
+        None
+    };
+    if let Some(said) = said {
+        writeln!(out, "\n{said}").map_err(CtlError::output)?;
     }
     Ok(if rows.iter().any(|r| r.failed) {
         exit::FAILURE
@@ -307,14 +313,8 @@ pub fn import(
 
 /// Whether two conversions are the same server (their origin comments aside).
 fn same(a: &Imported, b: &Imported) -> bool {
-    let body = |i: &Imported| -> String {
-        i.unit
-            .lines()
-            .filter(|l| !l.starts_with("// Imported by") && !l.starts_with("description "))
-            .collect::<Vec<_>>()
-            .join("\n")
-    };
-    body(a) == body(b) && a.secrets == b.secrets
+    let env = (!b.secrets.is_empty()).then(|| b.env_file("", Host::Codex));
+    convert::same_server(a, &b.unit, env.as_deref())
 }
 
 /// Verifies and writes one unit (and its env-file), or says why not.
@@ -356,10 +356,17 @@ fn place(
             unit_path.display()
         ));
     }
+    // Each secret with the rule that moved it.
+    let why: Vec<String> = converted
+        .secrets
+        .iter()
+        .zip(&converted.because)
+        .map(|((k, _), why)| format!("{k}: {why}"))
+        .collect();
     let secrets = match converted.secrets.len() {
         0 => String::new(),
-        1 => format!(", 1 secret in {name}.env"),
-        n => format!(", {n} secrets in {name}.env"),
+        1 => format!(", 1 secret in {name}.env ({})", why.join("; ")),
+        n => format!(", {n} secrets in {name}.env ({})", why.join("; ")),
     };
     if options.dry_run {
         return Ok(format!("would import{secrets}"));
@@ -444,8 +451,11 @@ pub fn connect(
     let file = user_file(host, &dirs);
     let text = std::fs::read_to_string(&file)
         .map_err(|e| CtlError::failure(format!("{}: {e}", file.display())))?;
-    let base = hosts::base_of(host, &file, &dirs);
-    let entries = hosts::read(host, &file, &text, &base).map_err(|e| {
+    // Read as `import` read it, by the path the host's docs give (a unit's
+    // origin names that path).
+    let listed = host.files(&dirs).into_iter().next().expect("a user file");
+    let base = hosts::base_of(host, &listed, &dirs);
+    let entries = hosts::read(host, &listed, &text, &base).map_err(|e| {
         CtlError::failure(format!(
             "{}:{}:{}: {}",
             file.display(),
@@ -454,40 +464,87 @@ pub fn connect(
             e.message
         ))
     })?;
-    let search = crate::unit::search_path(instance, env);
-    let is_unit = |unit: &str| {
-        search
-            .iter()
-            .any(|d| d.join(format!("{unit}.kdl")).is_file())
+    let bridge = |unit: &str| bridge_line(instance, unit);
+    let units = units_of(instance, env);
+    let var = |name: &str| env(name).and_then(|v| v.into_string().ok());
+    let read = |path: &Path| std::fs::read_to_string(path).ok();
+    let lookup = Lookup {
+        var: &var,
+        file: &read,
+        home: &dirs.home,
     };
-    let mut servers: Vec<(String, String)> = Vec::new();
+    // Only the user-level servers: `connect` edits that object alone.
+    let paired: Vec<(&Entry, pair::Pairing)> = entries
+        .iter()
+        .filter(|e| e.base == base)
+        .map(|e| (e, pair::pair(e, &units, &lookup, &bridge)))
+        .collect();
+    // (entry, unit, why) for each entry to rewrite.
+    let mut servers: Vec<(String, String, &str)> = Vec::new();
+    let mut left = Vec::new();
     if names.is_empty() {
-        for entry in &entries {
-            if let Some(unit) = convert::unit_name(&entry.name).filter(|u| is_unit(u)) {
-                servers.push((entry.name.clone(), unit));
+        for (entry, pairing) in &paired {
+            match pairing {
+                Ok((unit, how)) => servers.push((entry.name.clone(), unit.clone(), how.says())),
+                Err(why) => left.push(format!("{}: {} left alone: {why}", host.name(), entry.name)),
             }
         }
         if servers.is_empty() {
+            let other = other_instance(instance);
+            let theirs = units_of(other, env);
+            let there = paired.iter().any(|(e, _)| {
+                pair::pair(e, &theirs, &lookup, &|u: &str| bridge_line(other, u)).is_ok()
+            });
             return Err(CtlError::failure(format!(
-                "none of the servers in {} is a unit of the {} instance: run `mcpctl import {}` first",
+                "none of the servers in {} is a unit of the {} instance: {}",
                 file.display(),
                 instance.as_str(),
-                host.name()
+                if there {
+                    use_other("they are units", other)
+                } else {
+                    format!("run `mcpctl import {}` first", host.name())
+                }
             )));
         }
     } else {
         for unit in names {
-            if !is_unit(unit) {
+            if !units.iter().any(|u| u.name == *unit) {
+                let other = other_instance(instance);
+                let there = units_of(other, env).iter().any(|u| u.name == *unit);
                 return Err(CtlError::failure(format!(
-                    "no unit {unit} in the {} instance's unit directories",
-                    instance.as_str()
+                    "no unit {unit} in the {} instance's unit directories{}",
+                    instance.as_str(),
+                    if there {
+                        format!("; {}", use_other("it is a unit", other))
+                    } else {
+                        String::new()
+                    }
                 )));
             }
-            let entry = entries
-                .iter()
-                .find(|e| convert::unit_name(&e.name).as_deref() == Some(unit.as_str()))
-                .map_or_else(|| unit.clone(), |e| e.name.clone());
-            servers.push((entry, unit.clone()));
+            let ours = paired.iter().find_map(|(e, p)| match p {
+                Ok((u, how)) if u == unit => Some((e.name.clone(), how.says())),
+                _ => None,
+            });
+            if let Some((entry, why)) = ours {
+                servers.push((entry, unit.clone(), why));
+                continue;
+            }
+            // An entry of that name that is another server is not replaced.
+            if let Some((entry, _)) = paired.iter().find(|(e, _)| e.name == *unit) {
+                return Err(CtlError::failure(format!(
+                    "{}: entry {} is not the server of unit {unit}{}; `mcpctl import {}` makes a unit of it",
+                    file.display(),
+                    entry.name,
+                    units
+                        .iter()
+                        .find(|u| u.name == *unit)
+                        .and_then(|u| convert::origin_of(&u.text))
+                        .map(|o| format!(" (imported from {o})"))
+                        .unwrap_or_default(),
+                    host.name()
+                )));
+            }
+            servers.push((unit.clone(), unit.clone(), "added"));
         }
     }
     let record_path = beside(&file, ".mcpd-connect.json");
@@ -495,10 +552,20 @@ pub fn connect(
     let earlier: Option<Record> = std::fs::read_to_string(&record_path)
         .ok()
         .and_then(|t| serde_json::from_str(&t).ok());
-    let bridge = |unit: &str| bridge_line(instance, unit);
-    let connected = connect::connect(host, &text, &servers, &bridge)
+    let pairs: Vec<(String, String)> = servers
+        .iter()
+        .map(|(e, u, _)| (e.clone(), u.clone()))
+        .collect();
+    // A host that starts the bridge with a minimal environment must still
+    // find this daemon.
+    let hidden = instance.runtime_dir_hidden_from_hosts();
+    let vars: Vec<(String, String)> = hidden
+        .iter()
+        .map(|dir| ("MCPD_RUNTIME_DIR".to_owned(), dir.display().to_string()))
+        .collect();
+    let connected = connect::connect(host, &text, &pairs, &bridge, &vars)
         .map_err(|e| CtlError::failure(format!("{}: {e}", file.display())))?;
-    let w = |e: std::io::Error| CtlError::failure(format!("cannot write: {e}"));
+    let w = CtlError::output;
     if dry_run {
         let diff = similar::TextDiff::from_lines(&text, &connected);
         let shown = file.display().to_string();
@@ -516,7 +583,7 @@ pub fn connect(
         .as_ref()
         .is_none_or(|r| !r.connected.is_empty() && r.connected == text);
     let mut all = earlier.map(|r| r.servers).unwrap_or_default();
-    for server in &servers {
+    for server in &pairs {
         if !all.contains(server) {
             all.push(server.clone());
         }
@@ -532,8 +599,24 @@ pub fn connect(
     let record_text = serde_json::to_string_pretty(&record).expect("a record serializes");
     write_atomically(&record_path, record_text.as_bytes(), 0o600).map_err(CtlError::failure)?;
     write_atomically(&file, connected.as_bytes(), mode_of(&file)).map_err(CtlError::failure)?;
-    for (entry, unit) in &servers {
-        writeln!(out, "{}: {entry} → mcpctl bridge {unit}", host.name()).map_err(w)?;
+    for (entry, unit, why) in &servers {
+        writeln!(
+            out,
+            "{}: {entry} → mcpctl bridge {unit} ({why})",
+            host.name()
+        )
+        .map_err(w)?;
+    }
+    for line in &left {
+        writeln!(out, "{line}").map_err(w)?;
+    }
+    if let Some(dir) = &hidden {
+        writeln!(
+            out,
+            "mcpd's runtime directory {} is not where a host's default environment finds it: each entry sets MCPD_RUNTIME_DIR.",
+            dir.display()
+        )
+        .map_err(w)?;
     }
     writeln!(
         out,
@@ -546,10 +629,49 @@ pub fn connect(
     Ok(exit::OK)
 }
 
-/// `mcpctl disconnect HOST`: puts back what `connect` changed.
+/// The instance that is not `instance`.
+fn other_instance(instance: Instance) -> Instance {
+    match instance {
+        Instance::System => Instance::User,
+        Instance::User => Instance::System,
+    }
+}
+
+/// What to say when the units are `other`'s (`they are units`, `it is a
+/// unit`), as `status` says it.
+fn use_other(they: &str, other: Instance) -> String {
+    format!(
+        "{they} of the {} instance: use --{}",
+        other.as_str(),
+        other.as_str()
+    )
+}
+
+/// The units of `instance`, as its daemon would find them.
+fn units_of(instance: Instance, env: &dyn Fn(&str) -> Option<OsString>) -> Vec<pair::Unit> {
+    let (found, _) = crate::unit::discover(&crate::unit::search_path(instance, env));
+    found
+        .into_iter()
+        .filter(|f| !f.masked)
+        .filter_map(|f| {
+            let text = std::fs::read_to_string(&f.files.main).ok()?;
+            let env = std::fs::read_to_string(f.files.main.with_extension("env")).ok();
+            Some(pair::Unit {
+                name: f.name,
+                path: f.files.main,
+                text,
+                env,
+            })
+        })
+        .collect()
+}
+
+/// `mcpctl disconnect HOST`: puts back what `connect` changed, leaving
+/// the host's own changes since; `force`: the backup, whole.
 pub fn disconnect(
     instance: Instance,
     host: &str,
+    force: bool,
     env: &dyn Fn(&str) -> Option<OsString>,
     out: &mut dyn Write,
 ) -> Result<u8, CtlError> {
@@ -573,24 +695,44 @@ pub fn disconnect(
     let current = std::fs::read_to_string(&file)
         .map_err(|e| CtlError::failure(format!("{}: {e}", file.display())))?;
     let bridge = |unit: &str| bridge_line(instance, unit);
-    let restored = connect::disconnect(host, &current, &original, &record, &bridge).map_err(|c| {
-        CtlError::failure(format!(
-            "{} changed since `mcpctl connect` in a way that cannot be undone: {}; the original is in {}",
-            file.display(),
-            c.0,
-            backup.display()
-        ))
-    })?;
+    let w = CtlError::output;
+    let (restored, undone) = if force {
+        (original, Vec::new())
+    } else {
+        connect::disconnect(host, &current, &original, &record, &bridge).map_err(|c| {
+            CtlError::failure(format!(
+                "{}: {}; `mcpctl disconnect --force {}` puts back the original, {}, whole",
+                file.display(),
+                c.0,
+                host.name(),
+                backup.display()
+            ))
+        })?
+    };
     write_atomically(&file, restored.as_bytes(), mode_of(&file)).map_err(CtlError::failure)?;
     let _ = std::fs::remove_file(&record_path);
     let _ = std::fs::remove_file(&backup);
-    let how = if current == record.connected {
+    let how = if force {
+        "restored whole from the backup"
+    } else if current == record.connected {
         "restored byte for byte"
     } else {
         "its entries put back; other changes kept"
     };
-    writeln!(out, "{}: {} {how}.", host.name(), file.display())
-        .map_err(|e| CtlError::failure(format!("cannot write: {e}")))?;
+    writeln!(out, "{}: {} {how}.", host.name(), file.display()).map_err(w)?;
+    for ((entry, unit), undo) in record.servers.iter().zip(&undone) {
+        let what = match undo {
+            Undo::Restored => continue,
+            Undo::Removed => "removed since `mcpctl connect`: left removed",
+            Undo::Changed => "changed since `mcpctl connect`: left as it is",
+        };
+        writeln!(
+            out,
+            "{}: {entry} (mcpctl bridge {unit}) was {what}",
+            host.name()
+        )
+        .map_err(w)?;
+    }
     Ok(exit::OK)
 }
 

@@ -17,4 +17,7 @@ pub mod exit {
     pub const NOT_RUNNING: u8 = 3;
     /// A named server does not exist.
     pub const NO_SUCH_SERVER: u8 = 4;
+    /// Standard output was closed by its reader (`mcpctl … | head`): the
+    /// status a shell shows for a program SIGPIPE ended, with no message.
+    pub const BROKEN_PIPE: u8 = 128 + 13;
 }

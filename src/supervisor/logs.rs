@@ -33,6 +33,8 @@ pub struct Limiter {
     window: Option<Instant>,
     logged: u32,
     suppressed: u64,
+    /// The window dropped a line already (said once per window).
+    reached: bool,
 }
 
 /// What to do with one line.
@@ -42,6 +44,8 @@ pub struct Admit {
     pub log: bool,
     /// First say that this many lines of the window before were dropped.
     pub suppressed: Option<u64>,
+    /// The first line this window drops: lines are dropped until then.
+    pub reached: Option<Instant>,
 }
 
 impl Limiter {
@@ -68,6 +72,7 @@ impl Limiter {
             return Admit {
                 log: true,
                 suppressed: self.take_suppressed(),
+                reached: None,
             };
         };
         let mut suppressed = None;
@@ -78,20 +83,31 @@ impl Limiter {
             suppressed = self.take_suppressed();
             self.window = Some(now);
             self.logged = 0;
+            self.reached = false;
         }
         if self.logged < limit.lines {
             self.logged += 1;
             Admit {
                 log: true,
                 suppressed,
+                reached: None,
             }
         } else {
             self.suppressed += 1;
             Admit {
                 log: false,
                 suppressed,
+                reached: self.reach(limit),
             }
         }
+    }
+
+    /// The end of the window, the first time it drops a line.
+    fn reach(&mut self, limit: RateLimit) -> Option<Instant> {
+        if std::mem::replace(&mut self.reached, true) {
+            return None;
+        }
+        self.window.map(|start| start + limit.interval)
     }
 
     /// `n` lines, written at `now`, at the cost of one: whether any of them
@@ -102,9 +118,10 @@ impl Limiter {
             return Admit {
                 log: false,
                 suppressed: None,
+                reached: None,
             };
         }
-        let first = self.admit(now);
+        let mut first = self.admit(now);
         let Some(limit) = self.limit else {
             return first;
         };
@@ -114,6 +131,9 @@ impl Limiter {
         let logged = rest.min(room);
         self.logged += u32::try_from(logged).unwrap_or(u32::MAX);
         self.suppressed += rest - logged;
+        if rest > logged {
+            first.reached = first.reached.or_else(|| self.reach(limit));
+        }
         first
     }
 
@@ -137,6 +157,21 @@ impl Limiter {
     pub fn limit(&self) -> Option<RateLimit> {
         self.limit
     }
+}
+
+/// "log-rate-limit reached: dropping stderr until 14:03:27" (local time),
+/// for a window that ends at `until`.
+pub fn reached_line(until: Instant) -> String {
+    let at = std::time::SystemTime::now() + until.saturating_duration_since(Instant::now());
+    let at = jiff::Timestamp::try_from(at).map_or_else(
+        |_| "the window ends".to_owned(),
+        |t| {
+            t.to_zoned_datetime(jiff::tz::TimeZone::system())
+                .strftime("%H:%M:%S")
+                .to_string()
+        },
+    );
+    format!("log-rate-limit reached: dropping stderr until {at}")
 }
 
 /// "suppressed 12 lines (log-rate-limit 10000 per 30s)".
@@ -312,6 +347,9 @@ impl LogRing {
         if let Some(n) = admit.suppressed {
             log(&suppressed_line(n, limiter.limit()), true);
         }
+        if let Some(until) = admit.reached {
+            log(&reached_line(until), true);
+        }
         if !admit.log && !keep {
             return;
         }
@@ -366,6 +404,30 @@ mod tests {
         lines: 3,
         interval: Duration::from_secs(30),
     };
+
+    #[test]
+    fn the_first_line_a_window_drops_says_until_when() {
+        let t0 = Instant::now();
+        let mut l = Limiter::new(Some(LIMIT));
+        for _ in 0..3 {
+            assert_eq!(l.admit(t0).reached, None);
+        }
+        let end = t0 + LIMIT.interval;
+        assert_eq!(l.admit(t0 + Duration::from_secs(1)).reached, Some(end));
+        assert_eq!(l.admit(t0 + Duration::from_secs(2)).reached, None);
+        // A new window: said again when it drops, and at once for a batch.
+        let t1 = t0 + Duration::from_secs(30);
+        assert_eq!(l.admit_n(10, t1).reached, Some(t1 + LIMIT.interval));
+        assert_eq!(l.admit_n(10, t1).reached, None);
+        let line = reached_line(Instant::now() + Duration::from_secs(5));
+        let at = line
+            .strip_prefix("log-rate-limit reached: dropping stderr until ")
+            .expect(&line);
+        assert!(
+            at.len() == 8 && at.chars().filter(|c| *c == ':').count() == 2,
+            "{line}"
+        );
+    }
 
     #[test]
     fn the_limit_logs_a_burst_then_counts_and_reports_once_per_window() {
@@ -442,11 +504,18 @@ mod tests {
         drop(tx);
         pump.await.expect("pump");
         let logged = logged.lock().expect("lock").clone();
-        assert_eq!(logged.len(), 11, "{logged:?}");
+        assert_eq!(logged.len(), 12, "{logged:?}");
         assert_eq!(logged[0], ("line 0".to_owned(), false));
         assert_eq!(logged[9], ("line 9".to_owned(), false));
+        assert!(
+            logged[10].1
+                && logged[10]
+                    .0
+                    .starts_with("log-rate-limit reached: dropping stderr until "),
+            "said when it began to drop: {logged:?}"
+        );
         assert_eq!(
-            logged[10],
+            logged[11],
             (
                 "suppressed 9991 lines (log-rate-limit 10 per 1h)".to_owned(),
                 true

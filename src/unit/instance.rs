@@ -41,6 +41,26 @@ impl Instance {
         )
     }
 
+    /// This instance's runtime directory as this process sees it, when a
+    /// host that starts `mcpctl bridge` with only [`HOST_DEFAULT_ENV`]
+    /// would look elsewhere (`XDG_RUNTIME_DIR` or `MCPD_RUNTIME_DIR` set to
+    /// another place, no `/run/user/UID`).
+    pub fn runtime_dir_hidden_from_hosts(self) -> Option<PathBuf> {
+        let here = self.runtime_dir();
+        let hosts = runtime_dir(
+            self,
+            |var| {
+                HOST_DEFAULT_ENV
+                    .contains(&var)
+                    .then(|| std::env::var_os(var))
+                    .flatten()
+            },
+            rustix::process::geteuid().as_raw(),
+            owned_dir,
+        );
+        (here != hosts).then_some(here)
+    }
+
     /// The state directory (on-demand caches) of this instance as seen
     /// from this process's environment; see [`state_dir`].
     pub fn state_dir(self) -> PathBuf {
@@ -71,6 +91,11 @@ pub struct Context {
     /// The user the daemon runs as: its uid and, when known, its name.
     pub own_user: Option<(u32, Option<String>)>,
 }
+
+/// What the official MCP SDKs give a stdio server they spawn (Python
+/// `get_default_environment`, TypeScript `getDefaultEnvironment`): all a
+/// host's `mcpctl bridge` may have to find its daemon with.
+pub const HOST_DEFAULT_ENV: [&str; 6] = ["HOME", "LOGNAME", "PATH", "SHELL", "TERM", "USER"];
 
 /// Whether `dir` is a directory owned by `uid`.
 fn owned_dir(dir: &Path, uid: u32) -> bool {
