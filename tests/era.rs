@@ -680,3 +680,37 @@ fn listening_counts_with_the_hosts_subscriptions() {
     let long = format!("a://{}", "x".repeat(9000));
     assert!(router.subscribe(2, &long).is_err());
 }
+
+#[test]
+fn a_2025_hosts_request_gets_its_meta_for_a_2026_07_28_server() {
+    let members = r#""io.modelcontextprotocol/protocolVersion":"2026-07-28","io.modelcontextprotocol/clientCapabilities":{}"#;
+    let want_meta = json!({
+        "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+        "io.modelcontextprotocol/clientCapabilities": {},
+    });
+    let cases: [(&[u8], Value); 4] = [
+        (br#"{"jsonrpc":"2.0","id":1,"method":"tools/list"}"#, json!({"_meta": want_meta})),
+        (
+            br#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"e"}}"#,
+            json!({"_meta": want_meta, "name": "e"}),
+        ),
+        (
+            br#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"e","_meta":{"progressToken":3}}}"#,
+            json!({"name": "e", "_meta": {"progressToken": 3,
+                "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+                "io.modelcontextprotocol/clientCapabilities": {}}}),
+        ),
+        // Only a parser can read it.
+        (
+            br#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"n\u0061me":"e"}}"#,
+            json!({"_meta": want_meta, "name": "e"}),
+        ),
+    ];
+    for (line, want) in cases {
+        let mut message = Message::parse(line).expect("parse");
+        era::add_meta(&mut message, members);
+        let got: Value = serde_json::from_slice(&message.line()).expect("json");
+        assert_eq!(got["params"], want, "{}", String::from_utf8_lossy(line));
+        assert!(era::claims(&message));
+    }
+}

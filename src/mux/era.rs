@@ -336,10 +336,55 @@ pub fn server_info(init: &Value) -> String {
 /// Object text `object` with member `key` (JSON text, quoted) set to
 /// `value` (JSON text) first.
 fn prepend(object: &str, key: &str, value: &str) -> String {
+    prepend_members(object, &format!("{key}:{value}"))
+}
+
+/// Object text `object` with `members` (JSON text of members: `"k":v,…`)
+/// first.
+fn prepend_members(object: &str, members: &str) -> String {
     let inner = object.trim_start().strip_prefix('{').unwrap_or("}");
     let empty = inner.trim_start().starts_with('}');
     let comma = if empty { "" } else { "," };
-    format!("{{{key}:{value}{comma}{inner}")
+    format!("{{{members}{comma}{inner}")
+}
+
+/// Adds `members` (JSON text of members: `"k":v,…`) to the `_meta` of a
+/// request's params, as text: a 2025 host's `_meta` on its way to a
+/// server of MCP 2026-07-28. Its own keys come after, so a parser reads
+/// its own where both name one.
+pub fn add_meta(message: &mut Message, members: &str) {
+    let text = match (message.raw("params"), message.inner("params", "_meta")) {
+        (None, _) => format!("{{\"_meta\":{{{members}}}}}"),
+        (Some(raw), Ok(Some(meta))) if meta.trim_start().starts_with('{') => {
+            let at = meta.as_ptr() as usize - raw.as_ptr() as usize;
+            let new = prepend_members(meta, members);
+            format!("{}{new}{}", &raw[..at], &raw[at + meta.len()..])
+        }
+        (Some(raw), Ok(None)) if raw.trim_start().starts_with('{') => {
+            prepend_members(raw, &format!("\"_meta\":{{{members}}}"))
+        }
+        _ => {
+            // Params only a parser can read (or not an object).
+            let mut params = message
+                .params()
+                .filter(Value::is_object)
+                .unwrap_or_else(|| json!({}));
+            if !params["_meta"].is_object() {
+                params["_meta"] = json!({});
+            }
+            if let (Some(meta), Ok(Value::Object(ours))) = (
+                params["_meta"].as_object_mut(),
+                serde_json::from_str::<Value>(&format!("{{{members}}}")),
+            ) {
+                for (key, value) in ours {
+                    meta.entry(key).or_insert(value);
+                }
+            }
+            message.set("params", &params);
+            return;
+        }
+    };
+    message.set_json("params", text);
 }
 
 /// Makes a server's answer (`result`) to a modern host's request what a

@@ -33,9 +33,9 @@ use super::Task;
 /// What a 2025 host needs when its server speaks MCP 2026-07-28.
 #[derive(Debug, Default)]
 pub(super) struct Translated {
-    /// The `_meta` its requests carry upstream (its capabilities and
-    /// identity, from its `initialize`).
-    meta: Map<String, Value>,
+    /// The `_meta` members its requests carry upstream (its capabilities
+    /// and identity, from its `initialize`), as JSON text.
+    meta: String,
     /// What it declared it can answer.
     caps: Caps,
     /// Its requests in flight that may be answered `input_required`: what
@@ -71,16 +71,19 @@ const MAX_ASKED: usize = 1024;
 impl Translated {
     /// For a host whose `initialize` had `params`.
     pub(super) fn of_initialize(params: &Value) -> Self {
-        let mut meta = Map::new();
-        meta.insert(era::VERSION_KEY.into(), json!(era::MODERN));
         let caps = params
             .get("capabilities")
             .filter(|c| c.is_object())
             .cloned()
             .unwrap_or_else(|| json!({}));
-        meta.insert(era::CAPABILITIES_KEY.into(), caps);
+        let mut meta = format!(
+            "\"{}\":\"{}\",\"{}\":{caps}",
+            era::VERSION_KEY,
+            era::MODERN,
+            era::CAPABILITIES_KEY
+        );
         if let Some(info) = params.get("clientInfo").filter(|i| i.is_object()) {
-            meta.insert(era::CLIENT_INFO_KEY.into(), info.clone());
+            meta.push_str(&format!(",\"{}\":{info}", era::CLIENT_INFO_KEY));
         }
         Self {
             meta,
@@ -101,23 +104,16 @@ impl Translated {
     }
 }
 
-/// `message`'s params with `meta`'s keys added to its `_meta` (a 2025
-/// host's request going to a modern server).
-fn with_meta(message: &mut Message, meta: &Map<String, Value>, level: Option<Level>) {
-    let mut params = message.params().unwrap_or_else(|| json!({}));
-    if !params.is_object() {
-        params = json!({});
+/// `message` with `meta` (JSON text of members) and the log level in its
+/// params' `_meta` (a 2025 host's request going to a modern server).
+fn with_meta(message: &mut Message, meta: &str, level: Option<Level>) {
+    match level {
+        Some(level) => era::add_meta(
+            message,
+            &format!("{meta},\"{}\":\"{}\"", era::LOG_LEVEL_KEY, level.as_str()),
+        ),
+        None => era::add_meta(message, meta),
     }
-    if !params["_meta"].is_object() {
-        params["_meta"] = json!({});
-    }
-    if let Some(ours) = params["_meta"].as_object_mut() {
-        ours.extend(meta.iter().map(|(k, v)| (k.clone(), v.clone())));
-        if let Some(level) = level {
-            ours.insert(era::LOG_LEVEL_KEY.into(), json!(level.as_str()));
-        }
-    }
-    message.set("params", &params);
 }
 
 impl Task {
