@@ -33,16 +33,20 @@
 //! router ([`Sessions::request`]), so their ids never collide with hosts'.
 //!
 //! This file holds the handle, the task's state and its host side;
-//! `lists` the kept lists and their reads, `server` what the task does
-//! with the upstream's own messages (re-syncs, roots, the journal,
-//! garbage, blame).
+//! `opening` how a session opens (`initialize`, a waiting discovery, the
+//! deadline, the count per version); `lists` the kept lists and their
+//! reads, `server` what the task does with the upstream's own messages
+//! (re-syncs, roots, the journal, garbage, blame); `modern` a host of MCP
+//! 2026-07-28, `upstream_era` a server of it.
 
 mod lists;
 mod modern;
+mod opening;
 mod server;
 mod upstream_era;
 
 use lists::Cache;
+use opening::{Versions, Waiting};
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -62,7 +66,7 @@ use crate::mux::host::{Event, HostLink, HostOut, Opened, Reader, StopReading};
 use crate::mux::ledger::Ledger;
 use crate::mux::lists::{List, ListError, Why};
 use crate::mux::message::{Message, RequestId};
-use crate::mux::route::{Caps, HostId, Level, Out, Router};
+use crate::mux::route::{HostId, Level, Out, Router};
 use crate::mux::session::{self, HostState, Outcome, Step};
 use crate::mux::wire::{Frame, Outbox, Refused, Wire, line};
 use crate::unit::ToolFilter;
@@ -573,70 +577,6 @@ impl Drop for Host {
             }
             drop(control);
         });
-    }
-}
-
-/// A host's `initialize` or `server/discover` waiting for the first
-/// generation (nothing to answer it from yet).
-struct Waiting {
-    host: HostId,
-    id: Value,
-    params: Value,
-    discover: bool,
-}
-
-impl Waiting {
-    fn initialize(id: Value, params: Value) -> impl FnOnce(HostId) -> Self {
-        move |host| Self {
-            host,
-            id,
-            params,
-            discover: false,
-        }
-    }
-
-    fn discover(id: Value) -> impl FnOnce(HostId) -> Self {
-        move |host| Self {
-            host,
-            id,
-            params: Value::Null,
-            discover: true,
-        }
-    }
-}
-
-/// Attached host sessions per protocol version (the modern one, then
-/// those of the handshake, newest first).
-#[derive(Debug, Default)]
-struct Versions {
-    counts: [AtomicUsize; 1 + session::HOST_VERSIONS.len()],
-}
-
-impl Versions {
-    fn slot(version: &str) -> Option<usize> {
-        era::supported_versions().iter().position(|v| *v == version)
-    }
-
-    fn attached(&self, version: &str) {
-        if let Some(at) = Self::slot(version) {
-            self.counts[at].fetch_add(1, Ordering::Relaxed);
-        }
-    }
-
-    fn detached(&self, version: &str) {
-        if let Some(at) = Self::slot(version) {
-            let _ = self.counts[at]
-                .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1));
-        }
-    }
-
-    fn counts(&self) -> Vec<(&'static str, usize)> {
-        era::supported_versions()
-            .into_iter()
-            .zip(&self.counts)
-            .map(|(v, n)| (v, n.load(Ordering::Relaxed)))
-            .filter(|(_, n)| *n > 0)
-            .collect()
     }
 }
 
@@ -1288,46 +1228,6 @@ impl Task {
         }
     }
 
-    /// The server is down with no `initialize` result known: a host's
-    /// `initialize` gets the outage error. A replayed one (the host
-    /// initialized with an earlier daemon) cannot be taken back: the
-    /// session counts as initialized, so the host's requests get the
-    /// outage error too, and work once the server is back.
-    fn refuse_initialize(&mut self, host: HostId, id: &Value, params: &Value) {
-        let replaying = self.hosts.get(&host).is_some_and(|h| h.swallow.is_some());
-        if replaying {
-            if let Some(h) = self.hosts.get_mut(&host) {
-                h.swallow = None;
-                h.initialized = true;
-                h.translated = Some(Box::new(upstream_era::Translated::of_initialize(params)));
-            }
-            self.router.attach(host, Caps::from_initialize(params));
-        } else {
-            let text = self.down_text(None);
-            self.send(host, ErrorCode::ServerDown.response(id, text));
-        }
-        // What it sent meanwhile, in order.
-        let held = self
-            .hosts
-            .get_mut(&host)
-            .map(|h| std::mem::take(&mut h.held))
-            .unwrap_or_default();
-        for frame in held {
-            self.on_host(host, frame);
-        }
-    }
-
-    /// A replayed `initialize` was answered: the host is told that every
-    /// list it may hold could have changed while mcpd was away.
-    fn replayed(&mut self, host: HostId) {
-        let Some(init) = self.init.clone() else {
-            return;
-        };
-        for method in session::replay_notices(&init) {
-            self.send(host, json!({"jsonrpc": "2.0", "method": method}));
-        }
-    }
-
     /// Sends notification `method` to every initialized host (a modern
     /// host: on each of its listen streams that opted in to it).
     fn broadcast(&mut self, method: &str) {
@@ -1369,102 +1269,6 @@ impl Task {
                     .as_mut()
                     .reset(tokio::time::Instant::from_std(at));
             }
-        }
-    }
-
-    /// Hosts that have not sent `initialize` within
-    /// [`initialize_timeout`] of attaching are detached.
-    fn uninitialized_expired(&mut self) {
-        let cutoff = now().checked_sub(initialize_timeout());
-        let late: Vec<HostId> = self
-            .hosts
-            .iter()
-            .filter(|(_, h)| h.uninitialized.is_some_and(|since| Some(since) <= cutoff))
-            .map(|(host, _)| *host)
-            .collect();
-        for host in late {
-            self.detach(host, Some("it sent no initialize in time"));
-        }
-    }
-
-    /// Answers host `host`'s `initialize` with the server's own result.
-    fn initialize(&mut self, host: HostId, id: &Value, params: &Value) {
-        let Some(init) = self.init.clone() else {
-            let state = self.status.borrow().state;
-            if matches!(state, State::Failed | State::Stopped | State::Stopping) {
-                self.refuse_initialize(host, id, params);
-            } else {
-                self.open_later(host, Waiting::initialize(id.clone(), params.clone()));
-            }
-            return;
-        };
-        let result = session::initialize_result(&init, params);
-        let held = match self.hosts.get_mut(&host) {
-            Some(h) => {
-                h.initialized = true;
-                std::mem::take(&mut h.held)
-            }
-            None => Vec::new(),
-        };
-        self.router.attach(host, Caps::from_initialize(params));
-        if let Some(h) = self.hosts.get_mut(&host) {
-            h.translated = Some(Box::new(upstream_era::Translated::of_initialize(params)));
-        }
-        let version = session::negotiate(params["protocolVersion"].as_str().unwrap_or_default());
-        if let Some(h) = self.hosts.get_mut(&host)
-            && h.version.is_none()
-        {
-            h.version = Some(version);
-            self.versions.attached(version);
-        }
-        if let Some(h) = self.hosts.get(&host)
-            && let Some(control) = &h.control
-            && h.swallow.is_none()
-        {
-            // The bridge keeps it, to replay if mcpd restarts.
-            let request =
-                json!({"jsonrpc": "2.0", "id": id, "method": "initialize", "params": params});
-            let _ = control.send(crate::mux::attach::line(&Control::Initialize(request)));
-        }
-        self.send(host, json!({"jsonrpc": "2.0", "id": id, "result": result}));
-        // What it sent meanwhile, in order.
-        for frame in held {
-            self.on_host(host, frame);
-        }
-    }
-
-    /// Host `host`'s opening request (`waiting`, made for it) is answered
-    /// once the first generation is established; an idle on-demand server
-    /// is started for it (it has nothing to answer from yet).
-    fn open_later(&mut self, host: HostId, waiting: impl FnOnce(HostId) -> Waiting) {
-        self.waiting.push(waiting(host));
-        if self.status.borrow().state == State::Idle {
-            let _ = self.events.send(Internal::Demand);
-        }
-    }
-
-    /// A waiting opening request, answered now that there is a result.
-    fn opened(&mut self, w: Waiting) {
-        if w.discover {
-            match RequestId::of(&w.id) {
-                Some(id) => self.discover(w.host, &id, &Message::from(json!({}))),
-                None => self.release_held(w.host),
-            }
-        } else {
-            self.initialize(w.host, &w.id, &w.params);
-        }
-    }
-
-    /// What host `host` sent while its opening request waited, handled
-    /// in order.
-    fn release_held(&mut self, host: HostId) {
-        let held = self
-            .hosts
-            .get_mut(&host)
-            .map(|h| std::mem::take(&mut h.held))
-            .unwrap_or_default();
-        for frame in held {
-            self.on_host(host, frame);
         }
     }
 

@@ -1,0 +1,224 @@
+//! How a host session opens (DESIGN §8, §12): its `initialize` answered
+//! from the server's own result (or refused while the server is down),
+//! its `server/discover` or `initialize` held until the first generation
+//! when there is nothing to answer it from yet, what it sent meanwhile
+//! handled in order, the deadline for a session that never opens, and
+//! the count of sessions per protocol version.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use serde_json::{Value, json};
+
+use crate::mux::attach::Control;
+use crate::mux::era;
+use crate::mux::error::ErrorCode;
+use crate::mux::message::{Message, RequestId};
+use crate::mux::route::{Caps, HostId};
+use crate::mux::session;
+
+use super::super::clock::now;
+use super::super::events::Internal;
+use super::super::machine::State;
+use super::{Task, initialize_timeout, upstream_era};
+
+/// A host's `initialize` or `server/discover` waiting for the first
+/// generation (nothing to answer it from yet).
+pub(super) struct Waiting {
+    pub(super) host: HostId,
+    pub(super) id: Value,
+    pub(super) params: Value,
+    pub(super) discover: bool,
+}
+
+impl Waiting {
+    pub(super) fn initialize(id: Value, params: Value) -> impl FnOnce(HostId) -> Self {
+        move |host| Self {
+            host,
+            id,
+            params,
+            discover: false,
+        }
+    }
+
+    pub(super) fn discover(id: Value) -> impl FnOnce(HostId) -> Self {
+        move |host| Self {
+            host,
+            id,
+            params: Value::Null,
+            discover: true,
+        }
+    }
+}
+
+/// Attached host sessions per protocol version (the modern one, then
+/// those of the handshake, newest first).
+#[derive(Debug, Default)]
+pub(super) struct Versions {
+    counts: [AtomicUsize; 1 + session::HOST_VERSIONS.len()],
+}
+
+impl Versions {
+    fn slot(version: &str) -> Option<usize> {
+        era::supported_versions().iter().position(|v| *v == version)
+    }
+
+    pub(super) fn attached(&self, version: &str) {
+        if let Some(at) = Self::slot(version) {
+            self.counts[at].fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    pub(super) fn detached(&self, version: &str) {
+        if let Some(at) = Self::slot(version) {
+            let _ = self.counts[at]
+                .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1));
+        }
+    }
+
+    pub(super) fn counts(&self) -> Vec<(&'static str, usize)> {
+        era::supported_versions()
+            .into_iter()
+            .zip(&self.counts)
+            .map(|(v, n)| (v, n.load(Ordering::Relaxed)))
+            .filter(|(_, n)| *n > 0)
+            .collect()
+    }
+}
+
+impl Task {
+    /// The server is down with no `initialize` result known: a host's
+    /// `initialize` gets the outage error. A replayed one (the host
+    /// initialized with an earlier daemon) cannot be taken back: the
+    /// session counts as initialized, so the host's requests get the
+    /// outage error too, and work once the server is back.
+    pub(super) fn refuse_initialize(&mut self, host: HostId, id: &Value, params: &Value) {
+        let replaying = self.hosts.get(&host).is_some_and(|h| h.swallow.is_some());
+        if replaying {
+            if let Some(h) = self.hosts.get_mut(&host) {
+                h.swallow = None;
+                h.initialized = true;
+                h.translated = Some(Box::new(upstream_era::Translated::of_initialize(params)));
+            }
+            self.router.attach(host, Caps::from_initialize(params));
+        } else {
+            let text = self.down_text(None);
+            self.send(host, ErrorCode::ServerDown.response(id, text));
+        }
+        // What it sent meanwhile, in order.
+        let held = self
+            .hosts
+            .get_mut(&host)
+            .map(|h| std::mem::take(&mut h.held))
+            .unwrap_or_default();
+        for frame in held {
+            self.on_host(host, frame);
+        }
+    }
+
+    /// A replayed `initialize` was answered: the host is told that every
+    /// list it may hold could have changed while mcpd was away.
+    pub(super) fn replayed(&mut self, host: HostId) {
+        let Some(init) = self.init.clone() else {
+            return;
+        };
+        for method in session::replay_notices(&init) {
+            self.send(host, json!({"jsonrpc": "2.0", "method": method}));
+        }
+    }
+
+    /// Hosts that have not sent `initialize` within
+    /// [`initialize_timeout`] of attaching are detached.
+    pub(super) fn uninitialized_expired(&mut self) {
+        let cutoff = now().checked_sub(initialize_timeout());
+        let late: Vec<HostId> = self
+            .hosts
+            .iter()
+            .filter(|(_, h)| h.uninitialized.is_some_and(|since| Some(since) <= cutoff))
+            .map(|(host, _)| *host)
+            .collect();
+        for host in late {
+            self.detach(host, Some("it sent no initialize in time"));
+        }
+    }
+
+    /// Answers host `host`'s `initialize` with the server's own result.
+    pub(super) fn initialize(&mut self, host: HostId, id: &Value, params: &Value) {
+        let Some(init) = self.init.clone() else {
+            let state = self.status.borrow().state;
+            if matches!(state, State::Failed | State::Stopped | State::Stopping) {
+                self.refuse_initialize(host, id, params);
+            } else {
+                self.open_later(host, Waiting::initialize(id.clone(), params.clone()));
+            }
+            return;
+        };
+        let result = session::initialize_result(&init, params);
+        let held = match self.hosts.get_mut(&host) {
+            Some(h) => {
+                h.initialized = true;
+                std::mem::take(&mut h.held)
+            }
+            None => Vec::new(),
+        };
+        self.router.attach(host, Caps::from_initialize(params));
+        if let Some(h) = self.hosts.get_mut(&host) {
+            h.translated = Some(Box::new(upstream_era::Translated::of_initialize(params)));
+        }
+        let version = session::negotiate(params["protocolVersion"].as_str().unwrap_or_default());
+        if let Some(h) = self.hosts.get_mut(&host)
+            && h.version.is_none()
+        {
+            h.version = Some(version);
+            self.versions.attached(version);
+        }
+        if let Some(h) = self.hosts.get(&host)
+            && let Some(control) = &h.control
+            && h.swallow.is_none()
+        {
+            // The bridge keeps it, to replay if mcpd restarts.
+            let request =
+                json!({"jsonrpc": "2.0", "id": id, "method": "initialize", "params": params});
+            let _ = control.send(crate::mux::attach::line(&Control::Initialize(request)));
+        }
+        self.send(host, json!({"jsonrpc": "2.0", "id": id, "result": result}));
+        // What it sent meanwhile, in order.
+        for frame in held {
+            self.on_host(host, frame);
+        }
+    }
+
+    /// Host `host`'s opening request (`waiting`, made for it) is answered
+    /// once the first generation is established; an idle on-demand server
+    /// is started for it (it has nothing to answer from yet).
+    pub(super) fn open_later(&mut self, host: HostId, waiting: impl FnOnce(HostId) -> Waiting) {
+        self.waiting.push(waiting(host));
+        if self.status.borrow().state == State::Idle {
+            let _ = self.events.send(Internal::Demand);
+        }
+    }
+
+    /// A waiting opening request, answered now that there is a result.
+    pub(super) fn opened(&mut self, w: Waiting) {
+        if w.discover {
+            match RequestId::of(&w.id) {
+                Some(id) => self.discover(w.host, &id, &Message::from(json!({}))),
+                None => self.release_held(w.host),
+            }
+        } else {
+            self.initialize(w.host, &w.id, &w.params);
+        }
+    }
+
+    /// What host `host` sent while its opening request waited, handled
+    /// in order.
+    pub(super) fn release_held(&mut self, host: HostId) {
+        let held = self
+            .hosts
+            .get_mut(&host)
+            .map(|h| std::mem::take(&mut h.held))
+            .unwrap_or_default();
+        for frame in held {
+            self.on_host(host, frame);
+        }
+    }
+}
