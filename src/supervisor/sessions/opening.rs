@@ -104,15 +104,7 @@ impl Task {
             let text = self.down_text(None);
             self.send(host, ErrorCode::ServerDown.response(id, text));
         }
-        // What it sent meanwhile, in order.
-        let held = self
-            .hosts
-            .get_mut(&host)
-            .map(|h| std::mem::take(&mut h.held))
-            .unwrap_or_default();
-        for frame in held {
-            self.on_host(host, frame);
-        }
+        self.release_held(host);
     }
 
     /// A replayed `initialize` was answered: the host is told that every
