@@ -730,3 +730,29 @@ fn a_server_that_fumbles_server_discover_is_spoken_to_with_initialize() {
     assert!(status.contains("   Protocol: 2025-11-25"), "{status}");
     assert!(d.stop(Signal::TERM).success());
 }
+
+#[test]
+fn a_tool_list_of_megabytes_is_read_and_published_whole_beside_a_healthy_unit() {
+    // 40,000 tools in pages of 10,000: some 4 MB of answers, past
+    // upstream::LARGE, so the pages are judged and the list made on a
+    // blocking thread (the daemon's runtime has one thread).
+    let units = tempfile::tempdir().expect("tempdir");
+    std::fs::write(
+        units.path().join("huge.kdl"),
+        "stdio {\n    command \"mcp-fixture\" \"--chatter\" \"0\" \"--many-tools\" \"40000\" \"--page-size\" \"10000\"\n}\n",
+    )
+    .expect("write");
+    hostile(units.path(), "healthy", &["plain"], "");
+    let mut d = Daemon::user_no_bus(units.path(), &[]);
+    d.wait_until("both running", |d| {
+        d.starts("huge") == 1 && d.starts("healthy") == 1
+    });
+    let runtime = d.runtime_dir().expect("runtime").to_owned();
+    let tools = |name: &str| {
+        let out = crate::helper::mcpctl_user(&runtime, &["tools", name]);
+        String::from_utf8_lossy(&out.stdout).lines().count()
+    };
+    d.wait_until("the huge list published", |_| tools("huge") >= 40_000);
+    assert!(tools("huge") >= 40_000 && tools("healthy") == 4);
+    assert!(d.stop(Signal::TERM).success());
+}

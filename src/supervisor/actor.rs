@@ -25,7 +25,7 @@ use super::cache::CacheFile;
 use super::clock::{Clock, now};
 use super::events::Internal;
 use super::launch::{ConnectError, SharedLauncher};
-use super::machine::{Effect, Event, Gen, Machine, State, Timer, ToolList, View};
+use super::machine::{Effect, Event, Gen, Machine, State, Timer, View};
 use super::sessions::{Sessions, Settings};
 use super::upstream::{self, Handshake};
 use super::{CallError, Status};
@@ -387,7 +387,7 @@ impl Actor {
                     self.cache.init = Some(Arc::clone(&init));
                     self.step(Event::Established {
                         generation,
-                        tools: ToolList::from_values(tools),
+                        tools,
                         instructions,
                     })
                     .await;
@@ -440,11 +440,7 @@ impl Actor {
                     // Only a read no list_changed overtook is published.
                     Ok(_) if self.sync_dirty => {}
                     Ok(tools) => {
-                        self.step(Event::ToolsSynced {
-                            generation,
-                            tools: ToolList::from_values(tools),
-                        })
-                        .await;
+                        self.step(Event::ToolsSynced { generation, tools }).await;
                         self.save_cache();
                     }
                     Err(e) => {

@@ -5,8 +5,6 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use serde_json::Value;
-
 use super::launch::ConnectError;
 use super::machine::Gen;
 use super::upstream::Handshake;
@@ -34,7 +32,7 @@ pub(crate) enum Internal {
     },
     Synced {
         generation: Gen,
-        result: Result<Vec<Value>, ListError>,
+        result: Result<super::tools::ToolList, ListError>,
     },
     /// A resource, template or prompt list of generation `generation`
     /// could not be read (the sessions logged it).

@@ -14,6 +14,7 @@ use serde_json::{Value, json};
 
 use super::clock::now;
 use super::launch::ConnectError;
+use super::tools::ToolList;
 use crate::mux::era;
 use crate::mux::error::ErrorCode;
 use crate::mux::lists::{List, ListError, ListRead, Next};
@@ -38,7 +39,7 @@ pub struct Handshake {
     /// The server's `initialize` result, as it sent it.
     pub init: Arc<Value>,
     /// Every tool, from every page of `tools/list`.
-    pub tools: Vec<Value>,
+    pub tools: ToolList,
     /// A `list_changed` arrived during the handshake.
     pub dirty: bool,
 }
@@ -165,7 +166,7 @@ impl Client<'_> {
 
     /// Every page of `list`: complete within `timeout`, or an error
     /// naming the list and the bound.
-    async fn list(&mut self, list: List, timeout: Duration) -> Result<Vec<Value>, ConnectError> {
+    async fn list(&mut self, list: List, timeout: Duration) -> Result<ToolList, ConnectError> {
         let (mut pages, mut params) = Pages::new(list, timeout);
         loop {
             let answer = self.answer(list.method(), params, list.method());
@@ -179,20 +180,46 @@ impl Client<'_> {
     }
 }
 
+/// Bytes of a tool list's answers past which reading and publishing it
+/// is done on a blocking thread: the daemon's runtime has one thread, and
+/// a list of megabytes parsed there would hold every other unit's hosts
+/// (DESIGN §3: a bad server never disturbs the daemon).
+pub const LARGE: usize = 1 << 20;
+
+/// What a page judged makes.
+enum Judged {
+    Page(Value),
+    Done(ToolList),
+    Failed(ListError),
+}
+
+/// Judges `message` (`size` bytes) with `read`; the complete list made a
+/// `ToolList`.
+fn judge(read: &mut ListRead, message: &Message, size: usize, at: std::time::Instant) -> Judged {
+    match read.answer(message, size, at) {
+        Next::Page(next) => Judged::Page(next),
+        Next::Done(items) => Judged::Done(ToolList::from_values(items)),
+        Next::Failed(error) => Judged::Failed(error),
+    }
+}
+
 /// A list read page by page by a task of its own (the handshake, the
 /// tools' re-sync) with the list reader (`mux::lists`): each answer
 /// waited for until the read's deadline, and judged.
 pub(crate) struct Pages {
-    read: ListRead,
+    /// None only while a page is judged on a blocking thread.
+    read: Option<ListRead>,
     deadline: tokio::time::Instant,
+    /// Bytes of the answers so far.
+    bytes: usize,
 }
 
 /// What to do after a page.
 pub(crate) enum Paged<E> {
     /// Ask for the next page with these params.
     Ask(Value),
-    /// The whole list.
-    Done(Vec<Value>),
+    /// The whole list, as the tools published.
+    Done(ToolList),
     /// The request for a page failed.
     Asking(E),
     /// The list reader gave up.
@@ -205,7 +232,12 @@ impl Pages {
         let read = ListRead::new(list, now(), timeout);
         let first = read.first();
         let deadline = tokio::time::Instant::from_std(read.deadline());
-        (Self { read, deadline }, first)
+        let pages = Self {
+            read: Some(read),
+            deadline,
+            bytes: 0,
+        };
+        (pages, first)
     }
 
     /// Waits for `answer`, the page asked for, until the deadline.
@@ -217,17 +249,51 @@ impl Pages {
             Ok(Ok(message)) => message,
             Ok(Err(e)) => return Paged::Asking(e),
             Err(_) => {
-                let read = &self.read;
+                let Some(read) = &self.read else {
+                    return Paged::Failed(ListError {
+                        list: List::Tools,
+                        why: crate::mux::lists::Why::Lost("the read timed out".into()),
+                    });
+                };
                 return Paged::Failed(
                     read.expired(now())
                         .unwrap_or_else(|| read.lost("the read timed out")),
                 );
             }
         };
-        match self.read.answer(&message, message.received(), now()) {
-            Next::Page(next) => Paged::Ask(next),
-            Next::Done(items) => Paged::Done(items),
-            Next::Failed(error) => Paged::Failed(error),
+        let Some(mut read) = self.read.take() else {
+            return Paged::Failed(ListError {
+                list: List::Tools,
+                why: crate::mux::lists::Why::Lost("the read was lost".into()),
+            });
+        };
+        let size = message.received();
+        self.bytes += size;
+        let at = now();
+        let judged = if self.bytes >= LARGE {
+            let work = tokio::task::spawn_blocking(move || {
+                let judged = judge(&mut read, &message, size, at);
+                (read, judged)
+            });
+            match work.await {
+                Ok((read, judged)) => {
+                    self.read = Some(read);
+                    judged
+                }
+                Err(_) => Judged::Failed(ListError {
+                    list: List::Tools,
+                    why: crate::mux::lists::Why::Lost("reading the list failed".into()),
+                }),
+            }
+        } else {
+            let judged = judge(&mut read, &message, size, at);
+            self.read = Some(read);
+            judged
+        };
+        match judged {
+            Judged::Page(next) => Paged::Ask(next),
+            Judged::Done(tools) => Paged::Done(tools),
+            Judged::Failed(error) => Paged::Failed(error),
         }
     }
 }
@@ -301,7 +367,7 @@ pub async fn handshake(
                 let tools = if init["capabilities"].get("tools").is_some() {
                     client.list(List::Tools, list_timeout).await?
                 } else {
-                    Vec::new()
+                    ToolList::default()
                 };
                 let dirty = client.dirty;
                 return Ok(Handshake {
@@ -348,7 +414,7 @@ pub async fn handshake(
     let tools = if init["capabilities"].get("tools").is_some() {
         client.list(List::Tools, list_timeout).await?
     } else {
-        Vec::new()
+        ToolList::default()
     };
     let dirty = client.dirty;
     Ok(Handshake {

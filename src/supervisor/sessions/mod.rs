@@ -488,7 +488,7 @@ impl Sessions {
         &self,
         list: List,
         timeout: Duration,
-    ) -> Result<Vec<Value>, ListError> {
+    ) -> Result<crate::supervisor::tools::ToolList, ListError> {
         let (mut pages, mut params) = Pages::new(list, timeout);
         loop {
             let answer = self.send_request(list.method(), params, Purpose::Sync);
