@@ -251,6 +251,11 @@ fn bad_modern_requests_get_errors_and_an_input_not_given_in_time_is_withdrawn() 
     let mut d = Daemon::user_no_bus(units.path(), &[("MCPD_INPUT_TIMEOUT", "1".as_ref())]);
     d.wait_until("shared running", |d| d.starts("shared") == 1);
     let runtime = d.runtime_dir().expect("runtime").to_owned();
+    // Its resource list read (a URI is judged by it; before, any passes).
+    d.wait_until("the resource list read", |_| {
+        let out = mcpctl_user(&runtime, &["resources", "shared"]);
+        String::from_utf8_lossy(&out.stdout).contains("fixture://a")
+    });
     let rt = tokio::runtime::Runtime::new().expect("runtime");
     let state = rt.block_on(async {
         tokio::time::timeout(Duration::from_secs(60), async {

@@ -672,8 +672,12 @@ impl Task {
         true
     }
 
-    /// Whether `uri` is one the server lists, or one of its templates'.
+    /// Whether `uri` is one the server lists, or one of its templates' (or
+    /// its lists are not read yet: nothing to judge it by).
     fn resource_known(&self, uri: &str) -> bool {
+        if self.cached(List::Resources).is_none() && self.cached(List::Templates).is_none() {
+            return true;
+        }
         let listed = |kind: List, key: &str| -> Vec<String> {
             self.cached(kind)
                 .and_then(|list| serde_json::from_str::<Vec<Value>>(&list).ok())
