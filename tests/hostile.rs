@@ -248,12 +248,22 @@ fn a_log_flood_is_rate_limited_and_a_slow_reading_host_keeps_its_session_and_eve
         "{notices:?}"
     );
     // never detached; the daemon's log kept to the unit's rate limit
+    d.wait_for("log-rate-limit reached: dropping its log messages until ");
     assert_eq!(d.count("detaching host session"), 0, "{:?}", d.seen);
     let logged = d
         .about("flood")
         .filter(|l| l.contains("mcpd::server") && l.contains("flood "))
         .count();
     assert!(logged <= 100, "{logged} log lines of the flood");
+    // and said, once, that it drops them from now on
+    assert_eq!(
+        d.about("flood")
+            .filter(|l| l.contains("log-rate-limit reached: dropping its log messages until "))
+            .count(),
+        1,
+        "{:?}",
+        d.seen
+    );
     let out = crate::helper::mcpctl_user(&runtime, &["status", "flood", "--json"]);
     let status: Value = serde_json::from_slice(&out.stdout).expect("json");
     assert!(

@@ -160,8 +160,9 @@ impl Limiter {
 }
 
 /// "log-rate-limit reached: dropping stderr until 14:03:27" (local time),
-/// for a window that ends at `until`.
-pub fn reached_line(until: Instant) -> String {
+/// for a window that ends at `until`; `what` names what is dropped
+/// (stderr, the server's log messages, its garbage lines).
+pub fn reached_line(what: &str, until: Instant) -> String {
     let at = std::time::SystemTime::now() + until.saturating_duration_since(Instant::now());
     let at = jiff::Timestamp::try_from(at).map_or_else(
         |_| "the window ends".to_owned(),
@@ -171,7 +172,7 @@ pub fn reached_line(until: Instant) -> String {
                 .to_string()
         },
     );
-    format!("log-rate-limit reached: dropping stderr until {at}")
+    format!("log-rate-limit reached: dropping {what} until {at}")
 }
 
 /// "suppressed 12 lines (log-rate-limit 10000 per 30s)".
@@ -348,7 +349,7 @@ impl LogRing {
             log(&suppressed_line(n, limiter.limit()), true);
         }
         if let Some(until) = admit.reached {
-            log(&reached_line(until), true);
+            log(&reached_line("stderr", until), true);
         }
         if !admit.log && !keep {
             return;
@@ -419,7 +420,7 @@ mod tests {
         let t1 = t0 + Duration::from_secs(30);
         assert_eq!(l.admit_n(10, t1).reached, Some(t1 + LIMIT.interval));
         assert_eq!(l.admit_n(10, t1).reached, None);
-        let line = reached_line(Instant::now() + Duration::from_secs(5));
+        let line = reached_line("stderr", Instant::now() + Duration::from_secs(5));
         let at = line
             .strip_prefix("log-rate-limit reached: dropping stderr until ")
             .expect(&line);

@@ -101,6 +101,10 @@ impl Task {
     pub(super) fn garbage(&mut self, lines: u64, why: &str) {
         self.counters.garbage(lines);
         let admit = self.log_limit.admit_n(lines, now());
+        if let Some(until) = admit.reached {
+            let line = logs::reached_line("its lines of garbage", until);
+            tracing::warn!(target: "mcpd::server", mcpd_server = %self.name, "{line}");
+        }
         if let Some(n) = admit.suppressed {
             let line = logs::suppressed_line(n, self.log_limit.limit());
             tracing::warn!(target: "mcpd::server", mcpd_server = %self.name, "{line}");
@@ -122,6 +126,10 @@ impl Task {
     /// messages are counted and the count reported once the window ends.
     pub(super) fn journal(&mut self, message: &Message) {
         let admit = self.log_limit.admit(now());
+        if let Some(until) = admit.reached {
+            let line = logs::reached_line("its log messages", until);
+            tracing::warn!(target: "mcpd::server", mcpd_server = %self.name, "{line}");
+        }
         if let Some(n) = admit.suppressed {
             let line = logs::suppressed_line(n, self.log_limit.limit());
             tracing::warn!(target: "mcpd::server", mcpd_server = %self.name, "{line}");
