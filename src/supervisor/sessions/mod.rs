@@ -986,7 +986,16 @@ impl Task {
                 Some(message) => message,
                 None => return,
             }
-        } else if self.modern_upstream() && !message.has("method") {
+        } else if !message.has("method")
+            && (self.modern_up
+                || self
+                    .hosts
+                    .get(&host)
+                    .and_then(|h| h.translated.as_deref())
+                    .is_some_and(upstream_era::Translated::keeps_any))
+        {
+            // Also after the server stopped speaking 2026-07-28: what was
+            // kept for the request goes with its answer.
             match self.answer_of_modern_server(host, message) {
                 Some(message) => message,
                 None => return,

@@ -94,6 +94,11 @@ impl Translated {
 }
 
 impl Translated {
+    /// Whether anything is kept for a request of its in flight.
+    pub(super) fn keeps_any(&self) -> bool {
+        !self.sent.is_empty()
+    }
+
     /// Its request `id` was cancelled: nothing of it is kept (questions
     /// asked for it are left to its answers, which are then dropped).
     pub(super) fn cancelled(&mut self, id: &RequestId) {
