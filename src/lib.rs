@@ -4,6 +4,7 @@
 //! arguments and call into it. See `ARCHITECTURE.md` for the code map.
 
 pub mod adopt;
+pub mod aggregate;
 pub mod ctl;
 pub mod daemon;
 pub mod dbus;

@@ -13,8 +13,9 @@ use std::fmt;
 use std::path::PathBuf;
 use std::sync::RwLock;
 
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::{mpsc, oneshot, watch};
 
+use crate::mux::aggregate::{Candidate, Target, members_of};
 use crate::supervisor::Supervisor;
 use crate::unit::Instance;
 
@@ -81,6 +82,9 @@ pub struct UnitView {
     pub description: Option<String>,
     /// The current load error, one `file:line:col: message` line each.
     pub load_error: Option<String>,
+    /// Its `group`s and `alias` (DESIGN §14), as last loaded.
+    pub groups: Vec<String>,
+    pub alias: Option<String>,
 }
 
 /// What the daemon can be asked to do.
@@ -105,6 +109,9 @@ pub struct Shared {
     pub units: RwLock<BTreeMap<String, UnitView>>,
     /// Reloads go to the daemon's loop.
     pub control: mpsc::UnboundedSender<Control>,
+    /// Counts the read model's publications: aggregates follow their
+    /// groups by it.
+    pub published: watch::Sender<u64>,
 }
 
 /// Why the read model has no unit, or no supervisor, by a name. The
@@ -131,7 +138,42 @@ impl Shared {
             unit_dirs,
             units: RwLock::new(BTreeMap::new()),
             control,
+            published: watch::Sender::new(0),
         }
+    }
+
+    /// Replaces the units with `units` and tells who follows them.
+    pub fn publish(&self, units: BTreeMap<String, UnitView>) {
+        if let Ok(mut mine) = self.units.write() {
+            *mine = units;
+        }
+        self.published.send_modify(|n| *n += 1);
+    }
+
+    /// The units of `target` that run, each with its prefix and
+    /// supervisor (DESIGN §14).
+    pub fn members(&self, target: &Target) -> Result<Vec<(String, String, Supervisor)>, String> {
+        let units = self
+            .units
+            .read()
+            .map_err(|_| "the read model is poisoned".to_owned())?;
+        let candidates: Vec<Candidate<'_>> = units
+            .iter()
+            .filter(|(_, v)| v.supervisor.is_some())
+            .map(|(name, v)| Candidate {
+                unit: name,
+                alias: v.alias.as_deref(),
+                groups: &v.groups,
+            })
+            .collect();
+        let members = members_of(target, &candidates)?;
+        Ok(members
+            .into_iter()
+            .filter_map(|(unit, prefix)| {
+                let supervisor = units.get(&unit)?.supervisor.clone()?;
+                Some((unit, prefix, supervisor))
+            })
+            .collect())
     }
 
     /// The names of every known unit.
@@ -174,6 +216,8 @@ mod tests {
             path: PathBuf::from("/units/bad.kdl"),
             description: None,
             load_error: Some("/units/bad.kdl:1:1: oops".into()),
+            groups: Vec::new(),
+            alias: None,
         };
         if let Ok(mut units) = shared.units.write() {
             units.insert("bad".into(), invalid);

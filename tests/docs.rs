@@ -207,6 +207,18 @@ const LAYERS: &[Layer] = &[
               no randomness (instants and the nonce are handed in)",
     },
     Layer {
+        under: "src/mux/aggregate.rs",
+        forbidden: NO_IO_NO_CLOCK,
+        allowed: &[],
+        why: "the aggregate's routing is pure: no tasks, no I/O, no clock",
+    },
+    Layer {
+        under: "src/aggregate.rs",
+        forbidden: &["crate::daemon", "crate::dbus"],
+        allowed: &[],
+        why: "the aggregate's task is started by the attach socket and by D-Bus alike",
+    },
+    Layer {
         under: "src/mux/lists.rs",
         forbidden: NO_IO_NO_CLOCK,
         allowed: &[],

@@ -4,6 +4,7 @@ mod helper;
 
 mod actor;
 mod adopt;
+mod aggregate;
 mod bridge;
 mod connections;
 mod containment;

@@ -91,7 +91,12 @@ enum Command {
     Cat { name: String },
     /// Serve a managed server to an MCP host on stdin/stdout: use
     /// `mcpctl bridge NAME` as the server command in the host's config.
-    Bridge { name: String },
+    /// Several names, `@GROUP` or `@all` serve those units as one server,
+    /// their tools and prompts named UNIT__NAME.
+    Bridge {
+        #[arg(required = true, value_name = "NAME|@GROUP")]
+        names: Vec<String>,
+    },
     /// Print a completion script for SHELL (bash, zsh, fish, elvish, powershell).
     Completions { shell: clap_complete::Shell },
     /// Check unit files (or directories of them) without a running daemon.
@@ -140,20 +145,24 @@ enum Command {
     },
 }
 
-/// `mcpctl [--user|--system] bridge NAME` (the flags before or after),
-/// as hosts start it: the instance and the name. Anything else, help and
-/// mistakes included, is for clap.
+/// `mcpctl [--user|--system] bridge NAME…` (the flags before or after),
+/// as hosts start it: the instance and what to serve, written as the
+/// attach socket takes it (`NAME`, `A+B`, `@GROUP`). Anything else, help
+/// and mistakes included, is for clap.
 fn bridge_argv(args: impl Iterator<Item = std::ffi::OsString>) -> Option<(Instance, String)> {
-    let (mut system, mut user, mut verb, mut name) = (false, false, false, None);
+    let (mut system, mut user, mut verb, mut names) = (false, false, false, Vec::new());
     for arg in args {
         match arg.to_str()? {
             "--system" => system = true,
             "--user" => user = true,
             "bridge" if !verb => verb = true,
-            n if verb && name.is_none() && !n.starts_with('-') => name = Some(n.to_owned()),
+            n if verb && !n.starts_with('-') && !n.contains('+') => names.push(n.to_owned()),
             _ => return None,
         }
     }
+    let name = mcpd::mux::aggregate::Target::of_args(&names)
+        .ok()
+        .map(|t| t.label());
     let instance = match (system, user) {
         (true, true) => return None,
         (true, false) => Instance::System,
@@ -236,8 +245,11 @@ fn main() -> ExitCode {
         (_, true) => Instance::User,
         _ => Instance::by_default(),
     };
-    if let Command::Bridge { name } = &cli.command {
-        return bridge(instance, name);
+    if let Command::Bridge { names } = &cli.command {
+        return match mcpd::mux::aggregate::Target::of_args(names) {
+            Ok(target) => bridge(instance, &target.label()),
+            Err(e) => fail(&CtlError::failure(e)),
+        };
     }
     let env = |var: &str| std::env::var_os(var);
     let offline = match &cli.command {
@@ -395,7 +407,8 @@ mod tests {
         );
         for other in [
             &["bridge"][..],
-            &["bridge", "a", "b"],
+            &["bridge", "a", "@dev"],
+            &["bridge", "a+b"],
             &["--user", "--system", "bridge", "demo"],
             &["bridge", "--help"],
             &["status", "demo"],

@@ -10,6 +10,7 @@
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
+use crate::mux::aggregate::{Candidate, SEPARATOR, prefix_collisions};
 use crate::unit::{self, Context, Style, UnitFiles};
 
 use super::exit;
@@ -40,7 +41,11 @@ pub fn run(
     style: Style,
     err: &mut dyn Write,
 ) -> std::io::Result<Summary> {
-    let checker = Checker { context, style };
+    let checker = Checker {
+        context,
+        style,
+        loaded: std::cell::RefCell::new(Vec::new()),
+    };
     let mut summary = Summary::default();
     for path in paths {
         let meta = match std::fs::metadata(path) {
@@ -57,6 +62,34 @@ pub fn run(
             checker.check(&UnitFiles::beside(path), err, &mut summary)?;
         }
     }
+    // Units hosts may reach in one aggregate (`@all`, DESIGN §14) must
+    // not share a prefix: both files are named.
+    let loaded = checker.loaded.into_inner();
+    let candidates: Vec<Candidate<'_>> = loaded
+        .iter()
+        .map(|(name, _, alias, groups)| Candidate {
+            unit: name,
+            alias: alias.as_deref(),
+            groups,
+        })
+        .collect();
+    for (prefix, a, b) in prefix_collisions(&candidates) {
+        let file = |unit: &str| {
+            loaded
+                .iter()
+                .find(|(name, ..)| name == unit)
+                .map(|(_, path, ..)| path.display().to_string())
+                .unwrap_or_default()
+        };
+        writeln!(
+            err,
+            "mcpctl: {} and {}: both units' tools and prompts would be named `{prefix}{SEPARATOR}…` in an aggregate (`alias` must differ from every other unit's name and alias)",
+            file(&a),
+            file(&b)
+        )?;
+        summary.invalid += 1;
+        summary.valid = summary.valid.saturating_sub(1);
+    }
     if summary.valid + summary.invalid + summary.errors == 0 {
         writeln!(err, "mcpctl: no unit files (*.kdl) found")?;
     } else if summary.invalid > 0 {
@@ -69,7 +102,12 @@ pub fn run(
 struct Checker<'a> {
     context: &'a Context,
     style: Style,
+    /// Each valid unit's name, main file, `alias` and groups.
+    loaded: std::cell::RefCell<Vec<Loaded>>,
 }
+
+/// A valid unit's name, main file, `alias` and groups.
+type Loaded = (String, PathBuf, Option<String>, Vec<String>);
 
 impl Checker<'_> {
     fn dir(&self, dir: &Path, err: &mut dyn Write, summary: &mut Summary) -> std::io::Result<()> {
@@ -106,7 +144,20 @@ impl Checker<'_> {
         summary: &mut Summary,
     ) -> std::io::Result<()> {
         match unit::load_in(files, self.context) {
-            Ok(_) => summary.valid += 1,
+            Ok(spec) => {
+                summary.valid += 1;
+                let name = files
+                    .main
+                    .file_stem()
+                    .map(|s| s.to_string_lossy().into_owned())
+                    .unwrap_or_default();
+                self.loaded.borrow_mut().push((
+                    name,
+                    files.main.clone(),
+                    spec.alias().map(str::to_owned),
+                    spec.groups().to_vec(),
+                ));
+            }
             Err(e) => {
                 summary.invalid += 1;
                 err.write_all(e.render(self.style).as_bytes())?;

@@ -22,6 +22,7 @@ use tokio::net::UnixStream;
 use tokio::task::JoinHandle;
 
 use crate::model::{Shared, UnitError};
+use crate::mux::aggregate::Target;
 use crate::mux::attach::{
     self, Kind, MAX_HEADER, Refusal, Reply, Request, read_more, read_request, send_reply,
 };
@@ -93,7 +94,7 @@ async fn serve(stream: UnixStream, shared: Arc<Shared>) {
         }
     };
     let (header, fds, mut pending) = read;
-    let (supervisor, prepared) = match judge(&shared, &header, fds, caller) {
+    let (destination, prepared) = match judge(&shared, &header, fds, caller) {
         Ok(judged) => judged,
         Err(reply) => {
             refuse(stream, caller, &reply).await;
@@ -152,7 +153,22 @@ async fn serve(stream: UnixStream, shared: Arc<Shared>) {
             ledger: ledger.map(|(ledger, _)| Box::new(ledger)),
         },
     };
-    supervisor.attach(link, caller);
+    match destination {
+        Destination::Unit(supervisor) => supervisor.attach(link, caller),
+        Destination::Aggregate(target) => {
+            if let Err(why) = crate::aggregate::attach(&shared, target, link, caller) {
+                // The group emptied between the check and now.
+                tracing::warn!(target: "mcpd::daemon", pid = ?caller.pid, "attach socket: {why}");
+            }
+        }
+    }
+}
+
+/// Where a session goes: one unit's sessions, or an aggregate over
+/// several (DESIGN §14).
+enum Destination {
+    Unit(crate::supervisor::Supervisor),
+    Aggregate(Target),
 }
 
 async fn refuse(mut stream: UnixStream, caller: Caller, reply: &Reply) {
@@ -176,20 +192,35 @@ fn judge(
     header: &[u8],
     mut fds: Vec<OwnedFd>,
     caller: Caller,
-) -> Result<(crate::supervisor::Supervisor, Prepared), Reply> {
+) -> Result<(Destination, Prepared), Reply> {
     let request: Request = serde_json::from_slice(header).map_err(|e| {
         Reply::refused(
             Refusal::InvalidRequest,
             format!("not an attach request: {e}"),
         )
     })?;
-    let supervisor = shared.supervisor(&request.server).map_err(|e| {
-        let code = match e {
-            UnitError::NoSuchServer(_) => Refusal::NoSuchServer,
-            UnitError::Invalid { .. } => Refusal::Failed,
-        };
-        Reply::refused(code, e.to_string())
-    })?;
+    let target =
+        Target::parse(&request.server).map_err(|e| Reply::refused(Refusal::InvalidRequest, e))?;
+    let destination = if target.is_aggregate() {
+        let members = shared
+            .members(&target)
+            .map_err(|e| Reply::refused(Refusal::NoSuchServer, e))?;
+        if members.is_empty() {
+            return Err(Reply::refused(
+                Refusal::NoSuchServer,
+                format!("{}: no unit runs", target.label()),
+            ));
+        }
+        Destination::Aggregate(target)
+    } else {
+        Destination::Unit(shared.supervisor(&request.server).map_err(|e| {
+            let code = match e {
+                UnitError::NoSuchServer(_) => Refusal::NoSuchServer,
+                UnitError::Invalid { .. } => Refusal::Failed,
+            };
+            Reply::refused(code, e.to_string())
+        })?)
+    };
     if let Some(replay) = &request.replay
         && (replay.get("method").and_then(|m| m.as_str()) != Some("initialize")
             || replay.get("id").is_none_or(serde_json::Value::is_null))
@@ -212,7 +243,7 @@ fn judge(
                 "replay: only with \"stdio\" (a client on the socket replays itself)",
             ));
         }
-        return Ok((supervisor, Prepared::Socket));
+        return Ok((destination, Prepared::Socket));
     }
     if fds.len() != 2 {
         return Err(Reply::refused(
@@ -260,7 +291,7 @@ fn judge(
         ));
     }
     Ok((
-        supervisor,
+        destination,
         Prepared::Stdio(input, output, request.replay, request.pending),
     ))
 }

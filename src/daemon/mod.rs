@@ -247,9 +247,20 @@ pub async fn run(
 
 /// Hands the registry's read model to D-Bus.
 fn publish(shared: &crate::model::Shared, registry: &Registry) {
-    if let Ok(mut units) = shared.units.write() {
-        *units = registry.snapshot();
+    let units = registry.snapshot();
+    let candidates: Vec<_> = units
+        .iter()
+        .map(|(name, v)| crate::mux::aggregate::Candidate {
+            unit: name,
+            alias: v.alias.as_deref(),
+            groups: &v.groups,
+        })
+        .collect();
+    for (prefix, a, b) in crate::mux::aggregate::prefix_collisions(&candidates) {
+        tracing::warn!(target: "mcpd::daemon", "units {a} and {b} share the prefix {prefix} in aggregates: {a} is served, {b} is left out of them");
     }
+    drop(candidates);
+    shared.publish(units);
 }
 
 /// "1 unit", "2 units".

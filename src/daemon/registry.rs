@@ -86,6 +86,12 @@ impl Registry {
                         .as_ref()
                         .and_then(|s| s.description().map(str::to_owned)),
                     load_error: e.load_error.as_ref().map(ToString::to_string),
+                    groups: e
+                        .spec
+                        .as_ref()
+                        .map(|s| s.groups().to_vec())
+                        .unwrap_or_default(),
+                    alias: e.spec.as_ref().and_then(|s| s.alias().map(str::to_owned)),
                 };
                 (name.clone(), view)
             })

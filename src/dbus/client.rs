@@ -138,8 +138,19 @@ impl Client {
     /// property caching off: every read is the daemon's current value.
     /// A new host session on server `name` (`Attach`): a stream socket
     /// speaking MCP with the daemon, which outlives this client.
+    /// A host session of `name`: a unit, or an aggregate written as
+    /// `mcpctl bridge` takes it (`@GROUP`, `@all`, `A+B`).
     pub async fn attach(&self, name: &str) -> Result<std::os::fd::OwnedFd, Error> {
-        let fd = self.server(name).await?.attach().await?;
+        use crate::mux::aggregate::Target;
+        let fd = match Target::parse(name).map_err(Error::InvalidArguments)? {
+            Target::Unit(name) => self.server(&name).await?.attach().await?,
+            Target::Group(group) => self.manager.attach_group(&group).await?,
+            Target::All => self.manager.attach_group("all").await?,
+            Target::Units(names) => {
+                let names: Vec<&str> = names.iter().map(String::as_str).collect();
+                self.manager.attach_units(&names).await?
+            }
+        };
         Ok(fd.into())
     }
 

@@ -256,7 +256,10 @@ impl Hub {
     ) -> (zbus::connection::Builder<'b>, Vec<String>) {
         let mut builder = builder
             .serve_at(MANAGER_PATH, ObjectManager::new(Arc::clone(&self.shared)))
-            .serve_at(MANAGER_PATH, Manager::new(Arc::clone(&self.shared)));
+            .serve_at(
+                MANAGER_PATH,
+                Manager::new(Arc::clone(&self.shared), Arc::clone(&self.callers)),
+            );
         let names = self.shared.names();
         for name in &names {
             builder = builder.serve_at(

@@ -12,7 +12,9 @@ use crate::model::Control;
 
 use crate::model::Shared;
 
-use super::{Error, authorize, server_path};
+use crate::mux::aggregate::Target;
+
+use super::{Callers, Error, authorize, caller, server_path};
 
 /// One row of `ListServers`, `(ssssuo)` on the wire.
 #[derive(
@@ -32,11 +34,27 @@ pub struct ServerRow {
 #[derive(Debug)]
 pub struct Manager {
     shared: Arc<Shared>,
+    callers: Arc<Callers>,
 }
 
 impl Manager {
-    pub fn new(shared: Arc<Shared>) -> Self {
-        Self { shared }
+    pub(crate) fn new(shared: Arc<Shared>, callers: Arc<Callers>) -> Self {
+        Self { shared, callers }
+    }
+
+    /// An aggregate host session over `target` (DESIGN §14): the
+    /// caller's end of its socket. Allowed as `Attach`.
+    async fn attach_to(
+        &self,
+        target: Target,
+        header: &Header<'_>,
+        conn: &Connection,
+    ) -> Result<zbus::OwnedFd, Error> {
+        authorize(&self.shared, conn, header).await?;
+        let who = caller(&self.callers, conn, header).await;
+        let (link, theirs) = super::session_socket()?;
+        crate::aggregate::attach(&self.shared, target, link, who).map_err(Error::NoSuchServer)?;
+        Ok(theirs)
     }
 
     fn supervisor(&self, name: &str) -> Result<crate::supervisor::Supervisor, Error> {
@@ -120,6 +138,34 @@ impl Manager {
         Ok(())
     }
 
+    /// One host session over the units of group `group` (`all`: every
+    /// unit), their tools and prompts named `UNIT__NAME` (DESIGN §14).
+    async fn attach_group(
+        &self,
+        group: &str,
+        #[zbus(header)] header: Header<'_>,
+        #[zbus(connection)] conn: &Connection,
+    ) -> Result<zbus::OwnedFd, Error> {
+        let target = Target::parse(&format!("@{group}")).map_err(Error::InvalidArguments)?;
+        self.attach_to(target, &header, conn).await
+    }
+
+    /// One host session over the units `names` (DESIGN §14).
+    async fn attach_units(
+        &self,
+        names: Vec<String>,
+        #[zbus(header)] header: Header<'_>,
+        #[zbus(connection)] conn: &Connection,
+    ) -> Result<zbus::OwnedFd, Error> {
+        if names.iter().any(|n| n.starts_with('@') || n.contains('+')) {
+            return Err(Error::InvalidArguments(
+                "AttachUnits takes unit names; AttachGroup takes a group".into(),
+            ));
+        }
+        let target = Target::of_args(&names).map_err(Error::InvalidArguments)?;
+        self.attach_to(target, &header, conn).await
+    }
+
     /// Rescans the unit files now; returns (unit, what changed) pairs.
     async fn reload(
         &self,
@@ -198,6 +244,8 @@ pub mod client {
         fn stop(&self, name: &str) -> Result<(), Error>;
         fn restart(&self, name: &str) -> Result<(), Error>;
         fn reload(&self) -> Result<Vec<(String, String)>, Error>;
+        fn attach_group(&self, group: &str) -> Result<zbus::OwnedFd, Error>;
+        fn attach_units(&self, names: &[&str]) -> Result<zbus::OwnedFd, Error>;
         #[zbus(signal)]
         fn server_added(&self, name: String, path: zbus::OwnedObjectPath) -> zbus::Result<()>;
         #[zbus(signal)]

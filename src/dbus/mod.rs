@@ -137,6 +137,24 @@ pub(crate) fn invalid_reason(unit: &UnitView) -> String {
 /// Whether the caller of a mutating method may make it: anyone on a user
 /// instance (its bus and socket are the user's own); on the system
 /// instance root or a member of group `mcpd`, from the caller's credentials.
+/// A host session's socket pair: the daemon's end as the session's link,
+/// the caller's to return (`Attach`, `AttachGroup`, `AttachUnits`).
+pub(crate) fn session_socket() -> Result<(crate::supervisor::HostLink, zbus::OwnedFd), Error> {
+    let failed = |e: std::io::Error| {
+        Error::ZBus(zbus::Error::Failure(format!(
+            "cannot make a socket for the session: {e}"
+        )))
+    };
+    let (ours, theirs) = std::os::unix::net::UnixStream::pair().map_err(failed)?;
+    ours.set_nonblocking(true).map_err(failed)?;
+    let stream = tokio::net::UnixStream::from_std(ours).map_err(failed)?;
+    let link = crate::supervisor::HostLink::Socket {
+        stream,
+        pending: Vec::new(),
+    };
+    Ok((link, std::os::fd::OwnedFd::from(theirs).into()))
+}
+
 pub(crate) async fn authorize(
     shared: &Shared,
     conn: &Connection,

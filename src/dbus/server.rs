@@ -548,22 +548,9 @@ impl Server {
         authorize(&self.shared, conn, &header).await?;
         let supervisor = self.supervisor()?;
         let who = caller(&self.callers, conn, &header).await;
-        let failed = |e: std::io::Error| {
-            Error::ZBus(zbus::Error::Failure(format!(
-                "cannot make a socket for the session: {e}"
-            )))
-        };
-        let (ours, theirs) = std::os::unix::net::UnixStream::pair().map_err(failed)?;
-        ours.set_nonblocking(true).map_err(failed)?;
-        let stream = tokio::net::UnixStream::from_std(ours).map_err(failed)?;
-        supervisor.attach(
-            crate::supervisor::HostLink::Socket {
-                stream,
-                pending: Vec::new(),
-            },
-            who,
-        );
-        Ok(std::os::fd::OwnedFd::from(theirs).into())
+        let (link, theirs) = super::session_socket()?;
+        supervisor.attach(link, who);
+        Ok(theirs)
     }
 
     /// Host sessions attached now.

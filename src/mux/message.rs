@@ -395,6 +395,11 @@ impl RequestId {
         (!id.is_null()).then(|| Self(id_key(id).into()))
     }
 
+    /// The integer id `n` (as mcpd numbers its own requests).
+    pub fn number(n: u64) -> Self {
+        Self(n.to_string().into())
+    }
+
     /// Its JSON text.
     pub fn as_json(&self) -> &str {
         &self.0

@@ -20,6 +20,7 @@
 //! task that runs them for a unit (its state, its timers, the actor's
 //! requests) is `supervisor::sessions`.
 
+pub mod aggregate;
 pub mod attach;
 pub mod era;
 pub mod error;

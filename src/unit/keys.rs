@@ -145,6 +145,8 @@ pub enum Field {
     Start,
     IdleStop,
     Roots(usize),
+    Group(usize),
+    Alias,
     ToolsAllow(usize),
     ToolsDeny(usize),
 }
@@ -353,6 +355,22 @@ pub const KEYS: &[Key] = &[
         Replace,
         Some(Field::IdleStop),
         "\"10m\"",
+    ),
+    key(
+        Top,
+        "group",
+        Kind::Strings,
+        AppendUnique,
+        Some(Field::Group(0)),
+        "\"dev\"",
+    ),
+    key(
+        Top,
+        "alias",
+        Kind::String,
+        Replace,
+        Some(Field::Alias),
+        "\"gh\"",
     ),
     key(
         Top,

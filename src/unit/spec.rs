@@ -105,6 +105,10 @@ pub struct UnitSpec {
     activation: Activation,
     /// `file://` URIs answered to the server's `roots/list`.
     roots: Vec<String>,
+    /// `group`: the groups a host reaches the unit in (DESIGN §14).
+    groups: Vec<String>,
+    /// `alias`: the unit's prefix in an aggregate instead of its name.
+    alias: Option<String>,
     /// `tools { allow …; deny … }`.
     tool_filter: ToolFilter,
 }
@@ -329,6 +333,10 @@ pub struct UnitDraft {
     pub idle_stop: Option<Duration>,
     /// `roots`: file:// URIs.
     pub roots: Vec<String>,
+    /// `group`: group names.
+    pub groups: Vec<String>,
+    /// `alias`: a unit name.
+    pub alias: Option<String>,
     /// `tools.allow` globs.
     pub tools_allow: Vec<String>,
     /// `tools.deny` globs.
@@ -693,6 +701,28 @@ impl Judge {
         out
     }
 
+    /// `group`: names written as unit names are (DESIGN §14), each once;
+    /// `all` is every unit already, so it names no group.
+    fn groups(&mut self, groups: Vec<String>) -> Vec<String> {
+        let mut out: Vec<String> = Vec::new();
+        for (i, group) in groups.into_iter().enumerate() {
+            let field = Field::Group(i);
+            if let Err(e) = super::name::UnitName::new(&group) {
+                self.fail(field, format!("`group`: {e}")).help =
+                    Some("a group is named as a unit is: letters, digits, `-` and `_`".into());
+            } else if group == "all" {
+                self.fail(
+                    field,
+                    "`group`: \"all\" is every unit (`@all`), not a group",
+                )
+                .help = Some("choose another name".into());
+            } else if !out.contains(&group) {
+                out.push(group);
+            }
+        }
+        out
+    }
+
     /// Tool-name globs (`*`, `?`): not empty, no whitespace or control
     /// characters.
     fn globs(&mut self, field: fn(usize) -> Field, globs: Vec<String>) -> Vec<String> {
@@ -849,6 +879,13 @@ impl UnitSpec {
         };
 
         let roots = judge.roots(draft.roots);
+        let groups = judge.groups(draft.groups);
+        if let Some(alias) = &draft.alias
+            && let Err(e) = super::name::UnitName::new(alias)
+        {
+            judge.fail(Field::Alias, format!("`alias`: {e}")).help =
+                Some("an alias is written as a unit name: letters, digits, `-` and `_`".into());
+        }
         let tool_filter = ToolFilter {
             allow: judge.globs(Field::ToolsAllow, draft.tools_allow),
             deny: judge.globs(Field::ToolsDeny, draft.tools_deny),
@@ -869,6 +906,8 @@ impl UnitSpec {
                 protocol,
                 activation,
                 roots,
+                groups,
+                alias: draft.alias,
                 tool_filter,
             }),
             None => Err(judge.errors),
@@ -942,6 +981,16 @@ impl UnitSpec {
     /// `file://` URIs); empty: mcpd declares no `roots` capability.
     pub fn roots(&self) -> &[String] {
         &self.roots
+    }
+
+    /// The groups the unit is in (`group`, DESIGN §14).
+    pub fn groups(&self) -> &[String] {
+        &self.groups
+    }
+
+    /// `alias`: what replaces the unit's name in an aggregate's prefix.
+    pub fn alias(&self) -> Option<&str> {
+        self.alias.as_deref()
     }
 }
 

@@ -869,6 +869,7 @@ fn indexed(field: &Field, index: usize) -> Field {
         Field::PassEnv(_) => Field::PassEnv(index),
         Field::Header(_) => Field::Header(index),
         Field::Roots(_) => Field::Roots(index),
+        Field::Group(_) => Field::Group(index),
         Field::ToolsAllow(_) => Field::ToolsAllow(index),
         Field::ToolsDeny(_) => Field::ToolsDeny(index),
         Field::ReadOnlyPaths(_) => Field::ReadOnlyPaths(index),
@@ -1061,6 +1062,8 @@ impl Layer {
             start: d.string(&mut self, "start"),
             idle_stop: d.duration(&mut self, "idle-stop"),
             roots: d.list(&mut self, "roots"),
+            groups: d.list(&mut self, "group"),
+            alias: d.string(&mut self, "alias"),
             tools_allow: d.list(&mut self, "tools.allow"),
             tools_deny: d.list(&mut self, "tools.deny"),
         };

@@ -1,0 +1,354 @@
+//! One host session over several units (DESIGN §14): the task that runs
+//! an aggregate ([`crate::mux::aggregate`] decides everything) between the
+//! host and one host session of each member unit.
+//!
+//! Each member is reached as any host reaches a unit: a socket pair, one
+//! end attached to the unit's sessions (`Supervisor::attach`), so outages,
+//! on-demand starts, both protocol eras, bounds and accounting stay the
+//! unit's own. The task follows the read model: a reload that adds a unit
+//! to the group, removes one, or changes its alias, joins or leaves it
+//! while the host stays attached.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use futures_util::StreamExt;
+use futures_util::stream::SelectAll;
+use tokio::net::UnixStream;
+
+use crate::model::Shared;
+use crate::mux::aggregate::{Aggregate, MemberId, Out, Target};
+use crate::mux::attach::Control;
+use crate::mux::host::{Event, HostOut, Opened, Reader, StopReading};
+use crate::mux::lines::Frame;
+use crate::mux::message::Message;
+use crate::supervisor::{Caller, HostLink};
+
+/// Messages and bytes queued for the host, or for a member, behind the
+/// one being written (as a unit's sessions queue for a host).
+const QUEUE: usize = 4096;
+const QUEUE_BYTES: usize = 32 << 20;
+
+/// The host's reader among the task's readers; members are `1 + id`.
+const HOST: u64 = 0;
+
+struct Linked {
+    unit: String,
+    prefix: String,
+    out: HostOut,
+    _stop: StopReading,
+    supervisor: crate::supervisor::Supervisor,
+    /// While its session refuses the host's `initialize`: the unit's
+    /// state, to ask again when it changes.
+    waiting: Option<tokio::sync::watch::Receiver<crate::supervisor::Status>>,
+}
+
+/// Starts the aggregate session of `target` for the host on `link`;
+/// refused (naming why) when `target` names a unit that is not there or a
+/// group with no unit.
+pub fn attach(
+    shared: &Arc<Shared>,
+    target: Target,
+    link: HostLink,
+    caller: Caller,
+) -> Result<(), String> {
+    let members = shared.members(&target)?;
+    if members.is_empty() {
+        return Err(format!("{}: no unit to serve", target.label()));
+    }
+    let shared = Arc::clone(shared);
+    tokio::spawn(run(shared, target, link, caller));
+    Ok(())
+}
+
+async fn run(shared: Arc<Shared>, target: Target, link: HostLink, caller: Caller) {
+    let label = target.label();
+    let Opened {
+        reader,
+        stop: _host_stop,
+        out: host_out,
+        control,
+        replay,
+        ledger: _,
+    } = link.open(HOST, QUEUE, QUEUE_BYTES);
+    let mut readers: SelectAll<Reader> = SelectAll::new();
+    readers.push(reader);
+    let mut task = Task {
+        aggregate: Aggregate::new(label.clone()),
+        members: HashMap::new(),
+        host_out,
+        control,
+        caller,
+        label,
+        swallow: None,
+        ended: None,
+    };
+    let mut published = shared.published.subscribe();
+    task.follow(&shared, &target, &mut readers);
+    if let Some(replay) = replay {
+        // An `initialize` of the host's earlier session (mcpd restarted):
+        // handled first, its answer to nobody, and the host told the lists
+        // may have changed.
+        let message = Message::from(replay);
+        task.swallow = message.request_id();
+        let outs = task.aggregate.on_host(message);
+        task.deliver(outs);
+    }
+    while task.ended.is_none() {
+        tokio::select! {
+            event = readers.next() => match event {
+                Some(Event::Host(HOST, frame)) => task.host_frame(frame),
+                Some(Event::Host(n, frame)) => task.member_frame((n - 1) as MemberId, frame),
+                Some(Event::Server(..)) => {}
+                None => break,
+            },
+            id = task.next_state_change(), if task.waits() => task.state_changed(id),
+            changed = published.changed() => {
+                if changed.is_err() {
+                    break;
+                }
+                tracing::debug!(target: "mcpd::sessions", mcpd_aggregate = %task.label, "units published");
+                task.follow(&shared, &target, &mut readers);
+            }
+        }
+    }
+    if let Some(why) = task.ended.take().flatten() {
+        tracing::warn!(target: "mcpd::sessions", mcpd_aggregate = %task.label, pid = ?task.caller.pid, "detaching aggregate session: {why}");
+        task.host_out.shutdown();
+        if let Some(control) = &task.control {
+            let _ = control.send(crate::mux::attach::line(&Control::End(Some(why))));
+        }
+    }
+}
+
+struct Task {
+    aggregate: Aggregate,
+    members: HashMap<MemberId, Linked>,
+    host_out: HostOut,
+    control: Option<crate::mux::outbox::Outbox<tokio::net::unix::OwnedWriteHalf>>,
+    caller: Caller,
+    label: String,
+    /// The id of a replayed `initialize`, whose answer nobody waits for.
+    swallow: Option<crate::mux::message::RequestId>,
+    /// Set when the session is over: `Some(why)` when mcpd ends it.
+    ended: Option<Option<String>>,
+}
+
+impl Task {
+    /// Joins the units the target is over now and lets go of those it is
+    /// not (or whose prefix changed).
+    fn follow(&mut self, shared: &Shared, target: &Target, readers: &mut SelectAll<Reader>) {
+        let wanted = shared.members(target).unwrap_or_default();
+        let gone: Vec<MemberId> = self
+            .members
+            .iter()
+            .filter(|(_, l)| {
+                !wanted
+                    .iter()
+                    .any(|(unit, prefix, _)| *unit == l.unit && *prefix == l.prefix)
+            })
+            .map(|(id, _)| *id)
+            .collect();
+        for id in gone {
+            self.leave(id, "left the group");
+        }
+        for (unit, prefix, supervisor) in wanted {
+            if self.members.values().any(|l| l.unit == unit) {
+                continue;
+            }
+            let (mine, theirs) = match UnixStream::pair() {
+                Ok(pair) => pair,
+                Err(e) => {
+                    tracing::warn!(target: "mcpd::sessions", mcpd_aggregate = %self.label, "cannot reach {unit}: {e}");
+                    continue;
+                }
+            };
+            supervisor.clone().attach(
+                HostLink::Socket {
+                    stream: theirs,
+                    pending: Vec::new(),
+                },
+                self.caller,
+            );
+            let (id, outs) = self.aggregate.join(&unit, &prefix);
+            tracing::debug!(target: "mcpd::sessions", mcpd_aggregate = %self.label, "{unit} joins as {prefix}");
+            let opened = HostLink::Socket {
+                stream: mine,
+                pending: Vec::new(),
+            }
+            .open(id as u64 + 1, QUEUE, QUEUE_BYTES);
+            readers.push(opened.reader);
+            self.members.insert(
+                id,
+                Linked {
+                    unit,
+                    prefix,
+                    out: opened.out,
+                    _stop: opened.stop,
+                    supervisor,
+                    waiting: None,
+                },
+            );
+            self.deliver(outs);
+        }
+    }
+
+    /// Whether a member waits for its unit to run.
+    fn waits(&self) -> bool {
+        self.members.values().any(|l| l.waiting.is_some())
+    }
+
+    /// The next member whose unit's state changed while it waited.
+    async fn next_state_change(&mut self) -> MemberId {
+        let waits = self.members.iter_mut().filter_map(|(id, l)| {
+            let rx = l.waiting.as_mut()?;
+            let id = *id;
+            Some(Box::pin(async move {
+                // A unit whose supervisor went is left by the next reload.
+                if rx.changed().await.is_err() {
+                    std::future::pending::<()>().await;
+                }
+                id
+            }))
+        });
+        futures_util::future::select_all(waits).await.0
+    }
+
+    /// Member `id`'s unit changed state: once it may serve, its session
+    /// is asked again.
+    fn state_changed(&mut self, id: MemberId) {
+        let Some(linked) = self.members.get_mut(&id) else {
+            return;
+        };
+        let state = linked.supervisor.status().state;
+        if matches!(
+            state,
+            crate::supervisor::State::Stopped | crate::supervisor::State::Failed
+        ) {
+            return;
+        }
+        linked.waiting = None;
+        let outs = self.aggregate.rejoin(id);
+        self.deliver(outs);
+    }
+
+    /// Members whose session refused the host's `initialize` wait for
+    /// their unit's state to change.
+    fn watch_refused(&mut self) {
+        for id in self.aggregate.refused() {
+            if let Some(linked) = self.members.get_mut(&id)
+                && linked.waiting.is_none()
+            {
+                let mut rx = linked.supervisor.subscribe();
+                rx.mark_unchanged();
+                let state = rx.borrow().state;
+                linked.waiting = Some(rx);
+                if matches!(
+                    state,
+                    crate::supervisor::State::Running | crate::supervisor::State::Idle
+                ) {
+                    // It serves already: ask at once.
+                    self.state_changed(id);
+                }
+            }
+        }
+    }
+
+    fn leave(&mut self, id: MemberId, why: &str) {
+        if let Some(linked) = self.members.remove(&id) {
+            linked.out.shutdown();
+        }
+        let outs = self.aggregate.leave(id, why);
+        self.deliver(outs);
+    }
+
+    fn host_frame(&mut self, frame: Option<Frame>) {
+        let outs = match frame {
+            None => {
+                self.ended = Some(None);
+                return;
+            }
+            Some(Frame::Message(message)) => {
+                if message.method().as_deref() == Some("initialize")
+                    && let Some(control) = &self.control
+                {
+                    let _ = control.send(crate::mux::attach::line(&Control::Initialize(
+                        message.to_value(),
+                    )));
+                }
+                self.aggregate.on_host(message)
+            }
+            Some(Frame::Garbage(why)) => vec![Out::Host(Message::from(serde_json::json!({
+                "jsonrpc": "2.0", "id": null,
+                "error": {"code": -32700, "message": format!("parse error: {why}")},
+            })))],
+            Some(Frame::TooLong(id)) => {
+                let mut m = Message::from(serde_json::json!({
+                    "jsonrpc": "2.0", "id": null,
+                    "error": {"code": -32600, "message": "message too long"},
+                }));
+                if let Some(id) = id {
+                    m.set_json("id", id.into_json());
+                }
+                vec![Out::Host(m)]
+            }
+        };
+        self.deliver(outs);
+    }
+
+    fn member_frame(&mut self, id: MemberId, frame: Option<Frame>) {
+        match frame {
+            None => {
+                let unit = self.members.get(&id).map(|l| l.unit.clone());
+                if let Some(unit) = unit {
+                    tracing::info!(target: "mcpd::sessions", mcpd_aggregate = %self.label, "{unit} ended its session");
+                }
+                self.leave(id, "its session ended");
+            }
+            Some(Frame::Message(message)) => {
+                let outs = self.aggregate.on_member(id, message);
+                self.deliver(outs);
+                self.watch_refused();
+                for (uri, units) in self.aggregate.collisions() {
+                    tracing::warn!(target: "mcpd::sessions", mcpd_aggregate = %self.label, "resource {uri} is listed by {}: {} serves it", units.join(" and "), units[0]);
+                }
+            }
+            Some(_) => {}
+        }
+    }
+
+    fn deliver(&mut self, outs: Vec<Out>) {
+        for out in outs {
+            match out {
+                Out::Host(message) => {
+                    if self.swallow.is_some() && message.request_id() == self.swallow {
+                        self.swallow = None;
+                        for method in [
+                            "notifications/tools/list_changed",
+                            "notifications/prompts/list_changed",
+                            "notifications/resources/list_changed",
+                        ] {
+                            let notice = Message::from(
+                                serde_json::json!({"jsonrpc": "2.0", "method": method}),
+                            );
+                            let _ = self.host_out.send(notice.line());
+                        }
+                        continue;
+                    }
+                    if self.host_out.send(message.line()).is_err() && self.ended.is_none() {
+                        self.ended = Some(Some("the host does not read what it is sent".into()));
+                    }
+                }
+                Out::Member(id, message) => {
+                    let refused = match self.members.get(&id) {
+                        Some(linked) => linked.out.send(message.line()).is_err(),
+                        None => false,
+                    };
+                    if refused {
+                        self.leave(id, "its session does not read what it is sent");
+                    }
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,1649 @@
+//! One host session over several units (DESIGN §14), the pure core: what
+//! each message of the host or of a unit's session becomes, and where it
+//! goes. No tasks, no I/O, no clock.
+//!
+//! The aggregate is a layer over the per-unit host sessions (§8): it is
+//! one host of each member unit's session, which keeps doing everything it
+//! does for a host (outages, on-demand starts, eras, accounting, bounds).
+//! Here:
+//!
+//! - tools and prompts are named `PREFIX__NAME` ([`SEPARATOR`]; the prefix
+//!   is the unit's name or its `alias`), calls and `prompts/get` are routed
+//!   by the longest prefix that matches and the unit gets its own name back;
+//! - resources keep their URIs: a read, a subscription and a completion go
+//!   to the unit that listed the URI (the first by unit name when two list
+//!   it, [`Aggregate::collisions`]), or whose template matches it;
+//! - `initialize`, `server/discover`, the four lists and `logging/setLevel`
+//!   go to every member and their answers are merged into one: the
+//!   capabilities are the union, `serverInfo` names mcpd and the group,
+//!   `instructions` are each unit's under its name;
+//! - every request to a unit gets an id of the aggregate's (so a host's
+//!   cancellation finds it), and every request of a unit to the host one
+//!   too (so the host's answer finds its unit); `subscriptions/listen`
+//!   streams are split per unit and their notifications tagged back.
+//!
+//! Everything kept is bounded: requests in flight ([`MAX_IN_FLIGHT`]),
+//! requests of units to the host ([`MAX_ASKED`]), listen streams
+//! ([`era::MAX_LISTENS`]), pages followed per list ([`MAX_PAGES`]).
+
+use std::collections::{BTreeSet, HashMap, HashSet};
+
+use serde_json::{Map, Value, json};
+
+use super::era;
+use super::message::{Message, RequestId};
+use super::session;
+
+/// Between a unit's prefix and a tool's or prompt's name: allowed by
+/// every host's name rules (`^[a-zA-Z0-9_-]{1,128}$` at the strictest),
+/// unlike `.` or `:`.
+pub const SEPARATOR: &str = "__";
+
+/// Names longer than this are cut or refused by some hosts (VS Code,
+/// OpenAI and Claude allow 64 characters, Cursor 60): reported, still
+/// served.
+pub const LONG_NAME: usize = 64;
+
+/// Requests of the host in flight in the aggregate's units at once.
+pub const MAX_IN_FLIGHT: usize = 4096;
+
+/// Requests of the units waiting for the host's answer at once.
+pub const MAX_ASKED: usize = 1024;
+
+/// Pages of one unit's list followed for one merged answer.
+pub const MAX_PAGES: usize = 1000;
+
+/// A member's index in the aggregate, never reused.
+pub type MemberId = usize;
+
+/// Where a message goes.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Out {
+    Host(Message),
+    Member(MemberId, Message),
+}
+
+/// What one host session is over: one unit (no aggregate), a list of
+/// units, a group, or every unit. Written as `mcpctl bridge` takes it and
+/// as the attach socket carries it: `NAME`, `A+B`, `@GROUP`, `@all`
+/// (`+` and `@` are in no unit name).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Target {
+    Unit(String),
+    Units(Vec<String>),
+    Group(String),
+    All,
+}
+
+impl Target {
+    /// The target of `mcpctl bridge`'s arguments: one name, several, or
+    /// one `@GROUP`/`@all`.
+    pub fn of_args(args: &[String]) -> Result<Self, String> {
+        match args {
+            [] => Err("name a server, several, or @GROUP".into()),
+            [one] => Self::parse(one),
+            many => {
+                if let Some(group) = many.iter().find(|a| a.starts_with('@')) {
+                    return Err(format!("{group}: a group is bridged alone"));
+                }
+                let mut names: Vec<String> = Vec::new();
+                for name in many {
+                    if !names.contains(name) {
+                        names.push(name.clone());
+                    }
+                }
+                Ok(Target::Units(names))
+            }
+        }
+    }
+
+    /// Its written form read back.
+    pub fn parse(text: &str) -> Result<Self, String> {
+        if let Some(group) = text.strip_prefix('@') {
+            return match group {
+                "" => Err("`@` needs a group name (or @all)".into()),
+                "all" => Ok(Target::All),
+                group => Ok(Target::Group(group.to_owned())),
+            };
+        }
+        if text.contains('+') {
+            return Ok(Target::Units(text.split('+').map(str::to_owned).collect()));
+        }
+        Ok(Target::Unit(text.to_owned()))
+    }
+
+    /// Its written form.
+    pub fn label(&self) -> String {
+        match self {
+            Target::Unit(name) => name.clone(),
+            Target::Units(names) => names.join("+"),
+            Target::Group(group) => format!("@{group}"),
+            Target::All => "@all".into(),
+        }
+    }
+
+    /// Whether it is more than one unit's session.
+    pub fn is_aggregate(&self) -> bool {
+        !matches!(self, Target::Unit(_))
+    }
+}
+
+/// A unit as an aggregate sees it: its name, its `alias`, its groups.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Candidate<'a> {
+    pub unit: &'a str,
+    pub alias: Option<&'a str>,
+    pub groups: &'a [String],
+}
+
+/// The units `target` is over, with their prefixes, in unit-name order;
+/// an error names a unit that is not there or a group with no unit.
+pub fn members_of(
+    target: &Target,
+    units: &[Candidate<'_>],
+) -> Result<Vec<(String, String)>, String> {
+    let pick = |c: &Candidate<'_>| (c.unit.to_owned(), c.alias.unwrap_or(c.unit).to_owned());
+    let mut out: Vec<(String, String)> = match target {
+        Target::Unit(name) => vec![
+            units
+                .iter()
+                .find(|c| c.unit == name)
+                .map(pick)
+                .ok_or_else(|| format!("no server named {name}"))?,
+        ],
+        Target::Units(names) => names
+            .iter()
+            .map(|n| {
+                units
+                    .iter()
+                    .find(|c| c.unit == n)
+                    .map(pick)
+                    .ok_or_else(|| format!("no server named {n}"))
+            })
+            .collect::<Result<_, _>>()?,
+        Target::Group(group) => {
+            let found: Vec<_> = units
+                .iter()
+                .filter(|c| c.groups.iter().any(|g| g == group))
+                .map(pick)
+                .collect();
+            if found.is_empty() {
+                return Err(format!("no unit is in group {group}"));
+            }
+            found
+        }
+        Target::All => units.iter().map(pick).collect(),
+    };
+    out.sort();
+    // Of two units with one prefix (which `mcpctl verify` refuses), the
+    // first by name is served.
+    let mut prefixes = HashSet::new();
+    out.retain(|(_, prefix)| prefixes.insert(prefix.clone()));
+    Ok(out)
+}
+
+/// Prefixes two units of `units` would share (an alias equal to another
+/// unit's name or alias): each with the two units.
+pub fn prefix_collisions(units: &[Candidate<'_>]) -> Vec<(String, String, String)> {
+    let mut found = Vec::new();
+    for (i, a) in units.iter().enumerate() {
+        for b in &units[i + 1..] {
+            let pa = a.alias.unwrap_or(a.unit);
+            let pb = b.alias.unwrap_or(b.unit);
+            if pa == pb {
+                found.push((pa.to_owned(), a.unit.to_owned(), b.unit.to_owned()));
+            }
+        }
+    }
+    found
+}
+
+/// The name a host sees for tool or prompt `name` of a unit with prefix
+/// `prefix`.
+pub fn prefixed(prefix: &str, name: &str) -> String {
+    format!("{prefix}{SEPARATOR}{name}")
+}
+
+/// The lists whose answers are merged.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Listed {
+    Tools,
+    Prompts,
+    Resources,
+    Templates,
+}
+
+impl Listed {
+    fn of(method: &str) -> Option<Self> {
+        Some(match method {
+            "tools/list" => Listed::Tools,
+            "prompts/list" => Listed::Prompts,
+            "resources/list" => Listed::Resources,
+            "resources/templates/list" => Listed::Templates,
+            _ => return None,
+        })
+    }
+
+    fn method(self) -> &'static str {
+        match self {
+            Listed::Tools => "tools/list",
+            Listed::Prompts => "prompts/list",
+            Listed::Resources => "resources/list",
+            Listed::Templates => "resources/templates/list",
+        }
+    }
+
+    /// The answer's array.
+    fn key(self) -> &'static str {
+        match self {
+            Listed::Tools => "tools",
+            Listed::Prompts => "prompts",
+            Listed::Resources => "resources",
+            Listed::Templates => "resourceTemplates",
+        }
+    }
+
+    /// Whether its items are named with the unit's prefix.
+    fn prefixed(self) -> bool {
+        matches!(self, Listed::Tools | Listed::Prompts)
+    }
+}
+
+/// What a merged request is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Fan {
+    Initialize,
+    Discover,
+    List(Listed),
+    SetLevel,
+}
+
+/// A unit of the aggregate.
+#[derive(Debug, Clone)]
+struct Member {
+    unit: String,
+    prefix: String,
+    /// Its `initialize` (or discovery) result, once answered.
+    init: Option<Value>,
+    /// The URIs and templates of its resources, as last listed.
+    uris: HashSet<String>,
+    templates: Vec<String>,
+    /// Its session refused the host's `initialize` (the unit was stopped,
+    /// or not started yet): [`Aggregate::rejoin`] asks again.
+    refused: bool,
+}
+
+/// A request sent to a member, by the aggregate's id.
+#[derive(Debug, Clone)]
+enum Pending {
+    /// The host's, answered with the host's id.
+    Forward { host: RequestId },
+    /// A part of merge `merge`, for list page `page`.
+    Part { merge: u64, page: usize },
+    /// The aggregate's own `initialize` of a unit that joined later.
+    Join,
+    /// The aggregate's own read of a unit's resources or templates (to
+    /// route reads by URI), page `page`.
+    Learn { list: Listed, page: usize },
+    /// A part of the host's listen stream `host`.
+    Listen { host: RequestId },
+}
+
+#[derive(Debug)]
+struct Merge {
+    host: RequestId,
+    fan: Fan,
+    /// Members whose part has not come yet.
+    waiting: BTreeSet<MemberId>,
+    parts: Vec<(MemberId, Result<Value, Value>)>,
+}
+
+#[derive(Debug)]
+struct Listen {
+    filter: era::Filter,
+    /// The aggregate's id of each member's part, and whether it was
+    /// acknowledged.
+    parts: Vec<(MemberId, RequestId, bool)>,
+    /// What the members acknowledged (merged into one acknowledgement).
+    honoured: era::Filter,
+    acknowledged: bool,
+}
+
+/// The aggregate's state: its members, and what is in flight.
+#[derive(Debug)]
+pub struct Aggregate {
+    /// How the host asked for it (`@dev`, `@all`, `a+b`), for `serverInfo`.
+    label: String,
+    members: Vec<(MemberId, Member)>,
+    next_member: MemberId,
+    next_id: u64,
+    pending: HashMap<RequestId, (MemberId, Pending)>,
+    /// The host's requests forwarded: the member and the aggregate's id.
+    by_host: HashMap<RequestId, (MemberId, RequestId)>,
+    merges: HashMap<u64, Merge>,
+    next_merge: u64,
+    /// Requests of members to the host: the member and its own id.
+    asked: HashMap<RequestId, (MemberId, Value)>,
+    /// The host's `initialize` params (a 2025 host), for units that join.
+    host_init: Option<Value>,
+    /// The `_meta` of the host's last request (a 2026-07-28 host), for
+    /// the aggregate's own requests on its behalf.
+    host_meta: Option<Value>,
+    listens: HashMap<RequestId, Listen>,
+    /// URIs two members list, each reported once.
+    reported: HashSet<String>,
+}
+
+fn error(id: &RequestId, code: i64, message: impl Into<String>) -> Message {
+    let mut m = Message::from(json!({
+        "jsonrpc": "2.0",
+        "error": {"code": code, "message": message.into()},
+    }));
+    m.set_json("id", id.as_json().to_owned());
+    m
+}
+
+fn answer(id: &RequestId, result: Value) -> Message {
+    let mut m = Message::from(json!({"jsonrpc": "2.0", "result": result}));
+    m.set_json("id", id.as_json().to_owned());
+    m
+}
+
+fn request(id: &RequestId, method: &str, params: Option<Value>) -> Message {
+    let mut m = Message::from(json!({"jsonrpc": "2.0", "method": method}));
+    m.set_json("id", id.as_json().to_owned());
+    if let Some(params) = params {
+        m.set("params", &params);
+    }
+    m
+}
+
+fn notification(method: &str) -> Message {
+    Message::from(json!({"jsonrpc": "2.0", "method": method}))
+}
+
+/// `a` with everything of `b` it lacks: objects merged key by key, `true`
+/// winning over anything else (the capabilities' union).
+fn union(a: &mut Value, b: &Value) {
+    match (a, b) {
+        (Value::Object(a), Value::Object(b)) => {
+            for (k, v) in b {
+                match a.get_mut(k) {
+                    Some(mine) => union(mine, v),
+                    None => {
+                        a.insert(k.clone(), v.clone());
+                    }
+                }
+            }
+        }
+        (a, Value::Bool(true)) => *a = Value::Bool(true),
+        _ => {}
+    }
+}
+
+impl Aggregate {
+    /// An aggregate with no members yet; `label` names it in `serverInfo`.
+    pub fn new(label: impl Into<String>) -> Self {
+        Self {
+            label: label.into(),
+            members: Vec::new(),
+            next_member: 0,
+            next_id: 0,
+            pending: HashMap::new(),
+            by_host: HashMap::new(),
+            merges: HashMap::new(),
+            next_merge: 0,
+            asked: HashMap::new(),
+            host_init: None,
+            host_meta: None,
+            listens: HashMap::new(),
+            reported: HashSet::new(),
+        }
+    }
+
+    /// The members' units, in the order their answers are merged.
+    pub fn units(&self) -> Vec<&str> {
+        self.members.iter().map(|(_, m)| m.unit.as_str()).collect()
+    }
+
+    /// The member running `unit`.
+    pub fn member(&self, unit: &str) -> Option<MemberId> {
+        self.members
+            .iter()
+            .find(|(_, m)| m.unit == unit)
+            .map(|(id, _)| *id)
+    }
+
+    fn get(&self, id: MemberId) -> Option<&Member> {
+        self.members.iter().find(|(m, _)| *m == id).map(|(_, m)| m)
+    }
+
+    fn get_mut(&mut self, id: MemberId) -> Option<&mut Member> {
+        self.members
+            .iter_mut()
+            .find(|(m, _)| *m == id)
+            .map(|(_, m)| m)
+    }
+
+    fn fresh(&mut self) -> RequestId {
+        self.next_id += 1;
+        RequestId::number(self.next_id)
+    }
+
+    /// Whether the host spoke first (an `initialize` or a modern request):
+    /// a unit joining now is brought up to date.
+    fn host_known(&self) -> bool {
+        self.host_init.is_some() || self.host_meta.is_some()
+    }
+
+    /// Adds unit `unit` with prefix `prefix` (kept in unit-name order).
+    /// A unit joining a session under way is initialized as the host was,
+    /// its resources learned, and the host told the lists changed.
+    pub fn join(&mut self, unit: &str, prefix: &str) -> (MemberId, Vec<Out>) {
+        let id = self.next_member;
+        self.next_member += 1;
+        let member = Member {
+            unit: unit.to_owned(),
+            prefix: prefix.to_owned(),
+            init: None,
+            uris: HashSet::new(),
+            templates: Vec::new(),
+            refused: false,
+        };
+        let at = self
+            .members
+            .iter()
+            .position(|(_, m)| m.unit.as_str() > unit)
+            .unwrap_or(self.members.len());
+        self.members.insert(at, (id, member));
+        let mut out = Vec::new();
+        if self.host_init.is_some() {
+            out.extend(self.rejoin(id));
+        } else if self.host_meta.is_some() {
+            out.extend(self.learn(id, Listed::Resources, None, 0));
+            out.extend(self.learn(id, Listed::Templates, None, 0));
+            out.extend(self.changed_lists());
+        }
+        (id, out)
+    }
+
+    /// Members whose session refused the host's `initialize`, to ask
+    /// again once their unit runs.
+    pub fn refused(&self) -> Vec<MemberId> {
+        self.members
+            .iter()
+            .filter(|(_, m)| m.refused)
+            .map(|(id, _)| *id)
+            .collect()
+    }
+
+    /// Member `id` initialized as the host was (a 2025 host's session).
+    pub fn rejoin(&mut self, id: MemberId) -> Vec<Out> {
+        let Some(params) = self.host_init.clone() else {
+            return Vec::new();
+        };
+        if let Some(member) = self.get_mut(id) {
+            member.refused = false;
+        }
+        let rid = self.fresh();
+        self.pending.insert(rid.clone(), (id, Pending::Join));
+        vec![Out::Member(id, request(&rid, "initialize", Some(params)))]
+    }
+
+    /// Removes member `id` (its session ended, or a reload took it out
+    /// of the group): the host's requests it had get an error naming the
+    /// unit, merges stop waiting for it, and the host is told the lists
+    /// changed.
+    pub fn leave(&mut self, id: MemberId, why: &str) -> Vec<Out> {
+        let Some(at) = self.members.iter().position(|(m, _)| *m == id) else {
+            return Vec::new();
+        };
+        let (_, member) = self.members.remove(at);
+        let mut out = Vec::new();
+        let gone: Vec<RequestId> = self
+            .pending
+            .iter()
+            .filter(|(_, (m, _))| *m == id)
+            .map(|(rid, _)| rid.clone())
+            .collect();
+        for rid in gone {
+            if let Some((_, pending)) = self.pending.remove(&rid) {
+                match pending {
+                    Pending::Forward { host } => {
+                        self.by_host.remove(&host);
+                        out.push(Out::Host(error(
+                            &host,
+                            -32603,
+                            format!("server {}: {why}", member.unit),
+                        )));
+                    }
+                    Pending::Part { merge, .. } => {
+                        out.extend(self.part(merge, id, Err(Value::Null)));
+                    }
+                    Pending::Join | Pending::Learn { .. } | Pending::Listen { .. } => {}
+                }
+            }
+        }
+        self.asked.retain(|_, (m, _)| *m != id);
+        for listen in self.listens.values_mut() {
+            listen.parts.retain(|(m, _, _)| *m != id);
+        }
+        if self.host_known() {
+            out.extend(self.changed_lists());
+        }
+        out
+    }
+
+    /// What tells the host that every list may have changed: the three
+    /// notifications to a 2025 host; to a 2026-07-28 host, through each
+    /// listen stream that opted in.
+    fn changed_lists(&self) -> Vec<Out> {
+        let mut out = Vec::new();
+        for method in [
+            "notifications/tools/list_changed",
+            "notifications/prompts/list_changed",
+            "notifications/resources/list_changed",
+        ] {
+            out.extend(self.tell(notification(method)));
+        }
+        out
+    }
+
+    /// A notification of the aggregate's own to the host: as it is to a
+    /// 2025 host, through the listen streams that want it to a modern one.
+    fn tell(&self, message: Message) -> Vec<Out> {
+        if self.host_meta.is_none() {
+            return vec![Out::Host(message)];
+        }
+        let method = message.method().unwrap_or_default().into_owned();
+        self.listens
+            .iter()
+            .filter(|(_, l)| l.filter.wants(&method, None))
+            .map(|(id, _)| Out::Host(era::tagged(&message, id)))
+            .collect()
+    }
+
+    /// The member whose prefix starts `name` (the longest that does), and
+    /// the name the unit knows.
+    pub fn route_name<'a>(&self, name: &'a str) -> Option<(MemberId, &'a str)> {
+        self.members
+            .iter()
+            .filter_map(|(id, m)| {
+                name.strip_prefix(m.prefix.as_str())
+                    .and_then(|rest| rest.strip_prefix(SEPARATOR))
+                    .filter(|inner| !inner.is_empty())
+                    .map(|inner| (m.prefix.len(), *id, inner))
+            })
+            .max_by_key(|(len, ..)| *len)
+            .map(|(_, id, inner)| (id, inner))
+    }
+
+    /// The member that serves `uri`: the first (by unit name) that listed
+    /// it, else the first whose template matches it, else the only member
+    /// that offers resources.
+    pub fn route_uri(&self, uri: &str) -> Option<MemberId> {
+        let listed = self.members.iter().find(|(_, m)| m.uris.contains(uri));
+        let templated = || {
+            self.members
+                .iter()
+                .find(|(_, m)| m.templates.iter().any(|t| era::template_matches(t, uri)))
+        };
+        let only = || {
+            let mut offering = self.members.iter().filter(|(_, m)| {
+                m.init
+                    .as_ref()
+                    .is_some_and(|i| i["capabilities"].get("resources").is_some())
+            });
+            match (offering.next(), offering.next()) {
+                (Some(one), None) => Some(one),
+                _ => None,
+            }
+        };
+        listed.or_else(templated).or_else(only).map(|(id, _)| *id)
+    }
+
+    /// URIs listed by more than one member that were not reported yet,
+    /// each with the units that list it (the first serves it).
+    pub fn collisions(&mut self) -> Vec<(String, Vec<String>)> {
+        let mut seen: HashMap<&str, Vec<&str>> = HashMap::new();
+        for (_, m) in &self.members {
+            for uri in &m.uris {
+                seen.entry(uri.as_str()).or_default().push(m.unit.as_str());
+            }
+        }
+        let mut found: Vec<(String, Vec<String>)> = seen
+            .into_iter()
+            .filter(|(uri, units)| units.len() > 1 && !self.reported.contains(*uri))
+            .map(|(uri, units)| {
+                (
+                    uri.to_owned(),
+                    units.into_iter().map(str::to_owned).collect(),
+                )
+            })
+            .collect();
+        found.sort();
+        for (uri, _) in &found {
+            self.reported.insert(uri.clone());
+        }
+        found
+    }
+
+    /// What the host's message `message` becomes.
+    pub fn on_host(&mut self, message: Message) -> Vec<Out> {
+        let method = message.method().map(|m| m.into_owned());
+        let id = message.request_id();
+        match (method, id) {
+            (Some(method), Some(id)) => self.host_request(&method, id, message),
+            (Some(method), None) => self.host_notification(&method, &message),
+            (None, Some(id)) => self.host_answer(&id, message),
+            (None, None) => Vec::new(),
+        }
+    }
+
+    fn host_request(&mut self, method: &str, id: RequestId, message: Message) -> Vec<Out> {
+        if self.pending.len() >= MAX_IN_FLIGHT {
+            return vec![Out::Host(error(
+                &id,
+                -32603,
+                format!(
+                    "{}: {MAX_IN_FLIGHT} requests are in flight already",
+                    self.label
+                ),
+            ))];
+        }
+        if self.by_host.contains_key(&id) || self.listens.contains_key(&id) {
+            return vec![Out::Host(error(
+                &id,
+                -32600,
+                "a request with this id is in flight already",
+            ))];
+        }
+        let params = message.params();
+        if let Some(meta) = params.as_ref().and_then(|p| p.get("_meta"))
+            && era::claims(&message)
+        {
+            self.host_meta = Some(meta.clone());
+        }
+        match method {
+            "initialize" => {
+                let params = params.unwrap_or_else(|| json!({}));
+                self.host_init = Some(params.clone());
+                self.fan(id, Fan::Initialize, "initialize", Some(params))
+            }
+            "server/discover" => self.fan(id, Fan::Discover, method, params),
+            "logging/setLevel" => self.fan(id, Fan::SetLevel, method, params),
+            "ping" => vec![Out::Host(answer(&id, json!({})))],
+            "subscriptions/listen" => self.listen(id, params),
+            _ => {
+                if let Some(list) = Listed::of(method) {
+                    let mut params = params;
+                    if let Some(Value::Object(p)) = &mut params {
+                        p.remove("cursor");
+                    }
+                    return self.fan(id, Fan::List(list), method, params);
+                }
+                self.route(method, id, message, params)
+            }
+        }
+    }
+
+    /// A request for one member: by name, by URI, by reference.
+    fn route(
+        &mut self,
+        method: &str,
+        id: RequestId,
+        mut message: Message,
+        params: Option<Value>,
+    ) -> Vec<Out> {
+        let mut params = params.unwrap_or_else(|| json!({}));
+        let target = match method {
+            "tools/call" | "prompts/get" => {
+                let what = if method == "tools/call" {
+                    "tool"
+                } else {
+                    "prompt"
+                };
+                let name = params["name"].as_str().unwrap_or_default().to_owned();
+                match self.route_name(&name) {
+                    Some((member, inner)) => {
+                        params["name"] = json!(inner);
+                        Ok(member)
+                    }
+                    None => Err((-32602, format!("{}: no {what} named {name:?}", self.label))),
+                }
+            }
+            "resources/read" | "resources/subscribe" | "resources/unsubscribe" => {
+                let uri = params["uri"].as_str().unwrap_or_default().to_owned();
+                self.route_uri(&uri)
+                    .ok_or((-32002, format!("{}: no resource {uri:?}", self.label)))
+            }
+            "completion/complete" => {
+                let reference = &params["ref"];
+                match reference["type"].as_str() {
+                    Some("ref/prompt") => {
+                        let name = reference["name"].as_str().unwrap_or_default().to_owned();
+                        match self.route_name(&name) {
+                            Some((member, inner)) => {
+                                params["ref"]["name"] = json!(inner);
+                                Ok(member)
+                            }
+                            None => {
+                                Err((-32602, format!("{}: no prompt named {name:?}", self.label)))
+                            }
+                        }
+                    }
+                    _ => {
+                        let uri = reference["uri"].as_str().unwrap_or_default().to_owned();
+                        self.route_uri(&uri)
+                            .ok_or((-32602, format!("{}: no resource {uri:?}", self.label)))
+                    }
+                }
+            }
+            other => Err((
+                -32601,
+                format!("{}: method {other:?} is not served here", self.label),
+            )),
+        };
+        match target {
+            Ok(member) => {
+                let rid = self.fresh();
+                message.set("params", &params);
+                message.set_json("id", rid.as_json().to_owned());
+                self.by_host.insert(id.clone(), (member, rid.clone()));
+                self.pending
+                    .insert(rid, (member, Pending::Forward { host: id }));
+                vec![Out::Member(member, message)]
+            }
+            Err((code, text)) => vec![Out::Host(error(&id, code, text))],
+        }
+    }
+
+    /// Request `method` to every member, merged into one answer to `id`.
+    fn fan(&mut self, id: RequestId, fan: Fan, method: &str, params: Option<Value>) -> Vec<Out> {
+        self.next_merge += 1;
+        let merge = self.next_merge;
+        let mut out = Vec::new();
+        let members: Vec<MemberId> = self.members.iter().map(|(m, _)| *m).collect();
+        for member in &members {
+            let rid = self.fresh();
+            self.pending
+                .insert(rid.clone(), (*member, Pending::Part { merge, page: 0 }));
+            out.push(Out::Member(*member, request(&rid, method, params.clone())));
+        }
+        self.merges.insert(
+            merge,
+            Merge {
+                host: id,
+                fan,
+                waiting: members.into_iter().collect(),
+                parts: Vec::new(),
+            },
+        );
+        out.extend(self.finish(merge));
+        out
+    }
+
+    /// A member's part of merge `merge` came (`Err(Value::Null)`: it
+    /// left).
+    fn part(&mut self, merge: u64, member: MemberId, result: Result<Value, Value>) -> Vec<Out> {
+        let Some(m) = self.merges.get_mut(&merge) else {
+            return Vec::new();
+        };
+        m.waiting.remove(&member);
+        m.parts.push((member, result));
+        self.finish(merge)
+    }
+
+    /// Merge `merge`'s answer, once no part is missing.
+    fn finish(&mut self, merge: u64) -> Vec<Out> {
+        if self
+            .merges
+            .get(&merge)
+            .is_none_or(|m| !m.waiting.is_empty())
+        {
+            return Vec::new();
+        }
+        let Some(m) = self.merges.remove(&merge) else {
+            return Vec::new();
+        };
+        // Parts in the members' order, whatever order they came in.
+        let mut parts = m.parts;
+        let order = |id: &MemberId| self.members.iter().position(|(m, _)| m == id);
+        parts.sort_by_key(|(id, _)| order(id));
+        let mut out = Vec::new();
+        let result = match m.fan {
+            Fan::Initialize | Fan::Discover => {
+                for (id, part) in &parts {
+                    if let Some(member) = self.get_mut(*id) {
+                        match part {
+                            Ok(init) => member.init = Some(init.clone()),
+                            Err(_) => member.refused = m.fan == Fan::Initialize,
+                        }
+                    }
+                }
+                let result = self.merged_init(&parts, m.fan);
+                if m.fan == Fan::Initialize {
+                    for (id, part) in &parts {
+                        if part.is_ok() {
+                            out.push(Out::Member(*id, notification("notifications/initialized")));
+                        }
+                    }
+                }
+                let ids: Vec<MemberId> = parts
+                    .iter()
+                    .filter(|(_, p)| p.is_ok())
+                    .map(|(id, _)| *id)
+                    .collect();
+                out.push(Out::Host(answer(&m.host, result)));
+                for id in ids {
+                    out.extend(self.learn(id, Listed::Resources, None, 0));
+                    out.extend(self.learn(id, Listed::Templates, None, 0));
+                }
+                return out;
+            }
+            Fan::SetLevel => json!({}),
+            Fan::List(list) => self.merged_list(list, &parts),
+        };
+        out.push(Out::Host(answer(&m.host, result)));
+        out
+    }
+
+    /// The host's `initialize` answer (or discovery), from the members'.
+    fn merged_init(&self, parts: &[(MemberId, Result<Value, Value>)], fan: Fan) -> Value {
+        let ok: Vec<(&Member, &Value)> = parts
+            .iter()
+            .filter_map(|(id, p)| Some((self.get(*id)?, p.as_ref().ok()?)))
+            .collect();
+        let mut capabilities = json!({});
+        let mut instructions = Vec::new();
+        for (member, init) in &ok {
+            union(&mut capabilities, &init["capabilities"]);
+            if let Some(text) = init["instructions"].as_str() {
+                instructions.push(format!("## {}\n\n{text}", member.unit));
+            }
+        }
+        // Tasks are answered by `taskId`, which an aggregate does not
+        // route: its hosts call tools as plain requests.
+        if let Value::Object(c) = &mut capabilities {
+            c.remove("tasks");
+        }
+        // Membership changes by reload: the host is told of it.
+        capabilities["tools"]["listChanged"] = json!(true);
+        for key in ["prompts", "resources"] {
+            if capabilities.get(key).is_some() {
+                capabilities[key]["listChanged"] = json!(true);
+            }
+        }
+        let mut result = match ok.first() {
+            Some((_, first)) => (*first).clone(),
+            None => json!({}),
+        };
+        result["capabilities"] = capabilities;
+        result["serverInfo"] = json!({
+            "name": "mcpd",
+            "title": format!("mcpd {}", self.label),
+            "version": env!("CARGO_PKG_VERSION"),
+        });
+        match instructions.is_empty() {
+            true => {
+                if let Value::Object(r) = &mut result {
+                    r.remove("instructions");
+                }
+            }
+            false => result["instructions"] = json!(instructions.join("\n\n")),
+        }
+        match fan {
+            Fan::Initialize => {
+                if result.get("protocolVersion").is_none() {
+                    let asked = self
+                        .host_init
+                        .as_ref()
+                        .and_then(|p| p["protocolVersion"].as_str())
+                        .unwrap_or_default();
+                    result["protocolVersion"] = json!(session::negotiate(asked));
+                }
+            }
+            _ => {
+                // The versions every member serves (mcpd serves 2026-07-28
+                // over any member).
+                let mut versions: Option<Vec<Value>> = None;
+                for (_, init) in &ok {
+                    let theirs = init["supportedVersions"]
+                        .as_array()
+                        .cloned()
+                        .unwrap_or_default();
+                    versions = Some(match versions {
+                        None => theirs,
+                        Some(v) => v.into_iter().filter(|x| theirs.contains(x)).collect(),
+                    });
+                }
+                result["supportedVersions"] =
+                    json!(versions.unwrap_or_else(|| vec![json!(era::MODERN)]));
+            }
+        }
+        result
+    }
+
+    /// One list from the members' pages: names prefixed, the URIs of
+    /// resources learned.
+    fn merged_list(&mut self, list: Listed, parts: &[(MemberId, Result<Value, Value>)]) -> Value {
+        let mut items = Vec::new();
+        let mut first: Option<Map<String, Value>> = None;
+        for (id, part) in parts {
+            let (Ok(page), Some(member)) = (part, self.get(*id)) else {
+                continue;
+            };
+            let prefix = member.prefix.clone();
+            if first.is_none()
+                && let Value::Object(page) = page
+            {
+                first = Some(page.clone());
+            }
+            let got = page[list.key()].as_array().cloned().unwrap_or_default();
+            for mut item in got {
+                if list.prefixed()
+                    && let Some(name) = item["name"].as_str()
+                {
+                    item["name"] = json!(prefixed(&prefix, name));
+                }
+                items.push(item);
+            }
+            self.learned(*id, list, page, true);
+        }
+        let mut result = first.unwrap_or_default();
+        result.remove("nextCursor");
+        result.insert(list.key().into(), Value::Array(items));
+        Value::Object(result)
+    }
+
+    /// What member `id` listed of its resources or templates (`fresh`: a
+    /// first page, replacing what was known).
+    fn learned(&mut self, id: MemberId, list: Listed, page: &Value, fresh: bool) {
+        let Some(member) = self.get_mut(id) else {
+            return;
+        };
+        let items = page[list.key()].as_array();
+        match list {
+            Listed::Resources => {
+                if fresh {
+                    member.uris.clear();
+                }
+                for item in items.into_iter().flatten() {
+                    if let Some(uri) = item["uri"].as_str() {
+                        member.uris.insert(uri.to_owned());
+                    }
+                }
+            }
+            Listed::Templates => {
+                if fresh {
+                    member.templates.clear();
+                }
+                for item in items.into_iter().flatten() {
+                    if let Some(t) = item["uriTemplate"].as_str() {
+                        member.templates.push(t.to_owned());
+                    }
+                }
+            }
+            Listed::Tools | Listed::Prompts => {}
+        }
+    }
+
+    /// The aggregate's own read of member `id`'s resources or templates
+    /// (from `cursor`), when the member offers resources.
+    fn learn(
+        &mut self,
+        id: MemberId,
+        list: Listed,
+        cursor: Option<Value>,
+        page: usize,
+    ) -> Vec<Out> {
+        let offers = self
+            .get(id)
+            .and_then(|m| m.init.as_ref())
+            .is_some_and(|i| i["capabilities"].get("resources").is_some());
+        if !offers && self.host_meta.is_none() || page >= MAX_PAGES {
+            return Vec::new();
+        }
+        let mut params = json!({});
+        if let Some(cursor) = cursor {
+            params["cursor"] = cursor;
+        }
+        if let Some(meta) = &self.host_meta {
+            params["_meta"] = meta.clone();
+        }
+        let rid = self.fresh();
+        self.pending
+            .insert(rid.clone(), (id, Pending::Learn { list, page }));
+        vec![Out::Member(id, request(&rid, list.method(), Some(params)))]
+    }
+
+    fn host_notification(&mut self, method: &str, message: &Message) -> Vec<Out> {
+        match method {
+            // Each member had its own, after its `initialize` answer.
+            "notifications/initialized" => Vec::new(),
+            "notifications/cancelled" => {
+                let Some(id) = message
+                    .params()
+                    .and_then(|p| RequestId::of(&p["requestId"]))
+                else {
+                    return Vec::new();
+                };
+                if let Some(listen) = self.listens.remove(&id) {
+                    return listen
+                        .parts
+                        .into_iter()
+                        .map(|(member, rid, _)| {
+                            self.pending.remove(&rid);
+                            Out::Member(member, cancelled(&rid))
+                        })
+                        .collect();
+                }
+                match self.by_host.get(&id) {
+                    Some((member, rid)) => vec![Out::Member(*member, cancelled(rid))],
+                    None => Vec::new(),
+                }
+            }
+            // Everything else (roots changed, progress) is every member's.
+            _ => self
+                .members
+                .iter()
+                .map(|(id, _)| Out::Member(*id, message.clone()))
+                .collect(),
+        }
+    }
+
+    /// The host's answer to a member's request.
+    fn host_answer(&mut self, id: &RequestId, mut message: Message) -> Vec<Out> {
+        match self.asked.remove(id) {
+            Some((member, theirs)) => {
+                message.set("id", &theirs);
+                vec![Out::Member(member, message)]
+            }
+            None => Vec::new(),
+        }
+    }
+
+    /// A `subscriptions/listen` of a 2026-07-28 host: one stream per
+    /// member, with the URIs that member serves.
+    fn listen(&mut self, id: RequestId, params: Option<Value>) -> Vec<Out> {
+        if self.listens.len() >= era::MAX_LISTENS {
+            return vec![Out::Host(error(
+                &id,
+                -32602,
+                format!("at most {} listen streams per session", era::MAX_LISTENS),
+            ))];
+        }
+        let params = params.unwrap_or_else(|| json!({}));
+        let requested = &params["notifications"];
+        let uris: Vec<String> = requested["resourceSubscriptions"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|u| u.as_str().map(str::to_owned))
+            .collect();
+        let filter = era::Filter {
+            tools: requested["toolsListChanged"] == json!(true),
+            resources: requested["resourcesListChanged"] == json!(true),
+            prompts: requested["promptsListChanged"] == json!(true),
+            uris: uris.iter().cloned().collect(),
+        };
+        let members: Vec<MemberId> = self.members.iter().map(|(m, _)| *m).collect();
+        let mut out = Vec::new();
+        let mut parts = Vec::new();
+        for member in members {
+            let mine: Vec<&String> = uris
+                .iter()
+                .filter(|u| self.route_uri(u) == Some(member))
+                .collect();
+            let mut theirs = params.clone();
+            theirs["notifications"]["resourceSubscriptions"] = json!(mine);
+            let rid = self.fresh();
+            self.pending
+                .insert(rid.clone(), (member, Pending::Listen { host: id.clone() }));
+            parts.push((member, rid.clone(), false));
+            out.push(Out::Member(
+                member,
+                request(&rid, "subscriptions/listen", Some(theirs)),
+            ));
+        }
+        let done = parts.is_empty();
+        self.listens.insert(
+            id.clone(),
+            Listen {
+                filter,
+                parts,
+                honoured: era::Filter::default(),
+                acknowledged: false,
+            },
+        );
+        if done {
+            out.extend(self.acknowledge(&id));
+        }
+        out
+    }
+
+    /// The host's acknowledgement of listen stream `id`, once every
+    /// member acknowledged its part: the union of what they honour (list
+    /// changes of the aggregate's own always).
+    fn acknowledge(&mut self, id: &RequestId) -> Vec<Out> {
+        let Some(listen) = self.listens.get_mut(id) else {
+            return Vec::new();
+        };
+        if listen.acknowledged || listen.parts.iter().any(|(_, _, acked)| !acked) {
+            return Vec::new();
+        }
+        listen.acknowledged = true;
+        let mut honoured = listen.honoured.clone();
+        honoured.tools |= listen.filter.tools;
+        honoured.prompts |= listen.filter.prompts;
+        honoured.resources |= listen.filter.resources;
+        listen.filter = honoured.clone();
+        vec![Out::Host(Message::from(era::acknowledged(id, &honoured)))]
+    }
+
+    /// What member `id`'s message `message` becomes.
+    pub fn on_member(&mut self, id: MemberId, message: Message) -> Vec<Out> {
+        let method = message.method().map(|m| m.into_owned());
+        let rid = message.request_id();
+        match (method, rid) {
+            (None, Some(rid)) => self.member_answer(id, &rid, message),
+            (Some(method), Some(rid)) => {
+                if self.asked.len() >= MAX_ASKED {
+                    return vec![Out::Member(
+                        id,
+                        error(&rid, -32603, "too many requests wait for the host"),
+                    )];
+                }
+                let Some(theirs) = message.id() else {
+                    return Vec::new();
+                };
+                let _ = method;
+                let mine = self.fresh();
+                self.asked.insert(mine.clone(), (id, theirs));
+                let mut message = message;
+                message.set_json("id", mine.as_json().to_owned());
+                vec![Out::Host(message)]
+            }
+            (Some(method), None) => self.member_notification(id, &method, message),
+            (None, None) => Vec::new(),
+        }
+    }
+
+    fn member_answer(&mut self, id: MemberId, rid: &RequestId, mut message: Message) -> Vec<Out> {
+        let Some((member, pending)) = self.pending.remove(rid) else {
+            return Vec::new();
+        };
+        if member != id {
+            // Not this member's to answer: keep it for its own.
+            self.pending.insert(rid.clone(), (member, pending));
+            return Vec::new();
+        }
+        let result = match message.get::<Value>("result") {
+            Some(r) => Ok(r),
+            None => Err(message.get::<Value>("error").unwrap_or(Value::Null)),
+        };
+        match pending {
+            Pending::Forward { host } => {
+                self.by_host.remove(&host);
+                message.set_json("id", host.as_json().to_owned());
+                vec![Out::Host(message)]
+            }
+            Pending::Part { merge, page } => {
+                let Some(fan) = self.merges.get(&merge).map(|m| m.fan) else {
+                    return Vec::new();
+                };
+                if let (Fan::List(list), Ok(result)) = (fan, &result)
+                    && let Some(cursor) = result.get("nextCursor").filter(|c| !c.is_null())
+                    && page + 1 < MAX_PAGES
+                {
+                    // Keep this page and ask for the next; the merge waits.
+                    let mut params = json!({"cursor": cursor});
+                    if let Some(meta) = &self.host_meta {
+                        params["_meta"] = meta.clone();
+                    }
+                    let next = self.fresh();
+                    self.pending.insert(
+                        next.clone(),
+                        (
+                            id,
+                            Pending::Part {
+                                merge,
+                                page: page + 1,
+                            },
+                        ),
+                    );
+                    if let Some(m) = self.merges.get_mut(&merge) {
+                        m.parts.push((id, Ok(result.clone())));
+                    }
+                    return vec![Out::Member(id, request(&next, list.method(), Some(params)))];
+                }
+                self.part(merge, id, result)
+            }
+            Pending::Join => {
+                let Ok(init) = result else {
+                    if let Some(member) = self.get_mut(id) {
+                        member.refused = true;
+                    }
+                    return Vec::new();
+                };
+                if let Some(member) = self.get_mut(id) {
+                    member.init = Some(init);
+                }
+                let mut out = vec![Out::Member(id, notification("notifications/initialized"))];
+                out.extend(self.learn(id, Listed::Resources, None, 0));
+                out.extend(self.learn(id, Listed::Templates, None, 0));
+                out.extend(self.changed_lists());
+                out
+            }
+            Pending::Learn { list, page } => {
+                let Ok(result) = result else {
+                    return Vec::new();
+                };
+                self.learned(id, list, &result, page == 0);
+                match result.get("nextCursor").filter(|c| !c.is_null()) {
+                    Some(cursor) => self.learn(id, list, Some(cursor.clone()), page + 1),
+                    None => Vec::new(),
+                }
+            }
+            Pending::Listen { host } => {
+                // A listen stream ends with its answer: the host's ends
+                // with its last part.
+                let Some(listen) = self.listens.get_mut(&host) else {
+                    return Vec::new();
+                };
+                listen.parts.retain(|(_, r, _)| r != rid);
+                if listen.parts.is_empty() {
+                    self.listens.remove(&host);
+                    message.set_json("id", host.as_json().to_owned());
+                    return vec![Out::Host(message)];
+                }
+                self.acknowledge(&host)
+            }
+        }
+    }
+
+    fn member_notification(
+        &mut self,
+        id: MemberId,
+        method: &str,
+        mut message: Message,
+    ) -> Vec<Out> {
+        // A listen stream's notification names the member's part: the
+        // host's stream instead.
+        let tag = message
+            .params()
+            .and_then(|p| RequestId::of(&p["_meta"][era::SUBSCRIPTION_ID_KEY]));
+        if let Some(tag) = tag {
+            let Some((_, Pending::Listen { host })) = self.pending.get(&tag).cloned() else {
+                return Vec::new();
+            };
+            if method == "notifications/subscriptions/acknowledged" {
+                if let Some(listen) = self.listens.get_mut(&host) {
+                    let honoured = message
+                        .params()
+                        .and_then(|p| era::Filter::honoured(&p["notifications"], &json!({})).ok());
+                    let asked = &message.params().unwrap_or_default()["notifications"];
+                    listen.honoured.tools |= asked["toolsListChanged"] == json!(true);
+                    listen.honoured.prompts |= asked["promptsListChanged"] == json!(true);
+                    listen.honoured.resources |= asked["resourcesListChanged"] == json!(true);
+                    if let Some(h) = honoured {
+                        listen.honoured.uris.extend(h.uris);
+                    }
+                    for part in &mut listen.parts {
+                        if part.1 == tag {
+                            part.2 = true;
+                        }
+                    }
+                }
+                return self.acknowledge(&host);
+            }
+            if method == "notifications/resources/list_changed" {
+                let mut out = self.learn(id, Listed::Resources, None, 0);
+                out.extend(self.learn(id, Listed::Templates, None, 0));
+                out.push(Out::Host(era::tagged(&message, &host)));
+                return out;
+            }
+            return vec![Out::Host(era::tagged(&message, &host))];
+        }
+        match method {
+            "notifications/resources/list_changed" => {
+                let mut out = self.learn(id, Listed::Resources, None, 0);
+                out.extend(self.learn(id, Listed::Templates, None, 0));
+                out.push(Out::Host(message));
+                out
+            }
+            "notifications/cancelled" => {
+                // The member gave up a request of its own to the host.
+                let theirs = message.params().map(|p| p["requestId"].clone());
+                let mine = self
+                    .asked
+                    .iter()
+                    .find(|(_, (m, t))| *m == id && Some(t) == theirs.as_ref())
+                    .map(|(mine, _)| mine.clone());
+                match mine {
+                    Some(mine) => {
+                        self.asked.remove(&mine);
+                        let mut params = message.params().unwrap_or_default();
+                        params["requestId"] = mine.to_value();
+                        message.set("params", &params);
+                        vec![Out::Host(message)]
+                    }
+                    None => Vec::new(),
+                }
+            }
+            _ => vec![Out::Host(message)],
+        }
+    }
+
+    /// How many requests are in flight (for tests and bounds).
+    pub fn in_flight(&self) -> usize {
+        self.pending.len()
+    }
+}
+
+fn cancelled(id: &RequestId) -> Message {
+    Message::from(json!({
+        "jsonrpc": "2.0",
+        "method": "notifications/cancelled",
+        "params": {"requestId": id.to_value()},
+    }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn msg(value: Value) -> Message {
+        Message::from(value)
+    }
+
+    fn to_member(outs: &[Out]) -> Vec<(MemberId, Value)> {
+        outs.iter()
+            .filter_map(|o| match o {
+                Out::Member(m, msg) => Some((*m, msg.to_value())),
+                Out::Host(_) => None,
+            })
+            .collect()
+    }
+
+    fn to_host(outs: &[Out]) -> Vec<Value> {
+        outs.iter()
+            .filter_map(|o| match o {
+                Out::Host(msg) => Some(msg.to_value()),
+                Out::Member(..) => None,
+            })
+            .collect()
+    }
+
+    fn init_result(name: &str, caps: Value) -> Value {
+        json!({"protocolVersion": "2025-11-25", "capabilities": caps,
+               "serverInfo": {"name": name, "version": "1"}, "instructions": format!("I am {name}")})
+    }
+
+    /// An aggregate of `a` (alias `x`) and `b`, the host initialized.
+    fn initialized() -> (Aggregate, MemberId, MemberId) {
+        let mut agg = Aggregate::new("@dev");
+        let (b, _) = agg.join("b", "b");
+        let (a, _) = agg.join("a", "x");
+        let outs = agg.on_host(msg(json!({"jsonrpc": "2.0", "id": 1, "method": "initialize",
+            "params": {"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "h", "version": "1"}}})));
+        let sent = to_member(&outs);
+        assert_eq!(sent.len(), 2);
+        let mut host = Vec::new();
+        for (member, request) in sent {
+            let caps = if member == a {
+                json!({"tools": {}, "resources": {"subscribe": true}})
+            } else {
+                json!({"tools": {"listChanged": true}, "prompts": {}})
+            };
+            let name = if member == a { "a" } else { "b" };
+            let outs = agg.on_member(
+                member,
+                msg(json!({"jsonrpc": "2.0", "id": request["id"], "result": init_result(name, caps)})),
+            );
+            host.extend(to_host(&outs));
+        }
+        assert_eq!(host.len(), 1, "{host:?}");
+        let result = &host[0]["result"];
+        assert_eq!(host[0]["id"], 1);
+        assert_eq!(result["serverInfo"]["name"], "mcpd");
+        assert_eq!(result["serverInfo"]["title"], "mcpd @dev");
+        assert_eq!(result["capabilities"]["tools"]["listChanged"], true);
+        assert_eq!(result["capabilities"]["resources"]["subscribe"], true);
+        assert!(result["capabilities"]["prompts"].is_object());
+        // Each unit's instructions under its name, in unit-name order.
+        assert_eq!(result["instructions"], "## a\n\nI am a\n\n## b\n\nI am b");
+        (agg, a, b)
+    }
+
+    #[test]
+    fn initialize_goes_to_every_unit_and_their_answers_become_one() {
+        initialized();
+    }
+
+    #[test]
+    fn lists_are_merged_with_prefixes_and_calls_routed_by_the_longest_prefix() {
+        let (mut agg, a, b) = initialized();
+        let outs = agg.on_host(msg(
+            json!({"jsonrpc": "2.0", "id": "t", "method": "tools/list"}),
+        ));
+        let sent = to_member(&outs);
+        assert_eq!(sent.len(), 2);
+        let mut host = Vec::new();
+        for (member, request) in sent {
+            let tools = if member == a {
+                json!([{"name": "echo"}])
+            } else {
+                json!([{"name": "echo"}, {"name": "add"}])
+            };
+            host.extend(to_host(&agg.on_member(
+                member,
+                msg(json!({"jsonrpc": "2.0", "id": request["id"], "result": {"tools": tools}})),
+            )));
+        }
+        assert_eq!(host.len(), 1);
+        assert_eq!(host[0]["id"], "t");
+        let names: Vec<&str> = host[0]["result"]["tools"]
+            .as_array()
+            .expect("tools")
+            .iter()
+            .filter_map(|t| t["name"].as_str())
+            .collect();
+        assert_eq!(names, ["x__echo", "b__echo", "b__add"]);
+
+        // A call goes to its unit with the unit's own name, under an id of
+        // the aggregate's; the answer comes back under the host's.
+        let learning = agg.in_flight();
+        let outs = agg.on_host(msg(
+            json!({"jsonrpc": "2.0", "id": 7, "method": "tools/call",
+            "params": {"name": "x__echo", "arguments": {"text": "hi"}}}),
+        ));
+        let sent = to_member(&outs);
+        assert_eq!(sent.len(), 1);
+        assert_eq!(sent[0].0, a);
+        assert_eq!(sent[0].1["params"]["name"], "echo");
+        assert_eq!(sent[0].1["params"]["arguments"]["text"], "hi");
+        let outs = agg.on_member(
+            a,
+            msg(json!({"jsonrpc": "2.0", "id": sent[0].1["id"], "result": {"content": []}})),
+        );
+        assert_eq!(
+            to_host(&outs),
+            [json!({"jsonrpc": "2.0", "result": {"content": []}, "id": 7})]
+        );
+        assert_eq!(agg.in_flight(), learning);
+
+        // A prefix that is a prefix of another: the longest wins.
+        let (long, _) = agg.join("b-x", "b__x");
+        assert_eq!(agg.route_name("b__x__echo"), Some((long, "echo")));
+        assert_eq!(agg.route_name("b__echo"), Some((b, "echo")));
+        assert_eq!(agg.route_name("nobody__echo"), None);
+        assert_eq!(agg.route_name("b__"), None);
+        let outs = agg.on_host(msg(
+            json!({"jsonrpc": "2.0", "id": 8, "method": "tools/call",
+            "params": {"name": "zz__echo"}}),
+        ));
+        let refused = to_host(&outs);
+        assert_eq!(refused[0]["error"]["code"], -32602);
+    }
+
+    #[test]
+    fn a_unit_that_joins_later_is_initialized_as_the_host_was_and_the_host_told() {
+        let (mut agg, _, _) = initialized();
+        let (c, outs) = agg.join("c", "c");
+        let sent = to_member(&outs);
+        assert_eq!(sent.len(), 1);
+        assert_eq!(sent[0].1["method"], "initialize");
+        assert_eq!(sent[0].1["params"]["clientInfo"]["name"], "h");
+        let outs = agg.on_member(
+            c,
+            msg(json!({"jsonrpc": "2.0", "id": sent[0].1["id"], "result": init_result("c", json!({"tools": {}}))})),
+        );
+        let told: Vec<Value> = to_host(&outs)
+            .into_iter()
+            .map(|m| m["method"].clone())
+            .collect();
+        assert!(
+            told.contains(&json!("notifications/tools/list_changed")),
+            "{told:?}"
+        );
+        assert!(
+            to_member(&outs)
+                .iter()
+                .any(|(m, v)| *m == c && v["method"] == "notifications/initialized")
+        );
+        // And one that leaves fails what it had in flight, naming it.
+        let learning = agg.in_flight();
+        let outs = agg.on_host(msg(
+            json!({"jsonrpc": "2.0", "id": 9, "method": "tools/call",
+            "params": {"name": "c__slow"}}),
+        ));
+        assert_eq!(to_member(&outs).len(), 1);
+        let outs = agg.leave(c, "left the group");
+        let host = to_host(&outs);
+        assert_eq!(host[0]["id"], 9);
+        assert_eq!(host[0]["error"]["message"], "server c: left the group");
+        assert!(
+            host.iter()
+                .any(|m| m["method"] == "notifications/tools/list_changed")
+        );
+        assert_eq!(agg.in_flight(), learning);
+    }
+
+    #[test]
+    fn requests_of_units_to_the_host_get_ids_of_the_aggregate_and_their_answers_go_back() {
+        let (mut agg, a, b) = initialized();
+        let ask = |id: Value| {
+            msg(
+                json!({"jsonrpc": "2.0", "id": id, "method": "sampling/createMessage", "params": {}}),
+            )
+        };
+        let from_a = to_host(&agg.on_member(a, ask(json!(1))));
+        let from_b = to_host(&agg.on_member(b, ask(json!(1))));
+        assert_ne!(from_a[0]["id"], from_b[0]["id"], "one id each for the host");
+        let back = agg.on_host(msg(
+            json!({"jsonrpc": "2.0", "id": from_b[0]["id"], "result": {"x": 1}}),
+        ));
+        assert_eq!(
+            to_member(&back),
+            [(b, json!({"jsonrpc": "2.0", "id": 1, "result": {"x": 1}}))]
+        );
+        // An answer to nothing asked goes nowhere.
+        assert!(
+            agg.on_host(msg(json!({"jsonrpc": "2.0", "id": 999, "result": {}})))
+                .is_empty()
+        );
+    }
+
+    #[test]
+    fn reads_go_to_the_unit_that_listed_the_uri_and_collisions_are_reported_once() {
+        let (mut agg, a, b) = initialized();
+        // The aggregate learned nothing yet: only `a` offers resources.
+        assert_eq!(agg.route_uri("file:///x"), Some(a));
+        let page = json!({"resources": [{"uri": "mem://1"}, {"uri": "mem://both"}]});
+        agg.learned(a, Listed::Resources, &page, true);
+        agg.learned(
+            b,
+            Listed::Resources,
+            &json!({"resources": [{"uri": "mem://both"}, {"uri": "mem://2"}]}),
+            true,
+        );
+        agg.learned(
+            b,
+            Listed::Templates,
+            &json!({"resourceTemplates": [{"uriTemplate": "db://{table}"}]}),
+            true,
+        );
+        assert_eq!(agg.route_uri("mem://1"), Some(a));
+        assert_eq!(agg.route_uri("mem://2"), Some(b));
+        assert_eq!(
+            agg.route_uri("mem://both"),
+            Some(a),
+            "the first by unit name"
+        );
+        assert_eq!(agg.route_uri("db://users"), Some(b), "by template");
+        assert_eq!(
+            agg.collisions(),
+            [(
+                "mem://both".to_owned(),
+                vec!["a".to_owned(), "b".to_owned()]
+            )]
+        );
+        assert!(agg.collisions().is_empty(), "reported once");
+    }
+
+    #[test]
+    fn a_target_is_read_from_the_bridge_arguments_and_resolved_against_the_units() {
+        let args =
+            |a: &[&str]| Target::of_args(&a.iter().map(|s| (*s).to_owned()).collect::<Vec<_>>());
+        assert_eq!(args(&["one"]), Ok(Target::Unit("one".into())));
+        assert_eq!(args(&["@dev"]), Ok(Target::Group("dev".into())));
+        assert_eq!(args(&["@all"]), Ok(Target::All));
+        assert_eq!(
+            args(&["a", "b", "a"]),
+            Ok(Target::Units(vec!["a".into(), "b".into()]))
+        );
+        assert!(args(&["a", "@dev"]).is_err());
+        assert!(args(&["@"]).is_err());
+        assert!(args(&[]).is_err());
+        for target in [
+            Target::Unit("x".into()),
+            Target::Units(vec!["a".into(), "b".into()]),
+            Target::Group("g".into()),
+            Target::All,
+        ] {
+            assert_eq!(Target::parse(&target.label()), Ok(target));
+        }
+        let dev = vec!["dev".to_owned()];
+        let none: Vec<String> = Vec::new();
+        let units = [
+            Candidate {
+                unit: "gh",
+                alias: None,
+                groups: &dev,
+            },
+            Candidate {
+                unit: "github",
+                alias: Some("gh"),
+                groups: &dev,
+            },
+            Candidate {
+                unit: "time",
+                alias: None,
+                groups: &none,
+            },
+        ];
+        assert_eq!(
+            members_of(&Target::Group("dev".into()), &units),
+            Ok(vec![("gh".into(), "gh".into())]),
+            "of two units with one prefix, the first by name"
+        );
+        assert_eq!(members_of(&Target::All, &units).map(|m| m.len()), Ok(2));
+        assert!(members_of(&Target::Group("none".into()), &units).is_err());
+        assert!(members_of(&Target::Units(vec!["time".into(), "nope".into()]), &units).is_err());
+        assert_eq!(
+            prefix_collisions(&units),
+            [("gh".to_owned(), "gh".to_owned(), "github".to_owned())]
+        );
+    }
+}

@@ -1,0 +1,413 @@
+//! One host entry for many servers (DESIGN §14): `mcpctl bridge @GROUP`,
+//! `mcpctl bridge A B`, their tools and prompts named `UNIT__NAME`, through
+//! the real `mcpd` with real servers (`mcp-server-time`,
+//! `@modelcontextprotocol/server-everything`, the fixture), the host being
+//! the official MCP Python SDK's `ClientSession`
+//! (`tests/data/aggregate_client.py`, driven a line at a time).
+
+use std::io::{BufRead, BufReader, Write};
+use std::path::Path;
+use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
+use std::sync::mpsc;
+use std::time::Duration;
+
+use serde_json::{Value, json};
+
+use crate::fidelity::everything;
+use crate::helper::{Daemon, mcpctl, root, run};
+
+/// A host: the Python SDK behind `mcpctl bridge ARGS`, one JSON command
+/// and one JSON answer per line.
+struct Host {
+    child: Child,
+    stdin: ChildStdin,
+    answers: mpsc::Receiver<String>,
+}
+
+impl Host {
+    fn start(runtime: &Path, args: &[&str]) -> Self {
+        let mut child = Command::new("python3")
+            .arg(root().join("tests/data/aggregate_client.py"))
+            .arg(env!("CARGO_BIN_EXE_mcpctl"))
+            .args(args)
+            .env("XDG_RUNTIME_DIR", runtime)
+            .env_remove("MCPD_RUNTIME_DIR")
+            .env_remove("DBUS_SESSION_BUS_ADDRESS")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("python3 aggregate_client.py");
+        let stdin = child.stdin.take().expect("stdin");
+        let stdout: ChildStdout = child.stdout.take().expect("stdout");
+        let (tx, answers) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines() {
+                let Ok(line) = line else { break };
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        Self {
+            child,
+            stdin,
+            answers,
+        }
+    }
+
+    fn ask(&mut self, command: Value) -> Value {
+        writeln!(self.stdin, "{command}").expect("write to the host");
+        let line = self
+            .answers
+            .recv_timeout(Duration::from_secs(60))
+            .unwrap_or_else(|_| panic!("the host did not answer {command}"));
+        serde_json::from_str(&line).expect("a JSON line")
+    }
+
+    fn names(&mut self, op: &str) -> Vec<String> {
+        let answer = self.ask(json!({"op": op}));
+        serde_json::from_value(answer["names"].clone()).unwrap_or_else(|_| panic!("{op}: {answer}"))
+    }
+
+    fn call(&mut self, name: &str, args: Value) -> Value {
+        self.ask(json!({"op": "call", "name": name, "args": args}))
+    }
+}
+
+impl Drop for Host {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn write_unit(dir: &Path, name: &str, body: &str) {
+    std::fs::write(dir.join(format!("{name}.kdl")), body).expect("write unit");
+}
+
+fn fixture_unit(groups: &str, extra: &str) -> String {
+    format!(
+        "group {groups}\nstdio {{\n    command \"mcp-fixture\" \"--chatter\" \"0\"\n}}\n{extra}"
+    )
+}
+
+fn runtime(daemon: &Daemon) -> std::path::PathBuf {
+    daemon.runtime_dir().expect("runtime dir").to_owned()
+}
+
+#[test]
+fn a_group_is_one_server_whose_tools_and_prompts_carry_their_units_prefix() {
+    let units = tempfile::tempdir().expect("units");
+    let time = root().join("target/py-time/bin/mcp-server-time");
+    assert!(
+        time.is_file(),
+        "{} is missing: .ci/run installs mcp-server-time into target/py-time",
+        time.display()
+    );
+    write_unit(
+        units.path(),
+        "time",
+        &format!(
+            "group \"dev\"\nstdio {{\n    command \"{}\" \"--local-timezone\" \"Europe/Paris\"\n}}\n",
+            time.display()
+        ),
+    );
+    write_unit(
+        units.path(),
+        "everything",
+        &format!(
+            "group \"dev\" \"other\"\nalias \"ev\"\nstdio {{\n    command \"node\" \"{}\" \"stdio\"\n}}\n",
+            everything().display()
+        ),
+    );
+    // Outside the group.
+    write_unit(units.path(), "demo", &fixture_unit("\"elsewhere\"", ""));
+    let mut daemon = Daemon::user_no_bus(units.path(), &[]);
+    for unit in ["time", "everything", "demo"] {
+        daemon.wait_until(&format!("{unit} running"), |d| {
+            d.about(unit).any(|l| l.contains("running (pid"))
+        });
+    }
+    let mut host = Host::start(&runtime(&daemon), &["@dev"]);
+    let init = host.ask(json!({"op": "init"}));
+    assert_eq!(init["name"], "mcpd", "{init}");
+    assert_eq!(init["title"], "mcpd @dev", "{init}");
+    // server-everything's instructions, under its unit's name.
+    assert!(
+        init["instructions"]
+            .as_str()
+            .is_some_and(|i| i.starts_with("## everything\n")),
+        "{init}"
+    );
+
+    let tools = host.names("tools");
+    assert!(
+        tools.contains(&"time__get_current_time".to_owned()),
+        "{tools:?}"
+    );
+    assert!(tools.contains(&"ev__echo".to_owned()), "{tools:?}");
+    assert!(
+        tools
+            .iter()
+            .all(|t| t.starts_with("time__") || t.starts_with("ev__")),
+        "only the group's units, each under its prefix: {tools:?}"
+    );
+    let prompts = host.names("prompts");
+    assert!(!prompts.is_empty(), "server-everything's prompts");
+    assert!(prompts.iter().all(|p| p.starts_with("ev__")), "{prompts:?}");
+
+    // Each call reaches its own server, which gets its own name back.
+    let now = host.call("time__get_current_time", json!({"timezone": "Asia/Tokyo"}));
+    assert!(
+        now["text"]
+            .as_str()
+            .is_some_and(|t| t.contains("Asia/Tokyo")),
+        "{now}"
+    );
+    let echo = host.call("ev__echo", json!({"message": "hi"}));
+    assert_eq!(echo["text"], "Echo: hi", "{echo}");
+    let prompt = host.ask(json!({"op": "prompt", "name": "ev__simple-prompt"}));
+    assert!(
+        prompt["text"].as_str().is_some_and(|t| !t.is_empty()),
+        "{prompt}"
+    );
+    // A tool of no unit in the group.
+    let outside = host.call("demo__echo", json!({"text": "x"}));
+    assert!(
+        outside["raised"]
+            .as_str()
+            .is_some_and(|r| r.contains("no tool named \"demo__echo\"")),
+        "{outside}"
+    );
+
+    // Resources keep their URIs, and a read goes to the unit that listed it.
+    let resources = host.ask(json!({"op": "resources"}));
+    let uri = resources["uris"]
+        .as_array()
+        .and_then(|u| {
+            u.iter()
+                .filter_map(Value::as_str)
+                .find(|u| u.starts_with("demo://resource/static/document/"))
+        })
+        .unwrap_or_else(|| panic!("server-everything's resources: {resources}"))
+        .to_owned();
+    let read = host.ask(json!({"op": "read", "uri": uri}));
+    assert!(
+        read["text"].as_str().is_some_and(|t| !t.is_empty()),
+        "{read}"
+    );
+
+    // The same units named one by one: one session over both.
+    let mut pair = Host::start(&runtime(&daemon), &["time", "demo"]);
+    let init = pair.ask(json!({"op": "init"}));
+    assert_eq!(init["title"], "mcpd time+demo", "{init}");
+    let tools = pair.names("tools");
+    assert!(tools.contains(&"demo__echo".to_owned()), "{tools:?}");
+    assert!(
+        tools.contains(&"time__convert_time".to_owned()),
+        "{tools:?}"
+    );
+    let echo = pair.call("demo__echo", json!({"text": "both"}));
+    assert_eq!(echo["text"], "both", "{echo}");
+}
+
+#[test]
+fn a_stopped_unit_keeps_its_tools_listed_and_fails_its_calls_while_the_others_answer() {
+    let units = tempfile::tempdir().expect("units");
+    // `a` is found stopped within half a second, then waits an hour to retry.
+    write_unit(
+        units.path(),
+        "a",
+        &fixture_unit(
+            "\"g\"",
+            "health {\n    interval \"300ms\"\n    timeout \"300ms\"\n    failures 1\n}\nreconnect {\n    initial-delay \"1h\"\n    max-delay \"2h\"\n}\n",
+        ),
+    );
+    write_unit(units.path(), "b", &fixture_unit("\"g\"", ""));
+    let mut daemon = Daemon::user_no_bus(units.path(), &[]);
+    for unit in ["a", "b"] {
+        daemon.wait_until(&format!("{unit} running"), |d| {
+            d.about(unit).any(|l| l.contains("running (pid"))
+        });
+    }
+    let a = daemon.latest_pid("a").expect("a's pid");
+    let mut host = Host::start(&runtime(&daemon), &["@g"]);
+    host.ask(json!({"op": "init"}));
+    let before = host.names("tools");
+    assert!(before.contains(&"a__echo".to_owned()), "{before:?}");
+
+    rustix::process::kill_process(
+        rustix::process::Pid::from_raw(a as i32).expect("pid"),
+        rustix::process::Signal::STOP,
+    )
+    .expect("SIGSTOP a");
+    // A call of `a` waits on the stopped server; `b` answers meanwhile.
+    host.ask(json!({"op": "call", "name": "a__echo", "args": {"text": "x"}, "tag": "a"}));
+    let b = host.call("b__echo", json!({"text": "still here"}));
+    assert_eq!(b["text"], "still here", "{b}");
+
+    // The missed probe ends `a`'s generation: its call fails with the
+    // unit's own reason, and later calls are refused naming it.
+    let waited = host.ask(json!({"op": "wait", "tag": "a"}));
+    let failed = waited["raised"].as_str().unwrap_or_default().to_owned()
+        + waited["text"].as_str().unwrap_or_default();
+    assert!(
+        failed.contains("connection lost") || failed.contains("not running"),
+        "{waited}"
+    );
+    daemon.wait_until("a in backoff", |d| {
+        d.about("a").any(|l| l.contains("retry 1/"))
+    });
+    let again = host.call("a__echo", json!({"text": "x"}));
+    let refused = again["raised"].as_str().unwrap_or_default();
+    assert!(refused.contains("a"), "{again}");
+    assert!(
+        refused.contains("not running") || refused.contains("retry"),
+        "the §3 error: {again}"
+    );
+    // Its tools stay listed through the outage.
+    assert_eq!(host.names("tools"), before);
+    let b = host.call("b__echo", json!({"text": "after"}));
+    assert_eq!(b["text"], "after", "{b}");
+}
+
+#[test]
+fn a_reload_that_adds_a_unit_to_the_group_tells_the_attached_host() {
+    let units = tempfile::tempdir().expect("units");
+    write_unit(units.path(), "a", &fixture_unit("\"g\"", ""));
+    let mut daemon = Daemon::user_no_bus(units.path(), &[]);
+    daemon.wait_until("a running", |d| {
+        d.about("a").any(|l| l.contains("running (pid"))
+    });
+    let mut host = Host::start(&runtime(&daemon), &["@g"]);
+    host.ask(json!({"op": "init"}));
+    let before = host.names("tools");
+    assert!(before.iter().all(|t| t.starts_with("a__")), "{before:?}");
+
+    write_unit(units.path(), "b", &fixture_unit("\"g\"", ""));
+    // The directory watch reloads; the host is told the tools changed.
+    let changed = host.ask(json!({"op": "changed"}));
+    assert_eq!(changed["changed"], true, "{changed}");
+    daemon.wait_until("b running", |d| {
+        d.about("b").any(|l| l.contains("running (pid"))
+    });
+    let after = host.names("tools");
+    assert!(after.contains(&"b__echo".to_owned()), "{after:?}");
+    let b = host.call("b__echo", json!({"text": "new"}));
+    assert_eq!(b["text"], "new", "{b}");
+
+    // And a unit taken out of the group leaves it.
+    write_unit(units.path(), "b", &fixture_unit("\"other\"", ""));
+    let changed = host.ask(json!({"op": "changed"}));
+    assert_eq!(changed["changed"], true, "{changed}");
+    let tools = host.names("tools");
+    assert!(tools.iter().all(|t| t.starts_with("a__")), "{tools:?}");
+}
+
+#[test]
+fn an_alias_that_is_another_units_prefix_is_refused_by_verify_naming_both_files() {
+    let dir = tempfile::tempdir().expect("units");
+    write_unit(dir.path(), "github", &fixture_unit("\"dev\"", ""));
+    write_unit(
+        dir.path(),
+        "gh-enterprise",
+        &fixture_unit("\"dev\"", "alias \"github\"\n"),
+    );
+    let out = run(mcpctl().arg("verify").arg(dir.path()));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains(&dir.path().join("github.kdl").display().to_string())
+            && stderr.contains(&dir.path().join("gh-enterprise.kdl").display().to_string())
+            && stderr.contains("github__"),
+        "{stderr}"
+    );
+    // A bad alias or group is a located error of its own file.
+    write_unit(
+        dir.path(),
+        "gh-enterprise",
+        &fixture_unit("\"all\"", "alias \"g.h\"\n"),
+    );
+    let out = run(mcpctl()
+        .arg("verify")
+        .arg(dir.path().join("gh-enterprise.kdl")));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("`group`: \"all\" is every unit"),
+        "{stderr}"
+    );
+    assert!(stderr.contains("`alias`: unit name `g.h`"), "{stderr}");
+}
+
+#[test]
+fn attach_group_on_d_bus_gives_the_same_session_and_refuses_an_empty_group() {
+    use std::io::{BufRead as _, Write as _};
+    let units = tempfile::tempdir().expect("units");
+    write_unit(units.path(), "a", &fixture_unit("\"g\"", ""));
+    write_unit(units.path(), "b", &fixture_unit("\"g\"", ""));
+    let mut daemon = Daemon::user_no_bus(units.path(), &[]);
+    for unit in ["a", "b"] {
+        daemon.wait_until(&format!("{unit} running"), |d| {
+            d.about(unit).any(|l| l.contains("running (pid"))
+        });
+    }
+    let socket = runtime(&daemon).join("mcpd/private");
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    let (fd, missing, units_fd) = rt.block_on(async {
+        let conn = crate::helper::private_conn(&socket).await;
+        let manager = mcpd::dbus::ManagerProxy::new(&conn).await.expect("proxy");
+        let fd = manager.attach_group("g").await.expect("AttachGroup");
+        let missing = manager.attach_group("nobody").await.map(|_| ());
+        let units_fd = manager.attach_units(&["b"]).await.expect("AttachUnits");
+        (fd, missing, units_fd)
+    });
+    assert!(
+        matches!(&missing, Err(mcpd::dbus::Error::NoSuchServer(m)) if m.contains("no unit is in group nobody")),
+        "{missing:?}"
+    );
+    let session = |fd: zbus::OwnedFd| {
+        let stream = std::os::unix::net::UnixStream::from(std::os::fd::OwnedFd::from(fd));
+        stream
+            .set_read_timeout(Some(Duration::from_secs(30)))
+            .expect("timeout");
+        stream
+    };
+    let ask = |stream: &mut std::os::unix::net::UnixStream, line: Value| {
+        writeln!(stream, "{line}").expect("write");
+        let mut reader = BufReader::new(stream.try_clone().expect("clone"));
+        let mut answer = String::new();
+        reader.read_line(&mut answer).expect("an answer");
+        serde_json::from_str::<Value>(&answer).expect("JSON")
+    };
+    let mut group = session(fd);
+    let init = ask(
+        &mut group,
+        json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+            "protocolVersion": "2025-11-25", "capabilities": {},
+            "clientInfo": {"name": "raw", "version": "1"}}}),
+    );
+    assert_eq!(init["result"]["serverInfo"]["title"], "mcpd @g", "{init}");
+    writeln!(
+        group,
+        "{}",
+        json!({"jsonrpc": "2.0", "method": "notifications/initialized"})
+    )
+    .expect("write");
+    let call = ask(
+        &mut group,
+        json!({"jsonrpc": "2.0", "id": 2, "method": "tools/call",
+               "params": {"name": "b__echo", "arguments": {"text": "over d-bus"}}}),
+    );
+    assert_eq!(call["id"], 2, "{call}");
+    assert_eq!(call["result"]["content"][0]["text"], "over d-bus", "{call}");
+    let mut one = session(units_fd);
+    let init = ask(
+        &mut one,
+        json!({"jsonrpc": "2.0", "id": "x", "method": "initialize", "params": {
+            "protocolVersion": "2025-11-25", "capabilities": {},
+            "clientInfo": {"name": "raw", "version": "1"}}}),
+    );
+    assert_eq!(init["result"]["serverInfo"]["title"], "mcpd b", "{init}");
+}
