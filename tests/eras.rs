@@ -48,6 +48,8 @@ enum Server {
     Everything,
     /// The Python SDK's example server (unit `py`).
     Python,
+    /// Both, as one aggregate (`mcpctl bridge @mix`, DESIGN §14).
+    Mix,
 }
 
 impl Server {
@@ -56,6 +58,7 @@ impl Server {
         match self {
             Server::Everything => "everything",
             Server::Python => "python",
+            Server::Mix => "aggregate",
         }
     }
 
@@ -63,12 +66,14 @@ impl Server {
         match self {
             Server::Everything => "everything",
             Server::Python => "py",
+            Server::Mix => "@mix",
         }
     }
 
     /// The command that runs it over stdio.
     fn command(self) -> Vec<String> {
         match self {
+            Server::Mix => panic!("an aggregate is only reached through mcpd"),
             Server::Everything => vec![
                 "node".into(),
                 everything().to_str().expect("utf-8 path").into(),
@@ -226,12 +231,13 @@ impl Servers {
             )
             .expect("write unit");
         };
-        unit(Server::Everything, "");
+        // Both in group `mix`, server-everything under the alias `ev`.
+        unit(Server::Everything, "group \"mix\"\nalias \"ev\"\n");
         // Spoken to in 2025: its tools that ask in the middle of a call
         // (test_elicitation, test_sampling) need that era's channel.
         unit(
             Server::Python,
-            "protocol \"legacy\"\nstartup-timeout \"60s\"\n",
+            "protocol \"legacy\"\nstartup-timeout \"60s\"\ngroup \"mix\"\n",
         );
         let mut daemon = Daemon::user_no_bus(units.path(), &[]);
         let runtime = daemon.runtime_dir().expect("runtime").to_owned();
@@ -427,4 +433,73 @@ fn a_2026_07_28_server_serves_hosts_of_both_eras_through_mcpd() {
         assert_eq!(legacy[check], pinned_direct[check], "{check}: {legacy:#}");
     }
     assert!(daemon.stop(Signal::TERM).success());
+}
+
+#[test]
+fn hosts_of_both_eras_get_an_aggregate_of_both_servers() {
+    let servers = Servers::start();
+    let through = Some(servers.runtime.as_path());
+    let [legacy, auto, modern] = all([
+        Run::new("legacy", Server::Mix, through),
+        Run::new("auto", Server::Mix, through),
+        Run::new(MODERN, Server::Mix, through),
+    ]);
+    // One at a time: a 2025 server's request to a host names no request
+    // of the host's, so of two hosts calling at once the latest caller is
+    // asked (DESIGN §8), which is not what this test is about.
+    let legacy_input = Run::new("legacy", Server::Mix, through).input().go();
+    let modern_input = Run::new(MODERN, Server::Mix, through).input().go();
+    for run in [&legacy, &auto, &modern] {
+        passes(run, &CHECKS);
+        // (A host pinned to 2026-07-28 asks no discovery: it names none.)
+        assert!(
+            run["server"] == "mcpd" || run["mode"] == MODERN && run["server"].is_null(),
+            "{run:#}"
+        );
+        let tools: Vec<&str> = run["tools"]
+            .as_array()
+            .expect("tools")
+            .iter()
+            .filter_map(Value::as_str)
+            .collect();
+        assert!(
+            tools.contains(&"ev__echo") && tools.contains(&"py__test_simple_text"),
+            "{run:#}"
+        );
+        assert!(
+            tools
+                .iter()
+                .all(|t| t.starts_with("ev__") || t.starts_with("py__")),
+            "{run:#}"
+        );
+        assert_eq!(run["call"]["error"], false, "{run:#}");
+    }
+    assert_eq!(legacy["protocol"], LEGACY, "{legacy:#}");
+    assert_eq!(auto["protocol"], MODERN, "{auto:#}");
+    assert_eq!(modern["protocol"], MODERN, "{modern:#}");
+    for run in [&legacy, &auto] {
+        assert_eq!(run["tools"], modern["tools"], "one list in both eras");
+        assert_eq!(run["call"], modern["call"]);
+    }
+    // Each unit's requests to the host reach it through the aggregate: as
+    // requests of their own to a 2025 host, as input_required results to
+    // a 2026-07-28 one, answered by the same callbacks.
+    for run in [&legacy_input, &modern_input] {
+        passes(run, &["elicit", "sample", "py_elicit", "py_sample"]);
+        for (check, callback, answer) in [
+            ("elicit", "elicitation", "elicited by the host"),
+            ("sample", "sampling", "sampled by the host"),
+            ("py_elicit", "elicitation", "elicited by the host"),
+            ("py_sample", "sampling", "sampled by the host"),
+        ] {
+            let outcome = &run[check];
+            assert_eq!(outcome["callbacks"][callback], 1, "{check}: {run:#}");
+            assert_eq!(outcome["error"], false, "{check}: {run:#}");
+            assert!(
+                outcome["text"].as_str().is_some_and(|t| t.contains(answer)),
+                "{check}: {run:#}"
+            );
+        }
+    }
+    servers.stop();
 }

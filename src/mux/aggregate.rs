@@ -879,11 +879,8 @@ impl Aggregate {
             None => json!({}),
         };
         result["capabilities"] = capabilities;
-        result["serverInfo"] = json!({
-            "name": "mcpd",
-            "title": format!("mcpd {}", self.label),
-            "version": env!("CARGO_PKG_VERSION"),
-        });
+        result["serverInfo"] = self.identity();
+        self.restamp(&mut result);
         match instructions.is_empty() {
             true => {
                 if let Value::Object(r) = &mut result {
@@ -924,6 +921,25 @@ impl Aggregate {
         result
     }
 
+    /// Who answers a host of the aggregate: mcpd, and the target.
+    fn identity(&self) -> Value {
+        json!({
+            "name": "mcpd",
+            "title": format!("mcpd {}", self.label),
+            "version": env!("CARGO_PKG_VERSION"),
+        })
+    }
+
+    /// A 2026-07-28 result names its server in `_meta`: the aggregate,
+    /// not the unit that made it.
+    fn restamp(&self, result: &mut Value) {
+        if let Some(meta) = result.get_mut("_meta").and_then(Value::as_object_mut)
+            && meta.contains_key(era::SERVER_INFO_KEY)
+        {
+            meta.insert(era::SERVER_INFO_KEY.into(), self.identity());
+        }
+    }
+
     /// One list from the members' pages: names prefixed, the URIs of
     /// resources learned.
     fn merged_list(&mut self, list: Listed, parts: &[(MemberId, Result<Value, Value>)]) -> Value {
@@ -953,7 +969,9 @@ impl Aggregate {
         let mut result = first.unwrap_or_default();
         result.remove("nextCursor");
         result.insert(list.key().into(), Value::Array(items));
-        Value::Object(result)
+        let mut result = Value::Object(result);
+        self.restamp(&mut result);
+        result
     }
 
     /// What member `id` listed of its resources or templates (`fresh`: a
@@ -1186,6 +1204,13 @@ impl Aggregate {
             Pending::Forward { host } => {
                 self.by_host.remove(&host);
                 message.set_json("id", host.as_json().to_owned());
+                if self.host_meta.is_some()
+                    && message.may_hold("result", era::SERVER_INFO_KEY)
+                    && let Some(mut result) = message.get::<Value>("result")
+                {
+                    self.restamp(&mut result);
+                    message.set("result", &result);
+                }
                 vec![Out::Host(message)]
             }
             Pending::Part { merge, page } => {

@@ -8,7 +8,9 @@ Usage: python3 era_client.py [--input] MODE SERVER COMMAND [ARG...]
 
 SERVER names the server behind COMMAND, which picks the tool, resource and
 prompt every check uses: `everything` (@modelcontextprotocol/server-everything)
-or `python` (the Python SDK's example server, tests/data/py_everything_stdio.py).
+or `python` (the Python SDK's example server, tests/data/py_everything_stdio.py),
+or `aggregate` (both as one server through `mcpctl bridge @mix`: their
+tools and prompts named `ev__…` and `py__…`).
 COMMAND is started as a stdio MCP server: the server directly, or
 `mcpctl bridge NAME` in front of it.
 
@@ -59,6 +61,17 @@ PROFILES = {
             # returned as an InputRequiredResult (SEP-2322)
             "ir_elicit": ("test_input_required_result_elicitation", {}),
             "ir_sample": ("test_input_required_result_sampling", {}),
+        },
+    },
+    "aggregate": {
+        "read": "demo://resource/static/document/architecture.md",
+        "prompt": ("ev__simple-prompt", None),
+        "call": ("py__test_simple_text", {}),
+        "input": {
+            "elicit": ("ev__trigger-elicitation-request", {}),
+            "sample": ("ev__trigger-sampling-request", {"prompt": "hello", "maxTokens": 10}),
+            "py_elicit": ("py__test_elicitation", {"message": "who?"}),
+            "py_sample": ("py__test_sampling", {"prompt": "hello"}),
         },
     },
 }
