@@ -92,6 +92,9 @@ fn fixture_unit(groups: &str, extra: &str) -> String {
     )
 }
 
+/// A tool name that makes a 69-character name under the prefix `a__`.
+const LONG: &str = "a_tool_whose_name_is_long_enough_to_pass_what_some_hosts_allow_xyz";
+
 fn runtime(daemon: &Daemon) -> std::path::PathBuf {
     daemon.runtime_dir().expect("runtime dir").to_owned()
 }
@@ -275,11 +278,31 @@ fn a_stopped_unit_keeps_its_tools_listed_and_fails_its_calls_while_the_others_an
 #[test]
 fn a_reload_that_adds_a_unit_to_the_group_tells_the_attached_host() {
     let units = tempfile::tempdir().expect("units");
-    write_unit(units.path(), "a", &fixture_unit("\"g\"", ""));
+    write_unit(
+        units.path(),
+        "a",
+        &format!(
+            "group \"g\"\nstdio {{\n    command \"mcp-fixture\" \"--chatter\" \"0\"\n    env MCP_FIXTURE_TOOLS=\"{LONG}\"\n}}\n"
+        ),
+    );
     let mut daemon = Daemon::user_no_bus(units.path(), &[]);
     daemon.wait_until("a running", |d| {
         d.about("a").any(|l| l.contains("running (pid"))
     });
+    // `mcpctl tools @g` lists what a host of the group sees, and warns of
+    // names some hosts refuse.
+    let out = crate::helper::mcpctl_user(&runtime(&daemon), &["tools", "@g"]);
+    let listed = String::from_utf8_lossy(&out.stdout);
+    let warned = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{warned}");
+    assert!(
+        listed.lines().any(|l| l.starts_with("a__echo ")),
+        "{listed}"
+    );
+    assert!(
+        warned.contains(&format!("a__{LONG} is 69 characters")),
+        "{warned}"
+    );
     let mut host = Host::start(&runtime(&daemon), &["@g"]);
     host.ask(json!({"op": "init"}));
     let before = host.names("tools");

@@ -596,9 +596,72 @@ pub async fn reload(client: &Client, output: Output, out: &mut dyn Write) -> Res
 
 /// `tools NAME`
 pub async fn tools(client: &Client, name: &str, output: Output, out: &mut dyn Write) -> Result<u8> {
+    if crate::mux::aggregate::Target::parse(name).is_ok_and(|t| t.is_aggregate()) {
+        return aggregate_tools(client, name, output, out).await;
+    }
     let server = client.server(name).await?;
     let list = server.list_tools().await.map_err(dbus_error)?;
     print_list(&list, "name", output, out)
+}
+
+/// `tools @GROUP` (or `A+B`): the tools a host of that aggregate sees, as
+/// it sees them (the daemon is asked as a host asks: an aggregate session
+/// of its own, `initialize`, then `tools/list`). Names longer than
+/// [`LONG_NAME`](crate::mux::aggregate::LONG_NAME) are warned about on
+/// stderr: some hosts refuse them.
+async fn aggregate_tools(
+    client: &Client,
+    name: &str,
+    output: Output,
+    out: &mut dyn Write,
+) -> Result<u8> {
+    use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
+    let fd = client.attach(name).await.map_err(dbus_error)?;
+    let failed = |e: std::io::Error| CtlError::failure(format!("{name}: {e}"));
+    let socket = std::os::unix::net::UnixStream::from(fd);
+    socket.set_nonblocking(true).map_err(failed)?;
+    let socket = tokio::net::UnixStream::from_std(socket).map_err(failed)?;
+    let (read, mut write) = socket.into_split();
+    let mut lines = tokio::io::BufReader::new(read).lines();
+    let hello = json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        "protocolVersion": "2025-11-25", "capabilities": {},
+        "clientInfo": {"name": "mcpctl", "version": env!("CARGO_PKG_VERSION")}}});
+    let initialized = json!({"jsonrpc": "2.0", "method": "notifications/initialized"});
+    let list = json!({"jsonrpc": "2.0", "id": 2, "method": "tools/list"});
+    let exchange = async {
+        write
+            .write_all(format!("{hello}\n{initialized}\n{list}\n").as_bytes())
+            .await?;
+        while let Some(line) = lines.next_line().await? {
+            let answer: Value = serde_json::from_str(&line).unwrap_or_default();
+            if answer["id"] == 2 {
+                return Ok(answer);
+            }
+        }
+        Err(std::io::Error::other("the session ended"))
+    };
+    let answer = tokio::time::timeout(Duration::from_secs(60), exchange)
+        .await
+        .map_err(|_| CtlError::failure(format!("{name}: no tools/list answer in 60 s")))?
+        .map_err(failed)?;
+    if let Some(error) = answer.get("error") {
+        return Err(CtlError::failure(format!(
+            "{name}: {}",
+            error["message"].as_str().unwrap_or_default()
+        )));
+    }
+    let tools = answer["result"]["tools"].clone();
+    for tool in tools.as_array().into_iter().flatten() {
+        let tool = tool["name"].as_str().unwrap_or_default();
+        if tool.chars().count() > crate::mux::aggregate::LONG_NAME {
+            eprintln!(
+                "mcpctl: warning: {tool} is {} characters, more than some hosts take ({}): give its unit a shorter alias",
+                tool.chars().count(),
+                crate::mux::aggregate::LONG_NAME
+            );
+        }
+    }
+    print_list(&tools.to_string(), "name", output, out)
 }
 
 /// What `resources` lists.
