@@ -727,3 +727,40 @@ fn output_whose_reader_went_away_ends_quietly() {
     assert_eq!(String::from_utf8_lossy(&out.stderr), "");
     assert_eq!(out.status.code(), Some(141));
 }
+
+#[test]
+fn connect_with_a_group_writes_one_entry_for_the_group_and_disconnect_takes_it_back() {
+    let case = Case::new("two-times");
+    let h = case.home();
+    succeeded(&case.run(&["import"]));
+    let unit = h.join(".config/mcpd/units/time-gemini.kdl");
+    let text = std::fs::read_to_string(&unit).expect("unit");
+    std::fs::write(&unit, format!("{text}group \"dev\"\n")).expect("write unit");
+    let settings = h.join(".gemini/settings.json");
+    let original = std::fs::read_to_string(&settings).expect("settings");
+
+    let nobody = case.run(&["connect", "gemini", "--group", "nobody"]);
+    assert_eq!(nobody.status.code(), Some(1), "{}", said(&nobody));
+    assert!(said(&nobody).contains("no unit of the user instance is in group nobody"));
+
+    let out = succeeded(&case.run(&["connect", "gemini", "--group", "dev"]));
+    assert!(
+        out.contains("gemini: dev → mcpctl bridge @dev (the group)"),
+        "{out}"
+    );
+    // Gemini's own `time` is that unit: said, and left to the user.
+    assert!(
+        out.contains("gemini: time is also unit time-gemini of group dev"),
+        "{out}"
+    );
+    let connected = jsonc(&settings);
+    assert_eq!(
+        connected["mcpServers"]["dev"]["args"],
+        serde_json::json!(["--user", "bridge", "@dev"])
+    );
+    succeeded(&case.run(&["disconnect", "gemini"]));
+    assert_eq!(
+        std::fs::read_to_string(&settings).expect("settings"),
+        original
+    );
+}

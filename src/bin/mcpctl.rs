@@ -132,6 +132,10 @@ enum Command {
     Connect {
         host: String,
         names: Vec<String>,
+        /// One entry, named GROUP, running `mcpctl bridge @GROUP`: every
+        /// unit of the group as one server.
+        #[arg(long, conflicts_with = "names")]
+        group: Option<String>,
         /// Print the change as a diff; write nothing.
         #[arg(long)]
         dry_run: bool,
@@ -275,11 +279,13 @@ fn main() -> ExitCode {
         Command::Connect {
             host,
             names,
+            group,
             dry_run,
         } => Some(mcpd::ctl::import::connect(
             instance,
             host,
             names,
+            group.as_deref(),
             *dry_run,
             &env,
             &mut std::io::stdout().lock(),

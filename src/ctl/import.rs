@@ -437,11 +437,13 @@ fn bridge_line(instance: Instance, unit: &str) -> Vec<String> {
 
 /// `mcpctl connect HOST [NAME…]`: points the host's user-level file at
 /// `mcpctl bridge` for the named units (by default: every entry of that file
-/// that is a unit of this instance), keeping a backup beside it.
+/// that is a unit of this instance), keeping a backup beside it. With
+/// `group`: one entry of that name running `mcpctl bridge @GROUP`.
 pub fn connect(
     instance: Instance,
     host: &str,
     names: &[String],
+    group: Option<&str>,
     dry_run: bool,
     env: &dyn Fn(&str) -> Option<OsString>,
     out: &mut dyn Write,
@@ -482,7 +484,38 @@ pub fn connect(
     // (entry, unit, why) for each entry to rewrite.
     let mut servers: Vec<(String, String, &str)> = Vec::new();
     let mut left = Vec::new();
-    if names.is_empty() {
+    if let Some(group) = group {
+        let context = instance.load_context();
+        let members: Vec<&str> = units
+            .iter()
+            .filter(|u| {
+                crate::unit::load_in(&crate::unit::UnitFiles::beside(&u.path), &context)
+                    .is_ok_and(|spec| spec.groups().iter().any(|g| g == group))
+            })
+            .map(|u| u.name.as_str())
+            .collect();
+        if members.is_empty() {
+            return Err(CtlError::failure(format!(
+                "no unit of the {} instance is in group {group}",
+                instance.as_str()
+            )));
+        }
+        // The host's own entries of those units would serve them twice.
+        for (entry, pairing) in &paired {
+            if let Ok((unit, _)) = pairing
+                && members.contains(&unit.as_str())
+                && entry.name != group
+            {
+                left.push(format!(
+                    "{}: {} is also unit {unit} of group {group}: remove it from {} (or the host has its tools twice)",
+                    host.name(),
+                    entry.name,
+                    file.display()
+                ));
+            }
+        }
+        servers.push((group.to_owned(), format!("@{group}"), "the group"));
+    } else if names.is_empty() {
         for (entry, pairing) in &paired {
             match pairing {
                 Ok((unit, how)) => servers.push((entry.name.clone(), unit.clone(), how.says())),
