@@ -41,9 +41,10 @@
 //! `MCPD_BENCH_ONLY=ondemand`, `sessions` (the tool-call paths and host
 //! sessions), `everything` (server-everything direct, bridged and
 //! relayed: the one ratio), `eras` (a 2026-07-28 host vs a 2025-11-25
-//! host through the bridge, on the fixture and on server-everything) or
-//! `catalog` (`mcpctl status` beside a large catalog) runs only that
-//! section (while working on it).
+//! host through the bridge, on the fixture and on server-everything),
+//! `aggregate` (a call through `mcpctl bridge u0+u1+u2` vs `mcpctl
+//! bridge u0`) or `catalog` (`mcpctl status` beside a large catalog) runs
+//! only that section (while working on it).
 
 mod common;
 #[path = "daemon/liveness.rs"]
@@ -422,6 +423,14 @@ fn main() {
             let mut rows = vec![fixture];
             rows.extend(rt.block_on(sessions::everything_rows(bus.as_ref(), &sizes)));
             print_table("Daemon", &rows);
+            return;
+        }
+        Ok("aggregate") => {
+            let dir = units_dir(3);
+            let d = Daemon::start(dir.path(), bus.as_ref());
+            d.until(3, running);
+            let row = rt.block_on(sessions::aggregate_vs_one(d.runtime.path(), sizes.calls));
+            print_table("Daemon", &[row]);
             return;
         }
         Ok("sessions") => {

@@ -305,6 +305,43 @@ pub async fn modern_vs_legacy(
     }
 }
 
+/// `echo` through `mcpctl bridge u0+u1+u2` (an aggregate of three
+/// fixture units, DESIGN §14) vs through `mcpctl bridge u0`, both 2025
+/// hosts writing raw lines, call by call in turn.
+pub async fn aggregate_vs_one(runtime: &Path, calls: usize) -> Row {
+    let figure =
+        "fixture echo through mcpctl bridge u0+u1+u2 (aggregate of 3 units) vs mcpctl bridge u0";
+    let target = "p50 ≤ 1.1× the unit's own bridge";
+    let timed = async {
+        let mut one = LineHost::attach(runtime, "u0", false).await?;
+        let mut many = LineHost::attach(runtime, "u0+u1+u2", false).await?;
+        let (mut one_xs, mut many_xs) = (Vec::new(), Vec::new());
+        for _ in 0..calls {
+            one_xs.push(one.call("echo", r#"{"text":"x"}"#).await?);
+            many_xs.push(
+                many.call("u0__echo", r#"{"text":"x"}"#)
+                    .await
+                    .map_err(|e| format!("the aggregate's call: {e}"))?,
+            );
+        }
+        Ok::<_, String>((stats(one_xs), stats(many_xs)))
+    };
+    match timed.await {
+        Ok((one, many)) => {
+            let ratio = many.p50 / one.p50;
+            Row::new(
+                figure,
+                target,
+                format!("{:.3} ms vs {:.3} ms: {ratio:.2}×", many.p50, one.p50),
+                format!("p95 {:.3} vs {:.3} ms", many.p95, one.p95),
+                many.runs,
+            )
+            .met(ratio <= 1.1)
+        }
+        Err(why) => Row::new(figure, target, format!("fails: {why}"), "-", 0).met(false),
+    }
+}
+
 /// `mcpctl bridge` from exec to the answer to `initialize`, and its RSS.
 fn bridge_start(d: &Daemon, sizes: &Sizes) -> Vec<Row> {
     let initialize = br#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"bench","version":"1"}}}
@@ -576,6 +613,7 @@ pub async fn rows(d: &Daemon, bus: Option<&Bus>, sizes: &Sizes) -> Vec<Row> {
         )
         .await,
     );
+    rows.push(aggregate_vs_one(d.runtime.path(), sizes.calls).await);
     rows.extend(bridge_start(d, sizes));
     rows.push(eight_hosts(d, sizes).await);
     rows.push(beside_restarts(d, sizes).await);
