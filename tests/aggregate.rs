@@ -434,3 +434,41 @@ fn attach_group_on_d_bus_gives_the_same_session_and_refuses_an_empty_group() {
     );
     assert_eq!(init["result"]["serverInfo"]["title"], "mcpd b", "{init}");
 }
+
+#[test]
+fn an_idle_on_demand_unit_of_a_group_is_started_by_its_first_call_only() {
+    let units = tempfile::tempdir().expect("units");
+    let count = units.path().join("count");
+    write_unit(
+        units.path(),
+        "lazy",
+        &format!(
+            "group \"g\"\nstdio {{\n    command \"mcp-fixture\" \"--chatter\" \"0\" \"--count-file\" \"{}\"\n}}\nstart \"on-demand\"\nidle-stop \"1s\"\nstop-timeout \"2s\"\n",
+            count.display()
+        ),
+    );
+    write_unit(units.path(), "b", &fixture_unit("\"g\"", ""));
+    let mut daemon = Daemon::user_no_bus(units.path(), &[]);
+    let rt = runtime(&daemon);
+    let status = |rt: &Path| {
+        let out = crate::helper::mcpctl_user(rt, &["status", "lazy"]);
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    // Started once to learn its lists, then idle.
+    daemon.wait_until("lazy idle", |_| status(&rt).contains("idle (stopped after 1s idle)"));
+    let spawns = || std::fs::read_to_string(&count).unwrap_or_default().lines().count();
+    assert_eq!(spawns(), 1);
+
+    let mut host = Host::start(&rt, &["@g"]);
+    host.ask(json!({"op": "init"}));
+    let tools = host.names("tools");
+    assert!(tools.contains(&"lazy__echo".to_owned()), "{tools:?}");
+    host.names("prompts");
+    host.ask(json!({"op": "resources"}));
+    assert!(status(&rt).contains("idle"), "the lists start nothing: {}", status(&rt));
+    assert_eq!(spawns(), 1, "initialize and the lists start nothing");
+
+    let echo = host.call("lazy__echo", json!({"text": "woke"}));
+    assert_eq!(echo["text"], "woke", "{echo}");
+    assert_eq!(spawns(), 2, "its first call started it");
+}
