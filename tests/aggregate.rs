@@ -303,6 +303,16 @@ fn a_reload_that_adds_a_unit_to_the_group_tells_the_attached_host() {
         warned.contains(&format!("a__{LONG} is 69 characters")),
         "{warned}"
     );
+    // So does `mcpctl status` of the unit.
+    let out = crate::helper::mcpctl_user(&runtime(&daemon), &["status", "a"]);
+    let status = String::from_utf8_lossy(&out.stdout);
+    assert!(status.contains("     Groups: g (as a__…)"), "{status}");
+    assert!(
+        status.contains(&format!(
+            "    Warning: 1 tool name in its groups over 64 characters, which some hosts refuse (a__{LONG}); a shorter alias helps"
+        )),
+        "{status}"
+    );
     let mut host = Host::start(&runtime(&daemon), &["@g"]);
     host.ask(json!({"op": "init"}));
     let before = host.names("tools");
@@ -455,8 +465,15 @@ fn an_idle_on_demand_unit_of_a_group_is_started_by_its_first_call_only() {
         String::from_utf8_lossy(&out.stdout).into_owned()
     };
     // Started once to learn its lists, then idle.
-    daemon.wait_until("lazy idle", |_| status(&rt).contains("idle (stopped after 1s idle)"));
-    let spawns = || std::fs::read_to_string(&count).unwrap_or_default().lines().count();
+    daemon.wait_until("lazy idle", |_| {
+        status(&rt).contains("idle (stopped after 1s idle)")
+    });
+    let spawns = || {
+        std::fs::read_to_string(&count)
+            .unwrap_or_default()
+            .lines()
+            .count()
+    };
     assert_eq!(spawns(), 1);
 
     let mut host = Host::start(&rt, &["@g"]);
@@ -465,7 +482,11 @@ fn an_idle_on_demand_unit_of_a_group_is_started_by_its_first_call_only() {
     assert!(tools.contains(&"lazy__echo".to_owned()), "{tools:?}");
     host.names("prompts");
     host.ask(json!({"op": "resources"}));
-    assert!(status(&rt).contains("idle"), "the lists start nothing: {}", status(&rt));
+    assert!(
+        status(&rt).contains("idle"),
+        "the lists start nothing: {}",
+        status(&rt)
+    );
     assert_eq!(spawns(), 1, "initialize and the lists start nothing");
 
     let echo = host.call("lazy__echo", json!({"text": "woke"}));

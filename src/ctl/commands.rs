@@ -80,6 +80,8 @@ struct Props {
     sessions: u32,
     versions: Vec<(String, u32)>,
     protocol: String,
+    groups: Vec<String>,
+    prefix: String,
     unit_path: String,
     load_error: String,
     tools: Vec<ToolRow>,
@@ -120,6 +122,8 @@ async fn props(server: &ServerProxy<'_>) -> Result<Props> {
         sessions: server.sessions().await.map_err(e)?,
         versions: server.session_versions().await.map_err(e)?,
         protocol: server.protocol_version().await.map_err(e)?,
+        groups: server.groups().await.map_err(e)?,
+        prefix: server.prefix().await.map_err(e)?,
         unit_path: server.unit_path().await.map_err(e)?,
         load_error: server.load_error().await.map_err(e)?,
         tools: server.tools().await.map_err(e)?,
@@ -160,6 +164,8 @@ impl Props {
             "garbage_lines": self.garbage,
             "sessions": self.sessions,
             "protocol_version": self.protocol,
+            "groups": self.groups,
+            "prefix": self.prefix,
             "session_versions": self.versions.iter().map(|(v, n)| (v.clone(), Value::from(*n))).collect::<serde_json::Map<String, Value>>(),
             "unit_path": self.unit_path,
             "load_error": self.load_error,
@@ -375,6 +381,33 @@ fn write_block(
     }
     if !p.protocol.is_empty() {
         writeln!(out, "   Protocol: {}", p.protocol)?;
+    }
+    if !p.groups.is_empty() {
+        writeln!(
+            out,
+            "     Groups: {} (as {}{}…)",
+            p.groups.join(", "),
+            p.prefix,
+            crate::mux::aggregate::SEPARATOR
+        )?;
+        let long: Vec<String> = names
+            .iter()
+            .map(|n| crate::mux::aggregate::prefixed(&p.prefix, n))
+            .filter(|n| n.chars().count() > crate::mux::aggregate::LONG_NAME)
+            .collect();
+        if let Some(first) = long.first() {
+            writeln!(
+                out,
+                "    Warning: {} in its groups over {} characters, which some hosts refuse ({first}{}); a shorter alias helps",
+                if long.len() == 1 {
+                    "1 tool name".to_owned()
+                } else {
+                    format!("{} tool names", long.len())
+                },
+                crate::mux::aggregate::LONG_NAME,
+                if long.len() > 1 { ", …" } else { "" }
+            )?;
+        }
     }
     if p.sessions != 0 {
         let versions: Vec<String> = p

@@ -588,6 +588,26 @@ impl Server {
             .unwrap_or_default()
     }
 
+    /// The groups the unit is in (`group`, DESIGN §14).
+    #[zbus(property(emits_changed_signal = "false"))]
+    fn groups(&self) -> Vec<String> {
+        self.shared
+            .unit(&self.name)
+            .map(|u| u.groups)
+            .unwrap_or_default()
+    }
+
+    /// The prefix of its tools and prompts in an aggregate: its `alias`,
+    /// else its name.
+    #[zbus(property(emits_changed_signal = "false"))]
+    fn prefix(&self) -> String {
+        self.shared
+            .unit(&self.name)
+            .ok()
+            .and_then(|u| u.alias)
+            .unwrap_or_else(|| self.name.clone())
+    }
+
     /// The last `n` lines the server wrote to stderr.
     fn recent_logs(&self, n: u32) -> Vec<String> {
         self.shared
@@ -740,6 +760,10 @@ pub mod client {
         fn session_versions(&self) -> Result<Vec<(String, u32)>, Error>;
         #[zbus(property(emits_changed_signal = "false"))]
         fn protocol_version(&self) -> Result<String, Error>;
+        #[zbus(property(emits_changed_signal = "false"))]
+        fn groups(&self) -> Result<Vec<String>, Error>;
+        #[zbus(property(emits_changed_signal = "false"))]
+        fn prefix(&self) -> Result<String, Error>;
         #[zbus(signal, name = "ListChanged")]
         fn list_changed(&self, generation: u64, which: String) -> zbus::Result<()>;
         #[zbus(signal, name = "ToolsChanged")]
