@@ -7,6 +7,7 @@ mod adopt;
 mod bridge;
 mod connections;
 mod containment;
+mod credentials;
 mod ctl;
 mod daemon;
 mod dbus;

@@ -1,0 +1,510 @@
+//! Credentials (DESIGN §16) with the real daemon: what a server finds in
+//! `$CREDENTIALS_DIRECTORY` and its environment, when the directory goes,
+//! how a start fails closed naming the credential, the sandbox's grant,
+//! HTTP headers from a credential, and that no value is ever shown.
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use crate::helper::{Daemon, alive, env_of, fixture_path, mcpctl_user, probe as call};
+
+const BOUND: Duration = Duration::from_secs(30);
+
+/// A value no other text of a test contains.
+const SECRET: &str = "tok-8f3a1c-credential-value";
+
+/// A unit running the fixture with its probe tools, and `extra` lines.
+fn unit(dir: &Path, name: &str, extra: &str) {
+    std::fs::write(
+        dir.join(format!("{name}.kdl")),
+        format!(
+            "stdio {{\n    command \"{}\" \"--chatter\" \"0\" \"--tools\" \"read,exec\"\n}}\nreconnect {{\n    initial-delay \"50ms\"\n    max-attempts 1\n}}\nstop-timeout \"1s\"\n{extra}\n",
+            fixture_path().display()
+        ),
+    )
+    .expect("write unit");
+}
+
+fn status(runtime: &Path, args: &[&str]) -> String {
+    let mut all = vec!["status"];
+    all.extend_from_slice(args);
+    String::from_utf8_lossy(&mcpctl_user(runtime, &all).stdout).into_owned()
+}
+
+fn credentials_dir(runtime: &Path, server: &str) -> PathBuf {
+    PathBuf::from(
+        env_of(runtime, server)["CREDENTIALS_DIRECTORY"]
+            .as_str()
+            .expect("CREDENTIALS_DIRECTORY is set"),
+    )
+}
+
+fn wait(what: &str, done: impl Fn() -> bool) {
+    let deadline = Instant::now() + BOUND;
+    while !done() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// Every file below `dir` (symlinks not followed), except below `skip`.
+fn files(dir: &Path, skip: &Path, out: &mut Vec<PathBuf>) {
+    if dir == skip {
+        return;
+    }
+    for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let path = entry.path();
+        match entry.file_type() {
+            Ok(t) if t.is_dir() => files(&path, skip, out),
+            Ok(t) if t.is_file() => out.push(path),
+            _ => {}
+        }
+    }
+}
+
+/// The credentials directories of `runtime`'s daemon.
+fn delivered(runtime: &Path) -> Vec<PathBuf> {
+    let mut dirs: Vec<PathBuf> = std::fs::read_dir(runtime.join("mcpd/credentials"))
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|e| e.path())
+        .collect();
+    dirs.sort();
+    dirs
+}
+
+#[test]
+fn a_server_reads_its_credentials_as_files_and_only_env_puts_one_in_its_environment() {
+    let secrets = tempfile::tempdir().expect("secrets");
+    let tok = secrets.path().join("tok");
+    std::fs::write(&tok, SECRET).expect("tok");
+    let db = secrets.path().join("db");
+    std::fs::create_dir(&db).expect("db");
+    std::fs::write(db.join("password"), "db-pw-0f9e").expect("pw");
+    let units = tempfile::tempdir().expect("units");
+    let runtime = tempfile::tempdir().expect("runtime");
+    let state = tempfile::tempdir().expect("state");
+    let load = format!(
+        "    load \"tok\" \"{}\"\n    load \"db\" \"{}\"\n",
+        tok.display(),
+        db.display()
+    );
+    unit(units.path(), "filed", &format!("credentials {{\n{load}}}"));
+    unit(
+        units.path(),
+        "inenv",
+        &format!("credentials {{\n{load}    env \"API_TOKEN\" \"tok\"\n}}"),
+    );
+    let mut d = Daemon::user_no_bus(
+        units.path(),
+        &[
+            ("XDG_RUNTIME_DIR", runtime.path().as_os_str()),
+            ("MCPD_STATE_DIR", state.path().as_os_str()),
+        ],
+    );
+    let rt = runtime.path();
+    for name in ["filed", "inenv"] {
+        d.wait_until(&format!("{name} running"), |d| d.latest_pid(name).is_some());
+    }
+
+    let dir = credentials_dir(rt, "filed");
+    assert!(
+        dir.starts_with(rt.join("mcpd/credentials")),
+        "{}",
+        dir.display()
+    );
+    let at = |name: &str| dir.join(name).display().to_string();
+    assert_eq!(
+        call(rt, "filed", "exec", &format!("cat {}", at("tok"))),
+        format!("exit status: 0 {SECRET}")
+    );
+    assert_eq!(
+        call(rt, "filed", "exec", &format!("cat {}", at("db/password"))),
+        "exit status: 0 db-pw-0f9e"
+    );
+    assert_eq!(
+        call(
+            rt,
+            "filed",
+            "exec",
+            &format!("stat -c %a {} {} {}", at("tok"), at("db"), dir.display())
+        ),
+        "exit status: 0 400\n500\n500"
+    );
+    // A load-only credential is in no variable, not even through /proc.
+    let env = env_of(rt, "filed");
+    assert!(!env.to_string().contains(SECRET), "{env}");
+    let pid = d.latest_pid("filed").expect("pid");
+    let environ = std::fs::read(format!("/proc/{pid}/environ")).expect("environ");
+    assert!(
+        !String::from_utf8_lossy(&environ).contains(SECRET),
+        "the value is in /proc/{pid}/environ"
+    );
+    // `env` puts it in the one variable asked, and no other.
+    let env = env_of(rt, "inenv");
+    assert_eq!(env["API_TOKEN"], SECRET);
+    let holding: Vec<&String> = env
+        .as_object()
+        .expect("object")
+        .iter()
+        .filter(|(_, v)| v.as_str().is_some_and(|v| v.contains(SECRET)))
+        .map(|(k, _)| k)
+        .collect();
+    assert_eq!(holding, ["API_TOKEN"]);
+
+    // Names and sizes are shown; the value nowhere.
+    let shown = status(rt, &["filed"]);
+    assert!(
+        shown.contains(&format!(
+            "Credentials: tok ({} B), db (1 file)",
+            SECRET.len()
+        )),
+        "{shown}"
+    );
+    let json = status(rt, &["--json", "filed", "inenv"]);
+    assert!(json.contains("tok ("), "{json}");
+    let cat = String::from_utf8_lossy(&mcpctl_user(rt, &["cat", "inenv"]).stdout).into_owned();
+    for text in [&shown, &json, &cat, &d.seen.join("\n")] {
+        assert!(
+            !text.contains(SECRET) && !text.contains("db-pw-0f9e"),
+            "{text}"
+        );
+    }
+    // Neither in any file of the runtime or state directories but the
+    // credentials' own.
+    let mut found = Vec::new();
+    files(rt, &rt.join("mcpd/credentials"), &mut found);
+    files(state.path(), Path::new("/nonexistent"), &mut found);
+    for file in found {
+        let text = String::from_utf8_lossy(&std::fs::read(&file).unwrap_or_default()).into_owned();
+        assert!(!text.contains(SECRET), "{} holds the value", file.display());
+    }
+    d.stop(rustix::process::Signal::TERM);
+    assert!(delivered(rt).is_empty(), "{:?}", delivered(rt));
+}
+
+#[test]
+fn the_directory_goes_with_its_generation_and_with_a_killed_daemon() {
+    let secrets = tempfile::tempdir().expect("secrets");
+    let tok = secrets.path().join("tok");
+    std::fs::write(&tok, SECRET).expect("tok");
+    let units = tempfile::tempdir().expect("units");
+    let runtime = tempfile::tempdir().expect("runtime");
+    let creds = format!("credentials {{\n    load \"tok\" \"{}\"\n}}", tok.display());
+    unit(units.path(), "gen", &creds);
+    let env = [("XDG_RUNTIME_DIR", runtime.path().as_os_str())];
+    let rt = runtime.path();
+    let mut d = Daemon::user_no_bus(units.path(), &env);
+    d.wait_until("gen running", |d| d.latest_pid("gen").is_some());
+    let first = credentials_dir(rt, "gen");
+    assert!(first.join("tok").exists());
+
+    // A crash: the next generation has a new directory, the old is gone.
+    let pid = d.latest_pid("gen").expect("pid");
+    rustix::process::kill_process(
+        rustix::process::Pid::from_raw(pid as i32).expect("pid"),
+        rustix::process::Signal::KILL,
+    )
+    .expect("kill");
+    d.wait_until("gen restarted", |d| {
+        d.latest_pid("gen").is_some_and(|p| p != pid)
+    });
+    wait("the crashed generation's directory to go", || {
+        !first.exists()
+    });
+    let second = credentials_dir(rt, "gen");
+    assert_ne!(first, second);
+    assert!(second.join("tok").exists());
+    assert_eq!(delivered(rt), std::slice::from_ref(&second));
+
+    // Stop: gone.
+    let out = mcpctl_user(rt, &["stop", "gen"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    wait("the stopped generation's directory to go", || {
+        !second.exists()
+    });
+    let out = mcpctl_user(rt, &["start", "gen"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    wait("a third directory", || delivered(rt).len() == 1);
+    let third = delivered(rt).remove(0);
+
+    // A SIGKILLed daemon leaves it; the next daemon removes it at start.
+    let server = d.latest_pid("gen").expect("pid");
+    d.stop(rustix::process::Signal::KILL);
+    assert!(third.exists(), "the killed daemon could not remove it");
+    // The server dies with its daemon (PR_SET_PDEATHSIG); the instance
+    // lock is free once every process that shared it is gone.
+    wait("the server to die with its daemon", || !alive(server));
+    wait("the instance lock to be free", || {
+        std::fs::File::open(rt.join("mcpd/mcpd.lock")).is_ok_and(|f| {
+            rustix::fs::flock(&f, rustix::fs::FlockOperation::NonBlockingLockExclusive).is_ok()
+        })
+    });
+    let mut d = Daemon::user_no_bus(units.path(), &env);
+    d.wait_for("removed the servers' credentials an earlier daemon left");
+    assert!(!third.exists());
+    d.wait_until("gen running again", |d| d.latest_pid("gen").is_some());
+    d.stop(rustix::process::Signal::TERM);
+    assert!(delivered(rt).is_empty());
+}
+
+/// The daemon's reason for `server` once it failed.
+fn failed(d: &mut Daemon, rt: &Path, server: &str) -> String {
+    d.wait_until(&format!("{server} failed"), |_| {
+        status(rt, &[server]).contains("failed")
+    });
+    status(rt, &[server])
+}
+
+#[test]
+fn a_credential_that_cannot_be_read_fails_the_start_naming_it_and_its_path() {
+    let secrets = tempfile::tempdir().expect("secrets");
+    let missing = secrets.path().join("missing");
+    // Root reads any file whatever its mode; a socket cannot be read by anyone.
+    let socket = secrets.path().join("socket");
+    let _listener = std::os::unix::net::UnixListener::bind(&socket).expect("socket");
+    let large = secrets.path().join("large");
+    std::fs::write(&large, vec![b'x'; (1 << 20) + 1]).expect("large");
+    let limit = secrets.path().join("limit");
+    std::fs::write(&limit, vec![b'x'; 1 << 20]).expect("limit");
+    let units = tempfile::tempdir().expect("units");
+    let runtime = tempfile::tempdir().expect("runtime");
+    let rt = runtime.path();
+    let load = |name: &str, path: &Path| {
+        format!(
+            "credentials {{\n    load \"{name}\" \"{}\"\n}}",
+            path.display()
+        )
+    };
+    unit(units.path(), "missing", &load("gone", &missing));
+    unit(units.path(), "unreadable", &load("sock", &socket));
+    unit(units.path(), "large", &load("big", &large));
+    unit(units.path(), "limit", &load("exact", &limit));
+    let mut d = Daemon::user_no_bus(units.path(), &[("XDG_RUNTIME_DIR", rt.as_os_str())]);
+    for (server, why) in [
+        (
+            "missing",
+            format!(
+                "credential gone: cannot read {}: No such file or directory",
+                missing.display()
+            ),
+        ),
+        (
+            "unreadable",
+            format!("credential sock: cannot read {}", socket.display()),
+        ),
+        (
+            "large",
+            format!("credential big: {} is larger than 1 MiB", large.display()),
+        ),
+    ] {
+        let reason = failed(&mut d, rt, server);
+        assert!(reason.contains(&why), "{server}: {reason}");
+    }
+    // Exactly 1 MiB is allowed.
+    d.wait_until("limit running", |d| d.latest_pid("limit").is_some());
+    assert!(
+        status(rt, &["limit"]).contains("Credentials: exact (1048576 B)"),
+        "{}",
+        status(rt, &["limit"])
+    );
+    // A failed start leaves no directory behind.
+    assert_eq!(delivered(rt).len(), 1, "{:?}", delivered(rt));
+    d.stop(rustix::process::Signal::TERM);
+}
+
+/// Whether `systemd-creds` can encrypt here (as root, with a host key it
+/// makes on first use, as `systemd-creds setup` does).
+fn encrypt(name: &str, value: &str, out: &Path) -> bool {
+    use std::io::Write as _;
+    let Ok(mut child) = std::process::Command::new("systemd-creds")
+        .args(["encrypt", &format!("--name={name}"), "-"])
+        .arg(out)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+    else {
+        return false;
+    };
+    if let Some(mut stdin) = child.stdin.take() {
+        let _ = stdin.write_all(value.as_bytes());
+    }
+    child.wait().is_ok_and(|s| s.success())
+}
+
+#[test]
+fn an_encrypted_credential_is_decrypted_at_start_and_a_corrupted_one_fails_it() {
+    let secrets = tempfile::tempdir().expect("secrets");
+    let good = secrets.path().join("api.cred");
+    let corrupt = secrets.path().join("bad.cred");
+    let works = encrypt("api", SECRET, &good) && encrypt("bad", SECRET, &corrupt);
+    if works {
+        // Flip bytes in the middle: the authentication tag no longer holds.
+        let mut bytes = std::fs::read(&corrupt).expect("cred");
+        let mid = bytes.len() / 2;
+        for b in &mut bytes[mid..mid + 8] {
+            *b = if *b == b'A' { b'B' } else { b'A' };
+        }
+        std::fs::write(&corrupt, bytes).expect("corrupt");
+    } else {
+        // Without a working systemd-creds, both must fail closed.
+        std::fs::write(&corrupt, "not an encrypted credential").expect("corrupt");
+    }
+    let units = tempfile::tempdir().expect("units");
+    let runtime = tempfile::tempdir().expect("runtime");
+    let rt = runtime.path();
+    let load = |name: &str, path: &Path| {
+        format!(
+            "credentials {{\n    load-encrypted \"{name}\" \"{}\"\n    env \"API\" \"{name}\"\n}}",
+            path.display()
+        )
+    };
+    unit(units.path(), "corrupt", &load("bad", &corrupt));
+    if works {
+        unit(units.path(), "sealed", &load("api", &good));
+    }
+    let mut d = Daemon::user_no_bus(units.path(), &[("XDG_RUNTIME_DIR", rt.as_os_str())]);
+    let reason = failed(&mut d, rt, "corrupt");
+    assert!(
+        reason.contains(&format!(
+            "credential bad: cannot decrypt {}: systemd-creds decrypt failed",
+            corrupt.display()
+        )),
+        "{reason}"
+    );
+    if works {
+        d.wait_until("sealed running", |d| d.latest_pid("sealed").is_some());
+        let dir = credentials_dir(rt, "sealed");
+        assert_eq!(
+            call(
+                rt,
+                "sealed",
+                "exec",
+                &format!("cat {}", dir.join("api").display())
+            ),
+            format!("exit status: 0 {SECRET}")
+        );
+        assert_eq!(env_of(rt, "sealed")["API"], SECRET);
+    }
+    d.stop(rustix::process::Signal::TERM);
+}
+
+#[test]
+fn a_sandboxed_server_reads_its_credentials_and_nothing_else_of_the_runtime_directory() {
+    let secrets = tempfile::tempdir().expect("secrets");
+    let tok = secrets.path().join("tok");
+    std::fs::write(&tok, SECRET).expect("tok");
+    let units = tempfile::tempdir().expect("units");
+    let runtime = tempfile::tempdir().expect("runtime");
+    let rt = runtime.path();
+    let creds = format!("credentials {{\n    load \"tok\" \"{}\"\n}}", tok.display());
+    unit(
+        units.path(),
+        "boxed",
+        &format!("{creds}\nsandbox {{\n    network \"none\"\n}}"),
+    );
+    unit(units.path(), "other", &creds);
+    let mut d = Daemon::user_no_bus(units.path(), &[("XDG_RUNTIME_DIR", rt.as_os_str())]);
+    for name in ["boxed", "other"] {
+        d.wait_until(&format!("{name} running"), |d| d.latest_pid(name).is_some());
+    }
+    let mine = credentials_dir(rt, "boxed");
+    let theirs = credentials_dir(rt, "other");
+    assert_eq!(
+        call(rt, "boxed", "read", &mine.join("tok").display().to_string()),
+        format!("ok {} bytes", SECRET.len())
+    );
+    // What the unsandboxed server reads, the sandboxed one cannot.
+    for path in [
+        theirs.join("tok"),
+        rt.join("mcpd/mcpd.lock"),
+        rt.join("mcpd/credentials"),
+    ] {
+        let path = path.display().to_string();
+        let open = call(rt, "other", "read", &path);
+        assert!(
+            open.starts_with("ok") || open.contains("Is a directory"),
+            "{path}: {open}"
+        );
+        let boxed = call(rt, "boxed", "read", &path);
+        assert!(
+            boxed.starts_with("error: Permission denied"),
+            "{path}: {boxed}"
+        );
+    }
+    d.stop(rustix::process::Signal::TERM);
+}
+
+#[test]
+fn an_http_header_takes_its_credential_at_each_connect() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .expect("bind")
+        .local_addr()
+        .expect("addr")
+        .port();
+    let mut server = std::process::Command::new(fixture_path())
+        .args([
+            "--http",
+            &format!("127.0.0.1:{port}"),
+            "--require-auth",
+            &format!("Bearer {SECRET}"),
+        ])
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("http fixture");
+    let secrets = tempfile::tempdir().expect("secrets");
+    let tok = secrets.path().join("gh");
+    std::fs::write(&tok, format!("{SECRET}\n")).expect("tok");
+    let units = tempfile::tempdir().expect("units");
+    let runtime = tempfile::tempdir().expect("runtime");
+    let rt = runtime.path();
+    std::fs::write(
+        units.path().join("remote.kdl"),
+        format!(
+            "http \"http://127.0.0.1:{port}/mcp\" {{\n    header \"Authorization\" credential=\"gh\" format=\"Bearer {{}}\"\n}}\ncredentials {{\n    load \"gh\" \"{}\"\n}}\nreconnect {{\n    initial-delay \"50ms\"\n    max-attempts 100\n}}\n",
+            tok.display()
+        ),
+    )
+    .expect("unit");
+    let mut d = Daemon::user_no_bus(units.path(), &[("XDG_RUNTIME_DIR", rt.as_os_str())]);
+    d.wait_until("remote running", |_| {
+        status(rt, &["remote"]).contains("running")
+    });
+    assert!(
+        status(rt, &["remote"]).contains(&format!("Credentials: gh ({} B)", SECRET.len() + 1)),
+        "{}",
+        status(rt, &["remote"])
+    );
+    // Read again at the next connect: a changed file is a refused token.
+    std::fs::write(&tok, "another-token\n").expect("tok");
+    let out = mcpctl_user(rt, &["restart", "remote"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    d.wait_until("remote refused", |_| {
+        status(rt, &["remote"]).contains("401")
+    });
+    let shown = status(rt, &["remote"]);
+    assert!(
+        !shown.contains("another-token") && !shown.contains(SECRET),
+        "{shown}"
+    );
+    assert!(!d.seen.join("\n").contains(SECRET));
+    d.stop(rustix::process::Signal::TERM);
+    let _ = server.kill();
+    let _ = server.wait();
+}
