@@ -508,3 +508,95 @@ fn an_http_header_takes_its_credential_at_each_connect() {
     let _ = server.kill();
     let _ = server.wait();
 }
+
+/// `mcpctl --user credential ARGS` with `config` as XDG_CONFIG_HOME and
+/// `input` on standard input.
+fn credential(config: &Path, args: &[&str], input: &str) -> std::process::Output {
+    use std::io::Write as _;
+    let mut child = crate::helper::mcpctl()
+        .args(["--user", "credential"])
+        .args(args)
+        .env("XDG_CONFIG_HOME", config)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("mcpctl");
+    if let Some(mut stdin) = child.stdin.take() {
+        stdin.write_all(input.as_bytes()).expect("stdin");
+    }
+    child.wait_with_output().expect("mcpctl")
+}
+
+#[test]
+fn mcpctl_credential_keeps_the_credstore_that_import_reads() {
+    use std::os::unix::fs::PermissionsExt as _;
+    let config = tempfile::tempdir().expect("config");
+    let store = config.path().join("mcpd/credstore");
+    let out = credential(config.path(), &["set", "gh.token"], SECRET);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let mode = |p: &Path| std::fs::metadata(p).expect("meta").permissions().mode() & 0o777;
+    assert_eq!(mode(&store), 0o700);
+    assert_eq!(mode(&store.join("gh.token")), 0o600);
+    assert_eq!(
+        std::fs::read_to_string(store.join("gh.token")).expect("value"),
+        SECRET
+    );
+    let out = credential(config.path(), &["set", "../escape"], "x");
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("\"../escape\" is not a credential name")
+    );
+    let listed = credential(config.path(), &["list"], "");
+    let listed = String::from_utf8_lossy(&listed.stdout).into_owned();
+    assert!(
+        listed.contains(&format!("gh.token  {} B", SECRET.len())),
+        "{listed}"
+    );
+    assert!(!listed.contains(SECRET));
+
+    // A unit imports it from the store at its start.
+    let units = tempfile::tempdir().expect("units");
+    let runtime = tempfile::tempdir().expect("runtime");
+    let rt = runtime.path();
+    unit(
+        units.path(),
+        "imports",
+        "credentials {\n    import \"gh.*\" \"absent-*\"\n    env \"GH\" \"gh.token\"\n}",
+    );
+    let mut d = Daemon::user_no_bus(
+        units.path(),
+        &[
+            ("XDG_RUNTIME_DIR", rt.as_os_str()),
+            ("XDG_CONFIG_HOME", config.path().as_os_str()),
+        ],
+    );
+    d.wait_until("imports running", |d| d.latest_pid("imports").is_some());
+    assert_eq!(env_of(rt, "imports")["GH"], SECRET);
+    let dir = credentials_dir(rt, "imports");
+    assert_eq!(
+        call(
+            rt,
+            "imports",
+            "exec",
+            &format!("cat {}", dir.join("gh.token").display())
+        ),
+        format!("exit status: 0 {SECRET}")
+    );
+    d.stop(rustix::process::Signal::TERM);
+
+    let out = credential(config.path(), &["remove", "gh.token"], "");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(!store.join("gh.token").exists());
+    let out = credential(config.path(), &["remove", "gh.token"], "");
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("no credential gh.token"));
+}

@@ -138,6 +138,25 @@ enum Command {
         #[arg(long)]
         force: bool,
     },
+    /// Manage the instance's credstore, which units' `credentials { import
+    /// … }` read (values never on the command line, never shown).
+    Credential {
+        #[command(subcommand)]
+        action: CredentialAction,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+enum CredentialAction {
+    /// Store the value read from standard input as credential NAME (0600).
+    Set { name: String },
+    /// List the stored credentials' names and sizes.
+    List,
+    /// Remove stored credentials.
+    Remove {
+        #[arg(required = true)]
+        names: Vec<String>,
+    },
 }
 
 /// `mcpctl [--user|--system] bridge NAME` (the flags before or after),
@@ -279,6 +298,19 @@ fn main() -> ExitCode {
             &env,
             &mut std::io::stdout().lock(),
         )),
+        Command::Credential { action } => {
+            use mcpd::ctl::credential;
+            let store = instance.credstore();
+            Some(match action {
+                CredentialAction::Set { name } => {
+                    credential::set(&store, name, &mut std::io::stdin().lock())
+                }
+                CredentialAction::List => {
+                    credential::list(&store, cli.json, &mut std::io::stdout().lock())
+                }
+                CredentialAction::Remove { names } => credential::remove(&store, names),
+            })
+        }
         _ => None,
     };
     if let Some(result) = offline {
@@ -362,7 +394,8 @@ fn main() -> ExitCode {
             | Command::Completions { .. }
             | Command::Import { .. }
             | Command::Connect { .. }
-            | Command::Disconnect { .. } => Ok(exit::OK),
+            | Command::Disconnect { .. }
+            | Command::Credential { .. } => Ok(exit::OK),
         }
     });
     match result {

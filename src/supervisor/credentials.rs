@@ -50,7 +50,7 @@ impl Stores {
     /// user instance, then the daemon's own `$CREDENTIALS_DIRECTORY` when
     /// systemd started it with credentials.
     pub fn new(instance: Instance, euid: u32, root: PathBuf) -> Self {
-        let mut credstores = vec![credstore(instance)];
+        let mut credstores = vec![instance.credstore()];
         if let Some(own) =
             std::env::var_os(crate::unit::spec::CREDENTIALS_DIRECTORY).filter(|d| !d.is_empty())
         {
@@ -71,22 +71,6 @@ impl Stores {
             user_scope: instance == Instance::User && euid != 0,
             tmpfs,
         }
-    }
-}
-
-/// The credstore `mcpctl import` and `mcpctl credential` write and
-/// `import` reads first: `/etc/mcpd/credstore` for the system instance,
-/// `$XDG_CONFIG_HOME/mcpd/credstore` (or `~/.config/mcpd/credstore`) for a
-/// user instance.
-pub fn credstore(instance: Instance) -> PathBuf {
-    match instance {
-        Instance::System => PathBuf::from("/etc/mcpd/credstore"),
-        Instance::User => std::env::var_os("XDG_CONFIG_HOME")
-            .filter(|d| !d.is_empty())
-            .map(PathBuf::from)
-            .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".config")))
-            .unwrap_or_else(|| PathBuf::from(".config"))
-            .join("mcpd/credstore"),
     }
 }
 
