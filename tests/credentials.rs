@@ -600,3 +600,84 @@ fn mcpctl_credential_keeps_the_credstore_that_import_reads() {
     assert_eq!(out.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&out.stderr).contains("no credential gh.token"));
 }
+
+#[test]
+fn mcpctl_import_keeps_a_hosts_secret_in_the_credstore_and_the_server_receives_it() {
+    use std::os::unix::fs::PermissionsExt as _;
+    let home = tempfile::tempdir().expect("home");
+    let h = home.path();
+    std::fs::create_dir_all(h.join(".config/Claude")).expect("mkdir");
+    std::fs::write(
+        h.join(".config/Claude/claude_desktop_config.json"),
+        format!(
+            "{{\n  \"mcpServers\": {{\n    \"fixture\": {{\n      \"command\": \"{}\",\n      \"args\": [\"--chatter\", \"0\"],\n      \"env\": {{ \"API_TOKEN\": \"{SECRET}\", \"REGION\": \"eu\" }}\n    }}\n  }}\n}}\n",
+            fixture_path().display()
+        ),
+    )
+    .expect("desktop config");
+    let import = || {
+        crate::helper::mcpctl()
+            .args(["--user", "import", "claude-desktop"])
+            .env_clear()
+            .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+            .env("HOME", h)
+            .current_dir(h)
+            .output()
+            .expect("mcpctl")
+    };
+    let out = import();
+    let said = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "{said}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        said.contains("1 secret in the credstore as fixture.*"),
+        "{said}"
+    );
+    let store = h.join(".config/mcpd/credstore");
+    let held = store.join("fixture.API_TOKEN");
+    assert_eq!(std::fs::read_to_string(&held).expect("credential"), SECRET);
+    assert_eq!(
+        std::fs::metadata(&held).expect("meta").permissions().mode() & 0o777,
+        0o600
+    );
+    // In no unit file and no env-file.
+    let units = h.join(".config/mcpd/units");
+    let mut written = Vec::new();
+    files(&units, Path::new("/nonexistent"), &mut written);
+    assert!(
+        !written
+            .iter()
+            .any(|f| f.extension().is_some_and(|e| e == "env"))
+    );
+    for file in &written {
+        let text = std::fs::read_to_string(file).expect("unit");
+        assert!(!text.contains(SECRET), "{}:\n{text}", file.display());
+    }
+    let unit = std::fs::read_to_string(units.join("fixture.kdl")).expect("unit");
+    assert!(
+        unit.contains("credentials {\n    import \"fixture.API_TOKEN\"\n    env \"API_TOKEN\" \"fixture.API_TOKEN\"\n}"),
+        "{unit}"
+    );
+    // Again: nothing to change.
+    let again = import();
+    assert!(String::from_utf8_lossy(&again.stdout).contains("unchanged"));
+
+    // The imported server receives it, in the variable the host gave it.
+    let runtime = tempfile::tempdir().expect("runtime");
+    let rt = runtime.path();
+    let mut d = Daemon::user_no_bus(
+        &units,
+        &[
+            ("XDG_RUNTIME_DIR", rt.as_os_str()),
+            ("XDG_CONFIG_HOME", h.join(".config").as_os_str()),
+        ],
+    );
+    d.wait_until("fixture running", |d| d.latest_pid("fixture").is_some());
+    let env = env_of(rt, "fixture");
+    assert_eq!(env["API_TOKEN"], SECRET);
+    assert_eq!(env["REGION"], "eu");
+    d.stop(rustix::process::Signal::TERM);
+}

@@ -107,8 +107,10 @@ enum Command {
     /// claude-desktop, claude-code, cursor, vscode, windsurf, gemini, codex
     /// (none: every host found), or a host's config FILE.
     ///
-    /// Secrets (env and header values) go to NAME.env (mode 0600) beside
-    /// the unit. Exit status 1 when anything failed.
+    /// Secrets (env and header values) go to the instance's credstore,
+    /// one file NAME.VAR (mode 0600) each, which the unit's `credentials`
+    /// block references (--env-file: to NAME.env beside the unit). Exit
+    /// status 1 when anything failed.
     Import {
         #[arg(value_name = "HOST|FILE")]
         sources: Vec<String>,
@@ -121,6 +123,10 @@ enum Command {
         /// Only these entries (host name or unit name).
         #[arg(long, value_name = "NAME", num_args = 1..)]
         only: Vec<String>,
+        /// Keep secrets in NAME.env beside the unit (0600), referenced by
+        /// `env-file`, instead of in the credstore.
+        #[arg(long)]
+        env_file: bool,
     },
     /// Point HOST's config at `mcpctl bridge` for the named units (default:
     /// every entry that is a unit), keeping a backup beside it.
@@ -265,12 +271,14 @@ fn main() -> ExitCode {
             dry_run,
             force,
             only,
+            env_file,
         } => {
             let options = mcpd::ctl::import::ImportOptions {
                 sources: sources.clone(),
                 dry_run: *dry_run,
                 force: *force,
                 only: only.clone(),
+                env_file: *env_file,
             };
             Some(mcpd::ctl::import::import(
                 instance,
