@@ -186,12 +186,9 @@ fn a_server_reads_its_credentials_as_files_and_only_env_puts_one_in_its_environm
 
 #[test]
 fn the_directory_goes_with_its_generation_and_with_a_killed_daemon() {
-    let secrets = tempfile::tempdir().expect("secrets");
-    let tok = secrets.path().join("tok");
-    std::fs::write(&tok, SECRET).expect("tok");
+    let (_secrets, creds) = loaded_secret();
     let units = tempfile::tempdir().expect("units");
     let runtime = tempfile::tempdir().expect("runtime");
-    let creds = format!("credentials {{\n    load \"tok\" \"{}\"\n}}", tok.display());
     unit(units.path(), "gen", &creds);
     let env = [("XDG_RUNTIME_DIR", runtime.path().as_os_str())];
     let rt = runtime.path();
@@ -255,6 +252,16 @@ fn the_directory_goes_with_its_generation_and_with_a_killed_daemon() {
     d.wait_until("gen running again", |d| d.latest_pid("gen").is_some());
     d.stop(rustix::process::Signal::TERM);
     assert!(delivered(rt).is_empty());
+}
+
+/// A directory holding [`SECRET`] as `tok`, and the `credentials` block
+/// that loads it.
+fn loaded_secret() -> (tempfile::TempDir, String) {
+    let secrets = tempfile::tempdir().expect("secrets");
+    let tok = secrets.path().join("tok");
+    std::fs::write(&tok, SECRET).expect("tok");
+    let block = format!("credentials {{\n    load \"tok\" \"{}\"\n}}", tok.display());
+    (secrets, block)
 }
 
 /// The daemon's reason for `server` once it failed.
@@ -401,13 +408,10 @@ fn an_encrypted_credential_is_decrypted_at_start_and_a_corrupted_one_fails_it() 
 
 #[test]
 fn a_sandboxed_server_reads_its_credentials_and_nothing_else_of_the_runtime_directory() {
-    let secrets = tempfile::tempdir().expect("secrets");
-    let tok = secrets.path().join("tok");
-    std::fs::write(&tok, SECRET).expect("tok");
+    let (_secrets, creds) = loaded_secret();
     let units = tempfile::tempdir().expect("units");
     let runtime = tempfile::tempdir().expect("runtime");
     let rt = runtime.path();
-    let creds = format!("credentials {{\n    load \"tok\" \"{}\"\n}}", tok.display());
     unit(
         units.path(),
         "boxed",
@@ -680,4 +684,82 @@ fn mcpctl_import_keeps_a_hosts_secret_in_the_credstore_and_the_server_receives_i
     assert_eq!(env["API_TOKEN"], SECRET);
     assert_eq!(env["REGION"], "eu");
     d.stop(rustix::process::Signal::TERM);
+}
+
+#[test]
+fn a_server_run_as_another_user_owns_its_credentials_and_cannot_read_others() {
+    assert!(
+        rustix::process::geteuid().is_root(),
+        "this test runs a server as nobody and needs root (CI runs as root)"
+    );
+    let (_secrets, creds) = loaded_secret();
+    let units = tempfile::tempdir().expect("units");
+    let runtime = tempfile::tempdir().expect("runtime");
+    let rt = runtime.path();
+    std::fs::write(
+        units.path().join("theirs.kdl"),
+        format!(
+            "stdio {{\n    command \"{}\" \"--chatter\" \"0\" \"--tools\" \"read,exec\"\n    user \"nobody\"\n}}\n{creds}\n",
+            fixture_path().display()
+        ),
+    )
+    .expect("unit");
+    unit(units.path(), "roots", &creds);
+    let mut d = Daemon::start(
+        &[
+            "--system".as_ref(),
+            "--no-bus".as_ref(),
+            "--units".as_ref(),
+            units.path().as_os_str(),
+        ],
+        &[("MCPD_RUNTIME_DIR", rt.as_os_str())],
+    );
+    for name in ["theirs", "roots"] {
+        d.wait_until(&format!("{name} running"), |d| d.latest_pid(name).is_some());
+    }
+    let system = |args: &[&str]| {
+        let out = crate::helper::mcpctl()
+            .arg("--system")
+            .args(args)
+            .env("MCPD_RUNTIME_DIR", rt)
+            .env_remove("DBUS_SYSTEM_BUS_ADDRESS")
+            .output()
+            .expect("mcpctl");
+        String::from_utf8_lossy(&out.stdout).trim().to_owned()
+    };
+    let dir_of = |server: &str| {
+        let env: serde_json::Value =
+            serde_json::from_str(&system(&["call", server, "env", "{}"])).expect("env");
+        PathBuf::from(env["CREDENTIALS_DIRECTORY"].as_str().expect("set"))
+    };
+    let (theirs, roots) = (dir_of("theirs"), dir_of("roots"));
+    let read = |server: &str, path: &Path| {
+        let args = serde_json::json!({ "text": path.display().to_string() }).to_string();
+        system(&["call", server, "read", &args])
+    };
+    let nobody = nix::unistd::User::from_name("nobody")
+        .expect("lookup")
+        .expect("nobody exists")
+        .uid
+        .as_raw();
+    use std::os::unix::fs::MetadataExt as _;
+    for path in [theirs.clone(), theirs.join("tok")] {
+        assert_eq!(std::fs::metadata(&path).expect("meta").uid(), nobody);
+    }
+    assert_eq!(
+        read("theirs", &theirs.join("tok")),
+        format!("ok {} bytes", SECRET.len())
+    );
+    assert!(
+        read("theirs", &roots.join("tok")).starts_with("error: Permission denied"),
+        "nobody reads root's credentials"
+    );
+    assert_eq!(
+        read("roots", &roots.join("tok")),
+        format!("ok {} bytes", SECRET.len())
+    );
+    d.stop(rustix::process::Signal::TERM);
+    // (MCPD_RUNTIME_DIR is the runtime directory itself.) Emptied by the
+    // servers' ends, then removed with the daemon.
+    assert!(!rt.join("credentials").exists());
 }

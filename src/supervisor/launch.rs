@@ -152,6 +152,19 @@ impl SystemLauncher {
         spec: &StdioSpec,
         generation: Gen,
     ) -> BoxFuture<Result<Launched, String>> {
+        if encrypted(unit) {
+            // `systemd-creds decrypt` may take its time (a TPM): not on
+            // the daemon's one runtime thread.
+            let (this, unit, spec) = (self.clone(), unit.clone(), spec.clone());
+            return Box::pin(async move {
+                let prepare = this.clone();
+                let prepared =
+                    tokio::task::spawn_blocking(move || prepare.prepare(&unit, &spec, generation))
+                        .await
+                        .map_err(|e| format!("cannot prepare the start: {e}"))??;
+                this.fork(prepared, generation).await
+            });
+        }
         match self.prepare(unit, spec, generation) {
             Ok(prepared) => Box::pin(self.clone().fork(prepared, generation)),
             Err(e) => Box::pin(std::future::ready(Err(e))),
@@ -537,6 +550,11 @@ fn unlock(dir: &std::path::Path) {
     }
 }
 
+/// Whether a start of `unit` runs `systemd-creds decrypt`.
+fn encrypted(unit: &UnitSpec) -> bool {
+    unit.credentials().sources().iter().any(|c| c.encrypted)
+}
+
 /// rustls needs a process-wide crypto provider; we build with ring only.
 fn install_crypto_provider() {
     static ONCE: std::sync::Once = std::sync::Once::new();
@@ -550,6 +568,15 @@ impl Launcher for SystemLauncher {
         self.configure(spec);
         match spec.transport() {
             Transport::Stdio(stdio) => self.stdio(spec, stdio, generation),
+            Transport::Http(http) if encrypted(spec) => {
+                // As for a stdio unit: `systemd-creds` off the runtime thread.
+                let (this, spec, http) = (self.clone(), spec.clone(), http.clone());
+                Box::pin(async move {
+                    tokio::task::spawn_blocking(move || this.http(&spec, &http))
+                        .await
+                        .map_err(|e| format!("cannot prepare the connect: {e}"))?
+                })
+            }
             Transport::Http(http) => Box::pin(std::future::ready(self.http(spec, http))),
         }
     }
