@@ -180,6 +180,23 @@ fn a_server_reads_its_credentials_as_files_and_only_env_puts_one_in_its_environm
         let text = String::from_utf8_lossy(&std::fs::read(&file).unwrap_or_default()).into_owned();
         assert!(!text.contains(SECRET), "{} holds the value", file.display());
     }
+    // Said once when the runtime directory is not a tmpfs (as here, on
+    // most test machines), never when it is.
+    let tmpfs = rustix::fs::statfs(rt).is_ok_and(|s| {
+        #[allow(clippy::useless_conversion)]
+        let kind = i64::from(s.f_type);
+        kind == 0x0102_1994
+    });
+    let warning = "which is not on a tmpfs: they may reach the disk";
+    if !tmpfs && d.count(warning) == 0 {
+        d.wait_for(warning);
+    }
+    assert_eq!(
+        d.count(warning),
+        usize::from(!tmpfs),
+        "{}",
+        d.seen.join("\n")
+    );
     d.stop(rustix::process::Signal::TERM);
     assert!(delivered(rt).is_empty(), "{:?}", delivered(rt));
 }
@@ -527,7 +544,8 @@ fn credential(config: &Path, args: &[&str], input: &str) -> std::process::Output
         .spawn()
         .expect("mcpctl");
     if let Some(mut stdin) = child.stdin.take() {
-        stdin.write_all(input.as_bytes()).expect("stdin");
+        // (A refused command exits without reading it.)
+        let _ = stdin.write_all(input.as_bytes());
     }
     child.wait_with_output().expect("mcpctl")
 }
@@ -762,4 +780,60 @@ fn a_server_run_as_another_user_owns_its_credentials_and_cannot_read_others() {
     // (MCPD_RUNTIME_DIR is the runtime directory itself.) Emptied by the
     // servers' ends, then removed with the daemon.
     assert!(!rt.join("credentials").exists());
+}
+
+#[test]
+fn import_passes_the_daemons_own_credentials_through_and_a_changed_block_restarts_the_unit() {
+    // As systemd would start mcpd with `LoadCredential=`.
+    let own = tempfile::tempdir().expect("own credentials");
+    std::fs::write(own.path().join("sys.token"), SECRET).expect("own");
+    std::fs::write(own.path().join("sys.other"), "other-value").expect("own");
+    // The credstore comes first when both hold a name.
+    let config = tempfile::tempdir().expect("config");
+    let store = config.path().join("mcpd/credstore");
+    std::fs::create_dir_all(&store).expect("store");
+    std::fs::write(store.join("sys.other"), "from-the-store").expect("store");
+    let units = tempfile::tempdir().expect("units");
+    let runtime = tempfile::tempdir().expect("runtime");
+    let rt = runtime.path();
+    unit(
+        units.path(),
+        "through",
+        "credentials {\n    import \"sys.*\"\n    env \"TOKEN\" \"sys.token\"\n    env \"OTHER\" \"sys.other\"\n}",
+    );
+    let mut d = Daemon::user_no_bus(
+        units.path(),
+        &[
+            ("XDG_RUNTIME_DIR", rt.as_os_str()),
+            ("XDG_CONFIG_HOME", config.path().as_os_str()),
+            ("CREDENTIALS_DIRECTORY", own.path().as_os_str()),
+        ],
+    );
+    d.wait_until("through running", |d| d.latest_pid("through").is_some());
+    let env = env_of(rt, "through");
+    assert_eq!(env["TOKEN"], SECRET);
+    assert_eq!(env["OTHER"], "from-the-store");
+    // The daemon's own CREDENTIALS_DIRECTORY is not the server's.
+    assert_ne!(env["CREDENTIALS_DIRECTORY"].as_str(), own.path().to_str());
+
+    // A changed block is a new start with the new credentials.
+    let first = d.latest_pid("through").expect("pid");
+    unit(
+        units.path(),
+        "through",
+        "credentials {\n    import \"sys.*\"\n    env \"TOKEN\" \"sys.other\"\n}",
+    );
+    let out = mcpctl_user(rt, &["reload"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    d.wait_until("through restarted", |d| {
+        d.latest_pid("through").is_some_and(|p| p != first)
+    });
+    let env = env_of(rt, "through");
+    assert_eq!(env["TOKEN"], "from-the-store");
+    assert!(env.get("OTHER").is_none(), "{env}");
+    d.stop(rustix::process::Signal::TERM);
 }
