@@ -300,6 +300,12 @@ fn a_credential_that_cannot_be_read_fails_the_start_naming_it_and_its_path() {
     std::fs::write(&large, vec![b'x'; (1 << 20) + 1]).expect("large");
     let limit = secrets.path().join("limit");
     std::fs::write(&limit, vec![b'x'; 1 << 20]).expect("limit");
+    // 17 files of 1 MiB: each allowed, together more than a unit may hold.
+    let many = secrets.path().join("many");
+    std::fs::create_dir(&many).expect("many");
+    for i in 0..17 {
+        std::fs::write(many.join(format!("f{i:02}")), vec![b'x'; 1 << 20]).expect("part");
+    }
     let units = tempfile::tempdir().expect("units");
     let runtime = tempfile::tempdir().expect("runtime");
     let rt = runtime.path();
@@ -313,6 +319,7 @@ fn a_credential_that_cannot_be_read_fails_the_start_naming_it_and_its_path() {
     unit(units.path(), "unreadable", &load("sock", &socket));
     unit(units.path(), "large", &load("big", &large));
     unit(units.path(), "limit", &load("exact", &limit));
+    unit(units.path(), "total", &load("many", &many));
     let mut d = Daemon::user_no_bus(units.path(), &[("XDG_RUNTIME_DIR", rt.as_os_str())]);
     for (server, why) in [
         (
@@ -329,6 +336,10 @@ fn a_credential_that_cannot_be_read_fails_the_start_naming_it_and_its_path() {
         (
             "large",
             format!("credential big: {} is larger than 1 MiB", large.display()),
+        ),
+        (
+            "total",
+            "credential many/f16: the unit's credentials pass 16 MiB together".into(),
         ),
     ] {
         let reason = failed(&mut d, rt, server);
@@ -836,4 +847,27 @@ fn import_passes_the_daemons_own_credentials_through_and_a_changed_block_restart
     assert_eq!(env["TOKEN"], "from-the-store");
     assert!(env.get("OTHER").is_none(), "{env}");
     d.stop(rustix::process::Signal::TERM);
+}
+
+#[test]
+fn mcpctl_verify_locates_a_credentials_mistake() {
+    let units = tempfile::tempdir().expect("units");
+    let path = units.path().join("wrong.kdl");
+    std::fs::write(
+        &path,
+        "stdio {\n    command \"/bin/cat\"\n}\ncredentials {\n    load \"gh\" \"/etc/mcpd/gh\"\n    env \"TOKEN\" \"hg\"\n}\n",
+    )
+    .expect("unit");
+    let out = crate::helper::mcpctl()
+        .arg("verify")
+        .arg(&path)
+        .output()
+        .expect("mcpctl");
+    assert_eq!(out.status.code(), Some(1));
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        said.contains(&format!("{}:6:9", path.display()))
+            && said.contains("`credentials.env`: TOKEN names credential \"hg\", which no"),
+        "{said}"
+    );
 }

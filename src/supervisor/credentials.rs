@@ -268,10 +268,13 @@ fn directory(
     dir: &Path,
     budget: &mut Budget,
 ) -> Result<Vec<(String, Vec<u8>)>, String> {
-    let entries = std::fs::read_dir(dir).map_err(|e| cannot(name, "list", dir, &e))?;
+    let mut entries = std::fs::read_dir(dir)
+        .and_then(|entries| entries.collect::<Result<Vec<_>, _>>())
+        .map_err(|e| cannot(name, "list", dir, &e))?;
+    // In name order, so a limit always stops at the same file.
+    entries.sort_by_key(std::fs::DirEntry::file_name);
     let mut files = Vec::new();
     for entry in entries {
-        let entry = entry.map_err(|e| cannot(name, "list", dir, &e))?;
         let path = entry.path();
         let Ok(file_name) = entry.file_name().into_string() else {
             return Err(format!(
@@ -287,7 +290,6 @@ fn directory(
         budget.take(&shown, bytes.len() as u64)?;
         files.push((file_name, bytes));
     }
-    files.sort();
     Ok(files)
 }
 
