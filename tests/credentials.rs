@@ -871,3 +871,80 @@ fn mcpctl_verify_locates_a_credentials_mistake() {
         "{said}"
     );
 }
+
+#[test]
+fn an_unprivileged_user_instance_removes_its_own_credentials_and_decrypts_in_user_scope() {
+    assert!(
+        rustix::process::geteuid().is_root(),
+        "this test runs the daemon as nobody and needs root (CI runs as root)"
+    );
+    let units = tempfile::tempdir().expect("units");
+    let runtime = tempfile::tempdir().expect("runtime");
+    let secrets = tempfile::tempdir().expect("secrets");
+    let tok = secrets.path().join("tok");
+    std::fs::write(&tok, SECRET).expect("tok");
+    // Encrypted with the host's key when systemd-creds works here: a user
+    // scope cannot decrypt it either way.
+    let sealed = secrets.path().join("api.cred");
+    if !encrypt("api", SECRET, &sealed) {
+        std::fs::write(&sealed, "not an encrypted credential").expect("sealed");
+    }
+    unit(
+        units.path(),
+        "mine",
+        &format!("credentials {{\n    load \"tok\" \"{}\"\n}}", tok.display()),
+    );
+    unit(
+        units.path(),
+        "sealed",
+        &format!(
+            "credentials {{\n    load-encrypted \"api\" \"{}\"\n}}",
+            sealed.display()
+        ),
+    );
+    for path in [units.path(), runtime.path(), secrets.path(), &tok, &sealed] {
+        rustix::fs::chown(
+            path,
+            Some(rustix::fs::Uid::from_raw(65534)),
+            Some(rustix::fs::Gid::from_raw(65534)),
+        )
+        .expect("chown");
+    }
+    let mcpd = env!("CARGO_BIN_EXE_mcpd");
+    let args: Vec<&std::ffi::OsStr> = vec![
+        "--reuid=65534".as_ref(),
+        "--regid=65534".as_ref(),
+        "--clear-groups".as_ref(),
+        mcpd.as_ref(),
+        "--user".as_ref(),
+        "--no-bus".as_ref(),
+        "--units".as_ref(),
+        units.path().as_os_str(),
+    ];
+    let rt = runtime.path();
+    let mut d = Daemon::start_binary(
+        Path::new("setpriv"),
+        &args,
+        &[
+            ("XDG_RUNTIME_DIR", rt.as_os_str()),
+            ("HOME", secrets.path().as_os_str()),
+        ],
+    );
+    d.wait_until("mine running", |d| d.latest_pid("mine").is_some());
+    d.wait_for("credential api: cannot decrypt");
+    assert!(
+        d.count(&format!(
+            "credential api: cannot decrypt {}: systemd-creds --user decrypt failed",
+            sealed.display()
+        )) > 0,
+        "{}",
+        d.seen.join("\n")
+    );
+    assert_eq!(delivered(rt).len(), 1, "only mine's: {:?}", delivered(rt));
+    let dir = delivered(rt).remove(0);
+    assert!(dir.join("tok").exists());
+    // The daemon's own directories (0500, as the server's) go all the same.
+    assert!(d.stop(rustix::process::Signal::TERM).success());
+    assert!(!dir.exists(), "{} is left", dir.display());
+    assert!(!rt.join("mcpd/credentials").exists());
+}
