@@ -94,7 +94,8 @@ fn a_server_reads_its_credentials_as_files_and_only_env_puts_one_in_its_environm
     unit(
         units.path(),
         "inenv",
-        &format!("credentials {{\n{load}    env \"API_TOKEN\" \"tok\"\n}}"),
+        // On demand: its lists go to the cache, its credentials never.
+        &format!("credentials {{\n{load}    env \"API_TOKEN\" \"tok\"\n}}\nstart \"on-demand\""),
     );
     let mut d = Daemon::user_no_bus(
         units.path(),
@@ -165,7 +166,32 @@ fn a_server_reads_its_credentials_as_files_and_only_env_puts_one_in_its_environm
     let json = status(rt, &["--json", "filed", "inenv"]);
     assert!(json.contains("tok ("), "{json}");
     let cat = String::from_utf8_lossy(&mcpctl_user(rt, &["cat", "inenv"]).stdout).into_owned();
-    for text in [&shown, &json, &cat, &d.seen.join("\n")] {
+    // Every D-Bus property of both servers, as a client reads them.
+    let properties = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime")
+        .block_on(async {
+            let mut all = String::new();
+            for name in ["filed", "inenv"] {
+                let (conn, _) = crate::helper::private_server(&rt.join("mcpd/private"), name).await;
+                let props = zbus::fdo::PropertiesProxy::builder(&conn)
+                    .destination("org.mcpd1")
+                    .path(mcpd::dbus::server_path(name))
+                    .build()
+                    .await
+                    .expect("proxy");
+                let iface =
+                    zbus::names::InterfaceName::try_from("org.mcpd1.Server").expect("interface");
+                all += &format!("{:?}", props.get_all(iface).await.expect("GetAll"));
+            }
+            all
+        });
+    assert!(
+        properties.contains(&format!("tok ({} B), db (1 file)", SECRET.len())),
+        "{properties}"
+    );
+    for text in [&shown, &json, &cat, &properties, &d.seen.join("\n")] {
         assert!(
             !text.contains(SECRET) && !text.contains("db-pw-0f9e"),
             "{text}"
@@ -173,6 +199,8 @@ fn a_server_reads_its_credentials_as_files_and_only_env_puts_one_in_its_environm
     }
     // Neither in any file of the runtime or state directories but the
     // credentials' own.
+    let cache = state.path().join("cache/inenv.json");
+    wait("the on-demand cache", || cache.exists());
     let mut found = Vec::new();
     files(rt, &rt.join("mcpd/credentials"), &mut found);
     files(state.path(), Path::new("/nonexistent"), &mut found);
