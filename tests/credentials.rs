@@ -348,6 +348,11 @@ fn a_credential_that_cannot_be_read_fails_the_start_naming_it_and_its_path() {
     unit(units.path(), "large", &load("big", &large));
     unit(units.path(), "limit", &load("exact", &limit));
     unit(units.path(), "total", &load("many", &many));
+    unit(
+        units.path(),
+        "unimported",
+        "credentials {\n    import \"nowhere.*\"\n    env \"X\" \"nowhere.x\"\n}",
+    );
     let mut d = Daemon::user_no_bus(units.path(), &[("XDG_RUNTIME_DIR", rt.as_os_str())]);
     for (server, why) in [
         (
@@ -369,9 +374,15 @@ fn a_credential_that_cannot_be_read_fails_the_start_naming_it_and_its_path() {
             "total",
             "credential many/f16: the unit's credentials pass 16 MiB together".into(),
         ),
+        (
+            "unimported",
+            "X: credential nowhere.x: no `import` found it in ".into(),
+        ),
     ] {
         let reason = failed(&mut d, rt, server);
         assert!(reason.contains(&why), "{server}: {reason}");
+        // A start that failed was given nothing.
+        assert!(!reason.contains("Credentials:"), "{server}: {reason}");
     }
     // Exactly 1 MiB is allowed.
     d.wait_until("limit running", |d| d.latest_pid("limit").is_some());

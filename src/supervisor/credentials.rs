@@ -223,9 +223,10 @@ pub fn read(spec: &CredentialsSpec, stores: &Stores) -> Result<Vec<Item>, String
     Ok(items)
 }
 
-/// The value of credential `name` for an HTTP header: a file, not a
-/// directory.
-pub fn value<'a>(items: &'a [Item], name: &str) -> Result<&'a [u8], String> {
+/// The value of credential `name` for an HTTP header or a variable: a
+/// file, not a directory; `stores` for the reason when `import` found
+/// none.
+pub fn value<'a>(items: &'a [Item], name: &str, stores: &Stores) -> Result<&'a [u8], String> {
     match items.iter().find(|i| i.name == name).map(|i| &i.files) {
         Some(Contents::File(bytes)) => Ok(bytes),
         Some(Contents::Directory(_)) => Err(format!(
@@ -233,7 +234,12 @@ pub fn value<'a>(items: &'a [Item], name: &str) -> Result<&'a [u8], String> {
         )),
         None => Err(format!(
             "credential {name}: no `import` found it in {}",
-            "the credstores"
+            stores
+                .credstores
+                .iter()
+                .map(|s| s.display().to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
         )),
     }
 }
@@ -377,7 +383,7 @@ pub fn deliver(
     let items = read(spec, stores)?;
     let mut env = Vec::with_capacity(spec.env().len() + 1);
     for (var, name) in spec.env() {
-        let bytes = value(&items, name).map_err(|e| format!("{var}: {e}"))?;
+        let bytes = value(&items, name, stores).map_err(|e| format!("{var}: {e}"))?;
         if bytes.contains(&0) {
             return Err(format!(
                 "{var}: credential {name} holds a NUL byte, which no variable can"

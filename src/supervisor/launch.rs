@@ -231,6 +231,10 @@ impl SystemLauncher {
             }
             None => None,
         };
+        // Shown once the start is prepared: a start that failed gave none.
+        if let (Some(d), Ok(mut shown)) = (&credentials, self.delivered.lock()) {
+            *shown = d.listing.to_string();
+        }
         Ok(Prepared {
             plan,
             procs,
@@ -265,9 +269,6 @@ impl SystemLauncher {
         if let Some(d) = &delivered {
             for (var, value) in &d.env {
                 plan.set_var(var, value.clone());
-            }
-            if let Ok(mut shown) = self.delivered.lock() {
-                *shown = d.listing.to_string();
             }
         }
         Ok(delivered)
@@ -423,7 +424,7 @@ impl SystemLauncher {
                     name: credential,
                     format,
                 } => {
-                    let bytes = credentials::value(&items, credential)
+                    let bytes = credentials::value(&items, credential, &self.host.credentials)
                         .map_err(|e| format!("header {name}: {e}"))?;
                     let value = std::str::from_utf8(bytes).map_err(|_| {
                         format!("header {name}: credential {credential} is not UTF-8 text")
