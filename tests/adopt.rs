@@ -116,9 +116,9 @@ fn every_hosts_documented_format_imports_to_its_snapshot() {
             .unwrap_or_default()
             .to_owned();
         let args: Vec<&str> = if case.join("project").is_dir() {
-            vec!["import", &host]
+            vec!["import", "--env-file", &host]
         } else {
-            vec!["import"]
+            vec!["import", "--env-file"]
         };
         let out = as_user(home.path(), project.path(), &vars, &args);
         let units = home.path().join(".config/mcpd/units");
@@ -185,7 +185,7 @@ fn imported_servers_run_and_hosts_connect_and_disconnect_byte_for_byte() {
     )
     .expect("cursor config");
     let user = |args: &[&str]| as_user(h, h, &[], args);
-    let out = user(&["import", "claude-desktop", "cursor"]);
+    let out = user(&["import", "--env-file", "claude-desktop", "cursor"]);
     let shown = String::from_utf8_lossy(&out.stdout).into_owned();
     assert!(
         out.status.success(),
@@ -213,7 +213,7 @@ fn imported_servers_run_and_hosts_connect_and_disconnect_byte_for_byte() {
             .contains("AUTHORIZATION=\"Bearer tok-in-cursor\"")
     );
     // A name that is no host and no file is refused, naming the hosts.
-    let bad = user(&["import", "cursr"]);
+    let bad = user(&["import", "--env-file", "cursr"]);
     assert_eq!(bad.status.code(), Some(1));
     assert!(
         String::from_utf8_lossy(&bad.stdout)
@@ -223,7 +223,7 @@ fn imported_servers_run_and_hosts_connect_and_disconnect_byte_for_byte() {
     );
     // A second import changes nothing and says so.
     let before = listing(&units);
-    let again = user(&["import", "claude-desktop", "cursor"]);
+    let again = user(&["import", "--env-file", "claude-desktop", "cursor"]);
     assert!(again.status.success());
     assert!(String::from_utf8_lossy(&again.stdout).contains("unchanged"));
     assert_eq!(listing(&units), before);
@@ -306,7 +306,7 @@ fn dry_run_writes_nothing_only_picks_entries_and_force_replaces() {
     let stdout = |out: &Output| String::from_utf8_lossy(&out.stdout).into_owned();
     let units = h.join(".config/mcpd/units");
 
-    let dry = user(&["import", "--dry-run", "cursor"]);
+    let dry = user(&["import", "--env-file", "--dry-run", "cursor"]);
     assert!(dry.status.success());
     assert!(
         stdout(&dry)
@@ -317,7 +317,7 @@ fn dry_run_writes_nothing_only_picks_entries_and_force_replaces() {
     );
     assert!(!units.exists(), "a dry run writes nothing");
 
-    let only = user(&["import", "cursor", "--only", "two"]);
+    let only = user(&["import", "--env-file", "cursor", "--only", "two"]);
     assert!(only.status.success(), "{}", stdout(&only));
     assert!(units.join("two.kdl").is_file());
     assert!(!units.join("one.kdl").exists(), "{}", stdout(&only));
@@ -330,7 +330,7 @@ fn dry_run_writes_nothing_only_picks_entries_and_force_replaces() {
             .replace("--v1", "--v2"),
     )
     .expect("edit");
-    let kept = user(&["import", "cursor", "--only", "two"]);
+    let kept = user(&["import", "--env-file", "cursor", "--only", "two"]);
     assert!(kept.status.success());
     assert!(
         stdout(&kept).contains("exists (--force replaces it)"),
@@ -342,7 +342,7 @@ fn dry_run_writes_nothing_only_picks_entries_and_force_replaces() {
             .expect("unit")
             .contains("--v1")
     );
-    let forced = user(&["import", "cursor", "--only", "two", "--force"]);
+    let forced = user(&["import", "--env-file", "cursor", "--only", "two", "--force"]);
     assert!(forced.status.success());
     assert!(
         std::fs::read_to_string(units.join("two.kdl"))
@@ -359,9 +359,19 @@ fn dry_run_writes_nothing_only_picks_entries_and_force_replaces() {
         "{ \"servers\": { \"repo-tool\": { \"type\": \"stdio\", \"command\": \"./run-me\" } } }",
     )
     .expect("project config");
-    let all = as_user(h, project.path(), &[], &["import", "--dry-run"]);
+    let all = as_user(
+        h,
+        project.path(),
+        &[],
+        &["import", "--env-file", "--dry-run"],
+    );
     assert!(!stdout(&all).contains("repo-tool"), "{}", stdout(&all));
-    let named = as_user(h, project.path(), &[], &["import", "--dry-run", "vscode"]);
+    let named = as_user(
+        h,
+        project.path(),
+        &[],
+        &["import", "--env-file", "--dry-run", "vscode"],
+    );
     assert!(
         stdout(&named).contains("repo-tool.kdl"),
         "{}",
@@ -465,7 +475,7 @@ fn connect_bridges_each_entry_to_the_unit_imported_from_it_never_by_name_alone()
     let case = Case::new("two-times");
     let h = case.home();
     let user = |args: &[&str]| case.run(args);
-    let out = succeeded(&user(&["import"]));
+    let out = succeeded(&user(&["import", "--env-file"]));
     assert!(
         out.lines().any(|l| l.starts_with("gemini ")
             && l.contains(" time-gemini.kdl ")
@@ -528,7 +538,7 @@ fn connect_bridges_each_entry_to_the_unit_imported_from_it_never_by_name_alone()
 fn connect_keeps_the_hosts_own_settings_and_import_its_tool_filter() {
     let case = Case::new("two-times");
     let h = case.home();
-    assert!(case.run(&["import"]).status.success());
+    assert!(case.run(&["import", "--env-file"]).status.success());
     // Gemini's excludeTools holds on every path: it is the unit's.
     let unit = std::fs::read_to_string(h.join(".config/mcpd/units/time-gemini.kdl")).expect("unit");
     assert!(
@@ -552,7 +562,7 @@ fn disconnect_after_the_host_removed_an_entry_puts_back_the_rest() {
     let h = case.home();
     let claude = h.join(".claude.json");
     let original = std::fs::read_to_string(&claude).expect("config");
-    assert!(case.run(&["import"]).status.success());
+    assert!(case.run(&["import", "--env-file"]).status.success());
     assert!(case.run(&["connect", "claude-code"]).status.success());
     // `claude mcp remove memory`: Claude Code writes its whole file again.
     let mut value = jsonc(&claude);
@@ -613,7 +623,7 @@ fn connect_tells_the_bridge_where_a_runtime_directory_hosts_cannot_find_is() {
         runtime.path().display().to_string(),
     )];
     let user = |args: &[&str]| as_user(h, h, &xdg, args);
-    succeeded(&user(&["import", "gemini"]));
+    succeeded(&user(&["import", "--env-file", "gemini"]));
     let mut d = Daemon::user_no_bus(
         &h.join(".config/mcpd/units"),
         &[
@@ -662,13 +672,13 @@ fn import_says_where_units_go_and_connect_names_the_instance_that_has_them() {
     // As root a plain import is the system instance's: the table says so,
     // a dry run too (which writes nothing, so it runs here).
     let system = |args: &[&str]| as_instance("--system", h, h, &[], args);
-    let dry = succeeded(&system(&["import", "--dry-run"]));
+    let dry = succeeded(&system(&["import", "--env-file", "--dry-run"]));
     assert!(
         dry.ends_with("\nUnits would be written to /etc/mcpd/units (system instance).\n"),
         "{dry}"
     );
     let units = h.join(".config/mcpd/units");
-    let dry = succeeded(&case.run(&["import", "--dry-run"]));
+    let dry = succeeded(&case.run(&["import", "--env-file", "--dry-run"]));
     assert!(
         dry.ends_with(&format!(
             "\nUnits would be written to {} (user instance).\n",
@@ -676,7 +686,7 @@ fn import_says_where_units_go_and_connect_names_the_instance_that_has_them() {
         )),
         "{dry}"
     );
-    let done = succeeded(&case.run(&["import"]));
+    let done = succeeded(&case.run(&["import", "--env-file"]));
     assert!(
         done.contains(&format!(
             "\nUnits are in {} (user instance); a running mcpd",
@@ -710,7 +720,7 @@ fn import_says_where_units_go_and_connect_names_the_instance_that_has_them() {
 #[test]
 fn output_whose_reader_went_away_ends_quietly() {
     let case = Case::new("two-times");
-    succeeded(&case.run(&["import"]));
+    succeeded(&case.run(&["import", "--env-file"]));
     // `mcpctl connect --dry-run gemini | head -0`: the reader is gone
     // before the first write.
     let (reader, writer) = std::io::pipe().expect("pipe");

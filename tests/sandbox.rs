@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use crate::helper::{Daemon, fixture_path, mcpctl, mcpctl_user, root, session_of};
+use crate::helper::{Daemon, env_of, fixture_path, mcpctl, mcpctl_user, probe, root, session_of};
 
 const BOUND: Duration = Duration::from_secs(30);
 
@@ -29,26 +29,8 @@ fn unit_as(dir: &Path, name: &str, stdio: &str, extra: &str) {
     .expect("write unit");
 }
 
-/// Calls `tool` of `server` with `text` through `mcpctl --user`.
-fn probe(runtime: &Path, server: &str, tool: &str, text: &str) -> String {
-    let args = serde_json::json!({ "text": text }).to_string();
-    let out = mcpctl_user(runtime, &["call", server, tool, &args]);
-    assert!(
-        out.status.success(),
-        "{server} {tool} {text}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).trim().to_owned()
-}
-
 fn status(runtime: &Path, server: &str) -> String {
     String::from_utf8_lossy(&mcpctl_user(runtime, &["status", server]).stdout).into_owned()
-}
-
-/// The server's environment, from the fixture's `env` tool.
-fn env_of(runtime: &Path, server: &str) -> serde_json::Value {
-    let out = mcpctl_user(runtime, &["call", server, "env", "{}"]);
-    serde_json::from_slice(&out.stdout).expect("env json")
 }
 
 fn wait(what: &str, done: impl Fn() -> bool) {

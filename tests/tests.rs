@@ -8,6 +8,7 @@ mod aggregate;
 mod bridge;
 mod connections;
 mod containment;
+mod credentials;
 mod ctl;
 mod daemon;
 mod dbus;

@@ -2,7 +2,10 @@
 //! caller hands in how to look up variables and read files.
 //!
 //! Secrets never land in a unit: every `env` value and every header value
-//! goes to the env-file, which the unit names (`env-file`, `header … env=`).
+//! goes to the instance's credstore, one file `UNIT.VAR` each, which the
+//! unit references (`credentials { import …; env … }`, `header …
+//! credential=`; DESIGN §16), or with `--env-file` to the env-file, which
+//! the unit names (`env-file`, `header … env=`).
 //! A value that is only `${KEY}` for its own key becomes `pass-env KEY`.
 //! Variables elsewhere (command, arguments, URL) are not expanded into a
 //! unit: such an entry is refused with the reason, unless the variable is
@@ -460,8 +463,53 @@ pub fn secret_because(name: &str, value: &str, indirect: bool) -> Option<&'stati
 /// Programs that fetch their server on first start: give them time.
 const FETCHERS: &[&str] = &["npx", "uvx", "bunx", "pnpx", "pipx", "docker", "podman"];
 
-/// Converts `entry` into a unit whose env-file would be `env_file`.
-pub fn convert(entry: &Entry, env_file: &Path, lookup: &Lookup<'_>) -> Result<Imported, String> {
+/// Where a converted unit's secrets are kept.
+#[derive(Debug, Clone, Copy)]
+pub enum Keep<'a> {
+    /// In this env-file (`--env-file`).
+    EnvFile(&'a Path),
+    /// In the credstore, as `UNIT.VAR` for unit `unit`.
+    Credstore { unit: &'a str },
+}
+
+impl Keep<'_> {
+    /// The credential a secret `var` is kept as (credstore only).
+    pub fn credential(&self, var: &str) -> Option<String> {
+        match self {
+            Keep::EnvFile(_) => None,
+            Keep::Credstore { unit } => Some(format!("{unit}.{var}")),
+        }
+    }
+}
+
+/// The `credentials` block that references `secrets` from the credstore,
+/// with an `env` line for each of `env` (a stdio unit's variables).
+fn credentials_block(keep: Keep<'_>, secrets: &[(String, String)], env: bool) -> Vec<String> {
+    let names: Vec<String> = secrets
+        .iter()
+        .filter_map(|(var, _)| keep.credential(var))
+        .collect();
+    if names.is_empty() {
+        return Vec::new();
+    }
+    let mut lines = vec![
+        "credentials {".to_owned(),
+        format!(
+            "    import {}",
+            names.iter().map(|n| kdl(n)).collect::<Vec<_>>().join(" ")
+        ),
+    ];
+    if env {
+        for ((var, _), name) in secrets.iter().zip(&names) {
+            lines.push(format!("    env {} {}", kdl(var), kdl(name)));
+        }
+    }
+    lines.push("}".to_owned());
+    lines
+}
+
+/// Converts `entry` into a unit whose secrets are kept as `keep` says.
+pub fn convert(entry: &Entry, keep: Keep<'_>, lookup: &Lookup<'_>) -> Result<Imported, String> {
     let syntax = entry.host.syntax();
     let split = |value: &str| pieces(syntax, value, &entry.base, lookup.home);
     let place = |what: &'static str| Place {
@@ -553,7 +601,7 @@ pub fn convert(entry: &Entry, env_file: &Path, lookup: &Lookup<'_>) -> Result<Im
                 let file = absolute(plain(&split(file)?, &place("its envFile"), lookup)?);
                 lines.push(format!("    env-file {}", kdl(&file)));
             }
-            if !secrets.is_empty() {
+            if let (false, Keep::EnvFile(env_file)) = (secrets.is_empty(), keep) {
                 lines.push(format!(
                     "    env-file {}",
                     kdl(&env_file.display().to_string())
@@ -564,6 +612,7 @@ pub fn convert(entry: &Entry, env_file: &Path, lookup: &Lookup<'_>) -> Result<Im
                 lines.push(format!("    pass-env {}", names.join(" ")));
             }
             lines.push("}".into());
+            lines.extend(credentials_block(keep, &secrets, true));
             let program = Path::new(&command)
                 .file_name()
                 .and_then(|n| n.to_str())
@@ -603,7 +652,12 @@ pub fn convert(entry: &Entry, env_file: &Path, lookup: &Lookup<'_>) -> Result<Im
                     continue;
                 };
                 let var = header_var(name, &secrets);
-                header_lines.push(format!("    header {} env={}", kdl(name), kdl(&var)));
+                header_lines.push(match keep.credential(&var) {
+                    Some(credential) => {
+                        format!("    header {} credential={}", kdl(name), kdl(&credential))
+                    }
+                    None => format!("    header {} env={}", kdl(name), kdl(&var)),
+                });
                 secrets.push((var, value));
                 because.push(why);
             }
@@ -611,7 +665,7 @@ pub fn convert(entry: &Entry, env_file: &Path, lookup: &Lookup<'_>) -> Result<Im
                 lines.push(format!("http {}", kdl(&url)));
             } else {
                 lines.push(format!("http {} {{", kdl(&url)));
-                if !secrets.is_empty() {
+                if let (false, Keep::EnvFile(env_file)) = (secrets.is_empty(), keep) {
                     lines.push(format!(
                         "    env-file {}",
                         kdl(&env_file.display().to_string())
@@ -619,6 +673,7 @@ pub fn convert(entry: &Entry, env_file: &Path, lookup: &Lookup<'_>) -> Result<Im
                 }
                 lines.extend(header_lines);
                 lines.push("}".into());
+                lines.extend(credentials_block(keep, &secrets, false));
             }
         }
     }
@@ -638,7 +693,13 @@ pub fn convert(entry: &Entry, env_file: &Path, lookup: &Lookup<'_>) -> Result<Im
         lines.push("}".into());
     }
     for (key, value) in &secrets {
-        if value.contains(['\n', '\r', '\0']) {
+        if matches!(keep, Keep::Credstore { .. }) {
+            if value.contains('\0') {
+                return Err(format!(
+                    "the value of {key} holds a NUL byte, which no variable can"
+                ));
+            }
+        } else if value.contains(['\n', '\r', '\0']) {
             return Err(format!(
                 "the value of {key} spans lines, which an env-file cannot hold"
             ));

@@ -74,7 +74,7 @@ pub fn pair(
     }
     for u in &ordered {
         let env_file = u.path.with_extension("env");
-        if convert::convert(entry, &env_file, lookup)
+        if convert::convert(entry, convert::Keep::EnvFile(&env_file), lookup)
             .is_ok_and(|c| convert::same_server(&c, &u.text, u.env.as_deref()))
         {
             return Ok((u.name.clone(), How::Same));
@@ -143,7 +143,9 @@ mod tests {
         };
         let unit = |name: &str, entry: &Entry| -> Unit {
             let path = units_dir.join(format!("{name}.kdl"));
-            let c = convert::convert(entry, &path.with_extension("env"), &lookup).expect("convert");
+            let env_file = path.with_extension("env");
+            let c = convert::convert(entry, convert::Keep::EnvFile(&env_file), &lookup)
+                .expect("convert");
             Unit {
                 name: name.into(),
                 path,

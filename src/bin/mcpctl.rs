@@ -112,8 +112,10 @@ enum Command {
     /// claude-desktop, claude-code, cursor, vscode, windsurf, gemini, codex
     /// (none: every host found), or a host's config FILE.
     ///
-    /// Secrets (env and header values) go to NAME.env (mode 0600) beside
-    /// the unit. Exit status 1 when anything failed.
+    /// Secrets (env and header values) go to the instance's credstore,
+    /// one file NAME.VAR (mode 0600) each, which the unit's `credentials`
+    /// block references (--env-file: to NAME.env beside the unit). Exit
+    /// status 1 when anything failed.
     Import {
         #[arg(value_name = "HOST|FILE")]
         sources: Vec<String>,
@@ -126,6 +128,10 @@ enum Command {
         /// Only these entries (host name or unit name).
         #[arg(long, value_name = "NAME", num_args = 1..)]
         only: Vec<String>,
+        /// Keep secrets in NAME.env beside the unit (0600), referenced by
+        /// `env-file`, instead of in the credstore.
+        #[arg(long)]
+        env_file: bool,
     },
     /// Point HOST's config at `mcpctl bridge` for the named units (default:
     /// every entry that is a unit), keeping a backup beside it.
@@ -146,6 +152,25 @@ enum Command {
         /// Put back the backup whole, undoing the host's changes since too.
         #[arg(long)]
         force: bool,
+    },
+    /// Manage the instance's credstore, which units' `credentials { import
+    /// … }` read (values never on the command line, never shown).
+    Credential {
+        #[command(subcommand)]
+        action: CredentialAction,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+enum CredentialAction {
+    /// Store the value read from standard input as credential NAME (0600).
+    Set { name: String },
+    /// List the stored credentials' names and sizes.
+    List,
+    /// Remove stored credentials.
+    Remove {
+        #[arg(required = true)]
+        names: Vec<String>,
     },
 }
 
@@ -262,12 +287,14 @@ fn main() -> ExitCode {
             dry_run,
             force,
             only,
+            env_file,
         } => {
             let options = mcpd::ctl::import::ImportOptions {
                 sources: sources.clone(),
                 dry_run: *dry_run,
                 force: *force,
                 only: only.clone(),
+                env_file: *env_file,
             };
             Some(mcpd::ctl::import::import(
                 instance,
@@ -297,6 +324,19 @@ fn main() -> ExitCode {
             &env,
             &mut std::io::stdout().lock(),
         )),
+        Command::Credential { action } => {
+            use mcpd::ctl::credential;
+            let store = instance.credstore();
+            Some(match action {
+                CredentialAction::Set { name } => {
+                    credential::set(&store, name, &mut std::io::stdin().lock())
+                }
+                CredentialAction::List => {
+                    credential::list(&store, cli.json, &mut std::io::stdout().lock())
+                }
+                CredentialAction::Remove { names } => credential::remove(&store, names),
+            })
+        }
         _ => None,
     };
     if let Some(result) = offline {
@@ -380,7 +420,8 @@ fn main() -> ExitCode {
             | Command::Completions { .. }
             | Command::Import { .. }
             | Command::Connect { .. }
-            | Command::Disconnect { .. } => Ok(exit::OK),
+            | Command::Disconnect { .. }
+            | Command::Credential { .. } => Ok(exit::OK),
         }
     });
     match result {

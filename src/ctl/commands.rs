@@ -67,6 +67,7 @@ struct Props {
     last_ping_timestamp: u64,
     containment: String,
     sandbox: String,
+    credentials: String,
     start: String,
     idle_stop_usec: u64,
     tasks: u64,
@@ -109,6 +110,7 @@ async fn props(server: &ServerProxy<'_>) -> Result<Props> {
         last_ping_timestamp: server.last_ping_timestamp().await.map_err(e)?,
         containment: server.containment().await.map_err(e)?,
         sandbox: server.sandbox().await.map_err(e)?,
+        credentials: server.credentials().await.map_err(e)?,
         start: server.activation().await.map_err(e)?,
         idle_stop_usec: server.idle_stop_usec().await.map_err(e)?,
         tasks: server.tasks_current().await.map_err(e)?,
@@ -152,6 +154,7 @@ impl Props {
             "last_ping_timestamp": self.last_ping_timestamp,
             "containment": self.containment,
             "sandbox": self.sandbox,
+            "credentials": self.credentials,
             "start": self.start,
             "idle_stop_usec": self.idle_stop_usec,
             "tasks_current": known(self.tasks),
@@ -344,6 +347,9 @@ fn write_block(
         }
         if !p.sandbox.is_empty() {
             writeln!(out, "    Sandbox: {}", p.sandbox)?;
+        }
+        if !p.credentials.is_empty() {
+            writeln!(out, "Credentials: {}", p.credentials)?;
         }
     }
     if !p.last_exit.is_empty() {

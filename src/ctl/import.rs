@@ -25,6 +25,9 @@ pub struct ImportOptions {
     pub force: bool,
     /// Only these entries (by their name in the host, or their unit name).
     pub only: Vec<String>,
+    /// Secrets to `UNIT.env` beside the unit (as before credentials)
+    /// rather than into the instance's credstore.
+    pub env_file: bool,
 }
 
 /// The user's directories, from `env`.
@@ -158,6 +161,7 @@ pub fn import(
 ) -> Result<u8, CtlError> {
     let dirs = dirs(env)?;
     let units = unit_dir(instance, env)?;
+    let store = crate::unit::instance::credstore(instance, env);
     let mut rows = Vec::new();
     let var = |name: &str| env(name).and_then(|v| v.into_string().ok());
     let file = |path: &Path| std::fs::read_to_string(path).ok();
@@ -235,8 +239,15 @@ pub fn import(
                 rows.push(row);
                 continue;
             }
-            let imported =
-                |name: &str| convert::convert(&entry, &units.join(format!("{name}.env")), &lookup);
+            let imported = |name: &str| {
+                let env_file = units.join(format!("{name}.env"));
+                let keep = if options.env_file {
+                    convert::Keep::EnvFile(&env_file)
+                } else {
+                    convert::Keep::Credstore { unit: name }
+                };
+                convert::convert(&entry, keep, &lookup)
+            };
             let mut converted = match imported(&name) {
                 Ok(c) => c,
                 Err(why) => {
@@ -277,7 +288,7 @@ pub fn import(
                 };
             }
             row.unit = format!("{name}.kdl");
-            let outcome = place(&units, &name, host, &converted, instance, options);
+            let outcome = place(&units, &store, &name, host, &converted, instance, options);
             row.failed = outcome.is_err();
             row.result += &match outcome {
                 Ok(done) => done,
@@ -317,9 +328,11 @@ fn same(a: &Imported, b: &Imported) -> bool {
     convert::same_server(a, &b.unit, env.as_deref())
 }
 
-/// Verifies and writes one unit (and its env-file), or says why not.
+/// Verifies and writes one unit (and its env-file or credentials), or
+/// says why not.
 fn place(
     units: &Path,
+    store: &Path,
     name: &str,
     host: Host,
     converted: &Imported,
@@ -328,7 +341,9 @@ fn place(
 ) -> Result<String, String> {
     let unit_path = units.join(format!("{name}.kdl"));
     let env_path = units.join(format!("{name}.env"));
-    let env_text = (!converted.secrets.is_empty()).then(|| converted.env_file(name, host));
+    let env_text =
+        (options.env_file && !converted.secrets.is_empty()).then(|| converted.env_file(name, host));
+    let stored = Stored::read(store, name);
     // Verified with the daemon's own loader before anything is written.
     let files = crate::unit::UnitFiles {
         main: unit_path.clone(),
@@ -347,7 +362,10 @@ fn place(
     }
     let existing = std::fs::read_to_string(&unit_path).ok();
     let existing_env = std::fs::read_to_string(&env_path).ok();
-    if existing.as_deref() == Some(converted.unit.as_str()) && existing_env == env_text {
+    if existing.as_deref() == Some(converted.unit.as_str())
+        && existing_env == env_text
+        && (options.env_file || stored.holds(name, &converted.secrets))
+    {
         return Ok("unchanged".into());
     }
     if existing.is_some() && !options.force {
@@ -363,10 +381,15 @@ fn place(
         .zip(&converted.because)
         .map(|((k, _), why)| format!("{k}: {why}"))
         .collect();
+    let kept = if options.env_file {
+        format!("{name}.env")
+    } else {
+        format!("the credstore as {name}.*")
+    };
     let secrets = match converted.secrets.len() {
         0 => String::new(),
-        1 => format!(", 1 secret in {name}.env ({})", why.join("; ")),
-        n => format!(", {n} secrets in {name}.env ({})", why.join("; ")),
+        1 => format!(", 1 secret in {kept} ({})", why.join("; ")),
+        n => format!(", {n} secrets in {kept} ({})", why.join("; ")),
     };
     if options.dry_run {
         return Ok(format!("would import{secrets}"));
@@ -380,12 +403,53 @@ fn place(
         // A replaced unit's secrets must not outlive it.
         let _ = std::fs::remove_file(&env_path);
     }
+    if !options.env_file {
+        for (var, value) in &converted.secrets {
+            super::credential::write(store, &format!("{name}.{var}"), value.as_bytes())?;
+        }
+    }
+    // Nor those it no longer has (or, with --env-file, all of them).
+    for old in &stored.1 {
+        let var = old.strip_prefix(&format!("{name}.")).unwrap_or_default();
+        if options.env_file || !converted.secrets.iter().any(|(k, _)| k == var) {
+            let _ = std::fs::remove_file(store.join(old));
+        }
+    }
     // 0600: an argument may hold what the host kept in the clear.
     write_atomically(&unit_path, converted.unit.as_bytes(), 0o600)?;
     Ok(format!("imported{secrets}"))
 }
 
 pub use crate::files::write_atomically;
+
+/// Unit `name`'s credentials in the credstore (`NAME.VAR`): the store and
+/// their file names.
+struct Stored(PathBuf, Vec<String>);
+
+impl Stored {
+    fn read(store: &Path, name: &str) -> Self {
+        let prefix = format!("{name}.");
+        Self(
+            store.to_owned(),
+            std::fs::read_dir(store)
+                .into_iter()
+                .flatten()
+                .flatten()
+                .filter_map(|e| e.file_name().into_string().ok())
+                .filter(|n| n.starts_with(&prefix))
+                .collect(),
+        )
+    }
+
+    /// Whether the credstore holds exactly `secrets` for unit `name`.
+    fn holds(&self, name: &str, secrets: &[(String, String)]) -> bool {
+        self.1.len() == secrets.len()
+            && secrets.iter().all(|(var, value)| {
+                std::fs::read(self.0.join(format!("{name}.{var}")))
+                    .is_ok_and(|held| held == value.as_bytes())
+            })
+    }
+}
 
 fn print_table(rows: &[Row], out: &mut dyn Write) -> std::io::Result<()> {
     if rows.is_empty() {

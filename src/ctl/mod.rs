@@ -4,6 +4,7 @@
 pub mod bridge;
 pub mod client;
 pub mod commands;
+pub mod credential;
 pub mod import;
 pub mod verify;
 

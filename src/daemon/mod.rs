@@ -148,6 +148,12 @@ pub async fn run(
     host.cgroups = contain(config.instance, &runtime_dir).await;
     host.scratch = scratch(&runtime_dir);
     let scratch_dir = host.scratch.clone();
+    host.credentials = crate::supervisor::credentials::Stores::new(
+        config.instance,
+        host.euid,
+        crate::supervisor::credentials::prepare(&runtime_dir),
+    );
+    let credentials_dir = host.credentials.root.clone();
     let cgroups = host.cgroups.clone();
     let mut registry = Registry::new(config, host);
     let diff = registry.reload().await;
@@ -239,6 +245,7 @@ pub async fn run(
     }
     // Emptied by the servers' ends, as their cgroups.
     let _ = std::fs::remove_dir(&scratch_dir);
+    crate::supervisor::credentials::close(&credentials_dir);
     crate::supervisor::accounting::flush_log();
     tracing::info!(target: "mcpd::daemon", "stopped");
     drop(lock);

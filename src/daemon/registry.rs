@@ -4,7 +4,8 @@
 //! A reload never trusts file events: it rescans the search path, loads
 //! every unit and compares specs. New valid units start; removed units stop
 //! and vanish; a changed transport (command, environment, user, URL, …)
-//! restarts the unit as a new generation; other changes (description,
+//! restarts the unit as a new generation (so do changed roots, limits,
+//! sandbox and credentials); other changes (description,
 //! reconnect policy, timeouts) apply in place; unchanged units are not
 //! touched. An invalid file never half-applies: a running unit keeps its
 //! last good spec and shows the load error; a new invalid unit is listed
@@ -235,11 +236,13 @@ impl Registry {
                     (Some(old), Some((supervisor, _))) => {
                         // Roots are declared in `initialize`: a new list
                         // needs a new session; limits are set on a new
-                        // process, and so is a sandbox.
+                        // process, and so is a sandbox; credentials are
+                        // delivered at a start.
                         let restarted = old.transport() != spec.transport()
                             || old.roots() != spec.roots()
                             || old.limits() != spec.limits()
-                            || old.sandbox() != spec.sandbox();
+                            || old.sandbox() != spec.sandbox()
+                            || old.credentials() != spec.credentials();
                         supervisor.apply(spec.clone(), restarted);
                         entry.spec = Some(spec);
                         let how = if restarted {

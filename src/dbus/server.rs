@@ -293,6 +293,16 @@ impl Server {
             .unwrap_or_default()
     }
 
+    /// What the server's last start was given, by name and size ("gh (40
+    /// B), db (1 file)"), never a value; empty when nothing.
+    #[zbus(property(emits_changed_signal = "false"))]
+    fn credentials(&self) -> String {
+        self.shared
+            .supervisor(&self.name)
+            .map(|s| s.credentials())
+            .unwrap_or_default()
+    }
+
     /// The unit's `start`: "always" or "on-demand".
     #[zbus(property(emits_changed_signal = "false"))]
     fn activation(&self) -> String {
@@ -814,6 +824,8 @@ pub mod client {
         fn containment(&self) -> Result<String, Error>;
         #[zbus(property(emits_changed_signal = "false"))]
         fn sandbox(&self) -> Result<String, Error>;
+        #[zbus(property(emits_changed_signal = "false"))]
+        fn credentials(&self) -> Result<String, Error>;
         #[zbus(property(emits_changed_signal = "false"))]
         fn activation(&self) -> Result<String, Error>;
         #[zbus(property(emits_changed_signal = "false"), name = "IdleStopUSec")]

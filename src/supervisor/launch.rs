@@ -11,9 +11,10 @@ use std::sync::Arc;
 use tokio::net::unix::pipe;
 
 use crate::mux::wire::Wire;
-use crate::unit::{HeaderValue, HttpSpec, Limits, Sandbox, StdioSpec, Transport, UnitSpec};
+use crate::unit::{HeaderValue, HttpSpec, Sandbox, StdioSpec, Transport, UnitSpec};
 
 use super::cgroup::{Cgroup, Usage};
+use super::credentials;
 use super::logs::{self, LogRing};
 use super::machine::{ExitStatus, Gen, Signal};
 use super::process::{self, Host};
@@ -85,6 +86,12 @@ pub trait Launcher: Send + Sync + 'static {
     fn sandbox(&self) -> String {
         String::new()
     }
+
+    /// What the last generation was given, as names and sizes ("gh (40
+    /// B), db (1 file)"); never a value. Empty when nothing.
+    fn credentials(&self) -> String {
+        String::new()
+    }
 }
 
 /// A stdio generation ready to fork.
@@ -97,6 +104,8 @@ struct Prepared {
     /// The cgroup's OOM kills before this generation.
     oom_kills: u64,
     tmp: Option<PrivateTmp>,
+    /// Its credentials directory, removed when the generation ends.
+    credentials: Option<credentials::Delivered>,
 }
 
 /// Launches real children and HTTP sessions.
@@ -109,6 +118,8 @@ pub struct SystemLauncher {
     http: Arc<std::sync::atomic::AtomicBool>,
     /// How the last generation was sandboxed, for status.
     enforced: Arc<std::sync::Mutex<String>>,
+    /// What the last generation was given, for status (names and sizes).
+    delivered: Arc<std::sync::Mutex<String>>,
     /// The last [`Launcher::usage`] reading and when it was taken.
     usage: Arc<std::sync::Mutex<Option<(std::time::Instant, Usage)>>>,
 }
@@ -128,6 +139,7 @@ impl SystemLauncher {
             logs,
             http: Arc::default(),
             enforced: Arc::default(),
+            delivered: Arc::default(),
             usage: Arc::default(),
         }
     }
@@ -136,12 +148,24 @@ impl SystemLauncher {
     /// forker ([`process::spawn_on_forker`]) in the future it returns.
     fn stdio(
         &self,
+        unit: &UnitSpec,
         spec: &StdioSpec,
-        limits: Limits,
-        sandboxed: Option<&Sandbox>,
         generation: Gen,
     ) -> BoxFuture<Result<Launched, String>> {
-        match self.prepare(spec, limits, sandboxed, generation) {
+        if encrypted(unit) {
+            // `systemd-creds decrypt` may take its time (a TPM): not on
+            // the daemon's one runtime thread.
+            let (this, unit, spec) = (self.clone(), unit.clone(), spec.clone());
+            return Box::pin(async move {
+                let prepare = this.clone();
+                let prepared =
+                    tokio::task::spawn_blocking(move || prepare.prepare(&unit, &spec, generation))
+                        .await
+                        .map_err(|e| format!("cannot prepare the start: {e}"))??;
+                this.fork(prepared, generation).await
+            });
+        }
+        match self.prepare(unit, spec, generation) {
             Ok(prepared) => Box::pin(self.clone().fork(prepared, generation)),
             Err(e) => Box::pin(std::future::ready(Err(e))),
         }
@@ -150,11 +174,11 @@ impl SystemLauncher {
     /// Everything before the fork: what can fail with a reason does.
     fn prepare(
         &self,
+        unit: &UnitSpec,
         spec: &StdioSpec,
-        limits: Limits,
-        sandboxed: Option<&Sandbox>,
         generation: Gen,
     ) -> Result<Prepared, String> {
+        let (limits, sandboxed) = (unit.limits(), unit.sandbox());
         if let Ok(mut enforced) = self.enforced.lock() {
             enforced.clear();
         }
@@ -177,8 +201,15 @@ impl SystemLauncher {
         if let Some(n) = limits.core {
             plan.core = Some(process::core_limit(n, self.host.euid)?);
         }
+        let credentials = self.deliver(unit, &mut plan, generation)?;
         let confinement = match (sandboxed, &tmp) {
-            (Some(sandboxed), Some(tmp)) => Some(self.confine(sandboxed, spec, &plan, tmp)?),
+            (Some(sandboxed), Some(tmp)) => Some(self.confine(
+                sandboxed,
+                spec,
+                &plan,
+                tmp,
+                credentials.as_ref().map(|c| c.dir.as_path()),
+            )?),
             _ => None,
         };
         let cgroup = self.cgroup();
@@ -200,6 +231,10 @@ impl SystemLauncher {
             }
             None => None,
         };
+        // Shown once the start is prepared: a start that failed gave none.
+        if let (Some(d), Ok(mut shown)) = (&credentials, self.delivered.lock()) {
+            *shown = d.listing.to_string();
+        }
         Ok(Prepared {
             plan,
             procs,
@@ -207,12 +242,42 @@ impl SystemLauncher {
             cgroup,
             oom_kills,
             tmp,
+            credentials,
         })
+    }
+
+    /// Delivers the unit's credentials for this generation (DESIGN §16)
+    /// and puts `CREDENTIALS_DIRECTORY` and the `env` lines into the plan;
+    /// fails closed.
+    fn deliver(
+        &self,
+        unit: &UnitSpec,
+        plan: &mut process::Plan,
+        generation: Gen,
+    ) -> Result<Option<credentials::Delivered>, String> {
+        if let Ok(mut delivered) = self.delivered.lock() {
+            delivered.clear();
+        }
+        let owner = plan.credentials.as_ref().map(|c| (c.uid, c.gid));
+        let delivered = credentials::deliver(
+            unit.credentials(),
+            &self.host.credentials,
+            &self.name,
+            generation,
+            owner,
+        )?;
+        if let Some(d) = &delivered {
+            for (var, value) in &d.env {
+                plan.set_var(var, value.clone());
+            }
+        }
+        Ok(delivered)
     }
 
     /// Forks a prepared generation and wires it up.
     async fn fork(self, prepared: Prepared, generation: Gen) -> Result<Launched, String> {
         let (cgroup, oom_kills, tmp) = (prepared.cgroup, prepared.oom_kills, prepared.tmp);
+        let credentials = prepared.credentials;
         let mut child =
             process::spawn_on_forker(prepared.plan, prepared.procs, prepared.confinement)
                 .await
@@ -282,6 +347,8 @@ impl SystemLauncher {
                 // actor's thread.
                 let _ = tokio::task::spawn_blocking(move || drop(tmp)).await;
             }
+            // The generation is over: its credentials go with it.
+            drop(credentials);
             status
         });
         Ok(Launched {
@@ -300,6 +367,7 @@ impl SystemLauncher {
         spec: &StdioSpec,
         plan: &process::Plan,
         tmp: &PrivateTmp,
+        credentials: Option<&std::path::Path>,
     ) -> Result<Confinement, String> {
         let cannot = |why: String| format!("cannot sandbox the server: {why}");
         let enforcement = sandbox::decide(sandboxed.network, &self.host.sandbox).map_err(cannot)?;
@@ -314,6 +382,7 @@ impl SystemLauncher {
                 program: &plan.program,
                 working_directory: spec.working_directory(),
                 tmpdir: &tmp.path,
+                credentials,
                 path: &path,
                 home: std::path::Path::new(&home),
             },
@@ -339,7 +408,7 @@ impl SystemLauncher {
         self.host.cgroups.as_ref().map(|c| c.server(&self.name))
     }
 
-    fn http(&self, spec: &HttpSpec) -> Result<Launched, String> {
+    fn http(&self, unit: &UnitSpec, spec: &HttpSpec) -> Result<Launched, String> {
         install_crypto_provider();
         let mut headers = std::collections::HashMap::new();
         // Read at every connect, as a stdio server's are at every spawn.
@@ -347,14 +416,32 @@ impl SystemLauncher {
         for file in spec.env_files() {
             vars.extend(super::envfile::read(file)?);
         }
+        let items = self.http_credentials(unit)?;
         for (name, value) in spec.headers() {
             let text = match value {
-                HeaderValue::Literal(secret) => secret.expose(),
+                HeaderValue::Literal(secret) => std::borrow::Cow::Borrowed(secret.expose()),
+                HeaderValue::Credential {
+                    name: credential,
+                    format,
+                } => {
+                    let bytes = credentials::value(&items, credential, &self.host.credentials)
+                        .map_err(|e| format!("header {name}: {e}"))?;
+                    let value = std::str::from_utf8(bytes).map_err(|_| {
+                        format!("header {name}: credential {credential} is not UTF-8 text")
+                    })?;
+                    // A file's last newline is not part of a header.
+                    let value = value.strip_suffix('\n').unwrap_or(value);
+                    std::borrow::Cow::Owned(format.replacen(
+                        crate::unit::spec::CREDENTIAL_PLACEHOLDER,
+                        value,
+                        1,
+                    ))
+                }
                 HeaderValue::Env(var) => vars
                     .iter()
                     .rev()
                     .find(|(k, _)| k == var)
-                    .map(|(_, v)| v.as_str())
+                    .map(|(_, v)| std::borrow::Cow::Borrowed(v.as_str()))
                     .ok_or_else(|| {
                         let files: Vec<String> = spec
                             .env_files()
@@ -366,18 +453,33 @@ impl SystemLauncher {
             };
             let name = http::HeaderName::from_bytes(name.as_bytes())
                 .map_err(|_| format!("header {name}: invalid name"))?;
-            let mut value = http::HeaderValue::from_str(text)
+            let mut value = http::HeaderValue::from_str(&text)
                 .map_err(|_| format!("header {name}: invalid value"))?;
+
             value.set_sensitive(true);
             headers.insert(name, value);
         }
         let wire = super::http::connect(spec.url().as_str(), headers);
+        if let Ok(mut shown) = self.delivered.lock() {
+            *shown = credentials::Listing::of(&items).to_string();
+        }
         let connect: BoxFuture<Result<Wire, ConnectError>> = Box::pin(async move { Ok(wire) });
         Ok(Launched {
             pid: None,
             connect,
             exit: None,
         })
+    }
+}
+
+impl SystemLauncher {
+    /// An HTTP unit's credentials, read at each connect (no directory:
+    /// they go into headers only).
+    fn http_credentials(&self, unit: &UnitSpec) -> Result<Vec<credentials::Item>, String> {
+        if let Ok(mut delivered) = self.delivered.lock() {
+            delivered.clear();
+        }
+        credentials::read(unit.credentials(), &self.host.credentials)
     }
 }
 
@@ -449,6 +551,11 @@ fn unlock(dir: &std::path::Path) {
     }
 }
 
+/// Whether a start of `unit` runs `systemd-creds decrypt`.
+fn encrypted(unit: &UnitSpec) -> bool {
+    unit.credentials().sources().iter().any(|c| c.encrypted)
+}
+
 /// rustls needs a process-wide crypto provider; we build with ring only.
 fn install_crypto_provider() {
     static ONCE: std::sync::Once = std::sync::Once::new();
@@ -461,8 +568,17 @@ impl Launcher for SystemLauncher {
     fn launch(&self, spec: &UnitSpec, generation: Gen) -> BoxFuture<Result<Launched, String>> {
         self.configure(spec);
         match spec.transport() {
-            Transport::Stdio(stdio) => self.stdio(stdio, spec.limits(), spec.sandbox(), generation),
-            Transport::Http(http) => Box::pin(std::future::ready(self.http(http))),
+            Transport::Stdio(stdio) => self.stdio(spec, stdio, generation),
+            Transport::Http(http) if encrypted(spec) => {
+                // As for a stdio unit: `systemd-creds` off the runtime thread.
+                let (this, spec, http) = (self.clone(), spec.clone(), http.clone());
+                Box::pin(async move {
+                    tokio::task::spawn_blocking(move || this.http(&spec, &http))
+                        .await
+                        .map_err(|e| format!("cannot prepare the connect: {e}"))?
+                })
+            }
+            Transport::Http(http) => Box::pin(std::future::ready(self.http(spec, http))),
         }
     }
 
@@ -509,6 +625,10 @@ impl Launcher for SystemLauncher {
 
     fn sandbox(&self) -> String {
         self.enforced.lock().map(|s| s.clone()).unwrap_or_default()
+    }
+
+    fn credentials(&self) -> String {
+        self.delivered.lock().map(|s| s.clone()).unwrap_or_default()
     }
 
     fn configure(&self, spec: &UnitSpec) {

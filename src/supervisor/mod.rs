@@ -18,6 +18,7 @@ mod actor;
 pub mod cache;
 pub mod cgroup;
 mod clock;
+pub mod credentials;
 pub mod envfile;
 mod events;
 pub mod http;
@@ -248,6 +249,12 @@ impl Supervisor {
     /// none"); empty when it was not.
     pub fn sandbox(&self) -> String {
         self.launcher.sandbox()
+    }
+
+    /// What the last generation was given: credential names and sizes
+    /// ("gh (40 B), db (1 file)"), never a value; empty when nothing.
+    pub fn credentials(&self) -> String {
+        self.launcher.credentials()
     }
 
     /// What its processes use now, where the containment tells.

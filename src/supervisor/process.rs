@@ -37,6 +37,8 @@ pub struct Host {
     /// Where sandboxed servers' private temp directories are made (the
     /// daemon's runtime directory's `tmp`, emptied at start).
     pub scratch: PathBuf,
+    /// Where credentials come from and go (DESIGN §16).
+    pub credentials: super::credentials::Stores,
 }
 
 impl Host {
@@ -48,6 +50,11 @@ impl Host {
             cgroups: None,
             sandbox: super::sandbox::Offer::probe(rustix::process::geteuid().as_raw()),
             scratch: std::env::temp_dir(),
+            credentials: super::credentials::Stores::new(
+                instance,
+                rustix::process::geteuid().as_raw(),
+                std::env::temp_dir(),
+            ),
         }
     }
 }
@@ -182,6 +189,11 @@ impl Plan {
     /// The value the child gets for `key`.
     pub fn var(&self, key: &str) -> Option<&OsString> {
         self.env.iter().find(|(k, _)| k == key).map(|(_, v)| v)
+    }
+
+    /// Sets `key` for the child (credentials, DESIGN §16).
+    pub fn set_var(&mut self, key: &str, value: OsString) {
+        set(&mut self.env, key.to_owned(), value);
     }
 }
 
@@ -583,6 +595,11 @@ mod tests {
             cgroups: None,
             sandbox: crate::supervisor::sandbox::Offer::probe(0),
             scratch: std::env::temp_dir(),
+            credentials: crate::supervisor::credentials::Stores::new(
+                Instance::User,
+                0,
+                std::env::temp_dir(),
+            ),
         }
     }
 

@@ -218,6 +218,8 @@ pub struct Site<'a> {
     pub working_directory: Option<&'a Path>,
     /// The private temp directory (`TMPDIR`).
     pub tmpdir: &'a Path,
+    /// The generation's credentials directory, readable (DESIGN §16).
+    pub credentials: Option<&'a Path>,
     /// The child's PATH, to find a `#!/usr/bin/env NAME` interpreter.
     pub path: &'a OsStr,
     /// The child's HOME: a prefix is never the whole home directory.
@@ -244,6 +246,7 @@ pub fn grants(sandbox: &Sandbox, site: Site<'_>) -> Grants {
         g.read.push(resolv);
     }
     g.read.extend(site.working_directory.map(Path::to_owned));
+    g.read.extend(site.credentials.map(Path::to_owned));
     g.read.extend(sandbox.read_only.iter().cloned());
     g.write.push(site.tmpdir.to_owned());
     g.write.extend(sandbox.read_write.iter().cloned());
@@ -741,6 +744,7 @@ mod tests {
                 program: &script,
                 working_directory: None,
                 tmpdir: Path::new("/run/x/tmp"),
+                credentials: None,
                 path: OsStr::new("/usr/bin"),
                 home: Path::new("/nonexistent"),
             },

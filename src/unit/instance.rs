@@ -67,6 +67,12 @@ impl Instance {
         state_dir(self, |var| std::env::var_os(var))
     }
 
+    /// The credstore of this instance (DESIGN §16) as seen from this
+    /// process's environment; see [`credstore`].
+    pub fn credstore(self) -> PathBuf {
+        credstore(self, |var| std::env::var_os(var))
+    }
+
     /// The rules units are loaded under by this instance's daemon, run as
     /// this process's user.
     pub fn load_context(self) -> Context {
@@ -141,6 +147,22 @@ pub fn runtime_dir(
 /// `~/.local/state/mcpd`) for a user instance. systemd's
 /// `$STATE_DIRECTORY` (from `StateDirectory=mcpd`, its first entry) wins
 /// over both, and `MCPD_STATE_DIR` over everything (tests, several daemons).
+/// The credstore `credentials { import … }` looks in first and `mcpctl
+/// credential` and `mcpctl import` write (DESIGN §16):
+/// `/etc/mcpd/credstore` for the system instance,
+/// `$XDG_CONFIG_HOME/mcpd/credstore` (else `~/.config/mcpd/credstore`) for
+/// a user instance.
+pub fn credstore(instance: Instance, env: impl Fn(&str) -> Option<OsString>) -> PathBuf {
+    let absolute = |var: &str| env(var).map(PathBuf::from).filter(|p| p.is_absolute());
+    match instance {
+        Instance::System => PathBuf::from("/etc/mcpd/credstore"),
+        Instance::User => absolute("XDG_CONFIG_HOME")
+            .or_else(|| absolute("HOME").map(|h| h.join(".config")))
+            .unwrap_or_else(|| PathBuf::from("/nonexistent/.config"))
+            .join("mcpd/credstore"),
+    }
+}
+
 pub fn state_dir(instance: Instance, env: impl Fn(&str) -> Option<OsString>) -> PathBuf {
     let absolute = |var: &str| env(var).map(PathBuf::from).filter(|p| p.is_absolute());
     if let Some(dir) = absolute("MCPD_STATE_DIR") {

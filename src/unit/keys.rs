@@ -20,6 +20,7 @@ pub enum Block {
     Limits,
     Sandbox,
     Tools,
+    Credentials,
 }
 
 impl Block {
@@ -34,6 +35,7 @@ impl Block {
             Block::Limits => Some("limits"),
             Block::Sandbox => Some("sandbox"),
             Block::Tools => Some("tools"),
+            Block::Credentials => Some("credentials"),
         }
     }
 
@@ -85,6 +87,8 @@ pub enum Kind {
     /// A size in bytes: an integer, or a string with a K/M/G/T suffix
     /// (powers of 1024, as systemd reads them).
     Size,
+    /// Two strings: a name and what it stands for (`load "NAME" "PATH"`).
+    Pair,
 }
 
 /// How a later layer (a drop-in) combines with an earlier one.
@@ -149,6 +153,11 @@ pub enum Field {
     Alias,
     ToolsAllow(usize),
     ToolsDeny(usize),
+    Credentials,
+    CredentialLoad(usize),
+    CredentialImport(usize),
+    CredentialEncrypted(usize),
+    CredentialEnv(usize),
 }
 
 impl Field {
@@ -224,7 +233,7 @@ const fn key(
     }
 }
 
-use Block::{Health, Http, Limits, Reconnect, Sandbox, Stdio, Tools, Top};
+use Block::{Credentials, Health, Http, Limits, Reconnect, Sandbox, Stdio, Tools, Top};
 use Merge::{Append, AppendUnique, ByName, Replace};
 
 /// Every key, in the order the man page documents them.
@@ -390,6 +399,49 @@ pub const KEYS: &[Key] = &[
         Replace,
         None,
         "{ deny \"delete_*\" }",
+    ),
+    key(
+        Top,
+        "credentials",
+        Kind::Block {
+            inner: Credentials,
+            required: false,
+        },
+        Replace,
+        Some(Field::Credentials),
+        "{ load \"gh\" \"/etc/mcpd/gh.token\"; }",
+    ),
+    key(
+        Credentials,
+        "load",
+        Kind::Pair,
+        ByName,
+        Some(Field::CredentialLoad(0)),
+        "\"gh\" \"/etc/mcpd/gh.token\"",
+    ),
+    key(
+        Credentials,
+        "import",
+        Kind::Strings,
+        AppendUnique,
+        Some(Field::CredentialImport(0)),
+        "\"github.*\"",
+    ),
+    key(
+        Credentials,
+        "load-encrypted",
+        Kind::Pair,
+        ByName,
+        Some(Field::CredentialEncrypted(0)),
+        "\"gh\" \"/etc/mcpd/gh.cred\"",
+    ),
+    key(
+        Credentials,
+        "env",
+        Kind::Pair,
+        ByName,
+        Some(Field::CredentialEnv(0)),
+        "\"GITHUB_TOKEN\" \"gh\"",
     ),
     key(
         Tools,
@@ -627,7 +679,16 @@ mod tests {
 
     #[test]
     fn every_block_is_a_key_and_every_field_names_one_key() {
-        for block in [Stdio, Http, Reconnect, Health, Limits, Sandbox, Tools] {
+        for block in [
+            Stdio,
+            Http,
+            Reconnect,
+            Health,
+            Limits,
+            Sandbox,
+            Tools,
+            Credentials,
+        ] {
             let name = block.name().expect("a nested block has a name");
             let row = lookup(Top, name).expect("the block is a top-level key");
             assert!(matches!(

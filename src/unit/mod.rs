@@ -30,6 +30,7 @@ pub use load::{Context, Loader, UnitFiles, load, load_in, load_with};
 pub use name::UnitName;
 pub use search::{Found, discover, search_path};
 pub use spec::{
-    Activation, HeaderValue, HealthPolicy, HttpSpec, Limits, Network, Protocol, RateLimit,
-    ReconnectPolicy, Sandbox, Secret, StdioSpec, ToolFilter, Transport, UnitDraft, UnitSpec,
+    Activation, Credential, CredentialsSpec, HeaderValue, HealthPolicy, HttpSpec, Limits, Network,
+    Protocol, RateLimit, ReconnectPolicy, Sandbox, Secret, StdioSpec, ToolFilter, Transport,
+    UnitDraft, UnitSpec,
 };

@@ -111,6 +111,8 @@ pub struct UnitSpec {
     alias: Option<String>,
     /// `tools { allow …; deny … }`.
     tool_filter: ToolFilter,
+    /// `credentials { … }` (DESIGN §16); empty: none.
+    credentials: CredentialsSpec,
 }
 
 /// Which of a server's tools are published and may be called: a tool
@@ -236,13 +238,19 @@ pub struct HttpSpec {
     headers: Vec<(String, HeaderValue)>,
 }
 
-/// A request header's value: written in the unit, or a variable of the
-/// unit's `env-file`s, read at each connect (DESIGN §11: secrets stay out
-/// of unit files).
+/// A request header's value: written in the unit, a variable of the
+/// unit's `env-file`s, or one of its credentials, read at each connect
+/// (DESIGN §11, §16: secrets stay out of unit files).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum HeaderValue {
     Literal(Secret),
     Env(String),
+    /// `credential="gh" format="Bearer {}"`: the credential's value put
+    /// where `format` has `{}`.
+    Credential {
+        name: String,
+        format: String,
+    },
 }
 
 /// An unchecked header value.
@@ -250,6 +258,49 @@ pub enum HeaderValue {
 pub enum HeaderDraft {
     Value(String),
     Env(String),
+    Credential {
+        credential: String,
+        format: Option<String>,
+    },
+}
+
+/// Where `format` puts a header credential's value.
+pub const CREDENTIAL_PLACEHOLDER: &str = "{}";
+
+/// The variable a server finds its credentials directory in.
+pub const CREDENTIALS_DIRECTORY: &str = "CREDENTIALS_DIRECTORY";
+
+/// `credentials { … }` (DESIGN §16): what a server is given at each start,
+/// by reference. The values are read by the supervisor, never here.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct CredentialsSpec {
+    sources: Vec<Credential>,
+    import: Vec<String>,
+    env: Vec<(String, String)>,
+}
+
+/// One `load` or `load-encrypted` line.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Credential {
+    /// Its name in the credentials directory.
+    pub name: String,
+    /// Absolute: a file, or (not encrypted) a directory of files.
+    pub path: PathBuf,
+    /// A `systemd-creds encrypt` file, decrypted at each start.
+    pub encrypted: bool,
+}
+
+/// An unchecked `credentials` block.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct CredentialsDraft {
+    /// `load "NAME" "PATH"`.
+    pub load: Vec<(String, String)>,
+    /// `import "GLOB"`.
+    pub import: Vec<String>,
+    /// `load-encrypted "NAME" "PATH"`.
+    pub load_encrypted: Vec<(String, String)>,
+    /// `env "VAR" "NAME"`.
+    pub env: Vec<(String, String)>,
 }
 
 impl From<&str> for HeaderDraft {
@@ -320,6 +371,8 @@ pub struct UnitDraft {
     pub limits: LimitsDraft,
     /// `sandbox`: Some when the block is given (even empty).
     pub sandbox: Option<SandboxDraft>,
+    /// `credentials`: Some when the block is given (even empty).
+    pub credentials: Option<CredentialsDraft>,
     /// `log-rate-limit`: `Some(None)` is `#false`; the count is checked here.
     pub log_rate_limit: Option<Option<(i128, Duration)>>,
     pub startup_timeout: Option<Duration>,
@@ -747,6 +800,148 @@ impl Judge {
         globs
     }
 
+    /// `credentials { … }`: names, absolute paths, globs, variables.
+    fn credentials(&mut self, draft: CredentialsDraft) -> CredentialsSpec {
+        let mut sources: Vec<Credential> = Vec::new();
+        let lines = draft
+            .load
+            .into_iter()
+            .enumerate()
+            .map(|(i, line)| (Field::CredentialLoad(i), line, false))
+            .chain(
+                draft
+                    .load_encrypted
+                    .into_iter()
+                    .enumerate()
+                    .map(|(i, line)| (Field::CredentialEncrypted(i), line, true)),
+            );
+        for (field, (name, path), encrypted) in lines {
+            if !is_credential_name(&name) {
+                self.fail(
+                    field.clone(),
+                    format!(
+                        "`{}`: \"{}\" is not a credential name (a file name: no `/`, not `.` or `..`, at most 255 bytes)",
+                        field.key(),
+                        name.escape_debug()
+                    ),
+                );
+            } else if sources.iter().any(|c| c.name == name) {
+                self.fail(
+                    field.clone(),
+                    format!(
+                        "`{}`: credential \"{name}\" is already loaded by another line",
+                        field.key()
+                    ),
+                );
+            }
+            self.no_nul(field.clone(), &path);
+            let path = PathBuf::from(path);
+            self.absolute_path(field, &path);
+            sources.push(Credential {
+                name,
+                path,
+                encrypted,
+            });
+        }
+        for (i, glob) in draft.import.iter().enumerate() {
+            let field = Field::CredentialImport(i);
+            if glob.is_empty() || glob.contains('/') || glob.chars().any(char::is_control) {
+                self.fail(
+                    field,
+                    format!(
+                        "`credentials.import`: \"{}\" is not a pattern of credential names",
+                        glob.escape_debug()
+                    ),
+                )
+                .help = Some("write a name or a glob such as \"github.*\"".into());
+            }
+        }
+        let spec = CredentialsSpec {
+            sources,
+            import: draft.import,
+            env: Vec::new(),
+        };
+        let mut env = Vec::with_capacity(draft.env.len());
+        for (i, (var, name)) in draft.env.into_iter().enumerate() {
+            let field = Field::CredentialEnv(i);
+            self.env_name(field.clone(), &var);
+            if var == CREDENTIALS_DIRECTORY {
+                self.fail(
+                    field.clone(),
+                    format!("`credentials.env`: {CREDENTIALS_DIRECTORY} is set by mcpd itself"),
+                );
+            } else if env.iter().any(|(v, _): &(String, String)| *v == var) {
+                self.fail(
+                    field.clone(),
+                    format!("`credentials.env`: {var} is given twice"),
+                );
+            }
+            if !spec.names(&name) {
+                self.fail(
+                    field,
+                    format!(
+                        "`credentials.env`: {var} names credential \"{}\", which no `load`, `load-encrypted` or `import` line gives",
+                        name.escape_debug()
+                    ),
+                );
+            }
+            env.push((var, name));
+        }
+        CredentialsSpec { env, ..spec }
+    }
+
+    /// Cross-field rules of credentials and the transport: `env` only for
+    /// a process, not beside the same `stdio.env`; a header's credential
+    /// is one the unit gives.
+    fn credential_uses(&mut self, credentials: &CredentialsSpec, transport: Option<&Transport>) {
+        match transport {
+            Some(Transport::Stdio(stdio)) => {
+                for (i, (var, _)) in credentials.env.iter().enumerate() {
+                    if stdio.env.contains_key(var) {
+                        self.fail(
+                            Field::CredentialEnv(i),
+                            format!("`credentials.env`: {var} is also set by `stdio.env`"),
+                        )
+                        .related = Some(Field::Env(var.clone()));
+                    }
+                }
+                if stdio.env.contains_key(CREDENTIALS_DIRECTORY) {
+                    self.fail(
+                        Field::Env(CREDENTIALS_DIRECTORY.into()),
+                        format!("`stdio.env`: {CREDENTIALS_DIRECTORY} is set by mcpd itself"),
+                    );
+                }
+            }
+            Some(Transport::Http(http)) => {
+                if !credentials.env.is_empty() {
+                    self.fail(
+                        Field::CredentialEnv(0),
+                        "`credentials.env` sets a variable of a server's process; an `http` unit has none",
+                    )
+                    .help = Some("use `header \"NAME\" credential=\"…\"`".into());
+                }
+                for (i, (header, value)) in http.headers.iter().enumerate() {
+                    if let HeaderValue::Credential { name, .. } = value
+                        && !credentials.names(name)
+                    {
+                        self.fail(
+                            Field::Header(i),
+                            format!(
+                                "`http.header`: \"{header}\" takes credential \"{}\", which no `credentials` line gives",
+                                name.escape_debug()
+                            ),
+                        )
+                        .help = Some(format!(
+                            "add `credentials {{ load \"{}\" \"/path/to/file\" }}`",
+                            name.escape_debug()
+                        ));
+                    }
+                }
+            }
+            None => {}
+        }
+    }
+
     fn finish<T>(self, value: T) -> Result<T, Vec<SpecError>> {
         if self.errors.is_empty() {
             Ok(value)
@@ -878,6 +1073,12 @@ impl UnitSpec {
             }),
         };
 
+        let credentials = draft
+            .credentials
+            .map(|d| judge.credentials(d))
+            .unwrap_or_default();
+        judge.credential_uses(&credentials, transport.as_ref());
+
         let roots = judge.roots(draft.roots);
         let groups = judge.groups(draft.groups);
         if let Some(alias) = &draft.alias
@@ -909,6 +1110,7 @@ impl UnitSpec {
                 groups,
                 alias: draft.alias,
                 tool_filter,
+                credentials,
             }),
             None => Err(judge.errors),
         }
@@ -992,6 +1194,53 @@ impl UnitSpec {
     pub fn alias(&self) -> Option<&str> {
         self.alias.as_deref()
     }
+
+    /// What the server is given at each start (DESIGN §16).
+    pub fn credentials(&self) -> &CredentialsSpec {
+        &self.credentials
+    }
+}
+
+impl CredentialsSpec {
+    /// No credentials at all.
+    pub fn is_empty(&self) -> bool {
+        self.sources.is_empty() && self.import.is_empty()
+    }
+
+    /// `load` and `load-encrypted` lines, in order.
+    pub fn sources(&self) -> &[Credential] {
+        &self.sources
+    }
+
+    /// `import` globs, matched against the names in the credstores.
+    pub fn import(&self) -> &[String] {
+        &self.import
+    }
+
+    /// `env "VAR" "NAME"` lines.
+    pub fn env(&self) -> &[(String, String)] {
+        &self.env
+    }
+
+    /// Whether `name` may be delivered: named by a `load` line or matched
+    /// by an `import` glob.
+    pub fn names(&self, name: &str) -> bool {
+        self.sources.iter().any(|c| c.name == name)
+            || self
+                .import
+                .iter()
+                .any(|g| wildmatch::WildMatch::new(g).matches(name))
+    }
+}
+
+/// A credential's name: a file name (systemd's rule), at most 255 bytes.
+pub fn is_credential_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 255
+        && name != "."
+        && name != ".."
+        && !name.contains('/')
+        && !name.chars().any(char::is_control)
 }
 
 impl StdioSpec {
@@ -1156,6 +1405,26 @@ impl HttpSpec {
                         .help = Some("add `env-file \"/path/to/NAME.env\"` holding `VAR=value`".into());
                     }
                     HeaderValue::Env(var)
+                }
+                HeaderDraft::Credential { credential, format } => {
+                    let format = format.unwrap_or_else(|| CREDENTIAL_PLACEHOLDER.into());
+                    if format.matches(CREDENTIAL_PLACEHOLDER).count() != 1 {
+                        judge
+                            .fail(
+                                Field::Header(i),
+                                format!("`http.header`: the format of \"{name}\" must hold `{{}}` once, where the credential goes"),
+                            )
+                            .help = Some("write `format=\"Bearer {}\"`".into());
+                    } else if format.chars().any(|c| c.is_control() && c != '\t') {
+                        judge.fail(
+                            Field::Header(i),
+                            format!("`http.header`: the format of \"{name}\" contains a control character"),
+                        );
+                    }
+                    HeaderValue::Credential {
+                        name: credential,
+                        format,
+                    }
                 }
             };
             headers.push((name, value));

@@ -18,8 +18,8 @@ use miette::SourceSpan;
 
 use super::keys::{self, Block, Key, Kind, Merge};
 use super::spec::{
-    Field, HeaderDraft, HealthDraft, HttpDraft, LimitsDraft, ReconnectDraft, SandboxDraft,
-    StdioDraft, UnitDraft,
+    CredentialsDraft, Field, HeaderDraft, HealthDraft, HttpDraft, LimitsDraft, ReconnectDraft,
+    SandboxDraft, StdioDraft, UnitDraft,
 };
 
 /// Where something was written: file index (into the unit's file list) and span.
@@ -73,6 +73,9 @@ pub struct Layer {
     env: BTreeMap<String, At<String>>,
     /// `http.header`: name and value.
     headers: Vec<At<(String, HeaderDraft)>>,
+    /// Keys of [`Kind::Pair`] (`credentials.load`, …), by path: a name and
+    /// its value, replaced by name.
+    pairs: BTreeMap<String, Vec<At<(String, String)>>>,
     /// The blocks this file opens (`stdio`, `http`, …), where first opened.
     blocks: BTreeMap<Block, Loc>,
     /// Fields whose value was rejected here; spec errors about them would
@@ -181,6 +184,7 @@ impl Reader<'_> {
             Block::Reconnect,
             Block::Sandbox,
             Block::Tools,
+            Block::Credentials,
             Block::Top,
         ]
         .into_iter()
@@ -613,6 +617,11 @@ impl Reader<'_> {
                 return;
             }
             Kind::Env => return self.env(node, &mut layer.env),
+            Kind::Pair => {
+                let pairs = layer.pairs.entry(path.clone()).or_default();
+                let field = indexed(&field, pairs.len());
+                return self.pair(node, &path, field, key.example, pairs);
+            }
             Kind::Header => return self.header(node, &mut layer.headers),
             Kind::String => at(
                 self.single_string(node, &path, field, key.example),
@@ -740,6 +749,54 @@ impl Reader<'_> {
         }
     }
 
+    /// `load "NAME" "PATH"`: two strings; a name given twice in one file is
+    /// reported at the second.
+    fn pair(
+        &mut self,
+        node: &KdlNode,
+        key: &str,
+        field: Field,
+        example: &str,
+        pairs: &mut Vec<At<(String, String)>>,
+    ) {
+        self.no_children(node, key);
+        self.no_properties(node, key);
+        let args = arguments(node);
+        let [name, value] = args.as_slice() else {
+            self.bad(
+                field,
+                node.name().span(),
+                format!("`{key}` takes two values, found {}", args.len()),
+                "expected two strings",
+                Some(format!("write `{} {example}`", leaf(key))),
+            );
+            return;
+        };
+        let (Some(name), Some(value)) = (
+            self.string(name, key, &field),
+            self.string(value, key, &field),
+        ) else {
+            return;
+        };
+        if let Some(first) = pairs
+            .iter()
+            .find(|p| p.value.0 == name.value && p.loc.file == self.file)
+        {
+            self.issues.push(Issue {
+                loc: name.loc,
+                message: format!("`{key}`: \"{}\" is given twice", name.value),
+                label: "given again here".into(),
+                help: None,
+                related: Some((first.loc.span, "first given here".into())),
+            });
+            return;
+        }
+        pairs.push(At {
+            value: (name.value, value.value),
+            loc: name.loc,
+        });
+    }
+
     /// `http "URL"`: the block itself and its one URL argument.
     fn endpoint(&mut self, key: &Key, node: &KdlNode, layer: &mut Layer) {
         let path = key.path();
@@ -788,6 +845,53 @@ impl Reader<'_> {
             .filter(|e| e.name().is_some())
             .collect();
         let args = arguments(node);
+        // `header "Authorization" credential="gh" format="Bearer {}"`.
+        if let [name] = args.as_slice()
+            && props
+                .iter()
+                .any(|p| p.name().is_some_and(|n| n.value() == "credential"))
+        {
+            let name = self.string(name, "http.header", &field);
+            let mut credential = None;
+            let mut format = None;
+            for prop in &props {
+                let key = prop.name().map_or("", |n| n.value());
+                let slot = match key {
+                    "credential" => &mut credential,
+                    "format" => &mut format,
+                    other => {
+                        self.bad(
+                            field.clone(),
+                            prop.span(),
+                            format!("`http.header`: unknown property `{other}`"),
+                            "unknown property",
+                            Some("write `header \"Authorization\" credential=\"gh\" format=\"Bearer {}\"`".into()),
+                        );
+                        continue;
+                    }
+                };
+                match prop.value() {
+                    KdlValue::String(s) => *slot = Some(s.clone()),
+                    other => self.bad(
+                        field.clone(),
+                        prop.span(),
+                        format!(
+                            "`http.header`: `{key}` takes a string, found a {}",
+                            kind(other)
+                        ),
+                        "expected a string",
+                        None,
+                    ),
+                }
+            }
+            if let (Some(name), Some(credential)) = (name, credential) {
+                headers.push(At {
+                    value: (name.value, HeaderDraft::Credential { credential, format }),
+                    loc: name.loc,
+                });
+            }
+            return;
+        }
         // `header "Authorization" env="API_TOKEN"`: the value from an env-file.
         if let ([name], [prop]) = (args.as_slice(), props.as_slice())
             && prop.name().is_some_and(|n| n.value() == "env")
@@ -874,6 +978,10 @@ fn indexed(field: &Field, index: usize) -> Field {
         Field::ToolsDeny(_) => Field::ToolsDeny(index),
         Field::ReadOnlyPaths(_) => Field::ReadOnlyPaths(index),
         Field::ReadWritePaths(_) => Field::ReadWritePaths(index),
+        Field::CredentialLoad(_) => Field::CredentialLoad(index),
+        Field::CredentialImport(_) => Field::CredentialImport(index),
+        Field::CredentialEncrypted(_) => Field::CredentialEncrypted(index),
+        Field::CredentialEnv(_) => Field::CredentialEnv(index),
         other => other.clone(),
     }
 }
@@ -944,6 +1052,13 @@ impl Layer {
             }
         }
         self.env.extend(later.env);
+        for (path, pairs) in later.pairs {
+            let mine = self.pairs.entry(path).or_default();
+            for pair in pairs {
+                mine.retain(|p| p.value.0 != pair.value.0);
+                mine.push(pair);
+            }
+        }
         for header in later.headers {
             self.headers
                 .retain(|h| !h.value.0.eq_ignore_ascii_case(&header.value.0));
@@ -1039,6 +1154,19 @@ impl Layer {
                 network: d.string(&mut self, "sandbox.network"),
             }
         });
+        let credentials = self.blocks.get(&Block::Credentials).copied().map(|loc| {
+            d.locs.insert(Field::Credentials, loc);
+            CredentialsDraft {
+                load: d.pairs(&mut self, "credentials.load", Field::CredentialLoad),
+                import: d.list(&mut self, "credentials.import"),
+                load_encrypted: d.pairs(
+                    &mut self,
+                    "credentials.load-encrypted",
+                    Field::CredentialEncrypted,
+                ),
+                env: d.pairs(&mut self, "credentials.env", Field::CredentialEnv),
+            }
+        });
         let log_rate_limit = match d.take(&mut self, "log-rate-limit") {
             Some(Value::RateLimit(limit)) => Some(limit),
             _ => None,
@@ -1051,6 +1179,7 @@ impl Layer {
             health,
             limits,
             sandbox,
+            credentials,
             log_rate_limit,
             startup_timeout: d.duration(&mut self, "startup-timeout"),
             stop_timeout: d.duration(&mut self, "stop-timeout"),
@@ -1145,6 +1274,26 @@ impl Drafting {
             .map(|(i, v)| {
                 self.locs.insert(indexed(&field, i), v.loc);
                 v.value
+            })
+            .collect()
+    }
+
+    /// A [`Kind::Pair`] key's pairs in order, each recorded at its index.
+    fn pairs(
+        &mut self,
+        layer: &mut Layer,
+        path: &str,
+        field: fn(usize) -> Field,
+    ) -> Vec<(String, String)> {
+        layer
+            .pairs
+            .remove(path)
+            .unwrap_or_default()
+            .into_iter()
+            .enumerate()
+            .map(|(i, p)| {
+                self.locs.insert(field(i), p.loc);
+                p.value
             })
             .collect()
     }

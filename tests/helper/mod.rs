@@ -42,6 +42,25 @@ pub fn mcpctl_user(runtime: &Path, args: &[&str]) -> Output {
         .expect("mcpctl")
 }
 
+/// Calls `tool` of `server` with `text` through `mcpctl --user` (the
+/// fixture's probe tools); its answer.
+pub fn probe(runtime: &Path, server: &str, tool: &str, text: &str) -> String {
+    let args = serde_json::json!({ "text": text }).to_string();
+    let out = mcpctl_user(runtime, &["call", server, tool, &args]);
+    assert!(
+        out.status.success(),
+        "{server} {tool} {text}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).trim().to_owned()
+}
+
+/// The server's environment, from the fixture's `env` tool.
+pub fn env_of(runtime: &Path, server: &str) -> serde_json::Value {
+    let out = mcpctl_user(runtime, &["call", server, "env", "{}"]);
+    serde_json::from_slice(&out.stdout).expect("env json")
+}
+
 /// `mcpctl --user ARGS` for the daemon whose runtime dir is `runtime`,
 /// off any bus, not started yet.
 pub fn mcpctl_user_command(runtime: &Path, args: &[&str]) -> Command {
