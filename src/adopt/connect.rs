@@ -228,6 +228,36 @@ pub enum Undo {
     Removed,
     /// The host changed it since (it no longer runs the bridge): left as is.
     Changed,
+    /// The host edited its own keys since (`timeout`, `trust`, …): what
+    /// `connect` replaced is put back, the host's edits kept.
+    Merged,
+}
+
+/// `value` as jsonc-parser's input.
+fn input_of(value: &Value) -> CstInputValue {
+    match value {
+        Value::Null => CstInputValue::Null,
+        Value::Bool(b) => CstInputValue::Bool(*b),
+        Value::Number(n) => CstInputValue::Number(n.to_string()),
+        Value::String(s) => CstInputValue::String(s.clone()),
+        Value::Array(a) => CstInputValue::Array(a.iter().map(input_of).collect()),
+        Value::Object(o) => {
+            CstInputValue::Object(o.iter().map(|(k, v)| (k.clone(), input_of(v))).collect())
+        }
+    }
+}
+
+/// An entry's keys that are the host's own (not what to run or reach).
+fn own_keys(entry: Option<&Value>, transport: &[&str]) -> serde_json::Map<String, Value> {
+    entry
+        .and_then(Value::as_object)
+        .map(|o| {
+            o.iter()
+                .filter(|(k, _)| !transport.contains(&k.as_str()))
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect()
+        })
+        .unwrap_or_default()
 }
 
 /// Whether a command line (`command`, `args`) is `bridge`'s.
@@ -280,15 +310,40 @@ pub fn disconnect(
                 continue;
             }
             let old = before.get("mcp_servers").and_then(|s| s.get(name)).cloned();
+            // The host's own keys as they are now and as they were.
+            let own = |item: Option<&toml_edit::Item>| -> Vec<(String, String)> {
+                item.and_then(toml_edit::Item::as_table_like)
+                    .map(|t| {
+                        t.iter()
+                            .filter(|(k, _)| !TOML_TRANSPORT.contains(k))
+                            .map(|(k, v)| (k.to_owned(), v.to_string().trim().to_owned()))
+                            .collect()
+                    })
+                    .unwrap_or_default()
+            };
+            let edited = old.is_some() && own(Some(entry)) != own(old.as_ref());
             if let Some(servers) = now.get_mut("mcp_servers").and_then(|s| s.as_table_mut()) {
                 match old {
+                    Some(item) if edited => {
+                        if let (Some(entry), Some(was)) = (
+                            servers.get_mut(name).and_then(|e| e.as_table_like_mut()),
+                            item.as_table_like(),
+                        ) {
+                            for key in TOML_TRANSPORT {
+                                entry.remove(key);
+                                if let Some(value) = was.get(key) {
+                                    entry.insert(key, value.clone());
+                                }
+                            }
+                        }
+                    }
                     Some(item) => table_insert(servers, name, item),
                     None => {
                         servers.remove(name);
                     }
                 }
             }
-            undone.push(Undo::Restored);
+            undone.push(if edited { Undo::Merged } else { Undo::Restored });
         }
         return Ok((now.to_string(), undone));
     }
@@ -321,11 +376,34 @@ pub fn disconnect(
             undone.push(Undo::Changed);
             continue;
         }
-        match old_servers
+        let old = old_servers
             .as_ref()
             .and_then(|s| s.get(name))
-            .and_then(|p| p.value())
+            .and_then(|p| p.value());
+        let was = old.as_ref().and_then(|o| o.to_serde_value());
+        // Kept keys the host edited while connected stay as edited: only
+        // what `connect` replaced is put back, where the host has it.
+        if was.is_some()
+            && own_keys(value.as_ref(), JSON_TRANSPORT) != own_keys(was.as_ref(), JSON_TRANSPORT)
+            && let Some(object) = prop.value().and_then(|v| v.as_object())
         {
+            for key in JSON_TRANSPORT {
+                if let Some(p) = object.get(key) {
+                    p.remove();
+                }
+            }
+            let was = was.as_ref().and_then(Value::as_object);
+            let mut at = 0;
+            for (key, v) in was.into_iter().flatten() {
+                if JSON_TRANSPORT.contains(&key.as_str()) {
+                    object.insert(at.min(object.properties().len()), key, input_of(v));
+                    at += 1;
+                }
+            }
+            undone.push(Undo::Merged);
+            continue;
+        }
+        match old {
             Some(old) => {
                 let mark = format!("mcpd-disconnect-{}-{}", std::process::id(), verbatim.len());
                 prop.set_value(CstInputValue::String(mark.clone()));
@@ -516,6 +594,60 @@ mod tests {
             undone.starts_with("[mcp_servers.a]\ncommand = \"x\"\nstartup_timeout_sec = 20\n"),
             "{undone}"
         );
+    }
+
+    #[test]
+    fn disconnect_keeps_what_the_host_edited_of_its_own_keys_while_connected() {
+        let text = r#"{
+  "mcpServers": {
+    "time": {
+      "command": "uvx",
+      "args": ["mcp-server-time"],
+      "env": { "TZ": "Asia/Tokyo" },
+      "timeout": 30000,
+      "trust": false
+    }
+  }
+}
+"#;
+        let names = [("time".to_owned(), "time".to_owned())];
+        let connected = connect(Host::Gemini, text, &names, &bridge, &[]).expect("connect");
+        let record = record_of(&[("time", "time")], &connected);
+        // The user raised the timeout in Gemini's settings meanwhile.
+        let edited = connected.replace("\"timeout\": 30000", "\"timeout\": 60000");
+        assert_ne!(edited, connected);
+        let (undone, how) =
+            disconnect(Host::Gemini, &edited, text, &record, &bridge).expect("disconnect");
+        assert_eq!(how, vec![Undo::Merged]);
+        assert_eq!(
+            json(&undone)["mcpServers"]["time"],
+            serde_json::json!({
+                "command": "uvx",
+                "args": ["mcp-server-time"],
+                "env": {"TZ": "Asia/Tokyo"},
+                "timeout": 60000,
+                "trust": false
+            })
+        );
+        // Without an edit of its own keys: byte for byte, as before.
+        let (undone, how) =
+            disconnect(Host::Gemini, &connected, text, &record, &bridge).expect("disconnect");
+        assert_eq!((undone.as_str(), how), (text, vec![Undo::Restored]));
+
+        // Codex: the same.
+        let toml = "[mcp_servers.a]\ncommand = \"x\"\nargs = [\"-v\"]\nstartup_timeout_sec = 20\n";
+        let names = [("a".to_owned(), "a".to_owned())];
+        let connected = connect(Host::Codex, toml, &names, &bridge, &[]).expect("connect");
+        let record = record_of(&[("a", "a")], &connected);
+        let edited = connected.replace("startup_timeout_sec = 20", "startup_timeout_sec = 45");
+        let (undone, how) =
+            disconnect(Host::Codex, &edited, toml, &record, &bridge).expect("disconnect");
+        assert_eq!(how, vec![Undo::Merged]);
+        let value: toml_edit::DocumentMut = undone.parse().expect("toml");
+        let a = &value["mcp_servers"]["a"];
+        assert_eq!(a["command"].as_str(), Some("x"), "{undone}");
+        assert_eq!(a["startup_timeout_sec"].as_integer(), Some(45), "{undone}");
+        assert_eq!(a["args"].as_array().map(|a| a.len()), Some(1), "{undone}");
     }
 
     #[test]

@@ -822,6 +822,9 @@ pub fn disconnect(
             Undo::Restored => continue,
             Undo::Removed => "removed since `mcpctl connect`: left removed",
             Undo::Changed => "changed since `mcpctl connect`: left as it is",
+            Undo::Merged => {
+                "edited since `mcpctl connect`: what it replaced is put back, the edits kept"
+            }
         };
         writeln!(
             out,
