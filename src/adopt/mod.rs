@@ -4,10 +4,12 @@
 //! Reading order: [`hosts`] (which hosts, where their files are, how an
 //! entry reads), [`convert`] (an entry → a unit and its env-file, pure),
 //! [`pair`] (which unit an entry is, pure), [`connect`] (rewriting a
-//! host's file and undoing it, pure). The command
-//! around them, with the file I/O, is `ctl::import`.
+//! host's file and undoing it, pure), [`plan`] (what `mcpctl connect`
+//! does, decided in one place: the file's text and the units in, the plan
+//! out). The command around them, with the file I/O, is `ctl::import`.
 
 pub mod connect;
 pub mod convert;
 pub mod hosts;
 pub mod pair;
+pub mod plan;

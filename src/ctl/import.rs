@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use crate::adopt::connect::{self, Record, Undo};
 use crate::adopt::convert::{self, Imported, Lookup};
 use crate::adopt::hosts::{self, Dirs, Entry, Host};
-use crate::adopt::pair;
+use crate::adopt::{pair, plan};
 use crate::unit::Instance;
 
 use super::client::CtlError;
@@ -531,7 +531,10 @@ pub fn connect(
         ))
     })?;
     let bridge = |unit: &str| bridge_line(instance, unit);
+    let other = other_instance(instance);
+    let other_bridge = |unit: &str| bridge_line(other, unit);
     let units = units_of(instance, env);
+    let other_units = units_of(other, env);
     let var = |name: &str| env(name).and_then(|v| v.into_string().ok());
     let read = |path: &Path| std::fs::read_to_string(path).ok();
     let lookup = Lookup {
@@ -540,119 +543,27 @@ pub fn connect(
         home: &dirs.home,
     };
     // Only the user-level servers: `connect` edits that object alone.
-    let paired: Vec<(&Entry, pair::Pairing)> = entries
-        .iter()
-        .filter(|e| e.base == base)
-        .map(|e| (e, pair::pair(e, &units, &lookup, &bridge)))
-        .collect();
-    // (entry, unit, why) for each entry to rewrite.
-    let mut servers: Vec<(String, String, &str)> = Vec::new();
-    let mut left = Vec::new();
-    if let Some(group) = group {
-        let context = instance.load_context();
-        let members: Vec<&str> = units
-            .iter()
-            .filter(|u| {
-                crate::unit::load_in(&crate::unit::UnitFiles::beside(&u.path), &context)
-                    .is_ok_and(|spec| spec.groups().iter().any(|g| g == group))
-            })
-            .map(|u| u.name.as_str())
-            .collect();
-        if members.is_empty() {
-            return Err(CtlError::failure(format!(
-                "no unit of the {} instance is in group {group}",
-                instance.as_str()
-            )));
+    let entries: Vec<Entry> = entries.into_iter().filter(|e| e.base == base).collect();
+    // A group's units, as the daemon loads them.
+    let members: Vec<String> = match group {
+        Some(group) => {
+            let context = instance.load_context();
+            units
+                .iter()
+                .filter(|u| {
+                    crate::unit::load_in(&crate::unit::UnitFiles::beside(&u.path), &context)
+                        .is_ok_and(|spec| spec.groups().iter().any(|g| g == group))
+                })
+                .map(|u| u.name.clone())
+                .collect()
         }
-        // The host's own entries of those units would serve them twice.
-        for (entry, pairing) in &paired {
-            if let Ok((unit, _)) = pairing
-                && members.contains(&unit.as_str())
-                && entry.name != group
-            {
-                left.push(format!(
-                    "{}: {} is also unit {unit} of group {group}: remove it from {} (or the host has its tools twice)",
-                    host.name(),
-                    entry.name,
-                    file.display()
-                ));
-            }
-        }
-        servers.push((group.to_owned(), format!("@{group}"), "the group"));
-    } else if names.is_empty() {
-        for (entry, pairing) in &paired {
-            match pairing {
-                Ok((unit, how)) => servers.push((entry.name.clone(), unit.clone(), how.says())),
-                Err(why) => left.push(format!("{}: {} left alone: {why}", host.name(), entry.name)),
-            }
-        }
-        if servers.is_empty() {
-            let other = other_instance(instance);
-            let theirs = units_of(other, env);
-            let there = paired.iter().any(|(e, _)| {
-                pair::pair(e, &theirs, &lookup, &|u: &str| bridge_line(other, u)).is_ok()
-            });
-            return Err(CtlError::failure(format!(
-                "none of the servers in {} is a unit of the {} instance: {}",
-                file.display(),
-                instance.as_str(),
-                if there {
-                    use_other("they are units", other)
-                } else {
-                    format!("run `mcpctl import {}` first", host.name())
-                }
-            )));
-        }
-    } else {
-        for unit in names {
-            if !units.iter().any(|u| u.name == *unit) {
-                let other = other_instance(instance);
-                let there = units_of(other, env).iter().any(|u| u.name == *unit);
-                return Err(CtlError::failure(format!(
-                    "no unit {unit} in the {} instance's unit directories{}",
-                    instance.as_str(),
-                    if there {
-                        format!("; {}", use_other("it is a unit", other))
-                    } else {
-                        String::new()
-                    }
-                )));
-            }
-            let ours = paired.iter().find_map(|(e, p)| match p {
-                Ok((u, how)) if u == unit => Some((e.name.clone(), how.says())),
-                _ => None,
-            });
-            if let Some((entry, why)) = ours {
-                servers.push((entry, unit.clone(), why));
-                continue;
-            }
-            // An entry of that name that is another server is not replaced.
-            if let Some((entry, _)) = paired.iter().find(|(e, _)| e.name == *unit) {
-                return Err(CtlError::failure(format!(
-                    "{}: entry {} is not the server of unit {unit}{}; `mcpctl import {}` makes a unit of it",
-                    file.display(),
-                    entry.name,
-                    units
-                        .iter()
-                        .find(|u| u.name == *unit)
-                        .and_then(|u| convert::origin_of(&u.text))
-                        .map(|o| format!(" (imported from {o})"))
-                        .unwrap_or_default(),
-                    host.name()
-                )));
-            }
-            servers.push((unit.clone(), unit.clone(), "added"));
-        }
-    }
+        None => Vec::new(),
+    };
     let record_path = beside(&file, ".mcpd-connect.json");
     let backup = beside(&file, ".mcpd-backup");
     let earlier: Option<Record> = std::fs::read_to_string(&record_path)
         .ok()
         .and_then(|t| serde_json::from_str(&t).ok());
-    let pairs: Vec<(String, String)> = servers
-        .iter()
-        .map(|(e, u, _)| (e.clone(), u.clone()))
-        .collect();
     // A host that starts the bridge with a minimal environment must still
     // find this daemon.
     let hidden = instance.runtime_dir_hidden_from_hosts();
@@ -660,43 +571,41 @@ pub fn connect(
         .iter()
         .map(|dir| ("MCPD_RUNTIME_DIR".to_owned(), dir.display().to_string()))
         .collect();
-    let connected = connect::connect(host, &text, &pairs, &bridge, &vars)
-        .map_err(|e| CtlError::failure(format!("{}: {e}", file.display())))?;
+    let planned = plan::connect(plan::ConnectInput {
+        host,
+        file: &file,
+        text: &text,
+        entries: &entries,
+        units: &units,
+        instance: instance.as_str(),
+        other_units: &other_units,
+        other: other.as_str(),
+        names,
+        group: group.map(|g| (g, members.as_slice())),
+        lookup: &lookup,
+        bridge: &bridge,
+        other_bridge: &other_bridge,
+        vars: &vars,
+        earlier,
+    })
+    .map_err(CtlError::failure)?;
+    let connected = planned.text.as_str();
     let w = CtlError::output;
     if dry_run {
-        let diff = similar::TextDiff::from_lines(&text, &connected);
+        let diff = similar::TextDiff::from_lines(&text, connected);
         let shown = file.display().to_string();
         write!(out, "{}", diff.unified_diff().header(&shown, &shown)).map_err(w)?;
         return Ok(exit::OK);
     }
     // The original is the file before the first connect; a backup without
     // a record is left from a connect that did not finish.
-    if earlier.is_none() {
+    if planned.backup {
         write_atomically(&backup, text.as_bytes(), mode_of(&file)).map_err(CtlError::failure)?;
     }
-    // Byte for byte only while nobody else changed the file: edits made
-    // between two connects are kept by disconnect's merge.
-    let exact = earlier
-        .as_ref()
-        .is_none_or(|r| !r.connected.is_empty() && r.connected == text);
-    let mut all = earlier.map(|r| r.servers).unwrap_or_default();
-    for server in &pairs {
-        if !all.contains(server) {
-            all.push(server.clone());
-        }
-    }
-    let record = Record {
-        servers: all,
-        connected: if exact {
-            connected.clone()
-        } else {
-            String::new()
-        },
-    };
-    let record_text = serde_json::to_string_pretty(&record).expect("a record serializes");
+    let record_text = serde_json::to_string_pretty(&planned.record).expect("a record serializes");
     write_atomically(&record_path, record_text.as_bytes(), 0o600).map_err(CtlError::failure)?;
     write_atomically(&file, connected.as_bytes(), mode_of(&file)).map_err(CtlError::failure)?;
-    for (entry, unit, why) in &servers {
+    for (entry, unit, why) in &planned.servers {
         writeln!(
             out,
             "{}: {entry} → mcpctl bridge {unit} ({why})",
@@ -704,7 +613,7 @@ pub fn connect(
         )
         .map_err(w)?;
     }
-    for line in &left {
+    for line in &planned.left {
         writeln!(out, "{line}").map_err(w)?;
     }
     if let Some(dir) = &hidden {
@@ -732,16 +641,6 @@ fn other_instance(instance: Instance) -> Instance {
         Instance::System => Instance::User,
         Instance::User => Instance::System,
     }
-}
-
-/// What to say when the units are `other`'s (`they are units`, `it is a
-/// unit`), as `status` says it.
-fn use_other(they: &str, other: Instance) -> String {
-    format!(
-        "{they} of the {} instance: use --{}",
-        other.as_str(),
-        other.as_str()
-    )
 }
 
 /// The units of `instance`, as its daemon would find them.
