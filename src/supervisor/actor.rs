@@ -385,10 +385,16 @@ impl Actor {
                     } = *handshake;
                     let instructions = init["instructions"].as_str().map(str::to_owned);
                     self.cache.init = Some(Arc::clone(&init));
+                    let probe = if crate::mux::era::is_modern(&init) {
+                        "server/discover"
+                    } else {
+                        "ping"
+                    };
                     self.step(Event::Established {
                         generation,
                         tools,
                         instructions,
+                        probe,
                     })
                     .await;
                     if self.machine.established() == Some(generation) {
