@@ -714,3 +714,94 @@ fn a_2025_hosts_request_gets_its_meta_for_a_2026_07_28_server() {
         assert!(era::claims(&message));
     }
 }
+
+#[test]
+fn a_lists_ttl_says_when_it_is_read_again_never_sooner_than_min_list_ttl() {
+    use era::{CacheHint, Fresh, MIN_LIST_TTL};
+    let t0 = Instant::now();
+    let ms = Duration::from_millis;
+    // What a page says.
+    for (result, ttl, public) in [
+        (
+            json!({"ttlMs": 1500, "cacheScope": "public"}),
+            Some(ms(1500)),
+            true,
+        ),
+        (
+            json!({"ttlMs": 0, "cacheScope": "private"}),
+            Some(ms(0)),
+            false,
+        ),
+        (json!({"ttlMs": -1, "cacheScope": "shared"}), None, false),
+        (json!({"ttlMs": "5"}), None, false),
+        (json!({}), None, false),
+    ] {
+        assert_eq!(
+            CacheHint::of(&result),
+            CacheHint { ttl, public },
+            "{result}"
+        );
+    }
+    // Pages: the shortest TTL, public only if all are.
+    let public = |ttl| CacheHint {
+        ttl: Some(ms(ttl)),
+        public: true,
+    };
+    let private = CacheHint {
+        ttl: Some(ms(200)),
+        public: false,
+    };
+    assert_eq!(public(500).and(public(300)), public(300));
+    assert_eq!(
+        public(100).and(private),
+        CacheHint {
+            ttl: Some(ms(100)),
+            public: false
+        }
+    );
+    assert_eq!(
+        CacheHint::default().and(public(40)),
+        CacheHint {
+            ttl: Some(ms(40)),
+            public: false
+        }
+    );
+    // When it is read again: its TTL after the read, at least
+    // MIN_LIST_TTL (ttlMs 0 is no storm); never without a TTL.
+    assert_eq!(public(1500).stale_at(t0), Some(t0 + ms(1500)));
+    assert_eq!(public(0).stale_at(t0), Some(t0 + MIN_LIST_TTL));
+    assert_eq!(MIN_LIST_TTL, ms(100));
+    assert_eq!(CacheHint::default().stale_at(t0), None);
+    let forever = CacheHint {
+        ttl: Some(Duration::MAX),
+        public: false,
+    };
+    assert_eq!(forever.stale_at(t0), None);
+    // What a host is told: the TTL left, and the scope.
+    assert_eq!(
+        public(1500).fresh(t0, t0 + ms(1000)),
+        Fresh {
+            ttl_ms: 500,
+            public: true
+        }
+    );
+    assert_eq!(public(1500).fresh(t0, t0 + ms(2000)).ttl_ms, 0);
+    assert_eq!(private.fresh(t0, t0).scope(), "private");
+    assert_eq!(CacheHint::default().fresh(t0, t0), Fresh::default());
+    // ... in the answer from a kept list.
+    let answer = era::list_answer(
+        &rid(json!(7)),
+        "tools",
+        "[]",
+        "{}",
+        public(1500).fresh(t0, t0 + ms(1000)),
+    );
+    let answer: Value = serde_json::from_slice(&answer).expect("JSON");
+    assert_eq!(
+        (
+            answer["result"]["ttlMs"].clone(),
+            answer["result"]["cacheScope"].clone()
+        ),
+        (json!(500), json!("public"))
+    );
+}

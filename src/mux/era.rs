@@ -469,12 +469,96 @@ pub fn cacheable(method: &str) -> bool {
 }
 
 /// The answer to modern list request `id` from a kept list (as
-/// `session::list_answer`), with what a modern result carries.
-pub fn list_answer(id: &RequestId, key: &str, list: &str, info: &str) -> Vec<u8> {
+/// `session::list_answer`), with what a modern result carries: `ttlMs`
+/// and `cacheScope` as `fresh` says (what the server said of the list,
+/// TTL counted down; "private" and 0 when it said nothing).
+pub fn list_answer(id: &RequestId, key: &str, list: &str, info: &str, fresh: Fresh) -> Vec<u8> {
+    let (ttl, scope) = (fresh.ttl_ms, fresh.scope());
     format!(
-        "{{\"jsonrpc\":\"2.0\",\"id\":{id},\"result\":{{\"{key}\":{list},\"resultType\":\"complete\",\"ttlMs\":0,\"cacheScope\":\"private\",\"_meta\":{{\"{SERVER_INFO_KEY}\":{info}}}}}}}\n"
+        "{{\"jsonrpc\":\"2.0\",\"id\":{id},\"result\":{{\"{key}\":{list},\"resultType\":\"complete\",\"ttlMs\":{ttl},\"cacheScope\":\"{scope}\",\"_meta\":{{\"{SERVER_INFO_KEY}\":{info}}}}}}}\n"
     )
     .into_bytes()
+}
+
+/// The least time between two reads of a list that its server (of MCP
+/// 2026-07-28) says may be kept for less, `ttlMs` 0 included: hosts'
+/// requests never make it a storm of re-reads (as a `list_changed` storm
+/// is read at most every 100 ms, DESIGN §3, invariant 10).
+pub const MIN_LIST_TTL: Duration = Duration::from_millis(100);
+
+/// A list's caching hints (MCP 2026-07-28): how long it may be kept
+/// (`ttlMs`) and by whom (`cacheScope`), as its server said them.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CacheHint {
+    /// `ttlMs`; None when not said (or not a whole number of
+    /// milliseconds): kept until the server says `list_changed`.
+    pub ttl: Option<Duration>,
+    /// `cacheScope` is "public" (anything else is "private").
+    pub public: bool,
+}
+
+impl CacheHint {
+    /// The hints of a list page's `result`.
+    pub fn of(result: &Value) -> Self {
+        Self {
+            ttl: result
+                .get("ttlMs")
+                .and_then(Value::as_u64)
+                .map(Duration::from_millis),
+            public: result.get("cacheScope").and_then(Value::as_str) == Some("public"),
+        }
+    }
+
+    /// The hints of a list read in several pages, this one's and `next`'s:
+    /// the shorter TTL, public only if both are.
+    #[must_use]
+    pub fn and(self, next: Self) -> Self {
+        let ttl = match (self.ttl, next.ttl) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+        Self {
+            ttl,
+            public: self.public && next.public,
+        }
+    }
+
+    /// When a list whose read completed at `read` is read again, on the
+    /// next request for it: its TTL later, and never sooner than
+    /// [`MIN_LIST_TTL`]; None when the server said no TTL (or one past
+    /// what an instant can hold).
+    pub fn stale_at(self, read: Instant) -> Option<Instant> {
+        self.ttl
+            .and_then(|ttl| read.checked_add(ttl.max(MIN_LIST_TTL)))
+    }
+
+    /// What a host is told of the list at `now`, if it was read at `read`.
+    pub fn fresh(self, read: Instant, now: Instant) -> Fresh {
+        let left = self
+            .ttl
+            .and_then(|ttl| read.checked_add(ttl))
+            .map_or(Duration::ZERO, |until| until.saturating_duration_since(now));
+        Fresh {
+            ttl_ms: u64::try_from(left.as_millis()).unwrap_or(u64::MAX),
+            public: self.public,
+        }
+    }
+}
+
+/// A kept list's caching hints as a modern host is answered them.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Fresh {
+    /// `ttlMs`: what is left of the server's TTL (0: ask again).
+    pub ttl_ms: u64,
+    /// `cacheScope` "public".
+    pub public: bool,
+}
+
+impl Fresh {
+    /// `cacheScope`.
+    pub fn scope(self) -> &'static str {
+        if self.public { "public" } else { "private" }
+    }
 }
 
 /// The requests whose answer may be `input_required`.
