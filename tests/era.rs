@@ -805,3 +805,88 @@ fn a_lists_ttl_says_when_it_is_read_again_never_sooner_than_min_list_ttl() {
         (json!(500), json!("public"))
     );
 }
+
+#[test]
+fn a_task_is_its_hosts_alone_by_an_id_of_mcpds() {
+    use era::{MAX_TASKS, RELATED_TASK_KEY, Tasks, rename_tasks};
+    let mut tasks: Tasks<u32> = Tasks::default();
+    // Host 1's call created the server's task "s-1": host 1 knows it by
+    // mcpd's id, the same each time the server names it to host 1.
+    let a = tasks.created(1, "s-1");
+    assert_ne!(a, "s-1");
+    assert_eq!(tasks.created(1, "s-1"), a);
+    let b = tasks.created(2, "s-2");
+    assert_ne!(a, b);
+    assert_eq!(tasks.to_server(1, &a), Some("s-1"));
+    assert_eq!(tasks.to_host("s-1"), Some((1, a.as_str())));
+    // Another host's id, or the server's own, names nothing for a host.
+    assert_eq!(tasks.to_server(2, &a), None);
+    assert_eq!(tasks.to_server(1, "s-1"), None);
+    assert_eq!(tasks.to_server(1, &b), None);
+
+    // Each place a message names a task, renamed; untouched elsewhere.
+    let cases = [
+        (
+            json!({"jsonrpc": "2.0", "id": 3, "method": "tasks/get", "params": {"taskId": a}}),
+            json!({"jsonrpc": "2.0", "id": 3, "method": "tasks/get", "params": {"taskId": "s-1"}}),
+        ),
+        (
+            json!({"jsonrpc": "2.0", "id": 4, "result": {"task": {"taskId": a, "status": "working"}}}),
+            json!({"jsonrpc": "2.0", "id": 4, "result": {"task": {"taskId": "s-1", "status": "working"}}}),
+        ),
+        (
+            json!({"jsonrpc": "2.0", "id": 5, "result": {"taskId": a, "status": "completed",
+                   "_meta": {RELATED_TASK_KEY: {"taskId": a}}}}),
+            json!({"jsonrpc": "2.0", "id": 5, "result": {"taskId": "s-1", "status": "completed",
+                   "_meta": {RELATED_TASK_KEY: {"taskId": "s-1"}}}}),
+        ),
+        (
+            json!({"jsonrpc": "2.0", "method": "notifications/tasks/status",
+                   "params": {"taskId": a, "status": "failed", "statusMessage": "taskId"}}),
+            json!({"jsonrpc": "2.0", "method": "notifications/tasks/status",
+                   "params": {"taskId": "s-1", "status": "failed", "statusMessage": "taskId"}}),
+        ),
+        (
+            json!({"jsonrpc": "2.0", "id": 6, "method": "tools/call",
+                   "params": {"name": "taskId", "arguments": {"taskId": "x"}}}),
+            json!({"jsonrpc": "2.0", "id": 6, "method": "tools/call",
+                   "params": {"name": "taskId", "arguments": {"taskId": "x"}}}),
+        ),
+    ];
+    for (host_side, server_side) in cases {
+        // Upstream: host 1's ids become the server's.
+        let mut up = host_side.clone();
+        assert!(rename_tasks(&mut up, |id| tasks
+            .to_server(1, id)
+            .map(str::to_owned)));
+        assert_eq!(up, server_side);
+        // Back: the server's become host 1's.
+        let mut down = server_side.clone();
+        assert!(rename_tasks(&mut down, |id| tasks
+            .to_host(id)
+            .filter(|(h, _)| *h == 1)
+            .map(|(_, d)| d.to_owned())));
+        assert_eq!(down, host_side);
+    }
+    // Host 2 asking about host 1's task: refused, the message unchanged.
+    let mut asked =
+        json!({"jsonrpc": "2.0", "id": 7, "method": "tasks/cancel", "params": {"taskId": a}});
+    let before = asked.clone();
+    assert!(!rename_tasks(&mut asked, |id| tasks
+        .to_server(2, id)
+        .map(str::to_owned)));
+    assert_eq!(asked, before);
+
+    // A host that leaves takes its tasks with it (the server's ids, to
+    // cancel them).
+    assert_eq!(tasks.detach(1), ["s-1"]);
+    assert_eq!(tasks.to_server(1, &a), None);
+    assert_eq!(tasks.len(), 1);
+    // Bounded: past MAX_TASKS the oldest is forgotten.
+    for i in 0..MAX_TASKS {
+        tasks.created(3, &format!("n-{i}"));
+    }
+    assert_eq!(tasks.len(), MAX_TASKS);
+    assert_eq!(tasks.to_host("s-2"), None, "the oldest went first");
+    assert!(tasks.to_host(&format!("n-{}", MAX_TASKS - 1)).is_some());
+}

@@ -242,6 +242,13 @@ impl Servers {
         daemon.wait_until("both servers' tools", |_| {
             tools("everything") >= 17 && tools("py") >= 28
         });
+        // server-everything speaks only 2025-11-25 (protocol "auto" finds
+        // it out); the Python server is pinned to it.
+        for name in ["everything", "py"] {
+            let out = mcpctl_user(&runtime, &["status", name]);
+            let status = String::from_utf8_lossy(&out.stdout);
+            assert!(status.contains("   Protocol: 2025-11-25"), "{status}");
+        }
         Self {
             daemon,
             runtime,
@@ -332,12 +339,20 @@ fn a_2026_07_28_host_gets_through_mcpd_what_server_everything_cannot_give_it() {
 fn a_2026_07_28_host_answers_elicitation_and_sampling_through_mcpd() {
     let servers = Servers::start();
     let runtime = Some(servers.runtime.as_path());
-    let [e_legacy, e_bridged, p_legacy, p_pinned, p_bridged] = all([
+    let [
+        e_legacy,
+        e_bridged,
+        p_legacy,
+        p_pinned,
+        p_bridged,
+        p_legacy_bridged,
+    ] = all([
         Run::new("legacy", Server::Everything, None).input(),
         Run::new(MODERN, Server::Everything, runtime).input(),
         Run::new("legacy", Server::Python, None).input(),
         Run::new(MODERN, Server::Python, None).input(),
         Run::new(MODERN, Server::Python, runtime).input(),
+        Run::new("legacy", Server::Python, runtime).input(),
     ]);
     // Directly, on 2025-11-25, each tool asks the host once in the middle
     // of the call, and its result carries the host's answer.
@@ -354,6 +369,15 @@ fn a_2026_07_28_host_answers_elicitation_and_sampling_through_mcpd() {
         assert_eq!(run["protocol"], LEGACY, "{run:#}");
         asked(run, "elicit", "elicitation", "elicited by the host");
         asked(run, "sample", "sampling", "sampled by the host");
+    }
+    // A legacy host through mcpd (the server pinned to "legacy"): the
+    // same, asked in the middle of the call as directly.
+    assert_eq!(p_legacy_bridged["protocol"], LEGACY, "{p_legacy_bridged:#}");
+    for check in ["elicit", "sample"] {
+        assert_eq!(
+            p_legacy_bridged[check], p_legacy[check],
+            "{check}: {p_legacy_bridged:#}"
+        );
     }
     // Directly on 2026-07-28, the Python server cannot ask in the middle
     // of a call (no back-channel), only by an input_required result.
