@@ -428,6 +428,13 @@ fn modern_python() -> (Daemon, PathBuf, tempfile::TempDir) {
     };
     daemon.wait_until("the server's tools", |_| status().contains("Tools: 28"));
     assert!(status().contains("   Protocol: 2026-07-28"), "{}", status());
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    let version = rt.block_on(async {
+        let (_conn, server) =
+            crate::helper::private_server(&runtime.join("mcpd/private"), "py").await;
+        server.protocol_version().await.expect("ProtocolVersion")
+    });
+    assert_eq!(version, "2026-07-28", "D-Bus ProtocolVersion");
     (daemon, runtime, units)
 }
 
