@@ -19,7 +19,9 @@
 //!    through the bare relay vs direct, the bridge's start-up and RSS, 8 hosts on one server, the
 //!    daemon's memory per idle session; a 2026-07-28 host's echo through the
 //!    bridge vs a 2025-11-25 host's (fixture and server-everything);
-//! 8. liveness (`liveness`): idle CPU with probes at the defaults, hung
+//! 8. liveness (`liveness`): idle CPU with probes at the defaults (servers
+//!    of 2026-07-28 vs of 2025), start to established (a server of both
+//!    eras, `protocol "auto"` vs `"legacy"`), hung
 //!    server detection time, the daemon's CPU under a stderr flood and a
 //!    `list_changed` storm, another server's call latency and `mcpctl
 //!    status` beside the flood;
@@ -41,7 +43,8 @@
 //! `MCPD_BENCH_ONLY=ondemand`, `sessions` (the tool-call paths and host
 //! sessions), `everything` (server-everything direct, bridged and
 //! relayed: the one ratio), `eras` (a 2026-07-28 host vs a 2025-11-25
-//! host through the bridge, on the fixture and on server-everything),
+//! host through the bridge, on the fixture and on server-everything;
+//! probe cost and start to established, 2026-07-28 vs 2025 servers),
 //! `aggregate` (a call through `mcpctl bridge u0+u1+u2` vs `mcpctl
 //! bridge u0`) or `catalog` (`mcpctl status` beside a large catalog) runs
 //! only that section (while working on it).
@@ -422,6 +425,8 @@ fn main() {
             ));
             let mut rows = vec![fixture];
             rows.extend(rt.block_on(sessions::everything_rows(bus.as_ref(), &sizes)));
+            rows.push(liveness::idle_with_probes(&sizes, bus.as_ref()));
+            rows.push(liveness::start_to_established(&sizes));
             print_table("Daemon", &rows);
             return;
         }

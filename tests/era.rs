@@ -714,3 +714,179 @@ fn a_2025_hosts_request_gets_its_meta_for_a_2026_07_28_server() {
         assert!(era::claims(&message));
     }
 }
+
+#[test]
+fn a_lists_ttl_says_when_it_is_read_again_never_sooner_than_min_list_ttl() {
+    use era::{CacheHint, Fresh, MIN_LIST_TTL};
+    let t0 = Instant::now();
+    let ms = Duration::from_millis;
+    // What a page says.
+    for (result, ttl, public) in [
+        (
+            json!({"ttlMs": 1500, "cacheScope": "public"}),
+            Some(ms(1500)),
+            true,
+        ),
+        (
+            json!({"ttlMs": 0, "cacheScope": "private"}),
+            Some(ms(0)),
+            false,
+        ),
+        (json!({"ttlMs": -1, "cacheScope": "shared"}), None, false),
+        (json!({"ttlMs": "5"}), None, false),
+        (json!({}), None, false),
+    ] {
+        assert_eq!(
+            CacheHint::of(&result),
+            CacheHint { ttl, public },
+            "{result}"
+        );
+    }
+    // Pages: the shortest TTL, public only if all are.
+    let public = |ttl| CacheHint {
+        ttl: Some(ms(ttl)),
+        public: true,
+    };
+    let private = CacheHint {
+        ttl: Some(ms(200)),
+        public: false,
+    };
+    assert_eq!(public(500).and(public(300)), public(300));
+    assert_eq!(
+        public(100).and(private),
+        CacheHint {
+            ttl: Some(ms(100)),
+            public: false
+        }
+    );
+    assert_eq!(
+        CacheHint::default().and(public(40)),
+        CacheHint {
+            ttl: Some(ms(40)),
+            public: false
+        }
+    );
+    // When it is read again: its TTL after the read, at least
+    // MIN_LIST_TTL (ttlMs 0 is no storm); never without a TTL.
+    assert_eq!(public(1500).stale_at(t0), Some(t0 + ms(1500)));
+    assert_eq!(public(0).stale_at(t0), Some(t0 + MIN_LIST_TTL));
+    assert_eq!(MIN_LIST_TTL, ms(100));
+    assert_eq!(CacheHint::default().stale_at(t0), None);
+    let forever = CacheHint {
+        ttl: Some(Duration::MAX),
+        public: false,
+    };
+    assert_eq!(forever.stale_at(t0), None);
+    // What a host is told: the TTL left, and the scope.
+    assert_eq!(
+        public(1500).fresh(t0, t0 + ms(1000)),
+        Fresh {
+            ttl_ms: 500,
+            public: true
+        }
+    );
+    assert_eq!(public(1500).fresh(t0, t0 + ms(2000)).ttl_ms, 0);
+    assert_eq!(private.fresh(t0, t0).scope(), "private");
+    assert_eq!(CacheHint::default().fresh(t0, t0), Fresh::default());
+    // ... in the answer from a kept list.
+    let answer = era::list_answer(
+        &rid(json!(7)),
+        "tools",
+        "[]",
+        "{}",
+        public(1500).fresh(t0, t0 + ms(1000)),
+    );
+    let answer: Value = serde_json::from_slice(&answer).expect("JSON");
+    assert_eq!(
+        (
+            answer["result"]["ttlMs"].clone(),
+            answer["result"]["cacheScope"].clone()
+        ),
+        (json!(500), json!("public"))
+    );
+}
+
+#[test]
+fn a_task_is_its_hosts_alone_by_an_id_of_mcpds() {
+    use era::{MAX_TASKS, RELATED_TASK_KEY, Tasks, rename_tasks};
+    let mut tasks: Tasks<u32> = Tasks::default();
+    // Host 1's call created the server's task "s-1": host 1 knows it by
+    // mcpd's id, the same each time the server names it to host 1.
+    let a = tasks.created(1, "s-1");
+    assert_ne!(a, "s-1");
+    assert_eq!(tasks.created(1, "s-1"), a);
+    let b = tasks.created(2, "s-2");
+    assert_ne!(a, b);
+    assert_eq!(tasks.to_server(1, &a), Some("s-1"));
+    assert_eq!(tasks.to_host("s-1"), Some((1, a.as_str())));
+    // Another host's id, or the server's own, names nothing for a host.
+    assert_eq!(tasks.to_server(2, &a), None);
+    assert_eq!(tasks.to_server(1, "s-1"), None);
+    assert_eq!(tasks.to_server(1, &b), None);
+
+    // Each place a message names a task, renamed; untouched elsewhere.
+    let cases = [
+        (
+            json!({"jsonrpc": "2.0", "id": 3, "method": "tasks/get", "params": {"taskId": a}}),
+            json!({"jsonrpc": "2.0", "id": 3, "method": "tasks/get", "params": {"taskId": "s-1"}}),
+        ),
+        (
+            json!({"jsonrpc": "2.0", "id": 4, "result": {"task": {"taskId": a, "status": "working"}}}),
+            json!({"jsonrpc": "2.0", "id": 4, "result": {"task": {"taskId": "s-1", "status": "working"}}}),
+        ),
+        (
+            json!({"jsonrpc": "2.0", "id": 5, "result": {"taskId": a, "status": "completed",
+                   "_meta": {RELATED_TASK_KEY: {"taskId": a}}}}),
+            json!({"jsonrpc": "2.0", "id": 5, "result": {"taskId": "s-1", "status": "completed",
+                   "_meta": {RELATED_TASK_KEY: {"taskId": "s-1"}}}}),
+        ),
+        (
+            json!({"jsonrpc": "2.0", "method": "notifications/tasks/status",
+                   "params": {"taskId": a, "status": "failed", "statusMessage": "taskId"}}),
+            json!({"jsonrpc": "2.0", "method": "notifications/tasks/status",
+                   "params": {"taskId": "s-1", "status": "failed", "statusMessage": "taskId"}}),
+        ),
+        (
+            json!({"jsonrpc": "2.0", "id": 6, "method": "tools/call",
+                   "params": {"name": "taskId", "arguments": {"taskId": "x"}}}),
+            json!({"jsonrpc": "2.0", "id": 6, "method": "tools/call",
+                   "params": {"name": "taskId", "arguments": {"taskId": "x"}}}),
+        ),
+    ];
+    for (host_side, server_side) in cases {
+        // Upstream: host 1's ids become the server's.
+        let mut up = host_side.clone();
+        assert!(rename_tasks(&mut up, |id| tasks
+            .to_server(1, id)
+            .map(str::to_owned)));
+        assert_eq!(up, server_side);
+        // Back: the server's become host 1's.
+        let mut down = server_side.clone();
+        assert!(rename_tasks(&mut down, |id| tasks
+            .to_host(id)
+            .filter(|(h, _)| *h == 1)
+            .map(|(_, d)| d.to_owned())));
+        assert_eq!(down, host_side);
+    }
+    // Host 2 asking about host 1's task: refused, the message unchanged.
+    let mut asked =
+        json!({"jsonrpc": "2.0", "id": 7, "method": "tasks/cancel", "params": {"taskId": a}});
+    let before = asked.clone();
+    assert!(!rename_tasks(&mut asked, |id| tasks
+        .to_server(2, id)
+        .map(str::to_owned)));
+    assert_eq!(asked, before);
+
+    // A host that leaves takes its tasks with it (the server's ids, to
+    // cancel them).
+    assert_eq!(tasks.detach(1), ["s-1"]);
+    assert_eq!(tasks.to_server(1, &a), None);
+    assert_eq!(tasks.len(), 1);
+    // Bounded: past MAX_TASKS the oldest is forgotten.
+    for i in 0..MAX_TASKS {
+        tasks.created(3, &format!("n-{i}"));
+    }
+    assert_eq!(tasks.len(), MAX_TASKS);
+    assert_eq!(tasks.to_host("s-2"), None, "the oldest went first");
+    assert!(tasks.to_host(&format!("n-{}", MAX_TASKS - 1)).is_some());
+}

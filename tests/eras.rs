@@ -248,6 +248,13 @@ impl Servers {
         daemon.wait_until("both servers' tools", |_| {
             tools("everything") >= 17 && tools("py") >= 28
         });
+        // server-everything speaks only 2025-11-25 (protocol "auto" finds
+        // it out); the Python server is pinned to it.
+        for name in ["everything", "py"] {
+            let out = mcpctl_user(&runtime, &["status", name]);
+            let status = String::from_utf8_lossy(&out.stdout);
+            assert!(status.contains("   Protocol: 2025-11-25"), "{status}");
+        }
         Self {
             daemon,
             runtime,
@@ -345,6 +352,10 @@ fn a_2026_07_28_host_answers_elicitation_and_sampling_through_mcpd() {
         Run::new(MODERN, Server::Python, None).input(),
         Run::new(MODERN, Server::Python, runtime).input(),
     ]);
+    // Alone on the unit: the Python server's requests in the middle of a
+    // call carry no related-request id, so with two hosts' calls in
+    // flight mcpd could only guess whose they are (DESIGN §8).
+    let p_legacy_bridged = Run::new("legacy", Server::Python, runtime).input().go();
     // Directly, on 2025-11-25, each tool asks the host once in the middle
     // of the call, and its result carries the host's answer.
     let asked = |run: &Value, check: &str, callback: &str, answer: &str| {
@@ -360,6 +371,15 @@ fn a_2026_07_28_host_answers_elicitation_and_sampling_through_mcpd() {
         assert_eq!(run["protocol"], LEGACY, "{run:#}");
         asked(run, "elicit", "elicitation", "elicited by the host");
         asked(run, "sample", "sampling", "sampled by the host");
+    }
+    // A legacy host through mcpd (the server pinned to "legacy"): the
+    // same, asked in the middle of the call as directly.
+    assert_eq!(p_legacy_bridged["protocol"], LEGACY, "{p_legacy_bridged:#}");
+    for check in ["elicit", "sample"] {
+        assert_eq!(
+            p_legacy_bridged[check], p_legacy[check],
+            "{check}: {p_legacy_bridged:#}"
+        );
     }
     // Directly on 2026-07-28, the Python server cannot ask in the middle
     // of a call (no back-channel), only by an input_required result.
@@ -391,9 +411,10 @@ fn a_2026_07_28_host_answers_elicitation_and_sampling_through_mcpd() {
     servers.stop();
 }
 
-#[test]
-fn a_2026_07_28_server_serves_hosts_of_both_eras_through_mcpd() {
-    // The Python server under `protocol "auto"`: spoken to in 2026-07-28.
+/// A daemon with the Python server as unit `py` under `protocol "auto"`
+/// (spoken to in 2026-07-28), its tools listed: the daemon, its runtime
+/// dir, and the units' directory (kept while the daemon runs).
+fn modern_python() -> (Daemon, PathBuf, tempfile::TempDir) {
     let units = tempfile::tempdir().expect("tempdir");
     let command: String = Server::Python
         .command()
@@ -413,6 +434,19 @@ fn a_2026_07_28_server_serves_hosts_of_both_eras_through_mcpd() {
     };
     daemon.wait_until("the server's tools", |_| status().contains("Tools: 28"));
     assert!(status().contains("   Protocol: 2026-07-28"), "{}", status());
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    let version = rt.block_on(async {
+        let (_conn, server) =
+            crate::helper::private_server(&runtime.join("mcpd/private"), "py").await;
+        server.protocol_version().await.expect("ProtocolVersion")
+    });
+    assert_eq!(version, "2026-07-28", "D-Bus ProtocolVersion");
+    (daemon, runtime, units)
+}
+
+#[test]
+fn a_2026_07_28_server_serves_hosts_of_both_eras_through_mcpd() {
+    let (daemon, runtime, _units) = modern_python();
     let through = Some(runtime.as_path());
     let [legacy, modern, pinned_direct] = all([
         Run::new("legacy", Server::Python, through).input(),
@@ -426,9 +460,31 @@ fn a_2026_07_28_server_serves_hosts_of_both_eras_through_mcpd() {
     assert_eq!(modern["protocol"], MODERN, "{modern:#}");
     // The server's input_required results: a 2026-07-28 host answers them
     // as it does directly; a 2025 host gets their questions as ordinary
-    // requests, answered with the same callbacks, and the same result.
-    for check in ["ir_elicit", "ir_sample"] {
+    // requests, answered with the same callbacks, and the same result:
+    // several questions in one result, and round after round, the
+    // server's requestState given back unchanged (the server checks its
+    // seal: `ir_tampered` says "state-ok" only for an intact one).
+    assert_eq!(
+        pinned_direct["ir_multi_round"]["callbacks"]["elicitation"], 2,
+        "{pinned_direct:#}"
+    );
+    assert_eq!(
+        pinned_direct["ir_tampered"]["text"], "state-ok: round-1",
+        "{pinned_direct:#}"
+    );
+    for check in [
+        "ir_elicit",
+        "ir_sample",
+        "ir_roots",
+        "ir_multiple",
+        "ir_multi_round",
+        "ir_tampered",
+    ] {
         assert!(!failed(&pinned_direct[check]), "{check}: {pinned_direct:#}");
+        assert_eq!(
+            pinned_direct[check]["error"], false,
+            "{check}: {pinned_direct:#}"
+        );
         assert_eq!(modern[check], pinned_direct[check], "{check}: {modern:#}");
         assert_eq!(legacy[check], pinned_direct[check], "{check}: {legacy:#}");
     }
@@ -502,4 +558,196 @@ fn hosts_of_both_eras_get_an_aggregate_of_both_servers() {
         }
     }
     servers.stop();
+}
+
+/// Runs `tests/data/ts_era_client.mjs` (the TypeScript SDK's client, a
+/// host of the 2025 era) against `command`: each check's outcome.
+fn ts_era(command: &[&str], runtime: Option<&Path>) -> Value {
+    crate::fidelity::ts_client("ts_era_client.mjs", command, runtime)
+}
+
+#[test]
+fn a_typescript_sdk_host_gets_a_2026_07_28_servers_questions_as_requests_through_mcpd() {
+    let (daemon, runtime, _units) = modern_python();
+    let command = Server::Python.command();
+    let command: Vec<&str> = command.iter().map(String::as_str).collect();
+    let mcpctl = env!("CARGO_BIN_EXE_mcpctl");
+    let (direct, bridged) = std::thread::scope(|s| {
+        let direct = s.spawn(|| ts_era(&command, None));
+        let bridged = ts_era(&[mcpctl, "--user", "bridge", "py"], Some(&runtime));
+        (direct.join().expect("direct run"), bridged)
+    });
+    // Lists, a read, a prompt and a call: the same either way.
+    for check in ["tools", "resources", "read", "prompts", "prompt", "call"] {
+        assert!(
+            !failed(&direct[check]),
+            "{check} fails directly: {direct:#}"
+        );
+        assert_eq!(bridged[check], direct[check], "{check}: {bridged:#}");
+    }
+    assert_eq!(direct["tools"], 28, "{direct:#}");
+    assert_eq!(bridged["server"], direct["server"], "{bridged:#}");
+    // Directly the SDK (2025 only) refuses the tools that answer with an
+    // input_required result: the server speaks 2025 to it, and sends it
+    // what only 2026-07-28 has.
+    let inputs = [
+        "elicitation",
+        "sampling",
+        "list_roots",
+        "multiple_inputs",
+        "multi_round",
+        "tampered_state",
+    ];
+    for check in inputs {
+        assert!(
+            direct[check]
+                .as_str()
+                .is_some_and(|e| e.contains("invalid result")),
+            "{check}: {direct:#}"
+        );
+    }
+    // Through mcpd (2026-07-28 upstream) each completes, its questions
+    // arriving as ordinary requests to the host's handlers, as many rounds
+    // as the server asks, its requestState given back unchanged (the
+    // server checks its seal, and says "state-ok" only for an intact one).
+    let expect = [
+        ("elicitation", [1, 0, 0], "Hello, name from the ts host!"),
+        ("sampling", [0, 1, 0], "Model said: sampled by the ts host"),
+        ("list_roots", [0, 0, 1], "Client exposed 1 root(s)."),
+        ("multiple_inputs", [1, 1, 1], "All inputs received."),
+        (
+            "multi_round",
+            [2, 0, 0],
+            "name from the ts host likes color from the ts host.",
+        ),
+        ("tampered_state", [1, 0, 0], "state-ok: round-1"),
+    ];
+    for (check, [elicitation, sampling, roots], text) in expect {
+        let got = &bridged[check];
+        assert_eq!(
+            got,
+            &serde_json::json!({
+                "asked": {"elicitation": elicitation, "sampling": sampling, "roots": roots},
+                "error": false,
+                "text": text,
+            }),
+            "{check}: {bridged:#}"
+        );
+    }
+    assert!(daemon.stop(Signal::TERM).success());
+}
+
+/// A 2026-07-28 host's call of `test_input_required_result_tampered_state`
+/// over `command` (started with `runtime` as its XDG_RUNTIME_DIR, if one
+/// is given), raw lines: the server's answer to the retry with its
+/// requestState changed, and to the retry with it intact.
+async fn tampered(command: &[&str], runtime: Option<&Path>) -> (Value, Value) {
+    use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
+    let mut cmd = tokio::process::Command::new(command[0]);
+    cmd.args(&command[1..])
+        .env_remove("DBUS_SESSION_BUS_ADDRESS")
+        .env_remove("MCPD_RUNTIME_DIR")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .kill_on_drop(true);
+    if let Some(runtime) = runtime {
+        cmd.env("XDG_RUNTIME_DIR", runtime);
+    }
+    let mut child = cmd.spawn().expect("spawn");
+    let mut stdin = child.stdin.take().expect("stdin");
+    let mut lines = tokio::io::BufReader::new(child.stdout.take().expect("stdout")).lines();
+    let call = |id: u64, retry: Option<(&str, Value)>| {
+        let mut params = serde_json::json!({
+            "name": "test_input_required_result_tampered_state",
+            "arguments": {},
+            "_meta": {
+                "io.modelcontextprotocol/protocolVersion": MODERN,
+                "io.modelcontextprotocol/clientCapabilities": {"elicitation": {}},
+                "io.modelcontextprotocol/clientInfo": {"name": "raw-modern", "version": "1"},
+            },
+        });
+        if let Some((state, responses)) = retry {
+            params["requestState"] = state.into();
+            params["inputResponses"] = responses;
+        }
+        let mut line = serde_json::to_vec(
+            &serde_json::json!({"jsonrpc": "2.0", "id": id, "method": "tools/call", "params": params}),
+        )
+        .expect("json");
+        line.push(b'\n');
+        line
+    };
+    type Lines = tokio::io::Lines<tokio::io::BufReader<tokio::process::ChildStdout>>;
+    /// Sends `line`, and reads until the answer to `id`.
+    async fn answer(
+        stdin: &mut tokio::process::ChildStdin,
+        lines: &mut Lines,
+        line: Vec<u8>,
+        id: u64,
+    ) -> Value {
+        stdin.write_all(&line).await.expect("write");
+        loop {
+            let line = lines.next_line().await.expect("read").expect("a line");
+            let message: Value = serde_json::from_str(&line).expect("JSON");
+            if message.get("method").is_none() && message["id"] == id {
+                return message;
+            }
+        }
+    }
+    let answers = async {
+        let asked = answer(&mut stdin, &mut lines, call(1, None), 1).await;
+        assert_eq!(asked["result"]["resultType"], "input_required", "{asked}");
+        let state = asked["result"]["requestState"]
+            .as_str()
+            .expect("a requestState")
+            .to_owned();
+        let responses =
+            serde_json::json!({"confirm": {"action": "accept", "content": {"ok": true}}});
+        // One character of the sealed state changed.
+        let mut changed = state.clone().into_bytes();
+        let last = changed.len() / 2;
+        changed[last] = if changed[last] == b'A' { b'B' } else { b'A' };
+        let changed = String::from_utf8(changed).expect("ASCII");
+        let line = call(2, Some((&changed, responses.clone())));
+        let refused = answer(&mut stdin, &mut lines, line, 2).await;
+        let line = call(3, Some((&state, responses)));
+        let intact = answer(&mut stdin, &mut lines, line, 3).await;
+        (refused, intact)
+    };
+    let answers = tokio::time::timeout(std::time::Duration::from_secs(60), answers)
+        .await
+        .expect("answered within 60 s");
+    drop(stdin);
+    let _ = child.kill().await;
+    answers
+}
+
+#[test]
+fn a_tampered_request_state_is_refused_through_mcpd_as_the_server_refuses_it() {
+    let (daemon, runtime, _units) = modern_python();
+    let command = Server::Python.command();
+    let command: Vec<&str> = command.iter().map(String::as_str).collect();
+    let mcpctl = env!("CARGO_BIN_EXE_mcpctl");
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    let bridge = [mcpctl, "--user", "bridge", "py"];
+    let (direct, bridged) = rt.block_on(async {
+        tokio::join!(tampered(&command, None), tampered(&bridge, Some(&runtime)))
+    });
+    // Directly: the changed state refused (invalid params), the intact one
+    // accepted.
+    let (refused, intact) = &direct;
+    assert_eq!(refused["error"]["code"], -32602, "{refused}");
+    assert_eq!(
+        intact["result"]["content"][0]["text"], "state-ok: round-1",
+        "{intact}"
+    );
+    // Through mcpd the host's requestState reaches the server untouched:
+    // the same refusal, the same acceptance.
+    assert_eq!(bridged.0["error"], refused["error"], "{}", bridged.0);
+    assert_eq!(
+        bridged.1["result"]["content"], intact["result"]["content"],
+        "{}",
+        bridged.1
+    );
+    assert!(daemon.stop(Signal::TERM).success());
 }

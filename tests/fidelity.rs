@@ -44,6 +44,31 @@ fn fidelity(command: &[&str], runtime: Option<&std::path::Path>) -> Value {
     serde_json::from_slice(&out.stdout).expect("one JSON object")
 }
 
+/// Runs `tests/data/SCRIPT`, a host on the official TypeScript SDK (from
+/// `target/npm`), against `command` (started with `runtime` as its
+/// XDG_RUNTIME_DIR, if one is given): each check's outcome.
+pub fn ts_client(script: &str, command: &[&str], runtime: Option<&std::path::Path>) -> Value {
+    let mut cmd = std::process::Command::new("node");
+    cmd.arg(root().join("tests/data").join(script))
+        .arg(root().join("target/npm/node_modules"))
+        .args(command)
+        .env_remove("DBUS_SESSION_BUS_ADDRESS")
+        .env_remove("MCPD_RUNTIME_DIR")
+        .stdin(std::process::Stdio::null());
+    if let Some(runtime) = runtime {
+        cmd.env("XDG_RUNTIME_DIR", runtime);
+    }
+    // Each script bounds its waits itself.
+    let out = cmd.output().expect("node");
+    assert!(
+        out.status.success(),
+        "stdout: {}\nstderr: {}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice::<Value>(&out.stdout).expect("one JSON object")
+}
+
 #[test]
 fn two_official_sdks_get_through_the_bridge_what_they_get_directly() {
     let server = everything();
@@ -92,24 +117,8 @@ fn two_official_sdks_get_through_the_bridge_what_they_get_directly() {
     // sampling only. Through mcpd it also sees the tools the reference
     // server lists for mcpd's fuller capabilities (one upstream session,
     // shared): everything else is the same.
-    let modules = root().join("target/npm/node_modules");
-    let modules = modules.to_str().expect("utf-8 path");
     let ts = |command: &[&str], runtime: Option<&std::path::Path>| {
-        let mut cmd = std::process::Command::new("node");
-        cmd.arg(root().join("tests/data/ts_client.mjs"))
-            .arg(modules)
-            .args(command)
-            .env_remove("DBUS_SESSION_BUS_ADDRESS");
-        if let Some(runtime) = runtime {
-            cmd.env("XDG_RUNTIME_DIR", runtime);
-        }
-        let out = cmd.output().expect("node");
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        serde_json::from_slice::<Value>(&out.stdout).expect("one JSON object")
+        ts_client("ts_client.mjs", command, runtime)
     };
     let mut direct = ts(&["node", server, "stdio"], None);
     let mut bridged = ts(&[mcpctl, "--user", "bridge", "everything"], Some(&runtime));

@@ -117,6 +117,7 @@ impl Rig {
             generation,
             tools: list.clone(),
             instructions: None,
+            probe: "ping",
         })
     }
 
@@ -416,6 +417,7 @@ fn events_of_stale_generations_are_inert() {
             generation: 1,
             tools: tools(&["x"]),
             instructions: Some("stale".into()),
+            probe: "ping",
         },
         Event::ConnectFailed {
             generation: 1,
@@ -1162,6 +1164,32 @@ fn one_allowed_failure_is_named_in_the_singular() {
     assert_eq!(
         r.reason(),
         "connection lost: no answer to ping (1 probe, 100ms each)"
+    );
+}
+
+#[test]
+fn a_2026_07_28_server_is_probed_with_discover_on_the_same_rules() {
+    // Established as a server of 2026-07-28 (no ping): the same timers,
+    // and the reason names the request its probes send.
+    let mut r = Rig::new(&probed(1000, 200, 2));
+    r.step(Event::Start);
+    r.spawned();
+    let up = r.now;
+    r.step(Event::Established {
+        generation: 1,
+        tools: tools(&["a"]),
+        instructions: None,
+        probe: "server/discover",
+    });
+    assert_eq!(r.state(), State::Running);
+    assert_eq!(r.fire(), probe(1, 1));
+    assert_eq!(r.fire(), probe(1, 2));
+    r.fire();
+    assert_eq!(r.now - up, ms(1000 + 2 * 200));
+    assert_eq!(r.state(), State::Reconnecting);
+    assert_eq!(
+        r.reason(),
+        "connection lost: no answer to server/discover (2 probes, 200ms each)"
     );
 }
 

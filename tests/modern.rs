@@ -578,3 +578,154 @@ fn hosts_of_both_eras_on_a_2026_07_28_server_get_only_their_own() {
     });
     assert!(d.stop(Signal::TERM).success());
 }
+
+/// The unit `NAME` running `tests/data/ttl_server.py` (a server of
+/// 2026-07-28 whose lists carry ttlMs `ttl` and cacheScope `scope`, and
+/// change on every read), counting its reads into `count`.
+fn ttl_unit(dir: &Path, name: &str, ttl: u64, scope: &str, count: &Path) {
+    let script = crate::helper::root().join("tests/data/ttl_server.py");
+    std::fs::write(
+        dir.join(format!("{name}.kdl")),
+        format!(
+            "stdio {{\n    command \"python3\" \"{}\" \"{ttl}\" \"{scope}\" \"{}\"\n}}\n",
+            script.display(),
+            count.display()
+        ),
+    )
+    .expect("write unit");
+}
+
+/// How often the server counting into `count` was asked for list `kind`.
+fn reads(count: &Path, kind: &str) -> usize {
+    std::fs::read_to_string(count)
+        .unwrap_or_default()
+        .lines()
+        .filter(|l| *l == kind)
+        .count()
+}
+
+/// A legacy host's list request `method` (id `id`): the answer.
+async fn list(host: &mut Raw, id: u64, method: &str) -> Value {
+    host.send(&line(
+        &json!({"jsonrpc": "2.0", "id": id, "method": method}),
+    ))
+    .await;
+    until_answer(host, &json!(id)).await.0
+}
+
+#[test]
+fn a_list_whose_ttl_passed_is_read_again_on_the_next_request_at_most_once_per_ttl() {
+    let units = tempfile::tempdir().expect("tempdir");
+    let (slow, fast) = (
+        units.path().join("slow.count"),
+        units.path().join("fast.count"),
+    );
+    // Good for 1.5 s, public; and stale at once (ttlMs 0, the SDKs' default).
+    ttl_unit(units.path(), "slow", 1500, "public", &slow);
+    ttl_unit(units.path(), "fast", 0, "private", &fast);
+    let mut d = Daemon::user_no_bus(units.path(), &[]);
+    let runtime = d.runtime_dir().expect("runtime").to_owned();
+    let status = |name: &str| {
+        let out = mcpctl_user(&runtime, &["status", name]);
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    d.wait_until("both listed", |_| {
+        ["slow", "fast"].iter().all(|n| {
+            let s = status(n);
+            s.contains("Protocol: 2026-07-28") && s.contains("Tools: 1")
+        }) && reads(&slow, "resources") == 1
+            && reads(&fast, "resources") == 1
+    });
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    rt.block_on(async {
+        tokio::time::timeout(Duration::from_secs(60), async {
+            // A modern host is told the server's scope and what is left
+            // of its TTL.
+            let mut modern = Raw::new(&runtime, "slow");
+            modern
+                .send(&line(
+                    &json!({"jsonrpc": "2.0", "id": 2, "method": "tools/list",
+                "params": {"_meta": meta(json!({}), None)}}),
+                ))
+                .await;
+            let (tools, _) = until_answer(&mut modern, &json!(2)).await;
+            assert_eq!(tools["result"]["cacheScope"], "public", "{tools}");
+            assert!(
+                tools["result"]["ttlMs"].as_u64().is_some_and(|t| t <= 1500),
+                "{tools}"
+            );
+            let mut host = Raw::new(&runtime, "slow");
+            host.send(legacy_initialize()).await;
+            host.answer().await;
+            // Once the TTL has passed (the wait is for the clock alone),
+            // the next request of each list has it read again: answered
+            // from what is kept, then list_changed, then the new list.
+            let first = [
+                list(&mut host, 3, "tools/list").await["result"]["tools"][0]["name"].clone(),
+                list(&mut host, 4, "resources/list").await["result"]["resources"][0]["uri"].clone(),
+            ];
+            tokio::time::sleep(Duration::from_millis(1600)).await;
+            let mut changed = std::collections::BTreeSet::new();
+            host.send(&line(
+                &json!({"jsonrpc": "2.0", "id": 5, "method": "tools/list"}),
+            ))
+            .await;
+            host.send(&line(
+                &json!({"jsonrpc": "2.0", "id": 6, "method": "resources/list"}),
+            ))
+            .await;
+            while changed.len() < 2 {
+                let line = host.line().await;
+                if let Some(method) = line["method"].as_str() {
+                    changed.insert(method.to_owned());
+                }
+            }
+            assert_eq!(
+                changed.into_iter().collect::<Vec<_>>(),
+                [
+                    "notifications/resources/list_changed",
+                    "notifications/tools/list_changed"
+                ]
+            );
+            let again = [
+                list(&mut host, 7, "tools/list").await["result"]["tools"][0]["name"].clone(),
+                list(&mut host, 8, "resources/list").await["result"]["resources"][0]["uri"].clone(),
+            ];
+            assert_ne!(again[0], first[0], "tools read again");
+            assert_ne!(again[1], first[1], "resources read again");
+            assert_eq!((reads(&slow, "tools"), reads(&slow, "resources")), (2, 2));
+
+            // ttlMs 0: hosts' requests as fast as they come are no storm
+            // of reads: at most one each 100 ms (MIN_LIST_TTL).
+            let mut host = Raw::new(&runtime, "fast");
+            host.send(legacy_initialize()).await;
+            host.answer().await;
+            let began = std::time::Instant::now();
+            let before = (reads(&fast, "tools"), reads(&fast, "resources"));
+            for id in 0..100 {
+                list(&mut host, 10 + 2 * id, "tools/list").await;
+                list(&mut host, 11 + 2 * id, "resources/list").await;
+            }
+            // The server answers in order: its count is complete once this
+            // call is answered (the tools' re-read may yet be under way:
+            // one more).
+            host.send(&line(
+                &json!({"jsonrpc": "2.0", "id": 500, "method": "tools/call",
+                "params": {"name": "v1", "arguments": {}}}),
+            ))
+            .await;
+            until_answer(&mut host, &json!(500)).await;
+            let periods = began.elapsed().as_millis() / 100;
+            let bound = usize::try_from(periods).expect("small") + 2;
+            let after = (reads(&fast, "tools"), reads(&fast, "resources"));
+            assert!(
+                after.0 - before.0 <= bound && after.1 - before.1 <= bound,
+                "{before:?} -> {after:?} reads in {:?} (200 requests)",
+                began.elapsed()
+            );
+        })
+        .await
+        .expect("within 60 s");
+    });
+    assert!(d.stop(Signal::TERM).success());
+}

@@ -310,6 +310,17 @@ fn the_cache_outlives_the_daemon_and_a_changed_command_or_a_corrupt_file_relearn
         wait_active(&runtime, "idle (waiting for first use)");
         let (ok, tools) = ctl(&runtime, &["tools", "lazy"]);
         assert!(ok && tools.contains("echo"), "{tools}");
+        // The era it was spoken to in is the cache's too (the fixture
+        // answers server/discover: 2026-07-28), in status and on D-Bus.
+        let (_, status) = ctl(&runtime, &["status", "lazy"]);
+        assert!(status.contains("   Protocol: 2026-07-28"), "{status}");
+        let rt = tokio::runtime::Runtime::new().expect("runtime");
+        let version = rt.block_on(async {
+            let (_conn, server) =
+                crate::helper::private_server(&runtime.join("mcpd/private"), "lazy").await;
+            server.protocol_version().await.expect("ProtocolVersion")
+        });
+        assert_eq!(version, "2026-07-28");
         assert_eq!(setup.spawns().len(), 1, "the cache answered");
         // A start that learns the same lists leaves the file alone (a
         // rewrite would be a new inode: it is renamed into place).

@@ -902,9 +902,9 @@ fn health(interval: u64, timeout: u64, failures: i128) -> mcpd::unit::spec::Heal
     }
 }
 
-/// SIGSTOPs `pid`, and waits until the probes (`health(_, 200, 2)`) end
-/// the generation.
-async fn freeze_until_lost(r: &mut Running, pid: u32) -> Status {
+/// SIGSTOPs `pid`, and waits until the probes (`health(_, 200, 2)`, each
+/// a `probe` request) end the generation.
+async fn freeze_until_lost(r: &mut Running, pid: u32, probe: &str) -> Status {
     let pid = rustix::process::Pid::from_raw(i32::try_from(pid).expect("pid")).expect("pid");
     rustix::process::kill_process(pid, rustix::process::Signal::STOP).expect("SIGSTOP");
     let lost = r
@@ -912,28 +912,62 @@ async fn freeze_until_lost(r: &mut Running, pid: u32) -> Status {
         .await;
     assert_eq!(
         lost.reason,
-        "connection lost: no answer to ping (2 probes, 200ms each)"
+        format!("connection lost: no answer to {probe} (2 probes, 200ms each)")
     );
     lost
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_stopped_server_is_noticed_by_its_probes_killed_and_replaced() {
+/// Waits until the server's sessions say it speaks `version` (they learn
+/// it just after the generation is published as running).
+async fn speaks(r: &Running, version: &str) {
+    tokio::time::timeout(BOUND, async {
+        while r.sup.protocol_version() != version {
+            tokio::time::sleep(ms(5)).await;
+        }
+    })
+    .await
+    .unwrap_or_else(|_| panic!("never spoke {version}: {}", r.sup.protocol_version()));
+}
+
+/// The fixture as unit `name` spoken to in `version` (`protocol` pinned),
+/// probed as `health` says: running, and its first generation's status.
+async fn probed_fixture(
+    name: &str,
+    args: &[&str],
+    version: &str,
+    health: mcpd::unit::spec::HealthDraft,
+) -> (Running, Status) {
+    let pinned = if version == "2026-07-28" {
+        version
+    } else {
+        "legacy"
+    };
     let mut r = spawn(
-        "frozen",
-        fixture_unit(&[], reconnect(10, 1000, 3), |d| {
-            d.health = health(300, 200, 2);
+        name,
+        fixture_unit(args, reconnect(10, 1000, 3), |d| {
+            d.protocol = Some(pinned.into());
+            d.health = health;
             d.stop_timeout = Some(ms(500));
         }),
     );
     let first = r.running(1).await;
+    speaks(&r, version).await;
+    (r, first)
+}
+
+/// A server spoken to in `version`, SIGSTOPped, is noticed by its probes
+/// (each a `probe` request) after `interval` + `failures` x `timeout` of
+/// silence (the bound itself is the machine's, tested in
+/// tests/machine.rs), killed and replaced.
+async fn a_stopped_server_is_replaced(name: &str, version: &str, probe: &str) {
+    let (mut r, first) = probed_fixture(name, &[], version, health(300, 200, 2)).await;
     let pid = first.main_pid.expect("pid");
     // probes answered while it runs: the round trip is published
     let pinged = r
         .until("a probe answered", |s| s.health.last_ping.is_some())
         .await;
     assert_eq!((pinged.generation, pinged.main_pid), (1, Some(pid)));
-    let lost = freeze_until_lost(&mut r, pid).await;
+    let lost = freeze_until_lost(&mut r, pid, probe).await;
     assert_eq!(lost.tools.len(), first.tools.len(), "tools kept");
     // SIGTERM (with SIGCONT) reaches the stopped process; it is gone
     // before a new one starts
@@ -941,18 +975,27 @@ async fn a_stopped_server_is_noticed_by_its_probes_killed_and_replaced() {
     assert_ne!(again.main_pid, Some(pid));
     assert!(!alive(pid), "the stopped process was killed and reaped");
     assert_eq!(again.restarts, 1);
+    speaks(&r, version).await;
     r.shutdown().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_slow_call_is_not_a_dead_server() {
-    let mut r = spawn(
-        "busy",
-        fixture_unit(&["--tools", "sleep"], reconnect(10, 1000, 3), |d| {
-            d.health = health(1000, 1000, 2);
-        }),
-    );
-    let first = r.running(1).await;
+async fn a_stopped_server_is_noticed_by_its_probes_killed_and_replaced() {
+    a_stopped_server_is_replaced("frozen", "2025-11-25", "ping").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stopped_2026_07_28_server_is_noticed_by_its_discover_probes_and_replaced() {
+    // A server of 2026-07-28 has no ping: it is probed with server/discover,
+    // on the same interval, timeout and failures.
+    a_stopped_server_is_replaced("frozen-modern", "2026-07-28", "server/discover").await;
+}
+
+/// A call of 6 s to a server spoken to in `version` kills nothing: its
+/// probes meanwhile are answered. The server, still running.
+async fn a_slow_call_kills_nothing(name: &str, version: &str) -> Running {
+    let (r, first) =
+        probed_fixture(name, &["--tools", "sleep"], version, health(1000, 1000, 2)).await;
     // 6 s without a word about the call: the probes meanwhile are answered
     assert_eq!(
         r.text("sleep", serde_json::json!({"ms": 6000})).await,
@@ -965,6 +1008,12 @@ async fn a_slow_call_is_not_a_dead_server() {
     );
     assert!(after.health.last_ping.is_some(), "it was probed meanwhile");
     assert_eq!(after.health.missed, 0);
+    r
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_call_is_not_a_dead_server() {
+    let r = a_slow_call_kills_nothing("busy", "2025-11-25").await;
     // a call's own timeout fails that call, not the server
     let timed_out = r
         .sup
@@ -979,6 +1028,13 @@ async fn a_slow_call_is_not_a_dead_server() {
     assert!(matches!(timed_out, CallError::Timeout(_)), "{timed_out}");
     let after = r.sup.status();
     assert_eq!((after.state, after.generation), (State::Running, 1));
+    r.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_call_is_not_a_dead_2026_07_28_server() {
+    // Its probes are server/discover, answered while the call runs.
+    let r = a_slow_call_kills_nothing("busy-modern", "2026-07-28").await;
     r.shutdown().await;
 }
 
@@ -1003,7 +1059,7 @@ async fn an_http_server_that_stops_answering_is_noticed_without_a_call() {
     r.until("running", |s| s.state == State::Running).await;
     r.until("a probe answered", |s| s.health.last_ping.is_some())
         .await;
-    freeze_until_lost(&mut r, server.id().expect("pid")).await;
+    freeze_until_lost(&mut r, server.id().expect("pid"), "ping").await;
     let _ = server.kill().await;
     let _ = server.wait().await;
     r.shutdown().await;

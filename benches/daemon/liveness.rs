@@ -1,6 +1,9 @@
 //! Liveness and self-protection (issue 15 targets): the daemon's idle CPU
 //! with 100 servers probed at the defaults, over a window that holds each
-//! server's first probe; how exactly a hung (SIGSTOPped) server is noticed
+//! server's first probe, servers of 2026-07-28 (probed with
+//! `server/discover`) beside servers of 2025 (pinged); start to
+//! established for a server of both eras under `protocol "auto"` vs
+//! `"legacy"` (issue 34); how exactly a hung (SIGSTOPped) server is noticed
 //! against interval + failures × timeout; the daemon's CPU while one
 //! server floods stderr and while one sends 2,000 `tools/list_changed` a
 //! second; another server's call latency and `mcpctl status` beside a
@@ -29,7 +32,7 @@ pub(super) fn fixture(dir: &Path, name: &str, args: &[&str], extra: &str) {
 }
 
 pub fn rows(rt: &tokio::runtime::Runtime, sizes: &Sizes, bus: Option<&Bus>) -> Vec<Row> {
-    let mut rows = vec![idle_with_probes(sizes, bus)];
+    let mut rows = vec![idle_with_probes(sizes, bus), start_to_established(sizes)];
     rows.push(detection(sizes));
     rows.extend(floods(sizes));
     rows.extend(rt.block_on(beside_a_flood(sizes)));
@@ -97,33 +100,120 @@ async fn beside_a_flood(sizes: &Sizes) -> Vec<Row> {
     ]
 }
 
-/// CPU over a window from 1 s after all are running to 1 s past their
-/// first probe (30 s of silence), scaled to 10 s.
-fn idle_with_probes(sizes: &Sizes, bus: Option<&Bus>) -> Row {
+/// The daemon's idle CPU with probes at the defaults, side by side: the
+/// fixture (of both eras) spoken to in 2026-07-28, probed with
+/// `server/discover`, vs pinned to 2025 (`protocol "legacy"`), pinged.
+pub(super) fn idle_with_probes(sizes: &Sizes, bus: Option<&Bus>) -> Row {
+    let m = sizes.idle_units;
+    let (modern, modern_used) = idle_cpu(sizes, bus, "2026-07-28", "");
+    let (legacy, _) = idle_cpu(sizes, bus, "2025-11-25", "protocol \"legacy\"\n");
+    Row::new(
+        format!(
+            "idle with probes at the defaults: daemon CPU per 10 s, {m} servers over {} s (each probed once), 2026-07-28 (server/discover) vs 2025-11-25 (ping)",
+            sizes.probe_secs
+        ),
+        "< 10 ms at 100",
+        format!("{modern:.2} vs {legacy:.2} ms"),
+        format!("{modern_used:.2} ms in the window, {:.2}×", modern / legacy.max(0.001)),
+        1,
+    )
+    .met(modern < 10.0)
+}
+
+/// CPU over a window from 1 s after `idle_units` fixture units (with
+/// `extra` KDL) are running, spoken to in `version`, to 1 s past their
+/// first probe (30 s of silence): per 10 s, and in the window, in ms.
+fn idle_cpu(sizes: &Sizes, bus: Option<&Bus>, version: &str, extra: &str) -> (f64, f64) {
     let m = sizes.idle_units;
     let dir = tempfile::tempdir().expect("tempdir");
     for i in 0..m {
-        fixture(dir.path(), &format!("p{i}"), &[], "");
+        fixture(dir.path(), &format!("p{i}"), &[], extra);
     }
     let d = Daemon::start(dir.path(), bus);
     d.until(m, running);
+    let status = mcpctl(&d, &["status", "p0"]);
+    assert!(
+        status.contains(&format!("Protocol: {version}")),
+        "not spoken to in {version}: {status}"
+    );
     std::thread::sleep(Duration::from_secs(1));
     let window = Duration::from_secs(sizes.probe_secs);
     let before = cpu_ns(d.pid());
     std::thread::sleep(window);
-    let used = cpu_ns(d.pid()) - before;
-    let per_10s = used as f64 / 1e6 * 10.0 / window.as_secs_f64().max(0.001);
+    let used = (cpu_ns(d.pid()) - before) as f64 / 1e6;
+    (used * 10.0 / window.as_secs_f64().max(0.001), used)
+}
+
+/// `mcpctl --user ARGS` against `d`, which must succeed: its stdout.
+fn mcpctl(d: &Daemon, args: &[&str]) -> String {
+    let out = std::process::Command::new(common::binary("mcpctl"))
+        .arg("--user")
+        .args(args)
+        .env("XDG_RUNTIME_DIR", d.runtime.path())
+        .env_remove("DBUS_SESSION_BUS_ADDRESS")
+        .output()
+        .expect("mcpctl");
+    assert!(
+        out.status.success(),
+        "mcpctl {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// Seconds into the day of a daemon log line's timestamp
+/// (`2026-12-04T23:31:33.085425Z ...`).
+fn logged_at(line: &str) -> f64 {
+    let time = line
+        .split_whitespace()
+        .next()
+        .and_then(|t| t.split('T').nth(1))
+        .map(|t| t.trim_end_matches('Z'))
+        .expect("a timestamped line");
+    time.split(':')
+        .map(|x| x.parse::<f64>().expect("a time"))
+        .fold(0.0, |acc, x| acc * 60.0 + x)
+}
+
+/// Start to established (the daemon's `starting` line to its `running`
+/// line, by their timestamps) of the fixture, a server of both eras,
+/// under `protocol "auto"` (server/discover, then 2026-07-28) vs the same
+/// server with `protocol "legacy"` (initialize), restarted in turn.
+pub(super) fn start_to_established(sizes: &Sizes) -> Row {
+    let dir = tempfile::tempdir().expect("tempdir");
+    fixture(dir.path(), "dual", &[], "");
+    fixture(dir.path(), "old", &[], "protocol \"legacy\"\n");
+    let d = Daemon::start(dir.path(), None);
+    d.until(2, running);
+    let mut times: [Vec<f64>; 2] = Default::default();
+    for generation in 2..2 + sizes.restarts {
+        for (i, unit) in ["dual", "old"].into_iter().enumerate() {
+            mcpctl(&d, &["restart", unit]);
+            let this = |l: &str| l.contains(&format!("mcpd_server={unit} generation={generation}"));
+            let (_, lines) = d.until(1, |l| running(l) && this(l));
+            let starting = lines
+                .iter()
+                .rev()
+                .find(|l| l.contains("mcpd::supervisor: starting") && this(l))
+                .expect("a starting line");
+            let up = lines.last().expect("the running line");
+            times[i].push((logged_at(up) - logged_at(starting)) * 1000.0);
+        }
+    }
+    let [dual, old] = times.map(stats);
     Row::new(
+        "start to established: a server of both eras, protocol \"auto\" (server/discover, 2026-07-28) vs \"legacy\" (initialize)",
+        "within 20 ms",
         format!(
-            "idle with probes at the defaults: daemon CPU per 10 s, {m} servers, over {} s (each probed once)",
-            window.as_secs()
+            "{:.2} vs {:.2} ms: +{:.2} ms",
+            dual.p50,
+            old.p50,
+            dual.p50 - old.p50
         ),
-        "< 10 ms at 100",
-        format!("{per_10s:.2} ms"),
-        format!("{:.2} ms in the window", used as f64 / 1e6),
-        1,
+        format!("p95 {:.2} vs {:.2} ms", dual.p95, old.p95),
+        dual.runs,
     )
-    .met(per_10s < 10.0)
+    .met(dual.p50 <= old.p50 + 20.0)
 }
 
 /// SIGSTOP a server the moment it runs; the daemon's "connection lost"
@@ -152,7 +242,8 @@ fn detection(sizes: &Sizes) -> Row {
             .expect("the running line names the pid");
         let pid = rustix::process::Pid::from_raw(pid).expect("pid");
         rustix::process::kill_process(pid, rustix::process::Signal::STOP).expect("SIGSTOP");
-        let (lost, _) = d.until(1, |l| l.contains("connection lost: no answer to ping"));
+        // ping, or server/discover to a server of 2026-07-28
+        let (lost, _) = d.until(1, |l| l.contains("connection lost: no answer to "));
         let took = lost - up;
         errors.push((took.as_secs_f64() - expected.as_secs_f64()).abs() * 1000.0);
     }

@@ -22,7 +22,12 @@
 //!   host's call caused becomes an `input_required` result, and the host's
 //!   retry answers it (`requestState` minted and checked here, bound to
 //!   the session that got it, used once, expiring);
-//! - [`Listens`]: `subscriptions/listen` streams and what reaches each.
+//! - [`Listens`]: `subscriptions/listen` streams and what reaches each;
+//! - [`CacheHint`]: a list's `ttlMs` and `cacheScope`, when it is read
+//!   again and what a host is told of it;
+//! - [`Tasks`] and [`rename_tasks`]: the tasks extension's task ids, per
+//!   host (built and table-tested; nothing routes by them yet: no server
+//!   the tests run uses tasks).
 
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
@@ -469,12 +474,96 @@ pub fn cacheable(method: &str) -> bool {
 }
 
 /// The answer to modern list request `id` from a kept list (as
-/// `session::list_answer`), with what a modern result carries.
-pub fn list_answer(id: &RequestId, key: &str, list: &str, info: &str) -> Vec<u8> {
+/// `session::list_answer`), with what a modern result carries: `ttlMs`
+/// and `cacheScope` as `fresh` says (what the server said of the list,
+/// TTL counted down; "private" and 0 when it said nothing).
+pub fn list_answer(id: &RequestId, key: &str, list: &str, info: &str, fresh: Fresh) -> Vec<u8> {
+    let (ttl, scope) = (fresh.ttl_ms, fresh.scope());
     format!(
-        "{{\"jsonrpc\":\"2.0\",\"id\":{id},\"result\":{{\"{key}\":{list},\"resultType\":\"complete\",\"ttlMs\":0,\"cacheScope\":\"private\",\"_meta\":{{\"{SERVER_INFO_KEY}\":{info}}}}}}}\n"
+        "{{\"jsonrpc\":\"2.0\",\"id\":{id},\"result\":{{\"{key}\":{list},\"resultType\":\"complete\",\"ttlMs\":{ttl},\"cacheScope\":\"{scope}\",\"_meta\":{{\"{SERVER_INFO_KEY}\":{info}}}}}}}\n"
     )
     .into_bytes()
+}
+
+/// The least time between two reads of a list that its server (of MCP
+/// 2026-07-28) says may be kept for less, `ttlMs` 0 included: hosts'
+/// requests never make it a storm of re-reads (as a `list_changed` storm
+/// is read at most every 100 ms, DESIGN §3, invariant 10).
+pub const MIN_LIST_TTL: Duration = Duration::from_millis(100);
+
+/// A list's caching hints (MCP 2026-07-28): how long it may be kept
+/// (`ttlMs`) and by whom (`cacheScope`), as its server said them.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CacheHint {
+    /// `ttlMs`; None when not said (or not a whole number of
+    /// milliseconds): kept until the server says `list_changed`.
+    pub ttl: Option<Duration>,
+    /// `cacheScope` is "public" (anything else is "private").
+    pub public: bool,
+}
+
+impl CacheHint {
+    /// The hints of a list page's `result`.
+    pub fn of(result: &Value) -> Self {
+        Self {
+            ttl: result
+                .get("ttlMs")
+                .and_then(Value::as_u64)
+                .map(Duration::from_millis),
+            public: result.get("cacheScope").and_then(Value::as_str) == Some("public"),
+        }
+    }
+
+    /// The hints of a list read in several pages, this one's and `next`'s:
+    /// the shorter TTL, public only if both are.
+    #[must_use]
+    pub fn and(self, next: Self) -> Self {
+        let ttl = match (self.ttl, next.ttl) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+        Self {
+            ttl,
+            public: self.public && next.public,
+        }
+    }
+
+    /// When a list whose read completed at `read` is read again, on the
+    /// next request for it: its TTL later, and never sooner than
+    /// [`MIN_LIST_TTL`]; None when the server said no TTL (or one past
+    /// what an instant can hold).
+    pub fn stale_at(self, read: Instant) -> Option<Instant> {
+        self.ttl
+            .and_then(|ttl| read.checked_add(ttl.max(MIN_LIST_TTL)))
+    }
+
+    /// What a host is told of the list at `now`, if it was read at `read`.
+    pub fn fresh(self, read: Instant, now: Instant) -> Fresh {
+        let left = self
+            .ttl
+            .and_then(|ttl| read.checked_add(ttl))
+            .map_or(Duration::ZERO, |until| until.saturating_duration_since(now));
+        Fresh {
+            ttl_ms: u64::try_from(left.as_millis()).unwrap_or(u64::MAX),
+            public: self.public,
+        }
+    }
+}
+
+/// A kept list's caching hints as a modern host is answered them.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Fresh {
+    /// `ttlMs`: what is left of the server's TTL (0: ask again).
+    pub ttl_ms: u64,
+    /// `cacheScope` "public".
+    pub public: bool,
+}
+
+impl Fresh {
+    /// `cacheScope`.
+    pub fn scope(self) -> &'static str {
+        if self.public { "public" } else { "private" }
+    }
 }
 
 /// The requests whose answer may be `input_required`.
@@ -947,3 +1036,159 @@ pub fn template_matches(template: &str, uri: &str) -> bool {
 /// How long a modern host has to retry a call answered `input_required`
 /// before the server's requests get an error and the call is cancelled.
 pub const INPUT_TIMEOUT: Duration = Duration::from_secs(300);
+
+/// The `_meta` key of a message about a task (a task's own notification,
+/// a request's or result's link to the task it belongs to).
+pub const RELATED_TASK_KEY: &str = "io.modelcontextprotocol/related-task";
+
+/// How many tasks of one server mcpd keeps track of (the map grows with
+/// what the server and hosts do: bounded, the oldest forgotten first).
+pub const MAX_TASKS: usize = 4096;
+
+/// The tasks of one server of MCP 2026-07-28 (the tasks extension), per
+/// host: a task a host's request created is known to that host by an id
+/// of mcpd's and to no other host, so that its status notifications reach
+/// it alone and only it can ask for the task's status or result, or
+/// cancel it. The server's own ids never reach a host.
+#[derive(Debug)]
+pub struct Tasks<H> {
+    /// The server's id → the host and the id it knows.
+    up: HashMap<String, (H, String)>,
+    /// (host, its id) → the server's id.
+    down: HashMap<(H, String), String>,
+    /// The server's ids, oldest first (what is forgotten past `MAX_TASKS`).
+    order: std::collections::VecDeque<String>,
+    next: u64,
+}
+
+impl<H> Default for Tasks<H> {
+    fn default() -> Self {
+        Self {
+            up: HashMap::default(),
+            down: HashMap::default(),
+            order: std::collections::VecDeque::new(),
+            next: 0,
+        }
+    }
+}
+
+impl<H: Copy + Eq + std::hash::Hash> Tasks<H> {
+    /// The server named task `up` in its answer to `host`'s request: the
+    /// id `host` knows it by (the same one each time it is named again).
+    pub fn created(&mut self, host: H, up: &str) -> String {
+        if let Some((owner, down)) = self.up.get(up)
+            && *owner == host
+        {
+            return down.clone();
+        }
+        // A server id another host held is that host's no more.
+        self.forget(up);
+        while self.order.len() >= MAX_TASKS {
+            match self.order.pop_front() {
+                Some(old) => self.forget(&old),
+                None => break,
+            }
+        }
+        self.next += 1;
+        let down = format!("mcpd-task-{}", self.next);
+        self.up.insert(up.to_owned(), (host, down.clone()));
+        self.down.insert((host, down.clone()), up.to_owned());
+        self.order.push_back(up.to_owned());
+        down
+    }
+
+    /// The server's id of the task `host` calls `down`; None when it is
+    /// not one of `host`'s (another host's, forgotten, made up).
+    pub fn to_server(&self, host: H, down: &str) -> Option<&str> {
+        self.down.get(&(host, down.to_owned())).map(String::as_str)
+    }
+
+    /// Whose task the server's `up` is, and the id that host knows.
+    pub fn to_host(&self, up: &str) -> Option<(H, &str)> {
+        self.up.get(up).map(|(host, down)| (*host, down.as_str()))
+    }
+
+    /// Task `up` is no more (or no longer tracked).
+    pub fn forget(&mut self, up: &str) {
+        if let Some((host, down)) = self.up.remove(up) {
+            self.down.remove(&(host, down));
+            self.order.retain(|o| o != up);
+        }
+    }
+
+    /// `host` left: its tasks are forgotten; the server's ids of them.
+    pub fn detach(&mut self, host: H) -> Vec<String> {
+        let ups: Vec<String> = self
+            .up
+            .iter()
+            .filter(|(_, (owner, _))| *owner == host)
+            .map(|(up, _)| up.clone())
+            .collect();
+        for up in &ups {
+            self.forget(up);
+        }
+        ups
+    }
+
+    /// How many tasks are tracked.
+    pub fn len(&self) -> usize {
+        self.up.len()
+    }
+
+    /// Whether none is.
+    pub fn is_empty(&self) -> bool {
+        self.up.is_empty()
+    }
+}
+
+/// Every task id `message` names, at each place a message of the tasks
+/// extension names one: `params.taskId` (`tasks/get`, `tasks/result`,
+/// `tasks/cancel`, `notifications/tasks/status`), `result.taskId` and
+/// `result.task.taskId` (a task's status, a task created), and the
+/// related-task `_meta` of `params` and of `result`. Each id is given to
+/// `rename`, which says what it becomes (None: it may not pass); the
+/// message is changed only if every id may pass, and `false` says one
+/// may not.
+pub fn rename_tasks(message: &mut Value, mut rename: impl FnMut(&str) -> Option<String>) -> bool {
+    let mut places: Vec<&mut Value> = Vec::new();
+    let Some(message) = message.as_object_mut() else {
+        return true;
+    };
+    let parts = message
+        .iter_mut()
+        .filter(|(part, _)| *part == "params" || *part == "result");
+    for (_, part) in parts {
+        let Value::Object(object) = part else {
+            continue;
+        };
+        for (key, value) in object.iter_mut() {
+            match (key.as_str(), value) {
+                ("taskId", id @ Value::String(_)) => places.push(id),
+                ("task", Value::Object(task)) => {
+                    if let Some(id @ Value::String(_)) = task.get_mut("taskId") {
+                        places.push(id);
+                    }
+                }
+                ("_meta", Value::Object(meta)) => {
+                    if let Some(Value::Object(related)) = meta.get_mut(RELATED_TASK_KEY)
+                        && let Some(id @ Value::String(_)) = related.get_mut("taskId")
+                    {
+                        places.push(id);
+                    }
+                }
+                _ => {}
+            }
+        }
+    }
+    let mut renamed = Vec::with_capacity(places.len());
+    for place in &places {
+        match rename(place.as_str().unwrap_or_default()) {
+            Some(new) => renamed.push(new),
+            None => return false,
+        }
+    }
+    for (place, new) in places.into_iter().zip(renamed) {
+        *place = Value::String(new);
+    }
+    true
+}

@@ -22,6 +22,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
+use super::era::CacheHint;
 use super::message::Message;
 
 /// Pages one list may take: a server with more is refused.
@@ -194,6 +195,8 @@ pub struct ListRead {
     /// The JSON text of every cursor asked with.
     cursors: HashSet<String>,
     items: Vec<Value>,
+    /// The caching hints of the pages so far (a server of 2026-07-28).
+    hint: Option<CacheHint>,
 }
 
 impl ListRead {
@@ -208,6 +211,7 @@ impl ListRead {
             bytes: 0,
             cursors: HashSet::new(),
             items: Vec::new(),
+            hint: None,
         }
     }
 
@@ -228,6 +232,12 @@ impl ListRead {
     /// Pages read so far.
     pub fn pages(&self) -> u32 {
         self.pages
+    }
+
+    /// The caching hints of the pages read (`ttlMs`, `cacheScope`): the
+    /// shortest TTL of any page, public only if every page says so.
+    pub fn hint(&self) -> CacheHint {
+        self.hint.unwrap_or_default()
     }
 
     /// The deadline passed at `now` (a timer fired): the error, if it did.
@@ -290,6 +300,8 @@ impl ListRead {
                 })));
             }
         }
+        let hint = CacheHint::of(&result);
+        self.hint = Some(self.hint.map_or(hint, |h| h.and(hint)));
         let cursor = match result.get("nextCursor") {
             None | Some(Value::Null) => return Next::Done(std::mem::take(&mut self.items)),
             Some(cursor) => cursor,

@@ -382,13 +382,21 @@ impl Actor {
                         init,
                         tools,
                         dirty,
+                        tools_hint,
                     } = *handshake;
+                    self.sessions.tools_read(tools_hint);
                     let instructions = init["instructions"].as_str().map(str::to_owned);
                     self.cache.init = Some(Arc::clone(&init));
+                    let probe = if crate::mux::era::is_modern(&init) {
+                        "server/discover"
+                    } else {
+                        "ping"
+                    };
                     self.step(Event::Established {
                         generation,
                         tools,
                         instructions,
+                        probe,
                     })
                     .await;
                     if self.machine.established() == Some(generation) {

@@ -245,11 +245,14 @@ pub enum Event {
     /// The generation could not even be started (no process exists).
     SpawnFailed { generation: Gen, error: String },
     /// `initialize` and a complete `tools/list` finished; `instructions`
-    /// are what the server's `initialize` answer said.
+    /// are what the server's `initialize` answer said; `probe` is the
+    /// request the liveness probes send (`ping`, or `server/discover` to
+    /// a server of 2026-07-28, which has no ping).
     Established {
         generation: Gen,
         tools: ToolList,
         instructions: Option<String>,
+        probe: &'static str,
     },
     /// Connecting failed (an error answer, a protocol error): the process,
     /// if any, is sent SIGTERM at once.
@@ -359,6 +362,8 @@ struct Generation {
 /// What the probes of an established generation know.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Liveness {
+    /// The request each probe sends (named in the reason of a loss).
+    method: &'static str,
     /// The last sign of life: established, a message, an answered probe.
     heard: Instant,
     /// The probe in flight: its number and when it was sent.
@@ -769,6 +774,7 @@ impl Machine {
                 generation,
                 tools,
                 instructions,
+                probe,
             } => {
                 if let Phase::Active {
                     g,
@@ -783,6 +789,7 @@ impl Machine {
                     g.established = true;
                     *used = now;
                     *live = Some(Liveness {
+                        method: probe,
                         heard: now,
                         probe: None,
                         missed: 0,
@@ -1167,7 +1174,8 @@ impl Machine {
                         n => format!("{n} probes"),
                     };
                     let error = format!(
-                        "no answer to ping ({probes}, {} each)",
+                        "no answer to {} ({probes}, {} each)",
+                        live.method,
                         humantime::format_duration(health.timeout())
                     );
                     self.fail(error, false, now, fx);

@@ -42,6 +42,8 @@ pub struct Handshake {
     pub tools: ToolList,
     /// A `list_changed` arrived during the handshake.
     pub dirty: bool,
+    /// The tools' caching hints (a server of MCP 2026-07-28).
+    pub tools_hint: era::CacheHint,
 }
 
 /// Answers a `roots/list` from the unit's `roots` (or the empty list: no
@@ -58,6 +60,8 @@ struct Client<'a> {
     /// The server speaks MCP 2026-07-28: every request carries mcpd's
     /// `_meta`.
     modern: bool,
+    /// The caching hints of the last list read.
+    hint: era::CacheHint,
 }
 
 /// The `_meta` of mcpd's own requests to a server of MCP 2026-07-28.
@@ -172,7 +176,10 @@ impl Client<'_> {
             let answer = self.answer(list.method(), params, list.method());
             match pages.next(answer).await {
                 Paged::Ask(next) => params = next,
-                Paged::Done(items) => return Ok(items),
+                Paged::Done(items) => {
+                    self.hint = pages.hint();
+                    return Ok(items);
+                }
                 Paged::Asking(e) => return Err(e),
                 Paged::Failed(e) => return Err(ConnectError::Failed(e.to_string())),
             }
@@ -238,6 +245,11 @@ impl Pages {
             bytes: 0,
         };
         (pages, first)
+    }
+
+    /// The caching hints of the pages read (a server of 2026-07-28).
+    pub(crate) fn hint(&self) -> crate::mux::era::CacheHint {
+        self.read.as_ref().map(ListRead::hint).unwrap_or_default()
     }
 
     /// Waits for `answer`, the page asked for, until the deadline.
@@ -355,6 +367,7 @@ pub async fn handshake(
         next: 0,
         dirty: false,
         modern: false,
+        hint: era::CacheHint::default(),
     };
     if protocol != Protocol::Legacy {
         // Half the start's time at most: initialize must fit after it.
@@ -369,12 +382,13 @@ pub async fn handshake(
                 } else {
                     ToolList::default()
                 };
-                let dirty = client.dirty;
+                let (dirty, tools_hint) = (client.dirty, client.hint);
                 return Ok(Handshake {
                     wire,
                     init: Arc::new(init),
                     tools,
                     dirty,
+                    tools_hint,
                 });
             }
             Err(why) if protocol == Protocol::Modern => {
@@ -422,5 +436,6 @@ pub async fn handshake(
         init: Arc::new(init),
         tools,
         dirty,
+        tools_hint: era::CacheHint::default(),
     })
 }

@@ -61,6 +61,13 @@ PROFILES = {
             # returned as an InputRequiredResult (SEP-2322)
             "ir_elicit": ("test_input_required_result_elicitation", {}),
             "ir_sample": ("test_input_required_result_sampling", {}),
+            "ir_roots": ("test_input_required_result_list_roots", {}),
+            # all three kinds of question in one result
+            "ir_multiple": ("test_input_required_result_multiple_inputs", {}),
+            # two rounds of questions, the server's requestState evolving
+            "ir_multi_round": ("test_input_required_result_multi_round", {}),
+            # the server verifies its (sealed) requestState came back intact
+            "ir_tampered": ("test_input_required_result_tampered_state", {}),
         },
     },
     "aggregate": {
@@ -156,7 +163,7 @@ async def main(argv):
         argv = argv[1:]
     mode, server, command = argv[0], argv[1], argv[2:]
     profile = PROFILES[server]
-    calls = {"elicitation": 0, "sampling": 0}
+    calls = {"elicitation": 0, "sampling": 0, "roots": 0}
 
     async def sampling(_ctx, _params):
         calls["sampling"] += 1
@@ -174,6 +181,7 @@ async def main(argv):
         return t.ElicitResult(action="accept", content=content)
 
     async def list_roots(_ctx):
+        calls["roots"] += 1
         return t.ListRootsResult(roots=[t.Root(uri="file:///srv/eras")])
 
     out = {"mode": mode}

@@ -2,12 +2,18 @@
 //! templates, prompts: `List::KEPT`): read page by page by the list
 //! reader (`mux::lists`) after each handshake and on the server's
 //! `list_changed`, published when they differ, answered to hosts from
-//! here, kept through outages and after a failed read.
+//! here, kept through outages and after a failed read. A server of MCP
+//! 2026-07-28 may say how long a list stays good (`ttlMs`): a host's
+//! request for a list (the tools too) whose TTL passed has it read
+//! again, at most once per TTL (`era::CacheHint`).
 
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Instant;
 
 use serde_json::Value;
 
+use crate::mux::era::{CacheHint, Fresh};
 use crate::mux::error::ErrorCode;
 use crate::mux::lists::{List, ListError, ListRead, Next};
 use crate::mux::message::{Message, RequestId};
@@ -33,6 +39,10 @@ pub(super) struct Cache {
     /// The read was asked for by the server's `list_changed`: hosts are
     /// told of the result even when there was no list before.
     notify: bool,
+    /// The caching hints of the list kept, and when it was read (or
+    /// last asked to be read again).
+    hint: CacheHint,
+    read_at: Option<Instant>,
 }
 
 impl Cache {
@@ -151,9 +161,13 @@ impl Task {
                 self.list_failed(kind, error);
                 return;
             }
-            Next::Done(items) => items,
+            Next::Done(items) => {
+                cache.hint = reading.hint();
+                items
+            }
         };
         cache.reading = None;
+        cache.read_at = Some(now());
         cache.failed = None;
         let dirty = std::mem::take(&mut cache.dirty);
         let notify = std::mem::take(&mut cache.notify);
@@ -207,6 +221,7 @@ impl Task {
         let Some(kind) = List::KEPT.into_iter().find(|k| k.method() == method) else {
             return false;
         };
+        let fresh = self.list_asked(kind);
         let Some(list) = self.cached(kind) else {
             let offered = self
                 .init
@@ -231,12 +246,74 @@ impl Task {
             {
                 m.close(id);
             }
-            crate::mux::era::list_answer(id, kind.key(), &list, &self.server_info())
+            crate::mux::era::list_answer(id, kind.key(), &list, &self.server_info(), fresh)
         } else {
             session::list_answer(id, kind.key(), &list)
         };
         self.answered(host, id);
         self.send_bytes(host, bytes);
         true
+    }
+
+    /// A host asks for list `kind` (kept here): read again first if its
+    /// server (of MCP 2026-07-28, running) said how long it stays good
+    /// and that passed; what the host is told of it.
+    fn list_asked(&mut self, kind: List) -> Fresh {
+        let now = now();
+        let modern = self.modern_up && self.upstream.is_some();
+        let cache = &mut self.caches[kind.index()];
+        let Some(read) = cache.read_at else {
+            return Fresh::default();
+        };
+        if modern
+            && cache.reading.is_none()
+            && cache.hint.stale_at(read).is_some_and(|at| now >= at)
+        {
+            // Once per TTL (at least `MIN_LIST_TTL`), whatever the read
+            // does: hosts are answered from what is kept meanwhile, and
+            // hear `list_changed` if the new list differs.
+            cache.read_at = Some(now);
+            self.read_list(kind, false);
+            return Fresh::default();
+        }
+        cache.hint.fresh(read, now)
+    }
+
+    /// A host asks for the tools: read again (by the actor's re-sync, as
+    /// after `list_changed`) if their server (of MCP 2026-07-28, running)
+    /// said how long they stay good and that passed; what the host is
+    /// told of them.
+    pub(super) fn tools_asked(&mut self) -> Fresh {
+        let now = now();
+        let modern = self.modern_up && self.upstream.is_some();
+        let Ok(mut fresh) = self.tools_fresh.lock() else {
+            return Fresh::default();
+        };
+        let Some((hint, read)) = *fresh else {
+            return Fresh::default();
+        };
+        if modern && hint.stale_at(read).is_some_and(|at| now >= at) {
+            // Once per TTL: the re-read sets the time again when done.
+            *fresh = Some((hint, now));
+            drop(fresh);
+            self.tools_changed();
+            return Fresh::default();
+        }
+        hint.fresh(read, now)
+    }
+
+    /// The tools are to be read again (the server said `list_changed`, or
+    /// their TTL passed): hosts hear of it once mcpd has re-synced
+    /// (status_changed). One notice at a time: a storm wakes the actor
+    /// once per notice it takes, not once per notification.
+    pub(super) fn tools_changed(&mut self) {
+        if let Some(up) = &self.upstream
+            && !self.list_changed.swap(true, Ordering::AcqRel)
+        {
+            let _ = self.events.send(Internal::ListChanged {
+                generation: up.generation,
+                pending: Arc::clone(&self.list_changed),
+            });
+        }
     }
 }

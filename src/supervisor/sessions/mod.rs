@@ -225,7 +225,14 @@ pub(crate) struct Sessions {
     /// The newest generation whose lists have all been read.
     listed: watch::Receiver<Gen>,
     heard: Arc<Heard>,
+    tools_fresh: ToolsFresh,
 }
+
+/// The tools' caching hints (`ttlMs`, `cacheScope` of a server of MCP
+/// 2026-07-28) and when they were read (or last asked to be read again):
+/// set by the reads, which run outside the task; the task's hosts'
+/// `tools/list` asks for a re-read once the TTL passed.
+type ToolsFresh = Arc<std::sync::Mutex<Option<(era::CacheHint, Instant)>>>;
 
 /// When the server last sent a message (answers to probes aside): one
 /// store per message, read only when a probe is due.
@@ -287,8 +294,10 @@ impl Sessions {
         let (listed_tx, listed) = watch::channel(0);
         let serial = status.borrow().tools_serial;
         let heard = Arc::new(Heard::new());
+        let tools_fresh = ToolsFresh::default();
         let task = Task {
             heard: Arc::clone(&heard),
+            tools_fresh: Arc::clone(&tools_fresh),
             list_changed: Arc::default(),
             list_timeout: settings.list_timeout,
             log_limit: Limiter::new(settings.log_rate_limit),
@@ -340,6 +349,7 @@ impl Sessions {
             changes,
             listed,
             heard,
+            tools_fresh,
         }
     }
 
@@ -480,6 +490,14 @@ impl Sessions {
         answer.unwrap_or_else(|_| Err("the server's sessions have ended".into()))
     }
 
+    /// The tools were read now (at the handshake, or again), with these
+    /// caching hints.
+    pub(crate) fn tools_read(&self, hint: era::CacheHint) {
+        if let Ok(mut fresh) = self.tools_fresh.lock() {
+            *fresh = Some((hint, now()));
+        }
+    }
+
     /// Every page of `list`, read again (a re-sync after `list_changed`)
     /// by the list reader: complete within `timeout`, or an error naming
     /// the list and the bound. Dropping the future cancels the page in
@@ -494,7 +512,12 @@ impl Sessions {
             let answer = self.send_request(list.method(), params, Purpose::Sync);
             match pages.next(answer).await {
                 Paged::Ask(next) => params = next,
-                Paged::Done(items) => return Ok(items),
+                Paged::Done(items) => {
+                    if list == List::Tools {
+                        self.tools_read(pages.hint());
+                    }
+                    return Ok(items);
+                }
                 Paged::Asking(why) => {
                     let why = Why::Lost(why);
                     return Err(ListError { list, why });
@@ -642,6 +665,7 @@ struct Task {
     /// Hosts to detach once the current message is handled.
     doomed: Vec<(HostId, &'static str)>,
     heard: Arc<Heard>,
+    tools_fresh: ToolsFresh,
     /// A `tools/list_changed` notice is on its way to the actor.
     list_changed: Arc<std::sync::atomic::AtomicBool>,
     /// How long a read of a list may take (`startup-timeout`).
@@ -1382,6 +1406,7 @@ impl Task {
             }
             Step::Ignore => {}
             Step::ToolsList(id) => {
+                self.tools_asked();
                 let bytes = session::list_answer(&id, "tools", self.status.borrow().tools.json());
                 self.answered(host, &id);
                 self.send_bytes(host, bytes);

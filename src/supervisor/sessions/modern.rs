@@ -207,7 +207,14 @@ impl Task {
         }
         if method == "tools/list" {
             let info = self.server_info();
-            let bytes = era::list_answer(&id, "tools", self.status.borrow().tools.json(), &info);
+            let fresh = self.tools_asked();
+            let bytes = era::list_answer(
+                &id,
+                "tools",
+                self.status.borrow().tools.json(),
+                &info,
+                fresh,
+            );
             self.answered(host, &id);
             self.send_bytes(host, bytes);
             return;

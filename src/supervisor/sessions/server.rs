@@ -4,9 +4,6 @@
 //! that are not messages (counted and logged), and who had requests in
 //! flight when the server failed.
 
-use std::sync::Arc;
-use std::sync::atomic::Ordering;
-
 use serde_json::{Value, json};
 
 use crate::mux::lists::List;
@@ -14,7 +11,6 @@ use crate::mux::message::Message;
 use crate::mux::route::Out;
 
 use super::super::clock::now;
-use super::super::events::Internal;
 use super::super::logs;
 use super::super::upstream::roots_result;
 use super::{Task, Waiter};
@@ -31,17 +27,7 @@ impl Task {
             // mcpd's listen stream opened (a server of MCP 2026-07-28).
             Some("notifications/subscriptions/acknowledged") if !has_id => return,
             Some("notifications/tools/list_changed") if !has_id => {
-                // Hosts hear of it once mcpd has re-synced (status_changed).
-                // One notice at a time: a storm wakes the actor once per
-                // notice it takes, not once per notification.
-                if let Some(up) = &self.upstream
-                    && !self.list_changed.swap(true, Ordering::AcqRel)
-                {
-                    let _ = self.events.send(Internal::ListChanged {
-                        generation: up.generation,
-                        pending: Arc::clone(&self.list_changed),
-                    });
-                }
+                self.tools_changed();
                 return;
             }
             Some(
