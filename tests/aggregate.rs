@@ -493,3 +493,67 @@ fn an_idle_on_demand_unit_of_a_group_is_started_by_its_first_call_only() {
     assert_eq!(echo["text"], "woke", "{echo}");
     assert_eq!(spawns(), 2, "its first call started it");
 }
+
+#[test]
+fn a_host_flooding_an_aggregate_is_refused_past_its_bound_and_disturbs_no_other_host() {
+    use std::io::{BufRead as _, Write as _};
+    let units = tempfile::tempdir().expect("units");
+    write_unit(units.path(), "a", &fixture_unit("\"g\"", ""));
+    let mut daemon = Daemon::user_no_bus(units.path(), &[]);
+    daemon.wait_until("a running", |d| {
+        d.about("a").any(|l| l.contains("running (pid"))
+    });
+    let socket = runtime(&daemon).join("mcpd/private");
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    let fd = rt.block_on(async {
+        let conn = crate::helper::private_conn(&socket).await;
+        let manager = mcpd::dbus::ManagerProxy::new(&conn).await.expect("proxy");
+        manager.attach_group("g").await.expect("AttachGroup")
+    });
+    let flood = std::os::unix::net::UnixStream::from(std::os::fd::OwnedFd::from(fd));
+    flood
+        .set_read_timeout(Some(Duration::from_secs(30)))
+        .expect("timeout");
+    let mut lines = String::new();
+    lines.push_str(&format!(
+        "{}\n",
+        json!({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {
+            "protocolVersion": "2025-11-25", "capabilities": {},
+            "clientInfo": {"name": "flood", "version": "1"}}})
+    ));
+    // More calls that never end than an aggregate keeps in flight.
+    let calls = mcpd::mux::aggregate::MAX_IN_FLIGHT + 50;
+    for id in 1..=calls {
+        lines.push_str(&format!(
+            "{}\n",
+            json!({"jsonrpc": "2.0", "id": id, "method": "tools/call",
+                   "params": {"name": "a__hang", "arguments": {}}})
+        ));
+    }
+    let writer = {
+        let mut flood = flood.try_clone().expect("clone");
+        std::thread::spawn(move || flood.write_all(lines.as_bytes()))
+    };
+    let mut reader = BufReader::new(flood.try_clone().expect("clone"));
+    let mut refused = 0;
+    while refused < 50 {
+        let mut line = String::new();
+        reader
+            .read_line(&mut line)
+            .expect("the aggregate answers the excess");
+        let answer: Value = serde_json::from_str(&line).expect("JSON");
+        if answer["error"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("requests are in flight already"))
+        {
+            refused += 1;
+        }
+    }
+    writer.join().expect("writer").expect("write the flood");
+    // Another host of the group is served meanwhile.
+    let mut other = Host::start(&runtime(&daemon), &["@g"]);
+    other.ask(json!({"op": "init"}));
+    let echo = other.call("a__echo", json!({"text": "unhurt"}));
+    assert_eq!(echo["text"], "unhurt", "{echo}");
+    drop(flood);
+}

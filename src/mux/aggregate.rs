@@ -44,8 +44,10 @@ pub const SEPARATOR: &str = "__";
 /// served.
 pub const LONG_NAME: usize = 64;
 
-/// Requests of the host in flight in the aggregate's units at once.
-pub const MAX_IN_FLIGHT: usize = 4096;
+/// Requests of the host in flight in the aggregate's units at once (and
+/// the aggregate's own reads): one host session's bound, as a unit's
+/// sessions bound each host.
+pub const MAX_IN_FLIGHT: usize = 1024;
 
 /// Requests of the units waiting for the host's answer at once.
 pub const MAX_ASKED: usize = 1024;
