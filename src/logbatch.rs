@@ -124,9 +124,12 @@ pub fn prefix(
 /// in italics when `ansi`.
 pub fn field_name(out: &mut impl fmt::Write, ansi: bool, name: &str) -> fmt::Result {
     if ansi {
-        write!(out, "\x1b[3m{name}\x1b[0m\x1b[2m=\x1b[0m")
+        out.write_str("\x1b[3m")?;
+        out.write_str(name)?;
+        out.write_str("\x1b[0m\x1b[2m=\x1b[0m")
     } else {
-        write!(out, "{name}=")
+        out.write_str(name)?;
+        out.write_char('=')
     }
 }
 

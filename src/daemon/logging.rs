@@ -243,9 +243,15 @@ mod tests {
 
     #[test]
     fn call_lines_made_for_the_batch_are_the_text_logs_own() {
+        use crate::supervisor::accounting::Outcome;
         for ansi in [false, true] {
-            for tool in ["echo", "evil\x1b[2J\u{9b}tool"] {
-                let (line, log) = crate::supervisor::accounting::sample(tool, ansi);
+            let tools = [
+                ("echo", Outcome::Ok),
+                ("evil\x1b[2J\u{9b}tool", Outcome::Abandoned),
+                ("echo", Outcome::Failed("bad\x07\x1b[31m".into())),
+            ];
+            for (tool, outcome) in tools {
+                let (line, log) = crate::supervisor::accounting::sample(tool, outcome, ansi);
                 let (time, made) = line.split_once(' ').expect("a timestamp");
                 assert!(
                     humantime::parse_rfc3339(&strip_ansi(time)).is_ok(),
