@@ -876,48 +876,72 @@ fn failure(plan: &Plan, step: Option<Step>, e: &std::io::Error) -> String {
     }
 }
 
-/// [`spawn`] on the forker: one thread, started on first use, that forks
-/// every server. Two reasons it is not the event loop nor the blocking
-/// pool. `spawn` waits for the child's set-up to reach exec, and joining
-/// a cgroup there waits for an RCU grace period when no other cgroup
-/// moved recently (some 20 ms, measured on a reload): the one event loop
-/// that carries every host session would stall that long at each start.
-/// And `PR_SET_PDEATHSIG` fires when the *thread* that forked the child
-/// ends, not the process: a pool thread retires after 10 s idle and would
-/// take its servers with it, while the forker lives as long as the daemon.
+/// The most forker threads: one a CPU, up to this.
+const FORKERS_MAX: usize = 4;
+
+/// [`spawn`] on a forker: long-lived threads, started on first use, one a
+/// CPU up to [`FORKERS_MAX`], that fork every server; a start-up of many
+/// units forks on each at once. Two reasons they are not the event loop
+/// nor the blocking pool. `spawn` waits for the child's set-up to reach
+/// exec (and where the child must join its cgroup itself, that waits for
+/// an RCU grace period when no other cgroup moved recently: some 20 ms):
+/// the one event loop that carries every host session would stall that
+/// long at each start. And `PR_SET_PDEATHSIG` fires when the *thread* that
+/// forked the child ends, not the process: a pool thread retires after 10
+/// s idle and would take its servers with it, while a forker lives as
+/// long as the daemon.
 pub async fn spawn_on_forker(
     plan: Plan,
     cgroup: Option<Placement>,
     confinement: Option<Confinement>,
 ) -> Result<Child, String> {
     type Job = Box<dyn FnOnce() + Send>;
-    static FORKER: std::sync::OnceLock<Option<std::sync::mpsc::Sender<Job>>> =
+    static FORKERS: std::sync::OnceLock<Option<std::sync::mpsc::Sender<Job>>> =
         std::sync::OnceLock::new();
-    let forker = FORKER.get_or_init(|| {
+    let forkers = FORKERS.get_or_init(|| {
         let (tx, rx) = std::sync::mpsc::channel::<Job>();
-        std::thread::Builder::new()
-            .name("mcpd-forker".into())
-            .spawn(move || {
-                for job in rx {
-                    job();
-                }
+        let rx = std::sync::Arc::new(std::sync::Mutex::new(rx));
+        let n = std::thread::available_parallelism()
+            .map_or(1, std::num::NonZeroUsize::get)
+            .clamp(1, FORKERS_MAX);
+        let started = (0..n)
+            .filter(|_| {
+                let rx = std::sync::Arc::clone(&rx);
+                std::thread::Builder::new()
+                    .name("mcpd-forker".into())
+                    .spawn(move || {
+                        loop {
+                            // One job at a time off the queue; the lock is
+                            // let go before the job runs.
+                            let job = match rx.lock() {
+                                Ok(rx) => rx.recv(),
+                                Err(_) => return,
+                            };
+                            match job {
+                                Ok(job) => job(),
+                                Err(_) => return,
+                            }
+                        }
+                    })
+                    .is_ok()
             })
-            .ok()
-            .map(|_| tx)
+            .count();
+        (started > 0).then_some(tx)
     });
     let cannot = |why: &str| format!("cannot start {}: {why}", plan.program.display());
-    let Some(forker) = forker else {
-        return Err(cannot("the daemon cannot start its forker thread"));
+    let Some(forkers) = forkers else {
+        return Err(cannot("the daemon cannot start its forker threads"));
     };
-    let gone = cannot("the daemon's forker thread is gone");
+    let gone = cannot("the daemon's forker threads are gone");
     let runtime = tokio::runtime::Handle::current();
     let (tx, rx) = tokio::sync::oneshot::channel();
     let job: Job = Box::new(move || {
-        // The child is tokio's to reap, on the daemon's runtime.
+        // The child is the runtime's to wait for (its pidfd, or tokio's
+        // reaper on the std path).
         let _entered = runtime.enter();
         let _ = tx.send(spawn(&plan, cgroup, confinement));
     });
-    forker.send(job).map_err(|_| gone.clone())?;
+    forkers.send(job).map_err(|_| gone.clone())?;
     rx.await.map_err(|_| gone)?
 }
 
