@@ -2,11 +2,15 @@
 //! (`daemon::logging`, stderr) is given on this thread is collected and
 //! written in one `write` at the end, so that a batch of lines wakes
 //! whoever reads stderr once, not once a line. The tool-call log
-//! (`supervisor::accounting`) writes its batches this way. A leaf: it
-//! imports nothing of the crate.
+//! (`supervisor::accounting`) writes its batches this way, formatting
+//! its lines itself when the text log takes them ([`text`], [`prefix`],
+//! [`escape`]: the text log's own format, shared). A leaf: it imports
+//! nothing of the crate.
 
 use std::cell::RefCell;
+use std::fmt;
 use std::io::Write;
+use std::sync::atomic::{AtomicU8, Ordering};
 
 thread_local! {
     static BATCH: RefCell<Option<Vec<u8>>> = const { RefCell::new(None) };
@@ -50,6 +54,14 @@ impl Drop for Batch {
     }
 }
 
+/// Writes `bytes` to the batch open on this thread, else to stderr in
+/// one `write` (a failed write is dropped, as the text log drops its own).
+pub fn write(bytes: &[u8]) {
+    if !bytes.is_empty() && !collect(bytes) {
+        let _ = std::io::stderr().lock().write_all(bytes);
+    }
+}
+
 /// Keeps `bytes` for the batch open on this thread, if any.
 pub fn collect(bytes: &[u8]) -> bool {
     BATCH
@@ -64,6 +76,82 @@ pub fn collect(bytes: &[u8]) -> bool {
             Err(_) => false,
         })
         .unwrap_or(false)
+}
+
+/// Where the log goes: 0 not to the text log (the journal, or not set
+/// up), 1 the text log, 2 the text log with colours.
+static TEXT: AtomicU8 = AtomicU8::new(0);
+
+/// Says that the log is the text log, on stderr ([`Stderr`]), with
+/// colours when `ansi`.
+pub fn set_text(ansi: bool) {
+    TEXT.store(if ansi { 2 } else { 1 }, Ordering::Relaxed);
+}
+
+/// Whether the log is the text log (`Some`), and with colours.
+pub fn text() -> Option<bool> {
+    match TEXT.load(Ordering::Relaxed) {
+        0 => None,
+        n => Some(n == 2),
+    }
+}
+
+/// The start of a text log line: `TIME LEVEL target: `, the level one of
+/// "TRACE", "DEBUG", " INFO", " WARN", "ERROR" (its colour first when
+/// `ansi`).
+pub fn prefix(
+    out: &mut impl fmt::Write,
+    ansi: bool,
+    now: std::time::SystemTime,
+    level: (&str, &str),
+    target: &str,
+) -> fmt::Result {
+    const DIM: &str = "\x1b[2m";
+    const RESET: &str = "\x1b[0m";
+    let now = humantime::format_rfc3339_micros(now);
+    let (colour, name) = level;
+    if ansi {
+        write!(
+            out,
+            "{DIM}{now}{RESET} {colour}{name}{RESET} {DIM}{target}:{RESET} "
+        )
+    } else {
+        write!(out, "{now} {name} {target}: ")
+    }
+}
+
+/// The name of a field and its `=` in a text log line (after a space),
+/// in italics when `ansi`.
+pub fn field_name(out: &mut impl fmt::Write, ansi: bool, name: &str) -> fmt::Result {
+    if ansi {
+        out.write_str("\x1b[3m")?;
+        out.write_str(name)?;
+        out.write_str("\x1b[0m\x1b[2m=\x1b[0m")
+    } else {
+        out.write_str(name)?;
+        out.write_char('=')
+    }
+}
+
+/// Writes `s` with the control characters a terminal would obey (ESC,
+/// BEL, BS, FF, DEL, C1) shown escaped, as tracing-subscriber's own
+/// sanitizing does.
+pub fn escape(out: &mut impl fmt::Write, s: &str) -> fmt::Result {
+    // C1 controls (U+0080..U+009F) are 0xC2 0x80..0x9F in UTF-8.
+    let risky = |b: &u8| matches!(b, 0x07 | 0x08 | 0x0c | 0x1b | 0x7f | 0xc2);
+    if !s.as_bytes().iter().any(risky) {
+        return out.write_str(s);
+    }
+    for ch in s.chars() {
+        match ch {
+            '\x07' | '\x08' | '\x0c' | '\x1b' | '\x7f' => {
+                write!(out, "\\x{:02x}", ch as u32)?;
+            }
+            '\u{80}'..='\u{9f}' => write!(out, "\\u{{{:x}}}", ch as u32)?,
+            _ => out.write_char(ch)?,
+        }
+    }
+    Ok(())
 }
 
 /// The text log's writer: stderr, or the batch open on this thread.

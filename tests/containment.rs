@@ -126,6 +126,12 @@ fn a_detached_helper_dies_with_stop_and_with_a_crash_of_its_server() {
         "the first helper outlived its server's crash"
     );
     let second = pid_in(&helper);
+    // Both generations were forked straight into the cgroup (the kernels
+    // CI runs have clone3's CLONE_INTO_CGROUP), said once.
+    assert_eq!(
+        d.count("servers are forked straight into their cgroups (clone3 CLONE_INTO_CGROUP)"),
+        1
+    );
 
     // A stop: the helper goes with it.
     let stop = mcpctl_user(runtime.path(), &["stop", "spawner"]);

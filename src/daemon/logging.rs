@@ -55,10 +55,12 @@ pub fn init(filter: &str) -> Result<&'static str, String> {
             .init();
         return Ok("journal");
     }
+    let ansi = std::io::stderr().is_terminal();
+    crate::logbatch::set_text(ansi);
     tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(|| crate::logbatch::Stderr)
-        .with_ansi(std::io::stderr().is_terminal())
+        .with_ansi(ansi)
         // A write that fails (whoever read stderr went away) is dropped:
         // reporting it would print to the same stderr, which panics the
         // task that logged, be it a server's actor or the signal handler.
@@ -82,10 +84,6 @@ pub fn init(filter: &str) -> Result<&'static str, String> {
 #[derive(Debug, Clone, Copy)]
 struct Text;
 
-const DIM: &str = "\x1b[2m";
-const ITALIC: &str = "\x1b[3m";
-const RESET: &str = "\x1b[0m";
-
 impl<S, N> FormatEvent<S, N> for Text
 where
     S: Subscriber + for<'a> LookupSpan<'a>,
@@ -106,16 +104,13 @@ where
             Level::WARN => ("\x1b[33m", " WARN"),
             Level::ERROR => ("\x1b[31m", "ERROR"),
         };
-        let now = humantime::format_rfc3339_micros(SystemTime::now());
-        if ansi {
-            write!(
-                writer,
-                "{DIM}{now}{RESET} {colour}{name}{RESET} {DIM}{}:{RESET} ",
-                meta.target()
-            )?;
-        } else {
-            write!(writer, "{now} {name} {}: ", meta.target())?;
-        }
+        crate::logbatch::prefix(
+            &mut writer,
+            ansi,
+            SystemTime::now(),
+            (colour, name),
+            meta.target(),
+        )?;
         let sanitize = writer.sanitizes_ansi_escapes();
         let mut fields = Fields {
             out: Sanitized {
@@ -159,11 +154,7 @@ impl Fields<'_> {
             return write!(self.out, "{value:?}");
         }
         let name = field.name().strip_prefix("r#").unwrap_or(field.name());
-        if self.ansi {
-            write!(self.out.out, "{ITALIC}{name}{RESET}{DIM}={RESET}")?;
-        } else {
-            write!(self.out.out, "{name}=")?;
-        }
+        crate::logbatch::field_name(&mut self.out.out, self.ansi, name)?;
         write!(self.out, "{value:?}")
     }
 }
@@ -198,21 +189,10 @@ struct Sanitized<'a> {
 
 impl fmt::Write for Sanitized<'_> {
     fn write_str(&mut self, s: &str) -> fmt::Result {
-        // C1 controls (U+0080..U+009F) are 0xC2 0x80..0x9F in UTF-8.
-        let risky = |b: &u8| matches!(b, 0x07 | 0x08 | 0x0c | 0x1b | 0x7f | 0xc2);
-        if !self.on || !s.as_bytes().iter().any(risky) {
+        if !self.on {
             return self.out.write_str(s);
         }
-        for ch in s.chars() {
-            match ch {
-                '\x07' | '\x08' | '\x0c' | '\x1b' | '\x7f' => {
-                    write!(self.out, "\\x{:02x}", ch as u32)?;
-                }
-                '\u{80}'..='\u{9f}' => write!(self.out, "\\u{{{:x}}}", ch as u32)?,
-                _ => self.out.write_char(ch)?,
-            }
-        }
-        Ok(())
+        crate::logbatch::escape(&mut self.out, s)
     }
 }
 
@@ -259,6 +239,27 @@ mod tests {
                 rest.to_owned()
             })
             .collect()
+    }
+
+    #[test]
+    fn call_lines_made_for_the_batch_are_the_text_logs_own() {
+        use crate::supervisor::accounting::Outcome;
+        for ansi in [false, true] {
+            let tools = [
+                ("echo", Outcome::Ok),
+                ("evil\x1b[2J\u{9b}tool", Outcome::Abandoned),
+                ("echo", Outcome::Failed("bad\x07\x1b[31m".into())),
+            ];
+            for (tool, outcome) in tools {
+                let (line, log) = crate::supervisor::accounting::sample(tool, outcome, ansi);
+                let (time, made) = line.split_once(' ').expect("a timestamp");
+                assert!(
+                    humantime::parse_rfc3339(&strip_ansi(time)).is_ok(),
+                    "{line:?}"
+                );
+                assert_eq!(vec![made.trim_end().to_owned()], logged(true, ansi, log));
+            }
+        }
     }
 
     fn strip_ansi(text: &str) -> String {

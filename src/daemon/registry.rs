@@ -20,7 +20,7 @@ use tokio::task::JoinHandle;
 
 use crate::model::{Change, Diff, UnitView};
 use crate::supervisor::process::Host;
-use crate::supervisor::{LogRing, State, Status, Supervisor, system_launcher};
+use crate::supervisor::{LogRing, State, Supervisor, system_launcher};
 use crate::unit::{self, LoadError, UnitFiles, UnitSpec};
 
 use super::Config;
@@ -303,10 +303,12 @@ impl Registry {
 
     /// "3 servers: 2 running, 1 retrying" (and invalid units).
     pub fn summary(&self) -> String {
-        let statuses: Vec<Status> = self
+        // Only the states: this runs at every change of any server (500
+        // at a start-up), and a whole status holds the tool list.
+        let states: Vec<State> = self
             .entries
             .values()
-            .filter_map(|e| e.supervisor().map(Supervisor::status))
+            .filter_map(|e| e.supervisor().map(Supervisor::state))
             .collect();
         let invalid_only = self
             .entries
@@ -321,14 +323,14 @@ impl Registry {
         let mut parts: Vec<String> = State::ALL
             .iter()
             .filter_map(|state| {
-                let n = statuses.iter().filter(|s| s.state == *state).count();
+                let n = states.iter().filter(|s| *s == state).count();
                 (n > 0).then(|| format!("{n} {state}"))
             })
             .collect();
         if invalid_only + invalid_running > 0 {
             parts.push(format!("{} invalid", invalid_only + invalid_running));
         }
-        let total = statuses.len() + invalid_only;
+        let total = states.len() + invalid_only;
         let noun = if total == 1 { "server" } else { "servers" };
         if parts.is_empty() {
             format!("{total} {noun}")

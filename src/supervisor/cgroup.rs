@@ -14,8 +14,10 @@
 //! ever touches another's servers. Without a writable v2 hierarchy the
 //! daemon falls back to process groups and says so once.
 //!
-//! A child is placed in its cgroup before it execs (its `cgroup.procs`
-//! is opened before the fork and written in the child). A generation is
+//! A child is in its cgroup before it execs: forked into it by `clone3`
+//! (the cgroup is opened before the fork), or, where the kernel refuses
+//! that, joining it first thing (its `cgroup.procs`, opened before the
+//! fork, is written in the child). A generation is
 //! over when its cgroup is empty (`cgroup.events` says `populated 0`,
 //! watched with inotify, no polling); helpers left behind by a main
 //! process that exited are killed first (`cgroup.kill`).
@@ -206,6 +208,15 @@ pub struct Usage {
     pub cpu: Option<Duration>,
 }
 
+/// A server's cgroup opened for its next child ([`Cgroup::prepare`]).
+#[derive(Debug)]
+pub struct Placement {
+    /// The cgroup's directory, for `clone3(CLONE_INTO_CGROUP)`.
+    pub dir: OwnedFd,
+    /// Its `cgroup.procs`, for a child forked elsewhere to join.
+    pub procs: OwnedFd,
+}
+
 /// One server's cgroup.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Cgroup {
@@ -217,11 +228,12 @@ impl Cgroup {
         &self.dir
     }
 
-    /// Makes the cgroup and opens its `cgroup.procs`, for the child to
-    /// join before exec. A cgroup with processes in it is not reused: they
-    /// are killed and this start fails (the previous generation ended only
-    /// once its cgroup was empty, so they are nobody's).
-    pub fn prepare(&self) -> Result<OwnedFd, String> {
+    /// Makes the cgroup and opens it and its `cgroup.procs`, for the child
+    /// to be forked into or to join before exec. A cgroup with processes
+    /// in it is not reused: they are killed and this start fails (the
+    /// previous generation ended only once its cgroup was empty, so they
+    /// are nobody's).
+    pub fn prepare(&self) -> Result<Placement, String> {
         mkdir(&self.dir)?;
         let left = self.pids().len();
         if left > 0 {
@@ -231,11 +243,20 @@ impl Cgroup {
                 self.dir.display()
             ));
         }
-        std::fs::OpenOptions::new()
+        let dir = rustix::fs::open(
+            &self.dir,
+            rustix::fs::OFlags::RDONLY
+                | rustix::fs::OFlags::DIRECTORY
+                | rustix::fs::OFlags::CLOEXEC,
+            rustix::fs::Mode::empty(),
+        )
+        .map_err(|e| format!("cannot open {}: {e}", self.dir.display()))?;
+        let procs = std::fs::OpenOptions::new()
             .write(true)
             .open(self.dir.join("cgroup.procs"))
             .map(OwnedFd::from)
-            .map_err(|e| format!("cannot open {}/cgroup.procs: {e}", self.dir.display()))
+            .map_err(|e| format!("cannot open {}/cgroup.procs: {e}", self.dir.display()))?;
+        Ok(Placement { dir, procs })
     }
 
     /// Sets `limits`' cgroup controls (`memory.max`, `pids.max`,

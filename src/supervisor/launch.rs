@@ -97,8 +97,8 @@ pub trait Launcher: Send + Sync + 'static {
 /// A stdio generation ready to fork.
 struct Prepared {
     plan: process::Plan,
-    /// Its cgroup's `cgroup.procs`, for the child to join.
-    procs: Option<std::os::fd::OwnedFd>,
+    /// Its cgroup, opened for the child.
+    procs: Option<super::cgroup::Placement>,
     confinement: Option<Confinement>,
     cgroup: Option<Cgroup>,
     /// The cgroup's OOM kills before this generation.
@@ -278,31 +278,22 @@ impl SystemLauncher {
     async fn fork(self, prepared: Prepared, generation: Gen) -> Result<Launched, String> {
         let (cgroup, oom_kills, tmp) = (prepared.cgroup, prepared.oom_kills, prepared.tmp);
         let credentials = prepared.credentials;
-        let mut child =
-            process::spawn_on_forker(prepared.plan, prepared.procs, prepared.confinement)
-                .await
-                .inspect_err(|_| {
-                    if let Some(cgroup) = &cgroup {
-                        cgroup.remove();
-                    }
-                })?;
-        let pid = child.id();
-        let (Some(stdin), Some(stdout), Some(stderr)) =
-            (child.stdin.take(), child.stdout.take(), child.stderr.take())
-        else {
-            return Err("child has no stdio pipes".into());
-        };
-        let pipes = stdout
-            .into_owned_fd()
-            .and_then(pipe::Receiver::from_owned_fd)
-            .and_then(|read| {
-                let write = pipe::Sender::from_owned_fd(stdin.into_owned_fd()?)?;
-                Ok((read, write))
-            });
+        let child = process::spawn_on_forker(prepared.plan, prepared.procs, prepared.confinement)
+            .await
+            .inspect_err(|_| {
+                if let Some(cgroup) = &cgroup {
+                    cgroup.remove();
+                }
+            })?;
+        let pid = Some(child.pid);
+        let (stdin, stdout, stderr) = (child.stdin, child.stdout, child.stderr);
+        let mut exit = child.exit;
+        let pipes = pipe::Receiver::from_owned_fd(stdout).and_then(|read| {
+            let write = pipe::Sender::from_owned_fd(stdin)?;
+            Ok((read, write))
+        });
         let (read, write) = pipes.map_err(|e| format!("cannot use the server's pipes: {e}"))?;
-        let stderr = stderr
-            .into_owned_fd()
-            .and_then(pipe::Receiver::from_owned_fd)
+        let stderr = pipe::Receiver::from_owned_fd(stderr)
             .map_err(|e| format!("cannot use the server's stderr: {e}"))?;
         let wire = Wire::pipes(read, write);
         let name = self.name.clone();
@@ -320,7 +311,7 @@ impl SystemLauncher {
         let connect: BoxFuture<Result<Wire, ConnectError>> = Box::pin(async move { Ok(wire) });
         let exit: BoxFuture<ExitStatus> = Box::pin(async move {
             use std::os::unix::process::ExitStatusExt;
-            let mut status = match child.wait().await {
+            let mut status = match exit.wait().await {
                 Ok(status) => match (status.code(), status.signal()) {
                     (Some(code), _) => ExitStatus::Code(code),
                     (None, Some(sig)) => ExitStatus::Signal(sig),

@@ -453,6 +453,11 @@ impl Supervisor {
         self.status.borrow().clone()
     }
 
+    /// The state of the read model, without copying the rest of it.
+    pub fn state(&self) -> State {
+        self.status.borrow().state
+    }
+
     /// A receiver that sees every change of the read model.
     pub fn subscribe(&self) -> watch::Receiver<Status> {
         self.status.clone()
