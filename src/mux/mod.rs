@@ -9,7 +9,8 @@
 //! host's lines itself (`initialize` and its version, refusals, answers
 //! from kept lists, accounting); [`era`], what a host speaking MCP
 //! 2026-07-28 gets over a 2025 server (discovery, per-request `_meta`,
-//! `input_required`, listen streams); [`lists`], the list reader (paging
+//! `input_required`, listen streams); [`tasks`], whose task a task id is
+//! (each host knows its own by ids of mcpd's); [`lists`], the list reader (paging
 //! bounded in cursors, pages, bytes and time). Then [`message`], a
 //! message kept as its members' JSON text (found by `scan`, a validating
 //! scan of an object's top level); [`error`], the JSON-RPC errors mcpd
@@ -33,4 +34,5 @@ pub mod outbox;
 pub mod route;
 mod scan;
 pub mod session;
+pub mod tasks;
 pub mod wire;
