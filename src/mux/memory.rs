@@ -79,9 +79,8 @@ pub fn pair(limit: usize) -> (End, End) {
 }
 
 impl Writer {
-    /// The reader sees the end now, after what it has not read yet (as a
-    /// socket's shutdown).
-    pub fn shutdown(&self) {
+    /// The reader sees the end now, after what it has not read yet.
+    fn end(&self) {
         self.0.written.store(true, Ordering::Release);
         self.0.reader.wake();
     }
@@ -89,7 +88,7 @@ impl Writer {
 
 impl Drop for Writer {
     fn drop(&mut self) {
-        self.shutdown();
+        self.end();
     }
 }
 
@@ -141,6 +140,12 @@ impl TryWrite for Writer {
             }
             notified.await;
         }
+    }
+
+    /// As a socket's shutdown: the reader sees the end after what it has
+    /// not read yet, and writes fail.
+    fn shutdown(&self) {
+        self.end();
     }
 }
 
