@@ -73,7 +73,7 @@ async fn run(shared: Arc<Shared>, target: Target, link: HostLink, caller: Caller
         out: host_out,
         control,
         replay,
-        ledger: _,
+        ledger,
     } = link.open(HOST, QUEUE, QUEUE_BYTES);
     let mut readers: SelectAll<Reader> = SelectAll::new();
     readers.push(reader);
@@ -86,6 +86,7 @@ async fn run(shared: Arc<Shared>, target: Target, link: HostLink, caller: Caller
         label,
         swallow: None,
         ended: None,
+        ledger,
     };
     let mut published = shared.published.subscribe();
     task.follow(&shared, &target, &mut readers);
@@ -136,6 +137,10 @@ struct Task {
     swallow: Option<crate::mux::message::RequestId>,
     /// Set when the session is over: `Some(why)` when mcpd ends it.
     ended: Option<Option<String>>,
+    /// A handed-over session's ledger (`mux::ledger`): the host's
+    /// requests read and not yet answered, for its bridge to fail if the
+    /// daemon is killed, as a unit's own session keeps one.
+    ledger: Option<Box<crate::mux::ledger::Ledger>>,
 }
 
 impl Task {
@@ -261,6 +266,19 @@ impl Task {
                 return;
             }
             Some(Frame::Message(message)) => {
+                if let Some(ledger) = &mut self.ledger {
+                    if message.has("method")
+                        && let Some(id) = message.id_text()
+                    {
+                        ledger.record(&id);
+                    } else if message.method().as_deref() == Some("notifications/cancelled")
+                        && let Some(params) = message.params()
+                        && let Some(id) = params.get("requestId").filter(|id| !id.is_null())
+                    {
+                        // A request the host cancelled is answered by no one.
+                        ledger.clear(&crate::mux::message::id_key(id));
+                    }
+                }
                 if message.method().as_deref() == Some("initialize")
                     && let Some(control) = &self.control
                 {
@@ -313,6 +331,12 @@ impl Task {
         for out in outs {
             match out {
                 Out::Host(message) => {
+                    if let Some(ledger) = &mut self.ledger
+                        && !message.has("method")
+                        && let Some(id) = message.id_text()
+                    {
+                        ledger.clear(&id);
+                    }
                     if self.swallow.is_some() && message.request_id() == self.swallow {
                         self.swallow = None;
                         for method in [
