@@ -22,6 +22,7 @@ pub mod credentials;
 pub mod envfile;
 mod events;
 pub mod http;
+mod instances;
 pub mod launch;
 pub mod logs;
 pub mod machine;
@@ -44,6 +45,7 @@ use crate::unit::UnitSpec;
 pub use crate::mux::host::{HostInput, HostLink, HostOutput};
 pub use crate::mux::lists::List as ListKind;
 pub use accounting::{Caller, Counters};
+pub use instances::InstanceView;
 pub use launch::{Launcher, SharedLauncher, SystemLauncher};
 pub use logs::LogRing;
 pub use machine::{ExitStatus, Gen, State, Timer, Timing, ToolList};
@@ -180,6 +182,11 @@ pub struct Supervisor {
     launcher: SharedLauncher,
     /// `start` and `idle-stop`, as last applied.
     activation: Arc<std::sync::Mutex<crate::unit::Activation>>,
+    /// The spec as last applied: a per-host unit's instances are made of
+    /// it (DESIGN §13).
+    spec: Arc<std::sync::Mutex<UnitSpec>>,
+    /// A per-host unit's instances (none for a shared unit).
+    instances: Arc<instances::Instances>,
 }
 
 impl fmt::Debug for Supervisor {
@@ -213,6 +220,7 @@ impl Supervisor {
         let counters = Arc::<Counters>::default();
         launcher.configure(&spec);
         let activation = Arc::new(std::sync::Mutex::new(spec.activation()));
+        let kept = Arc::new(std::sync::Mutex::new(spec.clone()));
         let actor = Actor::new(
             name,
             spec,
@@ -234,6 +242,8 @@ impl Supervisor {
                 counters,
                 launcher,
                 activation,
+                spec: kept,
+                instances: Arc::default(),
             },
             task,
         )
@@ -280,13 +290,19 @@ impl Supervisor {
     }
 
     /// Stops the server; its tools are withdrawn once its process is gone.
+    /// A per-host unit's instances stop too, detaching their hosts.
     pub fn stop(&self) {
         let _ = self.commands.send(Command::Stop);
+        drop(self.instances.stop_all());
     }
 
-    /// Stops the server if it runs, then starts it with a fresh budget.
+    /// Stops the server if it runs, then starts it with a fresh budget;
+    /// every instance of a per-host unit restarts the same way.
     pub fn restart(&self) {
         let _ = self.commands.send(Command::Restart);
+        for instance in self.instances.all() {
+            instance.restart();
+        }
     }
 
     /// Applies a changed unit. With `restart`, a running (or failed) server
@@ -295,6 +311,11 @@ impl Supervisor {
     pub fn apply(&self, spec: UnitSpec, restart: bool) {
         if let Ok(mut activation) = self.activation.lock() {
             *activation = spec.activation();
+        }
+        // Instances attached from now on are of the new spec; those
+        // running keep theirs (DESIGN §13).
+        if let Ok(mut kept) = self.spec.lock() {
+            *kept = spec.clone();
         }
         let _ = self.commands.send(Command::Apply {
             spec: Box::new(spec),
@@ -373,8 +394,62 @@ impl Supervisor {
     /// A new host session (DESIGN §8) on `link` (a connected stream
     /// socket, or a host's own stdio), speaking newline-delimited
     /// JSON-RPC, made by `caller`.
+    /// A host session of a per-host unit gets an instance of its own
+    /// (DESIGN §13), or, with `max-instances` running, an error to its
+    /// `initialize`.
     pub fn attach(&self, link: HostLink, caller: Caller) {
-        self.sessions.attach(link, caller);
+        let spec = self.spec.lock().ok().map(|s| s.clone());
+        let Some((spec, max)) = spec.and_then(|s| s.sessions().max_instances().map(|max| (s, max)))
+        else {
+            self.sessions.attach(link, caller);
+            return;
+        };
+        if self.instances.len() >= max as usize {
+            let why = format!(
+                "server {} runs an instance per host and all {max} are in use (max-instances {max})",
+                self.name
+            );
+            tracing::warn!(target: "mcpd::supervisor", mcpd_server = %self.name, uid = ?caller.uid, pid = ?caller.pid, "refusing a host: {why}");
+            self.sessions.attach_refused(link, caller, Arc::from(why));
+            return;
+        }
+        let n = self.instances.next();
+        let Some(launcher) = self.launcher.instance(n) else {
+            self.sessions.attach(link, caller);
+            return;
+        };
+        let name = format!("{}@{n}", self.name);
+        let (instance, task) = Supervisor::spawn(
+            &name,
+            spec.for_instance(),
+            launcher,
+            self.logs.clone(),
+            None,
+        );
+        instance.sessions.attach(link, caller);
+        tracing::info!(target: "mcpd::supervisor", mcpd_server = %self.name, uid = ?caller.uid, pid = ?caller.pid, "instance {name} for a host");
+        self.instances.run(n, instance, task, caller);
+    }
+
+    /// A per-host unit's instances (DESIGN §13), by number.
+    pub fn instances(&self) -> Vec<InstanceView> {
+        self.instances.views()
+    }
+
+    /// Instance `n` of a per-host unit.
+    pub fn instance(&self, n: u32) -> Option<Supervisor> {
+        self.instances.get(n)
+    }
+
+    /// Stops instance `n`, detaching its host; false when there is none.
+    /// The instance is gone once the returned future ends.
+    pub fn stop_instance(&self, n: u32) -> Option<JoinHandle<()>> {
+        self.instances.stop(n)
+    }
+
+    /// A receiver that sees every instance come, go or change state.
+    pub fn subscribe_instances(&self) -> watch::Receiver<u64> {
+        self.instances.subscribe()
     }
 
     /// How many host sessions are attached.
@@ -470,8 +545,10 @@ impl Supervisor {
 
     /// Stops the server and waits until it is quiescent, then ends the actor.
     pub async fn shutdown(self, task: JoinHandle<()>) {
+        let instances = self.instances.stop_all();
         let _ = self.commands.send(Command::Shutdown);
         let _ = task.await;
+        instances.await;
     }
 }
 

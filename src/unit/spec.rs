@@ -228,6 +228,9 @@ pub enum Sessions {
     /// `sessions "per-host"`: an instance `NAME@N` per host session, at
     /// most `max_instances` at once.
     PerHost { max_instances: u32 },
+    /// One instance of a per-host unit ([`UnitSpec::for_instance`]; never
+    /// read from a file): its sessions are its one host's.
+    Instance,
 }
 
 impl Sessions {
@@ -235,14 +238,14 @@ impl Sessions {
     pub fn as_str(self) -> &'static str {
         match self {
             Sessions::Shared => "shared",
-            Sessions::PerHost { .. } => "per-host",
+            Sessions::PerHost { .. } | Sessions::Instance => "per-host",
         }
     }
 
     /// `max-instances` of a per-host unit.
     pub fn max_instances(self) -> Option<u32> {
         match self {
-            Sessions::Shared => None,
+            Sessions::Shared | Sessions::Instance => None,
             Sessions::PerHost { max_instances } => Some(max_instances),
         }
     }
@@ -1283,6 +1286,7 @@ impl UnitSpec {
     pub fn for_instance(&self) -> UnitSpec {
         UnitSpec {
             activation: Activation::Always,
+            sessions: Sessions::Instance,
             ..self.clone()
         }
     }

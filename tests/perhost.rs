@@ -1,0 +1,502 @@
+//! Per-host instances (DESIGN §13) with the real daemon: hosts are the
+//! official MCP Python SDK behind `mcpctl bridge`
+//! (`tests/data/perhost_client.py`, driven a line at a time), servers the
+//! fixture (whose `whoami` says its pid) and `server-filesystem`.
+
+use std::io::{BufRead, BufReader, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdin, Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use rustix::process::Signal;
+use serde_json::{Value, json};
+
+use crate::helper::{Daemon, alive, cgroup_of, root};
+
+const BOUND: Duration = Duration::from_secs(30);
+
+/// A host: the Python SDK behind `mcpctl bridge NAME`.
+struct Host {
+    child: Child,
+    stdin: Option<ChildStdin>,
+    answers: mpsc::Receiver<String>,
+}
+
+impl Host {
+    /// A host of unit `name`, declaring `roots` when there are any.
+    fn start(runtime: &Path, name: &str, roots: &[&str]) -> Self {
+        let mut child = Command::new("python3")
+            .arg(root().join("tests/data/perhost_client.py"))
+            .arg(env!("CARGO_BIN_EXE_mcpctl"))
+            .arg(name)
+            .args(roots)
+            .env("XDG_RUNTIME_DIR", runtime)
+            .env_remove("MCPD_RUNTIME_DIR")
+            .env_remove("DBUS_SESSION_BUS_ADDRESS")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("python3 perhost_client.py");
+        let stdin = child.stdin.take();
+        let stdout = child.stdout.take().expect("stdout");
+        let (tx, answers) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines() {
+                let Ok(line) = line else { break };
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        Self {
+            child,
+            stdin,
+            answers,
+        }
+    }
+
+    fn ask(&mut self, command: Value) -> Value {
+        let stdin = self.stdin.as_mut().expect("the host is attached");
+        writeln!(stdin, "{command}").expect("write to the host");
+        let line = self
+            .answers
+            .recv_timeout(Duration::from_secs(60))
+            .unwrap_or_else(|_| panic!("the host did not answer {command}"));
+        serde_json::from_str(&line).expect("a JSON line")
+    }
+
+    fn init(&mut self) -> Value {
+        self.ask(json!({"op": "init"}))
+    }
+
+    fn call(&mut self, name: &str, args: Value) -> Value {
+        self.ask(json!({"op": "call", "name": name, "args": args}))
+    }
+
+    /// The pid of the server answering this host (the fixture's `whoami`).
+    fn server_pid(&mut self) -> u32 {
+        let answer = self.call("whoami", json!({}));
+        let who: Value = serde_json::from_str(answer["text"].as_str().unwrap_or_default())
+            .unwrap_or_else(|_| panic!("whoami: {answer}"));
+        let pid = who["pid"]
+            .as_u64()
+            .unwrap_or_else(|| panic!("whoami: {answer}"));
+        u32::try_from(pid).expect("a pid")
+    }
+
+    /// The host leaves: end of its input, and it exits (closing its bridge).
+    fn leave(mut self) {
+        drop(self.stdin.take());
+        let deadline = Instant::now() + BOUND;
+        while self.child.try_wait().expect("wait").is_none() {
+            assert!(Instant::now() < deadline, "the host did not exit");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+}
+
+impl Drop for Host {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A unit running the fixture.
+fn fixture_unit(dir: &Path, name: &str, extra: &str) {
+    std::fs::write(
+        dir.join(format!("{name}.kdl")),
+        format!(
+            "stdio {{\n    command \"mcp-fixture\" \"--chatter\" \"0\"\n}}\nreconnect {{\n    initial-delay \"200ms\"\n    max-delay \"1s\"\n}}\nstop-timeout \"1s\"\n{extra}"
+        ),
+    )
+    .expect("write unit");
+}
+
+fn daemon(units: &Path) -> (Daemon, PathBuf) {
+    let d = Daemon::user_no_bus(units, &[]);
+    let runtime = d.runtime_dir().expect("runtime").to_owned();
+    (d, runtime)
+}
+
+/// Waits (bounded) until `done`.
+fn until(what: &str, done: impl Fn() -> bool) {
+    let deadline = Instant::now() + BOUND;
+    while !done() {
+        assert!(Instant::now() < deadline, "never: {what}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn python_sdk() {
+    let probe = Command::new("python3")
+        .args(["-c", "import mcp.client.stdio"])
+        .output()
+        .expect("python3");
+    assert!(
+        probe.status.success(),
+        "the MCP Python SDK is missing: python3 -m pip install mcp (.ci/run does)"
+    );
+}
+
+#[test]
+fn two_hosts_get_two_servers_on_a_per_host_unit_and_one_on_a_shared_one() {
+    python_sdk();
+    let units = tempfile::tempdir().expect("tempdir");
+    fixture_unit(units.path(), "mine", "sessions \"per-host\"\n");
+    fixture_unit(units.path(), "ours", "");
+    let (mut d, runtime) = daemon(units.path());
+    d.wait_until("ours running", |d| d.latest_pid("ours").is_some());
+
+    let (mut a, mut b) = (
+        Host::start(&runtime, "mine", &[]),
+        Host::start(&runtime, "mine", &[]),
+    );
+    assert_eq!(a.init()["name"], "mcp-fixture");
+    assert_eq!(b.init()["name"], "mcp-fixture");
+    let (pa, pb) = (a.server_pid(), b.server_pid());
+    assert_ne!(
+        pa, pb,
+        "a per-host unit serves each host with its own server"
+    );
+    // Each in its own cgroup, below the unit's.
+    let (ca, cb) = (cgroup_of(pa), cgroup_of(pb));
+    assert_ne!(ca, cb);
+    assert_eq!(ca.parent(), cb.parent());
+    assert!(ca.parent().is_some_and(|p| p.ends_with("mine")), "{ca:?}");
+    // Asked again, the same instance answers.
+    assert_eq!(a.server_pid(), pa);
+
+    let (mut c, mut e) = (
+        Host::start(&runtime, "ours", &[]),
+        Host::start(&runtime, "ours", &[]),
+    );
+    c.init();
+    e.init();
+    assert_eq!(
+        c.server_pid(),
+        e.server_pid(),
+        "a shared unit has one server"
+    );
+    drop((a, b, c, e));
+    assert!(d.stop(Signal::TERM).success());
+}
+
+#[test]
+fn a_host_that_leaves_takes_its_instance_along_and_only_its_own() {
+    python_sdk();
+    let units = tempfile::tempdir().expect("tempdir");
+    fixture_unit(units.path(), "mine", "sessions \"per-host\"\n");
+    let (mut d, runtime) = daemon(units.path());
+    let (mut a, mut b) = (
+        Host::start(&runtime, "mine", &[]),
+        Host::start(&runtime, "mine", &[]),
+    );
+    a.init();
+    b.init();
+    let (pa, pb) = (a.server_pid(), b.server_pid());
+    let cgroup = cgroup_of(pa);
+    let left = Instant::now();
+    a.leave();
+    // stop-timeout (1 s) + 1 s.
+    until("a's server is gone", || !alive(pa));
+    until("a's cgroup is gone", || !cgroup.exists());
+    assert!(
+        left.elapsed() < Duration::from_secs(2) + Duration::from_millis(500),
+        "{:?}",
+        left.elapsed()
+    );
+    assert!(alive(pb));
+    assert_eq!(b.server_pid(), pb, "the other host's instance is untouched");
+    b.leave();
+    until("b's server is gone", || !alive(pb));
+    d.wait_for("instance mine@2");
+    assert!(d.stop(Signal::TERM).success());
+}
+
+#[test]
+fn a_crashed_instance_restarts_for_its_host_alone() {
+    python_sdk();
+    let units = tempfile::tempdir().expect("tempdir");
+    fixture_unit(units.path(), "mine", "sessions \"per-host\"\n");
+    let (d, runtime) = daemon(units.path());
+    let (mut a, mut b) = (
+        Host::start(&runtime, "mine", &[]),
+        Host::start(&runtime, "mine", &[]),
+    );
+    a.init();
+    b.init();
+    let (pa, pb) = (a.server_pid(), b.server_pid());
+    rustix::process::kill_process(
+        rustix::process::Pid::from_raw(i32::try_from(pa).expect("pid")).expect("pid"),
+        Signal::KILL,
+    )
+    .expect("kill");
+    until("a's server is gone", || !alive(pa));
+    // After the backoff, a's next call is answered by a new server.
+    let deadline = Instant::now() + BOUND;
+    let again = loop {
+        let answer = a.call("whoami", json!({}));
+        if let Ok(who) = serde_json::from_str::<Value>(answer["text"].as_str().unwrap_or("")) {
+            break u32::try_from(who["pid"].as_u64().expect("pid")).expect("pid");
+        }
+        assert!(Instant::now() < deadline, "no new server: {answer}");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert_ne!(again, pa);
+    assert_ne!(again, pb);
+    assert_eq!(b.server_pid(), pb, "the other instance did not restart");
+    drop((a, b));
+    assert!(d.stop(Signal::TERM).success());
+}
+
+#[test]
+fn an_instance_declares_exactly_its_hosts_capabilities() {
+    python_sdk();
+    let units = tempfile::tempdir().expect("tempdir");
+    // The handshake's era: a server of 2026-07-28 (the fixture is one)
+    // reads each request's capabilities, which are its host's already.
+    fixture_unit(
+        units.path(),
+        "mine",
+        "sessions \"per-host\"\nprotocol \"legacy\"\n",
+    );
+    let (mut d, runtime) = daemon(units.path());
+    let mut with = Host::start(&runtime, "mine", &["file:///srv/with"]);
+    let mut without = Host::start(&runtime, "mine", &[]);
+    assert_eq!(with.init()["name"], "mcp-fixture");
+    assert_eq!(without.init()["name"], "mcp-fixture");
+    for h in [&mut with, &mut without] {
+        let set = h.call("set_tools", json!({"tools": ["roots"]}));
+        assert_eq!(set["error"], false, "{set}");
+    }
+    assert_eq!(with.call("roots", json!({}))["text"], "file:///srv/with");
+    // Shared, mcpd's client declares `roots` for every host; this
+    // instance's declares what its host did: nothing.
+    assert_eq!(
+        without.call("roots", json!({}))["text"],
+        "no roots capability"
+    );
+    drop((with, without));
+    d.wait_for("instance mine@2");
+    assert!(d.stop(Signal::TERM).success());
+}
+
+#[test]
+fn one_host_over_max_instances_is_refused_naming_the_limit() {
+    python_sdk();
+    let units = tempfile::tempdir().expect("tempdir");
+    fixture_unit(
+        units.path(),
+        "mine",
+        "sessions \"per-host\"\nmax-instances 2\n",
+    );
+    let (d, runtime) = daemon(units.path());
+    let (mut a, mut b) = (
+        Host::start(&runtime, "mine", &[]),
+        Host::start(&runtime, "mine", &[]),
+    );
+    a.init();
+    b.init();
+    let (pa, pb) = (a.server_pid(), b.server_pid());
+    let mut c = Host::start(&runtime, "mine", &[]);
+    let refused = c.init();
+    let why = refused["raised"].as_str().unwrap_or_default();
+    assert!(
+        why.contains("server mine") && why.contains("max-instances 2"),
+        "{refused}"
+    );
+    assert_eq!(a.server_pid(), pa);
+    assert_eq!(b.server_pid(), pb);
+    // A place freed is a place taken.
+    a.leave();
+    until("a's server is gone", || !alive(pa));
+    c.leave();
+    let mut e = Host::start(&runtime, "mine", &[]);
+    e.init();
+    let pe = e.server_pid();
+    assert!(pe != pa && pe != pb);
+    drop((b, e));
+    assert!(d.stop(Signal::TERM).success());
+}
+
+/// `server-filesystem` from `target/npm` (`.ci/run` installs it).
+fn filesystem() -> PathBuf {
+    let path = root()
+        .join("target/npm/node_modules/@modelcontextprotocol/server-filesystem/dist/index.js");
+    assert!(
+        path.is_file(),
+        "{} is missing: .ci/run installs tests/npm into target/npm",
+        path.display()
+    );
+    path
+}
+
+#[test]
+fn each_host_of_a_per_host_filesystem_server_sees_its_own_roots() {
+    python_sdk();
+    let server = filesystem();
+    let units = tempfile::tempdir().expect("tempdir");
+    let (one, two) = (
+        tempfile::tempdir().expect("tempdir"),
+        tempfile::tempdir().expect("tempdir"),
+    );
+    std::fs::write(one.path().join("one.txt"), "one").expect("write");
+    std::fs::write(two.path().join("two.txt"), "two").expect("write");
+    std::fs::write(
+        units.path().join("files.kdl"),
+        format!(
+            "stdio {{\n    command \"node\" \"{}\"\n}}\nsessions \"per-host\"\nstop-timeout \"1s\"\n",
+            server.display()
+        ),
+    )
+    .expect("write unit");
+    let (d, runtime) = daemon(units.path());
+    let uri = |p: &Path| format!("file://{}", p.canonicalize().expect("path").display());
+    let (u1, u2) = (uri(one.path()), uri(two.path()));
+    let mut a = Host::start(&runtime, "files", &[&u1]);
+    let mut b = Host::start(&runtime, "files", &[&u2]);
+    a.init();
+    b.init();
+    // The server asks each host for its roots once it is told they
+    // changed; until it has, it may still list none.
+    let allowed = |h: &mut Host, want: &Path| {
+        let want = want.canonicalize().expect("path").display().to_string();
+        let deadline = Instant::now() + BOUND;
+        loop {
+            let answer = h.call("list_allowed_directories", json!({}));
+            let text = answer["text"].as_str().unwrap_or_default().to_owned();
+            if text.contains(&want) {
+                return text;
+            }
+            assert!(Instant::now() < deadline, "never allowed {want}: {answer}");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    };
+    let seen_a = allowed(&mut a, one.path());
+    let seen_b = allowed(&mut b, two.path());
+    let (n1, n2) = (
+        one.path().canonicalize().expect("path"),
+        two.path().canonicalize().expect("path"),
+    );
+    assert!(!seen_a.contains(&n2.display().to_string()), "{seen_a}");
+    assert!(!seen_b.contains(&n1.display().to_string()), "{seen_b}");
+    let listed = a.call("list_directory", json!({"path": n1.display().to_string()}));
+    assert!(
+        listed["text"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("one.txt"),
+        "{listed}"
+    );
+    let refused = a.call("list_directory", json!({"path": n2.display().to_string()}));
+    assert!(
+        refused["error"] == true || refused.get("raised").is_some(),
+        "a host's instance does not reach another host's roots: {refused}"
+    );
+    drop((a, b));
+    assert!(d.stop(Signal::TERM).success());
+}
+
+/// One host through `mcpctl bridge NAME`, spoken raw: initialize, one
+/// `whoami`, then it leaves (end of input). The server's pid.
+fn raw_host(runtime: &Path, name: &str) -> u32 {
+    let mut bridge = crate::helper::mcpctl_user_command(runtime, &["bridge", name])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("mcpctl bridge");
+    let mut stdin = bridge.stdin.take().expect("stdin");
+    let mut lines = BufReader::new(bridge.stdout.take().expect("stdout")).lines();
+    let init = json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        "protocolVersion": "2025-06-18", "capabilities": {},
+        "clientInfo": {"name": "loop", "version": "0"}}});
+    writeln!(stdin, "{init}").expect("write");
+    let answer = lines.next().expect("an answer").expect("a line");
+    assert!(answer.contains("\"result\""), "{answer}");
+    writeln!(
+        stdin,
+        "{}",
+        json!({"jsonrpc": "2.0", "method": "notifications/initialized"})
+    )
+    .expect("write");
+    let call = json!({"jsonrpc": "2.0", "id": 2, "method": "tools/call",
+        "params": {"name": "whoami", "arguments": {}}});
+    writeln!(stdin, "{call}").expect("write");
+    let answer: Value =
+        serde_json::from_str(&lines.next().expect("an answer").expect("a line")).expect("json");
+    let text = answer["result"]["content"][0]["text"]
+        .as_str()
+        .unwrap_or_default();
+    let who: Value = serde_json::from_str(text).unwrap_or_else(|_| panic!("{answer}"));
+    drop(stdin);
+    assert!(bridge.wait().expect("wait").success());
+    u32::try_from(who["pid"].as_u64().expect("pid")).expect("pid")
+}
+
+/// Open file descriptors of `pid`.
+fn fds(pid: u32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .expect("/proc/PID/fd")
+        .count()
+}
+
+/// The instances' cgroups below the unit's `unit` (its own server's,
+/// `unit`, aside).
+fn instance_cgroups(unit: &Path) -> Vec<PathBuf> {
+    std::fs::read_dir(unit)
+        .map(|entries| {
+            entries
+                .flatten()
+                .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()) && e.file_name() != "unit")
+                .map(|e| e.path())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+#[test]
+fn a_hundred_hosts_come_and_go_and_leave_nothing_behind() {
+    let units = tempfile::tempdir().expect("tempdir");
+    fixture_unit(units.path(), "mine", "sessions \"per-host\"\n");
+    let (mut d, runtime) = daemon(units.path());
+    let daemon_pid = d.pid();
+    let line = d.wait_for("servers run in cgroups under ");
+    let servers = line
+        .split("servers run in cgroups under ")
+        .nth(1)
+        .expect("the servers' cgroup");
+    let unit = Path::new(servers.trim()).join("mine");
+    for _ in 0..5 {
+        raw_host(&runtime, "mine");
+    }
+    until("the warm-up's instances are gone", || {
+        instance_cgroups(&unit).is_empty()
+    });
+    let (fds_before, rss_before) = (fds(daemon_pid), crate::helper::rss_kib(daemon_pid));
+    let mut pids = Vec::new();
+    for _ in 0..100 {
+        pids.push(raw_host(&runtime, "mine"));
+    }
+    let distinct: std::collections::HashSet<_> = pids.iter().collect();
+    assert_eq!(distinct.len(), 100, "each host had a server of its own");
+    until("every instance's cgroup is gone", || {
+        instance_cgroups(&unit).is_empty()
+    });
+    until("every instance's process is gone", || {
+        pids.iter().all(|p| !alive(*p))
+    });
+    d.wait_until("the daemon's fds are back", |_| {
+        fds(daemon_pid) <= fds_before
+    });
+    let rss_after = crate::helper::rss_kib(daemon_pid);
+    assert!(
+        rss_after <= rss_before + 1024,
+        "daemon RSS {rss_before} KiB before, {rss_after} KiB after 100 hosts"
+    );
+    d.wait_for("instance mine@105");
+    assert!(d.stop(Signal::TERM).success());
+}
