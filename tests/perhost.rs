@@ -500,3 +500,116 @@ fn a_hundred_hosts_come_and_go_and_leave_nothing_behind() {
     d.wait_for("instance mine@105");
     assert!(d.stop(Signal::TERM).success());
 }
+
+#[test]
+fn status_dbus_stop_and_restart_name_each_instance() {
+    python_sdk();
+    let units = tempfile::tempdir().expect("tempdir");
+    fixture_unit(units.path(), "mine", "sessions \"per-host\"\n");
+    let (d, runtime) = daemon(units.path());
+    let (mut a, mut b) = (
+        Host::start(&runtime, "mine", &[]),
+        Host::start(&runtime, "mine", &[]),
+    );
+    a.init();
+    b.init();
+    let (pa, pb) = (a.server_pid(), b.server_pid());
+    let ctl = |args: &[&str]| crate::helper::mcpctl_user(&runtime, args);
+
+    // Which instance serves which host (they attached at once).
+    let out = ctl(&["--json", "status", "mine"]);
+    let json: Value = serde_json::from_slice(&out.stdout).expect("json");
+    let status = if json.is_array() { &json[0] } else { &json };
+    assert_eq!(status["max_instances"], 16, "{status}");
+    let instances = status["instances"].as_array().expect("instances").clone();
+    assert_eq!(instances.len(), 2, "{status}");
+    let n_of = |pid: u32| {
+        instances
+            .iter()
+            .find(|i| i["pid"] == pid)
+            .and_then(|i| i["n"].as_u64())
+            .unwrap_or_else(|| panic!("no instance with pid {pid}: {status}"))
+    };
+    let (na, nb) = (n_of(pa), n_of(pb));
+    let uid = rustix::process::geteuid().as_raw();
+
+    let out = ctl(&["status", "mine"]);
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(text.contains("  Instances: 2 of 16\n"), "{text}");
+    let line_a = text
+        .lines()
+        .find(|l| {
+            l.trim_start()
+                .starts_with(&format!("mine@{na} running, pid {pa}, host pid "))
+        })
+        .unwrap_or_else(|| panic!("{text}"));
+    assert!(line_a.contains(&format!(" uid {uid}, since ")), "{line_a}");
+    assert!(line_a.contains("; 1 call"), "{line_a}");
+    assert!(
+        text.contains(&format!("mine@{nb} running, pid {pb}")),
+        "{text}"
+    );
+
+    let socket = runtime.join("mcpd/private");
+    let (stop_a, restart_b) = (format!("mine@{na}"), format!("mine@{nb}"));
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime")
+        .block_on(async {
+            use futures_util::StreamExt;
+            let (_conn, server) = crate::helper::private_server(&socket, "mine").await;
+            let rows = server.instances().await.expect("Instances");
+            assert_eq!(rows.len(), 2, "{rows:?}");
+            let row_a = rows.iter().find(|r| u64::from(r.0) == na).expect("a's row");
+            assert_eq!((row_a.1.as_str(), row_a.2, row_a.4), ("running", pa, uid));
+            let mut changes = server.receive_instances_changed().await;
+            // `mcpctl stop mine@N` answers once the instance is gone; its
+            // host is detached with an error that says so.
+            let out = ctl(&["stop", &stop_a]);
+            assert!(
+                out.status.success(),
+                "{}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            assert!(!alive(pa));
+            tokio::time::timeout(BOUND, async {
+                loop {
+                    let change = changes.next().await.expect("a change");
+                    if change.get().await.expect("Instances").len() == 1 {
+                        break;
+                    }
+                }
+            })
+            .await
+            .expect("PropertiesChanged for Instances");
+        });
+    let after = a.call("whoami", json!({}));
+    assert!(after.get("raised").is_some(), "{after}");
+    assert_eq!(b.server_pid(), pb);
+    let out = ctl(&["stop", &stop_a]);
+    assert_eq!(out.status.code(), Some(4), "no such instance any more");
+
+    let out = ctl(&["restart", &restart_b]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    until("b's old server is gone", || !alive(pb));
+    let deadline = Instant::now() + BOUND;
+    let again = loop {
+        let answer = b.call("whoami", json!({}));
+        if let Ok(who) = serde_json::from_str::<Value>(answer["text"].as_str().unwrap_or("")) {
+            break who["pid"].as_u64().expect("pid");
+        }
+        assert!(Instant::now() < deadline, "no new server: {answer}");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert_ne!(again, u64::from(pb), "mine@2 restarted for its host");
+    let out = ctl(&["status", "mine"]);
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(text.contains("  Instances: 1 of 16\n"), "{text}");
+    drop((a, b));
+    assert!(d.stop(Signal::TERM).success());
+}

@@ -563,6 +563,54 @@ impl Server {
         Ok(theirs)
     }
 
+    /// A per-host unit's instances (DESIGN §13): number, state, main PID
+    /// (0: none), and the PID and uid of the host it serves (`u32::MAX`:
+    /// not known); empty for a shared unit.
+    #[zbus(property)]
+    fn instances(&self) -> Vec<(u32, String, u32, u32, u32)> {
+        self.shared
+            .supervisor(&self.name)
+            .map(|s| s.instances().iter().map(instance_row).collect())
+            .unwrap_or_default()
+    }
+
+    /// `max-instances` of a per-host unit; 0 for a shared one.
+    #[zbus(property(emits_changed_signal = "false"))]
+    fn max_instances(&self) -> u32 {
+        self.shared
+            .supervisor(&self.name)
+            .ok()
+            .and_then(|s| s.max_instances())
+            .unwrap_or(0)
+    }
+
+    /// Every instance of a per-host unit in full, as a JSON array of
+    /// objects (`n`, `state`, `pid`, `host_pid`, `host_uid`,
+    /// `since_usec`, `calls`, `memory`; absent values null).
+    fn list_instances(&self) -> String {
+        let instances = self
+            .shared
+            .supervisor(&self.name)
+            .map(|s| s.instances())
+            .unwrap_or_default();
+        let rows: Vec<serde_json::Value> = instances
+            .iter()
+            .map(|i| {
+                serde_json::json!({
+                    "n": i.n,
+                    "state": i.state.to_string(),
+                    "pid": i.pid,
+                    "host_pid": i.host.pid,
+                    "host_uid": i.host.uid,
+                    "since_usec": usec(i.since),
+                    "calls": i.calls,
+                    "memory": i.memory,
+                })
+            })
+            .collect();
+        serde_json::Value::Array(rows).to_string()
+    }
+
     /// Host sessions attached now.
     #[zbus(property(emits_changed_signal = "false"))]
     fn sessions(&self) -> u32 {
@@ -734,6 +782,26 @@ pub(crate) async fn emit_list_changed(
     Server::list_changed(iref.signal_emitter(), generation, which).await
 }
 
+/// Emits PropertiesChanged for `Instances`.
+pub(crate) async fn emit_instances_changed(conn: &Connection, name: &str) -> zbus::Result<()> {
+    let Some(iref) = served(conn, name).await else {
+        return Ok(());
+    };
+    let iface = iref.get().await;
+    iface.instances_changed(iref.signal_emitter()).await
+}
+
+/// `Instances`' row of one instance.
+fn instance_row(i: &crate::supervisor::InstanceView) -> (u32, String, u32, u32, u32) {
+    (
+        i.n,
+        i.state.to_string(),
+        i.pid.unwrap_or(0),
+        i.host.pid.unwrap_or(u32::MAX),
+        i.host.uid.unwrap_or(u32::MAX),
+    )
+}
+
 /// Emits PropertiesChanged for what a reload may change.
 pub(crate) async fn emit_unit_properties(conn: &Connection, name: &str) -> zbus::Result<()> {
     let Some(iref) = served(conn, name).await else {
@@ -764,6 +832,11 @@ pub mod client {
         fn call_tool(&self, name: &str, arguments_json: &str) -> Result<String, Error>;
         fn recent_logs(&self, n: u32) -> Result<Vec<String>, Error>;
         fn attach(&self) -> Result<zbus::OwnedFd, Error>;
+        fn list_instances(&self) -> Result<String, Error>;
+        #[zbus(property)]
+        fn instances(&self) -> Result<Vec<(u32, String, u32, u32, u32)>, Error>;
+        #[zbus(property(emits_changed_signal = "false"))]
+        fn max_instances(&self) -> Result<u32, Error>;
         #[zbus(property(emits_changed_signal = "false"))]
         fn sessions(&self) -> Result<u32, Error>;
         #[zbus(property(emits_changed_signal = "false"))]

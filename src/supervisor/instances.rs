@@ -44,8 +44,9 @@ pub struct InstanceView {
 struct Running {
     supervisor: Supervisor,
     host: Caller,
-    /// Dropped: the watcher shuts the instance down.
-    stop: Option<oneshot::Sender<()>>,
+    /// Dropped or sent: the watcher shuts the instance down (sent: its
+    /// host is detached first, told this).
+    stop: Option<oneshot::Sender<String>>,
     /// Ends once the instance has stopped.
     watcher: Option<JoinHandle<()>>,
 }
@@ -109,7 +110,7 @@ impl Instances {
         task: JoinHandle<()>,
         host: Caller,
     ) {
-        let (stop, stopped) = oneshot::channel::<()>();
+        let (stop, stopped) = oneshot::channel::<String>();
         let mut presence = supervisor.sessions.presence();
         let mut status = supervisor.subscribe();
         let instances = std::sync::Arc::clone(self);
@@ -120,7 +121,12 @@ impl Instances {
             loop {
                 tokio::select! {
                     _ = &mut gone => break,
-                    _ = &mut stopped => break,
+                    why = &mut stopped => {
+                        if let Ok(why) = why {
+                            instance.sessions.end_all(why);
+                        }
+                        break;
+                    }
                     changed = status.changed() => match changed {
                         Ok(()) => instances.bump(),
                         Err(_) => break,
@@ -175,6 +181,14 @@ impl Instances {
         running.get(&n).map(|r| r.supervisor.clone())
     }
 
+    /// Host sessions attached to the instances.
+    pub(crate) fn sessions(&self) -> usize {
+        let Ok(running) = self.running.lock() else {
+            return 0;
+        };
+        running.values().map(|r| r.supervisor.sessions()).sum()
+    }
+
     /// Every instance's supervisor.
     pub(crate) fn all(&self) -> Vec<Supervisor> {
         let Ok(running) = self.running.lock() else {
@@ -183,22 +197,28 @@ impl Instances {
         running.values().map(|r| r.supervisor.clone()).collect()
     }
 
-    /// Stops instance `n` (its host is detached); None when there is no
-    /// such instance. The future ends once it has stopped.
-    pub(crate) fn stop(&self, n: u32) -> Option<JoinHandle<()>> {
+    /// Stops instance `n`, detaching its host told `why`; None when there
+    /// is no such instance. The handle ends once it has stopped.
+    pub(crate) fn stop(&self, n: u32, why: String) -> Option<JoinHandle<()>> {
         let mut running = self.running.lock().ok()?;
         let r = running.get_mut(&n)?;
-        drop(r.stop.take());
+        if let Some(stop) = r.stop.take() {
+            let _ = stop.send(why);
+        }
         r.watcher.take()
     }
 
-    /// Stops every instance; the future ends once all have stopped.
-    pub(crate) fn stop_all(&self) -> impl Future<Output = ()> + use<> {
+    /// Stops every instance, detaching their hosts told `why` (none: the
+    /// daemon ends, their bridges attach again to the next one); the
+    /// future ends once all have stopped.
+    pub(crate) fn stop_all(&self, why: Option<&str>) -> impl Future<Output = ()> + use<> {
         let watchers: Vec<JoinHandle<()>> = match self.running.lock() {
             Ok(mut running) => running
                 .values_mut()
                 .filter_map(|r| {
-                    drop(r.stop.take());
+                    if let (Some(stop), Some(why)) = (r.stop.take(), why) {
+                        let _ = stop.send(why.to_owned());
+                    }
                     r.watcher.take()
                 })
                 .collect(),

@@ -293,7 +293,8 @@ impl Supervisor {
     /// A per-host unit's instances stop too, detaching their hosts.
     pub fn stop(&self) {
         let _ = self.commands.send(Command::Stop);
-        drop(self.instances.stop_all());
+        let why = format!("server {} was stopped", self.name);
+        drop(self.instances.stop_all(Some(&why)));
     }
 
     /// Stops the server if it runs, then starts it with a fresh budget;
@@ -441,10 +442,17 @@ impl Supervisor {
         self.instances.get(n)
     }
 
-    /// Stops instance `n`, detaching its host; false when there is none.
-    /// The instance is gone once the returned future ends.
+    /// Stops instance `n`, detaching its host with an error that says
+    /// so; None when there is no such instance. The instance is gone once
+    /// the returned handle ends.
     pub fn stop_instance(&self, n: u32) -> Option<JoinHandle<()>> {
-        self.instances.stop(n)
+        let why = format!("instance {}@{n} was stopped", self.name);
+        self.instances.stop(n, why)
+    }
+
+    /// `max-instances` of a per-host unit; None for a shared one.
+    pub fn max_instances(&self) -> Option<u32> {
+        self.spec.lock().ok()?.sessions().max_instances()
     }
 
     /// A receiver that sees every instance come, go or change state.
@@ -454,7 +462,7 @@ impl Supervisor {
 
     /// How many host sessions are attached.
     pub fn sessions(&self) -> usize {
-        self.sessions.count()
+        self.sessions.count() + self.instances.sessions()
     }
 
     /// The protocol version the server speaks (its last generation's, or
@@ -545,7 +553,7 @@ impl Supervisor {
 
     /// Stops the server and waits until it is quiescent, then ends the actor.
     pub async fn shutdown(self, task: JoinHandle<()>) {
-        let instances = self.instances.stop_all();
+        let instances = self.instances.stop_all(None);
         let _ = self.commands.send(Command::Shutdown);
         let _ = task.await;
         instances.await;

@@ -169,6 +169,9 @@ enum Input {
     Cancel {
         token: u64,
     },
+    /// Every host session ends, told why (an instance of a per-host unit
+    /// was stopped).
+    EndAll(String),
 }
 
 /// What the host sessions take from the unit's spec.
@@ -449,6 +452,11 @@ impl Sessions {
             caller,
             refused: Some(why),
         });
+    }
+
+    /// Ends every host session, telling each (a bridge exits with it).
+    pub(crate) fn end_all(&self, why: String) {
+        let _ = self.tx.send(Input::EndAll(why));
     }
 
     /// (host sessions ever attached, attached now), as they change.
@@ -926,6 +934,12 @@ impl Task {
                     self.deliver(outs, Some("the server is stopping after idle-stop"));
                 }
                 let _ = reply.send((self.used, busy));
+            }
+            Input::EndAll(why) => {
+                let hosts: Vec<HostId> = self.hosts.keys().copied().collect();
+                for host in hosts {
+                    self.end(host, Some(&why), false);
+                }
             }
             Input::Cancel { token } => {
                 if let Some(id) = self.tokens.remove(&token) {
