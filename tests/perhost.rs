@@ -613,3 +613,108 @@ fn status_dbus_stop_and_restart_name_each_instance() {
     drop((a, b));
     assert!(d.stop(Signal::TERM).success());
 }
+
+/// A host of MCP 2026-07-28 through `mcpctl bridge NAME`, spoken raw: no
+/// handshake, a `whoami` whose `_meta` declares `caps`. The server's pid,
+/// and the bridge with its input (the host stays attached until they are
+/// dropped).
+fn modern_host(runtime: &Path, name: &str, caps: Value) -> (u32, (Child, ChildStdin)) {
+    let mut bridge = crate::helper::mcpctl_user_command(runtime, &["bridge", name])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("mcpctl bridge");
+    let mut stdin = bridge.stdin.take().expect("stdin");
+    let mut lines = BufReader::new(bridge.stdout.take().expect("stdout")).lines();
+    let call = json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {
+    "name": "whoami", "arguments": {},
+    "_meta": {
+        "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+        "io.modelcontextprotocol/clientCapabilities": caps,
+        "io.modelcontextprotocol/clientInfo": {"name": "raw-modern", "version": "1"},
+    }}});
+    writeln!(stdin, "{call}").expect("write");
+    let answer: Value =
+        serde_json::from_str(&lines.next().expect("an answer").expect("a line")).expect("json");
+    let text = answer["result"]["content"][0]["text"]
+        .as_str()
+        .unwrap_or_default();
+    let who: Value = serde_json::from_str(text).unwrap_or_else(|_| panic!("{answer}"));
+    let pid = u32::try_from(who["pid"].as_u64().expect("pid")).expect("pid");
+    (pid, (bridge, stdin))
+}
+
+#[test]
+fn hosts_of_mcp_2026_07_28_get_an_instance_each_too() {
+    let units = tempfile::tempdir().expect("tempdir");
+    fixture_unit(units.path(), "mine", "sessions \"per-host\"\n");
+    let (d, runtime) = daemon(units.path());
+    let (pa, (mut a, a_in)) = modern_host(&runtime, "mine", json!({}));
+    let (pb, (mut b, b_in)) = modern_host(&runtime, "mine", json!({"roots": {}}));
+    assert_ne!(pa, pb);
+    drop((a_in, b_in));
+    let _ = a.kill();
+    let _ = b.kill();
+    let _ = (a.wait(), b.wait());
+    until("their servers are gone", || !alive(pa) && !alive(pb));
+    assert!(d.stop(Signal::TERM).success());
+}
+
+#[test]
+fn a_reload_switches_sessions_and_moves_the_limit_for_the_next_hosts() {
+    python_sdk();
+    let units = tempfile::tempdir().expect("tempdir");
+    fixture_unit(units.path(), "mine", "");
+    let (mut d, runtime) = daemon(units.path());
+    d.wait_until("mine running", |d| d.latest_pid("mine").is_some());
+    let shared = d.latest_pid("mine").expect("pid");
+    let reload = || {
+        let out = crate::helper::mcpctl_user(&runtime, &["reload"]);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+
+    fixture_unit(
+        units.path(),
+        "mine",
+        "sessions \"per-host\"\nmax-instances 1\n",
+    );
+    let diff = reload();
+    assert!(diff.contains("mine") && diff.contains("changed"), "{diff}");
+    // The shared server is gone; the unit now gives each host its own.
+    until("the shared server is gone", || !alive(shared));
+    let mut a = Host::start(&runtime, "mine", &[]);
+    a.init();
+    let pa = a.server_pid();
+    assert_ne!(pa, shared);
+    assert!(cgroup_of(pa).parent().is_some_and(|p| p.ends_with("mine")));
+    let mut b = Host::start(&runtime, "mine", &[]);
+    let refused = b.init();
+    assert!(
+        refused["raised"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("max-instances 1"),
+        "{refused}"
+    );
+
+    // A new limit applies in place, to the hosts that come next.
+    fixture_unit(
+        units.path(),
+        "mine",
+        "sessions \"per-host\"\nmax-instances 2\n",
+    );
+    reload();
+    assert_eq!(a.server_pid(), pa, "a running instance is left alone");
+    let mut c = Host::start(&runtime, "mine", &[]);
+    c.init();
+    let pc = c.server_pid();
+    assert!(pc != pa && pc != shared);
+    drop((a, b, c));
+    assert!(d.stop(Signal::TERM).success());
+}

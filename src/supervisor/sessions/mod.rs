@@ -200,7 +200,10 @@ impl Settings {
         Self {
             filter: spec.tool_filter().clone(),
             roots: spec.roots().to_vec(),
-            on_demand: spec.activation().idle_stop().is_some(),
+            // An instance starts for its host's first request, as an
+            // on-demand unit does for anyone's.
+            on_demand: spec.activation().idle_stop().is_some()
+                || spec.sessions() == crate::unit::Sessions::Instance,
             list_timeout: spec.startup_timeout(),
             log_rate_limit: spec.log_rate_limit(),
             max_request_size: spec.max_request_size(),
@@ -757,6 +760,9 @@ impl Task {
         // wait, polled again, takes its waiter list's lock).
         let mut status_changed = futures_util::stream::FuturesUnordered::new();
         status_changed.push(status_change(self.status.clone()));
+        // An instance of a per-host unit begins idle (no change of status
+        // to wait for): its host's first request is held.
+        self.update_hold();
         loop {
             tokio::select! {
                 input = rx.recv() => match input {
@@ -1484,6 +1490,20 @@ impl Task {
             }
             return;
         };
+        if let Some(why) = h.refused.clone() {
+            // A host over its per-host unit's `max-instances`: whatever
+            // it asks is refused, naming the limit.
+            if message.method().is_some()
+                && let Some(id) = message.request_id()
+            {
+                self.answered(host, &id);
+                self.send(
+                    host,
+                    ErrorCode::InvalidRequest.response(&id.to_value(), &*why),
+                );
+            }
+            return;
+        }
         match step {
             // Pipelined behind its initialize (a bridge replaying one).
             Step::Hold => h.held.push(Frame::Message(message)),

@@ -135,10 +135,6 @@ impl Task {
 
     /// Answers host `host`'s `initialize` with the server's own result.
     pub(super) fn initialize(&mut self, host: HostId, id: &Value, params: &Value) {
-        if let Some(why) = self.hosts.get(&host).and_then(|h| h.refused.clone()) {
-            self.send(host, ErrorCode::InvalidRequest.response(id, &*why));
-            return;
-        }
         if let Ok(mut declared) = self.declared.lock() {
             *declared = Some(params["capabilities"].clone());
         }
