@@ -718,3 +718,60 @@ fn a_reload_switches_sessions_and_moves_the_limit_for_the_next_hosts() {
     drop((a, b, c));
     assert!(d.stop(Signal::TERM).success());
 }
+
+#[test]
+fn limits_hold_per_instance_or_its_host_is_told_why_not() {
+    python_sdk();
+    let units = tempfile::tempdir().expect("tempdir");
+    std::fs::write(
+        units.path().join("capped.kdl"),
+        "stdio { command \"mcp-fixture\"; }\nsessions \"per-host\"\nlimits { nofile 64; }\n",
+    )
+    .expect("write");
+    std::fs::write(
+        units.path().join("bounded.kdl"),
+        "stdio { command \"mcp-fixture\"; }\nsessions \"per-host\"\nlimits { memory-max \"256M\"; }\nreconnect { enabled #false; }\n",
+    )
+    .expect("write");
+    let (d, runtime) = daemon(units.path());
+    let mut a = Host::start(&runtime, "capped", &[]);
+    a.init();
+    let pid = a.server_pid();
+    let limits = std::fs::read_to_string(format!("/proc/{pid}/limits")).expect("limits");
+    let nofile = limits
+        .lines()
+        .find(|l| l.starts_with("Max open files"))
+        .expect("a Max open files line");
+    assert_eq!(
+        nofile.split_whitespace().collect::<Vec<_>>(),
+        ["Max", "open", "files", "64", "64", "files"],
+        "{nofile}"
+    );
+    // memory-max needs the memory controller: enforced on the instance's
+    // own cgroup where it is delegated, else the instance's start fails
+    // and its host is told why (never unlimited).
+    let servers = cgroup_of(pid)
+        .parent()
+        .and_then(Path::parent)
+        .expect("servers")
+        .to_owned();
+    let controllers =
+        std::fs::read_to_string(servers.join("cgroup.controllers")).unwrap_or_default();
+    let mut b = Host::start(&runtime, "bounded", &[]);
+    let init = b.init();
+    if controllers.split_whitespace().any(|c| c == "memory") {
+        assert_eq!(init["name"], "mcp-fixture", "{init}");
+        let pb = b.server_pid();
+        let max = std::fs::read_to_string(cgroup_of(pb).join("memory.max")).expect("memory.max");
+        assert_eq!(max.trim(), (256u64 << 20).to_string());
+        assert!(cgroup_of(pb).parent().is_some_and(|p| p.ends_with("bounded")));
+    } else {
+        let why = init["raised"].as_str().unwrap_or_default();
+        assert!(
+            why.contains("server bounded@") && why.contains("`limits.memory-max` needs the cgroup memory controller"),
+            "{init}"
+        );
+    }
+    drop((a, b));
+    assert!(d.stop(Signal::TERM).success());
+}
