@@ -764,14 +764,63 @@ fn limits_hold_per_instance_or_its_host_is_told_why_not() {
         let pb = b.server_pid();
         let max = std::fs::read_to_string(cgroup_of(pb).join("memory.max")).expect("memory.max");
         assert_eq!(max.trim(), (256u64 << 20).to_string());
-        assert!(cgroup_of(pb).parent().is_some_and(|p| p.ends_with("bounded")));
+        assert!(
+            cgroup_of(pb)
+                .parent()
+                .is_some_and(|p| p.ends_with("bounded"))
+        );
     } else {
         let why = init["raised"].as_str().unwrap_or_default();
         assert!(
-            why.contains("server bounded@") && why.contains("`limits.memory-max` needs the cgroup memory controller"),
+            why.contains("server bounded@")
+                && why.contains("`limits.memory-max` needs the cgroup memory controller"),
             "{init}"
         );
     }
     drop((a, b));
+    assert!(d.stop(Signal::TERM).success());
+}
+
+#[test]
+fn dbus_calls_get_an_instance_per_caller_uid_never_a_hosts() {
+    python_sdk();
+    let units = tempfile::tempdir().expect("tempdir");
+    fixture_unit(
+        units.path(),
+        "mine",
+        "sessions \"per-host\"\nidle-stop \"1s\"\n",
+    );
+    let (d, runtime) = daemon(units.path());
+    let mut a = Host::start(&runtime, "mine", &[]);
+    a.init();
+    let pa = a.server_pid();
+    let call = || {
+        let out = crate::helper::mcpctl_user(&runtime, &["call", "mine", "whoami", "{}"]);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let who: Value = serde_json::from_slice(&out.stdout).expect("json");
+        u32::try_from(who["pid"].as_u64().expect("pid")).expect("pid")
+    };
+    let first = call();
+    assert_ne!(
+        first, pa,
+        "an operator's call never lands in a host's instance"
+    );
+    let uid = rustix::process::geteuid().as_raw();
+    assert!(
+        cgroup_of(first).ends_with(format!("mine/uid-{uid}")),
+        "{:?}",
+        cgroup_of(first)
+    );
+    assert_eq!(call(), first, "the same uid, the same instance");
+    // Stopped after idle-stop; the next call starts it again.
+    until("the caller's instance idles", || !alive(first));
+    let again = call();
+    assert!(again != first && again != pa);
+    assert_eq!(a.server_pid(), pa);
+    drop(a);
     assert!(d.stop(Signal::TERM).success());
 }

@@ -96,9 +96,32 @@ impl Server {
             .map_or_else(|| "[]".to_owned(), |l| l.to_string())
     }
 
-    /// A request to the running server; its result as JSON.
-    async fn ask(&self, method: &str, params: serde_json::Value) -> Result<String, Error> {
+    /// Who serves a call of this caller: the unit, or for a per-host
+    /// unit the caller's own instance (DESIGN §13), which needs the
+    /// caller's uid first.
+    async fn serving(
+        &self,
+        conn: &Connection,
+        header: &Header<'_>,
+    ) -> Result<crate::supervisor::Supervisor, Error> {
         let supervisor = self.supervisor()?;
+        if supervisor.max_instances().is_none() {
+            return Ok(supervisor);
+        }
+        let who = caller(&self.callers, conn, header).await;
+        Ok(supervisor.for_caller(who.uid))
+    }
+
+    /// A request to the running server (or the caller's instance of a
+    /// per-host unit); its result as JSON.
+    async fn ask(
+        &self,
+        method: &str,
+        params: serde_json::Value,
+        conn: &Connection,
+        header: &Header<'_>,
+    ) -> Result<String, Error> {
+        let supervisor = self.serving(conn, header).await?;
         if !supervisor.serves() {
             return Err(Error::NotRunning(supervisor.not_running().to_string()));
         }
@@ -454,7 +477,7 @@ impl Server {
     ) -> Result<String, Error> {
         authorize(&self.shared, conn, &header).await?;
         let arguments = arguments_object(arguments_json)?;
-        let supervisor = self.supervisor()?;
+        let supervisor = self.serving(conn, &header).await?;
         // A caller that disconnects abandons its call: the call is dropped
         // (which cancels it upstream) instead of holding the connection, its
         // fd and its objects until the server answers or CALL_TIMEOUT passes.
@@ -525,8 +548,13 @@ impl Server {
         #[zbus(connection)] conn: &Connection,
     ) -> Result<String, Error> {
         authorize(&self.shared, conn, &header).await?;
-        self.ask("resources/read", serde_json::json!({"uri": uri}))
-            .await
+        self.ask(
+            "resources/read",
+            serde_json::json!({"uri": uri}),
+            conn,
+            &header,
+        )
+        .await
     }
 
     /// Gets prompt `name` with a JSON object of arguments (or an empty
@@ -543,7 +571,7 @@ impl Server {
         if let Some(arguments) = arguments_object(arguments_json)? {
             params["arguments"] = serde_json::Value::Object(arguments);
         }
-        self.ask("prompts/get", params).await
+        self.ask("prompts/get", params, conn, &header).await
     }
 
     /// A new host session (DESIGN §8): a connected stream socket on which

@@ -93,11 +93,12 @@ pub trait Launcher: Send + Sync + 'static {
         String::new()
     }
 
-    /// The launcher of instance `n` of this per-host unit (DESIGN §13),
-    /// whose processes are contained apart from the unit's and the other
+    /// The launcher of instance `label` of this per-host unit (DESIGN
+    /// §13: `N` for a host's, `uid-UID` for a D-Bus caller's), whose
+    /// processes are contained apart from the unit's and the other
     /// instances'; None when this launcher cannot make one (the tests'
     /// in-process servers): its hosts share the unit's server.
-    fn instance(&self, _n: u32) -> Option<SharedLauncher> {
+    fn instance(&self, _label: &str) -> Option<SharedLauncher> {
         None
     }
 }
@@ -132,7 +133,8 @@ pub struct SystemLauncher {
     usage: Arc<std::sync::Mutex<Option<(std::time::Instant, Usage)>>>,
     /// Its cgroup, below the servers' (DESIGN §13): the unit's name for a
     /// shared unit, `NAME/unit` for a per-host unit's own server (its
-    /// instances are beside it), `NAME/N` for instance N. Chosen at each
+    /// instances are beside it), `NAME/N` for instance N (`NAME/uid-UID`
+    /// for a D-Bus caller's). Chosen at each
     /// launch, so that the signals of a generation reach its own cgroup.
     place: Arc<std::sync::Mutex<String>>,
     /// An instance's launcher: its place never changes.
@@ -655,16 +657,16 @@ impl Launcher for SystemLauncher {
         self.delivered.lock().map(|s| s.clone()).unwrap_or_default()
     }
 
-    fn instance(&self, n: u32) -> Option<SharedLauncher> {
+    fn instance(&self, label: &str) -> Option<SharedLauncher> {
         Some(Arc::new(Self {
-            name: format!("{}@{n}", self.name),
+            name: format!("{}@{label}", self.name),
             host: self.host.clone(),
             logs: self.logs.clone(),
             http: Arc::default(),
             enforced: Arc::default(),
             delivered: Arc::default(),
             usage: Arc::default(),
-            place: Arc::new(std::sync::Mutex::new(format!("{}/{n}", self.name))),
+            place: Arc::new(std::sync::Mutex::new(format!("{}/{label}", self.name))),
             instance: true,
         }))
     }

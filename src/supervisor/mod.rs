@@ -170,6 +170,10 @@ impl CallError {
 /// before it answers anyway.
 pub const CALLER_GRACE: Duration = Duration::from_millis(100);
 
+/// A per-host unit's instances for D-Bus callers: uid → the instance and
+/// its actor.
+type CallerInstances = std::collections::BTreeMap<u32, (Supervisor, JoinHandle<()>)>;
+
 /// A handle to one server's supervisor. Cheap to clone.
 #[derive(Clone)]
 pub struct Supervisor {
@@ -187,6 +191,8 @@ pub struct Supervisor {
     spec: Arc<std::sync::Mutex<UnitSpec>>,
     /// A per-host unit's instances (none for a shared unit).
     instances: Arc<instances::Instances>,
+    /// A per-host unit's instances for D-Bus callers, by uid (DESIGN §13).
+    callers: Arc<std::sync::Mutex<CallerInstances>>,
 }
 
 impl fmt::Debug for Supervisor {
@@ -244,6 +250,7 @@ impl Supervisor {
                 activation,
                 spec: kept,
                 instances: Arc::default(),
+                callers: Arc::default(),
             },
             task,
         )
@@ -295,13 +302,16 @@ impl Supervisor {
         let _ = self.commands.send(Command::Stop);
         let why = format!("server {} was stopped", self.name);
         drop(self.instances.stop_all(Some(&why)));
+        for instance in self.callers_all() {
+            instance.stop();
+        }
     }
 
     /// Stops the server if it runs, then starts it with a fresh budget;
     /// every instance of a per-host unit restarts the same way.
     pub fn restart(&self) {
         let _ = self.commands.send(Command::Restart);
-        for instance in self.instances.all() {
+        for instance in self.instances.all().into_iter().chain(self.callers_all()) {
             instance.restart();
         }
     }
@@ -415,7 +425,7 @@ impl Supervisor {
             return;
         }
         let n = self.instances.next();
-        let Some(launcher) = self.launcher.instance(n) else {
+        let Some(launcher) = self.launcher.instance(&n.to_string()) else {
             self.sessions.attach(link, caller);
             return;
         };
@@ -430,6 +440,35 @@ impl Supervisor {
         instance.sessions.attach(link, caller);
         tracing::info!(target: "mcpd::supervisor", mcpd_server = %self.name, uid = ?caller.uid, pid = ?caller.pid, "instance {name} for a host");
         self.instances.run(n, instance, task, caller);
+    }
+
+    /// Who serves a D-Bus call (`CallTool`, `ReadResource`, `GetPrompt`)
+    /// of user `uid`: for a per-host unit, an instance of that uid's own
+    /// (`NAME@uid-UID`, on demand, stopped after `idle-stop`; never a
+    /// host's, DESIGN §13), made at its first call; else the unit itself.
+    pub fn for_caller(&self, uid: Option<u32>) -> Supervisor {
+        let spec = self.spec.lock().ok().map(|s| s.clone());
+        let Some(spec) = spec.filter(|s| s.sessions().max_instances().is_some()) else {
+            return self.clone();
+        };
+        let uid = uid.unwrap_or(u32::MAX);
+        let Ok(mut callers) = self.callers.lock() else {
+            return self.clone();
+        };
+        if let Some((instance, _)) = callers.get(&uid) {
+            return instance.clone();
+        }
+        let label = format!("uid-{uid}");
+        let Some(launcher) = self.launcher.instance(&label) else {
+            return self.clone();
+        };
+        let name = format!("{}@{label}", self.name);
+        let (instance, task) =
+            Supervisor::spawn(&name, spec.for_caller(), launcher, self.logs.clone(), None);
+        instance.arm();
+        tracing::info!(target: "mcpd::supervisor", mcpd_server = %self.name, uid, "instance {name} for D-Bus calls");
+        callers.insert(uid, (instance.clone(), task));
+        instance
     }
 
     /// A per-host unit's instances (DESIGN §13), by number.
@@ -453,6 +492,14 @@ impl Supervisor {
     /// `max-instances` of a per-host unit; None for a shared one.
     pub fn max_instances(&self) -> Option<u32> {
         self.spec.lock().ok()?.sessions().max_instances()
+    }
+
+    /// The instances serving D-Bus callers.
+    fn callers_all(&self) -> Vec<Supervisor> {
+        self.callers
+            .lock()
+            .map(|c| c.values().map(|(s, _)| s.clone()).collect())
+            .unwrap_or_default()
     }
 
     /// A receiver that sees every instance come, go or change state.
@@ -554,9 +601,21 @@ impl Supervisor {
     /// Stops the server and waits until it is quiescent, then ends the actor.
     pub async fn shutdown(self, task: JoinHandle<()>) {
         let instances = self.instances.stop_all(None);
-        let _ = self.commands.send(Command::Shutdown);
-        let _ = task.await;
-        instances.await;
+        let callers: Vec<_> = self
+            .callers
+            .lock()
+            .map(|mut c| std::mem::take(&mut *c).into_values().collect())
+            .unwrap_or_default();
+        let callers = futures_util::future::join_all(
+            callers
+                .into_iter()
+                .map(|(instance, task)| Box::pin(instance.shutdown(task))),
+        );
+        let unit = async {
+            let _ = self.commands.send(Command::Shutdown);
+            let _ = task.await;
+        };
+        tokio::join!(unit, instances, callers);
     }
 }
 

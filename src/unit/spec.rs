@@ -1291,6 +1291,18 @@ impl UnitSpec {
         }
     }
 
+    /// The spec of the instance a per-host unit runs for the D-Bus calls
+    /// of one uid (DESIGN §13): on demand, stopped after the unit's
+    /// `idle-stop`.
+    pub fn for_caller(&self) -> UnitSpec {
+        let idle_stop = self.activation.idle_stop().unwrap_or(DEFAULT_IDLE_STOP);
+        UnitSpec {
+            activation: Activation::OnDemand { idle_stop },
+            sessions: Sessions::Shared,
+            ..self.clone()
+        }
+    }
+
     /// Which tools are published and callable.
     pub fn tool_filter(&self) -> &ToolFilter {
         &self.tool_filter
