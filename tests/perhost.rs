@@ -86,6 +86,20 @@ impl Host {
         u32::try_from(pid).expect("a pid")
     }
 
+    /// The pid of the server answering this host's next `whoami` that is
+    /// answered (calls during an outage fail; bounded).
+    fn next_server_pid(&mut self) -> u32 {
+        let deadline = Instant::now() + BOUND;
+        loop {
+            let answer = self.call("whoami", json!({}));
+            if let Ok(who) = serde_json::from_str::<Value>(answer["text"].as_str().unwrap_or("")) {
+                return u32::try_from(who["pid"].as_u64().expect("pid")).expect("pid");
+            }
+            assert!(Instant::now() < deadline, "no server answers: {answer}");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
     /// The host leaves: end of its input, and it exits (closing its bridge).
     fn leave(mut self) {
         drop(self.stdin.take());
@@ -101,6 +115,39 @@ impl Drop for Host {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+    }
+}
+
+/// Two hosts attached to unit `mine` (the fixture and `extra`), each
+/// with its server's pid.
+struct Two {
+    units: tempfile::TempDir,
+    d: Daemon,
+    runtime: PathBuf,
+    a: (Host, u32),
+    b: (Host, u32),
+}
+
+impl Two {
+    fn start(extra: &str) -> Self {
+        python_sdk();
+        let units = tempfile::tempdir().expect("tempdir");
+        fixture_unit(units.path(), "mine", extra);
+        let (d, runtime) = daemon(units.path());
+        let (mut a, mut b) = (
+            Host::start(&runtime, "mine", &[]),
+            Host::start(&runtime, "mine", &[]),
+        );
+        a.init();
+        b.init();
+        let (pa, pb) = (a.server_pid(), b.server_pid());
+        Self {
+            units,
+            d,
+            runtime,
+            a: (a, pa),
+            b: (b, pb),
+        }
     }
 }
 
@@ -186,17 +233,13 @@ fn two_hosts_get_two_servers_on_a_per_host_unit_and_one_on_a_shared_one() {
 
 #[test]
 fn a_host_that_leaves_takes_its_instance_along_and_only_its_own() {
-    python_sdk();
-    let units = tempfile::tempdir().expect("tempdir");
-    fixture_unit(units.path(), "mine", "sessions \"per-host\"\n");
-    let (mut d, runtime) = daemon(units.path());
-    let (mut a, mut b) = (
-        Host::start(&runtime, "mine", &[]),
-        Host::start(&runtime, "mine", &[]),
-    );
-    a.init();
-    b.init();
-    let (pa, pb) = (a.server_pid(), b.server_pid());
+    let Two {
+        units: _units,
+        mut d,
+        runtime: _,
+        a: (a, pa),
+        b: (mut b, pb),
+    } = Two::start("sessions \"per-host\"\n");
     let cgroup = cgroup_of(pa);
     let left = Instant::now();
     a.leave();
@@ -218,17 +261,13 @@ fn a_host_that_leaves_takes_its_instance_along_and_only_its_own() {
 
 #[test]
 fn a_crashed_instance_restarts_for_its_host_alone() {
-    python_sdk();
-    let units = tempfile::tempdir().expect("tempdir");
-    fixture_unit(units.path(), "mine", "sessions \"per-host\"\n");
-    let (d, runtime) = daemon(units.path());
-    let (mut a, mut b) = (
-        Host::start(&runtime, "mine", &[]),
-        Host::start(&runtime, "mine", &[]),
-    );
-    a.init();
-    b.init();
-    let (pa, pb) = (a.server_pid(), b.server_pid());
+    let Two {
+        units: _units,
+        d,
+        runtime: _,
+        a: (mut a, pa),
+        b: (mut b, pb),
+    } = Two::start("sessions \"per-host\"\n");
     rustix::process::kill_process(
         rustix::process::Pid::from_raw(i32::try_from(pa).expect("pid")).expect("pid"),
         Signal::KILL,
@@ -236,15 +275,7 @@ fn a_crashed_instance_restarts_for_its_host_alone() {
     .expect("kill");
     until("a's server is gone", || !alive(pa));
     // After the backoff, a's next call is answered by a new server.
-    let deadline = Instant::now() + BOUND;
-    let again = loop {
-        let answer = a.call("whoami", json!({}));
-        if let Ok(who) = serde_json::from_str::<Value>(answer["text"].as_str().unwrap_or("")) {
-            break u32::try_from(who["pid"].as_u64().expect("pid")).expect("pid");
-        }
-        assert!(Instant::now() < deadline, "no new server: {answer}");
-        std::thread::sleep(Duration::from_millis(50));
-    };
+    let again = a.next_server_pid();
     assert_ne!(again, pa);
     assert_ne!(again, pb);
     assert_eq!(b.server_pid(), pb, "the other instance did not restart");
@@ -286,21 +317,13 @@ fn an_instance_declares_exactly_its_hosts_capabilities() {
 
 #[test]
 fn one_host_over_max_instances_is_refused_naming_the_limit() {
-    python_sdk();
-    let units = tempfile::tempdir().expect("tempdir");
-    fixture_unit(
-        units.path(),
-        "mine",
-        "sessions \"per-host\"\nmax-instances 2\n",
-    );
-    let (d, runtime) = daemon(units.path());
-    let (mut a, mut b) = (
-        Host::start(&runtime, "mine", &[]),
-        Host::start(&runtime, "mine", &[]),
-    );
-    a.init();
-    b.init();
-    let (pa, pb) = (a.server_pid(), b.server_pid());
+    let Two {
+        units: _units,
+        d,
+        runtime,
+        a: (mut a, pa),
+        b: (mut b, pb),
+    } = Two::start("sessions \"per-host\"\nmax-instances 2\n");
     let mut c = Host::start(&runtime, "mine", &[]);
     let refused = c.init();
     let why = refused["raised"].as_str().unwrap_or_default();
@@ -503,17 +526,13 @@ fn a_hundred_hosts_come_and_go_and_leave_nothing_behind() {
 
 #[test]
 fn status_dbus_stop_and_restart_name_each_instance() {
-    python_sdk();
-    let units = tempfile::tempdir().expect("tempdir");
-    fixture_unit(units.path(), "mine", "sessions \"per-host\"\n");
-    let (d, runtime) = daemon(units.path());
-    let (mut a, mut b) = (
-        Host::start(&runtime, "mine", &[]),
-        Host::start(&runtime, "mine", &[]),
-    );
-    a.init();
-    b.init();
-    let (pa, pb) = (a.server_pid(), b.server_pid());
+    let Two {
+        units: _units,
+        d,
+        runtime,
+        a: (mut a, pa),
+        b: (mut b, pb),
+    } = Two::start("sessions \"per-host\"\n");
     let ctl = |args: &[&str]| crate::helper::mcpctl_user(&runtime, args);
 
     // Which instance serves which host (they attached at once).
@@ -597,16 +616,8 @@ fn status_dbus_stop_and_restart_name_each_instance() {
         String::from_utf8_lossy(&out.stderr)
     );
     until("b's old server is gone", || !alive(pb));
-    let deadline = Instant::now() + BOUND;
-    let again = loop {
-        let answer = b.call("whoami", json!({}));
-        if let Ok(who) = serde_json::from_str::<Value>(answer["text"].as_str().unwrap_or("")) {
-            break who["pid"].as_u64().expect("pid");
-        }
-        assert!(Instant::now() < deadline, "no new server: {answer}");
-        std::thread::sleep(Duration::from_millis(50));
-    };
-    assert_ne!(again, u64::from(pb), "mine@2 restarted for its host");
+    let again = b.next_server_pid();
+    assert_ne!(again, pb, "the instance restarted for its host");
     let out = ctl(&["status", "mine"]);
     let text = String::from_utf8_lossy(&out.stdout).into_owned();
     assert!(text.contains("  Instances: 1 of 16\n"), "{text}");
