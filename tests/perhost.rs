@@ -835,3 +835,64 @@ fn dbus_calls_get_an_instance_per_caller_uid_never_a_hosts() {
     drop(a);
     assert!(d.stop(Signal::TERM).success());
 }
+
+#[test]
+fn an_aggregate_gives_each_host_its_own_instance_of_a_per_host_member() {
+    python_sdk();
+    let units = tempfile::tempdir().expect("tempdir");
+    fixture_unit(units.path(), "mine", "sessions \"per-host\"\n");
+    fixture_unit(units.path(), "ours", "");
+    let (mut d, runtime) = daemon(units.path());
+    d.wait_until("ours running", |d| d.latest_pid("ours").is_some());
+    let (mut a, mut b) = (
+        Host::start(&runtime, "mine+ours", &[]),
+        Host::start(&runtime, "mine+ours", &[]),
+    );
+    a.init();
+    b.init();
+    let pid = |h: &mut Host, tool: &str| {
+        let answer = h.call(tool, json!({}));
+        let who: Value = serde_json::from_str(answer["text"].as_str().unwrap_or_default())
+            .unwrap_or_else(|_| panic!("{tool}: {answer}"));
+        who["pid"]
+            .as_u64()
+            .unwrap_or_else(|| panic!("{tool}: {answer}"))
+    };
+    assert_ne!(pid(&mut a, "mine__whoami"), pid(&mut b, "mine__whoami"));
+    assert_eq!(pid(&mut a, "ours__whoami"), pid(&mut b, "ours__whoami"));
+    drop((a, b));
+    assert!(d.stop(Signal::TERM).success());
+}
+
+#[test]
+fn a_host_back_from_a_daemon_restart_gets_a_fresh_instance() {
+    python_sdk();
+    let units = tempfile::tempdir().expect("tempdir");
+    let runtime = tempfile::tempdir().expect("tempdir");
+    fixture_unit(units.path(), "mine", "sessions \"per-host\"\n");
+    let start = || {
+        Daemon::user_no_bus(
+            units.path(),
+            &[("XDG_RUNTIME_DIR", runtime.path().as_os_str())],
+        )
+    };
+    let d = start();
+    let mut a = Host::start(runtime.path(), "mine", &[]);
+    a.init();
+    let before = a.server_pid();
+    assert!(d.stop(Signal::TERM).success());
+    assert!(!alive(before), "no server outlives its daemon");
+    let mut d = start();
+    // The bridge attaches again and replays the host's initialize: a new
+    // instance for it.
+    let after = a.next_server_pid();
+    assert_ne!(after, before);
+    assert!(
+        cgroup_of(after)
+            .parent()
+            .is_some_and(|p| p.ends_with("mine"))
+    );
+    d.wait_for("instance mine@1");
+    drop(a);
+    assert!(d.stop(Signal::TERM).success());
+}
