@@ -568,6 +568,8 @@ fn status_dbus_stop_and_restart_name_each_instance() {
         text.contains(&format!("mine@{nb} running, pid {pb}")),
         "{text}"
     );
+    // The unit's calls are its instances'.
+    assert!(text.contains("      Calls: 2 (0 failed)\n"), "{text}");
 
     let socket = runtime.join("mcpd/private");
     let (stop_a, restart_b) = (format!("mine@{na}"), format!("mine@{nb}"));
@@ -621,6 +623,14 @@ fn status_dbus_stop_and_restart_name_each_instance() {
     let out = ctl(&["status", "mine"]);
     let text = String::from_utf8_lossy(&out.stdout).into_owned();
     assert!(text.contains("  Instances: 1 of 16\n"), "{text}");
+    // A stopped instance's calls still count: a's one, b's two and more.
+    let calls: u64 = text
+        .lines()
+        .find_map(|l| l.trim_start().strip_prefix("Calls: "))
+        .and_then(|c| c.split(' ').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("{text}"));
+    assert!(calls >= 4, "{text}");
     drop((a, b));
     assert!(d.stop(Signal::TERM).success());
 }

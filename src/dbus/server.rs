@@ -375,7 +375,7 @@ impl Server {
     fn calls(&self) -> u64 {
         self.shared
             .supervisor(&self.name)
-            .map_or(0, |s| s.counters().calls())
+            .map_or(0, |s| s.totals().calls())
     }
 
     /// Of [`Calls`](Self::calls), those that produced no result or an
@@ -384,7 +384,7 @@ impl Server {
     fn failed_calls(&self) -> u64 {
         self.shared
             .supervisor(&self.name)
-            .map_or(0, |s| s.counters().failed())
+            .map_or(0, |s| s.totals().failed())
     }
 
     /// Host sessions detached since the daemon loaded the unit for
@@ -394,7 +394,7 @@ impl Server {
     fn detached_sessions(&self) -> u64 {
         self.shared
             .supervisor(&self.name)
-            .map_or(0, |s| s.counters().detached())
+            .map_or(0, |s| s.totals().detached())
     }
 
     /// Notifications not sent to host sessions that were behind (each
@@ -403,7 +403,7 @@ impl Server {
     fn dropped_notifications(&self) -> u64 {
         self.shared
             .supervisor(&self.name)
-            .map_or(0, |s| s.counters().dropped())
+            .map_or(0, |s| s.totals().dropped())
     }
 
     /// Lines the server wrote to its standard output that were not
@@ -412,7 +412,7 @@ impl Server {
     fn garbage_lines(&self) -> u64 {
         self.shared
             .supervisor(&self.name)
-            .map_or(0, |s| s.counters().garbage_lines())
+            .map_or(0, |s| s.totals().garbage_lines())
     }
 
     /// The `instructions` of the server's `initialize` answer.

@@ -109,6 +109,7 @@ impl Instances {
         supervisor: Supervisor,
         task: JoinHandle<()>,
         host: Caller,
+        unit: std::sync::Arc<super::Counters>,
     ) {
         let (stop, stopped) = oneshot::channel::<String>();
         let mut presence = supervisor.sessions.presence();
@@ -133,9 +134,12 @@ impl Instances {
                     },
                 }
             }
+            let counters = instance.clone();
             instance.shutdown(task).await;
             if let Ok(mut running) = instances.running.lock() {
                 running.remove(&n);
+                // Its counts stay the unit's.
+                unit.add(counters.counters());
             }
             instances.bump();
         });

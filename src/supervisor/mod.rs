@@ -439,7 +439,8 @@ impl Supervisor {
         );
         instance.sessions.attach(link, caller);
         tracing::info!(target: "mcpd::supervisor", mcpd_server = %self.name, uid = ?caller.uid, pid = ?caller.pid, "instance {name} for a host");
-        self.instances.run(n, instance, task, caller);
+        self.instances
+            .run(n, instance, task, caller, Arc::clone(&self.counters));
     }
 
     /// Who serves a D-Bus call (`CallTool`, `ReadResource`, `GetPrompt`)
@@ -573,9 +574,21 @@ impl Supervisor {
         CallError::result_of(answer)
     }
 
-    /// The server's call counters.
+    /// The server's call counters (a per-host unit's own server's alone:
+    /// see [`totals`](Self::totals)).
     pub fn counters(&self) -> &Counters {
         &self.counters
+    }
+
+    /// The unit's call counters: a per-host unit's include those of its
+    /// instances, gone and running (DESIGN §13).
+    pub fn totals(&self) -> Counters {
+        let totals = Counters::default();
+        totals.add(&self.counters);
+        for instance in self.instances.all().into_iter().chain(self.callers_all()) {
+            totals.add(instance.counters());
+        }
+        totals
     }
 
     /// The current read model.
