@@ -13,7 +13,10 @@
 //! progress notifications first, `sample {text}` asks the client for a
 //! sampling and returns its answer, `levels` sends one log message at each
 //! level, `touch {uri}` sends `notifications/resources/updated`, `sleep {ms}`
-//! answers after that long, saying nothing meanwhile; `read`, `write`
+//! answers after that long, saying nothing meanwhile; `task {text}`
+//! (listed: the server offers the tasks extension, SEP-2663) makes the
+//! call a task when the client declared tasks, completed with the echo
+//! 100 ms later, for `tasks/get` and `tasks/cancel`; `read`, `write`
 //! (a path), `connect` (an address), `listen` (its own 127.0.0.1) and `exec`
 //! (a command line) report `ok` or the OS error, for the sandbox tests. `env` and
 //! `whoami` report how the server was started.
@@ -156,6 +159,8 @@ struct Fixture {
     /// With --list-changed-storm: `tools/list` calls so far, each said on
     /// stderr ("listed N").
     listed: Option<Arc<std::sync::atomic::AtomicUsize>>,
+    /// The tasks the `task` tool made, by id (a test makes a few).
+    tasks: Arc<Mutex<std::collections::HashMap<String, rmcp::model::DetailedTask>>>,
 }
 
 fn say(line: &str) {
@@ -231,6 +236,64 @@ impl Fixture {
     }
 }
 
+impl Fixture {
+    /// The `task` tool: a task (when the client declared tasks) that
+    /// echoes `text` 100 ms later; else the echo at once.
+    fn task(
+        &self,
+        text_arg: String,
+        context: &RequestContext<RoleServer>,
+    ) -> Result<CallToolResponse, ErrorData> {
+        use rmcp::model::{CreateTaskResult, DetailedTask, Task, TaskPayload, TaskStatus};
+        let declared = context
+            .client_capabilities()
+            .is_some_and(|caps| caps.supports_tasks());
+        if !declared {
+            return text(text_arg);
+        }
+        let now = "2026-12-05T00:00:00Z";
+        let id = format!("fixture-task-{}", uuid_like());
+        let task = Task::new(id.clone(), TaskStatus::Working, now, now);
+        if let Ok(mut tasks) = self.tasks.lock() {
+            tasks.insert(
+                id.clone(),
+                DetailedTask::new(task.clone(), TaskPayload::Working),
+            );
+        }
+        say(&format!("task {id} created"));
+        let tasks = self.tasks.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            if let Ok(mut tasks) = tasks.lock()
+                && let Some(t) = tasks.get_mut(&id)
+                && !t.status().is_terminal()
+            {
+                let result =
+                    json!({"content": [{"type": "text", "text": text_arg}], "isError": false});
+                let result = match result {
+                    Value::Object(map) => map,
+                    _ => Default::default(),
+                };
+                *t = DetailedTask::new(t.task.clone(), TaskPayload::Completed { result });
+            }
+        });
+        Ok(CallToolResponse::Task(CreateTaskResult::new(task)))
+    }
+}
+
+/// A task id no client could guess from another's.
+fn uuid_like() -> String {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u128(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos())
+            .unwrap_or_default(),
+    );
+    format!("{:016x}", h.finish())
+}
+
 fn arg<'a>(request: &'a CallToolRequestParams, key: &str) -> Option<&'a Value> {
     request.arguments.as_ref().and_then(|a| a.get(key))
 }
@@ -243,20 +306,70 @@ fn text(s: impl Into<String>) -> Result<CallToolResponse, ErrorData> {
 #[allow(deprecated)]
 impl ServerHandler for Fixture {
     fn get_info(&self) -> ServerConfig {
-        ServerConfig::new(
-            ServerCapabilities::builder()
-                .enable_tools()
-                .enable_tool_list_changed()
-                .enable_logging()
-                .enable_resources()
-                .enable_resources_subscribe()
-                .build(),
-        )
+        let capabilities = ServerCapabilities::builder()
+            .enable_tools()
+            .enable_tool_list_changed()
+            .enable_logging()
+            .enable_resources()
+            .enable_resources_subscribe();
+        let tasks = self
+            .extra
+            .lock()
+            .is_ok_and(|e| e.iter().any(|n| n == "task"));
+        ServerConfig::new(if tasks {
+            capabilities.enable_tasks().build()
+        } else {
+            capabilities.build()
+        })
         .with_server_info(Implementation::new(
             self.name.clone(),
             env!("CARGO_PKG_VERSION"),
         ))
         .with_instructions("A test fixture for mcpd. Try the echo tool.")
+    }
+
+    async fn get_task(
+        &self,
+        request: rmcp::model::GetTaskParams,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<rmcp::model::GetTaskResult, ErrorData> {
+        say(&format!("tasks/get {}", request.task_id));
+        let task = self
+            .tasks
+            .lock()
+            .ok()
+            .and_then(|tasks| tasks.get(&request.task_id).cloned());
+        match task {
+            Some(task) => Ok(rmcp::model::GetTaskResult::new(task)),
+            None => Err(ErrorData::invalid_params(
+                format!("no task `{}`", request.task_id),
+                None,
+            )),
+        }
+    }
+
+    async fn cancel_task(
+        &self,
+        request: rmcp::model::CancelTaskParams,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<(), ErrorData> {
+        use rmcp::model::{DetailedTask, TaskPayload};
+        say(&format!("tasks/cancel {}", request.task_id));
+        let mut tasks = self
+            .tasks
+            .lock()
+            .map_err(|_| ErrorData::internal_error("poisoned", None))?;
+        match tasks.get_mut(&request.task_id) {
+            Some(t) if !t.status().is_terminal() => {
+                *t = DetailedTask::new(t.task.clone(), TaskPayload::Cancelled);
+                Ok(())
+            }
+            Some(_) => Err(ErrorData::invalid_params("the task is over", None)),
+            None => Err(ErrorData::invalid_params(
+                format!("no task `{}`", request.task_id),
+                None,
+            )),
+        }
     }
 
     async fn list_tools(
@@ -427,6 +540,8 @@ impl ServerHandler for Fixture {
                 if known && other == "roots" {
                     // An extra tool named `roots` reports the client's roots.
                     text(roots_of(&context.peer).await)
+                } else if known && other == "task" {
+                    self.task(get_text()?, &context)
                 } else if known && let Some(result) = special(other, &request, &context).await {
                     result
                 } else if known {
@@ -866,6 +981,7 @@ async fn main() -> std::process::ExitCode {
         extra: Arc::new(Mutex::new(extra)),
         page_size: args.page_size,
         listed: args.list_changed_storm.map(|_| Arc::default()),
+        tasks: Arc::default(),
     };
     if let Some(addr) = args.http.clone() {
         return serve_http(

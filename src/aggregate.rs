@@ -2,8 +2,10 @@
 //! an aggregate ([`crate::mux::aggregate`] decides everything) between the
 //! host and one host session of each member unit.
 //!
-//! Each member is reached as any host reaches a unit: a socket pair, one
-//! end attached to the unit's sessions (`Supervisor::attach`), so outages,
+//! Each member is reached as any host reaches a unit: a stream pair (in
+//! memory, [`crate::mux::memory`]: the member's session is another task of
+//! this daemon), one end attached to the unit's sessions
+//! (`Supervisor::attach`), so outages,
 //! on-demand starts, both protocol eras, bounds and accounting stay the
 //! unit's own. The task follows the read model: a reload that adds a unit
 //! to the group, removes one, or changes its alias, joins or leaves it
@@ -14,7 +16,6 @@ use std::sync::Arc;
 
 use futures_util::StreamExt;
 use futures_util::stream::SelectAll;
-use tokio::net::UnixStream;
 
 use crate::model::Shared;
 use crate::mux::aggregate::{Aggregate, MemberId, Out, Target};
@@ -28,6 +29,9 @@ use crate::supervisor::{Caller, HostLink};
 /// one being written (as a unit's sessions queue for a host).
 const QUEUE: usize = 4096;
 const QUEUE_BYTES: usize = 32 << 20;
+/// What each direction between the aggregate and a member holds before
+/// its writer queues (a socket's buffer, as the socket pair it replaced).
+const MEMBER_BUFFER: usize = 256 << 10;
 
 /// The host's reader among the task's readers; members are `1 + id`.
 const HOST: u64 = 0;
@@ -156,27 +160,15 @@ impl Task {
             if self.members.values().any(|l| l.unit == unit) {
                 continue;
             }
-            let (mine, theirs) = match UnixStream::pair() {
-                Ok(pair) => pair,
-                Err(e) => {
-                    tracing::warn!(target: "mcpd::sessions", mcpd_aggregate = %self.label, "cannot reach {unit}: {e}");
-                    continue;
-                }
-            };
-            supervisor.clone().attach(
-                HostLink::Socket {
-                    stream: theirs,
-                    pending: Vec::new(),
-                },
-                self.caller,
-            );
+            // In memory: the member's session is another task of this
+            // daemon, so its messages cross no system call.
+            let (mine, theirs) = crate::mux::memory::pair(MEMBER_BUFFER);
+            supervisor
+                .clone()
+                .attach(HostLink::Memory(theirs), self.caller);
             let (id, outs) = self.aggregate.join(&unit, &prefix);
             tracing::debug!(target: "mcpd::sessions", mcpd_aggregate = %self.label, "{unit} joins as {prefix}");
-            let opened = HostLink::Socket {
-                stream: mine,
-                pending: Vec::new(),
-            }
-            .open(id as u64 + 1, QUEUE, QUEUE_BYTES);
+            let opened = HostLink::Memory(mine).open(id as u64 + 1, QUEUE, QUEUE_BYTES);
             readers.push(opened.reader);
             self.members.insert(
                 id,

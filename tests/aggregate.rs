@@ -375,6 +375,67 @@ fn an_alias_that_is_another_units_prefix_is_refused_by_verify_naming_both_files(
 }
 
 #[test]
+fn verify_warns_of_names_over_64_characters_an_aggregate_would_make_and_still_passes() {
+    let dir = tempfile::tempdir().expect("units");
+    let state = tempfile::tempdir().expect("state");
+    // A prefix that leaves no room for any name: `{62 characters}__x`.
+    let wide = "w".repeat(62);
+    write_unit(dir.path(), &wide, &fixture_unit("\"g\"", ""));
+    // An on-demand unit learns its lists once and caches them: verify
+    // reads the instance's cache and names the tool that gets too long.
+    write_unit(
+        dir.path(),
+        "a",
+        &format!(
+            "start \"on-demand\"\nstdio {{\n    command \"mcp-fixture\" \"--chatter\" \"0\"\n    env MCP_FIXTURE_TOOLS=\"{LONG}\"\n}}\n"
+        ),
+    );
+    let verify = || {
+        let out = run(mcpctl()
+            .args(["--user", "verify"])
+            .arg(dir.path())
+            .env("MCPD_STATE_DIR", state.path()));
+        let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert_eq!(out.status.code(), Some(0), "warnings only: {stderr}");
+        stderr
+    };
+    let wide_file = dir.path().join(format!("{wide}.kdl")).display().to_string();
+    let before = verify();
+    assert!(
+        before.contains(&format!(
+            "mcpctl: warning: {wide_file}: in an aggregate every tool and prompt name of unit {wide} is over 64 characters"
+        )),
+        "{before}"
+    );
+    assert!(!before.contains(LONG), "no cache yet: {before}");
+
+    let cache = state.path().join("cache/a.json");
+    let daemon = Daemon::user_no_bus(dir.path(), &[("MCPD_STATE_DIR", state.path().as_os_str())]);
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while !cache.exists() {
+        assert!(std::time::Instant::now() < deadline, "no cache in 30 s");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    drop(daemon);
+    let after = verify();
+    assert!(
+        after.contains(&format!(
+            "mcpctl: warning: {}: in an aggregate a__{LONG} would be over 64 characters (as unit a last listed them)",
+            dir.path().join("a.kdl").display()
+        )),
+        "{after}"
+    );
+    // Without an instance there is no cache to read: only the prefix rule.
+    let out = run(mcpctl().arg("verify").arg(dir.path()));
+    let plain = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{plain}");
+    assert!(
+        plain.contains(&wide_file) && !plain.contains(LONG),
+        "{plain}"
+    );
+}
+
+#[test]
 fn attach_group_on_d_bus_gives_the_same_session_and_refuses_an_empty_group() {
     use std::io::{BufRead as _, Write as _};
     let units = tempfile::tempdir().expect("units");

@@ -219,6 +219,12 @@ const LAYERS: &[Layer] = &[
         why: "the aggregate's task is started by the attach socket and by D-Bus alike",
     },
     Layer {
+        under: "src/mux/tasks.rs",
+        forbidden: NO_IO_NO_CLOCK,
+        allowed: &[],
+        why: "whose task a task id is, is pure: no tasks, no I/O, no clock",
+    },
+    Layer {
         under: "src/mux/lists.rs",
         forbidden: NO_IO_NO_CLOCK,
         allowed: &[],

@@ -808,7 +808,7 @@ fn a_lists_ttl_says_when_it_is_read_again_never_sooner_than_min_list_ttl() {
 
 #[test]
 fn a_task_is_its_hosts_alone_by_an_id_of_mcpds() {
-    use era::{MAX_TASKS, RELATED_TASK_KEY, Tasks, rename_tasks};
+    use mcpd::mux::tasks::{MAX_TASKS, RELATED_TASK_KEY, Tasks, rename_tasks};
     let mut tasks: Tasks<u32> = Tasks::default();
     // Host 1's call created the server's task "s-1": host 1 knows it by
     // mcpd's id, the same each time the server names it to host 1.

@@ -729,3 +729,135 @@ fn a_list_whose_ttl_passed_is_read_again_on_the_next_request_at_most_once_per_tt
     });
     assert!(d.stop(Signal::TERM).success());
 }
+
+/// A modern `tasks/get` or `tasks/cancel` of `task`, declaring tasks.
+fn about_task(id: u64, method: &str, task: &str) -> Vec<u8> {
+    line(&json!({
+        "jsonrpc": "2.0", "id": id, "method": method,
+        "params": {"taskId": task, "_meta": meta(tasks_caps(), None)},
+    }))
+}
+
+/// A client that declares the tasks extension (SEP-2663).
+fn tasks_caps() -> Value {
+    json!({"extensions": {"io.modelcontextprotocol/tasks": {}}})
+}
+
+#[test]
+fn a_task_on_a_2026_07_28_server_is_its_hosts_alone_and_ends_with_it() {
+    let units = tempfile::tempdir().expect("tempdir");
+    std::fs::write(
+        units.path().join("tasks.kdl"),
+        "stdio {\n    command \"mcp-fixture\" \"--chatter\" \"0\"\n    \
+         env MCP_FIXTURE_TOOLS=\"task\"\n}\nprotocol \"2026-07-28\"\n",
+    )
+    .expect("write unit");
+    let mut d = Daemon::user_no_bus(units.path(), &[]);
+    d.wait_until("tasks running", |d| d.starts("tasks") == 1);
+    let runtime = d.runtime_dir().expect("runtime").to_owned();
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    let (mine, second) = rt.block_on(async {
+        tokio::time::timeout(Duration::from_secs(30), async {
+            let mut a = Raw::new(&runtime, "tasks");
+            let mut b = Raw::new(&runtime, "tasks");
+            // A's call becomes a task, known to A by an id of mcpd's.
+            a.send(&call(
+                1,
+                "task",
+                json!({"text": "done later"}),
+                meta(tasks_caps(), None),
+            ))
+            .await;
+            let (created, _) = until_answer(&mut a, &json!(1)).await;
+            assert_eq!(created["result"]["resultType"], "task", "{created}");
+            let mine = created["result"]["taskId"]
+                .as_str()
+                .expect("taskId")
+                .to_owned();
+            assert!(mine.starts_with("mcpd-task-"), "{created}");
+            // B can reach it by neither A's id nor the server's.
+            b.send(&about_task(1, "tasks/get", &mine)).await;
+            let (refused, _) = until_answer(&mut b, &json!(1)).await;
+            assert_eq!(refused["error"]["code"], -32602, "{refused}");
+            // A polls it to its end under its own id.
+            let mut n = 2;
+            let done = loop {
+                a.send(&about_task(n, "tasks/get", &mine)).await;
+                let (got, _) = until_answer(&mut a, &json!(n)).await;
+                assert_eq!(got["result"]["taskId"], json!(mine), "{got}");
+                if got["result"]["status"] == "completed" {
+                    break got;
+                }
+                assert_eq!(got["result"]["status"], "working", "{got}");
+                n += 1;
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            };
+            assert_eq!(
+                done["result"]["result"]["content"][0]["text"], "done later",
+                "{done}"
+            );
+            // A second task, left running when A goes.
+            a.send(&call(
+                100,
+                "task",
+                json!({"text": "never read"}),
+                meta(tasks_caps(), None),
+            ))
+            .await;
+            let (second, _) = until_answer(&mut a, &json!(100)).await;
+            let second = second["result"]["taskId"]
+                .as_str()
+                .expect("taskId")
+                .to_owned();
+            assert_ne!(second, mine);
+            drop(a);
+            (mine, second)
+        })
+        .await
+        .expect("within 30 s")
+    });
+    // The server's ids, from its log: B cannot use them either.
+    let created = |d: &Daemon| -> Vec<String> {
+        d.about("tasks")
+            .filter_map(|l| {
+                let words: Vec<&str> = l.split_whitespace().collect();
+                words
+                    .windows(3)
+                    .find(|w| w[0] == "task" && w[2] == "created")
+                    .map(|w| w[1].to_owned())
+            })
+            .collect()
+    };
+    d.wait_until("the server's two tasks logged", |d| created(d).len() == 2);
+    let ids = created(&d);
+    assert!(
+        ids.iter().all(|id| id.starts_with("fixture-task-")),
+        "{ids:?}"
+    );
+    assert!(!ids.contains(&mine) && !ids.contains(&second));
+    // A left: its task still running is cancelled on the server.
+    let cancelled = format!("tasks/cancel {}", ids[1]);
+    d.wait_until("the left host's task cancelled", |d| {
+        d.about("tasks").any(|l| l.contains(&cancelled))
+    });
+    rt.block_on(async {
+        tokio::time::timeout(Duration::from_secs(10), async {
+            let mut b = Raw::new(&runtime, "tasks");
+            for (n, id) in ids.iter().enumerate() {
+                b.send(&about_task(n as u64 + 1, "tasks/get", id)).await;
+                let (refused, _) = until_answer(&mut b, &json!(n + 1)).await;
+                assert_eq!(refused["error"]["code"], -32602, "{refused}");
+                assert!(
+                    refused["error"]["message"]
+                        .as_str()
+                        .unwrap_or_default()
+                        .contains("of this session's"),
+                    "mcpd refuses it, not the server: {refused}"
+                );
+            }
+        })
+        .await
+        .expect("within 10 s")
+    });
+    assert!(d.stop(Signal::TERM).success());
+}

@@ -74,11 +74,11 @@ fn ids_are_rewritten_per_host_and_answers_go_back() {
     // string ids and unknown methods and fields pass too
     let x = upstream(&r.from_host(
         A,
-        json!({"jsonrpc": "2.0", "id": "x-7", "method": "tasks/get", "params": {"taskId": "t"}, "extra": 1}),
+        json!({"jsonrpc": "2.0", "id": "x-7", "method": "x/future", "params": {"what": "t"}, "extra": 1}),
     ));
     assert_eq!(
         (x["method"].as_str(), x["extra"].as_i64()),
-        (Some("tasks/get"), Some(1))
+        (Some("x/future"), Some(1))
     );
     let (_, msg) = to_host(&r.from_server(result(x["id"].clone(), json!({}))));
     assert_eq!(msg["id"], "x-7");
@@ -925,4 +925,136 @@ fn the_units_bound_counts_the_hosts_requests_and_not_mcpds_own() {
     assert_eq!(r.requests(), 0, "mcpd's own list read and probe");
     r.from_host(1, request(json!(1), "tools/call", json!({"name": "x"})));
     assert_eq!(r.requests(), 1);
+}
+
+/// The error answer's code and message.
+fn refused(msg: &Value) -> (i64, String) {
+    (
+        msg["error"]["code"].as_i64().unwrap_or_default(),
+        msg["error"]["message"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned(),
+    )
+}
+
+#[test]
+fn a_task_is_its_hosts_alone_under_an_id_of_mcpds() {
+    let mut r = router(&[(A, ALL_CAPS), (B, ALL_CAPS)]);
+    // A's call becomes a task on the server (MCP 2026-07-28, SEP-2663).
+    let call = upstream(&r.from_host(A, request(json!(1), "tools/call", json!({"name": "slow"}))));
+    let (host, created) = to_host(&r.from_server(result(
+        call["id"].clone(),
+        json!({"resultType": "task", "taskId": "srv-1", "status": "working"}),
+    )));
+    assert_eq!(host, A);
+    let mine = created["result"]["taskId"]
+        .as_str()
+        .expect("task id")
+        .to_owned();
+    assert_ne!(mine, "srv-1", "the server's own id never reaches a host");
+    assert_eq!(created["result"]["status"], "working");
+
+    // B cannot reach it by A's id, nor by the server's.
+    for id in [mine.as_str(), "srv-1"] {
+        let (host, answer) =
+            to_host(&r.from_host(B, request(json!(7), "tasks/get", json!({"taskId": id}))));
+        let (code, why) = refused(&answer);
+        assert_eq!((host, code), (B, -32602), "{answer}");
+        assert!(
+            why.contains(&format!("no task `{id}` of this session's")),
+            "{why}"
+        );
+    }
+    // A reaches it under its id; the server sees its own.
+    let get = upstream(&r.from_host(A, request(json!(2), "tasks/get", json!({"taskId": mine}))));
+    assert_eq!(get["params"]["taskId"], "srv-1");
+    let (host, got) = to_host(&r.from_server(result(
+        get["id"].clone(),
+        json!({"resultType": "complete", "taskId": "srv-1", "status": "input_required"}),
+    )));
+    assert_eq!(
+        (host, got["result"]["taskId"].as_str()),
+        (A, Some(mine.as_str()))
+    );
+
+    // B calls last, yet the server's question about A's task goes to A.
+    upstream(&r.from_host(B, request(json!(8), "tools/call", json!({"name": "echo"}))));
+    let (host, asked) = to_host(&r.from_server(json!({
+        "jsonrpc": "2.0", "id": 40, "method": "elicitation/create",
+        "params": {"message": "?", "_meta": {"io.modelcontextprotocol/related-task": {"taskId": "srv-1"}}}
+    })));
+    assert_eq!(host, A);
+    assert_eq!(
+        asked["params"]["_meta"]["io.modelcontextprotocol/related-task"]["taskId"],
+        json!(mine)
+    );
+    // Its status reaches A alone, under A's id; another's goes nowhere.
+    let (host, status) = to_host(&r.from_server(notification(
+        "notifications/tasks",
+        json!({"taskId": "srv-1", "status": "completed"}),
+    )));
+    assert_eq!(
+        (host, status["params"]["taskId"].as_str()),
+        (A, Some(mine.as_str()))
+    );
+    assert!(
+        r.from_server(notification(
+            "notifications/tasks",
+            json!({"taskId": "srv-9", "status": "working"})
+        ))
+        .is_empty()
+    );
+
+    // tasks/list (MCP 2025-11-25) lists a host its own tasks only.
+    let list = upstream(&r.from_host(B, request(json!(9), "tasks/list", json!({}))));
+    let (_, listed) = to_host(&r.from_server(result(
+        list["id"].clone(),
+        json!({"tasks": [{"taskId": "srv-1", "status": "completed"}]}),
+    )));
+    assert_eq!(listed["result"]["tasks"], json!([]), "{listed}");
+    let list = upstream(&r.from_host(A, request(json!(3), "tasks/list", json!({}))));
+    let (_, listed) = to_host(&r.from_server(result(
+        list["id"].clone(),
+        json!({"tasks": [{"taskId": "srv-1", "status": "completed"}, {"taskId": "srv-2", "status": "working"}]}),
+    )));
+    assert_eq!(
+        listed["result"]["tasks"],
+        json!([{"taskId": mine, "status": "completed"}])
+    );
+
+    // A leaves: nobody can read its task any more, so it is cancelled.
+    let out = r.detach(A);
+    let cancels: Vec<Value> = out
+        .iter()
+        .filter_map(|o| match o {
+            Out::Server(m) => Some(m.to_value()),
+            _ => None,
+        })
+        .filter(|m| m["method"] == "tasks/cancel")
+        .collect();
+    assert_eq!(cancels.len(), 1, "{out:?}");
+    assert_eq!(cancels[0]["params"]["taskId"], "srv-1");
+}
+
+#[test]
+fn a_new_generation_knows_none_of_the_last_ones_tasks() {
+    let mut r = router(&[(A, ALL_CAPS)]);
+    let call = upstream(&r.from_host(A, request(json!(1), "tools/call", json!({"name": "slow"}))));
+    let (_, created) = to_host(&r.from_server(result(
+        call["id"].clone(),
+        json!({"task": {"taskId": "srv-1", "status": "working"}}),
+    )));
+    let mine = created["result"]["task"]["taskId"]
+        .as_str()
+        .expect("2025 shape")
+        .to_owned();
+    assert_ne!(mine, "srv-1");
+    r.upstream_lost();
+    r.upstream_ready();
+    let (_, answer) = to_host(&r.from_host(
+        A,
+        request(json!(2), "tasks/result", json!({"taskId": mine})),
+    ));
+    assert_eq!(refused(&answer).0, -32602, "{answer}");
 }

@@ -10,7 +10,7 @@
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
-use crate::mux::aggregate::{Candidate, SEPARATOR, prefix_collisions};
+use crate::mux::aggregate::{Candidate, LONG_NAME, SEPARATOR, prefix_collisions, prefixed};
 use crate::unit::{self, Context, Style, UnitFiles};
 
 use super::exit;
@@ -67,7 +67,7 @@ pub fn run(
     let loaded = checker.loaded.into_inner();
     let candidates: Vec<Candidate<'_>> = loaded
         .iter()
-        .map(|(name, _, alias, groups)| Candidate {
+        .map(|(name, _, alias, groups, _)| Candidate {
             unit: name,
             alias: alias.as_deref(),
             groups,
@@ -90,6 +90,36 @@ pub fn run(
         summary.invalid += 1;
         summary.valid = summary.valid.saturating_sub(1);
     }
+    // Every unit may be in an aggregate (`@all`): names over LONG_NAME are
+    // warned about (some hosts refuse them) and still valid.
+    for (name, path, alias, _, cached) in &loaded {
+        let prefix = alias.as_deref().unwrap_or(name);
+        let room = LONG_NAME.saturating_sub(prefix.chars().count() + SEPARATOR.len());
+        if room == 0 {
+            writeln!(
+                err,
+                "mcpctl: warning: {}: in an aggregate every tool and prompt name of unit {name} is over {LONG_NAME} characters (`{prefix}{SEPARATOR}…`), more than some hosts take: give it a shorter `alias`",
+                path.display()
+            )?;
+            continue;
+        }
+        let long: Vec<String> = cached
+            .iter()
+            .filter(|n| n.chars().count() > room)
+            .map(|n| prefixed(prefix, n))
+            .collect();
+        if let Some(first) = long.first() {
+            let more = match long.len() {
+                1 => String::new(),
+                n => format!(" and {} more", n - 1),
+            };
+            writeln!(
+                err,
+                "mcpctl: warning: {}: in an aggregate {first}{more} would be over {LONG_NAME} characters (as unit {name} last listed them), more than some hosts take: give it a shorter `alias`",
+                path.display()
+            )?;
+        }
+    }
     if summary.valid + summary.invalid + summary.errors == 0 {
         writeln!(err, "mcpctl: no unit files (*.kdl) found")?;
     } else if summary.invalid > 0 {
@@ -102,12 +132,44 @@ pub fn run(
 struct Checker<'a> {
     context: &'a Context,
     style: Style,
-    /// Each valid unit's name, main file, `alias` and groups.
+    /// Each valid unit's name, main file, `alias`, groups and cached names.
     loaded: std::cell::RefCell<Vec<Loaded>>,
 }
 
-/// A valid unit's name, main file, `alias` and groups.
-type Loaded = (String, PathBuf, Option<String>, Vec<String>);
+/// A valid unit's name, main file, `alias`, groups, and the tool and
+/// prompt names its on-demand cache (DESIGN §9) holds in the instance's
+/// state directory (none without an instance or a cache).
+type Loaded = (String, PathBuf, Option<String>, Vec<String>, Vec<String>);
+
+/// The tool and prompt names unit `name`'s cache records, when
+/// `instance`'s state directory holds one for this transport; an
+/// unreadable cache is not verify's business (the daemon warns of it).
+fn cached_names(
+    instance: Option<unit::Instance>,
+    name: &str,
+    spec: &unit::UnitSpec,
+) -> Vec<String> {
+    use crate::mux::lists::List;
+    use crate::supervisor::cache::CacheFile;
+    let Some(instance) = instance else {
+        return Vec::new();
+    };
+    let file = CacheFile::new(&instance.state_dir().join("cache"), name, spec);
+    let Ok(Some(restored)) = file.load() else {
+        return Vec::new();
+    };
+    let mut names: Vec<String> = restored.cached.tools.names().map(str::to_owned).collect();
+    let prompts = restored.lists[List::Prompts.index()]
+        .as_deref()
+        .and_then(|text| serde_json::from_str::<Vec<serde_json::Value>>(text).ok())
+        .unwrap_or_default();
+    names.extend(
+        prompts
+            .iter()
+            .filter_map(|p| p["name"].as_str().map(str::to_owned)),
+    );
+    names
+}
 
 impl Checker<'_> {
     fn dir(&self, dir: &Path, err: &mut dyn Write, summary: &mut Summary) -> std::io::Result<()> {
@@ -151,11 +213,13 @@ impl Checker<'_> {
                     .file_stem()
                     .map(|s| s.to_string_lossy().into_owned())
                     .unwrap_or_default();
+                let cached = cached_names(self.context.instance, &name, &spec);
                 self.loaded.borrow_mut().push((
                     name,
                     files.main.clone(),
                     spec.alias().map(str::to_owned),
                     spec.groups().to_vec(),
+                    cached,
                 ));
             }
             Err(e) => {

@@ -188,6 +188,13 @@ impl Outbox<tokio::net::UnixStream> {
     }
 }
 
+impl Outbox<super::memory::Writer> {
+    /// As for a socket: the reader sees the end after what it was sent.
+    pub fn shutdown(&self) {
+        self.sink.shutdown();
+    }
+}
+
 fn shutdown(stream: &tokio::net::UnixStream) {
     use std::os::fd::AsFd;
     let _ = rustix::net::shutdown(stream.as_fd(), rustix::net::Shutdown::Both);

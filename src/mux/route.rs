@@ -25,6 +25,11 @@
 //! - an upstream that ends fails every request in flight at once
 //!   ([`Out::Down`] for the session layer to answer with the §3 error) and,
 //!   once re-established, gets the subscriptions and log level replayed;
+//! - a task a host's request created is that host's alone ([`super::tasks`]):
+//!   hosts know tasks by ids of mcpd's, a host naming another's task is
+//!   refused, a task's status and the server's questions about it reach
+//!   only its host, `tasks/list` lists a host its own, and a host that
+//!   detaches has its tasks cancelled;
 //! - while the session layer says the upstream is coming ([`Router::hold`]:
 //!   an on-demand server starting on first use, DESIGN §9), requests are
 //!   held instead of failed, and sent in order once it is ready (or failed
@@ -39,6 +44,7 @@ use serde_json::{Value, json};
 
 use super::error::ErrorCode;
 use super::message::{Message, RequestId};
+use super::tasks::{Tasks, rename_tasks};
 
 /// A host session, numbered by the session layer.
 pub type HostId = u64;
@@ -223,6 +229,9 @@ struct Pending {
     token: Option<u64>,
     /// The log level the request asked for (MCP 2026-07-28: per request).
     level: Option<Level>,
+    /// A host's `tasks/list` (MCP 2025-11-25): its answer lists the
+    /// host's own tasks only.
+    lists_tasks: bool,
 }
 
 /// A server→client request handed to a host.
@@ -281,6 +290,8 @@ pub struct Router {
     hold: bool,
     /// Held requests, in arrival order: upstream id, rewritten message.
     held: Vec<(u64, Message)>,
+    /// Whose task each of the server's tasks is (of this generation).
+    tasks: Tasks<HostId>,
 }
 
 fn response(id: &Value, result: Value) -> Message {
@@ -333,6 +344,58 @@ fn param(msg: &Message, key: &str) -> (Option<Value>, Value) {
     (params, value)
 }
 
+/// Who wrote a message whose task ids are renamed.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Side {
+    /// A host: a task id spelled with escapes is still found (a host must
+    /// not reach another's task by spelling its id's key oddly).
+    Host,
+    /// The server: its text is searched for `taskId` as it is (an answer
+    /// may be megabytes; a server that escapes its keys hides its own ids
+    /// from the renaming, which a host's later use of them then fails).
+    Server,
+}
+
+/// [`rename_tasks`] on a [`Message`]: its `params` and `result` are parsed
+/// only when their text may name a task, and set again only when renamed.
+/// `false`: a task id may not pass (the message is unchanged).
+fn rename_message_tasks(
+    msg: &mut Message,
+    side: Side,
+    rename: impl FnMut(&str) -> Option<String>,
+) -> bool {
+    let parts: Vec<&str> = ["params", "result"]
+        .into_iter()
+        .filter(|part| match side {
+            Side::Host => msg.may_hold(part, "taskId"),
+            Side::Server => msg
+                .raw(part)
+                .is_some_and(|raw| memchr::memmem::find(raw.as_bytes(), b"taskId").is_some()),
+        })
+        .collect();
+    if parts.is_empty() {
+        return true;
+    }
+    let mut value = Value::Object(
+        parts
+            .iter()
+            .filter_map(|part| Some(((*part).to_owned(), msg.get::<Value>(part)?)))
+            .collect(),
+    );
+    let before = value.clone();
+    if !rename_tasks(&mut value, rename) {
+        return false;
+    }
+    if value != before {
+        for part in parts {
+            if let Some(v) = value.get(part) {
+                msg.set(part, v);
+            }
+        }
+    }
+    true
+}
+
 impl Router {
     pub fn new() -> Self {
         Self::default()
@@ -368,6 +431,7 @@ impl Router {
                 owner: Owner::Mcpd,
                 token: None,
                 level: None,
+                lists_tasks: false,
             },
         );
         out.push(Out::Server(
@@ -389,6 +453,7 @@ impl Router {
                 owner: Owner::Own,
                 token: None,
                 level: None,
+                lists_tasks: false,
             },
         );
         let msg = json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params});
@@ -838,6 +903,26 @@ impl Router {
             }
             _ => {}
         }
+        // A task is named by the id its host knows: the server's own, or
+        // refused when it is no task of this host's.
+        let mut unknown = None;
+        if !rename_message_tasks(msg, Side::Host, |down| {
+            let up = self.tasks.to_server(host, down).map(str::to_owned);
+            if up.is_none() {
+                unknown = Some(down.to_owned());
+            }
+            up
+        }) {
+            let why = format!(
+                "no task `{}` of this session's: it is over, forgotten after the server restarted, or another session's",
+                unknown.unwrap_or_default()
+            );
+            out.push(Out::Host(
+                host,
+                error(&id.to_value(), ErrorCode::InvalidParams, why),
+            ));
+            return;
+        }
         if !self.up && !self.hold {
             out.push(Out::Down {
                 host,
@@ -877,6 +962,7 @@ impl Router {
                 owner: Owner::Host { host, id },
                 token,
                 level,
+                lists_tasks: name == "tasks/list",
             },
         );
         msg.set_json("id", up_id.to_string());
@@ -960,16 +1046,21 @@ impl Router {
                 };
                 let pending = self.forget(up);
                 let level = pending.as_ref().and_then(|p| p.level);
+                let lists_tasks = pending.as_ref().is_some_and(|p| p.lists_tasks);
                 match pending.map(|p| p.owner) {
                     Some(Owner::Host { host, id }) => {
+                        self.tasks_for(host, &mut msg, lists_tasks);
                         msg.set_json("id", id.into_json());
                         out.push(Out::Host(host, msg));
                     }
-                    Some(Owner::Parked { host }) => out.push(Out::Parked {
-                        host,
-                        up,
-                        answer: Some(msg),
-                    }),
+                    Some(Owner::Parked { host }) => {
+                        self.tasks_for(host, &mut msg, false);
+                        out.push(Out::Parked {
+                            host,
+                            up,
+                            answer: Some(msg),
+                        });
+                    }
                     Some(Owner::Own) => out.push(Out::Answer(up, msg)),
                     Some(Owner::Mcpd) | None => {}
                 }
@@ -1035,7 +1126,19 @@ impl Router {
             out.push(Out::Server(response(&id.to_value(), json!({}))));
             return;
         }
-        match self.answerer(name) {
+        // A question about a task goes to the task's host, and to no
+        // other when that host cannot answer it.
+        let answerer = match self.task_owner(&mut msg) {
+            None => self.answerer(name),
+            Some(Some(host)) => match self.hosts.get(&host) {
+                Some(h) if h.caps.answers(name) != Some(false) => Ok(host),
+                _ => Err(format!(
+                    "the host whose task {name} is about (session {host}) did not declare the capability"
+                )),
+            },
+            Some(None) => Err(format!("{name} is about a task no attached host has")),
+        };
+        match answerer {
             Ok(host) => {
                 let down = self.fresh_id();
                 self.asked.insert(
@@ -1057,6 +1160,16 @@ impl Router {
     }
 
     fn server_notification(&mut self, name: &str, mut msg: Message, out: &mut Vec<Out>) {
+        // A task's status, or a log message about one: its host's alone
+        // (progress and cancellations are routed by token and id).
+        if !matches!(name, "notifications/progress" | "notifications/cancelled")
+            && let Some(owner) = self.task_owner(&mut msg)
+        {
+            if let Some(host) = owner {
+                out.push(Out::Host(host, msg));
+            }
+            return;
+        }
         match name {
             "notifications/progress" => {
                 let (params, token) = param(&msg, "progressToken");
@@ -1129,6 +1242,58 @@ impl Router {
         }
     }
 
+    /// The server's answer to `host`: the tasks it names become `host`'s,
+    /// under ids of mcpd's; of a `tasks/list`, only `host`'s are kept.
+    fn tasks_for(&mut self, host: HostId, msg: &mut Message, lists_tasks: bool) {
+        rename_message_tasks(msg, Side::Server, |up| Some(self.tasks.created(host, up)));
+        if lists_tasks
+            && msg.raw("result").is_some()
+            && let Some(mut result) = msg.get::<Value>("result")
+            && let Some(tasks) = result.get_mut("tasks").and_then(Value::as_array_mut)
+        {
+            tasks.retain_mut(|task| {
+                let mine = task["taskId"]
+                    .as_str()
+                    .and_then(|up| self.tasks.to_host(up))
+                    .filter(|(owner, _)| *owner == host)
+                    .map(|(_, down)| down.to_owned());
+                match mine {
+                    Some(down) => {
+                        task["taskId"] = Value::String(down);
+                        true
+                    }
+                    None => false,
+                }
+            });
+            msg.set("result", &result);
+        }
+    }
+
+    /// Whose task the server's message `msg` names: None if it names
+    /// none; Some(None) if it names one no host has (it goes nowhere);
+    /// else the host, `msg` renamed for it.
+    fn task_owner(&self, msg: &mut Message) -> Option<Option<HostId>> {
+        let mut owner: Option<Option<HostId>> = None;
+        let mut named = false;
+        let renamed = rename_message_tasks(msg, Side::Server, |up| {
+            named = true;
+            match self.tasks.to_host(up) {
+                Some((host, down)) if owner.is_none_or(|o| o == Some(host)) => {
+                    owner = Some(Some(host));
+                    Some(down.to_owned())
+                }
+                _ => {
+                    owner = Some(None);
+                    None
+                }
+            }
+        });
+        if !named {
+            return None;
+        }
+        Some(if renamed { owner.flatten() } else { None })
+    }
+
     /// Host `host` is gone: its requests are cancelled upstream, its
     /// subscriptions released, the requests it was asked to answer failed.
     pub fn detach(&mut self, host: HostId) -> Vec<Out> {
@@ -1178,6 +1343,14 @@ impl Router {
                 self.own_request("resources/unsubscribe", json!({"uri": uri}), &mut out);
             }
         }
+        // Nobody can read its tasks' results any more.
+        let mut tasks = self.tasks.detach(host);
+        tasks.sort_unstable();
+        for up in tasks {
+            if self.up {
+                self.own_request("tasks/cancel", json!({"taskId": up}), &mut out);
+            }
+        }
         self.sync_level(&mut out);
         out
     }
@@ -1187,6 +1360,8 @@ impl Router {
     pub fn upstream_lost(&mut self) -> Vec<Out> {
         self.up = false;
         self.held.clear();
+        // The next generation knows none of this one's tasks.
+        self.tasks = Tasks::default();
         let mut failed: Vec<(HostId, RequestId)> = Vec::new();
         let mut own: Vec<u64> = Vec::new();
         let mut parked: Vec<(HostId, u64)> = Vec::new();

@@ -284,6 +284,7 @@ impl SystemLauncher {
             &self.name,
             generation,
             owner,
+            unit.startup_timeout(),
         )?;
         if let Some(d) = &delivered {
             for (var, value) in &d.env {
@@ -495,7 +496,11 @@ impl SystemLauncher {
         if let Ok(mut delivered) = self.delivered.lock() {
             delivered.clear();
         }
-        credentials::read(unit.credentials(), &self.host.credentials)
+        credentials::read(
+            unit.credentials(),
+            &self.host.credentials,
+            unit.startup_timeout(),
+        )
     }
 }
 

@@ -202,8 +202,15 @@ impl Task {
             }
             _ => {
                 if !message.may_hold("params", era::VERSION_KEY) {
-                    let params = message.params().unwrap_or_else(|| json!({}));
-                    message.set("params", &with_mcpd_meta(params));
+                    let mut params = with_mcpd_meta(message.params().unwrap_or_else(|| json!({})));
+                    if method.starts_with("tasks/") {
+                        // mcpd's own `tasks/cancel` of a task whose host
+                        // left: it speaks the tasks extension there (and
+                        // only there: its own calls never become tasks).
+                        params["_meta"][era::CAPABILITIES_KEY]["extensions"]
+                            [era::TASKS_EXTENSION] = json!({});
+                    }
+                    message.set("params", &params);
                 }
                 Some(message)
             }
