@@ -800,6 +800,13 @@ fn limits_hold_per_instance_or_its_host_is_told_why_not() {
     }
     drop((a, b));
     assert!(d.stop(Signal::TERM).success());
+    // Nothing of either unit's cgroups is left, the failed start's
+    // included.
+    assert!(
+        !servers.join("bounded").exists() && !servers.join("capped").exists(),
+        "{}",
+        servers.display()
+    );
 }
 
 #[test]

@@ -240,11 +240,21 @@ impl Cgroup {
     /// previous generation ended only once its cgroup was empty, so they
     /// are nobody's).
     pub fn prepare(&self) -> Result<Placement, String> {
-        // An instance's cgroup is below its unit's (DESIGN §13).
-        if let Some(parent) = self.dir.parent() {
-            mkdir(parent)?;
+        // An instance's cgroup is below its unit's (DESIGN §13), which
+        // the last instance's end removes: made again if that came
+        // between the two.
+        for last in [false, true] {
+            if let Some(parent) = self.dir.parent() {
+                mkdir(parent)?;
+            }
+            match mkdir(&self.dir) {
+                Err(_) if !last && self.dir.parent().is_some_and(|p| !p.exists()) => {}
+                made => {
+                    made?;
+                    break;
+                }
+            }
         }
-        mkdir(&self.dir)?;
         let left = self.pids().len();
         if left > 0 {
             self.kill();

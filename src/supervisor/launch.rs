@@ -103,6 +103,16 @@ pub trait Launcher: Send + Sync + 'static {
     }
 }
 
+/// Removes a generation's (empty) cgroup; `nested`: an instance's, whose
+/// unit's cgroup goes with its last instance (DESIGN §13).
+fn remove(cgroup: &Cgroup, nested: bool) {
+    cgroup.remove();
+    if nested && let Some(unit) = cgroup.dir().parent() {
+        // Fails while another instance (or the unit's own) is there.
+        let _ = std::fs::remove_dir(unit);
+    }
+}
+
 /// A stdio generation ready to fork.
 struct Prepared {
     plan: process::Plan,
@@ -243,7 +253,7 @@ impl SystemLauncher {
                 let procs = cgroup.prepare()?;
                 oom_kills = cgroup.oom_kills();
                 if let Err(e) = cgroup.limit(&limits) {
-                    cgroup.remove();
+                    remove(cgroup, self.nested());
                     return Err(e);
                 }
                 Some(procs)
@@ -302,7 +312,7 @@ impl SystemLauncher {
             .await
             .inspect_err(|_| {
                 if let Some(cgroup) = &cgroup {
-                    cgroup.remove();
+                    remove(cgroup, self.nested());
                 }
             })?;
         let pid = Some(child.pid);
@@ -317,7 +327,7 @@ impl SystemLauncher {
             .map_err(|e| format!("cannot use the server's stderr: {e}"))?;
         let wire = Wire::pipes(read, write);
         let name = self.name.clone();
-        let nested = self.place.lock().is_ok_and(|p| p.contains('/'));
+        let nested = self.nested();
         tokio::spawn(logs::pump(
             stderr,
             self.logs.clone(),
@@ -352,11 +362,7 @@ impl SystemLauncher {
                     // As systemd's `oom-kill` result: any of its processes.
                     status = ExitStatus::OutOfMemory;
                 }
-                cgroup.remove();
-                if nested && let Some(unit) = cgroup.dir().parent() {
-                    // A per-host unit's cgroup goes with its last instance.
-                    let _ = std::fs::remove_dir(unit);
-                }
+                remove(&cgroup, nested);
             }
             if let Some(tmp) = tmp {
                 // What the server left there may be large: not on the
@@ -417,6 +423,11 @@ impl SystemLauncher {
             *enforced = enforcement.to_string();
         }
         Ok(confinement)
+    }
+
+    /// Whether its cgroup is below its unit's (an instance's, DESIGN §13).
+    fn nested(&self) -> bool {
+        self.place.lock().is_ok_and(|p| p.contains('/'))
     }
 
     /// This unit's cgroup, when the daemon contains its servers in cgroups.
