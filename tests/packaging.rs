@@ -36,6 +36,7 @@ const FILES: &[&str] = &[
     "usr/bin/mcpd",
     "usr/bin/mcpctl",
     "usr/share/man/man1/mcpctl.1.gz",
+    "usr/share/man/man5/mcpd.kdl.5.gz",
     "usr/share/man/man5/mcpd.unit.5.gz",
     "usr/share/man/man5/org.mcpd1.5.gz",
     "usr/share/man/man8/mcpd.8.gz",

@@ -29,6 +29,11 @@ struct Cli {
     /// not on the system or session bus.
     #[arg(long)]
     no_bus: bool,
+    /// Read the daemon's settings (mcpd.kdl(5)) from PATH instead of
+    /// /etc/mcpd/mcpd.kdl (system) or $XDG_CONFIG_HOME/mcpd/mcpd.kdl (user);
+    /// it must exist.
+    #[arg(long, value_name = "PATH")]
+    config: Option<PathBuf>,
     /// Log filter: a level (error, warn, info, debug, trace) or tracing
     /// directives such as "info,mcpd::supervisor=debug". Overrides MCPD_LOG.
     #[arg(long, value_name = "FILTER")]
@@ -75,6 +80,10 @@ fn main() -> ExitCode {
     };
     let mut config = Config::new(instance, cli.units);
     config.no_bus = cli.no_bus;
+    if let Some(path) = cli.config {
+        config.settings = Some(path);
+        config.settings_given = true;
+    }
     let runtime = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()

@@ -49,6 +49,12 @@ pub struct Config {
     pub state_dir: PathBuf,
     /// Serve D-Bus only on the private socket, not on the bus.
     pub no_bus: bool,
+    /// The settings file (`mcpd.kdl`, DESIGN §15): the instance's default
+    /// path, or `--config`'s.
+    pub settings: Option<PathBuf>,
+    /// Whether the settings file was named (`--config`): then it must
+    /// exist; the default path may be absent (no endpoint).
+    pub settings_given: bool,
 }
 
 impl Config {
@@ -67,6 +73,8 @@ impl Config {
             runtime_dir: instance.runtime_dir(),
             state_dir: instance.state_dir(),
             no_bus: false,
+            settings: unit::settings::default_path(instance, |var| std::env::var_os(var)),
+            settings_given: false,
         }
     }
 }
@@ -80,6 +88,8 @@ pub enum RunError {
     Watch(#[from] notify::Error),
     #[error(transparent)]
     Dbus(#[from] crate::dbus::StartError),
+    #[error("{0}")]
+    Settings(crate::unit::LoadError),
     #[error("cannot create the attach socket {}: {source}", path.display())]
     Attach {
         path: std::path::PathBuf,
@@ -103,6 +113,9 @@ pub async fn run(
     mut control: mpsc::UnboundedReceiver<Control>,
 ) -> Result<(), RunError> {
     let lock = lock::InstanceLock::acquire(config.instance, &config.runtime_dir)?;
+    let settings_file = (config.settings.clone(), config.settings_given);
+    let mut settings = read_settings(&settings_file).map_err(RunError::Settings)?;
+    log_settings(&settings_file, &settings);
     memory::give_large_buffers_back();
     let dirs: Vec<String> = config
         .unit_dirs
@@ -163,7 +176,7 @@ pub async fn run(
         path: crate::mux::attach::socket(&runtime_dir),
         source,
     })?;
-    watcher.set(&registry.watch_paths());
+    watcher.set(&watch_paths(&registry, &settings_file));
     if registry.entries().is_empty() {
         tracing::warn!(target: "mcpd::daemon", "no units found in {}", dirs.join(":"));
     }
@@ -223,7 +236,22 @@ pub async fn run(
             let diff = registry.reload().await;
             publish(&shared, &registry);
             bus.hub.apply(&diff).await;
-            watcher.set(&registry.watch_paths());
+            let file = settings_file.clone();
+            match tokio::task::spawn_blocking(move || read_settings(&file)).await {
+                Ok(Ok(new)) => {
+                    if new != settings {
+                        settings = new;
+                        log_settings(&settings_file, &settings);
+                    }
+                }
+                Ok(Err(e)) => {
+                    tracing::warn!(target: "mcpd::daemon", "keeping the last good settings: {}", e.to_string().replace('\n', "; "));
+                }
+                Err(e) => {
+                    tracing::warn!(target: "mcpd::daemon", "cannot read the settings file: {e}")
+                }
+            }
+            watcher.set(&watch_paths(&registry, &settings_file));
             status = registry.summary();
             sdnotify::ready(&status);
             tracing::info!(target: "mcpd::daemon", "reloaded: {diff}");
@@ -250,6 +278,52 @@ pub async fn run(
     tracing::info!(target: "mcpd::daemon", "stopped");
     drop(lock);
     Ok(())
+}
+
+/// The settings file (`mcpd.kdl`): the path, and whether it must exist.
+type SettingsFile = (Option<PathBuf>, bool);
+
+/// What the settings file says now: no file at the default path is the
+/// defaults (no HTTP endpoint).
+fn read_settings(
+    (path, required): &SettingsFile,
+) -> Result<unit::settings::Settings, crate::unit::LoadError> {
+    match path {
+        None => Ok(unit::settings::Settings::default()),
+        Some(path) => Ok(unit::settings::read(path, *required)?.unwrap_or_default()),
+    }
+}
+
+fn log_settings((path, _): &SettingsFile, settings: &unit::settings::Settings) {
+    let from = path.as_ref().map_or_else(
+        || "no settings file".to_owned(),
+        |p| p.display().to_string(),
+    );
+    match &settings.http {
+        None => tracing::info!(target: "mcpd::daemon", "settings from {from}: no HTTP endpoint"),
+        Some(http) => {
+            let listen: Vec<String> = http.listen.iter().map(ToString::to_string).collect();
+            tracing::info!(
+                target: "mcpd::daemon",
+                "settings from {from}: HTTP endpoint on {}, auth {}, at most {} sessions",
+                listen.join(" "),
+                http.auth.as_str(),
+                http.max_sessions
+            );
+        }
+    }
+}
+
+/// The unit directories, and the settings file's directory when it
+/// exists (its events reload as a unit file's do).
+fn watch_paths(registry: &Registry, (path, _): &SettingsFile) -> Vec<PathBuf> {
+    let mut paths = registry.watch_paths();
+    if let Some(dir) = path.as_ref().and_then(|p| p.parent())
+        && dir.is_dir()
+    {
+        paths.push(dir.to_owned());
+    }
+    paths
 }
 
 /// Hands the registry's read model to D-Bus.
