@@ -8,6 +8,7 @@ pub mod aggregate;
 pub mod ctl;
 pub mod daemon;
 pub mod dbus;
+pub mod endpoint;
 pub mod files;
 pub mod logbatch;
 pub mod model;

@@ -235,6 +235,22 @@ const LAYERS: &[Layer] = &[
         why: "the aggregate's task is started by the attach socket and by D-Bus alike",
     },
     Layer {
+        under: "src/endpoint/",
+        forbidden: &["crate::daemon", "crate::dbus"],
+        allowed: &[],
+        why: "the HTTP endpoint attaches host sessions as the attach socket does; \
+              the daemon starts it and hands it its settings",
+    },
+    Layer {
+        under: "src/",
+        forbidden: &["hyper::", "hyper_util::"],
+        allowed: &[
+            ("src/endpoint/mod.rs", "hyper::"),
+            ("src/endpoint/mod.rs", "hyper_util::"),
+        ],
+        why: "the HTTP server is the endpoint's alone",
+    },
+    Layer {
         under: "src/mux/tasks.rs",
         forbidden: NO_IO_NO_CLOCK,
         allowed: &[],

@@ -7,6 +7,10 @@ use crate::helper::Daemon;
 
 /// A user daemon on `units` with `--config settings`.
 fn daemon(units: &Path, settings: &Path) -> Daemon {
+    daemon_with(units, settings, &[])
+}
+
+fn daemon_with(units: &Path, settings: &Path, env: &[(&str, &std::ffi::OsStr)]) -> Daemon {
     Daemon::start(
         &[
             "--user".as_ref(),
@@ -16,7 +20,7 @@ fn daemon(units: &Path, settings: &Path) -> Daemon {
             "--config".as_ref(),
             settings.as_os_str(),
         ],
-        &[],
+        env,
     )
 }
 
@@ -51,7 +55,7 @@ fn auth_none_on_an_address_that_is_not_loopback_refuses_to_start_naming_the_line
 }
 
 #[test]
-fn a_settings_file_that_breaks_keeps_the_last_good_settings() {
+fn a_changed_listen_rebinds_and_a_broken_settings_file_keeps_the_last_good_settings() {
     let dir = tempfile::tempdir().expect("tempdir");
     let units = tempfile::tempdir().expect("tempdir");
     let settings = dir.path().join("mcpd.kdl");
@@ -74,4 +78,331 @@ fn a_settings_file_that_breaks_keeps_the_last_good_settings() {
     )
     .expect("write");
     d.wait_for("HTTP endpoint on 127.0.0.1:0, auth token, at most 3 sessions");
+    // A changed listen rebinds: the new port answers, the old is closed.
+    let old: std::net::SocketAddr = d
+        .seen
+        .iter()
+        .find_map(|l| l.split("HTTP endpoint listening on ").nth(1))
+        .and_then(|a| a.trim().parse().ok())
+        .expect("the first address");
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .port();
+    std::fs::write(
+        &settings,
+        format!("http {{\n    listen \"127.0.0.1:{port}\"\n    max-sessions 3\n}}\n"),
+    )
+    .expect("write");
+    d.wait_for(&format!("HTTP endpoint listening on 127.0.0.1:{port}"));
+    let new = std::net::SocketAddr::from(([127, 0, 0, 1], port));
+    // `auth "token"` (the default): nothing passes without one.
+    let (status, headers, _) = request(new, "POST", "/mcp/x", &JSON, INITIALIZE.as_bytes());
+    assert_eq!(status, 401);
+    assert_eq!(
+        header(&headers, "www-authenticate"),
+        Some("Bearer realm=\"mcpd\"")
+    );
+    assert!(
+        d.wait_for("refused a request to /mcp/x: no token")
+            .contains("127.0.0.1:")
+    );
+    assert!(
+        std::net::TcpStream::connect(old).is_err(),
+        "{old} still listens"
+    );
+    // No `http` section: no endpoint.
+    std::fs::write(&settings, "").expect("write");
+    d.wait_for("HTTP endpoint stopped");
+    assert!(
+        std::net::TcpStream::connect(new).is_err(),
+        "{new} still listens"
+    );
+}
+
+/// A user daemon on `units` whose `mcpd.kdl` is `settings` (listening on
+/// an ephemeral port), and the address its endpoint logged.
+fn endpoint(units: &Path, settings: &str) -> (Daemon, tempfile::TempDir, std::net::SocketAddr) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let file = dir.path().join("mcpd.kdl");
+    std::fs::write(&file, settings).expect("write");
+    let mut d = daemon(units, &file);
+    let line = d.wait_for("HTTP endpoint listening on ");
+    let addr = line
+        .rsplit("listening on ")
+        .next()
+        .and_then(|rest| rest.split_whitespace().next())
+        .and_then(|a| a.parse().ok())
+        .unwrap_or_else(|| panic!("no address in {line:?}"));
+    (d, dir, addr)
+}
+
+/// Runs `tests/data/fidelity.py` with `args`: every check's outcome.
+fn fidelity(args: &[&str], token: Option<&str>) -> serde_json::Value {
+    let env: Vec<(&str, &str)> = token.map(|t| ("MCPD_TOKEN", t)).into_iter().collect();
+    crate::fidelity::fidelity_with(args, None, &env)
+}
+
+/// A unit file for the reference server.
+fn everything_unit(units: &Path) {
+    let server = crate::fidelity::everything();
+    std::fs::write(
+        units.join("everything.kdl"),
+        format!(
+            "stdio {{\n    command \"node\" \"{}\" \"stdio\"\n}}\n",
+            server.display()
+        ),
+    )
+    .expect("write");
+}
+
+#[test]
+fn the_python_sdks_streamable_http_client_gets_what_it_gets_directly() {
+    let units = tempfile::tempdir().expect("tempdir");
+    everything_unit(units.path());
+    let (mut d, _dir, addr) = endpoint(
+        units.path(),
+        "http {\n    listen \"127.0.0.1:0\"\n    auth \"none\"\n}\n",
+    );
+    d.wait_until("17 tools", |d| {
+        let runtime = d.runtime_dir().expect("runtime");
+        let out = crate::helper::mcpctl_user(runtime, &["tools", "everything"]);
+        String::from_utf8_lossy(&out.stdout).lines().count() >= 17
+    });
+    let server = crate::fidelity::everything();
+    let server = server.to_str().expect("utf-8");
+    let direct = fidelity(&["node", server, "stdio"], None);
+    for (check, outcome) in direct.as_object().expect("object") {
+        assert!(
+            !outcome.as_str().is_some_and(|o| o.starts_with("error")),
+            "{check} fails even directly: {outcome}"
+        );
+    }
+    let url = format!("http://{addr}/mcp/everything");
+    let over_http = fidelity(&["--http", &url], None);
+    for (check, outcome) in direct.as_object().expect("object") {
+        assert_eq!(&over_http[check], outcome, "{check} differs over HTTP");
+    }
+    assert_eq!(direct, over_http);
+}
+
+/// One HTTP/1.1 request on a fresh connection (`Connection: close`):
+/// the status, the headers (lowercase names) and the body.
+fn request(
+    addr: std::net::SocketAddr,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &[u8],
+) -> (u16, Vec<(String, String)>, String) {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect(addr).expect("connect");
+    stream
+        .set_read_timeout(Some(std::time::Duration::from_secs(30)))
+        .expect("timeout");
+    let mut head = format!(
+        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nContent-Length: {}\r\n",
+        body.len()
+    );
+    for (name, value) in headers {
+        head.push_str(&format!("{name}: {value}\r\n"));
+    }
+    head.push_str("\r\n");
+    stream.write_all(head.as_bytes()).expect("write");
+    // A refused body may not be read: the answer counts, not the write.
+    let _ = stream.write_all(body);
+    let mut out = Vec::new();
+    let _ = stream.read_to_end(&mut out);
+    let text = String::from_utf8_lossy(&out).into_owned();
+    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
+    let mut lines = head.lines();
+    let status = lines
+        .next()
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("no status in {text:?}"));
+    let headers = lines
+        .filter_map(|l| l.split_once(':'))
+        .map(|(k, v)| (k.trim().to_ascii_lowercase(), v.trim().to_owned()))
+        .collect();
+    (status, headers, body.to_owned())
+}
+
+fn header<'a>(headers: &'a [(String, String)], name: &str) -> Option<&'a str> {
+    headers
+        .iter()
+        .find(|(k, _)| k == name)
+        .map(|(_, v)| v.as_str())
+}
+
+const INITIALIZE: &str = r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"raw","version":"1"}}}"#;
+const JSON: [(&str, &str); 2] = [
+    ("Content-Type", "application/json"),
+    ("Accept", "application/json"),
+];
+
+#[test]
+fn bad_input_gets_http_and_json_rpc_errors_and_leaves_sessions_alone() {
+    let units = tempfile::tempdir().expect("tempdir");
+    std::fs::write(
+        units.path().join("fixture.kdl"),
+        "group \"g\"\nstdio {\n    command \"mcp-fixture\"\n}\n",
+    )
+    .expect("write");
+    let (mut d, _dir, addr) = endpoint(
+        units.path(),
+        "http {\n    listen \"127.0.0.1:0\"\n    auth \"none\"\n    max-sessions 3\n    allow-origin \"https://app.example\"\n}\n",
+    );
+    d.wait_for("running (pid");
+    // A session, in JSON mode.
+    let (status, headers, body) =
+        request(addr, "POST", "/mcp/fixture", &JSON, INITIALIZE.as_bytes());
+    assert_eq!(status, 200, "{body}");
+    let session = header(&headers, "mcp-session-id")
+        .expect("session id")
+        .to_owned();
+    assert_eq!(session.len(), 32, "{session}");
+    assert!(
+        body.contains("\"protocolVersion\":\"2025-11-25\""),
+        "{body}"
+    );
+    let with_session = |extra: &[(&'static str, &str)]| -> Vec<(&'static str, String)> {
+        let mut h: Vec<(&str, String)> = JSON.iter().map(|(k, v)| (*k, (*v).to_owned())).collect();
+        h.push(("Mcp-Session-Id", session.clone()));
+        h.extend(extra.iter().map(|(k, v)| (*k, (*v).to_owned())));
+        h
+    };
+    let call = |h: &[(&'static str, String)], body: &str| {
+        let h: Vec<(&str, &str)> = h.iter().map(|(k, v)| (*k, v.as_str())).collect();
+        request(addr, "POST", "/mcp/fixture", &h, body.as_bytes())
+    };
+    let (status, _, _) = call(
+        &with_session(&[]),
+        r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#,
+    );
+    assert_eq!(status, 202);
+    let ping = r#"{"jsonrpc":"2.0","id":2,"method":"tools/list"}"#;
+    let (status, _, body) = call(&with_session(&[]), ping);
+    assert_eq!(status, 200, "{body}");
+    assert!(body.contains("\"tools\""), "{body}");
+
+    // Malformed JSON: a JSON-RPC parse error.
+    let (status, _, body) = call(&with_session(&[]), "{\"jsonrpc\": ");
+    assert_eq!(status, 400);
+    assert!(body.contains("-32700"), "{body}");
+    // A foreign origin: 403; a listed one gets CORS headers.
+    let (status, _, _) = call(&with_session(&[("Origin", "https://evil.example")]), ping);
+    assert_eq!(status, 403);
+    assert!(
+        d.wait_for("refused a request from origin")
+            .contains("https://evil.example")
+    );
+    let (status, headers, _) = call(&with_session(&[("Origin", "https://app.example")]), ping);
+    assert_eq!(status, 200);
+    assert_eq!(
+        header(&headers, "access-control-allow-origin"),
+        Some("https://app.example")
+    );
+    // 17 MiB announced: 413 before the body is read.
+    let big = vec![b' '; 17 << 20];
+    let h: Vec<(&str, &str)> = JSON.to_vec();
+    let (status, _, _) = request(addr, "POST", "/mcp/fixture", &h, &big);
+    assert_eq!(status, 413);
+    // An unknown session: 404; no session on a request that is not
+    // initialize: 400; an unknown server: 404.
+    let mut h: Vec<(&str, &str)> = JSON.to_vec();
+    h.push(("Mcp-Session-Id", "00000000000000000000000000000000"));
+    let (status, _, _) = request(addr, "POST", "/mcp/fixture", &h, ping.as_bytes());
+    assert_eq!(status, 404);
+    let (status, _, _) = request(addr, "POST", "/mcp/fixture", &JSON, ping.as_bytes());
+    assert_eq!(status, 400);
+    let (status, _, body) = request(addr, "POST", "/mcp/nope", &JSON, INITIALIZE.as_bytes());
+    assert_eq!(status, 404);
+    assert!(body.contains("no server named nope"), "{body}");
+    // An aggregate: tools named UNIT__NAME.
+    let (status, headers, _) = request(addr, "POST", "/mcp/@g", &JSON, INITIALIZE.as_bytes());
+    assert_eq!(status, 200);
+    let group = header(&headers, "mcp-session-id").expect("id").to_owned();
+    let mut h: Vec<(&str, &str)> = JSON.to_vec();
+    h.push(("Mcp-Session-Id", &group));
+    let (status, _, body) = request(addr, "POST", "/mcp/@g", &h, ping.as_bytes());
+    assert_eq!(status, 200, "{body}");
+    assert!(body.contains("\"fixture__"), "{body}");
+    // A session is used only on its own path.
+    let (status, _, _) = request(addr, "POST", "/mcp/fixture", &h, ping.as_bytes());
+    assert_eq!(status, 404);
+    // max-sessions 3 (with the aggregate's): the fourth is 503 until one ends.
+    let mut others = Vec::new();
+    for _ in 0..1 {
+        let (status, headers, _) =
+            request(addr, "POST", "/mcp/fixture", &JSON, INITIALIZE.as_bytes());
+        assert_eq!(status, 200);
+        others.push(header(&headers, "mcp-session-id").expect("id").to_owned());
+    }
+    let (status, _, body) = request(addr, "POST", "/mcp/fixture", &JSON, INITIALIZE.as_bytes());
+    assert_eq!(status, 503, "{body}");
+    assert!(body.contains("more than 3 HTTP sessions"), "{body}");
+    // DELETE ends a session: its id is 404 from then on, and its slot free.
+    let mut h: Vec<(&str, &str)> = JSON.to_vec();
+    h.push(("Mcp-Session-Id", &others[0]));
+    let (status, _, _) = request(addr, "DELETE", "/mcp/fixture", &h, b"");
+    assert_eq!(status, 200);
+    let (status, _, _) = request(addr, "POST", "/mcp/fixture", &h, ping.as_bytes());
+    assert_eq!(status, 404);
+    let (status, _, _) = request(addr, "POST", "/mcp/fixture", &JSON, INITIALIZE.as_bytes());
+    assert_eq!(status, 200);
+    // The first session was never disturbed.
+    let (status, _, body) = call(&with_session(&[]), ping);
+    assert_eq!(status, 200, "{body}");
+    assert!(body.contains("\"tools\""), "{body}");
+}
+
+#[test]
+fn a_client_that_sends_its_headers_slowly_is_cut_off_at_the_deadline() {
+    use std::io::{Read, Write};
+    let units = tempfile::tempdir().expect("tempdir");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let file = dir.path().join("mcpd.kdl");
+    std::fs::write(
+        &file,
+        "http {\n    listen \"127.0.0.1:0\"\n    auth \"none\"\n}\n",
+    )
+    .expect("write");
+    let mut d = daemon_with(
+        units.path(),
+        &file,
+        &[("MCPD_HTTP_READ_TIMEOUT", "1s".as_ref())],
+    );
+    let line = d.wait_for("HTTP endpoint listening on ");
+    let addr: std::net::SocketAddr = line
+        .rsplit("listening on ")
+        .next()
+        .and_then(|a| a.trim().parse().ok())
+        .expect("address");
+    let mut stream = std::net::TcpStream::connect(addr).expect("connect");
+    let started = std::time::Instant::now();
+    let request = b"POST /mcp/x HTTP/1.1\r\nHost: h\r\nX-Slow: aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa\r\n\r\n";
+    let mut cut = false;
+    for byte in request {
+        if stream.write_all(&[*byte]).is_err() {
+            cut = true;
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+        // Closed by the daemon: a read returns at once.
+        stream.set_nonblocking(true).expect("nonblocking");
+        let mut buf = [0u8; 512];
+        let read = stream.read(&mut buf);
+        stream.set_nonblocking(false).expect("blocking");
+        if read.is_ok() {
+            cut = true;
+            break;
+        }
+    }
+    let took = started.elapsed();
+    assert!(cut, "the slow client was never cut off");
+    assert!(
+        took >= std::time::Duration::from_millis(900) && took < std::time::Duration::from_secs(5),
+        "cut off after {took:?}"
+    );
 }

@@ -52,7 +52,8 @@ fn main() -> ExitCode {
     }
     // Tunables for the tests and the benchmarks, checked at start.
     type Set = fn(std::time::Duration) -> Result<(), String>;
-    let knobs: [(&str, Set); 2] = [
+    let knobs: [(&str, Set); 3] = [
+        ("MCPD_HTTP_READ_TIMEOUT", mcpd::endpoint::set_read_timeout),
         (
             "MCPD_CALL_LOG_DELAY",
             mcpd::supervisor::accounting::set_flush_after,
@@ -81,7 +82,8 @@ fn main() -> ExitCode {
     let mut config = Config::new(instance, cli.units);
     config.no_bus = cli.no_bus;
     if let Some(path) = cli.config {
-        config.settings = Some(path);
+        // Absolute, so its directory can be watched.
+        config.settings = Some(std::path::absolute(&path).unwrap_or(path));
         config.settings_given = true;
     }
     let runtime = match tokio::runtime::Builder::new_current_thread()

@@ -90,6 +90,8 @@ pub enum RunError {
     Dbus(#[from] crate::dbus::StartError),
     #[error("{0}")]
     Settings(crate::unit::LoadError),
+    #[error("HTTP endpoint: {0}")]
+    Http(String),
     #[error("cannot create the attach socket {}: {source}", path.display())]
     Attach {
         path: std::path::PathBuf,
@@ -176,6 +178,14 @@ pub async fn run(
         path: crate::mux::attach::socket(&runtime_dir),
         source,
     })?;
+    let mut endpoint = match &settings.http {
+        Some(http) => Some(
+            crate::endpoint::Endpoint::start(&shared, http.clone())
+                .await
+                .map_err(RunError::Http)?,
+        ),
+        None => None,
+    };
     watcher.set(&watch_paths(&registry, &settings_file));
     if registry.entries().is_empty() {
         tracing::warn!(target: "mcpd::daemon", "no units found in {}", dirs.join(":"));
@@ -242,6 +252,7 @@ pub async fn run(
                     if new != settings {
                         settings = new;
                         log_settings(&settings_file, &settings);
+                        apply_http(&shared, &mut endpoint, settings.http.clone()).await;
                     }
                 }
                 Ok(Err(e)) => {
@@ -265,6 +276,9 @@ pub async fn run(
     tracing::info!(target: "mcpd::daemon", "stopping {}", count(registry.entries().len(), "unit"));
     // No new host sessions on a daemon that is stopping.
     drop(attach);
+    if let Some(serving) = endpoint {
+        serving.stop().await;
+    }
     registry.shutdown().await;
     drop(bus);
     if let Some(cgroups) = cgroups {
@@ -278,6 +292,28 @@ pub async fn run(
     tracing::info!(target: "mcpd::daemon", "stopped");
     drop(lock);
     Ok(())
+}
+
+/// Starts, changes or stops the HTTP endpoint for a reload's settings.
+async fn apply_http(
+    shared: &Arc<crate::model::Shared>,
+    endpoint: &mut Option<crate::endpoint::Endpoint>,
+    http: Option<unit::settings::HttpSettings>,
+) {
+    match (endpoint.as_mut(), http) {
+        (Some(serving), Some(http)) => serving.apply(http).await,
+        (None, Some(http)) => match crate::endpoint::Endpoint::start(shared, http).await {
+            Ok(started) => *endpoint = Some(started),
+            Err(why) => tracing::warn!(target: "mcpd::daemon", "no HTTP endpoint: {why}"),
+        },
+        (Some(_), None) => {
+            if let Some(serving) = endpoint.take() {
+                serving.stop().await;
+            }
+            tracing::info!(target: "mcpd::daemon", "HTTP endpoint stopped: the settings have no `http` section");
+        }
+        (None, None) => {}
+    }
 }
 
 /// The settings file (`mcpd.kdl`): the path, and whether it must exist.
