@@ -15,4 +15,5 @@ pub mod model;
 pub mod mux;
 pub mod sockets;
 pub mod supervisor;
+pub mod tokens;
 pub mod unit;

@@ -123,10 +123,18 @@ fn a_changed_listen_rebinds_and_a_broken_settings_file_keeps_the_last_good_setti
 /// A user daemon on `units` whose `mcpd.kdl` is `settings` (listening on
 /// an ephemeral port), and the address its endpoint logged.
 fn endpoint(units: &Path, settings: &str) -> (Daemon, tempfile::TempDir, std::net::SocketAddr) {
+    endpoint_with(units, settings, &[])
+}
+
+fn endpoint_with(
+    units: &Path,
+    settings: &str,
+    env: &[(&str, &std::ffi::OsStr)],
+) -> (Daemon, tempfile::TempDir, std::net::SocketAddr) {
     let dir = tempfile::tempdir().expect("tempdir");
     let file = dir.path().join("mcpd.kdl");
     std::fs::write(&file, settings).expect("write");
-    let mut d = daemon(units, &file);
+    let mut d = daemon_with(units, &file, env);
     let line = d.wait_for("HTTP endpoint listening on ");
     let addr = line
         .rsplit("listening on ")
@@ -160,9 +168,12 @@ fn everything_unit(units: &Path) {
 fn the_python_sdks_streamable_http_client_gets_what_it_gets_directly() {
     let units = tempfile::tempdir().expect("tempdir");
     everything_unit(units.path());
-    let (mut d, _dir, addr) = endpoint(
+    let state = tempfile::tempdir().expect("tempdir");
+    let token = token(state.path(), &["new", "host"]);
+    let (mut d, _dir, addr) = endpoint_with(
         units.path(),
-        "http {\n    listen \"127.0.0.1:0\"\n    auth \"none\"\n}\n",
+        "http {\n    listen \"127.0.0.1:0\"\n}\n",
+        &[("MCPD_STATE_DIR", state.path().as_os_str())],
     );
     d.wait_until("17 tools", |d| {
         let runtime = d.runtime_dir().expect("runtime");
@@ -179,7 +190,7 @@ fn the_python_sdks_streamable_http_client_gets_what_it_gets_directly() {
         );
     }
     let url = format!("http://{addr}/mcp/everything");
-    let over_http = fidelity(&["--http", &url], None);
+    let over_http = fidelity(&["--http", &url], Some(&token));
     for (check, outcome) in direct.as_object().expect("object") {
         assert_eq!(&over_http[check], outcome, "{check} differs over HTTP");
     }
@@ -405,4 +416,129 @@ fn a_client_that_sends_its_headers_slowly_is_cut_off_at_the_deadline() {
         took >= std::time::Duration::from_millis(900) && took < std::time::Duration::from_secs(5),
         "cut off after {took:?}"
     );
+}
+
+/// `mcpctl --user token ARGS` on the state directory `state`: its
+/// standard output (a new token, trimmed), or a panic naming its failure.
+fn token(state: &Path, args: &[&str]) -> String {
+    let out = crate::helper::run(
+        crate::helper::mcpctl()
+            .arg("--user")
+            .arg("token")
+            .args(args)
+            .env("MCPD_STATE_DIR", state),
+    );
+    assert!(
+        out.status.success(),
+        "mcpctl token {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).trim().to_owned()
+}
+
+#[test]
+fn tokens_reach_their_units_only_and_a_revoked_one_ends_its_sessions() {
+    use std::io::{Read, Write};
+    let units = tempfile::tempdir().expect("tempdir");
+    for name in ["a", "b"] {
+        std::fs::write(
+            units.path().join(format!("{name}.kdl")),
+            "stdio {\n    command \"mcp-fixture\"\n}\n",
+        )
+        .expect("write");
+    }
+    let state = tempfile::tempdir().expect("tempdir");
+    let only_a = token(state.path(), &["new", "only-a", "--units", "a"]);
+    assert!(
+        only_a.starts_with("mcpd_") && only_a.len() == 69,
+        "{only_a}"
+    );
+    let all = token(state.path(), &["new", "all", "--expires", "30d"]);
+    // Only hashes are kept, in a private file.
+    let file = state.path().join("tokens.json");
+    let kept = std::fs::read_to_string(&file).expect("tokens.json");
+    assert!(
+        !kept.contains(&only_a[5..]) && !kept.contains(&all[5..]),
+        "{kept}"
+    );
+    use std::os::unix::fs::PermissionsExt;
+    let mode = std::fs::metadata(&file).expect("meta").permissions().mode();
+    assert_eq!(mode & 0o777, 0o600);
+    let list = token(state.path(), &["list"]);
+    assert!(list.contains("only-a") && list.contains("all"), "{list}");
+    assert!(!list.contains("mcpd_"), "{list}");
+
+    let (mut d, _dir, addr) = endpoint_with(
+        units.path(),
+        "http {\n    listen \"127.0.0.1:0\"\n}\n",
+        &[("MCPD_STATE_DIR", state.path().as_os_str())],
+    );
+    assert_eq!(d.count("2 HTTP tokens"), 1, "{:#?}", d.seen);
+    let bearer = |t: &str| format!("Bearer {t}");
+    let post = |path: &str, t: &str| {
+        let auth = bearer(t);
+        let mut h: Vec<(&str, &str)> = JSON.to_vec();
+        h.push(("Authorization", &auth));
+        request(addr, "POST", path, &h, INITIALIZE.as_bytes())
+    };
+    // A wrong token: 401; outside its units: 403, logged with the address.
+    let (status, headers, _) = post("/mcp/a", "mcpd_0000");
+    assert_eq!(status, 401);
+    assert_eq!(
+        header(&headers, "www-authenticate"),
+        Some("Bearer realm=\"mcpd\"")
+    );
+    let (status, _, body) = post("/mcp/b", &only_a);
+    assert_eq!(status, 403, "{body}");
+    let line = d.wait_for("refused token only-a on /mcp/b");
+    assert!(line.contains("peer=127.0.0.1:"), "{line}");
+    // Within its units; the other token everywhere.
+    let (status, headers, body) = post("/mcp/a", &only_a);
+    assert_eq!(status, 200, "{body}");
+    let session = header(&headers, "mcp-session-id").expect("id").to_owned();
+    assert_eq!(post("/mcp/b", &all).0, 200);
+    // A session is its token's: another token cannot use it.
+    let auth = bearer(&all);
+    let h = [
+        ("Accept", "text/event-stream"),
+        ("Authorization", auth.as_str()),
+        ("Mcp-Session-Id", session.as_str()),
+    ];
+    assert_eq!(request(addr, "GET", "/mcp/a", &h, b"").0, 404);
+
+    // Its GET stream is open when the token is revoked: the stream ends.
+    let mut stream = std::net::TcpStream::connect(addr).expect("connect");
+    stream
+        .set_read_timeout(Some(std::time::Duration::from_secs(30)))
+        .expect("timeout");
+    write!(
+        stream,
+        "GET /mcp/a HTTP/1.1\r\nHost: x\r\nAccept: text/event-stream\r\nAuthorization: Bearer {only_a}\r\nMcp-Session-Id: {session}\r\n\r\n"
+    )
+    .expect("write");
+    let mut head = Vec::new();
+    let mut byte = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") {
+        assert_eq!(stream.read(&mut byte).expect("read"), 1, "{head:?}");
+        head.push(byte[0]);
+    }
+    assert!(
+        head.starts_with(b"HTTP/1.1 200"),
+        "{}",
+        String::from_utf8_lossy(&head)
+    );
+    token(state.path(), &["revoke", "only-a"]);
+    let mut rest = Vec::new();
+    // The last chunk comes (the stream ends), the connection stays usable.
+    while !rest.ends_with(b"0\r\n\r\n") {
+        match stream.read(&mut byte) {
+            Ok(1) => rest.push(byte[0]),
+            other => panic!("the stream did not end: {other:?} after {rest:?}"),
+        }
+    }
+    d.wait_for("its token was revoked");
+    assert_eq!(post("/mcp/a", &only_a).0, 401);
+    assert_eq!(post("/mcp/a", &all).0, 200);
+    let list = token(state.path(), &["list"]);
+    assert!(!list.contains("only-a"), "{list}");
 }

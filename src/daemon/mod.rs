@@ -116,6 +116,7 @@ pub async fn run(
 ) -> Result<(), RunError> {
     let lock = lock::InstanceLock::acquire(config.instance, &config.runtime_dir)?;
     let settings_file = (config.settings.clone(), config.settings_given);
+    let tokens_file = crate::tokens::path(&config.state_dir);
     let mut settings = read_settings(&settings_file).map_err(RunError::Settings)?;
     log_settings(&settings_file, &settings);
     memory::give_large_buffers_back();
@@ -180,13 +181,13 @@ pub async fn run(
     })?;
     let mut endpoint = match &settings.http {
         Some(http) => Some(
-            crate::endpoint::Endpoint::start(&shared, http.clone())
+            crate::endpoint::Endpoint::start(&shared, http.clone(), tokens_file.clone())
                 .await
                 .map_err(RunError::Http)?,
         ),
         None => None,
     };
-    watcher.set(&watch_paths(&registry, &settings_file));
+    watcher.set(&watch_paths(&registry, &settings_file, &tokens_file));
     if registry.entries().is_empty() {
         tracing::warn!(target: "mcpd::daemon", "no units found in {}", dirs.join(":"));
     }
@@ -252,7 +253,8 @@ pub async fn run(
                     if new != settings {
                         settings = new;
                         log_settings(&settings_file, &settings);
-                        apply_http(&shared, &mut endpoint, settings.http.clone()).await;
+                        apply_http(&shared, &mut endpoint, settings.http.clone(), &tokens_file)
+                            .await;
                     }
                 }
                 Ok(Err(e)) => {
@@ -262,7 +264,10 @@ pub async fn run(
                     tracing::warn!(target: "mcpd::daemon", "cannot read the settings file: {e}")
                 }
             }
-            watcher.set(&watch_paths(&registry, &settings_file));
+            if let Some(serving) = &endpoint {
+                serving.reload_tokens();
+            }
+            watcher.set(&watch_paths(&registry, &settings_file, &tokens_file));
             status = registry.summary();
             sdnotify::ready(&status);
             tracing::info!(target: "mcpd::daemon", "reloaded: {diff}");
@@ -299,13 +304,16 @@ async fn apply_http(
     shared: &Arc<crate::model::Shared>,
     endpoint: &mut Option<crate::endpoint::Endpoint>,
     http: Option<unit::settings::HttpSettings>,
+    tokens_file: &std::path::Path,
 ) {
     match (endpoint.as_mut(), http) {
         (Some(serving), Some(http)) => serving.apply(http).await,
-        (None, Some(http)) => match crate::endpoint::Endpoint::start(shared, http).await {
-            Ok(started) => *endpoint = Some(started),
-            Err(why) => tracing::warn!(target: "mcpd::daemon", "no HTTP endpoint: {why}"),
-        },
+        (None, Some(http)) => {
+            match crate::endpoint::Endpoint::start(shared, http, tokens_file.to_owned()).await {
+                Ok(started) => *endpoint = Some(started),
+                Err(why) => tracing::warn!(target: "mcpd::daemon", "no HTTP endpoint: {why}"),
+            }
+        }
         (Some(_), None) => {
             if let Some(serving) = endpoint.take() {
                 serving.stop().await;
@@ -350,14 +358,21 @@ fn log_settings((path, _): &SettingsFile, settings: &unit::settings::Settings) {
     }
 }
 
-/// The unit directories, and the settings file's directory when it
-/// exists (its events reload as a unit file's do).
-fn watch_paths(registry: &Registry, (path, _): &SettingsFile) -> Vec<PathBuf> {
+/// The unit directories, and the directories of the settings file and
+/// the HTTP tokens when they exist (their events reload as a unit file's
+/// do).
+fn watch_paths(
+    registry: &Registry,
+    (path, _): &SettingsFile,
+    tokens: &std::path::Path,
+) -> Vec<PathBuf> {
     let mut paths = registry.watch_paths();
-    if let Some(dir) = path.as_ref().and_then(|p| p.parent())
-        && dir.is_dir()
-    {
-        paths.push(dir.to_owned());
+    for file in [path.as_deref(), Some(tokens)].into_iter().flatten() {
+        if let Some(dir) = file.parent()
+            && dir.is_dir()
+        {
+            paths.push(dir.to_owned());
+        }
     }
     paths
 }

@@ -87,6 +87,10 @@ struct Inner {
     settings: RwLock<HttpSettings>,
     sessions: Mutex<HashMap<String, Handle>>,
     connections: Arc<tokio::sync::Semaphore>,
+    /// The token file (`tokens::path` of the state directory) and its
+    /// tokens by hash, as last read.
+    tokens_file: std::path::PathBuf,
+    tokens: RwLock<HashMap<String, crate::tokens::Entry>>,
 }
 
 /// A session as the HTTP side reaches it.
@@ -95,6 +99,11 @@ struct Handle {
     /// The path's name (`NAME`, `@GROUP`): a session is used only there.
     target: String,
     commands: mpsc::Sender<Command>,
+    /// The hash of the token it was opened with (`auth "token"`): every
+    /// request of the session must bear it.
+    token: Option<String>,
+    /// Told when its token is revoked: the session ends.
+    revoked: Arc<tokio::sync::Notify>,
 }
 
 impl Drop for Endpoint {
@@ -111,18 +120,26 @@ impl Drop for Endpoint {
 impl Endpoint {
     /// Binds every `listen` address of `settings` and serves them; the
     /// first that cannot be bound fails it, naming the address.
-    pub async fn start(shared: &Arc<Shared>, settings: HttpSettings) -> Result<Self, String> {
+    /// `tokens_file` holds the tokens (`mcpctl token`).
+    pub async fn start(
+        shared: &Arc<Shared>,
+        settings: HttpSettings,
+        tokens_file: std::path::PathBuf,
+    ) -> Result<Self, String> {
         let listen = settings.listen.clone();
         let inner = Arc::new(Inner {
             shared: Arc::downgrade(shared),
             settings: RwLock::new(settings),
             sessions: Mutex::new(HashMap::new()),
             connections: Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS)),
+            tokens_file,
+            tokens: RwLock::new(HashMap::new()),
         });
         let mut endpoint = Endpoint {
             inner,
             listeners: Vec::new(),
         };
+        endpoint.reload_tokens();
         endpoint.listeners = endpoint.bind(&listen).await?;
         endpoint.log_start();
         Ok(endpoint)
@@ -134,6 +151,51 @@ impl Endpoint {
         for (_, accept) in std::mem::take(&mut self.listeners) {
             accept.abort();
             let _ = accept.await;
+        }
+    }
+
+    /// Reads the token file again (a file that does not read keeps the
+    /// tokens read before, with a warning) and ends the sessions whose
+    /// token is gone, expired or no longer reaches their path.
+    pub fn reload_tokens(&self) {
+        let inner = &self.inner;
+        let entries = match crate::tokens::load(&inner.tokens_file) {
+            Ok(entries) => entries,
+            Err(why) => {
+                tracing::warn!(target: "mcpd::http", "keeping the tokens read before: {why}");
+                return;
+            }
+        };
+        let by_hash: HashMap<String, crate::tokens::Entry> =
+            entries.into_iter().map(|e| (e.hash.clone(), e)).collect();
+        let changed = inner.tokens.read().map(|t| *t != by_hash).unwrap_or(true);
+        if !changed {
+            return;
+        }
+        tracing::info!(target: "mcpd::http", "{} HTTP tokens", by_hash.len());
+        if let Ok(mut tokens) = inner.tokens.write() {
+            *tokens = by_hash;
+        }
+        let now = now();
+        let ending: Vec<(String, Handle)> = match inner.sessions.lock() {
+            Ok(sessions) => sessions
+                .iter()
+                .filter(|(_, h)| match &h.token {
+                    None => false,
+                    Some(hash) => !inner
+                        .token(hash)
+                        .is_some_and(|e| !e.expired(now) && inner.reaches(&e, &h.target)),
+                })
+                .map(|(id, h)| (id.clone(), h.clone()))
+                .collect(),
+            Err(_) => Vec::new(),
+        };
+        for (id, handle) in ending {
+            tracing::info!(target: "mcpd::http", "ending session {id} on {}: its token was revoked", handle.target);
+            handle.revoked.notify_one();
+            if let Ok(mut sessions) = inner.sessions.lock() {
+                sessions.remove(&id);
+            }
         }
     }
 
@@ -311,18 +373,22 @@ async fn handle(
             }
         },
     };
-    if settings.auth == crate::unit::settings::Auth::Token
-        && let Err(why) = inner.authorize(&request)
-    {
-        tracing::warn!(target: "mcpd::http", %peer, "refused a request to {}: {why}", request.uri().path());
-        let mut response = refuse(StatusCode::UNAUTHORIZED, &why);
-        response.headers_mut().insert(
-            header::WWW_AUTHENTICATE,
-            HeaderValue::from_static("Bearer realm=\"mcpd\""),
-        );
-        return response;
-    }
-    let mut response = route(inner, &settings, peer, request).await;
+    let token = match settings.auth {
+        crate::unit::settings::Auth::None => None,
+        crate::unit::settings::Auth::Token => match inner.authorize(&request) {
+            Ok(entry) => Some(entry),
+            Err(why) => {
+                tracing::warn!(target: "mcpd::http", %peer, "refused a request to {}: {why}", request.uri().path());
+                let mut response = refuse(StatusCode::UNAUTHORIZED, &why);
+                response.headers_mut().insert(
+                    header::WWW_AUTHENTICATE,
+                    HeaderValue::from_static("Bearer realm=\"mcpd\""),
+                );
+                return response;
+            }
+        },
+    };
+    let mut response = route(inner, &settings, peer, token.as_ref(), request).await;
     if let Some(origin) = cors
         && let Ok(value) = HeaderValue::from_str(&origin)
     {
@@ -341,6 +407,7 @@ async fn route(
     inner: &Arc<Inner>,
     settings: &HttpSettings,
     peer: SocketAddr,
+    token: Option<&crate::tokens::Entry>,
     request: Request<Incoming>,
 ) -> Response<Body> {
     let Some(name) = request.uri().path().strip_prefix("/mcp/") else {
@@ -358,14 +425,25 @@ async fn route(
             );
         }
     };
+    if let Some(entry) = token
+        && *request.method() != Method::OPTIONS
+        && !inner.reaches(entry, &name)
+    {
+        tracing::warn!(target: "mcpd::http", %peer, "refused token {} on /mcp/{name}: outside its units ({})", entry.name, entry.scope.label());
+        return refuse(
+            StatusCode::FORBIDDEN,
+            &format!("token {} does not reach {name}", entry.name),
+        );
+    }
+    let token = token.map(|e| e.hash.as_str());
     let session = request
         .headers()
         .get(SESSION_HEADER)
         .map(|v| v.to_str().unwrap_or("").to_owned());
     match *request.method() {
-        Method::POST => post(inner, settings, peer, &name, session, request).await,
+        Method::POST => post(inner, settings, token, &name, session, request).await,
         Method::GET => {
-            let Some(handle) = inner.session(&name, session.as_deref()) else {
+            let Some(handle) = inner.session(&name, session.as_deref(), token) else {
                 return missing_session(session.as_deref());
             };
             if !accepts(&request, "text/event-stream") {
@@ -381,10 +459,13 @@ async fn route(
             sse(rx)
         }
         Method::DELETE => {
-            let Some(handle) = inner.session(&name, session.as_deref()) else {
+            let Some(handle) = inner.session(&name, session.as_deref(), token) else {
                 return missing_session(session.as_deref());
             };
-            let _ = handle.commands.send(Command::End).await;
+            let _ = handle
+                .commands
+                .send(Command::End("ended by the client (DELETE)".into()))
+                .await;
             if let (Some(id), Ok(mut sessions)) = (&session, inner.sessions.lock()) {
                 sessions.remove(id);
             }
@@ -482,21 +563,64 @@ fn sse(mut rx: mpsc::Receiver<Bytes>) -> Response<Body> {
     response
 }
 
+fn now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
 impl Inner {
-    /// Whether the request carries a valid token. No tokens are kept yet:
-    /// with `auth "token"` every request is refused (fail closed).
-    fn authorize(&self, request: &Request<Incoming>) -> Result<(), String> {
-        match request.headers().get(header::AUTHORIZATION) {
-            None => Err("no token (Authorization: Bearer TOKEN)".into()),
-            Some(_) => Err("not a valid token".into()),
+    /// The token the request bears, if it is one of the token file's and
+    /// has not expired.
+    fn authorize(&self, request: &Request<Incoming>) -> Result<crate::tokens::Entry, String> {
+        let Some(value) = request.headers().get(header::AUTHORIZATION) else {
+            return Err("no token (Authorization: Bearer TOKEN)".into());
+        };
+        let bearer = value
+            .to_str()
+            .ok()
+            .and_then(|v| {
+                v.strip_prefix("Bearer ")
+                    .or_else(|| v.strip_prefix("bearer "))
+            })
+            .map(str::trim)
+            .ok_or("not a bearer token")?;
+        let entry = self
+            .token(&crate::tokens::hash(bearer))
+            .ok_or("not a valid token")?;
+        if entry.expired(now()) {
+            return Err(format!("token {} has expired", entry.name));
         }
+        Ok(entry)
     }
 
-    /// The session `id` on the path's `name`.
-    fn session(&self, name: &str, id: Option<&str>) -> Option<Handle> {
+    fn token(&self, hash: &str) -> Option<crate::tokens::Entry> {
+        self.tokens.read().ok()?.get(hash).cloned()
+    }
+
+    /// Whether `entry` reaches every unit of path `name`.
+    fn reaches(&self, entry: &crate::tokens::Entry, name: &str) -> bool {
+        if entry.scope == crate::tokens::Scope::All {
+            return true;
+        }
+        let (Some(shared), Ok(target)) = (self.shared.upgrade(), Target::parse(name)) else {
+            return false;
+        };
+        let Ok(members) = shared.members(&target) else {
+            return false;
+        };
+        !members.is_empty()
+            && members.iter().all(|(unit, _, _)| {
+                let groups = shared.unit(unit).map(|v| v.groups).unwrap_or_default();
+                entry.scope.reaches(unit, &groups)
+            })
+    }
+
+    /// The session `id` on the path's `name`, opened with `token`.
+    fn session(&self, name: &str, id: Option<&str>, token: Option<&str>) -> Option<Handle> {
         let sessions = self.sessions.lock().ok()?;
         let handle = sessions.get(id?)?;
-        (handle.target == name).then(|| handle.clone())
+        (handle.target == name && handle.token.as_deref() == token).then(|| handle.clone())
     }
 
     /// Opens a session on `name`: attaches a host session of the unit (or
@@ -505,6 +629,7 @@ impl Inner {
         self: &Arc<Self>,
         name: &str,
         max: usize,
+        token: Option<&str>,
     ) -> Result<(String, Handle), Box<Response<Body>>> {
         let shared = self
             .shared
@@ -537,9 +662,12 @@ impl Inner {
         }
         let id = new_id();
         let (commands, rx) = mpsc::channel(64);
+        let revoked = Arc::new(tokio::sync::Notify::new());
         let handle = Handle {
             target: name.to_owned(),
             commands,
+            token: token.map(str::to_owned),
+            revoked: Arc::clone(&revoked),
         };
         if let Ok(mut sessions) = self.sessions.lock() {
             sessions.insert(id.clone(), handle.clone());
@@ -554,6 +682,7 @@ impl Inner {
                 pending: Vec::new(),
             },
             rx,
+            revoked,
             move |why| {
                 tracing::debug!(target: "mcpd::http", "session {ended} on {label} ended: {why}");
                 if let Some(inner) = inner.upgrade()
@@ -583,7 +712,7 @@ fn new_id() -> String {
 async fn post(
     inner: &Arc<Inner>,
     settings: &HttpSettings,
-    peer: SocketAddr,
+    token: Option<&str>,
     name: &str,
     session: Option<String>,
     request: Request<Incoming>,
@@ -603,7 +732,7 @@ async fn post(
     let body = Limited::new(request.into_body(), MAX_BODY);
     let body = match tokio::time::timeout(read_timeout(), body.collect()).await {
         Err(_) => {
-            tracing::debug!(target: "mcpd::http", %peer, "a request body did not come within {}", humantime::format_duration(read_timeout()));
+            tracing::debug!(target: "mcpd::http", "a request body did not come within {}", humantime::format_duration(read_timeout()));
             return refuse(StatusCode::REQUEST_TIMEOUT, "the body did not come in time");
         }
         Ok(Err(e)) => {
@@ -629,13 +758,14 @@ async fn post(
     let method = message.method().map(|m| m.into_owned());
     let id = message.request_id();
     let (session_id, handle) = match (&session, method.as_deref()) {
-        (None, Some("initialize")) if id.is_some() => match inner.open(name, settings.max_sessions)
-        {
-            Ok(opened) => opened,
-            Err(response) => return *response,
-        },
+        (None, Some("initialize")) if id.is_some() => {
+            match inner.open(name, settings.max_sessions, token) {
+                Ok(opened) => opened,
+                Err(response) => return *response,
+            }
+        }
         (None, _) => return missing_session(None),
-        (Some(sid), _) => match inner.session(name, Some(sid)) {
+        (Some(sid), _) => match inner.session(name, Some(sid), token) {
             Some(handle) => (sid.clone(), handle),
             None => return missing_session(Some(sid)),
         },

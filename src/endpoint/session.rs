@@ -54,8 +54,8 @@ pub enum Command {
     Forward(Message),
     /// The GET stream (replacing an earlier one).
     Listen(Sink),
-    /// DELETE: the session ends.
-    End,
+    /// The session ends (DELETE), for this reason.
+    End(String),
 }
 
 struct Pending {
@@ -71,6 +71,7 @@ pub async fn run(
     label: String,
     link: HostLink,
     mut commands: mpsc::Receiver<Command>,
+    revoked: std::sync::Arc<tokio::sync::Notify>,
     end: impl FnOnce(&str),
 ) {
     let opened = link.open(0, QUEUE, QUEUE_BYTES);
@@ -87,7 +88,7 @@ pub async fn run(
         tokio::select! {
             command = commands.recv() => match command {
                 None => break "the endpoint stopped".into(),
-                Some(Command::End) => break "ended by the client (DELETE)".into(),
+                Some(Command::End(why)) => break why,
                 Some(command) => {
                     if let Err(why) = task.command(command) {
                         break why;
@@ -100,6 +101,7 @@ pub async fn run(
                 Some(Event::Host(_, None)) | None => break format!("{label} ended the session"),
                 Some(Event::Server(..)) => {}
             },
+            () = revoked.notified() => break "its token was revoked".into(),
             () = sleep_until(idle_at) => break format!("idle for {}", humantime::format_duration(IDLE)),
         }
     };
@@ -167,7 +169,7 @@ impl Task {
             }
             Command::Forward(message) => self.send(&message)?,
             Command::Listen(sink) => self.listen = Some(sink),
-            Command::End => {}
+            Command::End(_) => {}
         }
         Ok(())
     }
