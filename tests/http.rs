@@ -542,3 +542,73 @@ fn tokens_reach_their_units_only_and_a_revoked_one_ends_its_sessions() {
     let list = token(state.path(), &["list"]);
     assert!(!list.contains("only-a"), "{list}");
 }
+
+/// Binds a listening socket on an ephemeral loopback port, writes the
+/// port to the file `argv[1]`, and execs `argv[2:]` with the socket as
+/// descriptor 3 and `LISTEN_FDS`, as a service manager does.
+const ACTIVATE: &str = r#"
+import os, socket, sys
+s = socket.socket()
+s.bind(("127.0.0.1", 0))
+s.listen(64)
+with open(sys.argv[1] + ".tmp", "w") as f:
+    f.write(str(s.getsockname()[1]))
+os.rename(sys.argv[1] + ".tmp", sys.argv[1])
+if s.fileno() != 3:
+    os.dup2(s.fileno(), 3)
+os.set_inheritable(3, True)
+os.environ.update(LISTEN_PID=str(os.getpid()), LISTEN_FDS="1", LISTEN_FDNAMES="http")
+os.execv(sys.argv[2], sys.argv[2:])
+"#;
+
+#[test]
+fn a_socket_activated_daemon_serves_the_passed_socket() {
+    let units = tempfile::tempdir().expect("tempdir");
+    std::fs::write(
+        units.path().join("a.kdl"),
+        "stdio {\n    command \"mcp-fixture\"\n}\n",
+    )
+    .expect("write");
+    let state = tempfile::tempdir().expect("tempdir");
+    let token = token(state.path(), &["new", "host"]);
+    // No `http` section: the passed socket is served with the defaults
+    // (tokens).
+    let dir = tempfile::tempdir().expect("tempdir");
+    let settings = dir.path().join("mcpd.kdl");
+    std::fs::write(&settings, "").expect("write");
+    let port_file = dir.path().join("port");
+    let mut d = Daemon::start_binary(
+        Path::new("python3"),
+        &[
+            "-c".as_ref(),
+            ACTIVATE.as_ref(),
+            port_file.as_os_str(),
+            env!("CARGO_BIN_EXE_mcpd").as_ref(),
+            "--user".as_ref(),
+            "--no-bus".as_ref(),
+            "--units".as_ref(),
+            units.path().as_os_str(),
+            "--config".as_ref(),
+            settings.as_os_str(),
+        ],
+        &[("MCPD_STATE_DIR", state.path().as_os_str())],
+    );
+    d.wait_for("socket-activated");
+    let line = d.wait_for("HTTP endpoint listening on ");
+    let port: u16 = std::fs::read_to_string(&port_file)
+        .expect("port")
+        .parse()
+        .expect("a port");
+    assert!(line.ends_with(&format!("127.0.0.1:{port}")), "{line}");
+    let addr = std::net::SocketAddr::from(([127, 0, 0, 1], port));
+    assert_eq!(
+        request(addr, "POST", "/mcp/a", &JSON, INITIALIZE.as_bytes()).0,
+        401
+    );
+    let auth = format!("Bearer {token}");
+    let mut h: Vec<(&str, &str)> = JSON.to_vec();
+    h.push(("Authorization", &auth));
+    let (status, _, body) = request(addr, "POST", "/mcp/a", &h, INITIALIZE.as_bytes());
+    assert_eq!(status, 200, "{body}");
+    assert!(body.contains("\"serverInfo\""), "{body}");
+}

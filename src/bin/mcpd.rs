@@ -41,6 +41,8 @@ struct Cli {
 }
 
 fn main() -> ExitCode {
+    // Before any descriptor is opened: the service manager's sockets.
+    let passed = daemon::activation::take();
     let cli = Cli::parse();
     let filter = cli
         .log_level
@@ -49,6 +51,9 @@ fn main() -> ExitCode {
     if let Err(e) = daemon::logging::init(&filter) {
         eprintln!("mcpd: {e}");
         return ExitCode::from(2);
+    }
+    for line in passed {
+        tracing::warn!(target: "mcpd::daemon", "{line}");
     }
     // Tunables for the tests and the benchmarks, checked at start.
     type Set = fn(std::time::Duration) -> Result<(), String>;

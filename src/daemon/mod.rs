@@ -11,6 +11,7 @@
 //! attach socket for host sessions), [`watch`],
 //! [`sdnotify`], [`lock`], [`fdlimit`], [`logging`].
 
+pub mod activation;
 pub mod attach;
 pub mod fdlimit;
 pub mod lock;
@@ -179,9 +180,16 @@ pub async fn run(
         path: crate::mux::attach::socket(&runtime_dir),
         source,
     })?;
-    let mut endpoint = match &settings.http {
+    // Sockets of `mcpd-http.socket` serve the endpoint even without an
+    // `http` section (with its defaults).
+    let activated = activation::http_listeners();
+    let http = settings
+        .http
+        .clone()
+        .or_else(|| (!activated.is_empty()).then(Default::default));
+    let mut endpoint = match http {
         Some(http) => Some(
-            crate::endpoint::Endpoint::start(&shared, http.clone(), tokens_file.clone())
+            crate::endpoint::Endpoint::start(&shared, http, tokens_file.clone(), activated)
                 .await
                 .map_err(RunError::Http)?,
         ),
@@ -308,8 +316,12 @@ async fn apply_http(
 ) {
     match (endpoint.as_mut(), http) {
         (Some(serving), Some(http)) => serving.apply(http).await,
+        // The service manager's sockets stay served, with the defaults.
+        (Some(serving), None) if serving.activated() => serving.apply(Default::default()).await,
         (None, Some(http)) => {
-            match crate::endpoint::Endpoint::start(shared, http, tokens_file.to_owned()).await {
+            match crate::endpoint::Endpoint::start(shared, http, tokens_file.to_owned(), Vec::new())
+                .await
+            {
                 Ok(started) => *endpoint = Some(started),
                 Err(why) => tracing::warn!(target: "mcpd::daemon", "no HTTP endpoint: {why}"),
             }

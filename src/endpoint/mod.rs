@@ -79,6 +79,8 @@ type Body = UnsyncBoxBody<Bytes, Infallible>;
 pub struct Endpoint {
     inner: Arc<Inner>,
     listeners: Vec<(SocketAddr, JoinHandle<()>)>,
+    /// Serving the service manager's sockets: `listen` is not used.
+    activated: bool,
 }
 
 #[derive(Debug)]
@@ -120,12 +122,25 @@ impl Drop for Endpoint {
 impl Endpoint {
     /// Binds every `listen` address of `settings` and serves them; the
     /// first that cannot be bound fails it, naming the address.
-    /// `tokens_file` holds the tokens (`mcpctl token`).
+    /// `tokens_file` holds the tokens (`mcpctl token`). With `activated`
+    /// sockets (passed by the service manager) those are served instead
+    /// of `listen`'s; `auth "none"` on one that is not loopback is refused.
     pub async fn start(
         shared: &Arc<Shared>,
         settings: HttpSettings,
         tokens_file: std::path::PathBuf,
+        activated: Vec<std::net::TcpListener>,
     ) -> Result<Self, String> {
+        if settings.auth == crate::unit::settings::Auth::None {
+            for listener in &activated {
+                let addr = listener.local_addr().map_err(|e| e.to_string())?;
+                if !addr.ip().is_loopback() {
+                    return Err(format!(
+                        "auth \"none\" with the passed socket {addr}, which is not loopback: anyone who reaches it would use every server"
+                    ));
+                }
+            }
+        }
         let listen = settings.listen.clone();
         let inner = Arc::new(Inner {
             shared: Arc::downgrade(shared),
@@ -138,11 +153,27 @@ impl Endpoint {
         let mut endpoint = Endpoint {
             inner,
             listeners: Vec::new(),
+            activated: !activated.is_empty(),
         };
         endpoint.reload_tokens();
-        endpoint.listeners = endpoint.bind(&listen).await?;
+        if endpoint.activated {
+            for listener in activated {
+                let listener = TcpListener::from_std(listener).map_err(|e| e.to_string())?;
+                let local = listener.local_addr().map_err(|e| e.to_string())?;
+                let accept = tokio::spawn(accept_loop(listener, Arc::clone(&endpoint.inner)));
+                endpoint.listeners.push((local, accept));
+            }
+            tracing::info!(target: "mcpd::http", "socket-activated: serving the sockets the service manager passed (`listen` is not used)");
+        } else {
+            endpoint.listeners = endpoint.bind(&listen).await?;
+        }
         endpoint.log_start();
         Ok(endpoint)
+    }
+
+    /// Whether it serves the service manager's sockets.
+    pub fn activated(&self) -> bool {
+        self.activated
     }
 
     /// Stops listening (every address closed once this returns) and ends
@@ -247,7 +278,7 @@ impl Endpoint {
             .read()
             .map(|s| s.listen.clone())
             .unwrap_or_default();
-        if old != settings.listen {
+        if old != settings.listen && !self.activated {
             match self.bind(&settings.listen).await {
                 Ok(bound) => {
                     for (_, accept) in std::mem::replace(&mut self.listeners, bound) {

@@ -65,6 +65,18 @@ pub struct HttpSettings {
     pub allow_origin: Vec<String>,
 }
 
+impl Default for HttpSettings {
+    /// An empty `http { }` (and a socket-activated endpoint without one).
+    fn default() -> Self {
+        Self {
+            listen: DEFAULT_LISTEN.parse().ok().into_iter().collect(),
+            auth: Auth::Token,
+            max_sessions: DEFAULT_MAX_SESSIONS,
+            allow_origin: Vec::new(),
+        }
+    }
+}
+
 /// How a request to the endpoint is authenticated.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Auth {
