@@ -362,6 +362,14 @@ fn bad_input_gets_http_and_json_rpc_errors_and_leaves_sessions_alone() {
     assert_eq!(status, 404);
     let (status, _, _) = request(addr, "POST", "/mcp/fixture", &JSON, INITIALIZE.as_bytes());
     assert_eq!(status, 200);
+    // Status shows the endpoint: the first, the aggregate's, the last.
+    let runtime = d.runtime_dir().expect("runtime").to_owned();
+    let status = crate::helper::mcpctl_user(&runtime, &["status"]);
+    let status = String::from_utf8_lossy(&status.stdout);
+    assert!(
+        status.contains(&format!("\nHTTP: {addr}, 3 sessions\n")),
+        "{status}"
+    );
     // The first session was never disturbed.
     let (status, _, body) = call(&with_session(&[]), ping);
     assert_eq!(status, 200, "{body}");

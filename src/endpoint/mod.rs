@@ -93,6 +93,8 @@ struct Inner {
     /// tokens by hash, as last read.
     tokens_file: std::path::PathBuf,
     tokens: RwLock<HashMap<String, crate::tokens::Entry>>,
+    /// The addresses served, for the read model's `HttpView`.
+    addrs: RwLock<Vec<SocketAddr>>,
 }
 
 /// A session as the HTTP side reaches it.
@@ -149,6 +151,7 @@ impl Endpoint {
             connections: Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS)),
             tokens_file,
             tokens: RwLock::new(HashMap::new()),
+            addrs: RwLock::new(Vec::new()),
         });
         let mut endpoint = Endpoint {
             inner,
@@ -182,6 +185,11 @@ impl Endpoint {
         for (_, accept) in std::mem::take(&mut self.listeners) {
             accept.abort();
             let _ = accept.await;
+        }
+        if let Some(shared) = self.inner.shared.upgrade()
+            && let Ok(mut http) = shared.http.lock()
+        {
+            *http = None;
         }
     }
 
@@ -224,9 +232,7 @@ impl Endpoint {
         for (id, handle) in ending {
             tracing::info!(target: "mcpd::http", "ending session {id} on {}: its token was revoked", handle.target);
             handle.revoked.notify_one();
-            if let Ok(mut sessions) = inner.sessions.lock() {
-                sessions.remove(&id);
-            }
+            inner.forget(&id);
         }
     }
 
@@ -241,6 +247,10 @@ impl Endpoint {
     }
 
     fn log_start(&self) {
+        if let Ok(mut addrs) = self.inner.addrs.write() {
+            *addrs = self.local_addrs();
+        }
+        self.inner.publish();
         let addrs: Vec<String> = self.local_addrs().iter().map(ToString::to_string).collect();
         let auth = self.inner.settings.read().map(|s| s.auth).ok();
         tracing::info!(target: "mcpd::http", "HTTP endpoint listening on {}", addrs.join(" "));
@@ -497,8 +507,8 @@ async fn route(
                 .commands
                 .send(Command::End("ended by the client (DELETE)".into()))
                 .await;
-            if let (Some(id), Ok(mut sessions)) = (&session, inner.sessions.lock()) {
-                sessions.remove(id);
+            if let Some(id) = &session {
+                inner.forget(id);
             }
             full(StatusCode::OK, "text/plain", "")
         }
@@ -601,6 +611,34 @@ fn now() -> u64 {
 }
 
 impl Inner {
+    /// Tells the read model the addresses and the sessions now.
+    fn publish(&self) {
+        let Some(shared) = self.shared.upgrade() else {
+            return;
+        };
+        let listen = self
+            .addrs
+            .read()
+            .map(|a| a.iter().map(ToString::to_string).collect())
+            .unwrap_or_default();
+        let sessions = self.sessions.lock().map_or(0, |s| s.len());
+        if let Ok(mut http) = shared.http.lock() {
+            *http = Some(crate::model::HttpView { listen, sessions });
+        }
+    }
+
+    /// Forgets session `id` (ended or ending).
+    fn forget(&self, id: &str) {
+        let removed = self
+            .sessions
+            .lock()
+            .map(|mut s| s.remove(id).is_some())
+            .unwrap_or(false);
+        if removed {
+            self.publish();
+        }
+    }
+
     /// The token the request bears, if it is one of the token file's and
     /// has not expired.
     fn authorize(&self, request: &Request<Incoming>) -> Result<crate::tokens::Entry, String> {
@@ -703,6 +741,7 @@ impl Inner {
         if let Ok(mut sessions) = self.sessions.lock() {
             sessions.insert(id.clone(), handle.clone());
         }
+        self.publish();
         let inner = Arc::downgrade(self);
         let ended = id.clone();
         let label = name.to_owned();
@@ -716,10 +755,8 @@ impl Inner {
             revoked,
             move |why| {
                 tracing::debug!(target: "mcpd::http", "session {ended} on {label} ended: {why}");
-                if let Some(inner) = inner.upgrade()
-                    && let Ok(mut sessions) = inner.sessions.lock()
-                {
-                    sessions.remove(&ended);
+                if let Some(inner) = inner.upgrade() {
+                    inner.forget(&ended);
                 }
             },
         ));
