@@ -620,3 +620,90 @@ fn a_socket_activated_daemon_serves_the_passed_socket() {
     assert_eq!(status, 200, "{body}");
     assert!(body.contains("\"serverInfo\""), "{body}");
 }
+
+/// `tests/data/era_client.py [--input] MODE everything TARGET…`: what a
+/// host of that era gets.
+fn era(input: bool, mode: &str, target: &[&str], runtime: &Path) -> serde_json::Value {
+    let mut cmd = std::process::Command::new("python3");
+    cmd.env("XDG_RUNTIME_DIR", runtime)
+        .env_remove("MCPD_RUNTIME_DIR")
+        .env_remove("DBUS_SESSION_BUS_ADDRESS");
+    cmd.arg(crate::helper::root().join("tests/data/era_client.py"));
+    if input {
+        cmd.arg("--input");
+    }
+    let out = cmd
+        .args([mode, "everything"])
+        .args(target)
+        .env("PYTHONWARNINGS", "ignore")
+        .stdin(std::process::Stdio::null())
+        .output()
+        .expect("python3");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).expect("one JSON object")
+}
+
+#[test]
+fn a_host_of_2026_07_28_gets_over_http_what_it_gets_through_the_bridge() {
+    let units = tempfile::tempdir().expect("tempdir");
+    everything_unit(units.path());
+    let (mut d, _dir, addr) = endpoint(
+        units.path(),
+        "http {\n    listen \"127.0.0.1:0\"\n    auth \"none\"\n}\n",
+    );
+    d.wait_for("running (pid");
+    let runtime = d.runtime_dir().expect("runtime").to_owned();
+    let url = format!("http://{addr}/mcp/everything");
+    let bridge = [
+        env!("CARGO_BIN_EXE_mcpctl"),
+        "--user",
+        "bridge",
+        "everything",
+    ];
+    // Without a session: each request a host session of its own. (The
+    // server's questions, input_required results whose retry must reach
+    // the session that parked the call, are not carried yet: the retry is
+    // refused, see below.)
+    for (input, mode) in [(false, "2026-07-28"), (false, "auto")] {
+        let bridged = era(input, mode, &bridge, &runtime);
+        let over_http = era(input, mode, &[&url], &runtime);
+        assert!(!over_http.to_string().contains("\"error: "), "{over_http}");
+        assert_eq!(bridged, over_http, "{mode} (input: {input})");
+        assert_eq!(over_http["protocol"], "2026-07-28", "{over_http}");
+    }
+    let asked = era(true, "2026-07-28", &[&url], &runtime);
+    assert!(
+        asked["elicit"]
+            .as_str()
+            .is_some_and(|e| e.contains("requestState is not one mcpd gave this session")),
+        "{asked}"
+    );
+
+    // A request whose headers do not say what its body does: -32020.
+    let body = r#"{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{"name":"echo","arguments":{"message":"x"},"_meta":{"io.modelcontextprotocol/protocolVersion":"2026-07-28","io.modelcontextprotocol/clientCapabilities":{}}}}"#;
+    let mut h: Vec<(&str, &str)> = JSON.to_vec();
+    h.extend([
+        ("MCP-Protocol-Version", "2026-07-28"),
+        ("Mcp-Method", "tools/call"),
+    ]);
+    for name in ["get-env", "=?base64?ZWNobw?="] {
+        let mut h = h.clone();
+        h.push(("Mcp-Name", name));
+        let (status, _, answer) = request(addr, "POST", "/mcp/everything", &h, body.as_bytes());
+        if name == "get-env" {
+            assert_eq!(status, 400, "{answer}");
+            assert!(
+                answer.contains("-32020") && answer.contains("\"id\":7"),
+                "{answer}"
+            );
+        } else {
+            // "echo" in base64: it matches, and the call is answered.
+            assert_eq!(status, 200, "{answer}");
+            assert!(answer.contains("Echo: x"), "{answer}");
+        }
+    }
+}

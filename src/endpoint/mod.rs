@@ -95,6 +95,11 @@ struct Inner {
     tokens: RwLock<HashMap<String, crate::tokens::Entry>>,
     /// The addresses served, for the read model's `HttpView`.
     addrs: RwLock<Vec<SocketAddr>>,
+    /// Moves when the tokens change: stateless requests in flight check
+    /// theirs again.
+    epoch: tokio::sync::watch::Sender<u64>,
+    /// Stateless requests in flight (counted against `max-sessions`).
+    stateless: Arc<std::sync::atomic::AtomicUsize>,
 }
 
 /// A session as the HTTP side reaches it.
@@ -152,6 +157,8 @@ impl Endpoint {
             tokens_file,
             tokens: RwLock::new(HashMap::new()),
             addrs: RwLock::new(Vec::new()),
+            epoch: tokio::sync::watch::Sender::new(0),
+            stateless: Arc::new(std::sync::atomic::AtomicUsize::new(0)),
         });
         let mut endpoint = Endpoint {
             inner,
@@ -215,6 +222,7 @@ impl Endpoint {
         if let Ok(mut tokens) = inner.tokens.write() {
             *tokens = by_hash;
         }
+        inner.epoch.send_modify(|n| *n += 1);
         let now = now();
         let ending: Vec<(String, Handle)> = match inner.sessions.lock() {
             Ok(sessions) => sessions
@@ -611,6 +619,12 @@ fn now() -> u64 {
 }
 
 impl Inner {
+    /// Sessions and stateless requests under way.
+    fn count(&self) -> usize {
+        self.sessions.lock().map_or(0, |s| s.len())
+            + self.stateless.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
     /// Tells the read model the addresses and the sessions now.
     fn publish(&self) {
         let Some(shared) = self.shared.upgrade() else {
@@ -704,31 +718,14 @@ impl Inner {
             .shared
             .upgrade()
             .ok_or_else(|| refuse(StatusCode::SERVICE_UNAVAILABLE, "the daemon is stopping"))?;
-        if self.sessions.lock().map_or(0, |s| s.len()) >= max {
+        if self.count() >= max {
             return Err(Box::new(rpc_error(
                 StatusCode::SERVICE_UNAVAILABLE,
                 -32000,
                 &format!("more than {max} HTTP sessions (max-sessions)"),
             )));
         }
-        let target = Target::parse(name)
-            .map_err(|e| Box::new(rpc_error(StatusCode::NOT_FOUND, -32600, &e)))?;
-        let (mine, theirs) = UnixStream::pair()
-            .map_err(|e| Box::new(refuse(StatusCode::SERVICE_UNAVAILABLE, &e.to_string())))?;
-        let theirs = HostLink::Socket {
-            stream: theirs,
-            pending: Vec::new(),
-        };
-        let caller = Caller::default();
-        if target.is_aggregate() {
-            crate::aggregate::attach(&shared, target, theirs, caller)
-                .map_err(|e| Box::new(rpc_error(StatusCode::NOT_FOUND, -32600, &e)))?;
-        } else {
-            shared
-                .supervisor(name)
-                .map_err(|e| Box::new(rpc_error(StatusCode::NOT_FOUND, -32600, &e.to_string())))?
-                .attach(theirs, caller);
-        }
+        let mine = attach(&shared, name)?;
         let id = new_id();
         let (commands, rx) = mpsc::channel(64);
         let revoked = Arc::new(tokio::sync::Notify::new());
@@ -764,6 +761,100 @@ impl Inner {
     }
 }
 
+/// Attaches a host session of unit (or aggregate) `name` on one end of a
+/// socket pair; the other end, for the HTTP side.
+fn attach(shared: &Arc<Shared>, name: &str) -> Result<UnixStream, Box<Response<Body>>> {
+    let target =
+        Target::parse(name).map_err(|e| Box::new(rpc_error(StatusCode::NOT_FOUND, -32600, &e)))?;
+    let (mine, theirs) = UnixStream::pair()
+        .map_err(|e| Box::new(refuse(StatusCode::SERVICE_UNAVAILABLE, &e.to_string())))?;
+    let theirs = HostLink::Socket {
+        stream: theirs,
+        pending: Vec::new(),
+    };
+    let caller = Caller::default();
+    if target.is_aggregate() {
+        crate::aggregate::attach(shared, target, theirs, caller)
+            .map_err(|e| Box::new(rpc_error(StatusCode::NOT_FOUND, -32600, &e)))?;
+    } else {
+        shared
+            .supervisor(name)
+            .map_err(|e| Box::new(rpc_error(StatusCode::NOT_FOUND, -32600, &e.to_string())))?
+            .attach(theirs, caller);
+    }
+    Ok(mine)
+}
+
+/// The version a request of MCP 2026-07-28 says it speaks
+/// (`params._meta["io.modelcontextprotocol/protocolVersion"]`).
+fn modern_version(message: &Message) -> Option<String> {
+    let params = message.params()?;
+    params
+        .get("_meta")?
+        .get("io.modelcontextprotocol/protocolVersion")?
+        .as_str()
+        .map(str::to_owned)
+}
+
+/// A request of MCP 2026-07-28 checked against its headers (`Mcp-Method`,
+/// `MCP-Protocol-Version`, `Mcp-Name`): what does not match, for -32020.
+fn header_mismatch(headers: &hyper::HeaderMap, message: &Message) -> Option<String> {
+    let header = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
+    let method = message.method()?.into_owned();
+    if let Some(version) = modern_version(message)
+        && header("mcp-protocol-version") != Some(version.as_str())
+    {
+        return Some(
+            "the MCP-Protocol-Version header does not match the request's protocol version".into(),
+        );
+    }
+    if header("mcp-method") != Some(method.as_str()) {
+        return Some("the Mcp-Method header does not match the request's method".into());
+    }
+    let key = match method.as_str() {
+        "tools/call" | "prompts/get" => "name",
+        "resources/read" => "uri",
+        _ => return None,
+    };
+    let params = message.params()?;
+    let body = params.get(key)?.as_str()?;
+    let named = header("mcp-name").map(decode_header_value);
+    (named.as_ref().and_then(|n| n.as_deref()) != Some(body))
+        .then(|| format!("the Mcp-Name header does not match the request's {key}"))
+}
+
+/// A header value as sent: plain, or `=?base64?…?=` for text a header
+/// cannot carry; `None` for a malformed one.
+fn decode_header_value(value: &str) -> Option<String> {
+    let Some(payload) = value
+        .strip_prefix("=?base64?")
+        .and_then(|v| v.strip_suffix("?="))
+    else {
+        return Some(value.to_owned());
+    };
+    let mut bits: u32 = 0;
+    let mut count = 0;
+    let mut out = Vec::new();
+    for c in payload.bytes().filter(|c| *c != b'=') {
+        let v = match c {
+            b'A'..=b'Z' => c - b'A',
+            b'a'..=b'z' => c - b'a' + 26,
+            b'0'..=b'9' => c - b'0' + 52,
+            b'+' | b'-' => 62,
+            b'/' | b'_' => 63,
+            _ => return None,
+        };
+        bits = (bits << 6) | u32::from(v);
+        count += 6;
+        if count >= 8 {
+            count -= 8;
+            out.push((bits >> count) as u8);
+            bits &= (1 << count) - 1;
+        }
+    }
+    String::from_utf8(out).ok()
+}
+
 /// A session id: 128 bits of the OS's randomness, hex.
 fn new_id() -> String {
     let mut bytes = [0u8; 16];
@@ -797,6 +888,7 @@ async fn post(
         );
     }
     let sse_ok = accepts(&request, "text/event-stream");
+    let headers = request.headers().clone();
     let body = Limited::new(request.into_body(), MAX_BODY);
     let body = match tokio::time::timeout(read_timeout(), body.collect()).await {
         Err(_) => {
@@ -831,6 +923,9 @@ async fn post(
                 Ok(opened) => opened,
                 Err(response) => return *response,
             }
+        }
+        (None, Some(m)) if m == "server/discover" || modern_version(&message).is_some() => {
+            return stateless(inner, settings, token, name, message, headers, sse_ok).await;
         }
         (None, _) => return missing_session(None),
         (Some(sid), _) => match inner.session(name, Some(sid), token) {
@@ -873,6 +968,75 @@ async fn post(
         response.headers_mut().insert(SESSION_HEADER, value);
     }
     response
+}
+
+/// A request without a session (MCP 2026-07-28): its headers checked
+/// against it (-32020), then a host session of its own for it alone.
+async fn stateless(
+    inner: &Arc<Inner>,
+    settings: &HttpSettings,
+    token: Option<&str>,
+    name: &str,
+    message: Message,
+    headers: hyper::HeaderMap,
+    sse_ok: bool,
+) -> Response<Body> {
+    let Some(id) = message.request_id() else {
+        // A notification has nothing to reach without a session.
+        return full(StatusCode::ACCEPTED, "text/plain", "");
+    };
+    if let Some(why) = header_mismatch(&headers, &message) {
+        return full(
+            StatusCode::BAD_REQUEST,
+            "application/json",
+            error_line(Some(&id), -32020, &why),
+        );
+    }
+    let Some(shared) = inner.shared.upgrade() else {
+        return refuse(StatusCode::SERVICE_UNAVAILABLE, "the daemon is stopping");
+    };
+    if inner.count() >= settings.max_sessions {
+        return rpc_error(
+            StatusCode::SERVICE_UNAVAILABLE,
+            -32000,
+            &format!(
+                "more than {} HTTP sessions (max-sessions)",
+                settings.max_sessions
+            ),
+        );
+    }
+    let mine = match attach(&shared, name) {
+        Ok(mine) => mine,
+        Err(response) => return *response,
+    };
+    let json = !sse_ok;
+    let (sink, mut rx) = mpsc::channel(session::STREAM_QUEUE);
+    let counted = Arc::clone(&inner.stateless);
+    counted.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let weak = Arc::downgrade(inner);
+    let token = token.map(str::to_owned);
+    let epoch = inner.epoch.subscribe();
+    tokio::spawn(async move {
+        let valid = move || match (&token, weak.upgrade()) {
+            (None, _) => true,
+            (Some(hash), Some(inner)) => inner.token(hash).is_some_and(|e| !e.expired(now())),
+            (Some(_), None) => false,
+        };
+        let link = HostLink::Socket {
+            stream: mine,
+            pending: Vec::new(),
+        };
+        session::once(link, message, id, sink, json, epoch, valid).await;
+        counted.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+    });
+    if json {
+        match rx.recv().await {
+            Some(answer) => full(StatusCode::OK, "application/json", answer),
+            None => refuse(StatusCode::SERVICE_UNAVAILABLE, "no answer"),
+        }
+    } else {
+        sse(rx)
+    }
 }
 
 /// One JSON-RPC message of a body (a line for the unit: a body written
@@ -935,6 +1099,16 @@ mod tests {
         assert_eq!(origin_allowed("https://evil.example", &s), None);
         assert_eq!(origin_allowed("http://127.0.0.1.evil.example", &s), None);
         assert_eq!(origin_allowed("null", &s), None);
+    }
+
+    #[test]
+    fn header_values_may_come_in_base64() {
+        assert_eq!(decode_header_value("echo").as_deref(), Some("echo"));
+        assert_eq!(
+            decode_header_value("=?base64?aMOpbGxv?=").as_deref(),
+            Some("héllo")
+        );
+        assert_eq!(decode_header_value("=?base64?a*b?="), None);
     }
 
     #[test]

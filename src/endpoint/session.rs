@@ -235,3 +235,62 @@ pub fn error_line(id: Option<&RequestId>, code: i64, message: &str) -> Bytes {
     });
     Bytes::from(crate::mux::lines::line(&error))
 }
+
+/// One request of a host without a session (MCP 2026-07-28, stateless):
+/// a host session of its own on `link` for just this request, whose
+/// answer ends it (what the unit sends before, progress and log messages,
+/// goes to `sink` too unless `json`); it also ends when the client goes
+/// (`sink` closed), when the unit's side closes, or when `epoch` moves and
+/// `valid` says the request's token is no longer good.
+pub async fn once(
+    link: HostLink,
+    message: Message,
+    id: RequestId,
+    sink: Sink,
+    json: bool,
+    mut epoch: tokio::sync::watch::Receiver<u64>,
+    valid: impl Fn() -> bool,
+) {
+    let opened = link.open(0, QUEUE, QUEUE_BYTES);
+    let mut reader = opened.reader;
+    let _stop = opened.stop;
+    if opened.out.send(message.line()).is_err() {
+        let _ = sink.try_send(error_line(
+            Some(&id),
+            -32000,
+            "the unit does not read what it is sent",
+        ));
+        return;
+    }
+    let watch = sink.clone();
+    loop {
+        tokio::select! {
+            event = reader.next() => match event {
+                Some(Event::Host(_, Some(Frame::Message(message)))) => {
+                    let line = Bytes::from(message.line());
+                    if message.method().is_none() {
+                        if message.request_id().as_ref() == Some(&id) {
+                            let _ = sink.try_send(line);
+                            break;
+                        }
+                    } else if !json && sink.try_send(line).is_err() {
+                        break;
+                    }
+                }
+                Some(Event::Host(_, Some(_))) | Some(Event::Server(..)) => {}
+                Some(Event::Host(_, None)) | None => {
+                    let _ = sink.try_send(error_line(Some(&id), -32000, "the unit ended the session"));
+                    break;
+                }
+            },
+            () = watch.closed() => break,
+            changed = epoch.changed() => {
+                if changed.is_err() || !valid() {
+                    let _ = sink.try_send(error_line(Some(&id), -32000, "its token was revoked"));
+                    break;
+                }
+            }
+        }
+    }
+    opened.out.shutdown();
+}
