@@ -100,7 +100,13 @@ struct Inner {
     epoch: tokio::sync::watch::Sender<u64>,
     /// Stateless requests in flight (counted against `max-sessions`).
     stateless: Arc<std::sync::atomic::AtomicUsize>,
+    /// Stateless requests answered `input_required`, by `requestState`:
+    /// their sessions, waiting for the retry, and the token they came with.
+    parked: Mutex<HashMap<String, Parked>>,
 }
+
+/// A parked call's session (its retry goes there) and its token's hash.
+type Parked = (mpsc::Sender<session::Once>, Option<String>);
 
 /// A session as the HTTP side reaches it.
 #[derive(Debug, Clone)]
@@ -159,6 +165,7 @@ impl Endpoint {
             addrs: RwLock::new(Vec::new()),
             epoch: tokio::sync::watch::Sender::new(0),
             stateless: Arc::new(std::sync::atomic::AtomicUsize::new(0)),
+            parked: Mutex::new(HashMap::new()),
         });
         let mut endpoint = Endpoint {
             inner,
@@ -992,6 +999,33 @@ async fn stateless(
             error_line(Some(&id), -32020, &why),
         );
     }
+    let json = !sse_ok;
+    // A retry that answers a parked call goes to the session that holds it.
+    let state = message
+        .params()
+        .and_then(|p| p.get("requestState")?.as_str().map(str::to_owned));
+    let parked = state.and_then(|state| {
+        let parked = inner.parked.lock().ok()?;
+        let (to, owner) = parked.get(&state)?;
+        (owner.as_deref() == token).then(|| to.clone())
+    });
+    if let Some(to) = parked {
+        let (sink, rx) = mpsc::channel(session::STREAM_QUEUE);
+        let retry = session::Once {
+            message,
+            id,
+            sink,
+            json,
+        };
+        if to.send(retry).await.is_ok() {
+            return answer(rx, json).await;
+        }
+        return rpc_error(
+            StatusCode::NOT_FOUND,
+            -32602,
+            "the call this retry answers is gone",
+        );
+    }
     let Some(shared) = inner.shared.upgrade() else {
         return refuse(StatusCode::SERVICE_UNAVAILABLE, "the daemon is stopping");
     };
@@ -1009,26 +1043,52 @@ async fn stateless(
         Ok(mine) => mine,
         Err(response) => return *response,
     };
-    let json = !sse_ok;
-    let (sink, mut rx) = mpsc::channel(session::STREAM_QUEUE);
+    let (sink, rx) = mpsc::channel(session::STREAM_QUEUE);
     let counted = Arc::clone(&inner.stateless);
     counted.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let weak = Arc::downgrade(inner);
     let token = token.map(str::to_owned);
     let epoch = inner.epoch.subscribe();
     tokio::spawn(async move {
-        let valid = move || match (&token, weak.upgrade()) {
+        let (valid_inner, valid_token) = (weak.clone(), token.clone());
+        let valid = move || match (&valid_token, valid_inner.upgrade()) {
             (None, _) => true,
             (Some(hash), Some(inner)) => inner.token(hash).is_some_and(|e| !e.expired(now())),
             (Some(_), None) => false,
+        };
+        let (park_inner, unpark_inner) = (weak.clone(), weak);
+        let park = move |state: &str, to: mpsc::Sender<session::Once>| {
+            if let Some(inner) = park_inner.upgrade()
+                && let Ok(mut parked) = inner.parked.lock()
+            {
+                parked.insert(state.to_owned(), (to, token.clone()));
+            }
+        };
+        let unpark = move |state: &str| {
+            if let Some(inner) = unpark_inner.upgrade()
+                && let Ok(mut parked) = inner.parked.lock()
+            {
+                parked.remove(state);
+            }
         };
         let link = HostLink::Socket {
             stream: mine,
             pending: Vec::new(),
         };
-        session::once(link, message, id, sink, json, epoch, valid).await;
+        let first = session::Once {
+            message,
+            id,
+            sink,
+            json,
+        };
+        session::once(link, first, epoch, valid, park, unpark).await;
         counted.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
     });
+    answer(rx, json).await
+}
+
+/// A stateless request's answer: its stream, or the one JSON answer.
+async fn answer(mut rx: mpsc::Receiver<Bytes>, json: bool) -> Response<Body> {
     if json {
         match rx.recv().await {
             Some(answer) => full(StatusCode::OK, "application/json", answer),

@@ -236,61 +236,135 @@ pub fn error_line(id: Option<&RequestId>, code: i64, message: &str) -> Bytes {
     Bytes::from(crate::mux::lines::line(&error))
 }
 
+/// A stateless request: the message, its id, where its answer goes and
+/// whether as JSON.
+#[derive(Debug)]
+pub struct Once {
+    pub message: Message,
+    pub id: RequestId,
+    pub sink: Sink,
+    pub json: bool,
+}
+
+/// How long a call answered `input_required` waits for its retry here:
+/// the unit's sessions' own bound, and a little more.
+pub const PARKED: Duration = Duration::from_secs(crate::mux::era::INPUT_TIMEOUT.as_secs() + 5);
+
 /// One request of a host without a session (MCP 2026-07-28, stateless):
 /// a host session of its own on `link` for just this request, whose
 /// answer ends it (what the unit sends before, progress and log messages,
-/// goes to `sink` too unless `json`); it also ends when the client goes
-/// (`sink` closed), when the unit's side closes, or when `epoch` moves and
-/// `valid` says the request's token is no longer good.
+/// goes to the sink too unless JSON); it also ends when the client goes
+/// (the sink closed), when the unit's side closes, or when `epoch` moves
+/// and `valid` says the request's token is no longer good. An answer that
+/// is `input_required` keeps the session for the retry, which `park` is
+/// given a sender for (by the answer's `requestState`), for [`PARKED`].
 pub async fn once(
     link: HostLink,
-    message: Message,
-    id: RequestId,
-    sink: Sink,
-    json: bool,
+    first: Once,
     mut epoch: tokio::sync::watch::Receiver<u64>,
     valid: impl Fn() -> bool,
+    park: impl Fn(&str, mpsc::Sender<Once>),
+    unpark: impl Fn(&str),
 ) {
     let opened = link.open(0, QUEUE, QUEUE_BYTES);
     let mut reader = opened.reader;
     let _stop = opened.stop;
-    if opened.out.send(message.line()).is_err() {
-        let _ = sink.try_send(error_line(
-            Some(&id),
-            -32000,
-            "the unit does not read what it is sent",
-        ));
-        return;
-    }
-    let watch = sink.clone();
+    let (retry_tx, mut retries) = mpsc::channel::<Once>(1);
+    let Once {
+        message,
+        mut id,
+        sink,
+        mut json,
+    } = first;
+    // The stream of the request being answered; none while parked.
+    let mut sink = Some(sink);
+    let mut unsent = Some(message);
+    let mut parked: Option<(String, tokio::time::Instant)> = None;
     loop {
+        if let Some(message) = unsent.take()
+            && opened.out.send(message.line()).is_err()
+        {
+            if let Some(sink) = &sink {
+                let _ = sink.try_send(error_line(
+                    Some(&id),
+                    -32000,
+                    "the unit does not read what it is sent",
+                ));
+            }
+            break;
+        }
+        let watch = sink.clone();
+        let until = parked.as_ref().map(|(_, at)| *at);
         tokio::select! {
             event = reader.next() => match event {
                 Some(Event::Host(_, Some(Frame::Message(message)))) => {
+                    let Some(to) = &sink else { continue };
                     let line = Bytes::from(message.line());
                     if message.method().is_none() {
                         if message.request_id().as_ref() == Some(&id) {
-                            let _ = sink.try_send(line);
-                            break;
+                            let _ = to.try_send(line);
+                            let Some(state) = input_required(&message) else {
+                                break;
+                            };
+                            park(&state, retry_tx.clone());
+                            parked = Some((state, tokio::time::Instant::now() + PARKED));
+                            sink = None;
                         }
-                    } else if !json && sink.try_send(line).is_err() {
+                    } else if !json && to.try_send(line).is_err() {
                         break;
                     }
                 }
-                Some(Event::Host(_, Some(_))) | Some(Event::Server(..)) => {}
+                Some(Event::Host(_, Some(_)) | Event::Server(..)) => {}
                 Some(Event::Host(_, None)) | None => {
-                    let _ = sink.try_send(error_line(Some(&id), -32000, "the unit ended the session"));
+                    if let Some(sink) = &sink {
+                        let _ = sink.try_send(error_line(Some(&id), -32000, "the unit ended the session"));
+                    }
                     break;
                 }
             },
-            () = watch.closed() => break,
+            () = closed(watch) => break,
+            retry = retries.recv(), if parked.is_some() => {
+                let Some(retry) = retry else { break };
+                if let Some((state, _)) = parked.take() {
+                    unpark(&state);
+                }
+                id = retry.id;
+                json = retry.json;
+                sink = Some(retry.sink);
+                unsent = Some(retry.message);
+            }
+            () = sleep_until(until) => break,
             changed = epoch.changed() => {
                 if changed.is_err() || !valid() {
-                    let _ = sink.try_send(error_line(Some(&id), -32000, "its token was revoked"));
+                    if let Some(sink) = &sink {
+                        let _ = sink.try_send(error_line(Some(&id), -32000, "its token was revoked"));
+                    }
                     break;
                 }
             }
         }
     }
+    if let Some((state, _)) = parked {
+        unpark(&state);
+    }
     opened.out.shutdown();
+}
+
+/// When the client of `sink` goes; never without one.
+async fn closed(sink: Option<Sink>) {
+    match sink {
+        Some(sink) => sink.closed().await,
+        None => std::future::pending().await,
+    }
+}
+
+/// The `requestState` of an `input_required` answer.
+fn input_required(answer: &Message) -> Option<String> {
+    if !answer.may_hold("result", "input_required") {
+        return None;
+    }
+    let result = answer.get::<Value>("result")?;
+    (result.get("resultType")?.as_str()? == "input_required")
+        .then(|| result.get("requestState")?.as_str().map(str::to_owned))
+        .flatten()
 }
