@@ -700,3 +700,47 @@ fn a_host_of_2026_07_28_gets_over_http_what_it_gets_through_the_bridge() {
         }
     }
 }
+
+#[test]
+fn a_reload_that_removes_a_unit_ends_its_http_sessions() {
+    use std::io::{Read, Write};
+    let units = tempfile::tempdir().expect("tempdir");
+    let unit = units.path().join("a.kdl");
+    std::fs::write(&unit, "stdio {\n    command \"mcp-fixture\"\n}\n").expect("write");
+    let (mut d, _dir, addr) = endpoint(
+        units.path(),
+        "http {\n    listen \"127.0.0.1:0\"\n    auth \"none\"\n}\n",
+    );
+    d.wait_for("running (pid");
+    let (status, headers, _) = request(addr, "POST", "/mcp/a", &JSON, INITIALIZE.as_bytes());
+    assert_eq!(status, 200);
+    let session = header(&headers, "mcp-session-id").expect("id").to_owned();
+    let mut stream = std::net::TcpStream::connect(addr).expect("connect");
+    stream
+        .set_read_timeout(Some(std::time::Duration::from_secs(30)))
+        .expect("timeout");
+    write!(
+        stream,
+        "GET /mcp/a HTTP/1.1\r\nHost: x\r\nAccept: text/event-stream\r\nMcp-Session-Id: {session}\r\n\r\n"
+    )
+    .expect("write");
+    let mut seen = Vec::new();
+    let mut byte = [0u8; 1];
+    while !seen.ends_with(b"\r\n\r\n") {
+        assert_eq!(stream.read(&mut byte).expect("read"), 1);
+        seen.push(byte[0]);
+    }
+    std::fs::remove_file(&unit).expect("remove");
+    while !seen.ends_with(b"0\r\n\r\n") {
+        match stream.read(&mut byte) {
+            Ok(1) => seen.push(byte[0]),
+            other => panic!("the stream did not end: {other:?}"),
+        }
+    }
+    let line = d.wait_for("ended: a ended the session");
+    assert!(line.contains(&session), "{line}");
+    let mut h: Vec<(&str, &str)> = JSON.to_vec();
+    h.push(("Mcp-Session-Id", &session));
+    let ping = r#"{"jsonrpc":"2.0","id":2,"method":"ping"}"#;
+    assert_eq!(request(addr, "POST", "/mcp/a", &h, ping.as_bytes()).0, 404);
+}

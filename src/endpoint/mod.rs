@@ -758,7 +758,11 @@ impl Inner {
             rx,
             revoked,
             move |why| {
-                tracing::debug!(target: "mcpd::http", "session {ended} on {label} ended: {why}");
+                if why.contains("(DELETE)") {
+                    tracing::debug!(target: "mcpd::http", "session {ended} on {label} ended: {why}");
+                } else {
+                    tracing::info!(target: "mcpd::http", "session {ended} on {label} ended: {why}");
+                }
                 if let Some(inner) = inner.upgrade() {
                     inner.forget(&ended);
                 }
