@@ -165,7 +165,7 @@ fn everything_unit(units: &Path) {
 }
 
 #[test]
-fn the_python_sdks_streamable_http_client_gets_what_it_gets_directly() {
+fn the_official_sdks_streamable_http_clients_get_what_they_get_directly_and_through_the_bridge() {
     let units = tempfile::tempdir().expect("tempdir");
     everything_unit(units.path());
     let state = tempfile::tempdir().expect("tempdir");
@@ -195,6 +195,34 @@ fn the_python_sdks_streamable_http_client_gets_what_it_gets_directly() {
         assert_eq!(&over_http[check], outcome, "{check} differs over HTTP");
     }
     assert_eq!(direct, over_http);
+
+    // The TypeScript SDK's StreamableHTTPClientTransport gets what the same
+    // host gets through the bridge.
+    let runtime = d.runtime_dir().expect("runtime").to_owned();
+    let ts = |target: &[&str]| {
+        let out = std::process::Command::new("node")
+            .arg(crate::helper::root().join("tests/data/ts_client.mjs"))
+            .arg(crate::helper::root().join("target/npm/node_modules"))
+            .args(target)
+            .env("XDG_RUNTIME_DIR", &runtime)
+            .env("MCPD_TOKEN", &token)
+            .env_remove("DBUS_SESSION_BUS_ADDRESS")
+            .env_remove("MCPD_RUNTIME_DIR")
+            .stdin(std::process::Stdio::null())
+            .output()
+            .expect("node");
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_slice::<serde_json::Value>(&out.stdout).expect("one JSON object")
+    };
+    let mcpctl = env!("CARGO_BIN_EXE_mcpctl");
+    let bridged = ts(&[mcpctl, "--user", "bridge", "everything"]);
+    let over_http = ts(&[&url]);
+    assert_eq!(over_http["sampling"], true, "{over_http}");
+    assert_eq!(bridged, over_http);
 }
 
 /// One HTTP/1.1 request on a fresh connection (`Connection: close`):
