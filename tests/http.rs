@@ -772,3 +772,26 @@ fn a_reload_that_removes_a_unit_ends_its_http_sessions() {
     let ping = r#"{"jsonrpc":"2.0","id":2,"method":"ping"}"#;
     assert_eq!(request(addr, "POST", "/mcp/a", &h, ping.as_bytes()).0, 404);
 }
+
+#[test]
+fn refusals_are_logged_within_a_rate_limit() {
+    let units = tempfile::tempdir().expect("tempdir");
+    let (mut d, _dir, addr) = endpoint(units.path(), "http {\n    listen \"127.0.0.1:0\"\n}\n");
+    d.wait_for("started 0 units");
+    for _ in 0..150 {
+        assert_eq!(
+            request(addr, "POST", "/mcp/a", &JSON, INITIALIZE.as_bytes()).0,
+            401
+        );
+    }
+    // Every refusal was logged before its answer; a reload's line comes
+    // after them all.
+    let runtime = d.runtime_dir().expect("runtime").to_owned();
+    assert!(
+        crate::helper::mcpctl_user(&runtime, &["reload"])
+            .status
+            .success()
+    );
+    d.wait_for("reloaded:");
+    assert_eq!(d.count("refused a request to /mcp/a: no token"), 100);
+}

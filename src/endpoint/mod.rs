@@ -103,7 +103,14 @@ struct Inner {
     /// Stateless requests answered `input_required`, by `requestState`:
     /// their sessions, waiting for the retry, and the token they came with.
     parked: Mutex<HashMap<String, Parked>>,
+    /// Refusals are logged at most [`AUDIT_LINES`] per [`AUDIT_WINDOW`]
+    /// (a scanner cannot flood the journal); the rest are counted.
+    audit: Mutex<crate::supervisor::logs::Limiter>,
 }
+
+/// The refusals (401, 403) logged per window, and the window.
+pub const AUDIT_LINES: u32 = 100;
+pub const AUDIT_WINDOW: Duration = Duration::from_secs(10);
 
 /// A parked call's session (its retry goes there) and its token's hash.
 type Parked = (mpsc::Sender<session::Once>, Option<String>);
@@ -166,6 +173,12 @@ impl Endpoint {
             epoch: tokio::sync::watch::Sender::new(0),
             stateless: Arc::new(std::sync::atomic::AtomicUsize::new(0)),
             parked: Mutex::new(HashMap::new()),
+            audit: Mutex::new(crate::supervisor::logs::Limiter::new(Some(
+                crate::unit::RateLimit {
+                    lines: AUDIT_LINES,
+                    interval: AUDIT_WINDOW,
+                },
+            ))),
         });
         let mut endpoint = Endpoint {
             inner,
@@ -424,7 +437,7 @@ async fn handle(
             Some(true) => Some(o.clone()),
             Some(false) => None,
             None => {
-                tracing::warn!(target: "mcpd::http", %peer, "refused a request from origin {o:?} (not loopback, not in allow-origin)");
+                inner.audit(|| tracing::warn!(target: "mcpd::http", %peer, "refused a request from origin {o:?} (not loopback, not in allow-origin)"));
                 return refuse(StatusCode::FORBIDDEN, "origin not allowed");
             }
         },
@@ -434,7 +447,7 @@ async fn handle(
         crate::unit::settings::Auth::Token => match inner.authorize(&request) {
             Ok(entry) => Some(entry),
             Err(why) => {
-                tracing::warn!(target: "mcpd::http", %peer, "refused a request to {}: {why}", request.uri().path());
+                inner.audit(|| tracing::warn!(target: "mcpd::http", %peer, "refused a request to {}: {why}", request.uri().path()));
                 let mut response = refuse(StatusCode::UNAUTHORIZED, &why);
                 response.headers_mut().insert(
                     header::WWW_AUTHENTICATE,
@@ -485,7 +498,7 @@ async fn route(
         && *request.method() != Method::OPTIONS
         && !inner.reaches(entry, &name)
     {
-        tracing::warn!(target: "mcpd::http", %peer, "refused token {} on /mcp/{name}: outside its units ({})", entry.name, entry.scope.label());
+        inner.audit(|| tracing::warn!(target: "mcpd::http", %peer, "refused token {} on /mcp/{name}: outside its units ({})", entry.name, entry.scope.label()));
         return refuse(
             StatusCode::FORBIDDEN,
             &format!("token {} does not reach {name}", entry.name),
@@ -626,6 +639,21 @@ fn now() -> u64 {
 }
 
 impl Inner {
+    /// Logs one refusal with `log`, within the audit's rate limit.
+    fn audit(&self, log: impl FnOnce()) {
+        let Ok(mut limiter) = self.audit.lock() else {
+            return;
+        };
+        let admit = limiter.admit(std::time::Instant::now());
+        drop(limiter);
+        if let Some(n) = admit.suppressed {
+            tracing::warn!(target: "mcpd::http", "{n} more refusals were not logged (at most {AUDIT_LINES} per {})", humantime::format_duration(AUDIT_WINDOW));
+        }
+        if admit.log {
+            log();
+        }
+    }
+
     /// Sessions and stateless requests under way.
     fn count(&self) -> usize {
         self.sessions.lock().map_or(0, |s| s.len())
