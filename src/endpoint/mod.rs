@@ -927,7 +927,14 @@ async fn post(
         );
     }
     let sse_ok = accepts(&request, "text/event-stream");
-    let headers = request.headers().clone();
+    // What a stateless request's checks read (values share their bytes).
+    let headers: hyper::HeaderMap = ["mcp-protocol-version", "mcp-method", "mcp-name"]
+        .into_iter()
+        .filter_map(|name| {
+            let value = request.headers().get(name)?.clone();
+            Some((hyper::header::HeaderName::from_static(name), value))
+        })
+        .collect();
     let body = Limited::new(request.into_body(), MAX_BODY);
     let body = match tokio::time::timeout(read_timeout(), body.collect()).await {
         Err(_) => {
