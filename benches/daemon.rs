@@ -30,7 +30,10 @@
 //! 9. on-demand units (`ondemand`): idle server-everything units with
 //!    cached lists (their processes, the daemon's memory per unit), the
 //!    cold first call through the bridge vs the server's own cold start;
-//! 10. comparisons: `bench/compare.py` (respawn delay under supervisord).
+//! 10. per-host instances (`perhost`): a host's first call on a per-host
+//!     unit vs the fixture's own cold start, the daemon's memory per
+//!     running instance;
+//! 11. comparisons: `bench/compare.py` (respawn delay under supervisord).
 //!
 //! Run through `bench/run` (release build); `cargo test` runs it as a smoke
 //! run (see `common`). Sizes: `MCPD_BENCH_UNITS` (500),
@@ -42,7 +45,7 @@
 //! `MCPD_BENCH_DETECTIONS` (5 hung servers), `MCPD_BENCH_FLOOD_SECS` (5),
 //! `MCPD_BENCH_ONDEMAND_UNITS` (20), `MCPD_BENCH_COLD_CALLS` (20),
 //! `MCPD_BENCH_CATALOG` (100,000 tools beside the small unit).
-//! `MCPD_BENCH_ONLY=ondemand`, `startup` (start-up at `MCPD_BENCH_UNITS`
+//! `MCPD_BENCH_ONLY=ondemand`, `perhost`, `startup` (start-up at `MCPD_BENCH_UNITS`
 //! beside its floor, the fixtures spawned without mcpd), `sessions` (the tool-call paths and host
 //! sessions), `everything` (server-everything direct, bridged and
 //! relayed: the one ratio), `eras` (a 2026-07-28 host vs a 2025-11-25
@@ -57,6 +60,8 @@ mod common;
 mod liveness;
 #[path = "daemon/ondemand.rs"]
 mod ondemand;
+#[path = "daemon/perhost.rs"]
+mod perhost;
 #[path = "daemon/sessions.rs"]
 mod sessions;
 
@@ -486,6 +491,10 @@ fn main() {
             print_table("Daemon", &ondemand::rows(&rt, &sizes));
             return;
         }
+        Ok("perhost") => {
+            print_table("Daemon", &perhost::rows(&rt, &sizes));
+            return;
+        }
         Ok("catalog") => {
             print_table("Daemon", &[beside_a_catalog(&rt, &sizes)]);
             return;
@@ -631,6 +640,7 @@ fn main() {
     rows.append(&mut host_sessions);
     rows.extend(liveness::rows(&rt, &sizes, bus.as_ref()));
     rows.extend(ondemand::rows(&rt, &sizes));
+    rows.extend(perhost::rows(&rt, &sizes));
     print_table("Daemon", &rows);
 
     let mut comparisons = calls.1;

@@ -513,7 +513,7 @@ impl ServerHandler for Fixture {
                     .map(|d| d.display().to_string())
                     .unwrap_or_default();
                 text(
-                    json!({"uid": field("Uid:"), "gid": field("Gid:"), "groups": field("Groups:"), "cwd": cwd})
+                    json!({"uid": field("Uid:"), "gid": field("Gid:"), "groups": field("Groups:"), "cwd": cwd, "pid": std::process::id()})
                         .to_string(),
                 )
             }

@@ -2,8 +2,10 @@
 //! an aggregate ([`crate::mux::aggregate`] decides everything) between the
 //! host and one host session of each member unit.
 //!
-//! Each member is reached as any host reaches a unit: a socket pair, one
-//! end attached to the unit's sessions (`Supervisor::attach`), so outages,
+//! Each member is reached as any host reaches a unit: a stream pair (in
+//! memory, [`crate::mux::memory`]: the member's session is another task of
+//! this daemon), one end attached to the unit's sessions
+//! (`Supervisor::attach`), so outages,
 //! on-demand starts, both protocol eras, bounds and accounting stay the
 //! unit's own. The task follows the read model: a reload that adds a unit
 //! to the group, removes one, or changes its alias, joins or leaves it
@@ -14,7 +16,6 @@ use std::sync::Arc;
 
 use futures_util::StreamExt;
 use futures_util::stream::SelectAll;
-use tokio::net::UnixStream;
 
 use crate::model::Shared;
 use crate::mux::aggregate::{Aggregate, MemberId, Out, Target};
@@ -28,6 +29,9 @@ use crate::supervisor::{Caller, HostLink};
 /// one being written (as a unit's sessions queue for a host).
 const QUEUE: usize = 4096;
 const QUEUE_BYTES: usize = 32 << 20;
+/// What each direction between the aggregate and a member holds before
+/// its writer queues (a socket's buffer, as the socket pair it replaced).
+const MEMBER_BUFFER: usize = 256 << 10;
 
 /// The host's reader among the task's readers; members are `1 + id`.
 const HOST: u64 = 0;
@@ -69,7 +73,7 @@ async fn run(shared: Arc<Shared>, target: Target, link: HostLink, caller: Caller
         out: host_out,
         control,
         replay,
-        ledger: _,
+        ledger,
     } = link.open(HOST, QUEUE, QUEUE_BYTES);
     let mut readers: SelectAll<Reader> = SelectAll::new();
     readers.push(reader);
@@ -82,6 +86,7 @@ async fn run(shared: Arc<Shared>, target: Target, link: HostLink, caller: Caller
         label,
         swallow: None,
         ended: None,
+        ledger,
     };
     let mut published = shared.published.subscribe();
     task.follow(&shared, &target, &mut readers);
@@ -132,6 +137,10 @@ struct Task {
     swallow: Option<crate::mux::message::RequestId>,
     /// Set when the session is over: `Some(why)` when mcpd ends it.
     ended: Option<Option<String>>,
+    /// A handed-over session's ledger (`mux::ledger`): the host's
+    /// requests read and not yet answered, for its bridge to fail if the
+    /// daemon is killed, as a unit's own session keeps one.
+    ledger: Option<Box<crate::mux::ledger::Ledger>>,
 }
 
 impl Task {
@@ -156,27 +165,15 @@ impl Task {
             if self.members.values().any(|l| l.unit == unit) {
                 continue;
             }
-            let (mine, theirs) = match UnixStream::pair() {
-                Ok(pair) => pair,
-                Err(e) => {
-                    tracing::warn!(target: "mcpd::sessions", mcpd_aggregate = %self.label, "cannot reach {unit}: {e}");
-                    continue;
-                }
-            };
-            supervisor.clone().attach(
-                HostLink::Socket {
-                    stream: theirs,
-                    pending: Vec::new(),
-                },
-                self.caller,
-            );
+            // In memory: the member's session is another task of this
+            // daemon, so its messages cross no system call.
+            let (mine, theirs) = crate::mux::memory::pair(MEMBER_BUFFER);
+            supervisor
+                .clone()
+                .attach(HostLink::Memory(theirs), self.caller);
             let (id, outs) = self.aggregate.join(&unit, &prefix);
             tracing::debug!(target: "mcpd::sessions", mcpd_aggregate = %self.label, "{unit} joins as {prefix}");
-            let opened = HostLink::Socket {
-                stream: mine,
-                pending: Vec::new(),
-            }
-            .open(id as u64 + 1, QUEUE, QUEUE_BYTES);
+            let opened = HostLink::Memory(mine).open(id as u64 + 1, QUEUE, QUEUE_BYTES);
             readers.push(opened.reader);
             self.members.insert(
                 id,
@@ -269,6 +266,19 @@ impl Task {
                 return;
             }
             Some(Frame::Message(message)) => {
+                if let Some(ledger) = &mut self.ledger {
+                    if message.has("method")
+                        && let Some(id) = message.id_text()
+                    {
+                        ledger.record(&id);
+                    } else if message.method().as_deref() == Some("notifications/cancelled")
+                        && let Some(params) = message.params()
+                        && let Some(id) = params.get("requestId").filter(|id| !id.is_null())
+                    {
+                        // A request the host cancelled is answered by no one.
+                        ledger.clear(&crate::mux::message::id_key(id));
+                    }
+                }
                 if message.method().as_deref() == Some("initialize")
                     && let Some(control) = &self.control
                 {
@@ -321,6 +331,12 @@ impl Task {
         for out in outs {
             match out {
                 Out::Host(message) => {
+                    if let Some(ledger) = &mut self.ledger
+                        && !message.has("method")
+                        && let Some(id) = message.id_text()
+                    {
+                        ledger.clear(&id);
+                    }
                     if self.swallow.is_some() && message.request_id() == self.swallow {
                         self.swallow = None;
                         for method in [

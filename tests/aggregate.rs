@@ -618,3 +618,84 @@ fn a_host_flooding_an_aggregate_is_refused_past_its_bound_and_disturbs_no_other_
     assert_eq!(echo["text"], "unhurt", "{echo}");
     drop(flood);
 }
+
+#[test]
+fn a_killed_daemons_aggregate_requests_in_flight_are_failed_by_the_bridge() {
+    use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
+    let units = tempfile::tempdir().expect("units");
+    let runtime = tempfile::tempdir().expect("runtime");
+    write_unit(units.path(), "demo", &fixture_unit("\"g\"", ""));
+    let start = || {
+        let mut d = Daemon::user_no_bus(
+            units.path(),
+            &[("XDG_RUNTIME_DIR", runtime.path().as_os_str())],
+        );
+        d.wait_until("demo running", |d| d.latest_pid("demo").is_some());
+        d
+    };
+    let first = start();
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    let next = rt.block_on(async {
+        tokio::time::timeout(Duration::from_secs(60), async {
+            let (_bridge, (stdout, mut stdin)) = crate::helper::bridge(runtime.path(), "@g");
+            let mut out = tokio::io::BufReader::new(stdout).lines();
+            let mut send = async |m: Value| {
+                let mut line = m.to_string().into_bytes();
+                line.push(b'\n');
+                stdin.write_all(&line).await.expect("write");
+            };
+            let mut answer = async |id: Value| loop {
+                let line = out.next_line().await.expect("read").expect("a line");
+                let m: Value = serde_json::from_str(&line).expect("json");
+                if m.get("method").is_none() {
+                    assert_eq!(m["id"], id, "{m}");
+                    return m;
+                }
+            };
+            send(
+                json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+                "protocolVersion": "2025-11-25", "capabilities": {},
+                "clientInfo": {"name": "test", "version": "1"}}}),
+            )
+            .await;
+            assert!(answer(json!(1)).await.get("result").is_some());
+            send(json!({"jsonrpc": "2.0", "method": "notifications/initialized"})).await;
+            // Two calls the server never answers, a third the host cancels;
+            // a call answered: mcpd read everything before it.
+            for id in [json!("hang-a"), json!(7), json!(8)] {
+                send(json!({"jsonrpc": "2.0", "id": id, "method": "tools/call",
+                            "params": {"name": "demo__hang", "arguments": {}}}))
+                .await;
+            }
+            send(
+                json!({"jsonrpc": "2.0", "method": "notifications/cancelled",
+                        "params": {"requestId": 8, "reason": "changed my mind"}}),
+            )
+            .await;
+            send(json!({"jsonrpc": "2.0", "id": 2, "method": "tools/call",
+                        "params": {"name": "demo__echo", "arguments": {"text": "x"}}}))
+            .await;
+            assert_eq!(answer(json!(2)).await["result"]["content"][0]["text"], "x");
+            // Killed, mcpd answers nothing: the bridge fails both at once.
+            assert!(!first.stop(rustix::process::Signal::KILL).success());
+            let next = start();
+            let mut failed = Vec::new();
+            while failed.len() < 2 {
+                let line = out.next_line().await.expect("read").expect("a line");
+                let m: Value = serde_json::from_str(&line).expect("json");
+                if m.get("method").is_some() {
+                    continue;
+                }
+                let text = m["error"]["message"].as_str().unwrap_or_default();
+                assert!(text.contains("mcpd went away"), "{m}");
+                failed.push(m["id"].clone());
+            }
+            failed.sort_by_key(|id| id.to_string());
+            assert_eq!(failed, [json!("hang-a"), json!(7)]);
+            next
+        })
+        .await
+        .expect("within 60 s")
+    });
+    drop(next);
+}

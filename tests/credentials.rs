@@ -474,6 +474,77 @@ fn an_encrypted_credential_is_decrypted_at_start_and_a_corrupted_one_fails_it() 
 }
 
 #[test]
+fn a_systemd_creds_that_hangs_is_killed_at_startup_timeout_and_fails_the_start() {
+    use std::os::unix::fs::PermissionsExt;
+    // A systemd-creds that never answers (a TPM that does not): the
+    // daemon's PATH finds it first.
+    let bin = tempfile::tempdir().expect("bin");
+    let pids = bin.path().join("pids");
+    let fake = bin.path().join("systemd-creds");
+    std::fs::write(
+        &fake,
+        format!(
+            "#!/bin/sh\necho $$ >> {}\nexec sleep 1000\n",
+            pids.display()
+        ),
+    )
+    .expect("fake");
+    std::fs::set_permissions(&fake, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    let path = format!(
+        "{}:{}",
+        bin.path().display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let secrets = tempfile::tempdir().expect("secrets");
+    let sealed = secrets.path().join("api.cred");
+    std::fs::write(&sealed, "sealed").expect("cred");
+    let units = tempfile::tempdir().expect("units");
+    let runtime = tempfile::tempdir().expect("runtime");
+    let rt = runtime.path();
+    unit(
+        units.path(),
+        "hung",
+        &format!(
+            "startup-timeout \"1s\"\ncredentials {{\n    load-encrypted \"api\" \"{}\"\n}}",
+            sealed.display()
+        ),
+    );
+    unit(units.path(), "beside", "");
+    let mut d = Daemon::user_no_bus(
+        units.path(),
+        &[
+            ("XDG_RUNTIME_DIR", rt.as_os_str()),
+            ("PATH", std::ffi::OsStr::new(&path)),
+        ],
+    );
+    let reason = failed(&mut d, rt, "hung");
+    assert!(
+        reason.contains(&format!(
+            "credential api: cannot decrypt {}: systemd-creds --user decrypt did not finish within 1s (startup-timeout); killed",
+            sealed.display()
+        )) || reason.contains(&format!(
+            "credential api: cannot decrypt {}: systemd-creds decrypt did not finish within 1s (startup-timeout); killed",
+            sealed.display()
+        )),
+        "{reason}"
+    );
+    // Each attempt's systemd-creds was killed, none left behind.
+    let started: Vec<u32> = std::fs::read_to_string(&pids)
+        .expect("pids")
+        .lines()
+        .filter_map(|l| l.trim().parse().ok())
+        .collect();
+    assert!(!started.is_empty());
+    wait("every systemd-creds gone", || {
+        started.iter().all(|p| !alive(*p))
+    });
+    // The unit beside it started, and the daemon answers.
+    d.wait_until("beside running", |d| d.latest_pid("beside").is_some());
+    assert!(status(rt, &["beside"]).contains("running"));
+    d.stop(rustix::process::Signal::TERM);
+}
+
+#[test]
 fn a_sandboxed_server_reads_its_credentials_and_nothing_else_of_the_runtime_directory() {
     let (_secrets, creds) = loaded_secret();
     let units = tempfile::tempdir().expect("units");

@@ -1707,3 +1707,45 @@ fn requests_wait_only_for_a_start_on_demand_not_for_a_retry() {
     assert!(r.m.current().is_some(), "the retry is under way");
     assert!(!r.m.will_serve(), "during an outage requests fail at once");
 }
+
+#[test]
+fn a_per_host_instance_begins_idle_and_its_hosts_first_use_starts_it() {
+    let unit = UnitSpec::new(UnitDraft {
+        stdio: Some(StdioDraft {
+            command: vec!["/bin/true".into()],
+            ..StdioDraft::default()
+        }),
+        sessions: Some("per-host".into()),
+        ..UnitDraft::default()
+    })
+    .expect("valid spec");
+    let mut r = Rig::new(&unit.for_instance());
+    let v = r.m.view();
+    assert_eq!(v.state, State::Idle);
+    assert_eq!(v.reason, "waiting for its host");
+    assert_eq!(r.m.deadline(), None, "no timer, no process");
+    assert_eq!(r.step(Event::Demand), vec![Effect::Spawn { generation: 1 }]);
+    assert!(r.step(Event::Demand).is_empty(), "one process");
+    r.spawned();
+    r.established(&tools(&["a"]));
+    assert_eq!(r.state(), State::Running);
+    // An instance is never stopped for idleness: no idle-stop timer.
+    assert!(
+        !matches!(r.m.deadline(), Some((Timer::IdleStop, _))),
+        "{:?}",
+        r.m.deadline()
+    );
+    // A crash restarts it under its own budget, as any unit.
+    r.exited(1);
+    assert_eq!(r.state(), State::Reconnecting);
+
+    // The unit itself is on demand (implied by per-host).
+    let mut u = Rig::new(&unit);
+    assert_eq!(u.state(), State::Stopped);
+    assert_eq!(
+        u.step(Event::Arm { cached: None }),
+        vec![Effect::Spawn { generation: 1 }],
+        "it starts once to learn its lists"
+    );
+    assert!(unit.activation().idle_stop().is_some());
+}

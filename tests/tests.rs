@@ -27,6 +27,7 @@ mod machine;
 mod modern;
 mod ondemand;
 mod packaging;
+mod perhost;
 mod reload;
 mod route;
 mod sandbox;

@@ -44,7 +44,7 @@ fn descendants_mib(pid: u32) -> (usize, f64) {
 
 /// `program args` with the environment mcpd gives its servers (PATH,
 /// HOME, LANG), so both cold starts run the same program the same way.
-fn clean(
+pub fn clean(
     program: &Path,
     args: &[String],
 ) -> (
@@ -73,7 +73,7 @@ fn clean(
     (child, io)
 }
 
-fn call(tool: &str, arguments: serde_json::Value) -> CallToolRequestParams {
+pub fn call(tool: &str, arguments: serde_json::Value) -> CallToolRequestParams {
     CallToolRequestParams::new(tool.to_owned())
         .with_arguments(arguments.as_object().cloned().unwrap_or_default())
 }

@@ -140,12 +140,13 @@ async fn everything_overhead(bus: Option<&Bus>, sizes: &Sizes) -> Result<Vec<Row
     let (m, s) = vs_direct(bridged);
     let bridge = Row::new(
         "server-everything echo through mcpctl bridge, vs direct stdio",
-        "p50 ≤ 1.25× direct",
+        // Issue 40 (was 1.25×).
+        "p50 ≤ 1.15× direct",
         m,
         s,
         bridged.runs,
     )
-    .met(ratio <= 1.25);
+    .met(ratio <= 1.15);
     let (m, s) = vs_direct(relayed);
     let relay = Row::new(
         "server-everything echo through a bare relay (examples/relay), vs direct stdio",

@@ -79,6 +79,10 @@ struct Props {
     dropped: u64,
     garbage: u64,
     sessions: u32,
+    /// `max-instances` of a per-host unit; 0 for a shared one.
+    max_instances: u32,
+    /// Its instances (`ListInstances`' objects).
+    instances: Vec<Value>,
     versions: Vec<(String, u32)>,
     protocol: String,
     groups: Vec<String>,
@@ -122,6 +126,11 @@ async fn props(server: &ServerProxy<'_>) -> Result<Props> {
         dropped: server.dropped_notifications().await.map_err(e)?,
         garbage: server.garbage_lines().await.map_err(e)?,
         sessions: server.sessions().await.map_err(e)?,
+        max_instances: server.max_instances().await.map_err(e)?,
+        instances: {
+            let text = server.list_instances().await.map_err(e)?;
+            serde_json::from_str(&text).unwrap_or_default()
+        },
         versions: server.session_versions().await.map_err(e)?,
         protocol: server.protocol_version().await.map_err(e)?,
         groups: server.groups().await.map_err(e)?,
@@ -166,6 +175,8 @@ impl Props {
             "dropped_notifications": self.dropped,
             "garbage_lines": self.garbage,
             "sessions": self.sessions,
+            "max_instances": self.max_instances,
+            "instances": self.instances,
             "protocol_version": self.protocol,
             "groups": self.groups,
             "prefix": self.prefix,
@@ -428,6 +439,17 @@ fn write_block(
         };
         writeln!(out, "   Sessions: {}{versions}", p.sessions)?;
     }
+    if p.max_instances != 0 {
+        writeln!(
+            out,
+            "  Instances: {} of {}",
+            p.instances.len(),
+            p.max_instances
+        )?;
+        for i in &p.instances {
+            writeln!(out, "             {}", instance_line(&p.name, i))?;
+        }
+    }
     if p.calls != 0 {
         writeln!(out, "      Calls: {} ({} failed)", p.calls, p.failed_calls)?;
     }
@@ -461,6 +483,39 @@ fn write_block(
         }
     }
     Ok(())
+}
+
+/// One instance of a per-host unit, as `status` shows it: "web@3
+/// running, pid 4242, host pid 4200 uid 1000, since Tue 2026-12-01
+/// 09:36:32 CET; 12 calls, 48.0M".
+fn instance_line(unit: &str, i: &Value) -> String {
+    let number = |key: &str| i[key].as_u64();
+    let mut line = format!(
+        "{unit}@{} {}",
+        number("n").unwrap_or_default(),
+        i["state"].as_str().unwrap_or_default()
+    );
+    if let Some(pid) = number("pid") {
+        line.push_str(&format!(", pid {pid}"));
+    }
+    match (number("host_pid"), number("host_uid")) {
+        (Some(pid), Some(uid)) => line.push_str(&format!(", host pid {pid} uid {uid}")),
+        (Some(pid), None) => line.push_str(&format!(", host pid {pid}")),
+        (None, Some(uid)) => line.push_str(&format!(", host uid {uid}")),
+        (None, None) => {}
+    }
+    if let Some(since) = number("since_usec") {
+        line.push_str(&format!(", since {}", local(time_of(since))));
+    }
+    let calls = number("calls").unwrap_or_default();
+    line.push_str(&format!(
+        "; {calls} {}",
+        if calls == 1 { "call" } else { "calls" }
+    ));
+    if let Some(memory) = number("memory") {
+        line.push_str(&format!(", {}", bytes(memory)));
+    }
+    line
 }
 
 /// `status [NAME…]`

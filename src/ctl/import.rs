@@ -2,14 +2,14 @@
 //! around [`crate::adopt`]. None needs a running daemon; a running one
 //! picks imported units up by itself (it watches its unit directories).
 
-use std::collections::BTreeMap;
 use std::ffi::OsString;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use crate::adopt::connect::{self, Record, Undo};
-use crate::adopt::convert::{self, Imported, Lookup};
+use crate::adopt::convert::Lookup;
 use crate::adopt::hosts::{self, Dirs, Entry, Host};
+use crate::adopt::import::{self, Row};
 use crate::adopt::{pair, plan};
 use crate::unit::Instance;
 
@@ -52,28 +52,6 @@ pub fn unit_dir(
         .into_iter()
         .next()
         .ok_or_else(|| CtlError::failure("no unit directory for this instance (is HOME set?)"))
-}
-
-/// One line of the table.
-struct Row {
-    host: String,
-    entry: String,
-    unit: String,
-    result: String,
-    failed: bool,
-}
-
-impl Row {
-    /// A source that could not be read at all.
-    fn failed_source(host: &str, why: String) -> Self {
-        Row {
-            host: host.into(),
-            entry: "-".into(),
-            unit: "-".into(),
-            result: format!("failed: {why}"),
-            failed: true,
-        }
-    }
 }
 
 /// A host file to read.
@@ -170,149 +148,40 @@ pub fn import(
         file: &file,
         home: &dirs.home,
     };
-    // Unit name → (entry, imported) of what is imported in this run.
-    let mut planned: BTreeMap<String, (Entry, Imported)> = BTreeMap::new();
-    for source in sources(options, &dirs, &mut rows) {
-        let host = source.host;
-        let text = match std::fs::read_to_string(&source.path) {
-            Ok(text) => text,
-            Err(e) => {
-                rows.push(Row::failed_source(
-                    host.name(),
-                    format!("{}: {e}", source.path.display()),
-                ));
-                continue;
-            }
-        };
-        let base = hosts::base_of(host, &source.path, &dirs);
-        let entries = match hosts::read(host, &source.path, &text, &base) {
-            Ok(entries) => entries,
-            Err(e) => {
-                rows.push(Row::failed_source(
-                    host.name(),
-                    format!(
-                        "{}:{}:{}: {}; nothing imported from it",
-                        source.path.display(),
-                        e.line,
-                        e.column,
-                        e.message
-                    ),
-                ));
-                continue;
-            }
-        };
-        for entry in entries {
-            let mut row = Row {
-                host: host.name().into(),
-                entry: entry.name.clone(),
-                unit: "-".into(),
-                result: String::new(),
-                failed: false,
-            };
-            let Some(mut name) = convert::unit_name(&entry.name) else {
-                row.result = "failed: no unit name can be made of this name".into();
-                row.failed = true;
-                rows.push(row);
-                continue;
-            };
-            if !options.only.is_empty()
-                && !options.only.iter().any(|o| *o == entry.name || *o == name)
-            {
-                continue;
-            }
-            if entry.disabled {
-                row.result = format!("skipped: disabled in {}", host.name());
-                rows.push(row);
-                continue;
-            }
-            // What mcpd cannot run is skipped, not failed.
-            let skip = match &entry.server {
-                hosts::Server::Unusable(why) => Some(why.clone()),
-                hosts::Server::Remote { sse: true, .. } => Some(
-                    "it uses the SSE transport, which mcpd does not speak (Streamable HTTP only)"
-                        .into(),
-                ),
-                _ => None,
-            };
-            if let Some(why) = skip {
-                row.result = format!("skipped: {why}");
-                rows.push(row);
-                continue;
-            }
-            let imported = |name: &str| {
-                let env_file = units.join(format!("{name}.env"));
-                let keep = if options.env_file {
-                    convert::Keep::EnvFile(&env_file)
-                } else {
-                    convert::Keep::Credstore { unit: name }
-                };
-                convert::convert(&entry, keep, &lookup)
-            };
-            let mut converted = match imported(&name) {
-                Ok(c) => c,
-                Err(why) => {
-                    row.result = format!("failed: {why}");
-                    row.failed = true;
-                    rows.push(row);
-                    continue;
-                }
-            };
-            if let Some((other, before)) = planned.get(&name) {
-                if same(before, &converted) {
-                    row.unit = format!("{name}.kdl");
-                    row.result = format!("merged: the same server as {}'s", other.host.name());
-                    rows.push(row);
-                    continue;
-                }
-                let base = convert::unit_name(&format!("{name}-{}", host.name()))
-                    .unwrap_or_else(|| name.clone());
-                let mut renamed = base.clone();
-                let mut n = 2;
-                while planned.contains_key(&renamed) {
-                    renamed = format!("{base}-{n}");
-                    n += 1;
-                }
-                row.result = format!(
-                    "renamed: {name} is {}'s, a different server; ",
-                    other.host.name()
-                );
-                name = renamed;
-                converted = match imported(&name) {
-                    Ok(c) => c,
-                    Err(why) => {
-                        row.result = format!("failed: {why}");
-                        row.failed = true;
-                        rows.push(row);
-                        continue;
-                    }
-                };
-            }
-            row.unit = format!("{name}.kdl");
-            let outcome = place(&units, &store, &name, host, &converted, instance, options);
-            row.failed = outcome.is_err();
-            row.result += &match outcome {
-                Ok(done) => done,
-                Err(why) => format!("failed: {why}"),
-            };
-            rows.push(row);
-            planned.insert(name, (entry, converted));
+    // Read before: the hosts' files, and what is there for a unit name.
+    let read: Vec<import::Source> = sources(options, &dirs, &mut rows)
+        .into_iter()
+        .map(|source| import::Source {
+            base: hosts::base_of(source.host, &source.path, &dirs),
+            text: std::fs::read_to_string(&source.path).map_err(|e| e.to_string()),
+            host: source.host,
+            path: source.path,
+        })
+        .collect();
+    let existing = |name: &str| existing(&units, &store, name);
+    let plan = import::import(import::ImportInput {
+        sources: read,
+        only: &options.only,
+        dry_run: options.dry_run,
+        force: options.force,
+        env_file: options.env_file,
+        units: &units,
+        instance,
+        lookup: &lookup,
+        existing: &existing,
+    });
+    // Written after; a write that fails fails its row.
+    let first = rows.len();
+    rows.extend(plan.rows);
+    for placement in plan.writes {
+        if let Err(why) = write(&units, &store, &placement) {
+            let row = &mut rows[first + placement.row];
+            row.result = format!("{}failed: {why}", placement.prefix);
+            row.failed = true;
         }
     }
     print_table(&rows, out).map_err(CtlError::output)?;
-    let place = format!("{} ({} instance)", units.display(), instance.as_str());
-    let said = if options.dry_run && rows.iter().any(|r| r.result.contains("would import")) {
-        Some(format!("Units would be written to {place}."))
-    } else if rows
-        .iter()
-        .any(|r| r.result.starts_with("imported") || r.result.contains("; imported"))
-    {
-        Some(format!(
-            "Units are in {place}; a running mcpd starts them by itself."
-        ))
-    } else {
-        None
-    };
-    if let Some(said) = said {
+    if let Some(said) = import::summary(&rows, &units, instance, options.dry_run) {
         writeln!(out, "\n{said}").map_err(CtlError::output)?;
     }
     Ok(if rows.iter().any(|r| r.failed) {
@@ -322,134 +191,48 @@ pub fn import(
     })
 }
 
-/// Whether two conversions are the same server (their origin comments aside).
-fn same(a: &Imported, b: &Imported) -> bool {
-    let env = (!b.secrets.is_empty()).then(|| b.env_file("", Host::Codex));
-    convert::same_server(a, &b.unit, env.as_deref())
+/// What unit `name` has now: its file, its env-file, its credentials.
+fn existing(units: &Path, store: &Path, name: &str) -> import::Existing {
+    let prefix = format!("{name}.");
+    import::Existing {
+        unit: std::fs::read_to_string(units.join(format!("{name}.kdl"))).ok(),
+        env: std::fs::read_to_string(units.join(format!("{name}.env"))).ok(),
+        credentials: std::fs::read_dir(store)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter_map(|e| e.file_name().into_string().ok())
+            .filter(|n| n.starts_with(&prefix))
+            .map(|n| {
+                let held = std::fs::read(store.join(&n)).unwrap_or_default();
+                (n, held)
+            })
+            .collect(),
+    }
 }
 
-/// Verifies and writes one unit (and its env-file or credentials), or
-/// says why not.
-fn place(
-    units: &Path,
-    store: &Path,
-    name: &str,
-    host: Host,
-    converted: &Imported,
-    instance: Instance,
-    options: &ImportOptions,
-) -> Result<String, String> {
-    let unit_path = units.join(format!("{name}.kdl"));
-    let env_path = units.join(format!("{name}.env"));
-    let env_text =
-        (options.env_file && !converted.secrets.is_empty()).then(|| converted.env_file(name, host));
-    let stored = Stored::read(store, name);
-    // Verified with the daemon's own loader before anything is written.
-    let files = crate::unit::UnitFiles {
-        main: unit_path.clone(),
-        dropins: Vec::new(),
-    };
-    let bytes = converted.unit.clone().into_bytes();
-    if let Err(e) = crate::unit::load_with(&files, &instance.load_context(), |_| Ok(bytes.clone()))
-    {
-        let text = e.render(crate::unit::Style::Plain);
-        let first = text
-            .lines()
-            .find(|l| !l.trim().is_empty())
-            .unwrap_or("")
-            .trim();
-        return Err(format!("the unit would not load: {first}"));
-    }
-    let existing = std::fs::read_to_string(&unit_path).ok();
-    let existing_env = std::fs::read_to_string(&env_path).ok();
-    if existing.as_deref() == Some(converted.unit.as_str())
-        && existing_env == env_text
-        && (options.env_file || stored.holds(name, &converted.secrets))
-    {
-        return Ok("unchanged".into());
-    }
-    if existing.is_some() && !options.force {
-        return Ok(format!(
-            "skipped: {} exists (--force replaces it)",
-            unit_path.display()
-        ));
-    }
-    // Each secret with the rule that moved it.
-    let why: Vec<String> = converted
-        .secrets
-        .iter()
-        .zip(&converted.because)
-        .map(|((k, _), why)| format!("{k}: {why}"))
-        .collect();
-    let kept = if options.env_file {
-        format!("{name}.env")
-    } else {
-        format!("the credstore as {name}.*")
-    };
-    let secrets = match converted.secrets.len() {
-        0 => String::new(),
-        1 => format!(", 1 secret in {kept} ({})", why.join("; ")),
-        n => format!(", {n} secrets in {kept} ({})", why.join("; ")),
-    };
-    if options.dry_run {
-        return Ok(format!("would import{secrets}"));
-    }
+/// Writes one imported unit's files as planned: its secrets first, the
+/// unit last, so a running daemon never loads it before them.
+fn write(units: &Path, store: &Path, placement: &import::Placement) -> Result<(), String> {
     std::fs::create_dir_all(units)
         .map_err(|e| format!("cannot create {}: {e}", units.display()))?;
-    if let Some(text) = &env_text {
-        write_atomically(&env_path, text.as_bytes(), 0o600)?;
-    }
-    if env_text.is_none() {
-        // A replaced unit's secrets must not outlive it.
-        let _ = std::fs::remove_file(&env_path);
-    }
-    if !options.env_file {
-        for (var, value) in &converted.secrets {
-            super::credential::write(store, &format!("{name}.{var}"), value.as_bytes())?;
+    match &placement.env {
+        (path, Some(text)) => write_atomically(path, text.as_bytes(), 0o600)?,
+        (path, None) => {
+            let _ = std::fs::remove_file(path);
         }
     }
-    // Nor those it no longer has (or, with --env-file, all of them).
-    for old in &stored.1 {
-        let var = old.strip_prefix(&format!("{name}.")).unwrap_or_default();
-        if options.env_file || !converted.secrets.iter().any(|(k, _)| k == var) {
-            let _ = std::fs::remove_file(store.join(old));
-        }
+    for (name, value) in &placement.credentials {
+        super::credential::write(store, name, value)?;
     }
-    // 0600: an argument may hold what the host kept in the clear.
-    write_atomically(&unit_path, converted.unit.as_bytes(), 0o600)?;
-    Ok(format!("imported{secrets}"))
+    for old in &placement.stale {
+        let _ = std::fs::remove_file(store.join(old));
+    }
+    let (path, text) = &placement.unit;
+    write_atomically(path, text.as_bytes(), 0o600)
 }
 
 pub use crate::files::write_atomically;
-
-/// Unit `name`'s credentials in the credstore (`NAME.VAR`): the store and
-/// their file names.
-struct Stored(PathBuf, Vec<String>);
-
-impl Stored {
-    fn read(store: &Path, name: &str) -> Self {
-        let prefix = format!("{name}.");
-        Self(
-            store.to_owned(),
-            std::fs::read_dir(store)
-                .into_iter()
-                .flatten()
-                .flatten()
-                .filter_map(|e| e.file_name().into_string().ok())
-                .filter(|n| n.starts_with(&prefix))
-                .collect(),
-        )
-    }
-
-    /// Whether the credstore holds exactly `secrets` for unit `name`.
-    fn holds(&self, name: &str, secrets: &[(String, String)]) -> bool {
-        self.1.len() == secrets.len()
-            && secrets.iter().all(|(var, value)| {
-                std::fs::read(self.0.join(format!("{name}.{var}")))
-                    .is_ok_and(|held| held == value.as_bytes())
-            })
-    }
-}
 
 fn print_table(rows: &[Row], out: &mut dyn Write) -> std::io::Result<()> {
     if rows.is_empty() {

@@ -6,7 +6,9 @@
 //! and vanish; a changed transport (command, environment, user, URL, …)
 //! restarts the unit as a new generation (so do changed roots, limits,
 //! sandbox and credentials); other changes (description,
-//! reconnect policy, timeouts) apply in place; unchanged units are not
+//! reconnect policy, timeouts) apply in place (`max-instances` too, for
+//! the hosts that attach next), a unit switched between shared and
+//! per-host sessions is stopped and started anew; unchanged units are not
 //! touched. An invalid file never half-applies: a running unit keeps its
 //! last good spec and shows the load error; a new invalid unit is listed
 //! and never started.
@@ -233,6 +235,24 @@ impl Registry {
                 entry.load_error = None;
                 match (&entry.spec, &entry.running) {
                     (Some(old), Some(_)) if *old == spec => Change::Unchanged,
+                    (Some(old), Some(_)) if old.sessions().as_str() != spec.sessions().as_str() => {
+                        // Shared ↔ per-host (DESIGN §13): where the unit's
+                        // server runs (its cgroup beside its instances'
+                        // or above them) changes, and so does who its
+                        // hosts are. A new supervisor after the old one is
+                        // gone; its hosts' bridges attach again.
+                        if let Some((supervisor, task)) = entry.running.take() {
+                            let handle = tokio::spawn(supervisor.shutdown(task));
+                            self.retiring.insert(name.to_owned(), handle);
+                        }
+                        let running = self.start(name, spec.clone()).await;
+                        if let Some(entry) = self.entries.get_mut(name) {
+                            entry.spec = Some(spec);
+                            entry.running = Some(running);
+                        }
+                        tracing::info!(target: "mcpd::daemon", mcpd_server = %name, "unit {name} changed its sessions, restarting it");
+                        Change::Changed { restarted: true }
+                    }
                     (Some(old), Some((supervisor, _))) => {
                         // Roots are declared in `initialize`: a new list
                         // needs a new session; limits are set on a new

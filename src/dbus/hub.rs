@@ -379,8 +379,21 @@ impl Hub {
             let mut last = rx.borrow_and_update().clone();
             let mut lists = supervisor.subscribe_lists();
             let mut last_lists = *lists.borrow_and_update();
+            let mut instances = supervisor.subscribe_instances();
+            instances.borrow_and_update();
             loop {
                 tokio::select! {
+                    changed = instances.changed() => {
+                        if changed.is_err() {
+                            return;
+                        }
+                        instances.borrow_and_update();
+                        let Some(hub) = hub.upgrade() else { return };
+                        for (id, peer) in hub.snapshot() {
+                            let sent = bounded(server::emit_instances_changed(&peer.conn, &owned)).await;
+                            hub.sent(id, &peer, "instance changes", sent);
+                        }
+                    }
                     changed = rx.changed() => {
                         if changed.is_err() {
                             return;

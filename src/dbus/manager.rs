@@ -62,6 +62,12 @@ impl Manager {
     }
 }
 
+/// `NAME@N`: instance N of per-host unit NAME (DESIGN §13).
+fn instance_of(name: &str) -> Option<(&str, u32)> {
+    let (unit, n) = name.rsplit_once('@')?;
+    Some((unit, n.parse().ok()?))
+}
+
 #[interface(name = "org.mcpd1.Manager")]
 impl Manager {
     /// Every server: name, description, state, reason, tool count, path.
@@ -112,6 +118,11 @@ impl Manager {
         #[zbus(connection)] conn: &Connection,
     ) -> Result<(), Error> {
         authorize(&self.shared, conn, &header).await?;
+        if let Some((unit, _)) = instance_of(name) {
+            return Err(Error::InvalidArguments(format!(
+                "an instance of {unit} starts when a host attaches, not by itself"
+            )));
+        }
         self.supervisor(name)?.start();
         Ok(())
     }
@@ -123,6 +134,13 @@ impl Manager {
         #[zbus(connection)] conn: &Connection,
     ) -> Result<(), Error> {
         authorize(&self.shared, conn, &header).await?;
+        if let Some((unit, n)) = instance_of(name) {
+            let stopped = self.supervisor(unit)?.stop_instance(n);
+            let stopped = stopped.ok_or_else(|| Error::NoSuchServer(name.to_owned()))?;
+            // Answered once the instance is gone, as its host was told.
+            let _ = stopped.await;
+            return Ok(());
+        }
         self.supervisor(name)?.stop();
         Ok(())
     }
@@ -134,6 +152,13 @@ impl Manager {
         #[zbus(connection)] conn: &Connection,
     ) -> Result<(), Error> {
         authorize(&self.shared, conn, &header).await?;
+        if let Some((unit, n)) = instance_of(name) {
+            let instance = self.supervisor(unit)?.instance(n);
+            instance
+                .ok_or_else(|| Error::NoSuchServer(name.to_owned()))?
+                .restart();
+            return Ok(());
+        }
         self.supervisor(name)?.restart();
         Ok(())
     }

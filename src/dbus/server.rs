@@ -96,9 +96,32 @@ impl Server {
             .map_or_else(|| "[]".to_owned(), |l| l.to_string())
     }
 
-    /// A request to the running server; its result as JSON.
-    async fn ask(&self, method: &str, params: serde_json::Value) -> Result<String, Error> {
+    /// Who serves a call of this caller: the unit, or for a per-host
+    /// unit the caller's own instance (DESIGN §13), which needs the
+    /// caller's uid first.
+    async fn serving(
+        &self,
+        conn: &Connection,
+        header: &Header<'_>,
+    ) -> Result<crate::supervisor::Supervisor, Error> {
         let supervisor = self.supervisor()?;
+        if supervisor.max_instances().is_none() {
+            return Ok(supervisor);
+        }
+        let who = caller(&self.callers, conn, header).await;
+        Ok(supervisor.for_caller(who.uid))
+    }
+
+    /// A request to the running server (or the caller's instance of a
+    /// per-host unit); its result as JSON.
+    async fn ask(
+        &self,
+        method: &str,
+        params: serde_json::Value,
+        conn: &Connection,
+        header: &Header<'_>,
+    ) -> Result<String, Error> {
+        let supervisor = self.serving(conn, header).await?;
         if !supervisor.serves() {
             return Err(Error::NotRunning(supervisor.not_running().to_string()));
         }
@@ -352,7 +375,7 @@ impl Server {
     fn calls(&self) -> u64 {
         self.shared
             .supervisor(&self.name)
-            .map_or(0, |s| s.counters().calls())
+            .map_or(0, |s| s.totals().calls())
     }
 
     /// Of [`Calls`](Self::calls), those that produced no result or an
@@ -361,7 +384,7 @@ impl Server {
     fn failed_calls(&self) -> u64 {
         self.shared
             .supervisor(&self.name)
-            .map_or(0, |s| s.counters().failed())
+            .map_or(0, |s| s.totals().failed())
     }
 
     /// Host sessions detached since the daemon loaded the unit for
@@ -371,7 +394,7 @@ impl Server {
     fn detached_sessions(&self) -> u64 {
         self.shared
             .supervisor(&self.name)
-            .map_or(0, |s| s.counters().detached())
+            .map_or(0, |s| s.totals().detached())
     }
 
     /// Notifications not sent to host sessions that were behind (each
@@ -380,7 +403,7 @@ impl Server {
     fn dropped_notifications(&self) -> u64 {
         self.shared
             .supervisor(&self.name)
-            .map_or(0, |s| s.counters().dropped())
+            .map_or(0, |s| s.totals().dropped())
     }
 
     /// Lines the server wrote to its standard output that were not
@@ -389,7 +412,7 @@ impl Server {
     fn garbage_lines(&self) -> u64 {
         self.shared
             .supervisor(&self.name)
-            .map_or(0, |s| s.counters().garbage_lines())
+            .map_or(0, |s| s.totals().garbage_lines())
     }
 
     /// The `instructions` of the server's `initialize` answer.
@@ -454,7 +477,7 @@ impl Server {
     ) -> Result<String, Error> {
         authorize(&self.shared, conn, &header).await?;
         let arguments = arguments_object(arguments_json)?;
-        let supervisor = self.supervisor()?;
+        let supervisor = self.serving(conn, &header).await?;
         // A caller that disconnects abandons its call: the call is dropped
         // (which cancels it upstream) instead of holding the connection, its
         // fd and its objects until the server answers or CALL_TIMEOUT passes.
@@ -525,8 +548,13 @@ impl Server {
         #[zbus(connection)] conn: &Connection,
     ) -> Result<String, Error> {
         authorize(&self.shared, conn, &header).await?;
-        self.ask("resources/read", serde_json::json!({"uri": uri}))
-            .await
+        self.ask(
+            "resources/read",
+            serde_json::json!({"uri": uri}),
+            conn,
+            &header,
+        )
+        .await
     }
 
     /// Gets prompt `name` with a JSON object of arguments (or an empty
@@ -543,7 +571,7 @@ impl Server {
         if let Some(arguments) = arguments_object(arguments_json)? {
             params["arguments"] = serde_json::Value::Object(arguments);
         }
-        self.ask("prompts/get", params).await
+        self.ask("prompts/get", params, conn, &header).await
     }
 
     /// A new host session (DESIGN §8): a connected stream socket on which
@@ -561,6 +589,54 @@ impl Server {
         let (link, theirs) = super::session_socket()?;
         supervisor.attach(link, who);
         Ok(theirs)
+    }
+
+    /// A per-host unit's instances (DESIGN §13): number, state, main PID
+    /// (0: none), and the PID and uid of the host it serves (`u32::MAX`:
+    /// not known); empty for a shared unit.
+    #[zbus(property)]
+    fn instances(&self) -> Vec<(u32, String, u32, u32, u32)> {
+        self.shared
+            .supervisor(&self.name)
+            .map(|s| s.instances().iter().map(instance_row).collect())
+            .unwrap_or_default()
+    }
+
+    /// `max-instances` of a per-host unit; 0 for a shared one.
+    #[zbus(property(emits_changed_signal = "false"))]
+    fn max_instances(&self) -> u32 {
+        self.shared
+            .supervisor(&self.name)
+            .ok()
+            .and_then(|s| s.max_instances())
+            .unwrap_or(0)
+    }
+
+    /// Every instance of a per-host unit in full, as a JSON array of
+    /// objects (`n`, `state`, `pid`, `host_pid`, `host_uid`,
+    /// `since_usec`, `calls`, `memory`; absent values null).
+    fn list_instances(&self) -> String {
+        let instances = self
+            .shared
+            .supervisor(&self.name)
+            .map(|s| s.instances())
+            .unwrap_or_default();
+        let rows: Vec<serde_json::Value> = instances
+            .iter()
+            .map(|i| {
+                serde_json::json!({
+                    "n": i.n,
+                    "state": i.state.to_string(),
+                    "pid": i.pid,
+                    "host_pid": i.host.pid,
+                    "host_uid": i.host.uid,
+                    "since_usec": usec(i.since),
+                    "calls": i.calls,
+                    "memory": i.memory,
+                })
+            })
+            .collect();
+        serde_json::Value::Array(rows).to_string()
     }
 
     /// Host sessions attached now.
@@ -734,6 +810,26 @@ pub(crate) async fn emit_list_changed(
     Server::list_changed(iref.signal_emitter(), generation, which).await
 }
 
+/// Emits PropertiesChanged for `Instances`.
+pub(crate) async fn emit_instances_changed(conn: &Connection, name: &str) -> zbus::Result<()> {
+    let Some(iref) = served(conn, name).await else {
+        return Ok(());
+    };
+    let iface = iref.get().await;
+    iface.instances_changed(iref.signal_emitter()).await
+}
+
+/// `Instances`' row of one instance.
+fn instance_row(i: &crate::supervisor::InstanceView) -> (u32, String, u32, u32, u32) {
+    (
+        i.n,
+        i.state.to_string(),
+        i.pid.unwrap_or(0),
+        i.host.pid.unwrap_or(u32::MAX),
+        i.host.uid.unwrap_or(u32::MAX),
+    )
+}
+
 /// Emits PropertiesChanged for what a reload may change.
 pub(crate) async fn emit_unit_properties(conn: &Connection, name: &str) -> zbus::Result<()> {
     let Some(iref) = served(conn, name).await else {
@@ -764,6 +860,11 @@ pub mod client {
         fn call_tool(&self, name: &str, arguments_json: &str) -> Result<String, Error>;
         fn recent_logs(&self, n: u32) -> Result<Vec<String>, Error>;
         fn attach(&self) -> Result<zbus::OwnedFd, Error>;
+        fn list_instances(&self) -> Result<String, Error>;
+        #[zbus(property)]
+        fn instances(&self) -> Result<Vec<(u32, String, u32, u32, u32)>, Error>;
+        #[zbus(property(emits_changed_signal = "false"))]
+        fn max_instances(&self) -> Result<u32, Error>;
         #[zbus(property(emits_changed_signal = "false"))]
         fn sessions(&self) -> Result<u32, Error>;
         #[zbus(property(emits_changed_signal = "false"))]

@@ -36,7 +36,6 @@ use super::error::ErrorCode;
 use super::message::{Message, RequestId};
 use super::route::{Caps, Level};
 use super::scan;
-use super::session::HOST_VERSIONS;
 
 /// The revision without the handshake.
 pub const MODERN: &str = "2026-07-28";
@@ -58,6 +57,11 @@ pub const RESERVED_PREFIX: &str = "io.modelcontextprotocol/";
 
 /// The tasks extension's identifier (MCP 2026-07-28), where 2025 servers
 /// declared `capabilities.tasks`.
+/// Revisions of the 2025 era a host may negotiate by `initialize`, oldest
+/// first; a host asking for another gets the newest it speaks
+/// (`session::PROTOCOL_VERSION`), as the specification says.
+pub const HOST_VERSIONS: [&str; 4] = ["2024-11-05", "2025-03-26", "2025-06-18", "2025-11-25"];
+
 pub const TASKS_EXTENSION: &str = "io.modelcontextprotocol/tasks";
 
 /// JSON-RPC error codes of MCP 2026-07-28.

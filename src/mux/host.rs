@@ -49,6 +49,9 @@ pub enum HostLink {
         pending: Vec<u8>,
         ledger: Option<Box<Ledger>>,
     },
+    /// One end of an in-memory pair ([`super::memory`]): another task of
+    /// the daemon is the host (an aggregate's member session).
+    Memory(super::memory::End),
 }
 
 /// A host's link opened for its session: its reader (for the session
@@ -86,6 +89,15 @@ impl HostLink {
                     None,
                 )
             }
+            HostLink::Memory(end) => (
+                HostSource::Memory(end.read),
+                Vec::new(),
+                None,
+                HostOut::Memory(Outbox::new(end.write, queue, None).bounded_in_bytes(bytes)),
+                None,
+                None,
+                None,
+            ),
             HostLink::Stdio {
                 input,
                 output,
@@ -157,6 +169,7 @@ pub enum HostOut {
     Half(Outbox<OwnedWriteHalf>),
     Socket(Outbox<UnixStream>),
     Pipe(Outbox<pipe::Sender>),
+    Memory(Outbox<super::memory::Writer>),
 }
 
 impl HostOut {
@@ -165,6 +178,7 @@ impl HostOut {
             HostOut::Half(out) => out.send(bytes),
             HostOut::Socket(out) => out.send(bytes),
             HostOut::Pipe(out) => out.send(bytes),
+            HostOut::Memory(out) => out.send(bytes),
         }
     }
 
@@ -174,6 +188,7 @@ impl HostOut {
             HostOut::Half(out) => out.backlog(),
             HostOut::Socket(out) => out.backlog(),
             HostOut::Pipe(out) => out.backlog(),
+            HostOut::Memory(out) => out.backlog(),
         }
     }
 
@@ -183,6 +198,7 @@ impl HostOut {
             HostOut::Half(out) => out.take_writer(),
             HostOut::Socket(out) => out.take_writer(),
             HostOut::Pipe(out) => out.take_writer(),
+            HostOut::Memory(out) => out.take_writer(),
         }
     }
 
@@ -192,6 +208,7 @@ impl HostOut {
         match self {
             HostOut::Half(out) => out.shutdown(),
             HostOut::Socket(out) => out.shutdown(),
+            HostOut::Memory(out) => out.shutdown(),
             HostOut::Pipe(_) => {}
         }
     }
@@ -229,6 +246,7 @@ pub enum HostSource {
     Pipe(pipe::Receiver),
     Socket(UnixStream),
     Half(OwnedReadHalf),
+    Memory(super::memory::Reader),
 }
 
 impl Source for HostSource {
@@ -241,6 +259,7 @@ impl Source for HostSource {
             HostSource::Pipe(p) => p.poll_fill(cx, buf),
             HostSource::Socket(s) => s.poll_fill(cx, buf),
             HostSource::Half(h) => h.poll_fill(cx, buf),
+            HostSource::Memory(m) => m.poll_fill(cx, buf),
         }
     }
 }

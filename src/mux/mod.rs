@@ -14,7 +14,8 @@
 //! bounded in cursors, pages, bytes and time). Then [`message`], a
 //! message kept as its members' JSON text (found by `scan`, a validating
 //! scan of an object's top level); [`error`], the JSON-RPC errors mcpd
-//! writes; [`lines`], the framing, [`outbox`], a descriptor's writer, and
+//! writes; [`lines`], the framing, [`outbox`], a descriptor's writer
+//! ([`memory`]: an in-memory stream pair for two tasks of the daemon), and
 //! [`wire`], a connection to a server; [`host`], a host's link, writer
 //! and readers; [`attach`], the attach socket's protocol, and [`ledger`],
 //! the requests in flight of a handed-over session, for its bridge. The
@@ -29,6 +30,7 @@ pub mod host;
 pub mod ledger;
 pub mod lines;
 pub mod lists;
+pub mod memory;
 pub mod message;
 pub mod outbox;
 pub mod route;

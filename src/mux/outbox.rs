@@ -14,6 +14,9 @@ use super::message::Message;
 pub trait TryWrite: Send + Sync + 'static {
     fn try_write(&self, bytes: &[u8]) -> io::Result<usize>;
     fn writable(&self) -> impl Future<Output = io::Result<()>> + Send;
+    /// Ends the stream both ways now, where it can be (a socket): the
+    /// peer sees the end at once, and a write waiting for it fails.
+    fn shutdown(&self) {}
 }
 
 macro_rules! try_write_sink {
@@ -29,9 +32,34 @@ macro_rules! try_write_sink {
     };
 }
 
+macro_rules! try_write_socket {
+    ($t:ty, $stream:ident) => {
+        impl TryWrite for $t {
+            fn try_write(&self, bytes: &[u8]) -> io::Result<usize> {
+                <$t>::try_write(self, bytes)
+            }
+            async fn writable(&self) -> io::Result<()> {
+                <$t>::writable(self).await
+            }
+            fn shutdown(&self) {
+                use std::os::fd::AsFd;
+                let _ = rustix::net::shutdown($stream(self).as_fd(), rustix::net::Shutdown::Both);
+            }
+        }
+    };
+}
+
+fn half_stream(half: &tokio::net::unix::OwnedWriteHalf) -> &tokio::net::UnixStream {
+    half.as_ref()
+}
+
+fn whole_stream(stream: &tokio::net::UnixStream) -> &tokio::net::UnixStream {
+    stream
+}
+
 try_write_sink!(tokio::net::unix::pipe::Sender);
-try_write_sink!(tokio::net::unix::OwnedWriteHalf);
-try_write_sink!(tokio::net::UnixStream);
+try_write_socket!(tokio::net::unix::OwnedWriteHalf, half_stream);
+try_write_socket!(tokio::net::UnixStream, whole_stream);
 
 /// Why a message could not be queued.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -171,26 +199,13 @@ impl<W: TryWrite> Outbox<W> {
     }
 }
 
-impl Outbox<tokio::net::unix::OwnedWriteHalf> {
-    /// Shuts the socket down both ways now, whatever is still queued: the
-    /// peer sees the end at once, and a writer task waiting for it to read
-    /// fails and ends.
+impl<W: TryWrite> Outbox<W> {
+    /// Shuts the stream down both ways now, whatever is still queued
+    /// ([`TryWrite::shutdown`]): the peer sees the end at once, and a
+    /// writer task waiting for it to read fails and ends.
     pub fn shutdown(&self) {
-        let stream: &tokio::net::UnixStream = (*self.sink).as_ref();
-        shutdown(stream);
+        self.sink.shutdown();
     }
-}
-
-impl Outbox<tokio::net::UnixStream> {
-    /// As for a socket's half.
-    pub fn shutdown(&self) {
-        shutdown(&self.sink);
-    }
-}
-
-fn shutdown(stream: &tokio::net::UnixStream) {
-    use std::os::fd::AsFd;
-    let _ = rustix::net::shutdown(stream.as_fd(), rustix::net::Shutdown::Both);
 }
 
 async fn write_all<W: TryWrite>(sink: &W, mut bytes: &[u8]) -> io::Result<()> {

@@ -26,8 +26,8 @@
 //!   ([`Out::Down`] for the session layer to answer with the §3 error) and,
 //!   once re-established, gets the subscriptions and log level replayed;
 //! - a task a host's request created is that host's alone ([`super::tasks`]):
-//!   hosts know tasks by ids of mcpd's, a host naming another's task is
-//!   refused, a task's status and the server's questions about it reach
+//!   hosts know tasks by ids of mcpd's, a host's `tasks/*` request naming
+//!   another's task is refused, a task's status and the server's questions about it reach
 //!   only its host, `tasks/list` lists a host its own, and a host that
 //!   detaches has its tasks cancelled;
 //! - while the session layer says the upstream is coming ([`Router::hold`]:
@@ -364,22 +364,27 @@ fn rename_message_tasks(
     side: Side,
     rename: impl FnMut(&str) -> Option<String>,
 ) -> bool {
-    let parts: Vec<&str> = ["params", "result"]
-        .into_iter()
-        .filter(|part| match side {
-            Side::Host => msg.may_hold(part, "taskId"),
-            Side::Server => msg
-                .raw(part)
-                .is_some_and(|raw| memchr::memmem::find(raw.as_bytes(), b"taskId").is_some()),
-        })
-        .collect();
-    if parts.is_empty() {
+    // Built once: a searcher made per message costs more than the search.
+    static TASK_ID: std::sync::LazyLock<memchr::memmem::Finder<'static>> =
+        std::sync::LazyLock::new(|| memchr::memmem::Finder::new("taskId"));
+    let names = |part: &str| match side {
+        Side::Host => msg.may_hold(part, "taskId"),
+        Side::Server => msg
+            .raw(part)
+            .is_some_and(|raw| TASK_ID.find(raw.as_bytes()).is_some()),
+    };
+    let parts: [(&str, bool); 2] = [("params", names("params")), ("result", names("result"))];
+    if parts.iter().all(|(_, named)| !named) {
         return true;
     }
+    let parts = parts
+        .iter()
+        .filter(|(_, named)| *named)
+        .map(|(part, _)| *part);
     let mut value = Value::Object(
         parts
-            .iter()
-            .filter_map(|part| Some(((*part).to_owned(), msg.get::<Value>(part)?)))
+            .clone()
+            .filter_map(|part| Some((part.to_owned(), msg.get::<Value>(part)?)))
             .collect(),
     );
     let before = value.clone();
@@ -904,15 +909,20 @@ impl Router {
             _ => {}
         }
         // A task is named by the id its host knows: the server's own, or
-        // refused when it is no task of this host's.
+        // refused when it is no task of this host's. Only `tasks/*`
+        // requests name one (a host's other requests pass as they are:
+        // the server's ids, which no host is given, are all they could
+        // reach another's task by).
         let mut unknown = None;
-        if !rename_message_tasks(msg, Side::Host, |down| {
-            let up = self.tasks.to_server(host, down).map(str::to_owned);
-            if up.is_none() {
-                unknown = Some(down.to_owned());
-            }
-            up
-        }) {
+        if name.starts_with("tasks/")
+            && !rename_message_tasks(msg, Side::Host, |down| {
+                let up = self.tasks.to_server(host, down).map(str::to_owned);
+                if up.is_none() {
+                    unknown = Some(down.to_owned());
+                }
+                up
+            })
+        {
             let why = format!(
                 "no task `{}` of this session's: it is over, forgotten after the server restarted, or another session's",
                 unknown.unwrap_or_default()

@@ -32,9 +32,8 @@ use super::wire::{Frame, MAX_LINE};
 /// that ask for one it does not know.
 pub const PROTOCOL_VERSION: &str = "2025-11-25";
 
-/// Revisions host sessions may negotiate, oldest first; a host asking for
-/// another gets [`PROTOCOL_VERSION`], as the specification says.
-pub const HOST_VERSIONS: [&str; 4] = ["2024-11-05", "2025-03-26", "2025-06-18", "2025-11-25"];
+/// Revisions host sessions may negotiate (kept with the eras' versions).
+pub use super::era::HOST_VERSIONS;
 
 /// Messages one host may send while its `initialize` waits for the first
 /// generation: a host that sends more is detached.

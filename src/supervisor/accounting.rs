@@ -35,6 +35,20 @@ pub struct Counters {
 }
 
 impl Counters {
+    /// Adds `other`'s counts to these (a per-host unit keeps its gone
+    /// instances' counts, and sums its live ones', DESIGN §13).
+    pub fn add(&self, other: &Counters) {
+        for (mine, theirs) in [
+            (&self.calls, &other.calls),
+            (&self.failed, &other.failed),
+            (&self.detached, &other.detached),
+            (&self.dropped, &other.dropped),
+            (&self.garbage, &other.garbage),
+        ] {
+            mine.fetch_add(theirs.load(Ordering::Relaxed), Ordering::Relaxed);
+        }
+    }
+
     /// Host sessions detached for misbehaving (not reading, sending too
     /// much before `initialize`, a failed connection).
     pub fn detached(&self) -> u64 {

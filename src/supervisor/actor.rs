@@ -622,10 +622,15 @@ impl Actor {
                             crate::unit::Transport::Http(_) => crate::unit::Protocol::Legacy,
                         };
                         let name = self.name.clone();
+                        // An instance of a per-host unit declares exactly
+                        // its host's capabilities (DESIGN §13).
+                        let declared = (self.spec.sessions() == crate::unit::Sessions::Instance)
+                            .then(|| self.sessions.declared().unwrap_or_else(|| json!({})));
                         let task = tokio::spawn(async move {
                             let result = async {
                                 let wire = connect.await?;
-                                upstream::handshake(wire, &roots, list_timeout, (protocol, &name))
+                                let who = (protocol, name.as_ref());
+                                upstream::handshake(wire, &roots, list_timeout, who, declared)
                                     .await
                                     .map(Box::new)
                             }

@@ -164,11 +164,17 @@ impl Cgroups {
             }
             let name = entry.file_name().to_string_lossy().into_owned();
             let cgroup = Cgroup { dir: entry.path() };
-            let n = cgroup.pids().len();
+            // A per-host unit's instances are cgroups below it (DESIGN
+            // §13): `cgroup.kill` and `populated` take the whole subtree.
+            let below = cgroup.below();
+            let n = cgroup.pids().len() + below.iter().map(|c| c.pids().len()).sum::<usize>();
             if n > 0 {
                 cgroup.kill();
                 let _ = tokio::time::timeout(Duration::from_secs(5), cgroup.emptied()).await;
                 killed.push((name, n));
+            }
+            for c in below {
+                c.remove();
             }
             cgroup.remove();
         }
@@ -234,6 +240,10 @@ impl Cgroup {
     /// previous generation ended only once its cgroup was empty, so they
     /// are nobody's).
     pub fn prepare(&self) -> Result<Placement, String> {
+        // An instance's cgroup is below its unit's (DESIGN §13).
+        if let Some(parent) = self.dir.parent() {
+            mkdir(parent)?;
+        }
         mkdir(&self.dir)?;
         let left = self.pids().len();
         if left > 0 {
@@ -270,10 +280,22 @@ impl Cgroup {
             ("cpu", "cpu.weight", "cpu-weight", limits.cpu_weight),
         ];
         let parent = self.dir.parent().unwrap_or(&self.dir);
-        let available =
-            std::fs::read_to_string(parent.join("cgroup.controllers")).unwrap_or_default();
         for (controller, file, key, value) in controls {
             let Some(value) = value else { continue };
+            let mut available =
+                std::fs::read_to_string(parent.join("cgroup.controllers")).unwrap_or_default();
+            if !available.split_whitespace().any(|c| c == controller)
+                && let Some(grand) = parent.parent()
+            {
+                // An instance's unit (DESIGN §13) is given the controller
+                // by the servers' cgroup, where the daemon may enable it.
+                let _ = std::fs::write(
+                    grand.join("cgroup.subtree_control"),
+                    format!("+{controller}"),
+                );
+                available =
+                    std::fs::read_to_string(parent.join("cgroup.controllers")).unwrap_or_default();
+            }
             if !available.split_whitespace().any(|c| c == controller) {
                 let have = if available.trim().is_empty() {
                     "none".to_owned()
@@ -416,6 +438,18 @@ impl Cgroup {
     /// Removes it (it must be empty).
     pub fn remove(&self) {
         let _ = std::fs::remove_dir(&self.dir);
+    }
+
+    /// The cgroups directly below it (a per-host unit's instances).
+    pub fn below(&self) -> Vec<Cgroup> {
+        let Ok(entries) = std::fs::read_dir(&self.dir) else {
+            return Vec::new();
+        };
+        entries
+            .flatten()
+            .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+            .map(|e| Cgroup { dir: e.path() })
+            .collect()
     }
 }
 

@@ -15,6 +15,7 @@
 use std::ffi::OsString;
 use std::io::Read as _;
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use crate::unit::{CredentialsSpec, Instance};
 
@@ -169,13 +170,17 @@ impl Budget {
 /// Reads every credential of `spec` (the `load` and `load-encrypted`
 /// lines in order, then what `import` finds), failing closed: the reason
 /// names the credential and the path.
-pub fn read(spec: &CredentialsSpec, stores: &Stores) -> Result<Vec<Item>, String> {
+pub fn read(
+    spec: &CredentialsSpec,
+    stores: &Stores,
+    within: Duration,
+) -> Result<Vec<Item>, String> {
     let mut budget = Budget::default();
     let mut items = Vec::new();
     for source in spec.sources() {
         let name = &source.name;
         let files = if source.encrypted {
-            let bytes = decrypt(name, &source.path, stores.user_scope)?;
+            let bytes = decrypt(name, &source.path, stores.user_scope, within)?;
             budget.take(name, bytes.len() as u64)?;
             Contents::File(bytes)
         } else {
@@ -299,9 +304,14 @@ fn directory(
     Ok(files)
 }
 
+/// How much of `systemd-creds`' stderr is kept for the reason.
+const STDERR_KEPT: u64 = 64 * 1024;
+
 /// `systemd-creds decrypt --name=NAME PATH -` (with `--user` in user
-/// scope): the plaintext, or why not.
-fn decrypt(name: &str, path: &Path, user_scope: bool) -> Result<Vec<u8>, String> {
+/// scope): the plaintext, or why not. It gets `within` (the unit's
+/// `startup-timeout`: decrypting is part of the start) and is killed
+/// past it; of its output no more than a credential's limit is read.
+fn decrypt(name: &str, path: &Path, user_scope: bool, within: Duration) -> Result<Vec<u8>, String> {
     let meta = std::fs::metadata(path).map_err(|e| cannot(name, "read", path, &e))?;
     // An encrypted credential is larger than its plaintext.
     if meta.len() > 2 * MAX_CREDENTIAL {
@@ -314,20 +324,32 @@ fn decrypt(name: &str, path: &Path, user_scope: bool) -> Result<Vec<u8>, String>
     if user_scope {
         command.arg("--user");
     }
-    let out = command
-        .arg("decrypt")
-        .arg(format!("--name={name}"))
-        .arg(path)
-        .arg("-")
-        .stdin(std::process::Stdio::null())
-        .output()
-        .map_err(|e| {
-            format!(
-                "credential {name}: cannot decrypt {}: cannot run systemd-creds: {}",
-                path.display(),
+    let out = bounded_output(
+        command
+            .arg("decrypt")
+            .arg(format!("--name={name}"))
+            .arg(path)
+            .arg("-"),
+        within,
+        MAX_CREDENTIAL + 1,
+    )
+    .map_err(|e| {
+        let why = match e {
+            Bounded::Run(e) => format!(
+                "cannot run systemd-creds: {}",
                 crate::unit::diag::io_text(&e)
-            )
-        })?;
+            ),
+            Bounded::Late => format!(
+                "systemd-creds{} decrypt did not finish within {} (startup-timeout); killed",
+                if user_scope { " --user" } else { "" },
+                humantime::format_duration(within)
+            ),
+        };
+        format!(
+            "credential {name}: cannot decrypt {}: {why}",
+            path.display()
+        )
+    })?;
     if !out.status.success() {
         let why = String::from_utf8_lossy(&out.stderr);
         let why = why.lines().rfind(|l| !l.trim().is_empty()).unwrap_or("");
@@ -348,6 +370,86 @@ fn decrypt(name: &str, path: &Path, user_scope: bool) -> Result<Vec<u8>, String>
         ));
     }
     Ok(out.stdout)
+}
+
+/// Why [`bounded_output`] has no output.
+enum Bounded {
+    /// The command could not be run (or waited for).
+    Run(std::io::Error),
+    /// It did not exit in time, and was killed.
+    Late,
+}
+
+/// `command`'s output as [`std::process::Command::output`] gives it, but
+/// with at most `limit` bytes of its stdout (and [`STDERR_KEPT`] of its
+/// stderr) read, and the command killed if it has not exited `within`.
+/// Blocking: for a thread that may block (the launcher's preparing
+/// thread).
+fn bounded_output(
+    command: &mut std::process::Command,
+    within: Duration,
+    limit: u64,
+) -> Result<std::process::Output, Bounded> {
+    use std::process::Stdio;
+    let mut child = command
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(Bounded::Run)?;
+    // Signalled through its pidfd: never another process that took its
+    // pid after it was reaped.
+    let pidfd = rustix::process::pidfd_open(
+        rustix::process::Pid::from_child(&child),
+        rustix::process::PidfdFlags::empty(),
+    )
+    .ok();
+    let stdout = read_at_most(child.stdout.take(), limit);
+    let stderr = read_at_most(child.stderr.take(), STDERR_KEPT);
+    let pid = child.id();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(child.wait());
+    });
+    let status = match rx.recv_timeout(within) {
+        Ok(status) => status.map_err(Bounded::Run)?,
+        Err(_) => {
+            match &pidfd {
+                Some(pidfd) => {
+                    let _ =
+                        rustix::process::pidfd_send_signal(pidfd, rustix::process::Signal::KILL);
+                }
+                None => {
+                    if let Some(pid) = rustix::process::Pid::from_raw(pid as i32) {
+                        let _ = rustix::process::kill_process(pid, rustix::process::Signal::KILL);
+                    }
+                }
+            }
+            // Reaped by its waiter; its readers end with its pipes.
+            let _ = rx.recv();
+            return Err(Bounded::Late);
+        }
+    };
+    Ok(std::process::Output {
+        status,
+        stdout: stdout.join().unwrap_or_default(),
+        stderr: stderr.join().unwrap_or_default(),
+    })
+}
+
+/// A thread reading at most `limit` bytes of `pipe`; past the limit the
+/// pipe is closed (its writer gets EPIPE).
+fn read_at_most(
+    pipe: Option<impl std::io::Read + Send + 'static>,
+    limit: u64,
+) -> std::thread::JoinHandle<Vec<u8>> {
+    std::thread::spawn(move || {
+        let mut bytes = Vec::new();
+        if let Some(pipe) = pipe {
+            let _ = pipe.take(limit).read_to_end(&mut bytes);
+        }
+        bytes
+    })
 }
 
 /// A generation's credentials directory, removed with its files when
@@ -375,12 +477,13 @@ pub fn deliver(
     unit: &str,
     generation: u64,
     owner: Option<(u32, u32)>,
+    within: Duration,
 ) -> Result<Option<Delivered>, String> {
     use std::os::unix::ffi::OsStringExt;
     if spec.is_empty() {
         return Ok(None);
     }
-    let items = read(spec, stores)?;
+    let items = read(spec, stores, within)?;
     let mut env = Vec::with_capacity(spec.env().len() + 1);
     for (var, name) in spec.env() {
         let bytes = value(&items, name, stores).map_err(|e| format!("{var}: {e}"))?;

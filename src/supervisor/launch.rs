@@ -92,6 +92,15 @@ pub trait Launcher: Send + Sync + 'static {
     fn credentials(&self) -> String {
         String::new()
     }
+
+    /// The launcher of instance `label` of this per-host unit (DESIGN
+    /// §13: `N` for a host's, `uid-UID` for a D-Bus caller's), whose
+    /// processes are contained apart from the unit's and the other
+    /// instances'; None when this launcher cannot make one (the tests'
+    /// in-process servers): its hosts share the unit's server.
+    fn instance(&self, _label: &str) -> Option<SharedLauncher> {
+        None
+    }
 }
 
 /// A stdio generation ready to fork.
@@ -122,6 +131,14 @@ pub struct SystemLauncher {
     delivered: Arc<std::sync::Mutex<String>>,
     /// The last [`Launcher::usage`] reading and when it was taken.
     usage: Arc<std::sync::Mutex<Option<(std::time::Instant, Usage)>>>,
+    /// Its cgroup, below the servers' (DESIGN §13): the unit's name for a
+    /// shared unit, `NAME/unit` for a per-host unit's own server (its
+    /// instances are beside it), `NAME/N` for instance N (`NAME/uid-UID`
+    /// for a D-Bus caller's). Chosen at each
+    /// launch, so that the signals of a generation reach its own cgroup.
+    place: Arc<std::sync::Mutex<String>>,
+    /// An instance's launcher: its place never changes.
+    instance: bool,
 }
 
 /// How long a usage reading serves: one D-Bus `GetAll` (or
@@ -141,6 +158,8 @@ impl SystemLauncher {
             enforced: Arc::default(),
             delivered: Arc::default(),
             usage: Arc::default(),
+            place: Arc::new(std::sync::Mutex::new(name.to_owned())),
+            instance: false,
         }
     }
 
@@ -265,6 +284,7 @@ impl SystemLauncher {
             &self.name,
             generation,
             owner,
+            unit.startup_timeout(),
         )?;
         if let Some(d) = &delivered {
             for (var, value) in &d.env {
@@ -297,6 +317,7 @@ impl SystemLauncher {
             .map_err(|e| format!("cannot use the server's stderr: {e}"))?;
         let wire = Wire::pipes(read, write);
         let name = self.name.clone();
+        let nested = self.place.lock().is_ok_and(|p| p.contains('/'));
         tokio::spawn(logs::pump(
             stderr,
             self.logs.clone(),
@@ -332,6 +353,10 @@ impl SystemLauncher {
                     status = ExitStatus::OutOfMemory;
                 }
                 cgroup.remove();
+                if nested && let Some(unit) = cgroup.dir().parent() {
+                    // A per-host unit's cgroup goes with its last instance.
+                    let _ = std::fs::remove_dir(unit);
+                }
             }
             if let Some(tmp) = tmp {
                 // What the server left there may be large: not on the
@@ -396,7 +421,8 @@ impl SystemLauncher {
 
     /// This unit's cgroup, when the daemon contains its servers in cgroups.
     fn cgroup(&self) -> Option<Cgroup> {
-        self.host.cgroups.as_ref().map(|c| c.server(&self.name))
+        let place = self.place.lock().map(|p| p.clone()).unwrap_or_default();
+        self.host.cgroups.as_ref().map(|c| c.server(&place))
     }
 
     fn http(&self, unit: &UnitSpec, spec: &HttpSpec) -> Result<Launched, String> {
@@ -470,7 +496,11 @@ impl SystemLauncher {
         if let Ok(mut delivered) = self.delivered.lock() {
             delivered.clear();
         }
-        credentials::read(unit.credentials(), &self.host.credentials)
+        credentials::read(
+            unit.credentials(),
+            &self.host.credentials,
+            unit.startup_timeout(),
+        )
     }
 }
 
@@ -558,6 +588,16 @@ fn install_crypto_provider() {
 impl Launcher for SystemLauncher {
     fn launch(&self, spec: &UnitSpec, generation: Gen) -> BoxFuture<Result<Launched, String>> {
         self.configure(spec);
+        if !self.instance
+            && let Ok(mut place) = self.place.lock()
+        {
+            // The previous generation is gone (one process at a time):
+            // nothing of it is signalled in the old place.
+            *place = match spec.sessions() {
+                crate::unit::Sessions::PerHost { .. } => format!("{}/unit", self.name),
+                _ => self.name.clone(),
+            };
+        }
         match spec.transport() {
             Transport::Stdio(stdio) => self.stdio(spec, stdio, generation),
             Transport::Http(http) if encrypted(spec) => {
@@ -620,6 +660,20 @@ impl Launcher for SystemLauncher {
 
     fn credentials(&self) -> String {
         self.delivered.lock().map(|s| s.clone()).unwrap_or_default()
+    }
+
+    fn instance(&self, label: &str) -> Option<SharedLauncher> {
+        Some(Arc::new(Self {
+            name: format!("{}@{label}", self.name),
+            host: self.host.clone(),
+            logs: self.logs.clone(),
+            http: Arc::default(),
+            enforced: Arc::default(),
+            delivered: Arc::default(),
+            usage: Arc::default(),
+            place: Arc::new(std::sync::Mutex::new(format!("{}/{label}", self.name))),
+            instance: true,
+        }))
     }
 
     fn configure(&self, spec: &UnitSpec) {

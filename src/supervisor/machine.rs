@@ -530,15 +530,27 @@ pub struct Machine {
 
 impl Machine {
     /// A stopped machine for unit `name`; send [`Event::Start`] to start it.
+    /// A per-host unit's instance (DESIGN §13) begins `idle`: its host's
+    /// `initialize` ([`Event::Demand`]) starts it, so that its upstream
+    /// declares that host's capabilities.
     pub fn new(name: &str, spec: &UnitSpec, now: Instant) -> Self {
+        let instance = spec.sessions() == crate::unit::Sessions::Instance;
         Self {
             name: name.to_owned(),
             timing: Timing::from(spec),
             last_gen: 0,
             phase: Phase::Idle,
             outage: None,
-            state: State::Stopped,
-            reason: String::new(),
+            state: if instance {
+                State::Idle
+            } else {
+                State::Stopped
+            },
+            reason: if instance {
+                "waiting for its host".into()
+            } else {
+                String::new()
+            },
             since: now,
             last_exit: None,
             last_error: None,

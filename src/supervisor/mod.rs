@@ -22,6 +22,7 @@ pub mod credentials;
 pub mod envfile;
 mod events;
 pub mod http;
+mod instances;
 pub mod launch;
 pub mod logs;
 pub mod machine;
@@ -44,6 +45,7 @@ use crate::unit::UnitSpec;
 pub use crate::mux::host::{HostInput, HostLink, HostOutput};
 pub use crate::mux::lists::List as ListKind;
 pub use accounting::{Caller, Counters};
+pub use instances::InstanceView;
 pub use launch::{Launcher, SharedLauncher, SystemLauncher};
 pub use logs::LogRing;
 pub use machine::{ExitStatus, Gen, State, Timer, Timing, ToolList};
@@ -168,6 +170,10 @@ impl CallError {
 /// before it answers anyway.
 pub const CALLER_GRACE: Duration = Duration::from_millis(100);
 
+/// A per-host unit's instances for D-Bus callers: uid → the instance and
+/// its actor.
+type CallerInstances = std::collections::BTreeMap<u32, (Supervisor, JoinHandle<()>)>;
+
 /// A handle to one server's supervisor. Cheap to clone.
 #[derive(Clone)]
 pub struct Supervisor {
@@ -180,6 +186,13 @@ pub struct Supervisor {
     launcher: SharedLauncher,
     /// `start` and `idle-stop`, as last applied.
     activation: Arc<std::sync::Mutex<crate::unit::Activation>>,
+    /// The spec as last applied: a per-host unit's instances are made of
+    /// it (DESIGN §13).
+    spec: Arc<std::sync::Mutex<UnitSpec>>,
+    /// A per-host unit's instances (none for a shared unit).
+    instances: Arc<instances::Instances>,
+    /// A per-host unit's instances for D-Bus callers, by uid (DESIGN §13).
+    callers: Arc<std::sync::Mutex<CallerInstances>>,
 }
 
 impl fmt::Debug for Supervisor {
@@ -213,6 +226,7 @@ impl Supervisor {
         let counters = Arc::<Counters>::default();
         launcher.configure(&spec);
         let activation = Arc::new(std::sync::Mutex::new(spec.activation()));
+        let kept = Arc::new(std::sync::Mutex::new(spec.clone()));
         let actor = Actor::new(
             name,
             spec,
@@ -234,6 +248,9 @@ impl Supervisor {
                 counters,
                 launcher,
                 activation,
+                spec: kept,
+                instances: Arc::default(),
+                callers: Arc::default(),
             },
             task,
         )
@@ -280,13 +297,23 @@ impl Supervisor {
     }
 
     /// Stops the server; its tools are withdrawn once its process is gone.
+    /// A per-host unit's instances stop too, detaching their hosts.
     pub fn stop(&self) {
         let _ = self.commands.send(Command::Stop);
+        let why = format!("server {} was stopped", self.name);
+        drop(self.instances.stop_all(Some(&why)));
+        for instance in self.callers_all() {
+            instance.stop();
+        }
     }
 
-    /// Stops the server if it runs, then starts it with a fresh budget.
+    /// Stops the server if it runs, then starts it with a fresh budget;
+    /// every instance of a per-host unit restarts the same way.
     pub fn restart(&self) {
         let _ = self.commands.send(Command::Restart);
+        for instance in self.instances.all().into_iter().chain(self.callers_all()) {
+            instance.restart();
+        }
     }
 
     /// Applies a changed unit. With `restart`, a running (or failed) server
@@ -295,6 +322,11 @@ impl Supervisor {
     pub fn apply(&self, spec: UnitSpec, restart: bool) {
         if let Ok(mut activation) = self.activation.lock() {
             *activation = spec.activation();
+        }
+        // Instances attached from now on are of the new spec; those
+        // running keep theirs (DESIGN §13).
+        if let Ok(mut kept) = self.spec.lock() {
+            *kept = spec.clone();
         }
         let _ = self.commands.send(Command::Apply {
             spec: Box::new(spec),
@@ -373,13 +405,112 @@ impl Supervisor {
     /// A new host session (DESIGN §8) on `link` (a connected stream
     /// socket, or a host's own stdio), speaking newline-delimited
     /// JSON-RPC, made by `caller`.
+    /// A host session of a per-host unit gets an instance of its own
+    /// (DESIGN §13), or, with `max-instances` running, an error to its
+    /// `initialize`.
     pub fn attach(&self, link: HostLink, caller: Caller) {
-        self.sessions.attach(link, caller);
+        let spec = self.spec.lock().ok().map(|s| s.clone());
+        let Some((spec, max)) = spec.and_then(|s| s.sessions().max_instances().map(|max| (s, max)))
+        else {
+            self.sessions.attach(link, caller);
+            return;
+        };
+        if self.instances.len() >= max as usize {
+            let why = format!(
+                "server {} runs an instance per host and all {max} are in use (max-instances {max})",
+                self.name
+            );
+            tracing::warn!(target: "mcpd::supervisor", mcpd_server = %self.name, uid = ?caller.uid, pid = ?caller.pid, "refusing a host: {why}");
+            self.sessions.attach_refused(link, caller, Arc::from(why));
+            return;
+        }
+        let n = self.instances.next();
+        let Some(launcher) = self.launcher.instance(&n.to_string()) else {
+            self.sessions.attach(link, caller);
+            return;
+        };
+        let name = format!("{}@{n}", self.name);
+        let (instance, task) = Supervisor::spawn(
+            &name,
+            spec.for_instance(),
+            launcher,
+            self.logs.clone(),
+            None,
+        );
+        instance.sessions.attach(link, caller);
+        tracing::info!(target: "mcpd::supervisor", mcpd_server = %self.name, uid = ?caller.uid, pid = ?caller.pid, "instance {name} for a host");
+        self.instances
+            .run(n, instance, task, caller, Arc::clone(&self.counters));
+    }
+
+    /// Who serves a D-Bus call (`CallTool`, `ReadResource`, `GetPrompt`)
+    /// of user `uid`: for a per-host unit, an instance of that uid's own
+    /// (`NAME@uid-UID`, on demand, stopped after `idle-stop`; never a
+    /// host's, DESIGN §13), made at its first call; else the unit itself.
+    pub fn for_caller(&self, uid: Option<u32>) -> Supervisor {
+        let spec = self.spec.lock().ok().map(|s| s.clone());
+        let Some(spec) = spec.filter(|s| s.sessions().max_instances().is_some()) else {
+            return self.clone();
+        };
+        let uid = uid.unwrap_or(u32::MAX);
+        let Ok(mut callers) = self.callers.lock() else {
+            return self.clone();
+        };
+        if let Some((instance, _)) = callers.get(&uid) {
+            return instance.clone();
+        }
+        let label = format!("uid-{uid}");
+        let Some(launcher) = self.launcher.instance(&label) else {
+            return self.clone();
+        };
+        let name = format!("{}@{label}", self.name);
+        let (instance, task) =
+            Supervisor::spawn(&name, spec.for_caller(), launcher, self.logs.clone(), None);
+        instance.arm();
+        tracing::info!(target: "mcpd::supervisor", mcpd_server = %self.name, uid, "instance {name} for D-Bus calls");
+        callers.insert(uid, (instance.clone(), task));
+        instance
+    }
+
+    /// A per-host unit's instances (DESIGN §13), by number.
+    pub fn instances(&self) -> Vec<InstanceView> {
+        self.instances.views()
+    }
+
+    /// Instance `n` of a per-host unit.
+    pub fn instance(&self, n: u32) -> Option<Supervisor> {
+        self.instances.get(n)
+    }
+
+    /// Stops instance `n`, detaching its host with an error that says
+    /// so; None when there is no such instance. The instance is gone once
+    /// the returned handle ends.
+    pub fn stop_instance(&self, n: u32) -> Option<JoinHandle<()>> {
+        let why = format!("instance {}@{n} was stopped", self.name);
+        self.instances.stop(n, why)
+    }
+
+    /// `max-instances` of a per-host unit; None for a shared one.
+    pub fn max_instances(&self) -> Option<u32> {
+        self.spec.lock().ok()?.sessions().max_instances()
+    }
+
+    /// The instances serving D-Bus callers.
+    fn callers_all(&self) -> Vec<Supervisor> {
+        self.callers
+            .lock()
+            .map(|c| c.values().map(|(s, _)| s.clone()).collect())
+            .unwrap_or_default()
+    }
+
+    /// A receiver that sees every instance come, go or change state.
+    pub fn subscribe_instances(&self) -> watch::Receiver<u64> {
+        self.instances.subscribe()
     }
 
     /// How many host sessions are attached.
     pub fn sessions(&self) -> usize {
-        self.sessions.count()
+        self.sessions.count() + self.instances.sessions()
     }
 
     /// The protocol version the server speaks (its last generation's, or
@@ -443,9 +574,21 @@ impl Supervisor {
         CallError::result_of(answer)
     }
 
-    /// The server's call counters.
+    /// The server's call counters (a per-host unit's own server's alone:
+    /// see [`totals`](Self::totals)).
     pub fn counters(&self) -> &Counters {
         &self.counters
+    }
+
+    /// The unit's call counters: a per-host unit's include those of its
+    /// instances, gone and running (DESIGN §13).
+    pub fn totals(&self) -> Counters {
+        let totals = Counters::default();
+        totals.add(&self.counters);
+        for instance in self.instances.all().into_iter().chain(self.callers_all()) {
+            totals.add(instance.counters());
+        }
+        totals
     }
 
     /// The current read model.
@@ -470,8 +613,22 @@ impl Supervisor {
 
     /// Stops the server and waits until it is quiescent, then ends the actor.
     pub async fn shutdown(self, task: JoinHandle<()>) {
-        let _ = self.commands.send(Command::Shutdown);
-        let _ = task.await;
+        let instances = self.instances.stop_all(None);
+        let callers: Vec<_> = self
+            .callers
+            .lock()
+            .map(|mut c| std::mem::take(&mut *c).into_values().collect())
+            .unwrap_or_default();
+        let callers = futures_util::future::join_all(
+            callers
+                .into_iter()
+                .map(|(instance, task)| Box::pin(instance.shutdown(task))),
+        );
+        let unit = async {
+            let _ = self.commands.send(Command::Shutdown);
+            let _ = task.await;
+        };
+        tokio::join!(unit, instances, callers);
     }
 }
 

@@ -355,11 +355,15 @@ async fn probe(client: &mut Client<'_>, bound: Duration) -> Result<Value, String
 /// `list_timeout`): a server that answers it as a server of MCP
 /// 2026-07-28 is spoken to in that era, any other answer (or none) means
 /// `initialize` (unless the unit pins 2026-07-28: then the start fails).
+/// `capabilities` are what the client declares in `initialize` (an
+/// instance's host's, DESIGN §13); none: mcpd's own
+/// ([`client_capabilities`]).
 pub async fn handshake(
     mut wire: Wire,
     roots: &[String],
     list_timeout: Duration,
     (protocol, name): (Protocol, &str),
+    capabilities: Option<Value>,
 ) -> Result<Handshake, ConnectError> {
     let mut client = Client {
         wire: &mut wire,
@@ -407,7 +411,7 @@ pub async fn handshake(
             "initialize",
             json!({
                 "protocolVersion": PROTOCOL_VERSION,
-                "capabilities": client_capabilities(),
+                "capabilities": capabilities.unwrap_or_else(client_capabilities),
                 "clientInfo": {"name": "mcpd", "version": env!("CARGO_PKG_VERSION")},
             }),
             "initialize",

@@ -32,6 +32,6 @@ pub use name::UnitName;
 pub use search::{Found, discover, search_path};
 pub use spec::{
     Activation, Credential, CredentialsSpec, HeaderValue, HealthPolicy, HttpSpec, Limits, Network,
-    Protocol, RateLimit, ReconnectPolicy, Sandbox, Secret, StdioSpec, ToolFilter, Transport,
-    UnitDraft, UnitSpec,
+    Protocol, RateLimit, ReconnectPolicy, Sandbox, Secret, Sessions, StdioSpec, ToolFilter,
+    Transport, UnitDraft, UnitSpec,
 };

@@ -36,6 +36,11 @@ pub const MIN_REQUEST_SIZE: u64 = 1 << 10;
 /// Default `idle-stop` of an on-demand unit.
 pub const DEFAULT_IDLE_STOP: Duration = Duration::from_secs(600);
 
+/// Default `max-instances` of a per-host unit (DESIGN §13).
+pub const DEFAULT_MAX_INSTANCES: u32 = 16;
+/// Largest `max-instances`.
+pub const MAX_INSTANCES: u32 = 1024;
+
 /// Default `health.interval`: silence before a probe.
 pub const DEFAULT_HEALTH_INTERVAL: Duration = Duration::from_secs(30);
 /// Default `health.timeout`: how long a probe waits for its answer.
@@ -103,6 +108,8 @@ pub struct UnitSpec {
     protocol: Protocol,
     /// `start` and `idle-stop`.
     activation: Activation,
+    /// `sessions` and `max-instances` (DESIGN §13).
+    sessions: Sessions,
     /// `file://` URIs answered to the server's `roots/list`.
     roots: Vec<String>,
     /// `group`: the groups a host reaches the unit in (DESIGN §14).
@@ -207,6 +214,39 @@ impl Activation {
         match self {
             Activation::Always => None,
             Activation::OnDemand { idle_stop } => Some(idle_stop),
+        }
+    }
+}
+
+/// Whether host sessions share one server process (`sessions`, DESIGN
+/// §13).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Sessions {
+    /// `sessions "shared"`: every host session on one upstream.
+    #[default]
+    Shared,
+    /// `sessions "per-host"`: an instance `NAME@N` per host session, at
+    /// most `max_instances` at once.
+    PerHost { max_instances: u32 },
+    /// One instance of a per-host unit ([`UnitSpec::for_instance`]; never
+    /// read from a file): its sessions are its one host's.
+    Instance,
+}
+
+impl Sessions {
+    /// The `sessions` word.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Sessions::Shared => "shared",
+            Sessions::PerHost { .. } | Sessions::Instance => "per-host",
+        }
+    }
+
+    /// `max-instances` of a per-host unit.
+    pub fn max_instances(self) -> Option<u32> {
+        match self {
+            Sessions::Shared | Sessions::Instance => None,
+            Sessions::PerHost { max_instances } => Some(max_instances),
         }
     }
 }
@@ -384,6 +424,10 @@ pub struct UnitDraft {
     /// `start`: "always" or "on-demand".
     pub start: Option<String>,
     pub idle_stop: Option<Duration>,
+    /// `sessions`: "shared" or "per-host".
+    pub sessions: Option<String>,
+    /// `max-instances` (checked here).
+    pub max_instances: Option<i128>,
     /// `roots`: file:// URIs.
     pub roots: Vec<String>,
     /// `group`: group names.
@@ -621,8 +665,16 @@ impl Judge {
 
     /// `start` and `idle-stop`: an `idle-stop` only with `start
     /// "on-demand"`.
-    fn activation(&mut self, start: Option<&str>, idle_stop: Option<Duration>) -> Activation {
+    fn activation(
+        &mut self,
+        start: Option<&str>,
+        idle_stop: Option<Duration>,
+        per_host: bool,
+    ) -> Activation {
         let on_demand = match start {
+            // A per-host unit runs no instance without a host (DESIGN
+            // §13): on demand unless it says `start "always"`.
+            None if per_host => true,
             None | Some("always") => false,
             Some("on-demand") => true,
             Some(other) => {
@@ -649,6 +701,48 @@ impl Judge {
         Activation::OnDemand {
             idle_stop: self.duration(Field::IdleStop, idle_stop, DEFAULT_IDLE_STOP),
         }
+    }
+
+    /// `sessions` and `max-instances`: a `max-instances` only with
+    /// `sessions "per-host"`.
+    fn sessions(&mut self, word: Option<&str>, max: Option<i128>) -> Sessions {
+        let per_host = match word {
+            None | Some("shared") => false,
+            Some("per-host") => true,
+            Some(other) => {
+                self.fail(
+                    Field::Sessions,
+                    format!("`sessions`: \"{other}\" is not a sessions mode"),
+                )
+                .help = Some("write \"shared\" or \"per-host\"".into());
+                return Sessions::Shared;
+            }
+        };
+        let max_instances = match max {
+            None => DEFAULT_MAX_INSTANCES,
+            Some(n) => match u32::try_from(n) {
+                Ok(n) if (1..=MAX_INSTANCES).contains(&n) => n,
+                _ => {
+                    self.fail(
+                        Field::MaxInstances,
+                        format!("`max-instances` must be between 1 and {MAX_INSTANCES}, got {n}"),
+                    );
+                    DEFAULT_MAX_INSTANCES
+                }
+            },
+        };
+        if !per_host {
+            if max.is_some() {
+                let e = self.fail(
+                    Field::MaxInstances,
+                    "`max-instances` applies to a per-host unit, but this one's sessions are \"shared\"",
+                );
+                e.related = word.is_some().then_some(Field::Sessions);
+                e.help = Some("add `sessions \"per-host\"`, or remove `max-instances`".into());
+            }
+            return Sessions::Shared;
+        }
+        Sessions::PerHost { max_instances }
     }
 
     fn rate_limit(&mut self, value: Option<Option<(i128, Duration)>>) -> Option<RateLimit> {
@@ -1059,7 +1153,12 @@ impl UnitSpec {
                 }
             },
         };
-        let activation = judge.activation(draft.start.as_deref(), draft.idle_stop);
+        let sessions = judge.sessions(draft.sessions.as_deref(), draft.max_instances);
+        let activation = judge.activation(
+            draft.start.as_deref(),
+            draft.idle_stop,
+            sessions != Sessions::Shared,
+        );
         let protocol = match draft.protocol.as_deref() {
             None => Protocol::default(),
             Some(word) => Protocol::from_word(word).unwrap_or_else(|| {
@@ -1106,6 +1205,7 @@ impl UnitSpec {
                 max_request_size,
                 protocol,
                 activation,
+                sessions,
                 roots,
                 groups,
                 alias: draft.alias,
@@ -1172,6 +1272,35 @@ impl UnitSpec {
     /// When the server runs: always, or on demand (DESIGN §9).
     pub fn activation(&self) -> Activation {
         self.activation
+    }
+
+    /// Whether hosts share one server or get an instance each (DESIGN
+    /// §13).
+    pub fn sessions(&self) -> Sessions {
+        self.sessions
+    }
+
+    /// The spec an instance of this per-host unit runs (DESIGN §13): the
+    /// unit's, started for its host at once and never stopped for
+    /// idleness (it stops when its host leaves).
+    pub fn for_instance(&self) -> UnitSpec {
+        UnitSpec {
+            activation: Activation::Always,
+            sessions: Sessions::Instance,
+            ..self.clone()
+        }
+    }
+
+    /// The spec of the instance a per-host unit runs for the D-Bus calls
+    /// of one uid (DESIGN §13): on demand, stopped after the unit's
+    /// `idle-stop`.
+    pub fn for_caller(&self) -> UnitSpec {
+        let idle_stop = self.activation.idle_stop().unwrap_or(DEFAULT_IDLE_STOP);
+        UnitSpec {
+            activation: Activation::OnDemand { idle_stop },
+            sessions: Sessions::Shared,
+            ..self.clone()
+        }
     }
 
     /// Which tools are published and callable.

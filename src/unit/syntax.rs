@@ -1190,6 +1190,8 @@ impl Layer {
             protocol: d.string(&mut self, "protocol"),
             start: d.string(&mut self, "start"),
             idle_stop: d.duration(&mut self, "idle-stop"),
+            sessions: d.string(&mut self, "sessions"),
+            max_instances: d.integer(&mut self, "max-instances"),
             roots: d.list(&mut self, "roots"),
             groups: d.list(&mut self, "group"),
             alias: d.string(&mut self, "alias"),

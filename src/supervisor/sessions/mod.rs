@@ -132,6 +132,9 @@ enum Input {
     Attach {
         link: HostLink,
         caller: Caller,
+        /// Its `initialize` is refused with this (a per-host unit at its
+        /// `max-instances`).
+        refused: Option<Arc<str>>,
     },
     Up {
         generation: Gen,
@@ -166,6 +169,9 @@ enum Input {
     Cancel {
         token: u64,
     },
+    /// Every host session ends, told why (an instance of a per-host unit
+    /// was stopped).
+    EndAll(String),
 }
 
 /// What the host sessions take from the unit's spec.
@@ -183,6 +189,10 @@ pub(crate) struct Settings {
     pub log_rate_limit: Option<RateLimit>,
     /// `max-request-size`: the largest request a host may send.
     pub max_request_size: u64,
+    /// The sessions of one instance of a per-host unit (DESIGN §13): the
+    /// upstream declares its host's capabilities, and a host that
+    /// declared `roots` is asked for them by the server.
+    pub instance: bool,
 }
 
 impl Settings {
@@ -190,10 +200,14 @@ impl Settings {
         Self {
             filter: spec.tool_filter().clone(),
             roots: spec.roots().to_vec(),
-            on_demand: spec.activation().idle_stop().is_some(),
+            // An instance starts for its host's first request, as an
+            // on-demand unit does for anyone's.
+            on_demand: spec.activation().idle_stop().is_some()
+                || spec.sessions() == crate::unit::Sessions::Instance,
             list_timeout: spec.startup_timeout(),
             log_rate_limit: spec.log_rate_limit(),
             max_request_size: spec.max_request_size(),
+            instance: spec.sessions() == crate::unit::Sessions::Instance,
         }
     }
 }
@@ -217,6 +231,11 @@ pub(crate) struct Sessions {
     tx: mpsc::UnboundedSender<Input>,
     tokens: Arc<AtomicU64>,
     count: Arc<AtomicUsize>,
+    /// (host sessions ever attached, attached now).
+    presence: watch::Receiver<(u64, usize)>,
+    /// The capabilities of the last host `initialize`, for an instance's
+    /// upstream to declare.
+    declared: Declared,
     versions: Arc<Versions>,
     protocol: Arc<std::sync::Mutex<Option<Arc<str>>>>,
     lists: Lists,
@@ -233,6 +252,9 @@ pub(crate) struct Sessions {
 /// set by the reads, which run outside the task; the task's hosts'
 /// `tools/list` asks for a re-read once the TTL passed.
 type ToolsFresh = Arc<std::sync::Mutex<Option<(era::CacheHint, Instant)>>>;
+
+/// The capabilities a host declared in its `initialize`.
+type Declared = Arc<std::sync::Mutex<Option<Value>>>;
 
 /// When the server last sent a message (answers to probes aside): one
 /// store per message, read only when a probe is due.
@@ -295,7 +317,12 @@ impl Sessions {
         let serial = status.borrow().tools_serial;
         let heard = Arc::new(Heard::new());
         let tools_fresh = ToolsFresh::default();
+        let (presence_tx, presence) = watch::channel((0, 0));
+        let declared = Declared::default();
         let task = Task {
+            presence: presence_tx,
+            declared: Arc::clone(&declared),
+            instance: settings.instance,
             heard: Arc::clone(&heard),
             tools_fresh: Arc::clone(&tools_fresh),
             list_changed: Arc::default(),
@@ -343,6 +370,8 @@ impl Sessions {
             tx,
             tokens: Arc::new(AtomicU64::new(0)),
             count,
+            presence,
+            declared,
             versions,
             protocol,
             lists,
@@ -411,7 +440,36 @@ impl Sessions {
 
     /// A new host session on `link`, made by `caller`.
     pub(crate) fn attach(&self, link: HostLink, caller: Caller) {
-        let _ = self.tx.send(Input::Attach { link, caller });
+        let _ = self.tx.send(Input::Attach {
+            link,
+            caller,
+            refused: None,
+        });
+    }
+
+    /// A host session whose `initialize` is refused with `why` (a
+    /// per-host unit at its `max-instances`): nothing else happens.
+    pub(crate) fn attach_refused(&self, link: HostLink, caller: Caller, why: Arc<str>) {
+        let _ = self.tx.send(Input::Attach {
+            link,
+            caller,
+            refused: Some(why),
+        });
+    }
+
+    /// Ends every host session, telling each (a bridge exits with it).
+    pub(crate) fn end_all(&self, why: String) {
+        let _ = self.tx.send(Input::EndAll(why));
+    }
+
+    /// (host sessions ever attached, attached now), as they change.
+    pub(crate) fn presence(&self) -> watch::Receiver<(u64, usize)> {
+        self.presence.clone()
+    }
+
+    /// The capabilities the last host's `initialize` declared.
+    pub(crate) fn declared(&self) -> Option<Value> {
+        self.declared.lock().ok().and_then(|d| d.clone())
     }
 
     /// How many host sessions are attached.
@@ -575,6 +633,8 @@ struct Host {
     /// The version its session speaks, once fixed (counted in
     /// [`Versions`]).
     version: Option<&'static str>,
+    /// Its `initialize` is refused with this (`Sessions::attach_refused`).
+    refused: Option<Arc<str>>,
 }
 
 impl Drop for Host {
@@ -662,6 +722,10 @@ struct Task {
     /// The last use: a request of a host or client sent or answered.
     used: Instant,
     count: Arc<AtomicUsize>,
+    presence: watch::Sender<(u64, usize)>,
+    declared: Declared,
+    /// The sessions of a per-host unit's instance (`Settings::instance`).
+    instance: bool,
     /// Hosts to detach once the current message is handled.
     doomed: Vec<(HostId, &'static str)>,
     heard: Arc<Heard>,
@@ -696,6 +760,9 @@ impl Task {
         // wait, polled again, takes its waiter list's lock).
         let mut status_changed = futures_util::stream::FuturesUnordered::new();
         status_changed.push(status_change(self.status.clone()));
+        // An instance of a per-host unit begins idle (no change of status
+        // to wait for): its host's first request is held.
+        self.update_hold();
         loop {
             tokio::select! {
                 input = rx.recv() => match input {
@@ -782,7 +849,11 @@ impl Task {
 
     fn input(&mut self, input: Input) {
         match input {
-            Input::Attach { link, caller } => self.attach(link, caller),
+            Input::Attach {
+                link,
+                caller,
+                refused,
+            } => self.attach(link, caller, refused),
             Input::Up {
                 generation,
                 wire,
@@ -809,6 +880,7 @@ impl Task {
                 self.filter = settings.filter;
                 self.roots = settings.roots;
                 self.on_demand = settings.on_demand;
+                self.instance = settings.instance;
                 self.update_hold();
             }
             Input::Request {
@@ -869,6 +941,12 @@ impl Task {
                 }
                 let _ = reply.send((self.used, busy));
             }
+            Input::EndAll(why) => {
+                let hosts: Vec<HostId> = self.hosts.keys().copied().collect();
+                for host in hosts {
+                    self.end(host, Some(&why), false);
+                }
+            }
             Input::Cancel { token } => {
                 if let Some(id) = self.tokens.remove(&token) {
                     self.own.remove(&id);
@@ -879,7 +957,7 @@ impl Task {
         }
     }
 
-    fn attach(&mut self, link: HostLink, caller: Caller) {
+    fn attach(&mut self, link: HostLink, caller: Caller, refused: Option<Arc<str>>) {
         self.next_host += 1;
         let host = self.next_host;
         let Opened {
@@ -908,9 +986,13 @@ impl Task {
                 modern: None,
                 translated: None,
                 version: None,
+                refused,
             },
         );
         self.count.store(self.hosts.len(), Ordering::Relaxed);
+        let attached = self.hosts.len();
+        self.presence
+            .send_modify(|(ever, now)| (*ever, *now) = (*ever + 1, attached));
         tracing::debug!(target: "mcpd::sessions", mcpd_server = %self.name, host, uid = ?caller.uid, pid = ?caller.pid, "host session attached");
         if self.hosts.len() > MAX_SESSIONS {
             let why = format!(
@@ -953,6 +1035,8 @@ impl Task {
         }
         self.waiting.retain(|w| w.host != host);
         self.count.store(self.hosts.len(), Ordering::Relaxed);
+        let attached = self.hosts.len();
+        self.presence.send_modify(|(_, now)| *now = attached);
         if let Some(version) = gone.version {
             self.versions.detached(version);
         }
@@ -1205,6 +1289,26 @@ impl Task {
         for waiting in std::mem::take(&mut self.waiting) {
             self.opened(waiting);
         }
+        self.ask_roots();
+    }
+
+    /// An instance's server (DESIGN §13) was given no roots in its
+    /// handshake (its host had not been answered yet): once its host
+    /// declared `roots`, the server is told they changed, and asks the
+    /// host itself.
+    fn ask_roots(&mut self) {
+        let declared = self
+            .declared
+            .lock()
+            .ok()
+            .is_some_and(|d| d.as_ref().is_some_and(|c| c.get("roots").is_some()));
+        if !(self.instance && declared && self.roots.is_empty()) {
+            return;
+        }
+        if let Some(up) = &self.upstream {
+            let notice = json!({"jsonrpc": "2.0", "method": "notifications/roots/list_changed"});
+            let _ = up.tx.send(notice.into());
+        }
     }
 
     /// The server's `initialize` result (or discovery, kept as one) of the
@@ -1386,6 +1490,20 @@ impl Task {
             }
             return;
         };
+        if let Some(why) = h.refused.clone() {
+            // A host over its per-host unit's `max-instances`: whatever
+            // it asks is refused, naming the limit.
+            if message.method().is_some()
+                && let Some(id) = message.request_id()
+            {
+                self.answered(host, &id);
+                self.send(
+                    host,
+                    ErrorCode::InvalidRequest.response(&id.to_value(), &*why),
+                );
+            }
+            return;
+        }
         match step {
             // Pipelined behind its initialize (a bridge replaying one).
             Step::Hold => h.held.push(Frame::Message(message)),

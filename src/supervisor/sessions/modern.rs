@@ -136,6 +136,13 @@ impl Task {
             self.send(host, refusal);
             return;
         }
+        if let Some(caps) =
+            era::meta_of(message).and_then(|m| m.get(era::CAPABILITIES_KEY).cloned())
+            && let Ok(mut declared) = self.declared.lock()
+        {
+            // For an instance's upstream to declare (DESIGN §13).
+            *declared = Some(caps);
+        }
         let Some(init) = self.init.clone() else {
             self.open_later(host, Waiting::discover(id.to_value()));
             return;
@@ -158,6 +165,15 @@ impl Task {
         mut message: Message,
     ) {
         let meta = era::meta_of(&message);
+        if self.instance
+            && let Some(caps) = meta.as_ref().and_then(|m| m.get(era::CAPABILITIES_KEY))
+            && let Ok(mut declared) = self.declared.lock()
+            && declared.is_none()
+        {
+            // A host with no discovery: its first request's capabilities
+            // are what its instance's upstream declares (DESIGN §13).
+            *declared = Some(caps.clone());
+        }
         let meta = match era::check(&id, meta.as_ref()) {
             Ok(meta) => meta,
             Err(refusal) => {

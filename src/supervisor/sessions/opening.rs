@@ -135,6 +135,9 @@ impl Task {
 
     /// Answers host `host`'s `initialize` with the server's own result.
     pub(super) fn initialize(&mut self, host: HostId, id: &Value, params: &Value) {
+        if let Ok(mut declared) = self.declared.lock() {
+            *declared = Some(params["capabilities"].clone());
+        }
         let Some(init) = self.init.clone() else {
             let state = self.status.borrow().state;
             if matches!(state, State::Failed | State::Stopped | State::Stopping) {

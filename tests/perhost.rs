@@ -1,0 +1,908 @@
+//! Per-host instances (DESIGN §13) with the real daemon: hosts are the
+//! official MCP Python SDK behind `mcpctl bridge`
+//! (`tests/data/perhost_client.py`, driven a line at a time), servers the
+//! fixture (whose `whoami` says its pid) and `server-filesystem`.
+
+use std::io::{BufRead, BufReader, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdin, Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use rustix::process::Signal;
+use serde_json::{Value, json};
+
+use crate::helper::{Daemon, alive, cgroup_of, root};
+
+const BOUND: Duration = Duration::from_secs(30);
+
+/// A host: the Python SDK behind `mcpctl bridge NAME`.
+struct Host {
+    child: Child,
+    stdin: Option<ChildStdin>,
+    answers: mpsc::Receiver<String>,
+}
+
+impl Host {
+    /// A host of unit `name`, declaring `roots` when there are any.
+    fn start(runtime: &Path, name: &str, roots: &[&str]) -> Self {
+        let mut child = Command::new("python3")
+            .arg(root().join("tests/data/perhost_client.py"))
+            .arg(env!("CARGO_BIN_EXE_mcpctl"))
+            .arg(name)
+            .args(roots)
+            .env("XDG_RUNTIME_DIR", runtime)
+            .env_remove("MCPD_RUNTIME_DIR")
+            .env_remove("DBUS_SESSION_BUS_ADDRESS")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("python3 perhost_client.py");
+        let stdin = child.stdin.take();
+        let stdout = child.stdout.take().expect("stdout");
+        let (tx, answers) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines() {
+                let Ok(line) = line else { break };
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        Self {
+            child,
+            stdin,
+            answers,
+        }
+    }
+
+    fn ask(&mut self, command: Value) -> Value {
+        let stdin = self.stdin.as_mut().expect("the host is attached");
+        writeln!(stdin, "{command}").expect("write to the host");
+        let line = self
+            .answers
+            .recv_timeout(Duration::from_secs(60))
+            .unwrap_or_else(|_| panic!("the host did not answer {command}"));
+        serde_json::from_str(&line).expect("a JSON line")
+    }
+
+    fn init(&mut self) -> Value {
+        self.ask(json!({"op": "init"}))
+    }
+
+    fn call(&mut self, name: &str, args: Value) -> Value {
+        self.ask(json!({"op": "call", "name": name, "args": args}))
+    }
+
+    /// The pid of the server answering this host (the fixture's `whoami`).
+    fn server_pid(&mut self) -> u32 {
+        let answer = self.call("whoami", json!({}));
+        let who: Value = serde_json::from_str(answer["text"].as_str().unwrap_or_default())
+            .unwrap_or_else(|_| panic!("whoami: {answer}"));
+        let pid = who["pid"]
+            .as_u64()
+            .unwrap_or_else(|| panic!("whoami: {answer}"));
+        u32::try_from(pid).expect("a pid")
+    }
+
+    /// The pid of the server answering this host's next `whoami` that is
+    /// answered (calls during an outage fail; bounded).
+    fn next_server_pid(&mut self) -> u32 {
+        let deadline = Instant::now() + BOUND;
+        loop {
+            let answer = self.call("whoami", json!({}));
+            if let Ok(who) = serde_json::from_str::<Value>(answer["text"].as_str().unwrap_or("")) {
+                return u32::try_from(who["pid"].as_u64().expect("pid")).expect("pid");
+            }
+            assert!(Instant::now() < deadline, "no server answers: {answer}");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// The host leaves: end of its input, and it exits (closing its bridge).
+    fn leave(mut self) {
+        drop(self.stdin.take());
+        let deadline = Instant::now() + BOUND;
+        while self.child.try_wait().expect("wait").is_none() {
+            assert!(Instant::now() < deadline, "the host did not exit");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+}
+
+impl Drop for Host {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Two hosts attached to unit `mine` (the fixture and `extra`), each
+/// with its server's pid.
+struct Two {
+    units: tempfile::TempDir,
+    d: Daemon,
+    runtime: PathBuf,
+    a: (Host, u32),
+    b: (Host, u32),
+}
+
+impl Two {
+    fn start(extra: &str) -> Self {
+        python_sdk();
+        let units = tempfile::tempdir().expect("tempdir");
+        fixture_unit(units.path(), "mine", extra);
+        let (d, runtime) = daemon(units.path());
+        let (mut a, mut b) = (
+            Host::start(&runtime, "mine", &[]),
+            Host::start(&runtime, "mine", &[]),
+        );
+        a.init();
+        b.init();
+        let (pa, pb) = (a.server_pid(), b.server_pid());
+        Self {
+            units,
+            d,
+            runtime,
+            a: (a, pa),
+            b: (b, pb),
+        }
+    }
+}
+
+/// A unit running the fixture.
+fn fixture_unit(dir: &Path, name: &str, extra: &str) {
+    std::fs::write(
+        dir.join(format!("{name}.kdl")),
+        format!(
+            "stdio {{\n    command \"mcp-fixture\" \"--chatter\" \"0\"\n}}\nreconnect {{\n    initial-delay \"200ms\"\n    max-delay \"1s\"\n}}\nstop-timeout \"1s\"\n{extra}"
+        ),
+    )
+    .expect("write unit");
+}
+
+fn daemon(units: &Path) -> (Daemon, PathBuf) {
+    let d = Daemon::user_no_bus(units, &[]);
+    let runtime = d.runtime_dir().expect("runtime").to_owned();
+    (d, runtime)
+}
+
+/// Waits (bounded) until `done`.
+fn until(what: &str, done: impl Fn() -> bool) {
+    let deadline = Instant::now() + BOUND;
+    while !done() {
+        assert!(Instant::now() < deadline, "never: {what}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn python_sdk() {
+    let probe = Command::new("python3")
+        .args(["-c", "import mcp.client.stdio"])
+        .output()
+        .expect("python3");
+    assert!(
+        probe.status.success(),
+        "the MCP Python SDK is missing: python3 -m pip install mcp (.ci/run does)"
+    );
+}
+
+#[test]
+fn two_hosts_get_two_servers_on_a_per_host_unit_and_one_on_a_shared_one() {
+    python_sdk();
+    let units = tempfile::tempdir().expect("tempdir");
+    fixture_unit(units.path(), "mine", "sessions \"per-host\"\n");
+    fixture_unit(units.path(), "ours", "");
+    let (mut d, runtime) = daemon(units.path());
+    d.wait_until("ours running", |d| d.latest_pid("ours").is_some());
+
+    let (mut a, mut b) = (
+        Host::start(&runtime, "mine", &[]),
+        Host::start(&runtime, "mine", &[]),
+    );
+    assert_eq!(a.init()["name"], "mcp-fixture");
+    assert_eq!(b.init()["name"], "mcp-fixture");
+    let (pa, pb) = (a.server_pid(), b.server_pid());
+    assert_ne!(
+        pa, pb,
+        "a per-host unit serves each host with its own server"
+    );
+    // Each in its own cgroup, below the unit's.
+    let (ca, cb) = (cgroup_of(pa), cgroup_of(pb));
+    assert_ne!(ca, cb);
+    assert_eq!(ca.parent(), cb.parent());
+    assert!(ca.parent().is_some_and(|p| p.ends_with("mine")), "{ca:?}");
+    // Asked again, the same instance answers.
+    assert_eq!(a.server_pid(), pa);
+
+    let (mut c, mut e) = (
+        Host::start(&runtime, "ours", &[]),
+        Host::start(&runtime, "ours", &[]),
+    );
+    c.init();
+    e.init();
+    assert_eq!(
+        c.server_pid(),
+        e.server_pid(),
+        "a shared unit has one server"
+    );
+    drop((a, b, c, e));
+    assert!(d.stop(Signal::TERM).success());
+}
+
+#[test]
+fn a_host_that_leaves_takes_its_instance_along_and_only_its_own() {
+    let Two {
+        units: _units,
+        mut d,
+        runtime: _,
+        a: (a, pa),
+        b: (mut b, pb),
+    } = Two::start("sessions \"per-host\"\n");
+    let cgroup = cgroup_of(pa);
+    let left = Instant::now();
+    a.leave();
+    // stop-timeout (1 s) + 1 s.
+    until("a's server is gone", || !alive(pa));
+    until("a's cgroup is gone", || !cgroup.exists());
+    assert!(
+        left.elapsed() < Duration::from_secs(2) + Duration::from_millis(500),
+        "{:?}",
+        left.elapsed()
+    );
+    assert!(alive(pb));
+    assert_eq!(b.server_pid(), pb, "the other host's instance is untouched");
+    b.leave();
+    until("b's server is gone", || !alive(pb));
+    d.wait_for("instance mine@2");
+    assert!(d.stop(Signal::TERM).success());
+}
+
+#[test]
+fn a_crashed_instance_restarts_for_its_host_alone() {
+    let Two {
+        units: _units,
+        d,
+        runtime: _,
+        a: (mut a, pa),
+        b: (mut b, pb),
+    } = Two::start("sessions \"per-host\"\n");
+    rustix::process::kill_process(
+        rustix::process::Pid::from_raw(i32::try_from(pa).expect("pid")).expect("pid"),
+        Signal::KILL,
+    )
+    .expect("kill");
+    until("a's server is gone", || !alive(pa));
+    // After the backoff, a's next call is answered by a new server.
+    let again = a.next_server_pid();
+    assert_ne!(again, pa);
+    assert_ne!(again, pb);
+    assert_eq!(b.server_pid(), pb, "the other instance did not restart");
+    drop((a, b));
+    assert!(d.stop(Signal::TERM).success());
+}
+
+#[test]
+fn an_instance_declares_exactly_its_hosts_capabilities() {
+    python_sdk();
+    let units = tempfile::tempdir().expect("tempdir");
+    // The handshake's era: a server of 2026-07-28 (the fixture is one)
+    // reads each request's capabilities, which are its host's already.
+    fixture_unit(
+        units.path(),
+        "mine",
+        "sessions \"per-host\"\nprotocol \"legacy\"\n",
+    );
+    let (mut d, runtime) = daemon(units.path());
+    let mut with = Host::start(&runtime, "mine", &["file:///srv/with"]);
+    let mut without = Host::start(&runtime, "mine", &[]);
+    assert_eq!(with.init()["name"], "mcp-fixture");
+    assert_eq!(without.init()["name"], "mcp-fixture");
+    for h in [&mut with, &mut without] {
+        let set = h.call("set_tools", json!({"tools": ["roots"]}));
+        assert_eq!(set["error"], false, "{set}");
+    }
+    assert_eq!(with.call("roots", json!({}))["text"], "file:///srv/with");
+    // Shared, mcpd's client declares `roots` for every host; this
+    // instance's declares what its host did: nothing.
+    assert_eq!(
+        without.call("roots", json!({}))["text"],
+        "no roots capability"
+    );
+    drop((with, without));
+    d.wait_for("instance mine@2");
+    assert!(d.stop(Signal::TERM).success());
+}
+
+#[test]
+fn one_host_over_max_instances_is_refused_naming_the_limit() {
+    let Two {
+        units: _units,
+        d,
+        runtime,
+        a: (mut a, pa),
+        b: (mut b, pb),
+    } = Two::start("sessions \"per-host\"\nmax-instances 2\n");
+    let mut c = Host::start(&runtime, "mine", &[]);
+    let refused = c.init();
+    let why = refused["raised"].as_str().unwrap_or_default();
+    assert!(
+        why.contains("server mine") && why.contains("max-instances 2"),
+        "{refused}"
+    );
+    assert_eq!(a.server_pid(), pa);
+    assert_eq!(b.server_pid(), pb);
+    // A place freed is a place taken.
+    a.leave();
+    until("a's server is gone", || !alive(pa));
+    c.leave();
+    let mut e = Host::start(&runtime, "mine", &[]);
+    e.init();
+    let pe = e.server_pid();
+    assert!(pe != pa && pe != pb);
+    drop((b, e));
+    assert!(d.stop(Signal::TERM).success());
+}
+
+/// `server-filesystem` from `target/npm` (`.ci/run` installs it).
+fn filesystem() -> PathBuf {
+    let path = root()
+        .join("target/npm/node_modules/@modelcontextprotocol/server-filesystem/dist/index.js");
+    assert!(
+        path.is_file(),
+        "{} is missing: .ci/run installs tests/npm into target/npm",
+        path.display()
+    );
+    path
+}
+
+#[test]
+fn each_host_of_a_per_host_filesystem_server_sees_its_own_roots() {
+    python_sdk();
+    let server = filesystem();
+    let units = tempfile::tempdir().expect("tempdir");
+    let (one, two) = (
+        tempfile::tempdir().expect("tempdir"),
+        tempfile::tempdir().expect("tempdir"),
+    );
+    std::fs::write(one.path().join("one.txt"), "one").expect("write");
+    std::fs::write(two.path().join("two.txt"), "two").expect("write");
+    std::fs::write(
+        units.path().join("files.kdl"),
+        format!(
+            "stdio {{\n    command \"node\" \"{}\"\n}}\nsessions \"per-host\"\nstop-timeout \"1s\"\n",
+            server.display()
+        ),
+    )
+    .expect("write unit");
+    let (d, runtime) = daemon(units.path());
+    let uri = |p: &Path| format!("file://{}", p.canonicalize().expect("path").display());
+    let (u1, u2) = (uri(one.path()), uri(two.path()));
+    let mut a = Host::start(&runtime, "files", &[&u1]);
+    let mut b = Host::start(&runtime, "files", &[&u2]);
+    a.init();
+    b.init();
+    // The server asks each host for its roots once it is told they
+    // changed; until it has, it may still list none.
+    let allowed = |h: &mut Host, want: &Path| {
+        let want = want.canonicalize().expect("path").display().to_string();
+        let deadline = Instant::now() + BOUND;
+        loop {
+            let answer = h.call("list_allowed_directories", json!({}));
+            let text = answer["text"].as_str().unwrap_or_default().to_owned();
+            if text.contains(&want) {
+                return text;
+            }
+            assert!(Instant::now() < deadline, "never allowed {want}: {answer}");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    };
+    let seen_a = allowed(&mut a, one.path());
+    let seen_b = allowed(&mut b, two.path());
+    let (n1, n2) = (
+        one.path().canonicalize().expect("path"),
+        two.path().canonicalize().expect("path"),
+    );
+    assert!(!seen_a.contains(&n2.display().to_string()), "{seen_a}");
+    assert!(!seen_b.contains(&n1.display().to_string()), "{seen_b}");
+    let listed = a.call("list_directory", json!({"path": n1.display().to_string()}));
+    assert!(
+        listed["text"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("one.txt"),
+        "{listed}"
+    );
+    let refused = a.call("list_directory", json!({"path": n2.display().to_string()}));
+    assert!(
+        refused["error"] == true || refused.get("raised").is_some(),
+        "a host's instance does not reach another host's roots: {refused}"
+    );
+    drop((a, b));
+    assert!(d.stop(Signal::TERM).success());
+}
+
+/// One host through `mcpctl bridge NAME`, spoken raw: initialize, one
+/// `whoami`, then it leaves (end of input). The server's pid.
+fn raw_host(runtime: &Path, name: &str) -> u32 {
+    let mut bridge = crate::helper::mcpctl_user_command(runtime, &["bridge", name])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("mcpctl bridge");
+    let mut stdin = bridge.stdin.take().expect("stdin");
+    let mut lines = BufReader::new(bridge.stdout.take().expect("stdout")).lines();
+    let init = json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        "protocolVersion": "2025-06-18", "capabilities": {},
+        "clientInfo": {"name": "loop", "version": "0"}}});
+    writeln!(stdin, "{init}").expect("write");
+    let answer = lines.next().expect("an answer").expect("a line");
+    assert!(answer.contains("\"result\""), "{answer}");
+    writeln!(
+        stdin,
+        "{}",
+        json!({"jsonrpc": "2.0", "method": "notifications/initialized"})
+    )
+    .expect("write");
+    let call = json!({"jsonrpc": "2.0", "id": 2, "method": "tools/call",
+        "params": {"name": "whoami", "arguments": {}}});
+    writeln!(stdin, "{call}").expect("write");
+    let answer: Value =
+        serde_json::from_str(&lines.next().expect("an answer").expect("a line")).expect("json");
+    let text = answer["result"]["content"][0]["text"]
+        .as_str()
+        .unwrap_or_default();
+    let who: Value = serde_json::from_str(text).unwrap_or_else(|_| panic!("{answer}"));
+    drop(stdin);
+    assert!(bridge.wait().expect("wait").success());
+    u32::try_from(who["pid"].as_u64().expect("pid")).expect("pid")
+}
+
+/// Open file descriptors of `pid`.
+fn fds(pid: u32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .expect("/proc/PID/fd")
+        .count()
+}
+
+/// The instances' cgroups below the unit's `unit` (its own server's,
+/// `unit`, aside).
+fn instance_cgroups(unit: &Path) -> Vec<PathBuf> {
+    std::fs::read_dir(unit)
+        .map(|entries| {
+            entries
+                .flatten()
+                .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()) && e.file_name() != "unit")
+                .map(|e| e.path())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+#[test]
+fn a_hundred_hosts_come_and_go_and_leave_nothing_behind() {
+    let units = tempfile::tempdir().expect("tempdir");
+    fixture_unit(units.path(), "mine", "sessions \"per-host\"\n");
+    let (mut d, runtime) = daemon(units.path());
+    let daemon_pid = d.pid();
+    let line = d.wait_for("servers run in cgroups under ");
+    let servers = line
+        .split("servers run in cgroups under ")
+        .nth(1)
+        .expect("the servers' cgroup");
+    let unit = Path::new(servers.trim()).join("mine");
+    for _ in 0..5 {
+        raw_host(&runtime, "mine");
+    }
+    until("the warm-up's instances are gone", || {
+        instance_cgroups(&unit).is_empty()
+    });
+    let (fds_before, rss_before) = (fds(daemon_pid), crate::helper::rss_kib(daemon_pid));
+    let mut pids = Vec::new();
+    for _ in 0..100 {
+        pids.push(raw_host(&runtime, "mine"));
+    }
+    let distinct: std::collections::HashSet<_> = pids.iter().collect();
+    assert_eq!(distinct.len(), 100, "each host had a server of its own");
+    until("every instance's cgroup is gone", || {
+        instance_cgroups(&unit).is_empty()
+    });
+    until("every instance's process is gone", || {
+        pids.iter().all(|p| !alive(*p))
+    });
+    d.wait_until("the daemon's fds are back", |_| {
+        fds(daemon_pid) <= fds_before
+    });
+    let rss_after = crate::helper::rss_kib(daemon_pid);
+    assert!(
+        rss_after <= rss_before + 1024,
+        "daemon RSS {rss_before} KiB before, {rss_after} KiB after 100 hosts"
+    );
+    d.wait_for("instance mine@105");
+    assert!(d.stop(Signal::TERM).success());
+}
+
+#[test]
+fn status_dbus_stop_and_restart_name_each_instance() {
+    let Two {
+        units: _units,
+        d,
+        runtime,
+        a: (mut a, pa),
+        b: (mut b, pb),
+    } = Two::start("sessions \"per-host\"\n");
+    let ctl = |args: &[&str]| crate::helper::mcpctl_user(&runtime, args);
+
+    // Which instance serves which host (they attached at once).
+    let out = ctl(&["--json", "status", "mine"]);
+    let json: Value = serde_json::from_slice(&out.stdout).expect("json");
+    let status = if json.is_array() { &json[0] } else { &json };
+    assert_eq!(status["max_instances"], 16, "{status}");
+    let instances = status["instances"].as_array().expect("instances").clone();
+    assert_eq!(instances.len(), 2, "{status}");
+    let n_of = |pid: u32| {
+        instances
+            .iter()
+            .find(|i| i["pid"] == pid)
+            .and_then(|i| i["n"].as_u64())
+            .unwrap_or_else(|| panic!("no instance with pid {pid}: {status}"))
+    };
+    let (na, nb) = (n_of(pa), n_of(pb));
+    let uid = rustix::process::geteuid().as_raw();
+
+    let out = ctl(&["status", "mine"]);
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(text.contains("  Instances: 2 of 16\n"), "{text}");
+    let line_a = text
+        .lines()
+        .find(|l| {
+            l.trim_start()
+                .starts_with(&format!("mine@{na} running, pid {pa}, host pid "))
+        })
+        .unwrap_or_else(|| panic!("{text}"));
+    assert!(line_a.contains(&format!(" uid {uid}, since ")), "{line_a}");
+    assert!(line_a.contains("; 1 call"), "{line_a}");
+    assert!(
+        text.contains(&format!("mine@{nb} running, pid {pb}")),
+        "{text}"
+    );
+    // The unit's calls are its instances'.
+    assert!(text.contains("      Calls: 2 (0 failed)\n"), "{text}");
+
+    let socket = runtime.join("mcpd/private");
+    let (stop_a, restart_b) = (format!("mine@{na}"), format!("mine@{nb}"));
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime")
+        .block_on(async {
+            use futures_util::StreamExt;
+            let (_conn, server) = crate::helper::private_server(&socket, "mine").await;
+            let rows = server.instances().await.expect("Instances");
+            assert_eq!(rows.len(), 2, "{rows:?}");
+            let row_a = rows.iter().find(|r| u64::from(r.0) == na).expect("a's row");
+            assert_eq!((row_a.1.as_str(), row_a.2, row_a.4), ("running", pa, uid));
+            let mut changes = server.receive_instances_changed().await;
+            // `mcpctl stop mine@N` answers once the instance is gone; its
+            // host is detached with an error that says so.
+            let out = ctl(&["stop", &stop_a]);
+            assert!(
+                out.status.success(),
+                "{}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            assert!(!alive(pa));
+            tokio::time::timeout(BOUND, async {
+                loop {
+                    let change = changes.next().await.expect("a change");
+                    if change.get().await.expect("Instances").len() == 1 {
+                        break;
+                    }
+                }
+            })
+            .await
+            .expect("PropertiesChanged for Instances");
+        });
+    let after = a.call("whoami", json!({}));
+    assert!(after.get("raised").is_some(), "{after}");
+    assert_eq!(b.server_pid(), pb);
+    let out = ctl(&["stop", &stop_a]);
+    assert_eq!(out.status.code(), Some(4), "no such instance any more");
+
+    let out = ctl(&["restart", &restart_b]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    until("b's old server is gone", || !alive(pb));
+    let again = b.next_server_pid();
+    assert_ne!(again, pb, "the instance restarted for its host");
+    let out = ctl(&["status", "mine"]);
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(text.contains("  Instances: 1 of 16\n"), "{text}");
+    // A stopped instance's calls still count: a's one, b's two and more.
+    let calls: u64 = text
+        .lines()
+        .find_map(|l| l.trim_start().strip_prefix("Calls: "))
+        .and_then(|c| c.split(' ').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("{text}"));
+    assert!(calls >= 4, "{text}");
+    drop((a, b));
+    assert!(d.stop(Signal::TERM).success());
+}
+
+/// A host of MCP 2026-07-28 through `mcpctl bridge NAME`, spoken raw: no
+/// handshake, a `whoami` whose `_meta` declares `caps`. The server's pid,
+/// and the bridge with its input (the host stays attached until they are
+/// dropped).
+fn modern_host(runtime: &Path, name: &str, caps: Value) -> (u32, (Child, ChildStdin)) {
+    let mut bridge = crate::helper::mcpctl_user_command(runtime, &["bridge", name])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("mcpctl bridge");
+    let mut stdin = bridge.stdin.take().expect("stdin");
+    let mut lines = BufReader::new(bridge.stdout.take().expect("stdout")).lines();
+    let call = json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {
+    "name": "whoami", "arguments": {},
+    "_meta": {
+        "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+        "io.modelcontextprotocol/clientCapabilities": caps,
+        "io.modelcontextprotocol/clientInfo": {"name": "raw-modern", "version": "1"},
+    }}});
+    writeln!(stdin, "{call}").expect("write");
+    let answer: Value =
+        serde_json::from_str(&lines.next().expect("an answer").expect("a line")).expect("json");
+    let text = answer["result"]["content"][0]["text"]
+        .as_str()
+        .unwrap_or_default();
+    let who: Value = serde_json::from_str(text).unwrap_or_else(|_| panic!("{answer}"));
+    let pid = u32::try_from(who["pid"].as_u64().expect("pid")).expect("pid");
+    (pid, (bridge, stdin))
+}
+
+#[test]
+fn hosts_of_mcp_2026_07_28_get_an_instance_each_too() {
+    let units = tempfile::tempdir().expect("tempdir");
+    fixture_unit(units.path(), "mine", "sessions \"per-host\"\n");
+    let (d, runtime) = daemon(units.path());
+    let (pa, (mut a, a_in)) = modern_host(&runtime, "mine", json!({}));
+    let (pb, (mut b, b_in)) = modern_host(&runtime, "mine", json!({"roots": {}}));
+    assert_ne!(pa, pb);
+    drop((a_in, b_in));
+    let _ = a.kill();
+    let _ = b.kill();
+    let _ = (a.wait(), b.wait());
+    until("their servers are gone", || !alive(pa) && !alive(pb));
+    assert!(d.stop(Signal::TERM).success());
+}
+
+#[test]
+fn a_reload_switches_sessions_and_moves_the_limit_for_the_next_hosts() {
+    python_sdk();
+    let units = tempfile::tempdir().expect("tempdir");
+    fixture_unit(units.path(), "mine", "");
+    let (mut d, runtime) = daemon(units.path());
+    d.wait_until("mine running", |d| d.latest_pid("mine").is_some());
+    let shared = d.latest_pid("mine").expect("pid");
+    let reload = || {
+        let out = crate::helper::mcpctl_user(&runtime, &["reload"]);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+
+    fixture_unit(
+        units.path(),
+        "mine",
+        "sessions \"per-host\"\nmax-instances 1\n",
+    );
+    let diff = reload();
+    assert!(diff.contains("mine") && diff.contains("changed"), "{diff}");
+    // The shared server is gone; the unit now gives each host its own.
+    until("the shared server is gone", || !alive(shared));
+    let mut a = Host::start(&runtime, "mine", &[]);
+    a.init();
+    let pa = a.server_pid();
+    assert_ne!(pa, shared);
+    assert!(cgroup_of(pa).parent().is_some_and(|p| p.ends_with("mine")));
+    let mut b = Host::start(&runtime, "mine", &[]);
+    let refused = b.init();
+    assert!(
+        refused["raised"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("max-instances 1"),
+        "{refused}"
+    );
+
+    // A new limit applies in place, to the hosts that come next.
+    fixture_unit(
+        units.path(),
+        "mine",
+        "sessions \"per-host\"\nmax-instances 2\n",
+    );
+    reload();
+    assert_eq!(a.server_pid(), pa, "a running instance is left alone");
+    let mut c = Host::start(&runtime, "mine", &[]);
+    c.init();
+    let pc = c.server_pid();
+    assert!(pc != pa && pc != shared);
+    drop((a, b, c));
+    assert!(d.stop(Signal::TERM).success());
+}
+
+#[test]
+fn limits_hold_per_instance_or_its_host_is_told_why_not() {
+    python_sdk();
+    let units = tempfile::tempdir().expect("tempdir");
+    std::fs::write(
+        units.path().join("capped.kdl"),
+        "stdio { command \"mcp-fixture\"; }\nsessions \"per-host\"\nlimits { nofile 64; }\n",
+    )
+    .expect("write");
+    std::fs::write(
+        units.path().join("bounded.kdl"),
+        "stdio { command \"mcp-fixture\"; }\nsessions \"per-host\"\nlimits { memory-max \"256M\"; }\nreconnect { enabled #false; }\n",
+    )
+    .expect("write");
+    let (d, runtime) = daemon(units.path());
+    let mut a = Host::start(&runtime, "capped", &[]);
+    a.init();
+    let pid = a.server_pid();
+    let limits = std::fs::read_to_string(format!("/proc/{pid}/limits")).expect("limits");
+    let nofile = limits
+        .lines()
+        .find(|l| l.starts_with("Max open files"))
+        .expect("a Max open files line");
+    assert_eq!(
+        nofile.split_whitespace().collect::<Vec<_>>(),
+        ["Max", "open", "files", "64", "64", "files"],
+        "{nofile}"
+    );
+    // memory-max needs the memory controller: enforced on the instance's
+    // own cgroup where it is delegated, else the instance's start fails
+    // and its host is told why (never unlimited).
+    let servers = cgroup_of(pid)
+        .parent()
+        .and_then(Path::parent)
+        .expect("servers")
+        .to_owned();
+    let controllers =
+        std::fs::read_to_string(servers.join("cgroup.controllers")).unwrap_or_default();
+    let mut b = Host::start(&runtime, "bounded", &[]);
+    let init = b.init();
+    if controllers.split_whitespace().any(|c| c == "memory") {
+        assert_eq!(init["name"], "mcp-fixture", "{init}");
+        let pb = b.server_pid();
+        let max = std::fs::read_to_string(cgroup_of(pb).join("memory.max")).expect("memory.max");
+        assert_eq!(max.trim(), (256u64 << 20).to_string());
+        assert!(
+            cgroup_of(pb)
+                .parent()
+                .is_some_and(|p| p.ends_with("bounded"))
+        );
+    } else {
+        let why = init["raised"].as_str().unwrap_or_default();
+        assert!(
+            why.contains("server bounded@")
+                && why.contains("`limits.memory-max` needs the cgroup memory controller"),
+            "{init}"
+        );
+    }
+    drop((a, b));
+    assert!(d.stop(Signal::TERM).success());
+}
+
+#[test]
+fn dbus_calls_get_an_instance_per_caller_uid_never_a_hosts() {
+    python_sdk();
+    let units = tempfile::tempdir().expect("tempdir");
+    fixture_unit(
+        units.path(),
+        "mine",
+        "sessions \"per-host\"\nidle-stop \"1s\"\n",
+    );
+    let (d, runtime) = daemon(units.path());
+    let mut a = Host::start(&runtime, "mine", &[]);
+    a.init();
+    let pa = a.server_pid();
+    let call = || {
+        let out = crate::helper::mcpctl_user(&runtime, &["call", "mine", "whoami", "{}"]);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let who: Value = serde_json::from_slice(&out.stdout).expect("json");
+        u32::try_from(who["pid"].as_u64().expect("pid")).expect("pid")
+    };
+    let first = call();
+    assert_ne!(
+        first, pa,
+        "an operator's call never lands in a host's instance"
+    );
+    let uid = rustix::process::geteuid().as_raw();
+    assert!(
+        cgroup_of(first).ends_with(format!("mine/uid-{uid}")),
+        "{:?}",
+        cgroup_of(first)
+    );
+    assert_eq!(call(), first, "the same uid, the same instance");
+    // Stopped after idle-stop; the next call starts it again.
+    until("the caller's instance idles", || !alive(first));
+    let again = call();
+    assert!(again != first && again != pa);
+    assert_eq!(a.server_pid(), pa);
+    drop(a);
+    assert!(d.stop(Signal::TERM).success());
+}
+
+#[test]
+fn an_aggregate_gives_each_host_its_own_instance_of_a_per_host_member() {
+    python_sdk();
+    let units = tempfile::tempdir().expect("tempdir");
+    fixture_unit(units.path(), "mine", "sessions \"per-host\"\n");
+    fixture_unit(units.path(), "ours", "");
+    let (mut d, runtime) = daemon(units.path());
+    d.wait_until("ours running", |d| d.latest_pid("ours").is_some());
+    let (mut a, mut b) = (
+        Host::start(&runtime, "mine+ours", &[]),
+        Host::start(&runtime, "mine+ours", &[]),
+    );
+    a.init();
+    b.init();
+    let pid = |h: &mut Host, tool: &str| {
+        let answer = h.call(tool, json!({}));
+        let who: Value = serde_json::from_str(answer["text"].as_str().unwrap_or_default())
+            .unwrap_or_else(|_| panic!("{tool}: {answer}"));
+        who["pid"]
+            .as_u64()
+            .unwrap_or_else(|| panic!("{tool}: {answer}"))
+    };
+    assert_ne!(pid(&mut a, "mine__whoami"), pid(&mut b, "mine__whoami"));
+    assert_eq!(pid(&mut a, "ours__whoami"), pid(&mut b, "ours__whoami"));
+    drop((a, b));
+    assert!(d.stop(Signal::TERM).success());
+}
+
+#[test]
+fn a_host_back_from_a_daemon_restart_gets_a_fresh_instance() {
+    python_sdk();
+    let units = tempfile::tempdir().expect("tempdir");
+    let runtime = tempfile::tempdir().expect("tempdir");
+    fixture_unit(units.path(), "mine", "sessions \"per-host\"\n");
+    let start = || {
+        Daemon::user_no_bus(
+            units.path(),
+            &[("XDG_RUNTIME_DIR", runtime.path().as_os_str())],
+        )
+    };
+    let d = start();
+    let mut a = Host::start(runtime.path(), "mine", &[]);
+    a.init();
+    let before = a.server_pid();
+    assert!(d.stop(Signal::TERM).success());
+    assert!(!alive(before), "no server outlives its daemon");
+    let mut d = start();
+    // The bridge attaches again and replays the host's initialize: a new
+    // instance for it.
+    let after = a.next_server_pid();
+    assert_ne!(after, before);
+    assert!(
+        cgroup_of(after)
+            .parent()
+            .is_some_and(|p| p.ends_with("mine"))
+    );
+    d.wait_for("instance mine@1");
+    drop(a);
+    assert!(d.stop(Signal::TERM).success());
+}
