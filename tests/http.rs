@@ -474,7 +474,6 @@ fn token(state: &Path, args: &[&str]) -> String {
 
 #[test]
 fn tokens_reach_their_units_only_and_a_revoked_one_ends_its_sessions() {
-    use std::io::{Read, Write};
     let units = tempfile::tempdir().expect("tempdir");
     for name in ["a", "b"] {
         std::fs::write(
@@ -544,35 +543,10 @@ fn tokens_reach_their_units_only_and_a_revoked_one_ends_its_sessions() {
     assert_eq!(request(addr, "GET", "/mcp/a", &h, b"").0, 404);
 
     // Its GET stream is open when the token is revoked: the stream ends.
-    let mut stream = std::net::TcpStream::connect(addr).expect("connect");
-    stream
-        .set_read_timeout(Some(std::time::Duration::from_secs(30)))
-        .expect("timeout");
-    write!(
-        stream,
-        "GET /mcp/a HTTP/1.1\r\nHost: x\r\nAccept: text/event-stream\r\nAuthorization: Bearer {only_a}\r\nMcp-Session-Id: {session}\r\n\r\n"
-    )
-    .expect("write");
-    let mut head = Vec::new();
-    let mut byte = [0u8; 1];
-    while !head.ends_with(b"\r\n\r\n") {
-        assert_eq!(stream.read(&mut byte).expect("read"), 1, "{head:?}");
-        head.push(byte[0]);
-    }
-    assert!(
-        head.starts_with(b"HTTP/1.1 200"),
-        "{}",
-        String::from_utf8_lossy(&head)
-    );
+    let auth = format!("Authorization: Bearer {only_a}\r\n");
+    let stream = get_stream(addr, "/mcp/a", &session, &auth);
     token(state.path(), &["revoke", "only-a"]);
-    let mut rest = Vec::new();
-    // The last chunk comes (the stream ends), the connection stays usable.
-    while !rest.ends_with(b"0\r\n\r\n") {
-        match stream.read(&mut byte) {
-            Ok(1) => rest.push(byte[0]),
-            other => panic!("the stream did not end: {other:?} after {rest:?}"),
-        }
-    }
+    stream_ends(stream);
     d.wait_for("its token was revoked");
     assert_eq!(post("/mcp/a", &only_a).0, 401);
     assert_eq!(post("/mcp/a", &all).0, 200);
@@ -731,7 +705,6 @@ fn a_host_of_2026_07_28_gets_over_http_what_it_gets_through_the_bridge() {
 
 #[test]
 fn a_reload_that_removes_a_unit_ends_its_http_sessions() {
-    use std::io::{Read, Write};
     let units = tempfile::tempdir().expect("tempdir");
     let unit = units.path().join("a.kdl");
     std::fs::write(&unit, "stdio {\n    command \"mcp-fixture\"\n}\n").expect("write");
@@ -743,28 +716,9 @@ fn a_reload_that_removes_a_unit_ends_its_http_sessions() {
     let (status, headers, _) = request(addr, "POST", "/mcp/a", &JSON, INITIALIZE.as_bytes());
     assert_eq!(status, 200);
     let session = header(&headers, "mcp-session-id").expect("id").to_owned();
-    let mut stream = std::net::TcpStream::connect(addr).expect("connect");
-    stream
-        .set_read_timeout(Some(std::time::Duration::from_secs(30)))
-        .expect("timeout");
-    write!(
-        stream,
-        "GET /mcp/a HTTP/1.1\r\nHost: x\r\nAccept: text/event-stream\r\nMcp-Session-Id: {session}\r\n\r\n"
-    )
-    .expect("write");
-    let mut seen = Vec::new();
-    let mut byte = [0u8; 1];
-    while !seen.ends_with(b"\r\n\r\n") {
-        assert_eq!(stream.read(&mut byte).expect("read"), 1);
-        seen.push(byte[0]);
-    }
+    let stream = get_stream(addr, "/mcp/a", &session, "");
     std::fs::remove_file(&unit).expect("remove");
-    while !seen.ends_with(b"0\r\n\r\n") {
-        match stream.read(&mut byte) {
-            Ok(1) => seen.push(byte[0]),
-            other => panic!("the stream did not end: {other:?}"),
-        }
-    }
+    stream_ends(stream);
     let line = d.wait_for("ended: a ended the session");
     assert!(line.contains(&session), "{line}");
     let mut h: Vec<(&str, &str)> = JSON.to_vec();
@@ -794,4 +748,50 @@ fn refusals_are_logged_within_a_rate_limit() {
     );
     d.wait_for("reloaded:");
     assert_eq!(d.count("refused a request to /mcp/a: no token"), 100);
+}
+
+/// Opens session `session`'s GET stream (with the header lines `extra`)
+/// and reads its answer's head, which must be 200.
+fn get_stream(
+    addr: std::net::SocketAddr,
+    path: &str,
+    session: &str,
+    extra: &str,
+) -> std::net::TcpStream {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect(addr).expect("connect");
+    stream
+        .set_read_timeout(Some(std::time::Duration::from_secs(30)))
+        .expect("timeout");
+    write!(
+        stream,
+        "GET {path} HTTP/1.1\r\nHost: x\r\nAccept: text/event-stream\r\n{extra}Mcp-Session-Id: {session}\r\n\r\n"
+    )
+    .expect("write");
+    let mut head = Vec::new();
+    let mut byte = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") {
+        assert_eq!(stream.read(&mut byte).expect("read"), 1, "{head:?}");
+        head.push(byte[0]);
+    }
+    assert!(
+        head.starts_with(b"HTTP/1.1 200"),
+        "{}",
+        String::from_utf8_lossy(&head)
+    );
+    stream
+}
+
+/// Reads `stream` until its last chunk (the stream ended; the connection
+/// stays usable), within its read timeout.
+fn stream_ends(mut stream: std::net::TcpStream) {
+    use std::io::Read;
+    let mut rest = Vec::new();
+    let mut byte = [0u8; 1];
+    while !rest.ends_with(b"0\r\n\r\n") {
+        match stream.read(&mut byte) {
+            Ok(1) => rest.push(byte[0]),
+            other => panic!("the stream did not end: {other:?} after {rest:?}"),
+        }
+    }
 }
