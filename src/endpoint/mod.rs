@@ -31,7 +31,7 @@ use http_body_util::{BodyExt, Full, Limited, StreamBody};
 use hyper::body::{Frame, Incoming};
 use hyper::header::{self, HeaderValue};
 use hyper::{Method, Request, Response, StatusCode};
-use tokio::net::{TcpListener, UnixStream};
+use tokio::net::TcpListener;
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
@@ -779,10 +779,7 @@ impl Inner {
         let label = name.to_owned();
         tokio::spawn(session::run(
             label.clone(),
-            HostLink::Socket {
-                stream: mine,
-                pending: Vec::new(),
-            },
+            HostLink::Memory(mine),
             rx,
             revoked,
             move |why| {
@@ -800,17 +797,22 @@ impl Inner {
     }
 }
 
-/// Attaches a host session of unit (or aggregate) `name` on one end of a
-/// socket pair; the other end, for the HTTP side.
-fn attach(shared: &Arc<Shared>, name: &str) -> Result<UnixStream, Box<Response<Body>>> {
+/// What each direction between an HTTP session and its unit's session
+/// holds before its writer queues (as the aggregate's members).
+const PAIR_BUFFER: usize = 256 << 10;
+
+/// Attaches a host session of unit (or aggregate) `name` on one end of an
+/// in-memory pair (`mux::memory`: the unit's session is another task of
+/// this daemon, so no message crosses a system call); the other end, for
+/// the HTTP side.
+fn attach(
+    shared: &Arc<Shared>,
+    name: &str,
+) -> Result<crate::mux::memory::End, Box<Response<Body>>> {
     let target =
         Target::parse(name).map_err(|e| Box::new(rpc_error(StatusCode::NOT_FOUND, -32600, &e)))?;
-    let (mine, theirs) = UnixStream::pair()
-        .map_err(|e| Box::new(refuse(StatusCode::SERVICE_UNAVAILABLE, &e.to_string())))?;
-    let theirs = HostLink::Socket {
-        stream: theirs,
-        pending: Vec::new(),
-    };
+    let (mine, theirs) = crate::mux::memory::pair(PAIR_BUFFER);
+    let theirs = HostLink::Memory(theirs);
     let caller = Caller::default();
     if target.is_aggregate() {
         crate::aggregate::attach(shared, target, theirs, caller)
@@ -1110,10 +1112,7 @@ async fn stateless(
                 parked.remove(state);
             }
         };
-        let link = HostLink::Socket {
-            stream: mine,
-            pending: Vec::new(),
-        };
+        let link = HostLink::Memory(mine);
         let first = session::Once {
             message,
             id,

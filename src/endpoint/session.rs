@@ -1,9 +1,9 @@
 //! One HTTP session (MCP Streamable HTTP, 2025-11-25 sessions): the task
 //! between the HTTP requests of one `Mcp-Session-Id` and a host session
 //! of its unit (or aggregate), reached as every host reaches one: a
-//! socket pair, one end attached through `Supervisor::attach` (or
-//! `aggregate::attach`), so the unit's routing, bounds, eras and
-//! accounting are the bridge's.
+//! pair (in memory, `mux::memory`), one end attached through
+//! `Supervisor::attach` (or `aggregate::attach`), so the unit's routing,
+//! bounds, eras and accounting are the bridge's.
 //!
 //! Each POSTed request gets a stream (`Sink`): its answer ends it. What
 //! the unit sends that is not an answer goes to the stream of the request
