@@ -112,6 +112,18 @@ pub struct Shared {
     /// Counts the read model's publications: aggregates follow their
     /// groups by it.
     pub published: watch::Sender<u64>,
+    /// The HTTP endpoint (DESIGN §15) while it serves: kept up to date by
+    /// the endpoint, shown by `mcpctl status`.
+    pub http: std::sync::Mutex<Option<HttpView>>,
+}
+
+/// The HTTP endpoint as the outside sees it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct HttpView {
+    /// The addresses it listens on.
+    pub listen: Vec<String>,
+    /// Its open sessions.
+    pub sessions: usize,
 }
 
 /// Why the read model has no unit, or no supervisor, by a name. The
@@ -139,6 +151,7 @@ impl Shared {
             units: RwLock::new(BTreeMap::new()),
             control,
             published: watch::Sender::new(0),
+            http: std::sync::Mutex::new(None),
         }
     }
 

@@ -39,6 +39,21 @@ fn unit_man_page_documents_every_key() {
 }
 
 #[test]
+fn settings_man_page_documents_every_section_and_key() {
+    let page = std::fs::read_to_string(root().join("man/mcpd.kdl.5")).expect("man/mcpd.kdl.5");
+    let keys = mcpd::unit::settings::SECTIONS
+        .iter()
+        .chain(mcpd::unit::settings::HTTP_KEYS);
+    for key in keys {
+        let escaped = key.replace('-', "\\-");
+        assert!(
+            page.contains(&format!(".It Ic {escaped}")) || page.contains(&format!(".It Ic {key}")),
+            "man/mcpd.kdl.5 does not document `{key}`"
+        );
+    }
+}
+
+#[test]
 fn mcpctl_man_page_documents_every_subcommand() {
     let page = std::fs::read_to_string(root().join("man/mcpctl.1")).expect("man/mcpctl.1");
     let help = run(crate::helper::mcpctl().arg("--help"));
@@ -172,11 +187,12 @@ const LAYERS: &[Layer] = &[
         // a file's drop-in directory and recognises masks, and
         // `instance.rs` asks whether `/run/user/UID` is a directory the
         // user owns (the one fact of the runtime directory's rule that is
-        // on disk).
+        // on disk); `settings.rs` reads the daemon's `mcpd.kdl`.
         allowed: &[
             ("src/unit/load.rs", "std::fs"),
             ("src/unit/search.rs", "std::fs"),
             ("src/unit/instance.rs", "std::fs"),
+            ("src/unit/settings.rs", "std::fs"),
         ],
         why: "src/unit/ is pure: it reads unit files, runs no task, process or \
               socket and reads no clock",
@@ -217,6 +233,22 @@ const LAYERS: &[Layer] = &[
         forbidden: &["crate::daemon", "crate::dbus"],
         allowed: &[],
         why: "the aggregate's task is started by the attach socket and by D-Bus alike",
+    },
+    Layer {
+        under: "src/endpoint/",
+        forbidden: &["crate::daemon", "crate::dbus"],
+        allowed: &[],
+        why: "the HTTP endpoint attaches host sessions as the attach socket does; \
+              the daemon starts it and hands it its settings",
+    },
+    Layer {
+        under: "src/",
+        forbidden: &["hyper::", "hyper_util::"],
+        allowed: &[
+            ("src/endpoint/mod.rs", "hyper::"),
+            ("src/endpoint/mod.rs", "hyper_util::"),
+        ],
+        why: "the HTTP server is the endpoint's alone",
     },
     Layer {
         under: "src/mux/tasks.rs",

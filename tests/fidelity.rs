@@ -26,11 +26,22 @@ pub fn everything() -> PathBuf {
 
 /// Runs `tests/data/fidelity.py` against `command`: every check's outcome.
 fn fidelity(command: &[&str], runtime: Option<&std::path::Path>) -> Value {
+    fidelity_with(command, runtime, &[])
+}
+
+/// [`fidelity`] with more of the script's environment (`MCPD_TOKEN`).
+pub fn fidelity_with(
+    command: &[&str],
+    runtime: Option<&std::path::Path>,
+    env: &[(&str, &str)],
+) -> Value {
     let mut cmd = std::process::Command::new("python3");
     cmd.arg(root().join("tests/data/fidelity.py"))
         .args(command)
         .env("PYTHONWARNINGS", "ignore")
-        .env_remove("DBUS_SESSION_BUS_ADDRESS");
+        .env_remove("DBUS_SESSION_BUS_ADDRESS")
+        .env_remove("MCPD_TOKEN")
+        .envs(env.iter().copied());
     if let Some(runtime) = runtime {
         cmd.env("XDG_RUNTIME_DIR", runtime);
     }

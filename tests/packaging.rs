@@ -36,11 +36,14 @@ const FILES: &[&str] = &[
     "usr/bin/mcpd",
     "usr/bin/mcpctl",
     "usr/share/man/man1/mcpctl.1.gz",
+    "usr/share/man/man5/mcpd.kdl.5.gz",
     "usr/share/man/man5/mcpd.unit.5.gz",
     "usr/share/man/man5/org.mcpd1.5.gz",
     "usr/share/man/man8/mcpd.8.gz",
     "usr/lib/systemd/system/mcpd.service",
     "usr/lib/systemd/user/mcpd.service",
+    "usr/lib/systemd/system/mcpd-http.socket",
+    "usr/lib/systemd/user/mcpd-http.socket",
     "usr/share/dbus-1/system.d/org.mcpd1.conf",
     "usr/share/dbus-1/services/org.mcpd1.service",
     "usr/share/dbus-1/system-services/org.mcpd1.service",
@@ -56,16 +59,21 @@ const FILES: &[&str] = &[
 /// the extracted binary (verify insists the program exists); any output is
 /// a finding.
 fn verify_unit(scratch: &Path, unit: &str, user: bool, tmp: &Path) {
-    let text = std::fs::read_to_string(scratch.join(unit)).expect("unit");
     let dir = tmp.join(if user { "verify-user" } else { "verify-system" });
     std::fs::create_dir_all(&dir).expect("mkdir");
-    let copy = dir.join("mcpd.service");
     let binary = scratch.join("usr/bin/mcpd");
-    std::fs::write(
-        &copy,
-        text.replace("/usr/bin/mcpd", &binary.display().to_string()),
-    )
-    .expect("write");
+    // The unit, and beside it the service (a socket names it).
+    let service = Path::new(unit).with_file_name("mcpd.service");
+    let mut copy = dir.clone();
+    for file in [service.as_path(), Path::new(unit)] {
+        let text = std::fs::read_to_string(scratch.join(file)).expect("unit");
+        copy = dir.join(file.file_name().expect("a file name"));
+        std::fs::write(
+            &copy,
+            text.replace("/usr/bin/mcpd", &binary.display().to_string()),
+        )
+        .expect("write");
+    }
     let mut cmd = Command::new("systemd-analyze");
     if user {
         cmd.arg("--user").env("XDG_RUNTIME_DIR", &dir);
@@ -119,6 +127,12 @@ fn the_deb_carries_every_file_to_its_place() {
         true,
         tmp.path(),
     );
+    for (socket, user) in [
+        ("usr/lib/systemd/system/mcpd-http.socket", false),
+        ("usr/lib/systemd/user/mcpd-http.socket", true),
+    ] {
+        verify_unit(&scratch, socket, user, tmp.path());
+    }
     let xml = run(Command::new("xmllint")
         .arg("--noout")
         .arg(scratch.join("usr/share/dbus-1/system.d/org.mcpd1.conf")));

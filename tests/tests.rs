@@ -20,6 +20,7 @@ mod fidelity;
 mod fixture;
 mod fuzz;
 mod hostile;
+mod http;
 mod interop;
 mod lists;
 mod machine;

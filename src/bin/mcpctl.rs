@@ -153,11 +153,41 @@ enum Command {
         #[arg(long)]
         force: bool,
     },
+    /// Manage the HTTP endpoint's tokens (mcpd.kdl(5)): kept as hashes in
+    /// the instance's state directory; the daemon applies a change at once.
+    Token {
+        #[command(subcommand)]
+        action: TokenAction,
+    },
     /// Manage the instance's credstore, which units' `credentials { import
     /// … }` read (values never on the command line, never shown).
     Credential {
         #[command(subcommand)]
         action: CredentialAction,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+enum TokenAction {
+    /// Make token NAME and print it (once: only its hash is kept).
+    New {
+        name: String,
+        /// Only these units (comma-separated).
+        #[arg(long, value_delimiter = ',', conflicts_with = "group")]
+        units: Vec<String>,
+        /// Only the units of this group.
+        #[arg(long)]
+        group: Option<String>,
+        /// Expire after this long (30d, 12h).
+        #[arg(long, value_name = "DURATION")]
+        expires: Option<String>,
+    },
+    /// List the tokens: name, scope, created, expires.
+    List,
+    /// Revoke tokens: their open HTTP sessions end.
+    Revoke {
+        #[arg(required = true)]
+        names: Vec<String>,
     },
 }
 
@@ -324,6 +354,27 @@ fn main() -> ExitCode {
             &env,
             &mut std::io::stdout().lock(),
         )),
+        Command::Token { action } => {
+            use mcpd::ctl::token;
+            let file = mcpd::tokens::path(&instance.state_dir());
+            Some(match action {
+                TokenAction::New {
+                    name,
+                    units,
+                    group,
+                    expires,
+                } => token::new(
+                    &file,
+                    name,
+                    units,
+                    group.as_deref(),
+                    expires.as_deref(),
+                    &mut std::io::stdout().lock(),
+                ),
+                TokenAction::List => token::list(&file, cli.json, &mut std::io::stdout().lock()),
+                TokenAction::Revoke { names } => token::revoke(&file, names),
+            })
+        }
         Command::Credential { action } => {
             use mcpd::ctl::credential;
             let store = instance.credstore();
@@ -421,6 +472,7 @@ fn main() -> ExitCode {
             | Command::Import { .. }
             | Command::Connect { .. }
             | Command::Disconnect { .. }
+            | Command::Token { .. }
             | Command::Credential { .. } => Ok(exit::OK),
         }
     });

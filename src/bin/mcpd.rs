@@ -29,6 +29,11 @@ struct Cli {
     /// not on the system or session bus.
     #[arg(long)]
     no_bus: bool,
+    /// Read the daemon's settings (mcpd.kdl(5)) from PATH instead of
+    /// /etc/mcpd/mcpd.kdl (system) or $XDG_CONFIG_HOME/mcpd/mcpd.kdl (user);
+    /// it must exist.
+    #[arg(long, value_name = "PATH")]
+    config: Option<PathBuf>,
     /// Log filter: a level (error, warn, info, debug, trace) or tracing
     /// directives such as "info,mcpd::supervisor=debug". Overrides MCPD_LOG.
     #[arg(long, value_name = "FILTER")]
@@ -36,6 +41,8 @@ struct Cli {
 }
 
 fn main() -> ExitCode {
+    // Before any descriptor is opened: the service manager's sockets.
+    let passed = daemon::activation::take();
     let cli = Cli::parse();
     let filter = cli
         .log_level
@@ -45,9 +52,13 @@ fn main() -> ExitCode {
         eprintln!("mcpd: {e}");
         return ExitCode::from(2);
     }
+    for line in passed {
+        tracing::warn!(target: "mcpd::daemon", "{line}");
+    }
     // Tunables for the tests and the benchmarks, checked at start.
     type Set = fn(std::time::Duration) -> Result<(), String>;
-    let knobs: [(&str, Set); 2] = [
+    let knobs: [(&str, Set); 3] = [
+        ("MCPD_HTTP_READ_TIMEOUT", mcpd::endpoint::set_read_timeout),
         (
             "MCPD_CALL_LOG_DELAY",
             mcpd::supervisor::accounting::set_flush_after,
@@ -75,6 +86,11 @@ fn main() -> ExitCode {
     };
     let mut config = Config::new(instance, cli.units);
     config.no_bus = cli.no_bus;
+    if let Some(path) = cli.config {
+        // Absolute, so its directory can be watched.
+        config.settings = Some(std::path::absolute(&path).unwrap_or(path));
+        config.settings_given = true;
+    }
     let runtime = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()

@@ -593,6 +593,13 @@ async fn overview(client: &Client, output: Output, out: &mut dyn Write) -> Resul
         .collect();
     let noun = if rows.len() == 1 { "server" } else { "servers" };
     writeln!(out, "\n{} {noun}: {}", rows.len(), summary.join(", ")).map_err(io)?;
+    // A daemon without the method (older) or without an endpoint: no line.
+    if let Ok((listen, sessions)) = client.manager.http_endpoint().await
+        && !listen.is_empty()
+    {
+        let noun = if sessions == 1 { "session" } else { "sessions" };
+        writeln!(out, "HTTP: {}, {sessions} {noun}", listen.join(" ")).map_err(io)?;
+    }
     Ok(exit::OK)
 }
 

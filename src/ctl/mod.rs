@@ -6,6 +6,7 @@ pub mod client;
 pub mod commands;
 pub mod credential;
 pub mod import;
+pub mod token;
 pub mod verify;
 
 /// Exit codes shared by every subcommand (systemctl's convention).

@@ -11,6 +11,7 @@
 //! attach socket for host sessions), [`watch`],
 //! [`sdnotify`], [`lock`], [`fdlimit`], [`logging`].
 
+pub mod activation;
 pub mod attach;
 pub mod fdlimit;
 pub mod lock;
@@ -49,6 +50,12 @@ pub struct Config {
     pub state_dir: PathBuf,
     /// Serve D-Bus only on the private socket, not on the bus.
     pub no_bus: bool,
+    /// The settings file (`mcpd.kdl`, DESIGN §15): the instance's default
+    /// path, or `--config`'s.
+    pub settings: Option<PathBuf>,
+    /// Whether the settings file was named (`--config`): then it must
+    /// exist; the default path may be absent (no endpoint).
+    pub settings_given: bool,
 }
 
 impl Config {
@@ -67,6 +74,8 @@ impl Config {
             runtime_dir: instance.runtime_dir(),
             state_dir: instance.state_dir(),
             no_bus: false,
+            settings: unit::settings::default_path(instance, |var| std::env::var_os(var)),
+            settings_given: false,
         }
     }
 }
@@ -80,6 +89,10 @@ pub enum RunError {
     Watch(#[from] notify::Error),
     #[error(transparent)]
     Dbus(#[from] crate::dbus::StartError),
+    #[error("{0}")]
+    Settings(crate::unit::LoadError),
+    #[error("HTTP endpoint: {0}")]
+    Http(String),
     #[error("cannot create the attach socket {}: {source}", path.display())]
     Attach {
         path: std::path::PathBuf,
@@ -103,6 +116,10 @@ pub async fn run(
     mut control: mpsc::UnboundedReceiver<Control>,
 ) -> Result<(), RunError> {
     let lock = lock::InstanceLock::acquire(config.instance, &config.runtime_dir)?;
+    let settings_file = (config.settings.clone(), config.settings_given);
+    let tokens_file = crate::tokens::path(&config.state_dir);
+    let mut settings = read_settings(&settings_file).map_err(RunError::Settings)?;
+    log_settings(&settings_file, &settings);
     memory::give_large_buffers_back();
     let dirs: Vec<String> = config
         .unit_dirs
@@ -163,7 +180,22 @@ pub async fn run(
         path: crate::mux::attach::socket(&runtime_dir),
         source,
     })?;
-    watcher.set(&registry.watch_paths());
+    // Sockets of `mcpd-http.socket` serve the endpoint even without an
+    // `http` section (with its defaults).
+    let activated = activation::http_listeners();
+    let http = settings
+        .http
+        .clone()
+        .or_else(|| (!activated.is_empty()).then(Default::default));
+    let mut endpoint = match http {
+        Some(http) => Some(
+            crate::endpoint::Endpoint::start(&shared, http, tokens_file.clone(), activated)
+                .await
+                .map_err(RunError::Http)?,
+        ),
+        None => None,
+    };
+    watcher.set(&watch_paths(&registry, &settings_file, &tokens_file));
     if registry.entries().is_empty() {
         tracing::warn!(target: "mcpd::daemon", "no units found in {}", dirs.join(":"));
     }
@@ -223,7 +255,27 @@ pub async fn run(
             let diff = registry.reload().await;
             publish(&shared, &registry);
             bus.hub.apply(&diff).await;
-            watcher.set(&registry.watch_paths());
+            let file = settings_file.clone();
+            match tokio::task::spawn_blocking(move || read_settings(&file)).await {
+                Ok(Ok(new)) => {
+                    if new != settings {
+                        settings = new;
+                        log_settings(&settings_file, &settings);
+                        apply_http(&shared, &mut endpoint, settings.http.clone(), &tokens_file)
+                            .await;
+                    }
+                }
+                Ok(Err(e)) => {
+                    tracing::warn!(target: "mcpd::daemon", "keeping the last good settings: {}", e.to_string().replace('\n', "; "));
+                }
+                Err(e) => {
+                    tracing::warn!(target: "mcpd::daemon", "cannot read the settings file: {e}")
+                }
+            }
+            if let Some(serving) = &endpoint {
+                serving.reload_tokens();
+            }
+            watcher.set(&watch_paths(&registry, &settings_file, &tokens_file));
             status = registry.summary();
             sdnotify::ready(&status);
             tracing::info!(target: "mcpd::daemon", "reloaded: {diff}");
@@ -237,6 +289,9 @@ pub async fn run(
     tracing::info!(target: "mcpd::daemon", "stopping {}", count(registry.entries().len(), "unit"));
     // No new host sessions on a daemon that is stopping.
     drop(attach);
+    if let Some(serving) = endpoint {
+        serving.stop().await;
+    }
     registry.shutdown().await;
     drop(bus);
     if let Some(cgroups) = cgroups {
@@ -250,6 +305,88 @@ pub async fn run(
     tracing::info!(target: "mcpd::daemon", "stopped");
     drop(lock);
     Ok(())
+}
+
+/// Starts, changes or stops the HTTP endpoint for a reload's settings.
+async fn apply_http(
+    shared: &Arc<crate::model::Shared>,
+    endpoint: &mut Option<crate::endpoint::Endpoint>,
+    http: Option<unit::settings::HttpSettings>,
+    tokens_file: &std::path::Path,
+) {
+    match (endpoint.as_mut(), http) {
+        (Some(serving), Some(http)) => serving.apply(http).await,
+        // The service manager's sockets stay served, with the defaults.
+        (Some(serving), None) if serving.activated() => serving.apply(Default::default()).await,
+        (None, Some(http)) => {
+            match crate::endpoint::Endpoint::start(shared, http, tokens_file.to_owned(), Vec::new())
+                .await
+            {
+                Ok(started) => *endpoint = Some(started),
+                Err(why) => tracing::warn!(target: "mcpd::daemon", "no HTTP endpoint: {why}"),
+            }
+        }
+        (Some(_), None) => {
+            if let Some(serving) = endpoint.take() {
+                serving.stop().await;
+            }
+            tracing::info!(target: "mcpd::daemon", "HTTP endpoint stopped: the settings have no `http` section");
+        }
+        (None, None) => {}
+    }
+}
+
+/// The settings file (`mcpd.kdl`): the path, and whether it must exist.
+type SettingsFile = (Option<PathBuf>, bool);
+
+/// What the settings file says now: no file at the default path is the
+/// defaults (no HTTP endpoint).
+fn read_settings(
+    (path, required): &SettingsFile,
+) -> Result<unit::settings::Settings, crate::unit::LoadError> {
+    match path {
+        None => Ok(unit::settings::Settings::default()),
+        Some(path) => Ok(unit::settings::read(path, *required)?.unwrap_or_default()),
+    }
+}
+
+fn log_settings((path, _): &SettingsFile, settings: &unit::settings::Settings) {
+    let from = path.as_ref().map_or_else(
+        || "no settings file".to_owned(),
+        |p| p.display().to_string(),
+    );
+    match &settings.http {
+        None => tracing::info!(target: "mcpd::daemon", "settings from {from}: no HTTP endpoint"),
+        Some(http) => {
+            let listen: Vec<String> = http.listen.iter().map(ToString::to_string).collect();
+            tracing::info!(
+                target: "mcpd::daemon",
+                "settings from {from}: HTTP endpoint on {}, auth {}, at most {} sessions",
+                listen.join(" "),
+                http.auth.as_str(),
+                http.max_sessions
+            );
+        }
+    }
+}
+
+/// The unit directories, and the directories of the settings file and
+/// the HTTP tokens when they exist (their events reload as a unit file's
+/// do).
+fn watch_paths(
+    registry: &Registry,
+    (path, _): &SettingsFile,
+    tokens: &std::path::Path,
+) -> Vec<PathBuf> {
+    let mut paths = registry.watch_paths();
+    for file in [path.as_deref(), Some(tokens)].into_iter().flatten() {
+        if let Some(dir) = file.parent()
+            && dir.is_dir()
+        {
+            paths.push(dir.to_owned());
+        }
+    }
+    paths
 }
 
 /// Hands the registry's read model to D-Bus.

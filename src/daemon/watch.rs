@@ -23,7 +23,8 @@ impl std::fmt::Debug for DirWatcher {
 }
 
 /// Whether an event about `path` can concern a unit: a unit file, a
-/// drop-in, a drop-in directory, or a watched directory itself.
+/// drop-in, a drop-in directory, or a watched directory itself; or the
+/// settings file (`*.kdl`) or the HTTP tokens (`tokens.json`).
 fn relevant(path: &Path) -> bool {
     let name = path
         .file_name()
@@ -34,7 +35,10 @@ fn relevant(path: &Path) -> bool {
         .and_then(Path::file_name)
         .map(|n| n.to_string_lossy())
         .unwrap_or_default();
-    name.ends_with(".kdl") || name.ends_with(".kdl.d") || parent.ends_with(".kdl.d")
+    name.ends_with(".kdl")
+        || name.ends_with(".kdl.d")
+        || parent.ends_with(".kdl.d")
+        || name == "tokens.json"
 }
 
 impl DirWatcher {
@@ -102,5 +106,7 @@ mod tests {
         assert!(relevant(Path::new("/u/a.kdl.d/.10-x.kdl.swp")));
         assert!(!relevant(Path::new("/u/.a.kdl.swp")));
         assert!(!relevant(Path::new("/u/4913")));
+        assert!(relevant(Path::new("/var/lib/mcpd/tokens.json")));
+        assert!(!relevant(Path::new("/var/lib/mcpd/.tokens.json.tmp-7")));
     }
 }

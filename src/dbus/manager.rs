@@ -213,6 +213,17 @@ impl Manager {
             .collect())
     }
 
+    /// The HTTP endpoint (DESIGN §15): the addresses it listens on (none
+    /// when it does not serve) and its open sessions.
+    async fn http_endpoint(&self) -> (Vec<String>, u32) {
+        let view = self.shared.http.lock().ok().and_then(|h| h.clone());
+        let view = view.unwrap_or_default();
+        (
+            view.listen,
+            u32::try_from(view.sessions).unwrap_or(u32::MAX),
+        )
+    }
+
     #[zbus(signal)]
     pub async fn server_added(
         emitter: &SignalEmitter<'_>,
@@ -271,6 +282,7 @@ pub mod client {
         fn reload(&self) -> Result<Vec<(String, String)>, Error>;
         fn attach_group(&self, group: &str) -> Result<zbus::OwnedFd, Error>;
         fn attach_units(&self, names: &[&str]) -> Result<zbus::OwnedFd, Error>;
+        fn http_endpoint(&self) -> Result<(Vec<String>, u32), Error>;
         #[zbus(signal)]
         fn server_added(&self, name: String, path: zbus::OwnedObjectPath) -> zbus::Result<()>;
         #[zbus(signal)]

@@ -322,7 +322,7 @@ fn read_document(
 }
 
 /// The first KDL syntax error, or a KDL 1 hint when the text parses as KDL 1.
-fn kdl_problem(path: &Path, text: &Arc<str>, err: &kdl::KdlError) -> Problem {
+pub(super) fn kdl_problem(path: &Path, text: &Arc<str>, err: &kdl::KdlError) -> Problem {
     let first = err.diagnostics.first();
     let span = first.map_or((0, 0).into(), |d| clamp(text, d.span));
     if looks_like_kdl1(text, span) {

@@ -16,6 +16,7 @@ pub mod keys;
 pub mod load;
 pub mod name;
 pub mod search;
+pub mod settings;
 pub mod spec;
 mod syntax;
 

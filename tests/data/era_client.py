@@ -12,7 +12,9 @@ or `python` (the Python SDK's example server, tests/data/py_everything_stdio.py)
 or `aggregate` (both as one server through `mcpctl bridge @mix`: their
 tools and prompts named `ev__…` and `py__…`).
 COMMAND is started as a stdio MCP server: the server directly, or
-`mcpctl bridge NAME` in front of it.
+`mcpctl bridge NAME` in front of it; a COMMAND that is one http:// URL is
+connected to with the SDK's Streamable HTTP client instead (mcpd's
+endpoint).
 
 Prints one JSON object: the negotiated version and server name, then each
 check's outcome reduced to what must be the same either way (names, texts);
@@ -185,7 +187,10 @@ async def main(argv):
         return t.ListRootsResult(roots=[t.Root(uri="file:///srv/eras")])
 
     out = {"mode": mode}
-    params = StdioServerParameters(command=command[0], args=command[1:], env=dict(os.environ))
+    if len(command) == 1 and command[0].startswith("http://"):
+        params = command[0]
+    else:
+        params = StdioServerParameters(command=command[0], args=command[1:], env=dict(os.environ))
     client = Client(
         params,
         mode=mode,

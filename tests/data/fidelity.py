@@ -3,7 +3,9 @@ official MCP Python SDK (package `mcp`, 2.x) sees it.
 
 Usage: python3 fidelity.py COMMAND [ARG...]: starts COMMAND as a stdio MCP
 server (the reference server directly, or `mcpctl bridge NAME` in front of
-it), runs every check, and prints one JSON object: each check's outcome,
+it), or python3 fidelity.py --http URL: connects to URL with the SDK's
+Streamable HTTP client (with `Authorization: Bearer $MCPD_TOKEN` when that
+is set); runs every check, and prints one JSON object: each check's outcome,
 reduced to what must be the same either way (names, counts, texts). A check
 that fails prints its error instead of its outcome; the test compares the
 object of a direct run with the object of a run through mcpd.
@@ -65,8 +67,17 @@ async def main(argv):
         except Exception as e:  # the outcome is the failure
             out[name] = f"error: {type(e).__name__}: {e}"
 
-    params = StdioServerParameters(command=argv[0], args=argv[1:], env=dict(os.environ))
-    async with stdio_client(params) as (read, write):
+    if argv[0] == "--http":
+        from mcp.client.streamable_http import streamable_http_client
+        from mcp.shared._httpx_utils import create_mcp_http_client
+
+        token = os.environ.get("MCPD_TOKEN")
+        headers = {"Authorization": f"Bearer {token}"} if token else None
+        transport = streamable_http_client(argv[1], http_client=create_mcp_http_client(headers=headers))
+    else:
+        params = StdioServerParameters(command=argv[0], args=argv[1:], env=dict(os.environ))
+        transport = stdio_client(params)
+    async with transport as (read, write):
         async with ClientSession(
             read,
             write,

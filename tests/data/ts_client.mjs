@@ -3,7 +3,9 @@
 // initialize, tools/list, tools/call, progress and sampling.
 //
 // Usage: node ts_client.mjs NODE_MODULES COMMAND [ARG...]; prints one JSON
-// object (each check's outcome, or its error), like fidelity.py.
+// object (each check's outcome, or its error), like fidelity.py. A COMMAND
+// that is one http:// URL is reached with StreamableHTTPClientTransport
+// instead (with `Authorization: Bearer $MCPD_TOKEN` when that is set).
 import path from "node:path";
 import { pathToFileURL } from "node:url";
 
@@ -19,7 +21,14 @@ client.setRequestHandler(CreateMessageRequestSchema, async () => ({
   content: { type: "text", text: "sampled by the ts host" },
   model: "test-model",
 }));
-const transport = new StdioClientTransport({ command, args, env: process.env, stderr: "inherit" });
+let transport;
+if (command.startsWith("http://") && args.length === 0) {
+  const { StreamableHTTPClientTransport } = await load("client/streamableHttp.js");
+  const headers = process.env.MCPD_TOKEN ? { Authorization: `Bearer ${process.env.MCPD_TOKEN}` } : {};
+  transport = new StreamableHTTPClientTransport(new URL(command), { requestInit: { headers } });
+} else {
+  transport = new StdioClientTransport({ command, args, env: process.env, stderr: "inherit" });
+}
 const out = {};
 const check = async (name, step) => {
   try {

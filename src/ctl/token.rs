@@ -1,0 +1,162 @@
+//! `mcpctl token new|list|revoke` (DESIGN §15): the HTTP endpoint's
+//! tokens, in the instance's state directory (`crate::tokens`). None needs
+//! a running daemon: the daemon watches the file, so a new token works and
+//! a revoked one stops working (its sessions end) as soon as it is
+//! written.
+
+use std::io::Write;
+use std::path::Path;
+
+use crate::tokens::{self, Entry, Scope};
+
+use super::client::CtlError;
+use super::exit;
+
+fn now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+fn load(file: &Path) -> Result<Vec<Entry>, CtlError> {
+    tokens::load(file).map_err(CtlError::failure)
+}
+
+/// `mcpctl token new NAME [--units A,B | --group G] [--expires 30d]`:
+/// prints the token, once, on `out`.
+pub fn new(
+    file: &Path,
+    name: &str,
+    units: &[String],
+    group: Option<&str>,
+    expires: Option<&str>,
+    out: &mut dyn Write,
+) -> Result<u8, CtlError> {
+    if !tokens::is_name(name) {
+        return Err(CtlError::failure(format!(
+            "\"{}\" is not a token name (1 to 64 of A-Z a-z 0-9 _ . -, not starting with . or -)",
+            name.escape_debug()
+        )));
+    }
+    for unit in units {
+        crate::unit::UnitName::new(unit).map_err(|e| CtlError::failure(format!("--units: {e}")))?;
+    }
+    let scope = match (units.is_empty(), group) {
+        (true, None) => Scope::All,
+        (false, None) => Scope::Units(units.to_vec()),
+        (true, Some(group)) => Scope::Group(group.trim_start_matches('@').to_owned()),
+        (false, Some(_)) => {
+            return Err(CtlError::failure("give --units or --group, not both"));
+        }
+    };
+    let created = now();
+    let expires = match expires {
+        None => None,
+        Some(text) => {
+            let after = humantime::parse_duration(text)
+                .map_err(|e| CtlError::failure(format!("--expires {text:?}: {e}")))?;
+            Some(created.saturating_add(after.as_secs().max(1)))
+        }
+    };
+    let mut kept = load(file)?;
+    if kept.iter().any(|t| t.name == name) {
+        return Err(CtlError::failure(format!(
+            "a token named {name} exists: revoke it first (mcpctl token revoke {name})"
+        )));
+    }
+    if kept.len() >= tokens::MAX_TOKENS {
+        return Err(CtlError::failure(format!(
+            "{} tokens already: revoke some first",
+            tokens::MAX_TOKENS
+        )));
+    }
+    let (token, hash) = tokens::mint().map_err(CtlError::failure)?;
+    kept.push(Entry {
+        name: name.to_owned(),
+        hash,
+        scope,
+        created,
+        expires,
+    });
+    tokens::store(file, &kept).map_err(CtlError::failure)?;
+    writeln!(out, "{token}").map_err(CtlError::output)?;
+    Ok(exit::OK)
+}
+
+fn when(seconds: u64) -> String {
+    i64::try_from(seconds)
+        .ok()
+        .and_then(|s| jiff::Timestamp::from_second(s).ok())
+        .map_or_else(|| seconds.to_string(), |t| t.to_string())
+}
+
+/// `mcpctl token list`: name, scope, created, expires (never a token).
+pub fn list(file: &Path, json: bool, out: &mut dyn Write) -> Result<u8, CtlError> {
+    let kept = load(file)?;
+    let now = now();
+    if json {
+        let rows: Vec<serde_json::Value> = kept
+            .iter()
+            .map(|t| {
+                serde_json::json!({
+                    "name": t.name,
+                    "scope": t.scope.label(),
+                    "created": when(t.created),
+                    "expires": t.expires.map(when),
+                    "expired": t.expired(now),
+                })
+            })
+            .collect();
+        writeln!(out, "{}", serde_json::Value::Array(rows)).map_err(CtlError::output)?;
+        return Ok(exit::OK);
+    }
+    if kept.is_empty() {
+        writeln!(out, "No tokens in {}.", file.display()).map_err(CtlError::output)?;
+        return Ok(exit::OK);
+    }
+    let width = kept.iter().map(|t| t.name.len()).max().unwrap_or(0).max(4);
+    let scopes: Vec<String> = kept.iter().map(|t| t.scope.label()).collect();
+    let swidth = scopes.iter().map(String::len).max().unwrap_or(0).max(5);
+    writeln!(
+        out,
+        "{:width$}  {:swidth$}  {:20}  EXPIRES",
+        "NAME", "SCOPE", "CREATED"
+    )
+    .map_err(CtlError::output)?;
+    for (t, scope) in kept.iter().zip(&scopes) {
+        let expires = match t.expires {
+            None => "never".to_owned(),
+            Some(at) if t.expired(now) => format!("{} (expired)", when(at)),
+            Some(at) => when(at),
+        };
+        writeln!(
+            out,
+            "{:width$}  {scope:swidth$}  {:20}  {expires}",
+            t.name,
+            when(t.created)
+        )
+        .map_err(CtlError::output)?;
+    }
+    Ok(exit::OK)
+}
+
+/// `mcpctl token revoke NAME…`: exit 1 naming each that is not there.
+pub fn revoke(file: &Path, names: &[String]) -> Result<u8, CtlError> {
+    let mut kept = load(file)?;
+    let missing: Vec<&str> = names
+        .iter()
+        .filter(|n| !kept.iter().any(|t| &t.name == *n))
+        .map(String::as_str)
+        .collect();
+    kept.retain(|t| !names.contains(&t.name));
+    tokens::store(file, &kept).map_err(CtlError::failure)?;
+    if missing.is_empty() {
+        Ok(exit::OK)
+    } else {
+        Err(CtlError::failure(format!(
+            "no token {} in {}",
+            missing.join(", "),
+            file.display()
+        )))
+    }
+}

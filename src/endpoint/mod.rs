@@ -1,0 +1,1218 @@
+//! The HTTP endpoint (DESIGN §15): the managed servers over MCP's
+//! Streamable HTTP (2025-11-25 sessions), served with hyper 1 on the
+//! addresses of `mcpd.kdl`'s `http { }` (`unit::settings`).
+//!
+//! `/mcp/NAME` is unit NAME, `/mcp/@GROUP`, `/mcp/@all` and `/mcp/A+B`
+//! aggregates (DESIGN §14). A POSTed `initialize` opens a session
+//! ([`session`]: a host session of the unit, attached as the bridge's
+//! are) named by `Mcp-Session-Id`; its requests are answered by SSE (or
+//! JSON, for a client that accepts only JSON), GET opens the session's
+//! server→client stream, DELETE ends it; an unknown or ended session is
+//! `404`. Bad input is refused before it reaches a unit: an `Origin` that
+//! is neither loopback nor allowed (`403`), a body over [`MAX_BODY`]
+//! (`413`), headers or a body slower than [`read_timeout`] (the
+//! connection is closed, `408`), more than `max-sessions` (`503`), JSON
+//! that does not parse (`400` with a JSON-RPC parse error).
+//!
+//! Imports neither `daemon` nor `dbus`: the daemon starts it and hands it
+//! each reload's settings ([`Endpoint::apply`]).
+
+pub mod session;
+
+use std::collections::HashMap;
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::combinators::UnsyncBoxBody;
+use http_body_util::{BodyExt, Full, Limited, StreamBody};
+use hyper::body::{Frame, Incoming};
+use hyper::header::{self, HeaderValue};
+use hyper::{Method, Request, Response, StatusCode};
+use tokio::net::TcpListener;
+use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
+
+use crate::model::Shared;
+use crate::mux::aggregate::Target;
+use crate::mux::message::Message;
+use crate::supervisor::{Caller, HostLink};
+use crate::unit::settings::HttpSettings;
+use session::{Command, error_line};
+
+/// The largest request body (as a unit's `max-request-size` default and
+/// the lines of host sessions).
+pub const MAX_BODY: usize = 16 << 20;
+/// Connections served at once; more are closed as they are accepted.
+pub const MAX_CONNECTIONS: usize = 1024;
+/// The session header.
+pub const SESSION_HEADER: &str = "mcp-session-id";
+
+static READ_TIMEOUT: std::sync::OnceLock<Duration> = std::sync::OnceLock::new();
+
+/// How long a client may take to send a request's headers, and then its
+/// body: 10 s, or `MCPD_HTTP_READ_TIMEOUT` (read by the binary).
+pub fn read_timeout() -> Duration {
+    READ_TIMEOUT
+        .get()
+        .copied()
+        .unwrap_or(Duration::from_secs(10))
+}
+
+/// Sets [`read_timeout`] (once, before the endpoint starts).
+pub fn set_read_timeout(timeout: Duration) -> Result<(), String> {
+    if timeout.is_zero() || timeout > Duration::from_secs(3600) {
+        return Err("must be between 1ms and 1h".into());
+    }
+    READ_TIMEOUT
+        .set(timeout)
+        .map_err(|_| "already set".to_owned())
+}
+
+type Body = UnsyncBoxBody<Bytes, Infallible>;
+
+/// The endpoint while it serves; dropping it stops listening and ends
+/// every session.
+#[derive(Debug)]
+pub struct Endpoint {
+    inner: Arc<Inner>,
+    listeners: Vec<(SocketAddr, JoinHandle<()>)>,
+    /// Serving the service manager's sockets: `listen` is not used.
+    activated: bool,
+}
+
+#[derive(Debug)]
+struct Inner {
+    shared: std::sync::Weak<Shared>,
+    settings: RwLock<HttpSettings>,
+    sessions: Mutex<HashMap<String, Handle>>,
+    connections: Arc<tokio::sync::Semaphore>,
+    /// The token file (`tokens::path` of the state directory) and its
+    /// tokens by hash, as last read.
+    tokens_file: std::path::PathBuf,
+    tokens: RwLock<HashMap<String, crate::tokens::Entry>>,
+    /// The addresses served, for the read model's `HttpView`.
+    addrs: RwLock<Vec<SocketAddr>>,
+    /// Moves when the tokens change: stateless requests in flight check
+    /// theirs again.
+    epoch: tokio::sync::watch::Sender<u64>,
+    /// Stateless requests in flight (counted against `max-sessions`).
+    stateless: Arc<std::sync::atomic::AtomicUsize>,
+    /// Stateless requests answered `input_required`, by `requestState`:
+    /// their sessions, waiting for the retry, and the token they came with.
+    parked: Mutex<HashMap<String, Parked>>,
+    /// Refusals are logged at most [`AUDIT_LINES`] per [`AUDIT_WINDOW`]
+    /// (a scanner cannot flood the journal); the rest are counted.
+    audit: Mutex<crate::supervisor::logs::Limiter>,
+}
+
+/// The refusals (401, 403) logged per window, and the window.
+pub const AUDIT_LINES: u32 = 100;
+pub const AUDIT_WINDOW: Duration = Duration::from_secs(10);
+
+/// A parked call's session (its retry goes there) and its token's hash.
+type Parked = (mpsc::Sender<session::Once>, Option<String>);
+
+/// A session as the HTTP side reaches it.
+#[derive(Debug, Clone)]
+struct Handle {
+    /// The path's name (`NAME`, `@GROUP`): a session is used only there.
+    target: String,
+    commands: mpsc::Sender<Command>,
+    /// The hash of the token it was opened with (`auth "token"`): every
+    /// request of the session must bear it.
+    token: Option<String>,
+    /// Told when its token is revoked: the session ends.
+    revoked: Arc<tokio::sync::Notify>,
+}
+
+impl Drop for Endpoint {
+    fn drop(&mut self) {
+        for (_, accept) in &self.listeners {
+            accept.abort();
+        }
+        if let Ok(mut sessions) = self.inner.sessions.lock() {
+            sessions.clear();
+        }
+    }
+}
+
+impl Endpoint {
+    /// Binds every `listen` address of `settings` and serves them; the
+    /// first that cannot be bound fails it, naming the address.
+    /// `tokens_file` holds the tokens (`mcpctl token`). With `activated`
+    /// sockets (passed by the service manager) those are served instead
+    /// of `listen`'s; `auth "none"` on one that is not loopback is refused.
+    pub async fn start(
+        shared: &Arc<Shared>,
+        settings: HttpSettings,
+        tokens_file: std::path::PathBuf,
+        activated: Vec<std::net::TcpListener>,
+    ) -> Result<Self, String> {
+        if settings.auth == crate::unit::settings::Auth::None {
+            for listener in &activated {
+                let addr = listener.local_addr().map_err(|e| e.to_string())?;
+                if !addr.ip().is_loopback() {
+                    return Err(format!(
+                        "auth \"none\" with the passed socket {addr}, which is not loopback: anyone who reaches it would use every server"
+                    ));
+                }
+            }
+        }
+        let listen = settings.listen.clone();
+        let inner = Arc::new(Inner {
+            shared: Arc::downgrade(shared),
+            settings: RwLock::new(settings),
+            sessions: Mutex::new(HashMap::new()),
+            connections: Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS)),
+            tokens_file,
+            tokens: RwLock::new(HashMap::new()),
+            addrs: RwLock::new(Vec::new()),
+            epoch: tokio::sync::watch::Sender::new(0),
+            stateless: Arc::new(std::sync::atomic::AtomicUsize::new(0)),
+            parked: Mutex::new(HashMap::new()),
+            audit: Mutex::new(crate::supervisor::logs::Limiter::new(Some(
+                crate::unit::RateLimit {
+                    lines: AUDIT_LINES,
+                    interval: AUDIT_WINDOW,
+                },
+            ))),
+        });
+        let mut endpoint = Endpoint {
+            inner,
+            listeners: Vec::new(),
+            activated: !activated.is_empty(),
+        };
+        endpoint.reload_tokens();
+        if endpoint.activated {
+            for listener in activated {
+                let listener = TcpListener::from_std(listener).map_err(|e| e.to_string())?;
+                let local = listener.local_addr().map_err(|e| e.to_string())?;
+                let accept = tokio::spawn(accept_loop(listener, Arc::clone(&endpoint.inner)));
+                endpoint.listeners.push((local, accept));
+            }
+            tracing::info!(target: "mcpd::http", "socket-activated: serving the sockets the service manager passed (`listen` is not used)");
+        } else {
+            endpoint.listeners = endpoint.bind(&listen).await?;
+        }
+        endpoint.log_start();
+        Ok(endpoint)
+    }
+
+    /// Whether it serves the service manager's sockets.
+    pub fn activated(&self) -> bool {
+        self.activated
+    }
+
+    /// Stops listening (every address closed once this returns) and ends
+    /// every session.
+    pub async fn stop(mut self) {
+        for (_, accept) in std::mem::take(&mut self.listeners) {
+            accept.abort();
+            let _ = accept.await;
+        }
+        if let Some(shared) = self.inner.shared.upgrade()
+            && let Ok(mut http) = shared.http.lock()
+        {
+            *http = None;
+        }
+    }
+
+    /// Reads the token file again (a file that does not read keeps the
+    /// tokens read before, with a warning) and ends the sessions whose
+    /// token is gone, expired or no longer reaches their path.
+    pub fn reload_tokens(&self) {
+        let inner = &self.inner;
+        let entries = match crate::tokens::load(&inner.tokens_file) {
+            Ok(entries) => entries,
+            Err(why) => {
+                tracing::warn!(target: "mcpd::http", "keeping the tokens read before: {why}");
+                return;
+            }
+        };
+        let by_hash: HashMap<String, crate::tokens::Entry> =
+            entries.into_iter().map(|e| (e.hash.clone(), e)).collect();
+        let changed = inner.tokens.read().map(|t| *t != by_hash).unwrap_or(true);
+        if !changed {
+            return;
+        }
+        tracing::info!(target: "mcpd::http", "{} HTTP tokens", by_hash.len());
+        if let Ok(mut tokens) = inner.tokens.write() {
+            *tokens = by_hash;
+        }
+        inner.epoch.send_modify(|n| *n += 1);
+        let now = now();
+        let ending: Vec<(String, Handle)> = match inner.sessions.lock() {
+            Ok(sessions) => sessions
+                .iter()
+                .filter(|(_, h)| match &h.token {
+                    None => false,
+                    Some(hash) => !inner
+                        .token(hash)
+                        .is_some_and(|e| !e.expired(now) && inner.reaches(&e, &h.target)),
+                })
+                .map(|(id, h)| (id.clone(), h.clone()))
+                .collect(),
+            Err(_) => Vec::new(),
+        };
+        for (id, handle) in ending {
+            tracing::info!(target: "mcpd::http", "ending session {id} on {}: its token was revoked", handle.target);
+            handle.revoked.notify_one();
+            inner.forget(&id);
+        }
+    }
+
+    /// The addresses it listens on, as bound (a port 0 resolved).
+    pub fn local_addrs(&self) -> Vec<SocketAddr> {
+        self.listeners.iter().map(|(a, _)| *a).collect()
+    }
+
+    /// How many sessions are open.
+    pub fn sessions(&self) -> usize {
+        self.inner.sessions.lock().map_or(0, |s| s.len())
+    }
+
+    fn log_start(&self) {
+        if let Ok(mut addrs) = self.inner.addrs.write() {
+            *addrs = self.local_addrs();
+        }
+        self.inner.publish();
+        let addrs: Vec<String> = self.local_addrs().iter().map(ToString::to_string).collect();
+        let auth = self.inner.settings.read().map(|s| s.auth).ok();
+        tracing::info!(target: "mcpd::http", "HTTP endpoint listening on {}", addrs.join(" "));
+        if auth == Some(crate::unit::settings::Auth::None) {
+            tracing::warn!(target: "mcpd::http", "HTTP endpoint without authentication (auth \"none\"): any local user can use every server");
+        }
+    }
+
+    async fn bind(
+        &self,
+        listen: &[SocketAddr],
+    ) -> Result<Vec<(SocketAddr, JoinHandle<()>)>, String> {
+        let mut bound = Vec::new();
+        for addr in listen {
+            let listener = TcpListener::bind(addr).await.map_err(|e| {
+                format!(
+                    "cannot listen on {addr}: {}",
+                    crate::unit::diag::io_text(&e)
+                )
+            })?;
+            let local = listener.local_addr().unwrap_or(*addr);
+            let accept = tokio::spawn(accept_loop(listener, Arc::clone(&self.inner)));
+            bound.push((local, accept));
+        }
+        Ok(bound)
+    }
+
+    /// Applies a reload's settings: a changed `listen` rebinds (the old
+    /// addresses are kept when a new one cannot be bound), the rest
+    /// applies to the next request.
+    pub async fn apply(&mut self, settings: HttpSettings) {
+        let old = self
+            .inner
+            .settings
+            .read()
+            .map(|s| s.listen.clone())
+            .unwrap_or_default();
+        if old != settings.listen && !self.activated {
+            match self.bind(&settings.listen).await {
+                Ok(bound) => {
+                    for (_, accept) in std::mem::replace(&mut self.listeners, bound) {
+                        accept.abort();
+                        // Closed once this returns: its task is gone.
+                        let _ = accept.await;
+                    }
+                }
+                Err(why) => {
+                    tracing::warn!(target: "mcpd::http", "keeping the last good settings: {why}");
+                    return;
+                }
+            }
+            if let Ok(mut mine) = self.inner.settings.write() {
+                *mine = settings;
+            }
+            self.log_start();
+            return;
+        }
+        if let Ok(mut mine) = self.inner.settings.write() {
+            *mine = settings;
+        }
+    }
+}
+
+async fn accept_loop(listener: TcpListener, inner: Arc<Inner>) {
+    let mut backoff = Duration::from_millis(100);
+    loop {
+        let (stream, peer) = match listener.accept().await {
+            Ok(accepted) => {
+                backoff = Duration::from_millis(100);
+                accepted
+            }
+            Err(e) => {
+                tracing::warn!(target: "mcpd::http", "cannot accept a connection (retrying in {}): {e}", humantime::format_duration(backoff));
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(Duration::from_millis(6400));
+                continue;
+            }
+        };
+        let Ok(permit) = Arc::clone(&inner.connections).try_acquire_owned() else {
+            tracing::debug!(target: "mcpd::http", %peer, "more than {MAX_CONNECTIONS} connections: closed");
+            continue;
+        };
+        let _ = stream.set_nodelay(true);
+        let inner = Arc::clone(&inner);
+        tokio::spawn(async move {
+            let _permit = permit;
+            let service = hyper::service::service_fn(move |request| {
+                let inner = Arc::clone(&inner);
+                async move { Ok::<_, Infallible>(handle(&inner, peer, request).await) }
+            });
+            let served = hyper::server::conn::http1::Builder::new()
+                .timer(hyper_util::rt::TokioTimer::new())
+                .header_read_timeout(read_timeout())
+                .max_buf_size(64 << 10)
+                .serve_connection(hyper_util::rt::TokioIo::new(stream), service)
+                .await;
+            if let Err(e) = served {
+                tracing::debug!(target: "mcpd::http", %peer, "connection ended: {e}");
+            }
+        });
+    }
+}
+
+fn full(status: StatusCode, content_type: &str, body: impl Into<Bytes>) -> Response<Body> {
+    let mut response = Response::new(Full::new(body.into()).boxed_unsync());
+    *response.status_mut() = status;
+    if let Ok(value) = HeaderValue::from_str(content_type) {
+        response.headers_mut().insert(header::CONTENT_TYPE, value);
+    }
+    response
+}
+
+/// A refusal: plain text naming why.
+fn refuse(status: StatusCode, why: &str) -> Response<Body> {
+    full(status, "text/plain; charset=utf-8", format!("{why}\n"))
+}
+
+/// A JSON-RPC error with an HTTP status.
+fn rpc_error(status: StatusCode, code: i64, why: &str) -> Response<Body> {
+    full(status, "application/json", error_line(None, code, why))
+}
+
+/// Whether `origin` (an `Origin` header) may call: loopback, or listed
+/// in `allow-origin`. `Some(listed)`: allowed; `listed` says whether CORS
+/// headers go with the answer.
+fn origin_allowed(origin: &str, settings: &HttpSettings) -> Option<bool> {
+    let normal = crate::unit::settings::origin(origin).ok()?;
+    if settings.allow_origin.contains(&normal) {
+        return Some(true);
+    }
+    let url = url::Url::parse(&normal).ok()?;
+    let loopback = match url.host()? {
+        url::Host::Domain(d) => d == "localhost" || d.ends_with(".localhost"),
+        url::Host::Ipv4(ip) => ip.is_loopback(),
+        url::Host::Ipv6(ip) => ip.is_loopback(),
+    };
+    loopback.then_some(false)
+}
+
+async fn handle(
+    inner: &Arc<Inner>,
+    peer: SocketAddr,
+    request: Request<Incoming>,
+) -> Response<Body> {
+    let settings = match inner.settings.read() {
+        Ok(s) => s.clone(),
+        Err(_) => return refuse(StatusCode::INTERNAL_SERVER_ERROR, "settings poisoned"),
+    };
+    let origin = request
+        .headers()
+        .get(header::ORIGIN)
+        .map(|o| o.to_str().unwrap_or("").to_owned());
+    let cors = match &origin {
+        None => None,
+        Some(o) => match origin_allowed(o, &settings) {
+            Some(true) => Some(o.clone()),
+            Some(false) => None,
+            None => {
+                inner.audit(|| tracing::warn!(target: "mcpd::http", %peer, "refused a request from origin {o:?} (not loopback, not in allow-origin)"));
+                return refuse(StatusCode::FORBIDDEN, "origin not allowed");
+            }
+        },
+    };
+    let token = match settings.auth {
+        crate::unit::settings::Auth::None => None,
+        crate::unit::settings::Auth::Token => match inner.authorize(&request) {
+            Ok(entry) => Some(entry),
+            Err(why) => {
+                inner.audit(|| tracing::warn!(target: "mcpd::http", %peer, "refused a request to {}: {why}", request.uri().path()));
+                let mut response = refuse(StatusCode::UNAUTHORIZED, &why);
+                response.headers_mut().insert(
+                    header::WWW_AUTHENTICATE,
+                    HeaderValue::from_static("Bearer realm=\"mcpd\""),
+                );
+                return response;
+            }
+        },
+    };
+    let mut response = route(inner, &settings, peer, token.as_ref(), request).await;
+    if let Some(origin) = cors
+        && let Ok(value) = HeaderValue::from_str(&origin)
+    {
+        let headers = response.headers_mut();
+        headers.insert(header::ACCESS_CONTROL_ALLOW_ORIGIN, value);
+        headers.insert(
+            header::ACCESS_CONTROL_EXPOSE_HEADERS,
+            HeaderValue::from_static("Mcp-Session-Id"),
+        );
+        headers.insert(header::VARY, HeaderValue::from_static("Origin"));
+    }
+    response
+}
+
+async fn route(
+    inner: &Arc<Inner>,
+    settings: &HttpSettings,
+    peer: SocketAddr,
+    token: Option<&crate::tokens::Entry>,
+    request: Request<Incoming>,
+) -> Response<Body> {
+    let Some(name) = request.uri().path().strip_prefix("/mcp/") else {
+        return refuse(
+            StatusCode::NOT_FOUND,
+            "not found: the endpoint is /mcp/NAME",
+        );
+    };
+    let name = match percent_decode(name) {
+        Some(n) if !n.is_empty() && !n.contains('/') => n,
+        _ => {
+            return refuse(
+                StatusCode::NOT_FOUND,
+                "not found: the endpoint is /mcp/NAME",
+            );
+        }
+    };
+    if let Some(entry) = token
+        && *request.method() != Method::OPTIONS
+        && !inner.reaches(entry, &name)
+    {
+        inner.audit(|| tracing::warn!(target: "mcpd::http", %peer, "refused token {} on /mcp/{name}: outside its units ({})", entry.name, entry.scope.label()));
+        return refuse(
+            StatusCode::FORBIDDEN,
+            &format!("token {} does not reach {name}", entry.name),
+        );
+    }
+    let token = token.map(|e| e.hash.as_str());
+    let session = request
+        .headers()
+        .get(SESSION_HEADER)
+        .map(|v| v.to_str().unwrap_or("").to_owned());
+    match *request.method() {
+        Method::POST => post(inner, settings, token, &name, session, request).await,
+        Method::GET => {
+            let Some(handle) = inner.session(&name, session.as_deref(), token) else {
+                return missing_session(session.as_deref());
+            };
+            if !accepts(&request, "text/event-stream") {
+                return refuse(
+                    StatusCode::NOT_ACCEPTABLE,
+                    "GET needs Accept: text/event-stream",
+                );
+            }
+            let (sink, rx) = mpsc::channel(session::STREAM_QUEUE);
+            if handle.commands.send(Command::Listen(sink)).await.is_err() {
+                return missing_session(session.as_deref());
+            }
+            sse(rx)
+        }
+        Method::DELETE => {
+            let Some(handle) = inner.session(&name, session.as_deref(), token) else {
+                return missing_session(session.as_deref());
+            };
+            let _ = handle
+                .commands
+                .send(Command::End("ended by the client (DELETE)".into()))
+                .await;
+            if let Some(id) = &session {
+                inner.forget(id);
+            }
+            full(StatusCode::OK, "text/plain", "")
+        }
+        Method::OPTIONS => {
+            let mut response = full(StatusCode::NO_CONTENT, "text/plain", "");
+            let headers = response.headers_mut();
+            headers.insert(
+                header::ACCESS_CONTROL_ALLOW_METHODS,
+                HeaderValue::from_static("GET, POST, DELETE"),
+            );
+            headers.insert(
+                header::ACCESS_CONTROL_ALLOW_HEADERS,
+                HeaderValue::from_static(
+                    "Authorization, Content-Type, Accept, Mcp-Session-Id, Mcp-Protocol-Version, Last-Event-ID",
+                ),
+            );
+            response
+        }
+        _ => {
+            let mut response = refuse(StatusCode::METHOD_NOT_ALLOWED, "use POST, GET or DELETE");
+            response
+                .headers_mut()
+                .insert(header::ALLOW, HeaderValue::from_static("GET, POST, DELETE"));
+            response
+        }
+    }
+}
+
+fn missing_session(id: Option<&str>) -> Response<Body> {
+    match id {
+        None => rpc_error(
+            StatusCode::BAD_REQUEST,
+            -32600,
+            "no Mcp-Session-Id: open a session with initialize",
+        ),
+        Some(_) => rpc_error(
+            StatusCode::NOT_FOUND,
+            -32600,
+            "no such session (it ended, or never was): initialize again",
+        ),
+    }
+}
+
+fn accepts(request: &Request<Incoming>, kind: &str) -> bool {
+    request
+        .headers()
+        .get_all(header::ACCEPT)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .map(|v| v.split(';').next().unwrap_or("").trim())
+        .any(|v| v == kind || v == "*/*")
+}
+
+/// `%XX` decoding of a path segment (`@` may come as `%40`).
+fn percent_decode(text: &str) -> Option<String> {
+    let bytes = text.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'%' {
+            let hex = std::str::from_utf8(bytes.get(i + 1..i + 3)?).ok()?;
+            out.push(u8::from_str_radix(hex, 16).ok()?);
+            i += 3;
+        } else {
+            out.push(bytes[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8(out).ok()
+}
+
+fn sse(mut rx: mpsc::Receiver<Bytes>) -> Response<Body> {
+    let events = futures_util::stream::poll_fn(move |cx| {
+        rx.poll_recv(cx).map(|line| {
+            line.map(|line| {
+                let json = line.strip_suffix(b"\n").unwrap_or(&line);
+                let mut event = Vec::with_capacity(json.len() + 24);
+                event.extend_from_slice(b"event: message\ndata: ");
+                event.extend_from_slice(json);
+                event.extend_from_slice(b"\n\n");
+                Ok::<_, Infallible>(Frame::data(Bytes::from(event)))
+            })
+        })
+    });
+    let mut response = Response::new(StreamBody::new(events).boxed_unsync());
+    let headers = response.headers_mut();
+    headers.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/event-stream"),
+    );
+    headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+    response
+}
+
+fn now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+impl Inner {
+    /// Logs one refusal with `log`, within the audit's rate limit.
+    fn audit(&self, log: impl FnOnce()) {
+        let Ok(mut limiter) = self.audit.lock() else {
+            return;
+        };
+        let admit = limiter.admit(std::time::Instant::now());
+        drop(limiter);
+        if let Some(n) = admit.suppressed {
+            tracing::warn!(target: "mcpd::http", "{n} more refusals were not logged (at most {AUDIT_LINES} per {})", humantime::format_duration(AUDIT_WINDOW));
+        }
+        if admit.log {
+            log();
+        }
+    }
+
+    /// Sessions and stateless requests under way.
+    fn count(&self) -> usize {
+        self.sessions.lock().map_or(0, |s| s.len())
+            + self.stateless.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Tells the read model the addresses and the sessions now.
+    fn publish(&self) {
+        let Some(shared) = self.shared.upgrade() else {
+            return;
+        };
+        let listen = self
+            .addrs
+            .read()
+            .map(|a| a.iter().map(ToString::to_string).collect())
+            .unwrap_or_default();
+        let sessions = self.sessions.lock().map_or(0, |s| s.len());
+        if let Ok(mut http) = shared.http.lock() {
+            *http = Some(crate::model::HttpView { listen, sessions });
+        }
+    }
+
+    /// Forgets session `id` (ended or ending).
+    fn forget(&self, id: &str) {
+        let removed = self
+            .sessions
+            .lock()
+            .map(|mut s| s.remove(id).is_some())
+            .unwrap_or(false);
+        if removed {
+            self.publish();
+        }
+    }
+
+    /// The token the request bears, if it is one of the token file's and
+    /// has not expired.
+    fn authorize(&self, request: &Request<Incoming>) -> Result<crate::tokens::Entry, String> {
+        let Some(value) = request.headers().get(header::AUTHORIZATION) else {
+            return Err("no token (Authorization: Bearer TOKEN)".into());
+        };
+        let bearer = value
+            .to_str()
+            .ok()
+            .and_then(|v| {
+                v.strip_prefix("Bearer ")
+                    .or_else(|| v.strip_prefix("bearer "))
+            })
+            .map(str::trim)
+            .ok_or("not a bearer token")?;
+        let entry = self
+            .token(&crate::tokens::hash(bearer))
+            .ok_or("not a valid token")?;
+        if entry.expired(now()) {
+            return Err(format!("token {} has expired", entry.name));
+        }
+        Ok(entry)
+    }
+
+    fn token(&self, hash: &str) -> Option<crate::tokens::Entry> {
+        self.tokens.read().ok()?.get(hash).cloned()
+    }
+
+    /// Whether `entry` reaches every unit of path `name`.
+    fn reaches(&self, entry: &crate::tokens::Entry, name: &str) -> bool {
+        if entry.scope == crate::tokens::Scope::All {
+            return true;
+        }
+        let (Some(shared), Ok(target)) = (self.shared.upgrade(), Target::parse(name)) else {
+            return false;
+        };
+        let Ok(members) = shared.members(&target) else {
+            return false;
+        };
+        !members.is_empty()
+            && members.iter().all(|(unit, _, _)| {
+                let groups = shared.unit(unit).map(|v| v.groups).unwrap_or_default();
+                entry.scope.reaches(unit, &groups)
+            })
+    }
+
+    /// The session `id` on the path's `name`, opened with `token`.
+    fn session(&self, name: &str, id: Option<&str>, token: Option<&str>) -> Option<Handle> {
+        let sessions = self.sessions.lock().ok()?;
+        let handle = sessions.get(id?)?;
+        (handle.target == name && handle.token.as_deref() == token).then(|| handle.clone())
+    }
+
+    /// Opens a session on `name`: attaches a host session of the unit (or
+    /// aggregate) and starts its task; its id, or the refusal.
+    fn open(
+        self: &Arc<Self>,
+        name: &str,
+        max: usize,
+        token: Option<&str>,
+    ) -> Result<(String, Handle), Box<Response<Body>>> {
+        let shared = self
+            .shared
+            .upgrade()
+            .ok_or_else(|| refuse(StatusCode::SERVICE_UNAVAILABLE, "the daemon is stopping"))?;
+        if self.count() >= max {
+            return Err(Box::new(rpc_error(
+                StatusCode::SERVICE_UNAVAILABLE,
+                -32000,
+                &format!("more than {max} HTTP sessions (max-sessions)"),
+            )));
+        }
+        let mine = attach(&shared, name)?;
+        let id = new_id();
+        let (commands, rx) = mpsc::channel(64);
+        let revoked = Arc::new(tokio::sync::Notify::new());
+        let handle = Handle {
+            target: name.to_owned(),
+            commands,
+            token: token.map(str::to_owned),
+            revoked: Arc::clone(&revoked),
+        };
+        if let Ok(mut sessions) = self.sessions.lock() {
+            sessions.insert(id.clone(), handle.clone());
+        }
+        self.publish();
+        let inner = Arc::downgrade(self);
+        let ended = id.clone();
+        let label = name.to_owned();
+        tokio::spawn(session::run(
+            label.clone(),
+            HostLink::Memory(mine),
+            rx,
+            revoked,
+            move |why| {
+                if why.contains("(DELETE)") {
+                    tracing::debug!(target: "mcpd::http", "session {ended} on {label} ended: {why}");
+                } else {
+                    tracing::info!(target: "mcpd::http", "session {ended} on {label} ended: {why}");
+                }
+                if let Some(inner) = inner.upgrade() {
+                    inner.forget(&ended);
+                }
+            },
+        ));
+        Ok((id, handle))
+    }
+}
+
+/// What each direction between an HTTP session and its unit's session
+/// holds before its writer queues (as the aggregate's members).
+const PAIR_BUFFER: usize = 256 << 10;
+
+/// Attaches a host session of unit (or aggregate) `name` on one end of an
+/// in-memory pair (`mux::memory`: the unit's session is another task of
+/// this daemon, so no message crosses a system call); the other end, for
+/// the HTTP side.
+fn attach(
+    shared: &Arc<Shared>,
+    name: &str,
+) -> Result<crate::mux::memory::End, Box<Response<Body>>> {
+    let target =
+        Target::parse(name).map_err(|e| Box::new(rpc_error(StatusCode::NOT_FOUND, -32600, &e)))?;
+    let (mine, theirs) = crate::mux::memory::pair(PAIR_BUFFER);
+    let theirs = HostLink::Memory(theirs);
+    let caller = Caller::default();
+    if target.is_aggregate() {
+        crate::aggregate::attach(shared, target, theirs, caller)
+            .map_err(|e| Box::new(rpc_error(StatusCode::NOT_FOUND, -32600, &e)))?;
+    } else {
+        shared
+            .supervisor(name)
+            .map_err(|e| Box::new(rpc_error(StatusCode::NOT_FOUND, -32600, &e.to_string())))?
+            .attach(theirs, caller);
+    }
+    Ok(mine)
+}
+
+/// The version a request of MCP 2026-07-28 says it speaks
+/// (`params._meta["io.modelcontextprotocol/protocolVersion"]`).
+fn modern_version(message: &Message) -> Option<String> {
+    let params = message.params()?;
+    params
+        .get("_meta")?
+        .get("io.modelcontextprotocol/protocolVersion")?
+        .as_str()
+        .map(str::to_owned)
+}
+
+/// A request of MCP 2026-07-28 checked against its headers (`Mcp-Method`,
+/// `MCP-Protocol-Version`, `Mcp-Name`): what does not match, for -32020.
+fn header_mismatch(headers: &hyper::HeaderMap, message: &Message) -> Option<String> {
+    let header = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
+    let method = message.method()?.into_owned();
+    if let Some(version) = modern_version(message)
+        && header("mcp-protocol-version") != Some(version.as_str())
+    {
+        return Some(
+            "the MCP-Protocol-Version header does not match the request's protocol version".into(),
+        );
+    }
+    if header("mcp-method") != Some(method.as_str()) {
+        return Some("the Mcp-Method header does not match the request's method".into());
+    }
+    let key = match method.as_str() {
+        "tools/call" | "prompts/get" => "name",
+        "resources/read" => "uri",
+        _ => return None,
+    };
+    let params = message.params()?;
+    let body = params.get(key)?.as_str()?;
+    let named = header("mcp-name").map(decode_header_value);
+    (named.as_ref().and_then(|n| n.as_deref()) != Some(body))
+        .then(|| format!("the Mcp-Name header does not match the request's {key}"))
+}
+
+/// A header value as sent: plain, or `=?base64?…?=` for text a header
+/// cannot carry; `None` for a malformed one.
+fn decode_header_value(value: &str) -> Option<String> {
+    let Some(payload) = value
+        .strip_prefix("=?base64?")
+        .and_then(|v| v.strip_suffix("?="))
+    else {
+        return Some(value.to_owned());
+    };
+    let mut bits: u32 = 0;
+    let mut count = 0;
+    let mut out = Vec::new();
+    for c in payload.bytes().filter(|c| *c != b'=') {
+        let v = match c {
+            b'A'..=b'Z' => c - b'A',
+            b'a'..=b'z' => c - b'a' + 26,
+            b'0'..=b'9' => c - b'0' + 52,
+            b'+' | b'-' => 62,
+            b'/' | b'_' => 63,
+            _ => return None,
+        };
+        bits = (bits << 6) | u32::from(v);
+        count += 6;
+        if count >= 8 {
+            count -= 8;
+            out.push((bits >> count) as u8);
+            bits &= (1 << count) - 1;
+        }
+    }
+    String::from_utf8(out).ok()
+}
+
+/// A session id: 128 bits of the OS's randomness, hex.
+fn new_id() -> String {
+    let mut bytes = [0u8; 16];
+    if rustix::rand::getrandom(&mut bytes, rustix::rand::GetRandomFlags::empty()).is_err() {
+        // Never reused within a daemon even so: the counter differs.
+        static COUNTER: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let n = COUNTER.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        bytes[..8].copy_from_slice(&n.to_le_bytes());
+        bytes[8..].copy_from_slice(&u64::from(std::process::id()).to_le_bytes());
+    }
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+async fn post(
+    inner: &Arc<Inner>,
+    settings: &HttpSettings,
+    token: Option<&str>,
+    name: &str,
+    session: Option<String>,
+    request: Request<Incoming>,
+) -> Response<Body> {
+    let too_large = request
+        .headers()
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok()?.parse::<u64>().ok())
+        .is_some_and(|n| n > MAX_BODY as u64);
+    if too_large {
+        return refuse(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            &format!("a request body is at most {} MiB", MAX_BODY >> 20),
+        );
+    }
+    let sse_ok = accepts(&request, "text/event-stream");
+    // What a stateless request's checks read (values share their bytes).
+    let headers: hyper::HeaderMap = ["mcp-protocol-version", "mcp-method", "mcp-name"]
+        .into_iter()
+        .filter_map(|name| {
+            let value = request.headers().get(name)?.clone();
+            Some((hyper::header::HeaderName::from_static(name), value))
+        })
+        .collect();
+    let body = Limited::new(request.into_body(), MAX_BODY);
+    let body = match tokio::time::timeout(read_timeout(), body.collect()).await {
+        Err(_) => {
+            tracing::debug!(target: "mcpd::http", "a request body did not come within {}", humantime::format_duration(read_timeout()));
+            return refuse(StatusCode::REQUEST_TIMEOUT, "the body did not come in time");
+        }
+        Ok(Err(e)) => {
+            if e.downcast_ref::<http_body_util::LengthLimitError>()
+                .is_some()
+            {
+                return refuse(
+                    StatusCode::PAYLOAD_TOO_LARGE,
+                    &format!("a request body is at most {} MiB", MAX_BODY >> 20),
+                );
+            }
+            return refuse(
+                StatusCode::BAD_REQUEST,
+                &format!("cannot read the body: {e}"),
+            );
+        }
+        Ok(Ok(collected)) => collected.to_bytes(),
+    };
+    let message = match parse(&body) {
+        Ok(message) => message,
+        Err(response) => return *response,
+    };
+    let method = message.method().map(|m| m.into_owned());
+    let id = message.request_id();
+    let (session_id, handle) = match (&session, method.as_deref()) {
+        (None, Some("initialize")) if id.is_some() => {
+            match inner.open(name, settings.max_sessions, token) {
+                Ok(opened) => opened,
+                Err(response) => return *response,
+            }
+        }
+        (None, Some(m)) if m == "server/discover" || modern_version(&message).is_some() => {
+            return stateless(inner, settings, token, name, message, headers, sse_ok).await;
+        }
+        (None, _) => return missing_session(None),
+        (Some(sid), _) => match inner.session(name, Some(sid), token) {
+            Some(handle) => (sid.clone(), handle),
+            None => return missing_session(Some(sid)),
+        },
+    };
+    let (Some(_), Some(id)) = (&method, id) else {
+        // A notification, or an answer to the server's request.
+        if handle
+            .commands
+            .send(Command::Forward(message))
+            .await
+            .is_err()
+        {
+            return missing_session(Some(&session_id));
+        }
+        return full(StatusCode::ACCEPTED, "text/plain", "");
+    };
+    let json = !sse_ok;
+    let (sink, mut rx) = mpsc::channel(session::STREAM_QUEUE);
+    let command = Command::Request {
+        message,
+        id,
+        sink,
+        json,
+    };
+    if handle.commands.send(command).await.is_err() {
+        return missing_session(Some(&session_id));
+    }
+    let mut response = if json {
+        match rx.recv().await {
+            Some(answer) => full(StatusCode::OK, "application/json", answer),
+            None => return missing_session(Some(&session_id)),
+        }
+    } else {
+        sse(rx)
+    };
+    if let Ok(value) = HeaderValue::from_str(&session_id) {
+        response.headers_mut().insert(SESSION_HEADER, value);
+    }
+    response
+}
+
+/// A request without a session (MCP 2026-07-28): its headers checked
+/// against it (-32020), then a host session of its own for it alone.
+async fn stateless(
+    inner: &Arc<Inner>,
+    settings: &HttpSettings,
+    token: Option<&str>,
+    name: &str,
+    message: Message,
+    headers: hyper::HeaderMap,
+    sse_ok: bool,
+) -> Response<Body> {
+    let Some(id) = message.request_id() else {
+        // A notification has nothing to reach without a session.
+        return full(StatusCode::ACCEPTED, "text/plain", "");
+    };
+    if let Some(why) = header_mismatch(&headers, &message) {
+        return full(
+            StatusCode::BAD_REQUEST,
+            "application/json",
+            error_line(Some(&id), -32020, &why),
+        );
+    }
+    let json = !sse_ok;
+    // A retry that answers a parked call goes to the session that holds it.
+    let state = message
+        .params()
+        .and_then(|p| p.get("requestState")?.as_str().map(str::to_owned));
+    let parked = state.and_then(|state| {
+        let parked = inner.parked.lock().ok()?;
+        let (to, owner) = parked.get(&state)?;
+        (owner.as_deref() == token).then(|| to.clone())
+    });
+    if let Some(to) = parked {
+        let (sink, rx) = mpsc::channel(session::STREAM_QUEUE);
+        let retry = session::Once {
+            message,
+            id,
+            sink,
+            json,
+        };
+        if to.send(retry).await.is_ok() {
+            return answer(rx, json).await;
+        }
+        return rpc_error(
+            StatusCode::NOT_FOUND,
+            -32602,
+            "the call this retry answers is gone",
+        );
+    }
+    let Some(shared) = inner.shared.upgrade() else {
+        return refuse(StatusCode::SERVICE_UNAVAILABLE, "the daemon is stopping");
+    };
+    if inner.count() >= settings.max_sessions {
+        return rpc_error(
+            StatusCode::SERVICE_UNAVAILABLE,
+            -32000,
+            &format!(
+                "more than {} HTTP sessions (max-sessions)",
+                settings.max_sessions
+            ),
+        );
+    }
+    let mine = match attach(&shared, name) {
+        Ok(mine) => mine,
+        Err(response) => return *response,
+    };
+    let (sink, rx) = mpsc::channel(session::STREAM_QUEUE);
+    let counted = Arc::clone(&inner.stateless);
+    counted.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let weak = Arc::downgrade(inner);
+    let token = token.map(str::to_owned);
+    let epoch = inner.epoch.subscribe();
+    tokio::spawn(async move {
+        let (valid_inner, valid_token) = (weak.clone(), token.clone());
+        let valid = move || match (&valid_token, valid_inner.upgrade()) {
+            (None, _) => true,
+            (Some(hash), Some(inner)) => inner.token(hash).is_some_and(|e| !e.expired(now())),
+            (Some(_), None) => false,
+        };
+        let (park_inner, unpark_inner) = (weak.clone(), weak);
+        let park = move |state: &str, to: mpsc::Sender<session::Once>| {
+            if let Some(inner) = park_inner.upgrade()
+                && let Ok(mut parked) = inner.parked.lock()
+            {
+                parked.insert(state.to_owned(), (to, token.clone()));
+            }
+        };
+        let unpark = move |state: &str| {
+            if let Some(inner) = unpark_inner.upgrade()
+                && let Ok(mut parked) = inner.parked.lock()
+            {
+                parked.remove(state);
+            }
+        };
+        let link = HostLink::Memory(mine);
+        let first = session::Once {
+            message,
+            id,
+            sink,
+            json,
+        };
+        session::once(link, first, epoch, valid, park, unpark).await;
+        counted.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+    });
+    answer(rx, json).await
+}
+
+/// A stateless request's answer: its stream, or the one JSON answer.
+async fn answer(mut rx: mpsc::Receiver<Bytes>, json: bool) -> Response<Body> {
+    if json {
+        match rx.recv().await {
+            Some(answer) => full(StatusCode::OK, "application/json", answer),
+            None => refuse(StatusCode::SERVICE_UNAVAILABLE, "no answer"),
+        }
+    } else {
+        sse(rx)
+    }
+}
+
+/// One JSON-RPC message of a body (a line for the unit: a body written
+/// over several lines is made one), or the error to answer.
+fn parse(body: &[u8]) -> Result<Message, Box<Response<Body>>> {
+    let one_line;
+    let line = if memchr::memchr2(b'\n', b'\r', body).is_some() {
+        let value: serde_json::Value = serde_json::from_slice(body).map_err(|e| {
+            rpc_error(
+                StatusCode::BAD_REQUEST,
+                -32700,
+                &format!("parse error: {e}"),
+            )
+        })?;
+        one_line = serde_json::to_vec(&value).unwrap_or_default();
+        &one_line[..]
+    } else {
+        body
+    };
+    match Message::parse(line) {
+        Ok(message) => Ok(message),
+        Err(why) => {
+            let text = why.to_string();
+            let (code, text) = if line.first() == Some(&b'[') {
+                (
+                    -32600,
+                    "batches are not part of MCP 2025-11-25: send one message per request"
+                        .to_owned(),
+                )
+            } else if serde_json::from_slice::<serde_json::Value>(line).is_ok() {
+                (-32600, format!("invalid request: {text}"))
+            } else {
+                (-32700, format!("parse error: {text}"))
+            };
+            Err(Box::new(rpc_error(StatusCode::BAD_REQUEST, code, &text)))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn settings(origins: &[&str]) -> HttpSettings {
+        HttpSettings {
+            listen: Vec::new(),
+            auth: crate::unit::settings::Auth::Token,
+            max_sessions: 1,
+            allow_origin: origins.iter().map(|o| (*o).to_owned()).collect(),
+        }
+    }
+
+    #[test]
+    fn loopback_and_listed_origins_pass_others_do_not() {
+        let s = settings(&["https://app.example"]);
+        assert_eq!(origin_allowed("http://localhost:3000", &s), Some(false));
+        assert_eq!(origin_allowed("http://127.0.0.1", &s), Some(false));
+        assert_eq!(origin_allowed("http://[::1]:8080", &s), Some(false));
+        assert_eq!(origin_allowed("https://APP.example", &s), Some(true));
+        assert_eq!(origin_allowed("https://evil.example", &s), None);
+        assert_eq!(origin_allowed("http://127.0.0.1.evil.example", &s), None);
+        assert_eq!(origin_allowed("null", &s), None);
+    }
+
+    #[test]
+    fn header_values_may_come_in_base64() {
+        assert_eq!(decode_header_value("echo").as_deref(), Some("echo"));
+        assert_eq!(
+            decode_header_value("=?base64?aMOpbGxv?=").as_deref(),
+            Some("héllo")
+        );
+        assert_eq!(decode_header_value("=?base64?a*b?="), None);
+    }
+
+    #[test]
+    fn paths_are_percent_decoded() {
+        assert_eq!(percent_decode("%40dev").as_deref(), Some("@dev"));
+        assert_eq!(percent_decode("time").as_deref(), Some("time"));
+        assert_eq!(percent_decode("%4"), None);
+    }
+}

@@ -1,0 +1,204 @@
+//! The HTTP endpoint's tokens (DESIGN §15): `STATE/tokens.json`, mode
+//! 0600 in a 0700 directory, written by `mcpctl token` and read by the
+//! daemon (which watches it: a change applies at once, a revoked token's
+//! sessions end). Only a token's SHA-256 is kept; the token itself is
+//! printed once, when it is made.
+//!
+//! A token is `mcpd_` and 64 hex digits: 256 bits of the OS's randomness.
+
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+/// Every token begins so (recognisable in a leaked file or log).
+pub const PREFIX: &str = "mcpd_";
+/// The most tokens a file may hold, and its largest size.
+pub const MAX_TOKENS: usize = 4096;
+pub const MAX_FILE: u64 = 4 << 20;
+
+/// One token as it is kept.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Entry {
+    pub name: String,
+    /// SHA-256 of the token, hex.
+    pub hash: String,
+    pub scope: Scope,
+    /// Seconds since the epoch.
+    pub created: u64,
+    pub expires: Option<u64>,
+}
+
+/// What a token reaches.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Scope {
+    /// Every unit.
+    All,
+    /// These units.
+    Units(Vec<String>),
+    /// The units of this group (as they are when the request comes).
+    Group(String),
+}
+
+impl Scope {
+    /// How `mcpctl token list` writes it.
+    pub fn label(&self) -> String {
+        match self {
+            Scope::All => "all".into(),
+            Scope::Units(units) => units.join(","),
+            Scope::Group(group) => format!("@{group}"),
+        }
+    }
+
+    /// Whether unit `unit`, of groups `groups`, is within it.
+    pub fn reaches(&self, unit: &str, groups: &[String]) -> bool {
+        match self {
+            Scope::All => true,
+            Scope::Units(units) => units.iter().any(|u| u == unit),
+            Scope::Group(group) => groups.iter().any(|g| g == group),
+        }
+    }
+}
+
+impl Entry {
+    /// Whether it has expired at `now` (seconds since the epoch).
+    pub fn expired(&self, now: u64) -> bool {
+        self.expires.is_some_and(|at| now >= at)
+    }
+}
+
+/// The token file of a state directory.
+pub fn path(state_dir: &Path) -> PathBuf {
+    state_dir.join("tokens.json")
+}
+
+/// SHA-256 of `token`, hex.
+pub fn hash(token: &str) -> String {
+    use sha2::Digest;
+    hex(&sha2::Sha256::digest(token.as_bytes()))
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// A new token (printed once) and its hash (kept).
+pub fn mint() -> Result<(String, String), String> {
+    let mut bytes = [0u8; 32];
+    let mut filled = 0;
+    while filled < bytes.len() {
+        filled +=
+            rustix::rand::getrandom(&mut bytes[filled..], rustix::rand::GetRandomFlags::empty())
+                .map_err(|e| format!("no randomness from the OS: {e}"))?;
+    }
+    let token = format!("{PREFIX}{}", hex(&bytes));
+    let hash = hash(&token);
+    Ok((token, hash))
+}
+
+/// Whether `name` may name a token: 1 to 64 of `[A-Za-z0-9_.-]`, not
+/// starting with `.` or `-`.
+pub fn is_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 64
+        && !name.starts_with(['.', '-'])
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b'-'))
+}
+
+/// The tokens of `file`; none when it does not exist.
+pub fn load(file: &Path) -> Result<Vec<Entry>, String> {
+    use std::io::Read;
+    let mut text = Vec::new();
+    match std::fs::File::open(file) {
+        Ok(f) => {
+            f.take(MAX_FILE + 1)
+                .read_to_end(&mut text)
+                .map_err(|e| format!("cannot read {}: {e}", file.display()))?;
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(format!("cannot read {}: {e}", file.display())),
+    }
+    if text.len() as u64 > MAX_FILE {
+        return Err(format!(
+            "{} is larger than {} MiB",
+            file.display(),
+            MAX_FILE >> 20
+        ));
+    }
+    let tokens: Vec<Entry> = serde_json::from_slice(&text)
+        .map_err(|e| format!("{} is not a token file: {e}", file.display()))?;
+    if tokens.len() > MAX_TOKENS {
+        return Err(format!(
+            "{} holds more than {MAX_TOKENS} tokens",
+            file.display()
+        ));
+    }
+    Ok(tokens)
+}
+
+/// Writes `tokens` to `file` (0600; its directory made 0700 when missing).
+pub fn store(file: &Path, tokens: &[Entry]) -> Result<(), String> {
+    use std::os::unix::fs::DirBuilderExt;
+    if let Some(dir) = file.parent()
+        && !dir.is_dir()
+    {
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(dir)
+            .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+    }
+    let mut text = serde_json::to_vec_pretty(tokens).map_err(|e| e.to_string())?;
+    text.push(b'\n');
+    crate::files::write_atomically(file, &text, 0o600)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_token_is_prefixed_high_entropy_and_kept_only_as_its_hash() {
+        let (token, hash) = mint().expect("mint");
+        assert!(token.starts_with(PREFIX));
+        assert_eq!(token.len(), PREFIX.len() + 64);
+        assert_eq!(hash.len(), 64);
+        assert_eq!(super::hash(&token), hash);
+        assert!(!hash.contains(&token[PREFIX.len()..]));
+        let (other, _) = mint().expect("mint");
+        assert_ne!(token, other);
+    }
+
+    #[test]
+    fn scopes_reach_their_units() {
+        let groups = ["dev".to_owned()];
+        assert!(Scope::All.reaches("a", &[]));
+        assert!(Scope::Units(vec!["a".into()]).reaches("a", &[]));
+        assert!(!Scope::Units(vec!["a".into()]).reaches("b", &[]));
+        assert!(Scope::Group("dev".into()).reaches("b", &groups));
+        assert!(!Scope::Group("ops".into()).reaches("b", &groups));
+    }
+
+    #[test]
+    fn the_file_round_trips_and_is_private() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().expect("tempdir");
+        let file = path(&dir.path().join("state"));
+        assert_eq!(load(&file), Ok(Vec::new()));
+        let entry = Entry {
+            name: "laptop".into(),
+            hash: hash("mcpd_x"),
+            scope: Scope::Units(vec!["a".into(), "b".into()]),
+            created: 1,
+            expires: Some(2),
+        };
+        store(&file, std::slice::from_ref(&entry)).expect("store");
+        assert_eq!(load(&file), Ok(vec![entry.clone()]));
+        let mode = std::fs::metadata(&file).expect("meta").permissions().mode();
+        assert_eq!(mode & 0o777, 0o600);
+        assert!(entry.expired(2) && !entry.expired(1));
+        assert!(is_name("laptop-1.home") && !is_name("-x") && !is_name("a/b") && !is_name(""));
+    }
+}

@@ -1,0 +1,606 @@
+//! The daemon's own settings file, `mcpd.kdl` (DESIGN §15): KDL 2 read
+//! with the unit files' diagnostics (`path:line:col`, a caret, "did you
+//! mean"). Pure but for [`read`], which reads the file.
+//!
+//! Its one section so far is `http { }`, the HTTP endpoint:
+//!
+//! ```kdl
+//! http {
+//!     listen "127.0.0.1:8737"
+//!     listen "[::1]:8737"
+//!     auth "token"            // or "none": only when every listen is loopback
+//!     max-sessions 256
+//!     allow-origin "https://app.example"
+//! }
+//! ```
+//!
+//! No file, or no `http` section: no endpoint. Every rule is judged here,
+//! so a [`Settings`] that exists is valid; `auth "none"` with a listen
+//! that is not loopback is refused naming that listen's line (fail
+//! closed).
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use core::net::SocketAddr;
+use kdl::{KdlDocument, KdlNode, KdlValue};
+use miette::SourceSpan;
+
+use super::diag::{LoadError, Problem};
+use super::instance::Instance;
+
+/// Where `listen` is when the `http` section names none.
+pub const DEFAULT_LISTEN: &str = "127.0.0.1:8737";
+/// `max-sessions` when not given (DESIGN §15).
+pub const DEFAULT_MAX_SESSIONS: usize = 256;
+/// The most `max-sessions` may say.
+pub const MAX_MAX_SESSIONS: usize = 65_536;
+/// The most `listen` and `allow-origin` lines.
+pub const MAX_LISTEN: usize = 64;
+pub const MAX_ORIGINS: usize = 256;
+/// The largest settings file read.
+pub const MAX_FILE: usize = 1 << 20;
+
+/// The keys of the file, for "did you mean" and the man-page test.
+pub const SECTIONS: &[&str] = &["http"];
+pub const HTTP_KEYS: &[&str] = &["listen", "auth", "max-sessions", "allow-origin"];
+
+/// What `mcpd.kdl` says (valid: every rule was judged when it was read).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Settings {
+    /// The HTTP endpoint; `None`: no endpoint.
+    pub http: Option<HttpSettings>,
+}
+
+/// The `http { }` section.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HttpSettings {
+    /// At least one; no duplicates.
+    pub listen: Vec<SocketAddr>,
+    pub auth: Auth,
+    /// 1..=[`MAX_MAX_SESSIONS`].
+    pub max_sessions: usize,
+    /// Origins (`scheme://host[:port]`, lowercase) a browser may call from
+    /// besides loopback ones.
+    pub allow_origin: Vec<String>,
+}
+
+impl Default for HttpSettings {
+    /// An empty `http { }` (and a socket-activated endpoint without one).
+    fn default() -> Self {
+        Self {
+            listen: DEFAULT_LISTEN.parse().ok().into_iter().collect(),
+            auth: Auth::Token,
+            max_sessions: DEFAULT_MAX_SESSIONS,
+            allow_origin: Vec::new(),
+        }
+    }
+}
+
+/// How a request to the endpoint is authenticated.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Auth {
+    /// `Authorization: Bearer TOKEN`, a token of `mcpctl token new`.
+    Token,
+    /// Nobody is asked: only when every `listen` is loopback.
+    None,
+}
+
+impl Auth {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Auth::Token => "token",
+            Auth::None => "none",
+        }
+    }
+}
+
+/// The settings file of `instance` by default: `/etc/mcpd/mcpd.kdl`, or
+/// `$XDG_CONFIG_HOME/mcpd/mcpd.kdl` (`~/.config` without it); `None` for a
+/// user with neither an absolute `XDG_CONFIG_HOME` nor `HOME`.
+pub fn default_path(
+    instance: Instance,
+    env: impl Fn(&str) -> Option<std::ffi::OsString>,
+) -> Option<PathBuf> {
+    match instance {
+        Instance::System => Some(PathBuf::from("/etc/mcpd/mcpd.kdl")),
+        Instance::User => {
+            let absolute = |var: &str| env(var).map(PathBuf::from).filter(|p| p.is_absolute());
+            absolute("XDG_CONFIG_HOME")
+                .or_else(|| absolute("HOME").map(|h| h.join(".config")))
+                .map(|base| base.join("mcpd/mcpd.kdl"))
+        }
+    }
+}
+
+/// Reads `path`: `Ok(None)` when it does not exist and `required` is false
+/// (the default path); any other problem names the file.
+pub fn read(path: &Path, required: bool) -> Result<Option<Settings>, LoadError> {
+    use std::io::Read;
+    let mut bytes = Vec::new();
+    let read = std::fs::File::open(path)
+        .and_then(|file| file.take(MAX_FILE as u64 + 1).read_to_end(&mut bytes));
+    match read {
+        Ok(n) if n > MAX_FILE => Err(LoadError::new(
+            path.to_owned(),
+            vec![Problem::file(
+                path,
+                format!("settings file is larger than {} KiB", MAX_FILE >> 10),
+            )],
+        )),
+        Ok(_) => parse_bytes(path, bytes).map(Some),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound && !required => Ok(None),
+        Err(e) => Err(LoadError::new(
+            path.to_owned(),
+            vec![Problem::file(
+                path,
+                format!("cannot read settings file: {}", super::diag::io_text(&e)),
+            )],
+        )),
+    }
+}
+
+/// Judges the bytes of a settings file.
+pub fn parse_bytes(path: &Path, bytes: Vec<u8>) -> Result<Settings, LoadError> {
+    let text: Arc<str> = match String::from_utf8(bytes) {
+        Ok(text) => Arc::from(text),
+        Err(e) => {
+            let offset = e.utf8_error().valid_up_to();
+            let lossy: Arc<str> = Arc::from(String::from_utf8_lossy(e.as_bytes()).into_owned());
+            let problem = Problem::at(
+                path,
+                &lossy,
+                (offset, 1).into(),
+                "settings file is not valid UTF-8",
+                "invalid byte",
+            );
+            return Err(LoadError::new(path.to_owned(), vec![problem]));
+        }
+    };
+    parse(path, &text)
+}
+
+/// Judges a settings file's text; every problem is reported, in file order.
+pub fn parse(path: &Path, text: &Arc<str>) -> Result<Settings, LoadError> {
+    let doc = KdlDocument::parse_v2(text).map_err(|e| {
+        LoadError::new(
+            path.to_owned(),
+            vec![super::load::kdl_problem(path, text, &e)],
+        )
+    })?;
+    let mut judge = Judge {
+        path,
+        text,
+        problems: Vec::new(),
+    };
+    let mut settings = Settings::default();
+    let mut http_at: Option<SourceSpan> = None;
+    for node in doc.nodes() {
+        let name = node.name().value();
+        match name {
+            "http" => {
+                if let Some(first) = http_at {
+                    judge.push(
+                        Problem::at(
+                            path,
+                            text,
+                            node.name().span(),
+                            "`http` is given twice",
+                            "second `http` section",
+                        )
+                        .with_related(first, "first given here"),
+                    );
+                    continue;
+                }
+                http_at = Some(node.name().span());
+                if !node.entries().is_empty() {
+                    judge.at(
+                        node.entries()[0].span(),
+                        "`http` takes no arguments, only a block",
+                        "unexpected argument",
+                        Some("write `http { listen \"127.0.0.1:8737\" }`"),
+                    );
+                }
+                settings.http = judge.http(node);
+            }
+            other => {
+                let help = super::syntax::did_you_mean(other, SECTIONS)
+                    .map(|s| format!("did you mean `{s}`?"))
+                    .unwrap_or_else(|| "the settings file has one section: `http { }`".into());
+                judge.at(
+                    node.name().span(),
+                    &format!("unknown section `{other}`"),
+                    "unknown section",
+                    Some(&help),
+                );
+            }
+        }
+    }
+    if judge.problems.is_empty() {
+        Ok(settings)
+    } else {
+        Err(LoadError::new(path.to_owned(), judge.problems))
+    }
+}
+
+struct Judge<'a> {
+    path: &'a Path,
+    text: &'a Arc<str>,
+    problems: Vec<Problem>,
+}
+
+impl Judge<'_> {
+    fn push(&mut self, problem: Problem) {
+        self.problems.push(problem);
+    }
+
+    fn at(&mut self, span: SourceSpan, message: &str, label: &str, help: Option<&str>) {
+        let mut problem = Problem::at(self.path, self.text, span, message, label);
+        if let Some(help) = help {
+            problem = problem.with_help(help);
+        }
+        self.problems.push(problem);
+    }
+
+    /// The one argument of a key, or a problem.
+    fn argument<'n>(
+        &mut self,
+        node: &'n KdlNode,
+        key: &str,
+        example: &str,
+    ) -> Option<&'n KdlValue> {
+        if let Some(children) = node.children() {
+            self.at(
+                children.span(),
+                &format!("`{key}` takes no block"),
+                "unexpected block",
+                Some(&format!("write `{key} {example}`")),
+            );
+            return None;
+        }
+        if let Some(property) = node.entries().iter().find(|e| e.name().is_some()) {
+            self.at(
+                property.span(),
+                &format!("`{key}` takes no properties"),
+                "unexpected property",
+                Some(&format!("write `{key} {example}`")),
+            );
+            return None;
+        }
+        match node.entries() {
+            [one] => Some(one.value()),
+            [] => {
+                self.at(
+                    node.name().span(),
+                    &format!("`{key}` needs a value"),
+                    "no value",
+                    Some(&format!("write `{key} {example}`")),
+                );
+                None
+            }
+            [_, second, ..] => {
+                self.at(
+                    second.span(),
+                    &format!("`{key}` takes one value"),
+                    "extra value",
+                    Some(&format!(
+                        "write one `{key}` line per value: `{key} {example}`"
+                    )),
+                );
+                None
+            }
+        }
+    }
+
+    fn http(&mut self, node: &KdlNode) -> Option<HttpSettings> {
+        let before = self.problems.len();
+        let mut listen: Vec<(SocketAddr, SourceSpan)> = Vec::new();
+        let mut auth: Option<(Auth, SourceSpan)> = None;
+        let mut max_sessions: Option<(usize, SourceSpan)> = None;
+        let mut allow_origin: Vec<String> = Vec::new();
+        let empty = KdlDocument::new();
+        for child in node.children().unwrap_or(&empty).nodes() {
+            let key = child.name().value();
+            let span = child.name().span();
+            let single = |judge: &mut Self, seen: Option<SourceSpan>| {
+                if let Some(first) = seen {
+                    judge.push(
+                        Problem::at(
+                            judge.path,
+                            judge.text,
+                            span,
+                            format!("`{key}` is given twice"),
+                            "second value",
+                        )
+                        .with_related(first, "first given here"),
+                    );
+                    return false;
+                }
+                true
+            };
+            match key {
+                "listen" => {
+                    let Some(value) = self.argument(child, key, "\"127.0.0.1:8737\"") else {
+                        continue;
+                    };
+                    let at = child.entries()[0].span();
+                    let Some(text) = value.as_string() else {
+                        self.at(
+                            at,
+                            "`listen` takes a string: an address and a port",
+                            "not a string",
+                            Some("write `listen \"127.0.0.1:8737\"` or `listen \"[::1]:8737\"`"),
+                        );
+                        continue;
+                    };
+                    match text.parse::<SocketAddr>() {
+                        Ok(addr) => {
+                            if let Some((_, first)) = listen.iter().find(|(a, _)| *a == addr) {
+                                let first = *first;
+                                self.push(
+                                    Problem::at(self.path, self.text, at, format!("`listen` names {addr} twice"), "second time")
+                                        .with_related(first, "first here"),
+                                );
+                            } else if listen.len() == MAX_LISTEN {
+                                self.at(at, &format!("more than {MAX_LISTEN} `listen` lines"), "one too many", None);
+                            } else {
+                                listen.push((addr, at));
+                            }
+                        }
+                        Err(_) => self.at(
+                            at,
+                            &format!("`listen` {text:?} is not an address and a port"),
+                            "not ADDRESS:PORT",
+                            Some("write an IP address and a port: `listen \"127.0.0.1:8737\"`, `listen \"[::1]:8737\"`, `listen \"0.0.0.0:8737\"` (host names are not resolved)"),
+                        ),
+                    }
+                }
+                "auth" => {
+                    if !single(self, auth.map(|(_, s)| s)) {
+                        continue;
+                    }
+                    let Some(value) = self.argument(child, key, "\"token\"") else {
+                        continue;
+                    };
+                    let at = child.entries()[0].span();
+                    match value.as_string() {
+                        Some("token") => auth = Some((Auth::Token, at)),
+                        Some("none") => auth = Some((Auth::None, at)),
+                        _ => self.at(
+                            at,
+                            "`auth` is \"token\" or \"none\"",
+                            "unknown",
+                            Some("write `auth \"token\"` (the default) or, for loopback only, `auth \"none\"`"),
+                        ),
+                    }
+                }
+                "max-sessions" => {
+                    if !single(self, max_sessions.map(|(_, s)| s)) {
+                        continue;
+                    }
+                    let Some(value) = self.argument(child, key, "256") else {
+                        continue;
+                    };
+                    let at = child.entries()[0].span();
+                    match value.as_integer() {
+                        Some(n) if (1..=MAX_MAX_SESSIONS as i128).contains(&n) => {
+                            max_sessions = Some((n as usize, at));
+                        }
+                        _ => self.at(
+                            at,
+                            &format!(
+                                "`max-sessions` is a whole number from 1 to {MAX_MAX_SESSIONS}"
+                            ),
+                            "out of range",
+                            Some("write `max-sessions 256`"),
+                        ),
+                    }
+                }
+                "allow-origin" => {
+                    let Some(value) = self.argument(child, key, "\"https://app.example\"") else {
+                        continue;
+                    };
+                    let at = child.entries()[0].span();
+                    match value.as_string().map(origin) {
+                        Some(Ok(o)) if allow_origin.len() < MAX_ORIGINS => {
+                            if !allow_origin.contains(&o) {
+                                allow_origin.push(o);
+                            }
+                        }
+                        Some(Ok(_)) => self.at(at, &format!("more than {MAX_ORIGINS} `allow-origin` lines"), "one too many", None),
+                        Some(Err(why)) => self.at(
+                            at,
+                            &format!("`allow-origin` {why}"),
+                            "not an origin",
+                            Some("write a browser origin: a scheme, a host and perhaps a port, no path: `allow-origin \"https://app.example\"`"),
+                        ),
+                        None => self.at(at, "`allow-origin` takes a string", "not a string", Some("write `allow-origin \"https://app.example\"`")),
+                    }
+                }
+                other => {
+                    let help = super::syntax::did_you_mean(other, HTTP_KEYS)
+                        .map(|s| format!("did you mean `{s}`?"))
+                        .unwrap_or_else(|| {
+                            format!("the `http` section knows {}", HTTP_KEYS.join(", "))
+                        });
+                    self.at(
+                        span,
+                        &format!("unknown key `{other}` in `http`"),
+                        "unknown key",
+                        Some(&help),
+                    );
+                }
+            }
+        }
+        let auth_value = auth.map_or(Auth::Token, |(a, _)| a);
+        if let Some((Auth::None, auth_at)) = auth {
+            for (addr, at) in &listen {
+                if !addr.ip().is_loopback() {
+                    self.push(
+                        Problem::at(
+                            self.path,
+                            self.text,
+                            *at,
+                            format!("`auth \"none\"` with `listen` {addr}, which is not loopback: anyone who reaches it would use every server"),
+                            "not loopback",
+                        )
+                        .with_related(auth_at, "no authentication asked here")
+                        .with_help("use `auth \"token\"` (and `mcpctl token new`), or listen on 127.0.0.1 or [::1] only"),
+                    );
+                }
+            }
+        }
+        if self.problems.len() > before {
+            return None;
+        }
+        let listen = if listen.is_empty() {
+            DEFAULT_LISTEN.parse().ok().into_iter().collect()
+        } else {
+            listen.into_iter().map(|(a, _)| a).collect()
+        };
+        Some(HttpSettings {
+            listen,
+            auth: auth_value,
+            max_sessions: max_sessions.map_or(DEFAULT_MAX_SESSIONS, |(n, _)| n),
+            allow_origin,
+        })
+    }
+}
+
+/// A browser origin as it is compared: `scheme://host[:port]`, lowercase,
+/// no default port; or why `text` is not one.
+pub fn origin(text: &str) -> Result<String, String> {
+    let url = url::Url::parse(text).map_err(|e| format!("{text:?} is not a URL: {e}"))?;
+    if !matches!(url.scheme(), "http" | "https") {
+        return Err(format!("{text:?} is not an http or https origin"));
+    }
+    let Some(host) = url.host_str() else {
+        return Err(format!("{text:?} has no host"));
+    };
+    if url.path() != "/"
+        || url.query().is_some()
+        || url.fragment().is_some()
+        || !url.username().is_empty()
+    {
+        return Err(format!(
+            "{text:?} is more than an origin (a path, a query or a user)"
+        ));
+    }
+    Ok(match url.port() {
+        Some(port) => format!("{}://{host}:{port}", url.scheme()),
+        None => format!("{}://{host}", url.scheme()),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn judge(text: &str) -> Result<Settings, String> {
+        let text: Arc<str> = Arc::from(text);
+        parse(Path::new("/etc/mcpd/mcpd.kdl"), &text).map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn no_http_section_is_no_endpoint_and_an_empty_one_the_defaults() {
+        assert_eq!(judge(""), Ok(Settings { http: None }));
+        let http = judge("http {}\n").expect("valid").http.expect("http");
+        assert_eq!(
+            http.listen,
+            ["127.0.0.1:8737".parse::<SocketAddr>().expect("addr")]
+        );
+        assert_eq!(http.auth, Auth::Token);
+        assert_eq!(http.max_sessions, DEFAULT_MAX_SESSIONS);
+        assert!(http.allow_origin.is_empty());
+    }
+
+    #[test]
+    fn every_key_is_read() {
+        let http = judge(
+            "http {\n    listen \"127.0.0.1:0\"\n    listen \"[::1]:8737\"\n    auth \"none\"\n    max-sessions 3\n    allow-origin \"HTTPS://App.Example:8443\"\n}\n",
+        )
+        .expect("valid")
+        .http
+        .expect("http");
+        assert_eq!(http.listen.len(), 2);
+        assert_eq!(http.auth, Auth::None);
+        assert_eq!(http.max_sessions, 3);
+        assert_eq!(http.allow_origin, ["https://app.example:8443"]);
+    }
+
+    #[test]
+    fn auth_none_on_a_public_address_is_refused_naming_the_listen_line() {
+        let e = judge("http {\n    listen \"127.0.0.1:1\"\n    listen \"0.0.0.0:8737\"\n    auth \"none\"\n}\n")
+            .expect_err("fail closed");
+        assert!(
+            e.starts_with("/etc/mcpd/mcpd.kdl:3:12: `auth \"none\"` with `listen` 0.0.0.0:8737"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn problems_are_located_with_hints() {
+        let e = judge("htp {}\nhttp {\n    lisen \"x\"\n    listen \"localhost:80\"\n    max-sessions 0\n    auth \"basic\"\n    allow-origin \"https://a.example/path\"\n}\n")
+            .expect_err("invalid");
+        let lines: Vec<&str> = e.lines().collect();
+        assert_eq!(lines.len(), 6, "{e}");
+        assert!(
+            lines[0].starts_with("/etc/mcpd/mcpd.kdl:1:1: unknown section `htp`"),
+            "{e}"
+        );
+        assert!(
+            lines[1].starts_with("/etc/mcpd/mcpd.kdl:3:5: unknown key `lisen`"),
+            "{e}"
+        );
+        assert!(
+            lines[2].contains(":4:12: `listen` \"localhost:80\" is not an address"),
+            "{e}"
+        );
+        assert!(
+            lines[3].contains(":5:18: `max-sessions` is a whole number"),
+            "{e}"
+        );
+        assert!(lines[4].contains(":6:10: `auth` is"), "{e}");
+        assert!(
+            lines[5].contains(
+                ":7:18: `allow-origin` \"https://a.example/path\" is more than an origin"
+            ),
+            "{e}"
+        );
+        let text: Arc<str> = Arc::from("http {\n    lisen \"x\"\n}\n");
+        let report = parse(Path::new("m.kdl"), &text)
+            .expect_err("invalid")
+            .render(crate::unit::Style::Plain);
+        assert!(report.contains("did you mean `listen`?"), "{report}");
+        let e = judge("http {\n    allow-origin \"https://a.example/path\"\n    auth \"none\"\n    auth \"token\"\n}\nhttp {}\n").expect_err("invalid");
+        assert!(
+            e.contains(":2:18: `allow-origin` \"https://a.example/path\" is more than an origin"),
+            "{e}"
+        );
+        assert!(e.contains(":4:5: `auth` is given twice"), "{e}");
+        assert!(e.contains(":6:1: `http` is given twice"), "{e}");
+    }
+
+    #[test]
+    fn default_paths() {
+        let env = |vars: &'static [(&'static str, &'static str)]| {
+            move |k: &str| vars.iter().find(|(n, _)| *n == k).map(|(_, v)| v.into())
+        };
+        assert_eq!(
+            default_path(Instance::System, env(&[])),
+            Some(PathBuf::from("/etc/mcpd/mcpd.kdl"))
+        );
+        assert_eq!(
+            default_path(Instance::User, env(&[("HOME", "/home/u")])),
+            Some(PathBuf::from("/home/u/.config/mcpd/mcpd.kdl"))
+        );
+        assert_eq!(
+            default_path(
+                Instance::User,
+                env(&[("HOME", "/home/u"), ("XDG_CONFIG_HOME", "/x")])
+            ),
+            Some(PathBuf::from("/x/mcpd/mcpd.kdl"))
+        );
+        assert_eq!(default_path(Instance::User, env(&[("HOME", "rel")])), None);
+    }
+}

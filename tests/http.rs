@@ -1,0 +1,797 @@
+//! The HTTP endpoint (DESIGN §15) through the real `mcpd`: its settings
+//! file (`mcpd.kdl`), read at start and on reload.
+
+use std::path::Path;
+
+use crate::helper::Daemon;
+
+/// A user daemon on `units` with `--config settings`.
+fn daemon(units: &Path, settings: &Path) -> Daemon {
+    daemon_with(units, settings, &[])
+}
+
+fn daemon_with(units: &Path, settings: &Path, env: &[(&str, &std::ffi::OsStr)]) -> Daemon {
+    Daemon::start(
+        &[
+            "--user".as_ref(),
+            "--no-bus".as_ref(),
+            "--units".as_ref(),
+            units.as_os_str(),
+            "--config".as_ref(),
+            settings.as_os_str(),
+        ],
+        env,
+    )
+}
+
+#[test]
+fn auth_none_on_an_address_that_is_not_loopback_refuses_to_start_naming_the_line() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let settings = dir.path().join("mcpd.kdl");
+    std::fs::write(
+        &settings,
+        "http {\n    listen \"127.0.0.1:0\"\n    listen \"0.0.0.0:0\"\n    auth \"none\"\n}\n",
+    )
+    .expect("write");
+    let d = daemon(dir.path(), &settings);
+    let (status, lines) = d.stop_logged(rustix::process::Signal::CONT);
+    assert!(!status.success(), "{lines:?}");
+    let want = format!(
+        "{}:3:12: `auth \"none\"` with `listen` 0.0.0.0:0, which is not loopback",
+        settings.display()
+    );
+    assert!(lines.iter().any(|l| l.contains(&want)), "{lines:#?}");
+
+    // A named file must exist.
+    let d = daemon(dir.path(), &dir.path().join("missing.kdl"));
+    let (status, lines) = d.stop_logged(rustix::process::Signal::CONT);
+    assert!(!status.success(), "{lines:?}");
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.contains("missing.kdl: cannot read settings file")),
+        "{lines:#?}"
+    );
+}
+
+#[test]
+fn a_changed_listen_rebinds_and_a_broken_settings_file_keeps_the_last_good_settings() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let units = tempfile::tempdir().expect("tempdir");
+    let settings = dir.path().join("mcpd.kdl");
+    std::fs::write(&settings, "http {\n    listen \"127.0.0.1:0\"\n}\n").expect("write");
+    let mut d = daemon(units.path(), &settings);
+    d.wait_for("HTTP endpoint on 127.0.0.1:0, auth token, at most 256 sessions");
+    d.wait_for("started 0 units");
+    std::fs::write(&settings, "http {\n    max-sesions 3\n}\n").expect("write");
+    let line = d.wait_for("keeping the last good settings");
+    assert!(
+        line.contains(&format!(
+            "{}:2:5: unknown key `max-sesions` in `http`",
+            settings.display()
+        )),
+        "{line}"
+    );
+    std::fs::write(
+        &settings,
+        "http {\n    listen \"127.0.0.1:0\"\n    max-sessions 3\n}\n",
+    )
+    .expect("write");
+    d.wait_for("HTTP endpoint on 127.0.0.1:0, auth token, at most 3 sessions");
+    // A changed listen rebinds: the new port answers, the old is closed.
+    let old: std::net::SocketAddr = d
+        .seen
+        .iter()
+        .find_map(|l| l.split("HTTP endpoint listening on ").nth(1))
+        .and_then(|a| a.trim().parse().ok())
+        .expect("the first address");
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .port();
+    std::fs::write(
+        &settings,
+        format!("http {{\n    listen \"127.0.0.1:{port}\"\n    max-sessions 3\n}}\n"),
+    )
+    .expect("write");
+    d.wait_for(&format!("HTTP endpoint listening on 127.0.0.1:{port}"));
+    let new = std::net::SocketAddr::from(([127, 0, 0, 1], port));
+    // `auth "token"` (the default): nothing passes without one.
+    let (status, headers, _) = request(new, "POST", "/mcp/x", &JSON, INITIALIZE.as_bytes());
+    assert_eq!(status, 401);
+    assert_eq!(
+        header(&headers, "www-authenticate"),
+        Some("Bearer realm=\"mcpd\"")
+    );
+    assert!(
+        d.wait_for("refused a request to /mcp/x: no token")
+            .contains("127.0.0.1:")
+    );
+    assert!(
+        std::net::TcpStream::connect(old).is_err(),
+        "{old} still listens"
+    );
+    // No `http` section: no endpoint.
+    std::fs::write(&settings, "").expect("write");
+    d.wait_for("HTTP endpoint stopped");
+    assert!(
+        std::net::TcpStream::connect(new).is_err(),
+        "{new} still listens"
+    );
+}
+
+/// A user daemon on `units` whose `mcpd.kdl` is `settings` (listening on
+/// an ephemeral port), and the address its endpoint logged.
+fn endpoint(units: &Path, settings: &str) -> (Daemon, tempfile::TempDir, std::net::SocketAddr) {
+    endpoint_with(units, settings, &[])
+}
+
+fn endpoint_with(
+    units: &Path,
+    settings: &str,
+    env: &[(&str, &std::ffi::OsStr)],
+) -> (Daemon, tempfile::TempDir, std::net::SocketAddr) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let file = dir.path().join("mcpd.kdl");
+    std::fs::write(&file, settings).expect("write");
+    let mut d = daemon_with(units, &file, env);
+    let line = d.wait_for("HTTP endpoint listening on ");
+    let addr = line
+        .rsplit("listening on ")
+        .next()
+        .and_then(|rest| rest.split_whitespace().next())
+        .and_then(|a| a.parse().ok())
+        .unwrap_or_else(|| panic!("no address in {line:?}"));
+    (d, dir, addr)
+}
+
+/// Runs `tests/data/fidelity.py` with `args`: every check's outcome.
+fn fidelity(args: &[&str], token: Option<&str>) -> serde_json::Value {
+    let env: Vec<(&str, &str)> = token.map(|t| ("MCPD_TOKEN", t)).into_iter().collect();
+    crate::fidelity::fidelity_with(args, None, &env)
+}
+
+/// A unit file for the reference server.
+fn everything_unit(units: &Path) {
+    let server = crate::fidelity::everything();
+    std::fs::write(
+        units.join("everything.kdl"),
+        format!(
+            "stdio {{\n    command \"node\" \"{}\" \"stdio\"\n}}\n",
+            server.display()
+        ),
+    )
+    .expect("write");
+}
+
+#[test]
+fn the_official_sdks_streamable_http_clients_get_what_they_get_directly_and_through_the_bridge() {
+    let units = tempfile::tempdir().expect("tempdir");
+    everything_unit(units.path());
+    let state = tempfile::tempdir().expect("tempdir");
+    let token = token(state.path(), &["new", "host"]);
+    let (mut d, _dir, addr) = endpoint_with(
+        units.path(),
+        "http {\n    listen \"127.0.0.1:0\"\n}\n",
+        &[("MCPD_STATE_DIR", state.path().as_os_str())],
+    );
+    d.wait_until("17 tools", |d| {
+        let runtime = d.runtime_dir().expect("runtime");
+        let out = crate::helper::mcpctl_user(runtime, &["tools", "everything"]);
+        String::from_utf8_lossy(&out.stdout).lines().count() >= 17
+    });
+    let server = crate::fidelity::everything();
+    let server = server.to_str().expect("utf-8");
+    let direct = fidelity(&["node", server, "stdio"], None);
+    for (check, outcome) in direct.as_object().expect("object") {
+        assert!(
+            !outcome.as_str().is_some_and(|o| o.starts_with("error")),
+            "{check} fails even directly: {outcome}"
+        );
+    }
+    let url = format!("http://{addr}/mcp/everything");
+    let over_http = fidelity(&["--http", &url], Some(&token));
+    for (check, outcome) in direct.as_object().expect("object") {
+        assert_eq!(&over_http[check], outcome, "{check} differs over HTTP");
+    }
+    assert_eq!(direct, over_http);
+
+    // The TypeScript SDK's StreamableHTTPClientTransport gets what the same
+    // host gets through the bridge.
+    let runtime = d.runtime_dir().expect("runtime").to_owned();
+    let ts = |target: &[&str]| {
+        let out = std::process::Command::new("node")
+            .arg(crate::helper::root().join("tests/data/ts_client.mjs"))
+            .arg(crate::helper::root().join("target/npm/node_modules"))
+            .args(target)
+            .env("XDG_RUNTIME_DIR", &runtime)
+            .env("MCPD_TOKEN", &token)
+            .env_remove("DBUS_SESSION_BUS_ADDRESS")
+            .env_remove("MCPD_RUNTIME_DIR")
+            .stdin(std::process::Stdio::null())
+            .output()
+            .expect("node");
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_slice::<serde_json::Value>(&out.stdout).expect("one JSON object")
+    };
+    let mcpctl = env!("CARGO_BIN_EXE_mcpctl");
+    let bridged = ts(&[mcpctl, "--user", "bridge", "everything"]);
+    let over_http = ts(&[&url]);
+    assert_eq!(over_http["sampling"], true, "{over_http}");
+    assert_eq!(bridged, over_http);
+}
+
+/// One HTTP/1.1 request on a fresh connection (`Connection: close`):
+/// the status, the headers (lowercase names) and the body.
+fn request(
+    addr: std::net::SocketAddr,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &[u8],
+) -> (u16, Vec<(String, String)>, String) {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect(addr).expect("connect");
+    stream
+        .set_read_timeout(Some(std::time::Duration::from_secs(30)))
+        .expect("timeout");
+    let mut head = format!(
+        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nContent-Length: {}\r\n",
+        body.len()
+    );
+    for (name, value) in headers {
+        head.push_str(&format!("{name}: {value}\r\n"));
+    }
+    head.push_str("\r\n");
+    stream.write_all(head.as_bytes()).expect("write");
+    // A refused body may not be read: the answer counts, not the write.
+    let _ = stream.write_all(body);
+    let mut out = Vec::new();
+    let _ = stream.read_to_end(&mut out);
+    let text = String::from_utf8_lossy(&out).into_owned();
+    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
+    let mut lines = head.lines();
+    let status = lines
+        .next()
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("no status in {text:?}"));
+    let headers = lines
+        .filter_map(|l| l.split_once(':'))
+        .map(|(k, v)| (k.trim().to_ascii_lowercase(), v.trim().to_owned()))
+        .collect();
+    (status, headers, body.to_owned())
+}
+
+fn header<'a>(headers: &'a [(String, String)], name: &str) -> Option<&'a str> {
+    headers
+        .iter()
+        .find(|(k, _)| k == name)
+        .map(|(_, v)| v.as_str())
+}
+
+const INITIALIZE: &str = r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"raw","version":"1"}}}"#;
+const JSON: [(&str, &str); 2] = [
+    ("Content-Type", "application/json"),
+    ("Accept", "application/json"),
+];
+
+#[test]
+fn bad_input_gets_http_and_json_rpc_errors_and_leaves_sessions_alone() {
+    let units = tempfile::tempdir().expect("tempdir");
+    std::fs::write(
+        units.path().join("fixture.kdl"),
+        "group \"g\"\nstdio {\n    command \"mcp-fixture\"\n}\n",
+    )
+    .expect("write");
+    let (mut d, _dir, addr) = endpoint(
+        units.path(),
+        "http {\n    listen \"127.0.0.1:0\"\n    auth \"none\"\n    max-sessions 3\n    allow-origin \"https://app.example\"\n}\n",
+    );
+    d.wait_for("running (pid");
+    // A session, in JSON mode.
+    let (status, headers, body) =
+        request(addr, "POST", "/mcp/fixture", &JSON, INITIALIZE.as_bytes());
+    assert_eq!(status, 200, "{body}");
+    let session = header(&headers, "mcp-session-id")
+        .expect("session id")
+        .to_owned();
+    assert_eq!(session.len(), 32, "{session}");
+    assert!(
+        body.contains("\"protocolVersion\":\"2025-11-25\""),
+        "{body}"
+    );
+    let with_session = |extra: &[(&'static str, &str)]| -> Vec<(&'static str, String)> {
+        let mut h: Vec<(&str, String)> = JSON.iter().map(|(k, v)| (*k, (*v).to_owned())).collect();
+        h.push(("Mcp-Session-Id", session.clone()));
+        h.extend(extra.iter().map(|(k, v)| (*k, (*v).to_owned())));
+        h
+    };
+    let call = |h: &[(&'static str, String)], body: &str| {
+        let h: Vec<(&str, &str)> = h.iter().map(|(k, v)| (*k, v.as_str())).collect();
+        request(addr, "POST", "/mcp/fixture", &h, body.as_bytes())
+    };
+    let (status, _, _) = call(
+        &with_session(&[]),
+        r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#,
+    );
+    assert_eq!(status, 202);
+    let ping = r#"{"jsonrpc":"2.0","id":2,"method":"tools/list"}"#;
+    let (status, _, body) = call(&with_session(&[]), ping);
+    assert_eq!(status, 200, "{body}");
+    assert!(body.contains("\"tools\""), "{body}");
+
+    // Malformed JSON: a JSON-RPC parse error.
+    let (status, _, body) = call(&with_session(&[]), "{\"jsonrpc\": ");
+    assert_eq!(status, 400);
+    assert!(body.contains("-32700"), "{body}");
+    // A foreign origin: 403; a listed one gets CORS headers.
+    let (status, _, _) = call(&with_session(&[("Origin", "https://evil.example")]), ping);
+    assert_eq!(status, 403);
+    assert!(
+        d.wait_for("refused a request from origin")
+            .contains("https://evil.example")
+    );
+    let (status, headers, _) = call(&with_session(&[("Origin", "https://app.example")]), ping);
+    assert_eq!(status, 200);
+    assert_eq!(
+        header(&headers, "access-control-allow-origin"),
+        Some("https://app.example")
+    );
+    // 17 MiB announced: 413 before the body is read.
+    let big = vec![b' '; 17 << 20];
+    let h: Vec<(&str, &str)> = JSON.to_vec();
+    let (status, _, _) = request(addr, "POST", "/mcp/fixture", &h, &big);
+    assert_eq!(status, 413);
+    // An unknown session: 404; no session on a request that is not
+    // initialize: 400; an unknown server: 404.
+    let mut h: Vec<(&str, &str)> = JSON.to_vec();
+    h.push(("Mcp-Session-Id", "00000000000000000000000000000000"));
+    let (status, _, _) = request(addr, "POST", "/mcp/fixture", &h, ping.as_bytes());
+    assert_eq!(status, 404);
+    let (status, _, _) = request(addr, "POST", "/mcp/fixture", &JSON, ping.as_bytes());
+    assert_eq!(status, 400);
+    let (status, _, body) = request(addr, "POST", "/mcp/nope", &JSON, INITIALIZE.as_bytes());
+    assert_eq!(status, 404);
+    assert!(body.contains("no server named nope"), "{body}");
+    // An aggregate: tools named UNIT__NAME.
+    let (status, headers, _) = request(addr, "POST", "/mcp/@g", &JSON, INITIALIZE.as_bytes());
+    assert_eq!(status, 200);
+    let group = header(&headers, "mcp-session-id").expect("id").to_owned();
+    let mut h: Vec<(&str, &str)> = JSON.to_vec();
+    h.push(("Mcp-Session-Id", &group));
+    let (status, _, body) = request(addr, "POST", "/mcp/@g", &h, ping.as_bytes());
+    assert_eq!(status, 200, "{body}");
+    assert!(body.contains("\"fixture__"), "{body}");
+    // A session is used only on its own path.
+    let (status, _, _) = request(addr, "POST", "/mcp/fixture", &h, ping.as_bytes());
+    assert_eq!(status, 404);
+    // max-sessions 3 (with the aggregate's): the fourth is 503 until one ends.
+    let mut others = Vec::new();
+    for _ in 0..1 {
+        let (status, headers, _) =
+            request(addr, "POST", "/mcp/fixture", &JSON, INITIALIZE.as_bytes());
+        assert_eq!(status, 200);
+        others.push(header(&headers, "mcp-session-id").expect("id").to_owned());
+    }
+    let (status, _, body) = request(addr, "POST", "/mcp/fixture", &JSON, INITIALIZE.as_bytes());
+    assert_eq!(status, 503, "{body}");
+    assert!(body.contains("more than 3 HTTP sessions"), "{body}");
+    // DELETE ends a session: its id is 404 from then on, and its slot free.
+    let mut h: Vec<(&str, &str)> = JSON.to_vec();
+    h.push(("Mcp-Session-Id", &others[0]));
+    let (status, _, _) = request(addr, "DELETE", "/mcp/fixture", &h, b"");
+    assert_eq!(status, 200);
+    let (status, _, _) = request(addr, "POST", "/mcp/fixture", &h, ping.as_bytes());
+    assert_eq!(status, 404);
+    let (status, _, _) = request(addr, "POST", "/mcp/fixture", &JSON, INITIALIZE.as_bytes());
+    assert_eq!(status, 200);
+    // Status shows the endpoint: the first, the aggregate's, the last.
+    let runtime = d.runtime_dir().expect("runtime").to_owned();
+    let status = crate::helper::mcpctl_user(&runtime, &["status"]);
+    let status = String::from_utf8_lossy(&status.stdout);
+    assert!(
+        status.contains(&format!("\nHTTP: {addr}, 3 sessions\n")),
+        "{status}"
+    );
+    // The first session was never disturbed.
+    let (status, _, body) = call(&with_session(&[]), ping);
+    assert_eq!(status, 200, "{body}");
+    assert!(body.contains("\"tools\""), "{body}");
+}
+
+#[test]
+fn a_client_that_sends_its_headers_slowly_is_cut_off_at_the_deadline() {
+    use std::io::{Read, Write};
+    let units = tempfile::tempdir().expect("tempdir");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let file = dir.path().join("mcpd.kdl");
+    std::fs::write(
+        &file,
+        "http {\n    listen \"127.0.0.1:0\"\n    auth \"none\"\n}\n",
+    )
+    .expect("write");
+    let mut d = daemon_with(
+        units.path(),
+        &file,
+        &[("MCPD_HTTP_READ_TIMEOUT", "1s".as_ref())],
+    );
+    let line = d.wait_for("HTTP endpoint listening on ");
+    let addr: std::net::SocketAddr = line
+        .rsplit("listening on ")
+        .next()
+        .and_then(|a| a.trim().parse().ok())
+        .expect("address");
+    let mut stream = std::net::TcpStream::connect(addr).expect("connect");
+    let started = std::time::Instant::now();
+    let request = b"POST /mcp/x HTTP/1.1\r\nHost: h\r\nX-Slow: aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa\r\n\r\n";
+    let mut cut = false;
+    for byte in request {
+        if stream.write_all(&[*byte]).is_err() {
+            cut = true;
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+        // Closed by the daemon: a read returns at once.
+        stream.set_nonblocking(true).expect("nonblocking");
+        let mut buf = [0u8; 512];
+        let read = stream.read(&mut buf);
+        stream.set_nonblocking(false).expect("blocking");
+        if read.is_ok() {
+            cut = true;
+            break;
+        }
+    }
+    let took = started.elapsed();
+    assert!(cut, "the slow client was never cut off");
+    assert!(
+        took >= std::time::Duration::from_millis(900) && took < std::time::Duration::from_secs(5),
+        "cut off after {took:?}"
+    );
+}
+
+/// `mcpctl --user token ARGS` on the state directory `state`: its
+/// standard output (a new token, trimmed), or a panic naming its failure.
+fn token(state: &Path, args: &[&str]) -> String {
+    let out = crate::helper::run(
+        crate::helper::mcpctl()
+            .arg("--user")
+            .arg("token")
+            .args(args)
+            .env("MCPD_STATE_DIR", state),
+    );
+    assert!(
+        out.status.success(),
+        "mcpctl token {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).trim().to_owned()
+}
+
+#[test]
+fn tokens_reach_their_units_only_and_a_revoked_one_ends_its_sessions() {
+    let units = tempfile::tempdir().expect("tempdir");
+    for name in ["a", "b"] {
+        std::fs::write(
+            units.path().join(format!("{name}.kdl")),
+            "stdio {\n    command \"mcp-fixture\"\n}\n",
+        )
+        .expect("write");
+    }
+    let state = tempfile::tempdir().expect("tempdir");
+    let only_a = token(state.path(), &["new", "only-a", "--units", "a"]);
+    assert!(
+        only_a.starts_with("mcpd_") && only_a.len() == 69,
+        "{only_a}"
+    );
+    let all = token(state.path(), &["new", "all", "--expires", "30d"]);
+    // Only hashes are kept, in a private file.
+    let file = state.path().join("tokens.json");
+    let kept = std::fs::read_to_string(&file).expect("tokens.json");
+    assert!(
+        !kept.contains(&only_a[5..]) && !kept.contains(&all[5..]),
+        "{kept}"
+    );
+    use std::os::unix::fs::PermissionsExt;
+    let mode = std::fs::metadata(&file).expect("meta").permissions().mode();
+    assert_eq!(mode & 0o777, 0o600);
+    let list = token(state.path(), &["list"]);
+    assert!(list.contains("only-a") && list.contains("all"), "{list}");
+    assert!(!list.contains("mcpd_"), "{list}");
+
+    let (mut d, _dir, addr) = endpoint_with(
+        units.path(),
+        "http {\n    listen \"127.0.0.1:0\"\n}\n",
+        &[("MCPD_STATE_DIR", state.path().as_os_str())],
+    );
+    assert_eq!(d.count("2 HTTP tokens"), 1, "{:#?}", d.seen);
+    d.wait_until("both units running", |d| d.count("running (pid") >= 2);
+    let bearer = |t: &str| format!("Bearer {t}");
+    let post = |path: &str, t: &str| {
+        let auth = bearer(t);
+        let mut h: Vec<(&str, &str)> = JSON.to_vec();
+        h.push(("Authorization", &auth));
+        request(addr, "POST", path, &h, INITIALIZE.as_bytes())
+    };
+    // A wrong token: 401; outside its units: 403, logged with the address.
+    let (status, headers, _) = post("/mcp/a", "mcpd_0000");
+    assert_eq!(status, 401);
+    assert_eq!(
+        header(&headers, "www-authenticate"),
+        Some("Bearer realm=\"mcpd\"")
+    );
+    let (status, _, body) = post("/mcp/b", &only_a);
+    assert_eq!(status, 403, "{body}");
+    let line = d.wait_for("refused token only-a on /mcp/b");
+    assert!(line.contains("peer=127.0.0.1:"), "{line}");
+    // Within its units; the other token everywhere.
+    let (status, headers, body) = post("/mcp/a", &only_a);
+    assert_eq!(status, 200, "{body}");
+    let session = header(&headers, "mcp-session-id").expect("id").to_owned();
+    assert_eq!(post("/mcp/b", &all).0, 200);
+    // A session is its token's: another token cannot use it.
+    let auth = bearer(&all);
+    let h = [
+        ("Accept", "text/event-stream"),
+        ("Authorization", auth.as_str()),
+        ("Mcp-Session-Id", session.as_str()),
+    ];
+    assert_eq!(request(addr, "GET", "/mcp/a", &h, b"").0, 404);
+
+    // Its GET stream is open when the token is revoked: the stream ends.
+    let auth = format!("Authorization: Bearer {only_a}\r\n");
+    let stream = get_stream(addr, "/mcp/a", &session, &auth);
+    token(state.path(), &["revoke", "only-a"]);
+    stream_ends(stream);
+    d.wait_for("its token was revoked");
+    assert_eq!(post("/mcp/a", &only_a).0, 401);
+    assert_eq!(post("/mcp/a", &all).0, 200);
+    let list = token(state.path(), &["list"]);
+    assert!(!list.contains("only-a"), "{list}");
+}
+
+/// Binds a listening socket on an ephemeral loopback port, writes the
+/// port to the file `argv[1]`, and execs `argv[2:]` with the socket as
+/// descriptor 3 and `LISTEN_FDS`, as a service manager does.
+const ACTIVATE: &str = r#"
+import os, socket, sys
+s = socket.socket()
+s.bind(("127.0.0.1", 0))
+s.listen(64)
+with open(sys.argv[1] + ".tmp", "w") as f:
+    f.write(str(s.getsockname()[1]))
+os.rename(sys.argv[1] + ".tmp", sys.argv[1])
+if s.fileno() != 3:
+    os.dup2(s.fileno(), 3)
+os.set_inheritable(3, True)
+os.environ.update(LISTEN_PID=str(os.getpid()), LISTEN_FDS="1", LISTEN_FDNAMES="http")
+os.execv(sys.argv[2], sys.argv[2:])
+"#;
+
+#[test]
+fn a_socket_activated_daemon_serves_the_passed_socket() {
+    let units = tempfile::tempdir().expect("tempdir");
+    std::fs::write(
+        units.path().join("a.kdl"),
+        "stdio {\n    command \"mcp-fixture\"\n}\n",
+    )
+    .expect("write");
+    let state = tempfile::tempdir().expect("tempdir");
+    let token = token(state.path(), &["new", "host"]);
+    // No `http` section: the passed socket is served with the defaults
+    // (tokens).
+    let dir = tempfile::tempdir().expect("tempdir");
+    let settings = dir.path().join("mcpd.kdl");
+    std::fs::write(&settings, "").expect("write");
+    let port_file = dir.path().join("port");
+    let mut d = Daemon::start_binary(
+        Path::new("python3"),
+        &[
+            "-c".as_ref(),
+            ACTIVATE.as_ref(),
+            port_file.as_os_str(),
+            env!("CARGO_BIN_EXE_mcpd").as_ref(),
+            "--user".as_ref(),
+            "--no-bus".as_ref(),
+            "--units".as_ref(),
+            units.path().as_os_str(),
+            "--config".as_ref(),
+            settings.as_os_str(),
+        ],
+        &[("MCPD_STATE_DIR", state.path().as_os_str())],
+    );
+    d.wait_for("socket-activated");
+    let line = d.wait_for("HTTP endpoint listening on ");
+    d.wait_for("running (pid");
+    let port: u16 = std::fs::read_to_string(&port_file)
+        .expect("port")
+        .parse()
+        .expect("a port");
+    assert!(line.ends_with(&format!("127.0.0.1:{port}")), "{line}");
+    let addr = std::net::SocketAddr::from(([127, 0, 0, 1], port));
+    assert_eq!(
+        request(addr, "POST", "/mcp/a", &JSON, INITIALIZE.as_bytes()).0,
+        401
+    );
+    let auth = format!("Bearer {token}");
+    let mut h: Vec<(&str, &str)> = JSON.to_vec();
+    h.push(("Authorization", &auth));
+    let (status, _, body) = request(addr, "POST", "/mcp/a", &h, INITIALIZE.as_bytes());
+    assert_eq!(status, 200, "{body}");
+    assert!(body.contains("\"serverInfo\""), "{body}");
+}
+
+/// `tests/data/era_client.py [--input] MODE everything TARGET…`: what a
+/// host of that era gets.
+fn era(input: bool, mode: &str, target: &[&str], runtime: &Path) -> serde_json::Value {
+    let mut cmd = std::process::Command::new("python3");
+    cmd.env("XDG_RUNTIME_DIR", runtime)
+        .env_remove("MCPD_RUNTIME_DIR")
+        .env_remove("DBUS_SESSION_BUS_ADDRESS");
+    cmd.arg(crate::helper::root().join("tests/data/era_client.py"));
+    if input {
+        cmd.arg("--input");
+    }
+    let out = cmd
+        .args([mode, "everything"])
+        .args(target)
+        .env("PYTHONWARNINGS", "ignore")
+        .stdin(std::process::Stdio::null())
+        .output()
+        .expect("python3");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).expect("one JSON object")
+}
+
+#[test]
+fn a_host_of_2026_07_28_gets_over_http_what_it_gets_through_the_bridge() {
+    let units = tempfile::tempdir().expect("tempdir");
+    everything_unit(units.path());
+    let (mut d, _dir, addr) = endpoint(
+        units.path(),
+        "http {\n    listen \"127.0.0.1:0\"\n    auth \"none\"\n}\n",
+    );
+    d.wait_for("running (pid");
+    let runtime = d.runtime_dir().expect("runtime").to_owned();
+    let url = format!("http://{addr}/mcp/everything");
+    let bridge = [
+        env!("CARGO_BIN_EXE_mcpctl"),
+        "--user",
+        "bridge",
+        "everything",
+    ];
+    // Without a session: each request a host session of its own; the
+    // server's questions come as input_required results, whose retry
+    // reaches the session that parked the call.
+    for (input, mode) in [(false, "2026-07-28"), (true, "2026-07-28"), (false, "auto")] {
+        let bridged = era(input, mode, &bridge, &runtime);
+        let over_http = era(input, mode, &[&url], &runtime);
+        assert!(!over_http.to_string().contains("\"error: "), "{over_http}");
+        assert_eq!(bridged, over_http, "{mode} (input: {input})");
+        assert_eq!(over_http["protocol"], "2026-07-28", "{over_http}");
+    }
+    // A request whose headers do not say what its body does: -32020.
+    let body = r#"{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{"name":"echo","arguments":{"message":"x"},"_meta":{"io.modelcontextprotocol/protocolVersion":"2026-07-28","io.modelcontextprotocol/clientCapabilities":{}}}}"#;
+    let mut h: Vec<(&str, &str)> = JSON.to_vec();
+    h.extend([
+        ("MCP-Protocol-Version", "2026-07-28"),
+        ("Mcp-Method", "tools/call"),
+    ]);
+    for name in ["get-env", "=?base64?ZWNobw?="] {
+        let mut h = h.clone();
+        h.push(("Mcp-Name", name));
+        let (status, _, answer) = request(addr, "POST", "/mcp/everything", &h, body.as_bytes());
+        if name == "get-env" {
+            assert_eq!(status, 400, "{answer}");
+            assert!(
+                answer.contains("-32020") && answer.contains("\"id\":7"),
+                "{answer}"
+            );
+        } else {
+            // "echo" in base64: it matches, and the call is answered.
+            assert_eq!(status, 200, "{answer}");
+            assert!(answer.contains("Echo: x"), "{answer}");
+        }
+    }
+}
+
+#[test]
+fn a_reload_that_removes_a_unit_ends_its_http_sessions() {
+    let units = tempfile::tempdir().expect("tempdir");
+    let unit = units.path().join("a.kdl");
+    std::fs::write(&unit, "stdio {\n    command \"mcp-fixture\"\n}\n").expect("write");
+    let (mut d, _dir, addr) = endpoint(
+        units.path(),
+        "http {\n    listen \"127.0.0.1:0\"\n    auth \"none\"\n}\n",
+    );
+    d.wait_for("running (pid");
+    let (status, headers, _) = request(addr, "POST", "/mcp/a", &JSON, INITIALIZE.as_bytes());
+    assert_eq!(status, 200);
+    let session = header(&headers, "mcp-session-id").expect("id").to_owned();
+    let stream = get_stream(addr, "/mcp/a", &session, "");
+    std::fs::remove_file(&unit).expect("remove");
+    stream_ends(stream);
+    let line = d.wait_for("ended: a ended the session");
+    assert!(line.contains(&session), "{line}");
+    let mut h: Vec<(&str, &str)> = JSON.to_vec();
+    h.push(("Mcp-Session-Id", &session));
+    let ping = r#"{"jsonrpc":"2.0","id":2,"method":"ping"}"#;
+    assert_eq!(request(addr, "POST", "/mcp/a", &h, ping.as_bytes()).0, 404);
+}
+
+#[test]
+fn refusals_are_logged_within_a_rate_limit() {
+    let units = tempfile::tempdir().expect("tempdir");
+    let (mut d, _dir, addr) = endpoint(units.path(), "http {\n    listen \"127.0.0.1:0\"\n}\n");
+    d.wait_for("started 0 units");
+    for _ in 0..150 {
+        assert_eq!(
+            request(addr, "POST", "/mcp/a", &JSON, INITIALIZE.as_bytes()).0,
+            401
+        );
+    }
+    // Every refusal was logged before its answer; a reload's line comes
+    // after them all.
+    let runtime = d.runtime_dir().expect("runtime").to_owned();
+    assert!(
+        crate::helper::mcpctl_user(&runtime, &["reload"])
+            .status
+            .success()
+    );
+    d.wait_for("reloaded:");
+    assert_eq!(d.count("refused a request to /mcp/a: no token"), 100);
+}
+
+/// Opens session `session`'s GET stream (with the header lines `extra`)
+/// and reads its answer's head, which must be 200.
+fn get_stream(
+    addr: std::net::SocketAddr,
+    path: &str,
+    session: &str,
+    extra: &str,
+) -> std::net::TcpStream {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect(addr).expect("connect");
+    stream
+        .set_read_timeout(Some(std::time::Duration::from_secs(30)))
+        .expect("timeout");
+    write!(
+        stream,
+        "GET {path} HTTP/1.1\r\nHost: x\r\nAccept: text/event-stream\r\n{extra}Mcp-Session-Id: {session}\r\n\r\n"
+    )
+    .expect("write");
+    let mut head = Vec::new();
+    let mut byte = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") {
+        assert_eq!(stream.read(&mut byte).expect("read"), 1, "{head:?}");
+        head.push(byte[0]);
+    }
+    assert!(
+        head.starts_with(b"HTTP/1.1 200"),
+        "{}",
+        String::from_utf8_lossy(&head)
+    );
+    stream
+}
+
+/// Reads `stream` until its last chunk (the stream ended; the connection
+/// stays usable), within its read timeout.
+fn stream_ends(mut stream: std::net::TcpStream) {
+    use std::io::Read;
+    let mut rest = Vec::new();
+    let mut byte = [0u8; 1];
+    while !rest.ends_with(b"0\r\n\r\n") {
+        match stream.read(&mut byte) {
+            Ok(1) => rest.push(byte[0]),
+            other => panic!("the stream did not end: {other:?} after {rest:?}"),
+        }
+    }
+}
