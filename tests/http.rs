@@ -533,6 +533,11 @@ fn tokens_reach_their_units_only_and_a_revoked_one_ends_its_sessions() {
     assert_eq!(status, 200, "{body}");
     let session = header(&headers, "mcp-session-id").expect("id").to_owned();
     assert_eq!(post("/mcp/b", &all).0, 200);
+    // A token minted while the daemon runs is good at once, before its
+    // watch has read the file again.
+    let late = token(state.path(), &["new", "late", "--units", "a"]);
+    let (status, _, body) = post("/mcp/a", &late);
+    assert_eq!(status, 200, "{body}");
     // A session is its token's: another token cannot use it.
     let auth = bearer(&all);
     let h = [

@@ -93,6 +93,9 @@ struct Inner {
     /// tokens by hash, as last read.
     tokens_file: std::path::PathBuf,
     tokens: RwLock<HashMap<String, crate::tokens::Entry>>,
+    /// The token file's modification time when it was last read: a token
+    /// not known is looked for in the file only when it changed since.
+    tokens_read: Mutex<Option<std::time::SystemTime>>,
     /// The addresses served, for the read model's `HttpView`.
     addrs: RwLock<Vec<SocketAddr>>,
     /// Moves when the tokens change: stateless requests in flight check
@@ -169,6 +172,7 @@ impl Endpoint {
             connections: Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS)),
             tokens_file,
             tokens: RwLock::new(HashMap::new()),
+            tokens_read: Mutex::new(None),
             addrs: RwLock::new(Vec::new()),
             epoch: tokio::sync::watch::Sender::new(0),
             stateless: Arc::new(std::sync::atomic::AtomicUsize::new(0)),
@@ -225,6 +229,7 @@ impl Endpoint {
     /// token is gone, expired or no longer reaches their path.
     pub fn reload_tokens(&self) {
         let inner = &self.inner;
+        inner.note_tokens_read();
         let entries = match crate::tokens::load(&inner.tokens_file) {
             Ok(entries) => entries,
             Err(why) => {
@@ -703,8 +708,10 @@ impl Inner {
             })
             .map(str::trim)
             .ok_or("not a bearer token")?;
+        let hash = crate::tokens::hash(bearer);
         let entry = self
-            .token(&crate::tokens::hash(bearer))
+            .token(&hash)
+            .or_else(|| self.minted_since(&hash))
             .ok_or("not a valid token")?;
         if entry.expired(now()) {
             return Err(format!("token {} has expired", entry.name));
@@ -714,6 +721,39 @@ impl Inner {
 
     fn token(&self, hash: &str) -> Option<crate::tokens::Entry> {
         self.tokens.read().ok()?.get(hash).cloned()
+    }
+
+    /// Records the token file's modification time as read now.
+    fn note_tokens_read(&self) {
+        let modified = std::fs::metadata(&self.tokens_file)
+            .and_then(|m| m.modified())
+            .ok();
+        if let Ok(mut read) = self.tokens_read.lock() {
+            *read = modified;
+        }
+    }
+
+    /// A token minted since the file was last read (`mcpctl token new`
+    /// before the daemon's watch reloaded it): looked for in the file when
+    /// it changed since, and the file's new tokens taken at once (the
+    /// reload that follows ends what was revoked).
+    fn minted_since(&self, hash: &str) -> Option<crate::tokens::Entry> {
+        let modified = std::fs::metadata(&self.tokens_file)
+            .and_then(|m| m.modified())
+            .ok();
+        {
+            let read = self.tokens_read.lock().ok()?;
+            if modified.is_none() || *read == modified {
+                return None;
+            }
+        }
+        self.note_tokens_read();
+        let entries = crate::tokens::load(&self.tokens_file).ok()?;
+        let mut tokens = self.tokens.write().ok()?;
+        for entry in entries {
+            tokens.entry(entry.hash.clone()).or_insert(entry);
+        }
+        tokens.get(hash).cloned()
     }
 
     /// Whether `entry` reaches every unit of path `name`.
