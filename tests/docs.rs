@@ -251,6 +251,12 @@ const LAYERS: &[Layer] = &[
         why: "the HTTP server is the endpoint's alone",
     },
     Layer {
+        under: "src/mux/target.rs",
+        forbidden: NO_IO_NO_CLOCK,
+        allowed: &[],
+        why: "what an aggregate is over is pure: no tasks, no I/O, no clock",
+    },
+    Layer {
         under: "src/mux/tasks.rs",
         forbidden: NO_IO_NO_CLOCK,
         allowed: &[],

@@ -36,5 +36,6 @@ pub mod outbox;
 pub mod route;
 mod scan;
 pub mod session;
+pub mod target;
 pub mod tasks;
 pub mod wire;
