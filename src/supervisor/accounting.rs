@@ -247,9 +247,12 @@ pub fn flush_log() {
         // through tracing's field machinery).
         if tracing::enabled!(target: "mcpd::calls", tracing::Level::INFO) {
             let mut lines = String::with_capacity(calls.len() * 200);
+            // One time for the batch: every line starts the same.
+            let mut start = String::with_capacity(64);
             let now = std::time::SystemTime::now();
+            let _ = crate::logbatch::prefix(&mut start, ansi, now, INFO, "mcpd::calls");
             for call in &calls {
-                let _ = text_line(&mut lines, ansi, now, call);
+                let _ = text_line(&mut lines, &start, ansi, call);
             }
             crate::logbatch::write(lines.as_bytes());
         }
@@ -262,15 +265,14 @@ pub fn flush_log() {
     });
 }
 
+/// The text log's level of a call's line, with its colour.
+const INFO: (&str, &str) = ("\x1b[32m", " INFO");
+
 /// One finished call's text log line, as [`log_call`] writes it through
-/// the text log; with `push_str` and digits made by hand, not `fmt`
+/// the text log, after `start` (the batch's [`crate::logbatch::prefix`],
+/// made once); with `push_str` and digits made by hand, not `fmt`
 /// (whose machinery was half of a line's cost).
-fn text_line(
-    out: &mut String,
-    ansi: bool,
-    now: std::time::SystemTime,
-    call: &Finished,
-) -> std::fmt::Result {
+fn text_line(out: &mut String, start: &str, ansi: bool, call: &Finished) -> std::fmt::Result {
     use crate::logbatch::{escape, field_name};
     let id = |out: &mut String, id: Option<u32>| match id {
         Some(id) => push_number(out, u64::from(id)),
@@ -284,7 +286,7 @@ fn text_line(
             escape(out, &call.outcome.to_string())
         }
     };
-    crate::logbatch::prefix(out, ansi, now, ("\x1b[32m", " INFO"), "mcpd::calls")?;
+    out.push_str(start);
     out.push_str("tools/call ");
     escape(out, &call.tool)?;
     out.push_str(" by uid ");
@@ -388,8 +390,11 @@ pub(crate) fn sample(tool: &str, outcome: Outcome, ansi: bool) -> (String, impl 
         outcome,
         took: Duration::from_micros(1250),
     };
+    let mut start = String::new();
+    let now = std::time::SystemTime::now();
+    crate::logbatch::prefix(&mut start, ansi, now, INFO, "mcpd::calls").expect("formats");
     let mut line = String::new();
-    text_line(&mut line, ansi, std::time::SystemTime::now(), &call).expect("formats");
+    text_line(&mut line, &start, ansi, &call).expect("formats");
     (line, move || log_call(&call))
 }
 
