@@ -34,7 +34,13 @@ pub fn object(text: &[u8]) -> Option<Vec<Span>> {
 /// [`object`], each member given to `each` as it is found (the caller's
 /// own collection, no `Vec` of spans between); `None` if `text` is not
 /// exactly one JSON object, with some members given already.
-pub fn each_checked(text: &[u8], mut each: impl FnMut(Span)) -> Option<()> {
+pub fn each_checked(text: &[u8], each: impl FnMut(Span)) -> Option<()> {
+    walk(text, true, each)
+}
+
+/// The members of an object, given to `each`: its grammar checked
+/// (`check`), or only skipped, for text that was checked before.
+fn walk(text: &[u8], check: bool, mut each: impl FnMut(Span)) -> Option<()> {
     let mut s = Scanner { text, at: 0 };
     s.ws();
     s.eat(b'{')?;
@@ -43,13 +49,17 @@ pub fn each_checked(text: &[u8], mut each: impl FnMut(Span)) -> Option<()> {
         loop {
             s.eat(b'"')?;
             let start = s.at;
-            let escaped = s.string()?;
+            let escaped = if check { s.string()? } else { s.skip_string()? };
             let key = (start, s.at - 1);
             s.ws();
             s.eat(b':')?;
             s.ws();
             let start = s.at;
-            s.value()?;
+            if check {
+                s.value()?;
+            } else {
+                s.skip_value()?;
+            }
             each(Span {
                 key,
                 escaped,
@@ -301,36 +311,8 @@ impl Nest {
 /// (a string is skipped to its closing quote, a nested value by counting
 /// brackets outside strings), so a member read twice is validated once.
 /// `None` if `text` is not an object (never a panic, whatever it is).
-pub fn each_member(text: &[u8], mut each: impl FnMut(Span)) -> Option<()> {
-    let mut s = Scanner { text, at: 0 };
-    s.ws();
-    s.eat(b'{')?;
-    s.ws();
-    if s.eat_if(b'}') {
-        return Some(());
-    }
-    loop {
-        s.eat(b'"')?;
-        let start = s.at;
-        let escaped = s.skip_string()?;
-        let key = (start, s.at - 1);
-        s.ws();
-        s.eat(b':')?;
-        s.ws();
-        let start = s.at;
-        s.skip_value()?;
-        each(Span {
-            key,
-            escaped,
-            value: (start, s.at),
-        });
-        s.ws();
-        match s.next()? {
-            b',' => s.ws(),
-            b'}' => return Some(()),
-            _ => return None,
-        }
-    }
+pub fn each_member(text: &[u8], each: impl FnMut(Span)) -> Option<()> {
+    walk(text, false, each)
 }
 
 impl Scanner<'_> {
