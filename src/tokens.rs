@@ -138,8 +138,8 @@ pub fn load(file: &Path) -> Result<Vec<Entry>, String> {
     Ok(tokens)
 }
 
-/// Writes `tokens` to `file` (0600; its directory made 0700 when missing).
-pub fn store(file: &Path, tokens: &[Entry]) -> Result<(), String> {
+/// `file`'s directory, made 0700 when missing.
+fn make_dir(file: &Path) -> Result<(), String> {
     use std::os::unix::fs::DirBuilderExt;
     if let Some(dir) = file.parent()
         && !dir.is_dir()
@@ -150,6 +150,49 @@ pub fn store(file: &Path, tokens: &[Entry]) -> Result<(), String> {
             .create(dir)
             .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
     }
+    Ok(())
+}
+
+/// The lock file beside `file` that writers hold (`tokens.json.lock`).
+pub fn lock_path(file: &Path) -> PathBuf {
+    let mut name = file.as_os_str().to_owned();
+    name.push(".lock");
+    PathBuf::from(name)
+}
+
+/// Reads `file`, lets `change` edit its tokens and writes them back, all
+/// under an exclusive `flock` of [`lock_path`]: two writers at once (two
+/// `mcpctl token new`, a `connect --http` beside them) each see the
+/// other's tokens, none is lost. Nothing is written when `change` fails.
+/// The lock is released when its descriptor closes, also when the process
+/// dies.
+pub fn update<T>(
+    file: &Path,
+    change: impl FnOnce(&mut Vec<Entry>) -> Result<T, String>,
+) -> Result<T, String> {
+    use std::os::unix::fs::OpenOptionsExt;
+    make_dir(file)?;
+    let lock = lock_path(file);
+    let held = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .mode(0o600)
+        .open(&lock)
+        .map_err(|e| format!("cannot open {}: {e}", lock.display()))?;
+    rustix::fs::flock(&held, rustix::fs::FlockOperation::LockExclusive)
+        .map_err(|e| format!("cannot lock {}: {e}", lock.display()))?;
+    let mut tokens = load(file)?;
+    let out = change(&mut tokens)?;
+    store(file, &tokens)?;
+    drop(held);
+    Ok(out)
+}
+
+/// Writes `tokens` to `file` (0600; its directory made 0700 when missing).
+/// Writers go through [`update`], which holds the lock.
+pub fn store(file: &Path, tokens: &[Entry]) -> Result<(), String> {
+    make_dir(file)?;
     let mut text = serde_json::to_vec_pretty(tokens).map_err(|e| e.to_string())?;
     text.push(b'\n');
     crate::files::write_atomically(file, &text, 0o600)

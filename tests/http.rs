@@ -559,6 +559,76 @@ fn tokens_reach_their_units_only_and_a_revoked_one_ends_its_sessions() {
     assert!(!list.contains("only-a"), "{list}");
 }
 
+#[test]
+fn parallel_token_writers_lose_no_token() {
+    let state = tempfile::tempdir().expect("tempdir");
+    // All started before any is waited for: their writes overlap.
+    let children: Vec<_> = (0..16)
+        .map(|i| {
+            crate::helper::mcpctl()
+                .args(["--user", "token", "new", &format!("t{i}")])
+                .env("MCPD_STATE_DIR", state.path())
+                .stdin(std::process::Stdio::null())
+                .stdout(std::process::Stdio::piped())
+                .stderr(std::process::Stdio::piped())
+                .spawn()
+                .expect("spawn mcpctl")
+        })
+        .collect();
+    let mut printed = Vec::new();
+    for child in children {
+        let out = child.wait_with_output().expect("wait");
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        printed.push(String::from_utf8_lossy(&out.stdout).trim().to_owned());
+    }
+    let file = state.path().join("tokens.json");
+    let kept: Vec<serde_json::Value> =
+        serde_json::from_str(&std::fs::read_to_string(&file).expect("tokens.json")).expect("json");
+    assert_eq!(kept.len(), 16, "{kept:#?}");
+    // Each printed token is the one kept under its name.
+    for (i, token) in printed.iter().enumerate() {
+        let entry = kept
+            .iter()
+            .find(|t| t["name"] == format!("t{i}"))
+            .unwrap_or_else(|| panic!("t{i} lost: {kept:#?}"));
+        assert_eq!(entry["hash"], mcpd::tokens::hash(token));
+    }
+    // And revoking half of them at once, beside new ones, loses nothing.
+    let children: Vec<_> = (0..16)
+        .map(|i| {
+            let mut cmd = crate::helper::mcpctl();
+            cmd.arg("--user").arg("token");
+            if i % 2 == 0 {
+                cmd.args(["revoke", &format!("t{i}")]);
+            } else {
+                cmd.args(["new", &format!("u{i}")]);
+            }
+            cmd.env("MCPD_STATE_DIR", state.path())
+                .stdin(std::process::Stdio::null())
+                .stdout(std::process::Stdio::null())
+                .spawn()
+                .expect("spawn mcpctl")
+        })
+        .collect();
+    for mut child in children {
+        assert!(child.wait().expect("wait").success());
+    }
+    let kept: Vec<serde_json::Value> =
+        serde_json::from_str(&std::fs::read_to_string(&file).expect("tokens.json")).expect("json");
+    let mut names: Vec<&str> = kept.iter().filter_map(|t| t["name"].as_str()).collect();
+    names.sort_unstable();
+    let mut want: Vec<String> = (0..16)
+        .filter(|i| i % 2 == 1)
+        .flat_map(|i| [format!("t{i}"), format!("u{i}")])
+        .collect();
+    want.sort_unstable();
+    assert_eq!(names, want);
+}
+
 /// Binds a listening socket on an ephemeral loopback port, writes the
 /// port to the file `argv[1]`, and execs `argv[2:]` with the socket as
 /// descriptor 3 and `LISTEN_FDS`, as a service manager does.

@@ -58,27 +58,29 @@ pub fn new(
             Some(created.saturating_add(after.as_secs().max(1)))
         }
     };
-    let mut kept = load(file)?;
-    if kept.iter().any(|t| t.name == name) {
-        return Err(CtlError::failure(format!(
-            "a token named {name} exists: revoke it first (mcpctl token revoke {name})"
-        )));
-    }
-    if kept.len() >= tokens::MAX_TOKENS {
-        return Err(CtlError::failure(format!(
-            "{} tokens already: revoke some first",
-            tokens::MAX_TOKENS
-        )));
-    }
-    let (token, hash) = tokens::mint().map_err(CtlError::failure)?;
-    kept.push(Entry {
-        name: name.to_owned(),
-        hash,
-        scope,
-        created,
-        expires,
-    });
-    tokens::store(file, &kept).map_err(CtlError::failure)?;
+    let token = tokens::update(file, |kept| {
+        if kept.iter().any(|t| t.name == name) {
+            return Err(format!(
+                "a token named {name} exists: revoke it first (mcpctl token revoke {name})"
+            ));
+        }
+        if kept.len() >= tokens::MAX_TOKENS {
+            return Err(format!(
+                "{} tokens already: revoke some first",
+                tokens::MAX_TOKENS
+            ));
+        }
+        let (token, hash) = tokens::mint()?;
+        kept.push(Entry {
+            name: name.to_owned(),
+            hash,
+            scope,
+            created,
+            expires,
+        });
+        Ok(token)
+    })
+    .map_err(CtlError::failure)?;
     writeln!(out, "{token}").map_err(CtlError::output)?;
     Ok(exit::OK)
 }
@@ -142,14 +144,16 @@ pub fn list(file: &Path, json: bool, out: &mut dyn Write) -> Result<u8, CtlError
 
 /// `mcpctl token revoke NAME…`: exit 1 naming each that is not there.
 pub fn revoke(file: &Path, names: &[String]) -> Result<u8, CtlError> {
-    let mut kept = load(file)?;
-    let missing: Vec<&str> = names
-        .iter()
-        .filter(|n| !kept.iter().any(|t| &t.name == *n))
-        .map(String::as_str)
-        .collect();
-    kept.retain(|t| !names.contains(&t.name));
-    tokens::store(file, &kept).map_err(CtlError::failure)?;
+    let missing = tokens::update(file, |kept| {
+        let missing: Vec<String> = names
+            .iter()
+            .filter(|n| !kept.iter().any(|t| &t.name == *n))
+            .cloned()
+            .collect();
+        kept.retain(|t| !names.contains(&t.name));
+        Ok(missing)
+    })
+    .map_err(CtlError::failure)?;
     if missing.is_empty() {
         Ok(exit::OK)
     } else {
