@@ -96,11 +96,12 @@ pub fn mint() -> Result<(String, String), String> {
     Ok((token, hash))
 }
 
-/// Whether `name` may name a token: 1 to 64 of `[A-Za-z0-9_.-]`, not
-/// starting with `.` or `-`.
+/// Whether `name` may name a token: 1 to 128 of `[A-Za-z0-9_.-]`, not
+/// starting with `.` or `-` (128: `connect-HOST-UNIT.group` of
+/// `mcpctl connect --http` fits with a unit name of 64).
 pub fn is_name(name: &str) -> bool {
     !name.is_empty()
-        && name.len() <= 64
+        && name.len() <= 128
         && !name.starts_with(['.', '-'])
         && name
             .bytes()

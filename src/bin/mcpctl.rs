@@ -142,6 +142,10 @@ enum Command {
         /// unit of the group as one server.
         #[arg(long, conflicts_with = "names")]
         group: Option<String>,
+        /// Point the entries at mcpd's HTTP endpoint (mcpd.kdl(5)) by URL,
+        /// each with a token made for it, instead of the bridge.
+        #[arg(long)]
+        http: bool,
         /// Print the change as a diff; write nothing.
         #[arg(long)]
         dry_run: bool,
@@ -337,12 +341,14 @@ fn main() -> ExitCode {
             host,
             names,
             group,
+            http,
             dry_run,
         } => Some(mcpd::ctl::import::connect(
             instance,
             host,
             names,
             group.as_deref(),
+            *http,
             *dry_run,
             &env,
             &mut std::io::stdout().lock(),

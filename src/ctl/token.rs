@@ -34,7 +34,7 @@ pub fn new(
 ) -> Result<u8, CtlError> {
     if !tokens::is_name(name) {
         return Err(CtlError::failure(format!(
-            "\"{}\" is not a token name (1 to 64 of A-Z a-z 0-9 _ . -, not starting with . or -)",
+            "\"{}\" is not a token name (1 to 128 of A-Z a-z 0-9 _ . -, not starting with . or -)",
             name.escape_debug()
         )));
     }
