@@ -629,6 +629,76 @@ fn parallel_token_writers_lose_no_token() {
     assert_eq!(names, want);
 }
 
+#[test]
+fn an_http_sessions_calls_and_instance_are_its_tokens() {
+    let units = tempfile::tempdir().expect("tempdir");
+    std::fs::write(
+        units.path().join("a.kdl"),
+        "stdio {\n    command \"mcp-fixture\"\n}\n",
+    )
+    .expect("write");
+    std::fs::write(
+        units.path().join("p.kdl"),
+        "stdio {\n    command \"mcp-fixture\"\n}\nsessions \"per-host\"\n",
+    )
+    .expect("write");
+    let state = tempfile::tempdir().expect("tempdir");
+    let runtime = tempfile::tempdir().expect("tempdir");
+    let laptop = format!("Bearer {}", token(state.path(), &["new", "laptop"]));
+    let (mut d, _dir, addr) = endpoint_with(
+        units.path(),
+        "http {\n    listen \"127.0.0.1:0\"\n}\n",
+        &[
+            ("MCPD_STATE_DIR", state.path().as_os_str()),
+            ("XDG_RUNTIME_DIR", runtime.path().as_os_str()),
+        ],
+    );
+    d.wait_until("a running", |d| {
+        d.seen
+            .iter()
+            .any(|l| l.contains("running (pid") && l.contains("mcpd_server=a"))
+    });
+    // A session: initialize, initialized, a call.
+    let open = |path: &str| {
+        let mut h: Vec<(&str, &str)> = JSON.to_vec();
+        h.push(("Authorization", &laptop));
+        let (status, headers, body) = request(addr, "POST", path, &h, INITIALIZE.as_bytes());
+        assert_eq!(status, 200, "{body}");
+        let session = header(&headers, "mcp-session-id").expect("id").to_owned();
+        h.push(("Mcp-Session-Id", &session));
+        let initialized = br#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#;
+        assert_eq!(request(addr, "POST", path, &h, initialized).0, 202);
+        session
+    };
+    let session = open("/mcp/a");
+    let mut h: Vec<(&str, &str)> = JSON.to_vec();
+    h.push(("Authorization", &laptop));
+    h.push(("Mcp-Session-Id", &session));
+    let call = br#"{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"echo","arguments":{"message":"hi"}}}"#;
+    let (status, _, body) = request(addr, "POST", "/mcp/a", &h, call);
+    assert_eq!(status, 200, "{body}");
+    // Where a bridge's call says `by uid U pid P`.
+    let line = d.wait_for("tools/call echo by token laptop from 127.0.0.1:");
+    assert!(line.contains("mcpd_caller_token=laptop"), "{line}");
+    assert!(line.contains("mcpd_caller_address=127.0.0.1:"), "{line}");
+    assert!(line.contains("mcpd_server=a"), "{line}");
+
+    // A per-host unit's instance for it is the token's, in status.
+    open("/mcp/p");
+    d.wait_for("instance p@1 for a host (token laptop from 127.0.0.1:");
+    let out = crate::helper::mcpctl_user(runtime.path(), &["status", "p"]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains(", host token laptop from 127.0.0.1:"),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let out = crate::helper::mcpctl_user(runtime.path(), &["--json", "status", "p"]);
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+    let status = if json.is_array() { &json[0] } else { &json };
+    assert_eq!(status["instances"][0]["host_token"], "laptop", "{status}");
+}
+
 /// An HTTP answer: status, headers (lowercase names), body.
 type Answer = (u16, Vec<(String, String)>, String);
 

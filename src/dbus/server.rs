@@ -613,7 +613,8 @@ impl Server {
     }
 
     /// Every instance of a per-host unit in full, as a JSON array of
-    /// objects (`n`, `state`, `pid`, `host_pid`, `host_uid`,
+    /// objects (`n`, `state`, `pid`, `host_pid`, `host_uid`, `host_token`,
+    /// `host_address` (an HTTP session's token and client),
     /// `since_usec`, `calls`, `memory`; absent values null).
     fn list_instances(&self) -> String {
         let instances = self
@@ -630,6 +631,8 @@ impl Server {
                     "pid": i.pid,
                     "host_pid": i.host.pid,
                     "host_uid": i.host.uid,
+                    "host_token": i.host.token.as_deref(),
+                    "host_address": i.host.peer.map(|p| p.to_string()),
                     "since_usec": usec(i.since),
                     "calls": i.calls,
                     "memory": i.memory,

@@ -509,13 +509,15 @@ async fn route(
             &format!("token {} does not reach {name}", entry.name),
         );
     }
+    // Accounted as its token's name and the client's address (DESIGN §15).
+    let caller = Caller::http(token.map(|e| e.name.as_str()), peer);
     let token = token.map(|e| e.hash.as_str());
     let session = request
         .headers()
         .get(SESSION_HEADER)
         .map(|v| v.to_str().unwrap_or("").to_owned());
     match *request.method() {
-        Method::POST => post(inner, settings, token, &name, session, request).await,
+        Method::POST => post(inner, settings, token, &caller, &name, session, request).await,
         Method::GET => {
             let Some(handle) = inner.session(&name, session.as_deref(), token) else {
                 return missing_session(session.as_deref());
@@ -788,6 +790,7 @@ impl Inner {
         name: &str,
         max: usize,
         token: Option<&str>,
+        caller: &Caller,
     ) -> Result<(String, Handle), Box<Response<Body>>> {
         let shared = self
             .shared
@@ -800,7 +803,7 @@ impl Inner {
                 &format!("more than {max} HTTP sessions (max-sessions)"),
             )));
         }
-        let mine = attach(&shared, name)?;
+        let mine = attach(&shared, name, caller)?;
         let id = new_id();
         let (commands, rx) = mpsc::channel(64);
         let revoked = Arc::new(tokio::sync::Notify::new());
@@ -848,12 +851,13 @@ const PAIR_BUFFER: usize = 256 << 10;
 fn attach(
     shared: &Arc<Shared>,
     name: &str,
+    caller: &Caller,
 ) -> Result<crate::mux::memory::End, Box<Response<Body>>> {
     let target =
         Target::parse(name).map_err(|e| Box::new(rpc_error(StatusCode::NOT_FOUND, -32600, &e)))?;
     let (mine, theirs) = crate::mux::memory::pair(PAIR_BUFFER);
     let theirs = HostLink::Memory(theirs);
-    let caller = Caller::default();
+    let caller = caller.clone();
     if target.is_aggregate() {
         crate::aggregate::attach(shared, target, theirs, caller)
             .map_err(|e| Box::new(rpc_error(StatusCode::NOT_FOUND, -32600, &e)))?;
@@ -953,6 +957,7 @@ async fn post(
     inner: &Arc<Inner>,
     settings: &HttpSettings,
     token: Option<&str>,
+    caller: &Caller,
     name: &str,
     session: Option<String>,
     request: Request<Incoming>,
@@ -1007,13 +1012,22 @@ async fn post(
     let id = message.request_id();
     let (session_id, handle) = match (&session, method.as_deref()) {
         (None, Some("initialize")) if id.is_some() => {
-            match inner.open(name, settings.max_sessions, token) {
+            match inner.open(name, settings.max_sessions, token, caller) {
                 Ok(opened) => opened,
                 Err(response) => return *response,
             }
         }
         (None, Some(m)) if m == "server/discover" || modern_version(&message).is_some() => {
-            return stateless(inner, settings, token, name, message, headers, sse_ok).await;
+            return stateless(
+                inner,
+                settings,
+                (token, caller),
+                name,
+                message,
+                headers,
+                sse_ok,
+            )
+            .await;
         }
         (None, _) => return missing_session(None),
         (Some(sid), _) => match inner.session(name, Some(sid), token) {
@@ -1063,7 +1077,7 @@ async fn post(
 async fn stateless(
     inner: &Arc<Inner>,
     settings: &HttpSettings,
-    token: Option<&str>,
+    (token, caller): (Option<&str>, &Caller),
     name: &str,
     message: Message,
     headers: hyper::HeaderMap,
@@ -1120,7 +1134,7 @@ async fn stateless(
             ),
         );
     }
-    let mine = match attach(&shared, name) {
+    let mine = match attach(&shared, name, caller) {
         Ok(mine) => mine,
         Err(response) => return *response,
     };
