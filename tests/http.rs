@@ -629,19 +629,20 @@ fn parallel_token_writers_lose_no_token() {
     assert_eq!(names, want);
 }
 
+/// Unit `name` in `dir`: the fixture, with `extra` keys.
+fn fixture_unit(dir: &Path, name: &str, extra: &str) {
+    std::fs::write(
+        dir.join(format!("{name}.kdl")),
+        format!("stdio {{\n    command \"mcp-fixture\"\n}}\n{extra}"),
+    )
+    .expect("write unit");
+}
+
 #[test]
 fn an_http_sessions_calls_and_instance_are_its_tokens() {
     let units = tempfile::tempdir().expect("tempdir");
-    std::fs::write(
-        units.path().join("a.kdl"),
-        "stdio {\n    command \"mcp-fixture\"\n}\n",
-    )
-    .expect("write");
-    std::fs::write(
-        units.path().join("p.kdl"),
-        "stdio {\n    command \"mcp-fixture\"\n}\nsessions \"per-host\"\n",
-    )
-    .expect("write");
+    fixture_unit(units.path(), "a", "");
+    fixture_unit(units.path(), "p", "sessions \"per-host\"\n");
     let state = tempfile::tempdir().expect("tempdir");
     let runtime = tempfile::tempdir().expect("tempdir");
     let laptop = format!("Bearer {}", token(state.path(), &["new", "laptop"]));
@@ -697,6 +698,70 @@ fn an_http_sessions_calls_and_instance_are_its_tokens() {
     let json: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
     let status = if json.is_array() { &json[0] } else { &json };
     assert_eq!(status["instances"][0]["host_token"], "laptop", "{status}");
+}
+
+#[test]
+fn an_open_session_ends_the_moment_its_token_expires() {
+    let units = tempfile::tempdir().expect("tempdir");
+    fixture_unit(units.path(), "a", "");
+    let state = tempfile::tempdir().expect("tempdir");
+    let (mut d, _dir, addr) = endpoint_with(
+        units.path(),
+        "http {\n    listen \"127.0.0.1:0\"\n}\n",
+        &[("MCPD_STATE_DIR", state.path().as_os_str())],
+    );
+    // Made while the daemon runs: the sweep learns of it by the reload.
+    let short = token(state.path(), &["new", "short", "--expires", "3s"]);
+    let long = token(state.path(), &["new", "long"]);
+    d.wait_for("2 HTTP tokens");
+    let kept: Vec<serde_json::Value> = serde_json::from_str(
+        &std::fs::read_to_string(state.path().join("tokens.json")).expect("tokens.json"),
+    )
+    .expect("json");
+    let expires = kept
+        .iter()
+        .find(|t| t["name"] == "short")
+        .and_then(|t| t["expires"].as_u64())
+        .expect("expires");
+    let open = |t: &str| {
+        let auth = format!("Bearer {t}");
+        let mut h: Vec<(&str, &str)> = JSON.to_vec();
+        h.push(("Authorization", &auth));
+        let (status, headers, body) = request(addr, "POST", "/mcp/a", &h, INITIALIZE.as_bytes());
+        assert_eq!(status, 200, "{body}");
+        header(&headers, "mcp-session-id").expect("id").to_owned()
+    };
+    let session = open(&short);
+    let other = open(&long);
+    let stream = get_stream(
+        addr,
+        "/mcp/a",
+        &session,
+        &format!("Authorization: Bearer {short}\r\n"),
+    );
+    // Nothing else happens: the stream ends when the token expires.
+    stream_ends(stream);
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("clock")
+        .as_secs();
+    assert!(
+        now >= expires,
+        "ended at {now}, before the expiry {expires}"
+    );
+    d.wait_for(&format!("ending session {session} on a: its token expired"));
+    let ping = br#"{"jsonrpc":"2.0","id":5,"method":"ping"}"#;
+    let post = |t: &str, id: &str| {
+        let auth = format!("Bearer {t}");
+        let mut h: Vec<(&str, &str)> = JSON.to_vec();
+        h.push(("Authorization", &auth));
+        h.push(("Mcp-Session-Id", id));
+        request(addr, "POST", "/mcp/a", &h, ping).0
+    };
+    assert_eq!(post(&short, &session), 401);
+    // The other token's session goes on.
+    assert_eq!(post(&long, &other), 200);
+    assert_eq!(d.count("its token expired"), 1, "{:#?}", d.seen);
 }
 
 /// An HTTP answer: status, headers (lowercase names), body.

@@ -190,6 +190,10 @@ impl Endpoint {
             activated: !activated.is_empty(),
         };
         endpoint.reload_tokens();
+        tokio::spawn(expiry_sweep(
+            Arc::downgrade(&endpoint.inner),
+            endpoint.inner.epoch.subscribe(),
+        ));
         if endpoint.activated {
             for listener in activated {
                 let listener = TcpListener::from_std(listener).map_err(|e| e.to_string())?;
@@ -247,26 +251,7 @@ impl Endpoint {
         if let Ok(mut tokens) = inner.tokens.write() {
             *tokens = by_hash;
         }
-        inner.epoch.send_modify(|n| *n += 1);
-        let now = now();
-        let ending: Vec<(String, Handle)> = match inner.sessions.lock() {
-            Ok(sessions) => sessions
-                .iter()
-                .filter(|(_, h)| match &h.token {
-                    None => false,
-                    Some(hash) => !inner
-                        .token(hash)
-                        .is_some_and(|e| !e.expired(now) && inner.reaches(&e, &h.target)),
-                })
-                .map(|(id, h)| (id.clone(), h.clone()))
-                .collect(),
-            Err(_) => Vec::new(),
-        };
-        for (id, handle) in ending {
-            tracing::info!(target: "mcpd::http", "ending session {id} on {}: its token was revoked", handle.target);
-            handle.revoked.notify_one();
-            inner.forget(&id);
-        }
+        inner.end_sessions_without_a_valid_token("its token was revoked");
     }
 
     /// The addresses it listens on, as bound (a port 0 resolved).
@@ -639,6 +624,42 @@ fn sse(mut rx: mpsc::Receiver<Bytes>) -> Response<Body> {
     response
 }
 
+/// Ends a token's sessions the moment it expires (a request after it is
+/// refused by `authorize`): sleeps until the earliest expiry to come,
+/// again whenever the tokens change (`epoch`), then ends the sessions
+/// whose token is no longer valid. One task for the endpoint, gone with
+/// it (`epoch`'s sender is its).
+async fn expiry_sweep(inner: std::sync::Weak<Inner>, mut epoch: tokio::sync::watch::Receiver<u64>) {
+    loop {
+        let next = match inner.upgrade() {
+            Some(inner) => inner.next_expiry(now()),
+            None => return,
+        };
+        let due = async {
+            match next {
+                Some(at) => {
+                    let since = std::time::SystemTime::now()
+                        .duration_since(std::time::UNIX_EPOCH)
+                        .unwrap_or_default();
+                    tokio::time::sleep(Duration::from_secs(at).saturating_sub(since)).await;
+                }
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            () = due => match inner.upgrade() {
+                Some(inner) => inner.end_sessions_without_a_valid_token("its token expired"),
+                None => return,
+            },
+            changed = epoch.changed() => {
+                if changed.is_err() {
+                    return;
+                }
+            }
+        }
+    }
+}
+
 fn now() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -646,6 +667,42 @@ fn now() -> u64 {
 }
 
 impl Inner {
+    /// Ends the sessions whose token is gone, expired or no longer
+    /// reaches their path (saying `why`), and has stateless requests in
+    /// flight check theirs again.
+    fn end_sessions_without_a_valid_token(&self, why: &str) {
+        self.epoch.send_modify(|n| *n += 1);
+        let now = now();
+        let ending: Vec<(String, Handle)> = match self.sessions.lock() {
+            Ok(sessions) => sessions
+                .iter()
+                .filter(|(_, h)| match &h.token {
+                    None => false,
+                    Some(hash) => !self
+                        .token(hash)
+                        .is_some_and(|e| !e.expired(now) && self.reaches(&e, &h.target)),
+                })
+                .map(|(id, h)| (id.clone(), h.clone()))
+                .collect(),
+            Err(_) => Vec::new(),
+        };
+        for (id, handle) in ending {
+            tracing::info!(target: "mcpd::http", "ending session {id} on {}: {why}", handle.target);
+            handle.revoked.notify_one();
+            self.forget(&id);
+        }
+    }
+
+    /// The earliest expiry of a token after `now` (seconds since the
+    /// epoch).
+    fn next_expiry(&self, now: u64) -> Option<u64> {
+        let tokens = self.tokens.read().ok()?;
+        tokens
+            .values()
+            .filter_map(|e| e.expires)
+            .filter(|at| *at > now)
+            .min()
+    }
     /// Logs one refusal with `log`, within the audit's rate limit.
     fn audit(&self, log: impl FnOnce()) {
         let Ok(mut limiter) = self.audit.lock() else {
