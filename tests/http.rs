@@ -646,6 +646,7 @@ fn an_http_sessions_calls_and_instance_are_its_tokens() {
     let state = tempfile::tempdir().expect("tempdir");
     let runtime = tempfile::tempdir().expect("tempdir");
     let laptop = format!("Bearer {}", token(state.path(), &["new", "laptop"]));
+    token(state.path(), &["new", "idle"]);
     let (mut d, _dir, addr) = endpoint_with(
         units.path(),
         "http {\n    listen \"127.0.0.1:0\"\n}\n",
@@ -683,6 +684,32 @@ fn an_http_sessions_calls_and_instance_are_its_tokens() {
     assert!(line.contains("mcpd_caller_token=laptop"), "{line}");
     assert!(line.contains("mcpd_caller_address=127.0.0.1:"), "{line}");
     assert!(line.contains("mcpd_server=a"), "{line}");
+    // `token list` says when each was last used (written by the daemon
+    // on its first use).
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    let rows = loop {
+        let rows: serde_json::Value =
+            serde_json::from_str(&token(state.path(), &["--json", "list"])).expect("json");
+        if rows[0]["last_used"].is_string() || std::time::Instant::now() > deadline {
+            break rows;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    };
+    assert_eq!(rows[0]["name"], "laptop", "{rows}");
+    let used = rows[0]["last_used"]
+        .as_str()
+        .unwrap_or_else(|| panic!("{rows}"));
+    let used: jiff::Timestamp = used.parse().expect("a time");
+    assert!(
+        (jiff::Timestamp::now().as_second() - used.as_second()).abs() < 60,
+        "{rows}"
+    );
+    assert_eq!(rows[1]["name"], "idle", "{rows}");
+    assert!(rows[1]["last_used"].is_null(), "{rows}");
+    let text = token(state.path(), &["list"]);
+    assert!(text.contains("LAST USED"), "{text}");
+    let idle = text.lines().find(|l| l.starts_with("idle")).expect("idle");
+    assert!(idle.contains("never"), "{text}");
 
     // A per-host unit's instance for it is the token's, in status.
     open("/mcp/p");

@@ -92,9 +92,12 @@ fn when(seconds: u64) -> String {
         .map_or_else(|| seconds.to_string(), |t| t.to_string())
 }
 
-/// `mcpctl token list`: name, scope, created, expires (never a token).
+/// `mcpctl token list`: name, scope, created, expires, last used (as the
+/// daemon wrote it, to the minute; never a token).
 pub fn list(file: &Path, json: bool, out: &mut dyn Write) -> Result<u8, CtlError> {
     let kept = load(file)?;
+    let used = tokens::load_used(file);
+    let last_used = |t: &Entry| used.get(&t.hash).copied();
     let now = now();
     if json {
         let rows: Vec<serde_json::Value> = kept
@@ -106,6 +109,7 @@ pub fn list(file: &Path, json: bool, out: &mut dyn Write) -> Result<u8, CtlError
                     "created": when(t.created),
                     "expires": t.expires.map(when),
                     "expired": t.expired(now),
+                    "last_used": last_used(t).map(when),
                 })
             })
             .collect();
@@ -121,8 +125,8 @@ pub fn list(file: &Path, json: bool, out: &mut dyn Write) -> Result<u8, CtlError
     let swidth = scopes.iter().map(String::len).max().unwrap_or(0).max(5);
     writeln!(
         out,
-        "{:width$}  {:swidth$}  {:20}  EXPIRES",
-        "NAME", "SCOPE", "CREATED"
+        "{:width$}  {:swidth$}  {:20}  {:20}  EXPIRES",
+        "NAME", "SCOPE", "CREATED", "LAST USED"
     )
     .map_err(CtlError::output)?;
     for (t, scope) in kept.iter().zip(&scopes) {
@@ -131,9 +135,10 @@ pub fn list(file: &Path, json: bool, out: &mut dyn Write) -> Result<u8, CtlError
             Some(at) if t.expired(now) => format!("{} (expired)", when(at)),
             Some(at) => when(at),
         };
+        let used = last_used(t).map_or_else(|| "never".to_owned(), when);
         writeln!(
             out,
-            "{:width$}  {scope:swidth$}  {:20}  {expires}",
+            "{:width$}  {scope:swidth$}  {:20}  {used:20}  {expires}",
             t.name,
             when(t.created)
         )

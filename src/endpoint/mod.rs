@@ -96,6 +96,8 @@ struct Inner {
     /// The token file's modification time when it was last read: a token
     /// not known is looked for in the file only when it changed since.
     tokens_read: Mutex<Option<std::time::SystemTime>>,
+    /// When each token was last used (`mcpctl token list`).
+    usage: Arc<crate::tokens::Usage>,
     /// The addresses served, for the read model's `HttpView`.
     addrs: RwLock<Vec<SocketAddr>>,
     /// Moves when the tokens change: stateless requests in flight check
@@ -170,6 +172,7 @@ impl Endpoint {
             settings: RwLock::new(settings),
             sessions: Mutex::new(HashMap::new()),
             connections: Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS)),
+            usage: Arc::new(crate::tokens::Usage::open(&tokens_file)),
             tokens_file,
             tokens: RwLock::new(HashMap::new()),
             tokens_read: Mutex::new(None),
@@ -772,8 +775,22 @@ impl Inner {
             .token(&hash)
             .or_else(|| self.minted_since(&hash))
             .ok_or("not a valid token")?;
-        if entry.expired(now()) {
+        let now = now();
+        if entry.expired(now) {
             return Err(format!("token {} has expired", entry.name));
+        }
+        if self.usage.note(&entry.hash, now) {
+            let kept: std::collections::HashSet<String> = self
+                .tokens
+                .read()
+                .map(|t| t.keys().cloned().collect())
+                .unwrap_or_default();
+            let usage = Arc::clone(&self.usage);
+            tokio::task::spawn_blocking(move || {
+                if let Err(why) = usage.write(&kept) {
+                    tracing::warn!(target: "mcpd::http", "cannot record when tokens were used: {why}");
+                }
+            });
         }
         Ok(entry)
     }
