@@ -176,7 +176,7 @@ enum TokenAction {
     /// Make token NAME and print it (once: only its hash is kept).
     New {
         name: String,
-        /// Only these units (comma-separated).
+        /// Only these units (comma-separated), or `@GROUP`: as --group.
         #[arg(long, value_delimiter = ',', conflicts_with = "group")]
         units: Vec<String>,
         /// Only the units of this group.
@@ -186,7 +186,7 @@ enum TokenAction {
         #[arg(long, value_name = "DURATION")]
         expires: Option<String>,
     },
-    /// List the tokens: name, scope, created, expires.
+    /// List the tokens: name, scope, created, last used, expires.
     List,
     /// Revoke tokens: their open HTTP sessions end.
     Revoke {

@@ -38,6 +38,16 @@ pub fn new(
             name.escape_debug()
         )));
     }
+    // `--units @GROUP` (DESIGN §15's spelling) is `--group GROUP`.
+    let (units, group) = match (units, group) {
+        ([one], None) if one.starts_with('@') => (&[][..], Some(one.as_str())),
+        (units, _) if units.iter().any(|u| u.starts_with('@')) => {
+            return Err(CtlError::failure(
+                "--units @GROUP names a group alone: give it without units, or --group GROUP",
+            ));
+        }
+        other => other,
+    };
     for unit in units {
         crate::unit::UnitName::new(unit).map_err(|e| CtlError::failure(format!("--units: {e}")))?;
     }
@@ -167,5 +177,32 @@ pub fn revoke(file: &Path, names: &[String]) -> Result<u8, CtlError> {
             missing.join(", "),
             file.display()
         )))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn units_at_group_is_the_group() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let file = tokens::path(dir.path());
+        let mut out = Vec::new();
+        new(&file, "g", &["@dev".into()], None, None, &mut out).expect("new");
+        assert_eq!(
+            tokens::load(&file).expect("load")[0].scope,
+            Scope::Group("dev".into())
+        );
+        let mixed = new(
+            &file,
+            "m",
+            &["@dev".into(), "a".into()],
+            None,
+            None,
+            &mut out,
+        );
+        assert!(mixed.is_err());
+        assert_eq!(tokens::load(&file).expect("load").len(), 1);
     }
 }
