@@ -519,6 +519,69 @@ mod tests {
     }
 
     #[test]
+    fn each_host_gets_its_url_and_a_reference_to_its_token() {
+        let dir = Path::new("/home/u/.config/mcpd/connect");
+        let http = Http {
+            base: "http://127.0.0.1:8737",
+            tokens: true,
+            dir,
+        };
+        let (via, token) = http_entry(Host::Cursor, "time", &http).expect("cursor");
+        let token = token.expect("a token");
+        assert_eq!(
+            via,
+            Via::Http {
+                url: "http://127.0.0.1:8737/mcp/time".into(),
+                auth: Some(Auth::Header("Bearer ${env:MCPD_TOKEN_CURSOR_TIME}".into())),
+            }
+        );
+        assert_eq!(token.name, "connect-cursor-time");
+        assert_eq!(
+            token.scope,
+            crate::tokens::Scope::Units(vec!["time".into()])
+        );
+        assert_eq!(token.file, dir.join("connect-cursor-time"));
+        assert_eq!(token.var.as_deref(), Some("MCPD_TOKEN_CURSOR_TIME"));
+        assert_eq!(token.contents("mcpd_x"), "mcpd_x");
+        // A group: its own name and scope.
+        let (via, token) = http_entry(Host::ClaudeCode, "@dev", &http).expect("claude-code");
+        let token = token.expect("a token");
+        assert_eq!(token.name, "connect-claude-code-dev.group");
+        assert_eq!(token.scope, crate::tokens::Scope::Group("dev".into()));
+        assert!(token.var.is_none());
+        assert_eq!(
+            token.contents("mcpd_x"),
+            r#"{"Authorization":"Bearer mcpd_x"}"#
+        );
+        assert_eq!(
+            via,
+            Via::Http {
+                url: "http://127.0.0.1:8737/mcp/@dev".into(),
+                auth: Some(Auth::Helper(
+                    "cat '/home/u/.config/mcpd/connect/connect-claude-code-dev.group'".into()
+                )),
+            }
+        );
+        // auth "none": no token, no header.
+        let open = Http {
+            tokens: false,
+            ..http
+        };
+        assert_eq!(
+            http_entry(Host::Codex, "time", &open).expect("codex"),
+            (
+                Via::Http {
+                    url: "http://127.0.0.1:8737/mcp/time".into(),
+                    auth: None
+                },
+                None
+            )
+        );
+        // A quote in the path stays quoted for the shell.
+        assert_eq!(shell_quote(Path::new("/a'b")), r#"'/a'\''b'"#);
+    }
+
+    #[test]
     fn a_second_connect_keeps_the_first_backup_and_merges_the_record() {
         let units = imported();
         let first = plan(TIMES, &units, &[], None, None).expect("plan");
