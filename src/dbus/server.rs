@@ -613,8 +613,7 @@ impl Server {
     }
 
     /// Every instance of a per-host unit in full, as a JSON array of
-    /// objects (`n`, `state`, `pid`, `host_pid`, `host_uid`, `host_token`,
-    /// `host_address` (an HTTP session's token and client),
+    /// objects (`n`, `state`, `pid`, `host_pid`, `host_uid`,
     /// `since_usec`, `calls`, `memory`; absent values null).
     fn list_instances(&self) -> String {
         let instances = self
@@ -631,6 +630,7 @@ impl Server {
                     "pid": i.pid,
                     "host_pid": i.host.pid,
                     "host_uid": i.host.uid,
+                    // An HTTP session's token name and client address.
                     "host_token": i.host.token.as_deref(),
                     "host_address": i.host.peer.map(|p| p.to_string()),
                     "since_usec": usec(i.since),
