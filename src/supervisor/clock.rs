@@ -129,7 +129,10 @@ mod tests {
                 assert!(now() >= at, "{wait} ms: woke early");
                 assert!(std::time::Instant::now() >= at, "{wait} ms: woke early");
             }
-            assert!(Precise::after(Duration::from_millis(1)).is_some(), "timerfd");
+            assert!(
+                Precise::after(Duration::from_millis(1)).is_some(),
+                "timerfd"
+            );
         });
     }
 }
