@@ -913,3 +913,135 @@ fn a_host_back_from_a_daemon_restart_gets_a_fresh_instance() {
     drop(a);
     assert!(d.stop(Signal::TERM).success());
 }
+
+/// The names `mcpctl tools NAME` lists.
+fn published(runtime: &Path, name: &str) -> Vec<String> {
+    let out = crate::helper::mcpctl_user(runtime, &["--json", "tools", name]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let tools: Value = serde_json::from_slice(&out.stdout).expect("json");
+    tools
+        .as_array()
+        .expect("an array")
+        .iter()
+        .map(|t| t["name"].as_str().expect("a name").to_owned())
+        .collect()
+}
+
+/// The tools of the next `ToolsChanged` on `changes` (whose tools
+/// `names` reads) that `done` accepts (bounded).
+async fn tools_changed<S: futures_util::Stream + Unpin>(
+    changes: &mut S,
+    names: impl Fn(S::Item) -> Vec<String>,
+    done: impl Fn(&[String]) -> bool,
+) -> Vec<String> {
+    use futures_util::StreamExt;
+    tokio::time::timeout(BOUND, async {
+        loop {
+            let now = names(changes.next().await.expect("ToolsChanged"));
+            if done(&now) {
+                return now;
+            }
+        }
+    })
+    .await
+    .expect("ToolsChanged")
+}
+
+#[test]
+fn published_lists_are_the_newest_instances_then_the_cache() {
+    python_sdk();
+    let units = tempfile::tempdir().expect("tempdir");
+    let state = tempfile::tempdir().expect("tempdir");
+    let runtime = tempfile::tempdir().expect("tempdir");
+    fixture_unit(units.path(), "mine", "sessions \"per-host\"\n");
+    let env = [
+        ("MCPD_STATE_DIR", state.path().as_os_str()),
+        ("XDG_RUNTIME_DIR", runtime.path().as_os_str()),
+    ];
+    let runtime = runtime.path();
+    let mut d = Daemon::user_no_bus(units.path(), &env);
+    // With no cache, the unit starts once to learn its lists.
+    d.wait_until("mine learnt its lists", |d| d.starts("mine") == 1);
+    let has = |name: &str| published(runtime, "mine").iter().any(|n| n == name);
+    assert!(has("set_tools") && !has("alpha"));
+    let mut a = Host::start(runtime, "mine", &[]);
+    a.init();
+    let set = a.call("set_tools", json!({"tools": ["alpha"]}));
+    assert_eq!(set["error"], false, "{set}");
+    until("a's list is the unit's", || has("alpha"));
+
+    let socket = runtime.join("mcpd/private");
+    let has_name = |names: &[String], name: &str| names.iter().any(|n| n == name);
+    let b = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime")
+        .block_on(async {
+            let (_conn, server) = crate::helper::private_server(&socket, "mine").await;
+            let names = |rows: Vec<mcpd::dbus::ToolRow>| -> Vec<String> {
+                rows.into_iter().map(|r| r.name).collect()
+            };
+            let rows = names(server.tools().await.expect("Tools"));
+            assert!(has_name(&rows, "alpha"), "{rows:?}");
+            let mut changes = server.receive_tool_list_changed().await.expect("subscribe");
+            // A newer host: its instance's list (the fixture's own, no
+            // extra tools) is the unit's, with ToolsChanged.
+            let mut b = Host::start(runtime, "mine", &[]);
+            b.init();
+            let now = tools_changed(
+                &mut changes,
+                |signal| {
+                    let args = signal.args().expect("args");
+                    args.tools().iter().map(|t| t.name.clone()).collect()
+                },
+                |n| !has_name(n, "alpha"),
+            )
+            .await;
+            assert!(has_name(&now, "set_tools"), "{now:?}");
+            let set = b.call("set_tools", json!({"tools": ["beta"]}));
+            assert_eq!(set["error"], false, "{set}");
+            let now = tools_changed(
+                &mut changes,
+                |signal| {
+                    let args = signal.args().expect("args");
+                    args.tools().iter().map(|t| t.name.clone()).collect()
+                },
+                |n| has_name(n, "beta"),
+            )
+            .await;
+            assert_eq!(names(server.tools().await.expect("Tools")), now);
+            b
+        });
+    assert!(has("beta") && !has("alpha"));
+    // The newest instance leaves: the newest left is a's.
+    b.leave();
+    until("a's list is back", || has("alpha") && !has("beta"));
+    // None runs: the cache's, which is a's.
+    let pa = a.server_pid();
+    a.leave();
+    until("a's server is gone", || !alive(pa));
+    assert!(has("alpha"));
+    let cache: Value = serde_json::from_slice(
+        &std::fs::read(state.path().join("cache/mine.json")).expect("the cache"),
+    )
+    .expect("json");
+    let cached: Vec<&str> = cache["tools"]
+        .as_array()
+        .expect("tools")
+        .iter()
+        .filter_map(|t| t["name"].as_str())
+        .collect();
+    assert!(cached.contains(&"alpha"), "{cache}");
+    assert!(d.stop(Signal::TERM).success());
+    // The next daemon publishes the cached list and starts nothing.
+    let mut d = Daemon::user_no_bus(units.path(), &env);
+    d.wait_for("started 1 unit");
+    assert!(has("alpha"), "the cached list");
+    d.read_for(Duration::from_millis(200));
+    assert_eq!(d.starts("mine"), 0, "{:?}", d.seen);
+    assert!(d.stop(Signal::TERM).success());
+}

@@ -217,6 +217,20 @@ impl Supervisor {
         logs: LogRing,
         cache_dir: Option<std::path::PathBuf>,
     ) -> (Self, JoinHandle<()>) {
+        Self::spawn_reporting(name, spec, launcher, logs, cache_dir, None)
+    }
+
+    /// [`spawn`](Self::spawn), for instance `n` of the per-host unit
+    /// `unit` when `instance_of` says so: what it learns is told to the
+    /// unit, whose lists are its newest instance's (DESIGN §13).
+    fn spawn_reporting(
+        name: &str,
+        spec: UnitSpec,
+        launcher: SharedLauncher,
+        logs: LogRing,
+        cache_dir: Option<std::path::PathBuf>,
+        instance_of: Option<(u32, &Supervisor)>,
+    ) -> (Self, JoinHandle<()>) {
         let (commands_tx, commands_rx) = mpsc::unbounded_channel();
         let initial = actor::status_of(
             &machine::Machine::new(name, &spec, std::time::Instant::now()).view(),
@@ -236,6 +250,10 @@ impl Supervisor {
             Arc::clone(&counters),
             cache_dir,
         );
+        let actor = match instance_of {
+            Some((n, unit)) => actor.reporting(n, &unit.commands),
+            None => actor,
+        };
         let sessions = actor.sessions();
         let task = tokio::spawn(actor.run());
         (
@@ -430,12 +448,13 @@ impl Supervisor {
             return;
         };
         let name = format!("{}@{n}", self.name);
-        let (instance, task) = Supervisor::spawn(
+        let (instance, task) = Supervisor::spawn_reporting(
             &name,
             spec.for_instance(),
             launcher,
             self.logs.clone(),
             None,
+            Some((n, self)),
         );
         instance.sessions.attach(link, caller);
         tracing::info!(target: "mcpd::supervisor", mcpd_server = %self.name, uid = ?caller.uid, pid = ?caller.pid, "instance {name} for a host");

@@ -158,6 +158,13 @@ enum Input {
         init: Arc<Value>,
         lists: [Option<Arc<str>>; 3],
     },
+    /// A per-host unit's lists, learnt from its newest instance: they
+    /// replace what is kept (the `initialize` result too, unless a
+    /// generation of the unit's own is up).
+    Adopt {
+        init: Arc<Value>,
+        lists: [Option<Arc<str>>; 3],
+    },
     /// When the server was last used, and whether a request is in flight;
     /// with neither since `cutoff`, generation `generation` is idle: the
     /// sessions stop sending to it at once.
@@ -424,6 +431,12 @@ impl Sessions {
     /// cache: answered to hosts until its server runs.
     pub(crate) fn restore(&self, init: Arc<Value>, lists: [Option<Arc<str>>; 3]) {
         let _ = self.tx.send(Input::Restore { init, lists });
+    }
+
+    /// A per-host unit's `initialize` result and lists, learnt from its
+    /// newest instance (DESIGN §13): published as the unit's.
+    pub(crate) fn adopt(&self, init: Arc<Value>, lists: [Option<Arc<str>>; 3]) {
+        let _ = self.tx.send(Input::Adopt { init, lists });
     }
 
     /// The serials of the resource, template and prompt lists (indexed as
@@ -918,6 +931,14 @@ impl Task {
                     if list.is_some() && self.cached(kind).is_none() {
                         self.set_list(kind, list);
                     }
+                }
+            }
+            Input::Adopt { init, lists } => {
+                if self.upstream.is_none() {
+                    self.set_init(init);
+                }
+                for (kind, list) in List::KEPT.into_iter().zip(lists) {
+                    self.set_list(kind, list);
                 }
             }
             Input::Settle {
