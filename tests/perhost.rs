@@ -931,24 +931,32 @@ fn published(runtime: &Path, name: &str) -> Vec<String> {
         .collect()
 }
 
-/// The tools of the next `ToolsChanged` on `changes` (whose tools
-/// `names` reads) that `done` accepts (bounded).
-async fn tools_changed<S: futures_util::Stream + Unpin>(
+type InstanceRow = (u32, String, u32, u32, u32);
+
+/// What `read` makes of the next signal on `changes` that `done`
+/// accepts (bounded; `what` names the signal).
+async fn signalled<S, T, F, Fut>(
     changes: &mut S,
-    names: impl Fn(S::Item) -> Vec<String>,
-    done: impl Fn(&[String]) -> bool,
-) -> Vec<String> {
+    read: F,
+    done: impl Fn(&T) -> bool,
+    what: &str,
+) -> T
+where
+    S: futures_util::Stream + Unpin,
+    F: Fn(S::Item) -> Fut,
+    Fut: Future<Output = T>,
+{
     use futures_util::StreamExt;
     tokio::time::timeout(BOUND, async {
         loop {
-            let now = names(changes.next().await.expect("ToolsChanged"));
+            let now = read(changes.next().await.expect(what)).await;
             if done(&now) {
                 return now;
             }
         }
     })
     .await
-    .expect("ToolsChanged")
+    .unwrap_or_else(|_| panic!("no {what}"))
 }
 
 #[test]
@@ -992,25 +1000,33 @@ fn published_lists_are_the_newest_instances_then_the_cache() {
             // extra tools) is the unit's, with ToolsChanged.
             let mut b = Host::start(runtime, "mine", &[]);
             b.init();
-            let now = tools_changed(
+            let now = signalled(
                 &mut changes,
-                |signal| {
+                |signal| async move {
                     let args = signal.args().expect("args");
-                    args.tools().iter().map(|t| t.name.clone()).collect()
+                    args.tools()
+                        .iter()
+                        .map(|t| t.name.clone())
+                        .collect::<Vec<_>>()
                 },
-                |n| !has_name(n, "alpha"),
+                |n| !has_name(n.as_slice(), "alpha"),
+                "ToolsChanged",
             )
             .await;
             assert!(has_name(&now, "set_tools"), "{now:?}");
             let set = b.call("set_tools", json!({"tools": ["beta"]}));
             assert_eq!(set["error"], false, "{set}");
-            let now = tools_changed(
+            let now = signalled(
                 &mut changes,
-                |signal| {
+                |signal| async move {
                     let args = signal.args().expect("args");
-                    args.tools().iter().map(|t| t.name.clone()).collect()
+                    args.tools()
+                        .iter()
+                        .map(|t| t.name.clone())
+                        .collect::<Vec<_>>()
                 },
-                |n| has_name(n, "beta"),
+                |n| has_name(n.as_slice(), "beta"),
+                "ToolsChanged",
             )
             .await;
             assert_eq!(names(server.tools().await.expect("Tools")), now);
@@ -1043,5 +1059,98 @@ fn published_lists_are_the_newest_instances_then_the_cache() {
     assert!(has("alpha"), "the cached list");
     d.read_for(Duration::from_millis(200));
     assert_eq!(d.starts("mine"), 0, "{:?}", d.seen);
+    assert!(d.stop(Signal::TERM).success());
+}
+
+#[test]
+fn the_instance_of_a_uids_dbus_calls_is_shown_beside_the_hosts() {
+    python_sdk();
+    let units = tempfile::tempdir().expect("tempdir");
+    fixture_unit(
+        units.path(),
+        "mine",
+        "sessions \"per-host\"\nidle-stop \"1s\"\n",
+    );
+    let (d, runtime) = daemon(units.path());
+    let ctl = |args: &[&str]| crate::helper::mcpctl_user(&runtime, args);
+    let mut a = Host::start(&runtime, "mine", &[]);
+    a.init();
+    let pa = a.server_pid();
+    let uid = rustix::process::geteuid().as_raw();
+    let socket = runtime.join("mcpd/private");
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime")
+        .block_on(async {
+            let (_conn, server) = crate::helper::private_server(&socket, "mine").await;
+            let mut changes = server.receive_instances_changed().await;
+            let out = ctl(&["call", "mine", "whoami", "{}"]);
+            assert!(
+                out.status.success(),
+                "{}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            let who: Value = serde_json::from_slice(&out.stdout).expect("json");
+            let pid = u32::try_from(who["pid"].as_u64().expect("pid")).expect("pid");
+            // Signalled, numbered 0, host pid 0 and the caller's uid.
+            let row = |rows: &[(u32, String, u32, u32, u32)], state: &str, pid: u32| {
+                rows.iter()
+                    .any(|r| *r == (0, state.to_owned(), pid, 0, uid))
+            };
+            let get = |c: zbus::proxy::PropertyChanged<'static, Vec<InstanceRow>>| async move {
+                c.get().await.expect("Instances")
+            };
+            let rows = signalled(
+                &mut changes,
+                get,
+                |r: &Vec<InstanceRow>| row(r, "running", pid),
+                "PropertiesChanged of Instances",
+            )
+            .await;
+            assert!(rows.iter().any(|r| r.0 != 0 && r.2 == pa), "{rows:?}");
+
+            let out = ctl(&["--json", "status", "mine"]);
+            let json: Value = serde_json::from_slice(&out.stdout).expect("json");
+            let status = if json.is_array() { &json[0] } else { &json };
+            let mine = status["instances"]
+                .as_array()
+                .expect("instances")
+                .iter()
+                .find(|i| i["n"] == 0)
+                .unwrap_or_else(|| panic!("{status}"))
+                .clone();
+            assert_eq!(mine["name"], format!("mine@uid-{uid}"), "{mine}");
+            assert_eq!(
+                (&mine["pid"], &mine["host_uid"]),
+                (&json!(pid), &json!(uid))
+            );
+            assert!(mine["host_pid"].is_null(), "{mine}");
+            assert_eq!(mine["calls"], 1, "{mine}");
+            let out = ctl(&["status", "mine"]);
+            let text = String::from_utf8_lossy(&out.stdout).into_owned();
+            // The limit counts hosts' instances alone.
+            assert!(text.contains("  Instances: 1 of 16\n"), "{text}");
+            let line = format!("mine@uid-{uid} running, pid {pid}, caller uid {uid}, since ");
+            let line = text
+                .lines()
+                .find(|l| l.trim_start().starts_with(&line))
+                .unwrap_or_else(|| panic!("{text}"));
+            assert!(
+                line.ends_with("; 1 call") || line.contains("; 1 call,"),
+                "{line}"
+            );
+            // Stopped after idle-stop: shown idle, with no pid.
+            signalled(
+                &mut changes,
+                get,
+                |r: &Vec<InstanceRow>| row(r, "idle", 0),
+                "PropertiesChanged of Instances",
+            )
+            .await;
+            assert!(!alive(pid));
+        });
+    assert_eq!(a.server_pid(), pa);
+    drop(a);
     assert!(d.stop(Signal::TERM).success());
 }

@@ -488,12 +488,34 @@ impl Supervisor {
         instance.arm();
         tracing::info!(target: "mcpd::supervisor", mcpd_server = %self.name, uid, "instance {name} for D-Bus calls");
         callers.insert(uid, (instance.clone(), task));
+        // Shown in `Instances` like a host's, from now on.
+        drop(self.instances.follow(&instance));
+        self.instances.bump();
         instance
     }
 
-    /// A per-host unit's instances (DESIGN §13), by number.
+    /// A per-host unit's instances (DESIGN §13): its hosts', by number,
+    /// then those of its D-Bus callers, by uid (numbered 0).
     pub fn instances(&self) -> Vec<InstanceView> {
-        self.instances.views()
+        let mut views = self.instances.views();
+        if let Ok(callers) = self.callers.lock() {
+            views.extend(callers.iter().map(|(uid, (instance, _))| {
+                let status = instance.status();
+                InstanceView {
+                    n: 0,
+                    state: status.state,
+                    pid: status.main_pid,
+                    host: Caller {
+                        uid: Some(*uid).filter(|u| *u != u32::MAX),
+                        pid: None,
+                    },
+                    since: status.since,
+                    calls: instance.counters().calls(),
+                    memory: instance.usage().map(|u| u.memory),
+                }
+            }));
+        }
+        views
     }
 
     /// Instance `n` of a per-host unit.
