@@ -89,11 +89,16 @@ impl Host {
     /// The pid of the server answering this host's next `whoami` that is
     /// answered (calls during an outage fail; bounded).
     fn next_server_pid(&mut self) -> u32 {
+        u32::try_from(self.next_whoami()["pid"].as_u64().expect("pid")).expect("pid")
+    }
+
+    /// The fixture's next `whoami` that is answered (bounded).
+    fn next_whoami(&mut self) -> Value {
         let deadline = Instant::now() + BOUND;
         loop {
             let answer = self.call("whoami", json!({}));
             if let Ok(who) = serde_json::from_str::<Value>(answer["text"].as_str().unwrap_or("")) {
-                return u32::try_from(who["pid"].as_u64().expect("pid")).expect("pid");
+                return who;
             }
             assert!(Instant::now() < deadline, "no server answers: {answer}");
             std::thread::sleep(Duration::from_millis(50));
@@ -1152,5 +1157,52 @@ fn the_instance_of_a_uids_dbus_calls_is_shown_beside_the_hosts() {
         });
     assert_eq!(a.server_pid(), pa);
     drop(a);
+    assert!(d.stop(Signal::TERM).success());
+}
+
+#[test]
+fn a_reload_reaches_running_instances_at_the_units_restart() {
+    let Two {
+        units,
+        d,
+        runtime,
+        a: (mut a, pa),
+        b: (mut b, pb),
+    } = Two::start("sessions \"per-host\"\n");
+    let ctl = |args: &[&str]| {
+        let out = crate::helper::mcpctl_user(&runtime, args);
+        assert!(
+            out.status.success(),
+            "{args:?}: {:?} {}{}",
+            out.status,
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    let elsewhere = tempfile::tempdir().expect("tempdir");
+    let cwd = elsewhere.path().to_str().expect("utf-8").to_owned();
+    std::fs::write(
+        units.path().join("mine.kdl"),
+        format!(
+            "stdio {{\n    command \"mcp-fixture\" \"--chatter\" \"0\"\n    working-directory \"{cwd}\"\n}}\nstop-timeout \"1s\"\nsessions \"per-host\"\n"
+        ),
+    )
+    .expect("write unit");
+    ctl(&["reload"]);
+    // Running instances keep their spec; the next host gets the new one.
+    let mut c = Host::start(&runtime, "mine", &[]);
+    c.init();
+    assert_eq!(c.next_whoami()["cwd"], cwd);
+    assert_eq!(a.server_pid(), pa);
+    assert_ne!(a.next_whoami()["cwd"], cwd);
+    // `mcpctl restart NAME` restarts every instance, under the new spec.
+    ctl(&["restart", "mine"]);
+    until("the old servers are gone", || !alive(pa) && !alive(pb));
+    for (h, old) in [(&mut a, pa), (&mut b, pb)] {
+        let who = h.next_whoami();
+        assert_ne!(who["pid"], old, "{who}");
+        assert_eq!(who["cwd"], cwd, "{who}");
+    }
+    drop((a, b, c));
     assert!(d.stop(Signal::TERM).success());
 }

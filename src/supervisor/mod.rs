@@ -326,10 +326,23 @@ impl Supervisor {
     }
 
     /// Stops the server if it runs, then starts it with a fresh budget;
-    /// every instance of a per-host unit restarts the same way.
+    /// every instance of a per-host unit restarts the same way, under the
+    /// unit's spec as last applied (a reload changes the instances that
+    /// come next; a restart, those that run too: DESIGN §13).
     pub fn restart(&self) {
         let _ = self.commands.send(Command::Restart);
-        for instance in self.instances.all().into_iter().chain(self.callers_all()) {
+        let spec = self.spec.lock().ok().map(|s| s.clone());
+        let spec = spec.filter(|s| s.sessions().max_instances().is_some());
+        for instance in self.instances.all() {
+            if let Some(spec) = &spec {
+                instance.apply(spec.for_instance(), false);
+            }
+            instance.restart();
+        }
+        for instance in self.callers_all() {
+            if let Some(spec) = &spec {
+                instance.apply(spec.for_caller(), false);
+            }
             instance.restart();
         }
     }
