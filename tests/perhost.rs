@@ -135,9 +135,14 @@ struct Two {
 
 impl Two {
     fn start(extra: &str) -> Self {
-        python_sdk();
         let units = tempfile::tempdir().expect("tempdir");
         fixture_unit(units.path(), "mine", extra);
+        Self::on(units)
+    }
+
+    /// Two hosts of unit `mine` of `units`.
+    fn on(units: tempfile::TempDir) -> Self {
+        python_sdk();
         let (d, runtime) = daemon(units.path());
         let (mut a, mut b) = (
             Host::start(&runtime, "mine", &[]),
@@ -1204,5 +1209,60 @@ fn a_reload_reaches_running_instances_at_the_units_restart() {
         assert_eq!(who["cwd"], cwd, "{who}");
     }
     drop((a, b, c));
+    assert!(d.stop(Signal::TERM).success());
+}
+
+#[test]
+fn an_instance_that_fails_for_good_fails_its_host_alone_with_the_reason() {
+    let units = tempfile::tempdir().expect("tempdir");
+    std::fs::write(
+        units.path().join("mine.kdl"),
+        "stdio { command \"mcp-fixture\" \"--chatter\" \"0\"; }\nsessions \"per-host\"\nstop-timeout \"1s\"\nreconnect {\n    initial-delay \"200ms\"\n    max-attempts 1\n}\n",
+    )
+    .expect("write unit");
+    let Two {
+        units: _units,
+        d,
+        runtime,
+        a: (mut a, pa),
+        b: (mut b, pb),
+    } = Two::on(units);
+    // The retry's server crashes too: the budget is spent.
+    a.call("crash", json!({"code": 3}));
+    until("a's server is gone", || !alive(pa));
+    let again = a.next_server_pid();
+    a.call("crash", json!({"code": 3}));
+    until("a's second server is gone", || !alive(again));
+    let failed = || {
+        let out = crate::helper::mcpctl_user(&runtime, &["--json", "status", "mine"]);
+        let json: Value = serde_json::from_slice(&out.stdout).expect("json");
+        if json.is_array() {
+            json[0].clone()
+        } else {
+            json
+        }
+    };
+    until("a's instance failed", || {
+        failed()["instances"]
+            .as_array()
+            .is_some_and(|i| i.iter().any(|i| i["state"] == "failed"))
+    });
+    // Its host is told why; the unit and the other host are not touched.
+    let status = failed();
+    let name = status["instances"]
+        .as_array()
+        .and_then(|i| i.iter().find(|i| i["state"] == "failed"))
+        .and_then(|i| i["name"].as_str())
+        .expect("the failed instance's name")
+        .to_owned();
+    let answer = a.call("whoami", json!({}));
+    let text = answer.to_string();
+    assert!(
+        text.contains(&format!("server {name} is failed")) && text.contains("status 3"),
+        "{answer}"
+    );
+    assert_ne!(status["state"], "failed", "{status}");
+    assert_eq!(b.server_pid(), pb);
+    drop((a, b));
     assert!(d.stop(Signal::TERM).success());
 }
