@@ -187,6 +187,15 @@ fn until(what: &str, done: impl Fn() -> bool) {
     }
 }
 
+/// SIGKILL to `pid`.
+fn kill(pid: u32) {
+    rustix::process::kill_process(
+        rustix::process::Pid::from_raw(i32::try_from(pid).expect("pid")).expect("pid"),
+        Signal::KILL,
+    )
+    .expect("kill");
+}
+
 fn python_sdk() {
     let probe = Command::new("python3")
         .args(["-c", "import mcp.client.stdio"])
@@ -278,11 +287,7 @@ fn a_crashed_instance_restarts_for_its_host_alone() {
         a: (mut a, pa),
         b: (mut b, pb),
     } = Two::start("sessions \"per-host\"\n");
-    rustix::process::kill_process(
-        rustix::process::Pid::from_raw(i32::try_from(pa).expect("pid")).expect("pid"),
-        Signal::KILL,
-    )
-    .expect("kill");
+    kill(pa);
     until("a's server is gone", || !alive(pa));
     // After the backoff, a's next call is answered by a new server.
     let again = a.next_server_pid();
@@ -1262,6 +1267,40 @@ fn an_instance_that_fails_for_good_fails_its_host_alone_with_the_reason() {
         "{answer}"
     );
     assert_ne!(status["state"], "failed", "{status}");
+    assert_eq!(b.server_pid(), pb);
+    drop((a, b));
+    assert!(d.stop(Signal::TERM).success());
+}
+
+#[test]
+fn a_call_in_flight_when_its_instance_crashes_is_answered_with_the_error_at_once() {
+    let Two {
+        units: _units,
+        d,
+        runtime: _,
+        a: (mut a, pa),
+        b: (mut b, pb),
+    } = Two::start("sessions \"per-host\"\n");
+    let stdin = a.stdin.as_mut().expect("attached");
+    writeln!(
+        stdin,
+        "{}",
+        json!({"op": "call", "name": "hang", "args": {}})
+    )
+    .expect("write");
+    // In flight (or, if the kill wins the race, sent during the outage):
+    // either way an error naming the instance, at once.
+    kill(pa);
+    let line = a
+        .answers
+        .recv_timeout(Duration::from_secs(5))
+        .expect("the call in flight is answered, not left hanging");
+    assert!(
+        line.contains("server mine@")
+            && (line.contains("connection lost") || line.contains("retry 1/")),
+        "{line}"
+    );
+    assert_ne!(a.next_server_pid(), pa);
     assert_eq!(b.server_pid(), pb);
     drop((a, b));
     assert!(d.stop(Signal::TERM).success());
