@@ -1164,6 +1164,48 @@ fn the_instance_of_a_uids_dbus_calls_is_shown_beside_the_hosts() {
             )
             .await;
             assert!(!alive(pid));
+
+            // Addressed by its name as a host's is.
+            let mine = format!("mine@uid-{uid}");
+            let out = ctl(&["restart", &mine]);
+            assert!(out.status.success(), "{out:?}");
+            let rows = signalled(
+                &mut changes,
+                get,
+                |r: &Vec<InstanceRow>| r.iter().any(|r| r.0 == 0 && r.1 == "running"),
+                "PropertiesChanged of Instances",
+            )
+            .await;
+            let restarted = rows.iter().find(|r| r.0 == 0).expect("its row").2;
+            assert!(restarted != pid && alive(restarted), "{rows:?}");
+            let out = ctl(&["stop", &mine]);
+            assert!(out.status.success(), "{out:?}");
+            assert!(!alive(restarted), "stop answers once it has stopped");
+            signalled(
+                &mut changes,
+                get,
+                |r: &Vec<InstanceRow>| row(r, "stopped", 0),
+                "PropertiesChanged of Instances",
+            )
+            .await;
+            // Its next use starts it again; a request that checks the state
+            // first does not find it stopped.
+            let read = server.read_resource("fixture://a").await;
+            // The fixture reads no resources: what answers is the server
+            // (method not found), not NotRunning.
+            assert!(
+                matches!(read, Err(mcpd::dbus::Error::InvalidArguments(_))),
+                "{read:?}"
+            );
+            signalled(
+                &mut changes,
+                get,
+                |r: &Vec<InstanceRow>| r.iter().any(|r| r.0 == 0 && r.1 == "running"),
+                "PropertiesChanged of Instances",
+            )
+            .await;
+            let out = ctl(&["stop", &format!("mine@uid-{}", uid + 1)]);
+            assert_eq!(out.status.code(), Some(4), "no such instance");
         });
     assert_eq!(a.server_pid(), pa);
     drop(a);

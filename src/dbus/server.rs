@@ -109,7 +109,7 @@ impl Server {
             return Ok(supervisor);
         }
         let who = caller(&self.callers, conn, header).await;
-        Ok(supervisor.for_caller(who.uid))
+        Ok(supervisor.for_caller(who.uid).await)
     }
 
     /// A request to the running server (or the caller's instance of a

@@ -479,21 +479,43 @@ impl Supervisor {
     /// of user `uid`: for a per-host unit, an instance of that uid's own
     /// (`NAME@uid-UID`, on demand, stopped after `idle-stop`; never a
     /// host's, DESIGN §13), made at its first call; else the unit itself.
-    pub fn for_caller(&self, uid: Option<u32>) -> Supervisor {
+    /// One made now, or started again after an operator stopped it, is
+    /// returned once its actor took that (bounded): a request that looks
+    /// at its state first (`ReadResource`, `GetPrompt`) finds it starting,
+    /// not stopped.
+    pub async fn for_caller(&self, uid: Option<u32>) -> Supervisor {
+        let (instance, woken) = self.caller(uid);
+        if woken {
+            let mut status = instance.subscribe();
+            let started = status.wait_for(|s| s.state != State::Stopped);
+            let _ = tokio::time::timeout(Duration::from_secs(5), started).await;
+        }
+        instance
+    }
+
+    /// [`for_caller`](Self::for_caller)'s instance, and whether it was
+    /// made or started just now.
+    fn caller(&self, uid: Option<u32>) -> (Supervisor, bool) {
         let spec = self.spec.lock().ok().map(|s| s.clone());
         let Some(spec) = spec.filter(|s| s.sessions().max_instances().is_some()) else {
-            return self.clone();
+            return (self.clone(), false);
         };
         let uid = uid.unwrap_or(u32::MAX);
         let Ok(mut callers) = self.callers.lock() else {
-            return self.clone();
+            return (self.clone(), false);
         };
         if let Some((instance, _)) = callers.get(&uid) {
-            return instance.clone();
+            // Stopped by an operator (`mcpctl stop NAME@uid-UID`): the
+            // next call is a first use again.
+            let stopped = instance.state() == State::Stopped;
+            if stopped {
+                instance.start();
+            }
+            return (instance.clone(), stopped);
         }
         let label = format!("uid-{uid}");
         let Some(launcher) = self.launcher.instance(&label) else {
-            return self.clone();
+            return (self.clone(), false);
         };
         let name = format!("{}@{label}", self.name);
         let (instance, task) =
@@ -504,7 +526,7 @@ impl Supervisor {
         // Shown in `Instances` like a host's, from now on.
         drop(self.instances.follow(&instance));
         self.instances.bump();
-        instance
+        (instance, true)
     }
 
     /// A per-host unit's instances (DESIGN §13): its hosts', by number,
@@ -542,6 +564,24 @@ impl Supervisor {
     pub fn stop_instance(&self, n: u32) -> Option<JoinHandle<()>> {
         let why = format!("instance {}@{n} was stopped", self.name);
         self.instances.stop(n, why)
+    }
+
+    /// The instance of user `uid`'s D-Bus calls, if it has one.
+    pub fn caller_instance(&self, uid: u32) -> Option<Supervisor> {
+        let callers = self.callers.lock().ok()?;
+        callers.get(&uid).map(|(instance, _)| instance.clone())
+    }
+
+    /// Stops the instance of user `uid`'s D-Bus calls (its next call
+    /// starts it again); None when it has none. It has stopped once the
+    /// returned handle ends.
+    pub fn stop_caller(&self, uid: u32) -> Option<JoinHandle<()>> {
+        let instance = self.caller_instance(uid)?;
+        let mut status = instance.subscribe();
+        instance.stop();
+        Some(tokio::spawn(async move {
+            let _ = status.wait_for(|s| s.state == State::Stopped).await;
+        }))
     }
 
     /// `max-instances` of a per-host unit; None for a shared one.
