@@ -451,7 +451,7 @@ impl Supervisor {
                 "server {} runs an instance per host and all {max} are in use (max-instances {max})",
                 self.name
             );
-            tracing::warn!(target: "mcpd::supervisor", mcpd_server = %self.name, uid = ?caller.uid, pid = ?caller.pid, "refusing a host: {why}");
+            tracing::warn!(target: "mcpd::supervisor", mcpd_server = %self.name, "refusing a host ({caller}): {why}");
             self.sessions.attach_refused(link, caller, Arc::from(why));
             return;
         }
@@ -469,8 +469,8 @@ impl Supervisor {
             None,
             Some((n, self)),
         );
-        instance.sessions.attach(link, caller);
-        tracing::info!(target: "mcpd::supervisor", mcpd_server = %self.name, uid = ?caller.uid, pid = ?caller.pid, "instance {name} for a host");
+        tracing::info!(target: "mcpd::supervisor", mcpd_server = %self.name, "instance {name} for a host ({caller})");
+        instance.sessions.attach(link, caller.clone());
         self.instances
             .run(n, instance, task, caller, Arc::clone(&self.counters));
     }
@@ -542,7 +542,7 @@ impl Supervisor {
                     pid: status.main_pid,
                     host: Caller {
                         uid: Some(*uid).filter(|u| *u != u32::MAX),
-                        pid: None,
+                        ..Caller::default()
                     },
                     since: status.since,
                     calls: instance.counters().calls(),
