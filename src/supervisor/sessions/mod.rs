@@ -903,6 +903,12 @@ impl Task {
                 reply,
                 purpose,
             } => {
+                if purpose == Purpose::Use && self.status.has_changed().unwrap_or(false) {
+                    // A request made just after a start (a D-Bus caller's
+                    // instance started for it) is held or refused by the
+                    // newest state, not by one this task has yet to see.
+                    self.status_changed();
+                }
                 if purpose != Purpose::Use && self.upstream.is_none() {
                     // Bookkeeping is for a running server: it never waits
                     // for (or causes) a start.
