@@ -1387,6 +1387,34 @@ fn a_start_whose_lists_differ_from_the_cache_publishes_them() {
 }
 
 #[test]
+fn lists_learnt_by_an_instance_are_published_as_the_units_but_not_by_a_stopped_one() {
+    let mut r = idle(1000, &["a"]);
+    let serial = r.m.view().tools_serial;
+    let learned = |names: &[&str]| Event::Learned {
+        cached: Cached {
+            tools: tools(names),
+            instructions: Some("from an instance".into()),
+        },
+    };
+    assert!(r.step(learned(&["a", "b"])).is_empty(), "nothing starts");
+    let v = r.m.view();
+    assert_eq!(v.state, State::Idle);
+    assert_eq!(v.tools, tools(&["a", "b"]));
+    assert_eq!(v.tools_serial, serial + 1);
+    assert_eq!(v.instructions.as_deref(), Some("from an instance"));
+    assert_eq!(r.m.server_tools(), &tools(&["a", "b"]));
+    // The same list again is not news.
+    r.step(learned(&["a", "b"]));
+    assert_eq!(r.m.view().tools_serial, serial + 1);
+    // Stopped, its lists are withdrawn and stay so.
+    r.step(Event::Stop);
+    assert_eq!(r.state(), State::Stopped);
+    assert!(r.m.view().tools.is_empty());
+    assert!(r.step(learned(&["c"])).is_empty());
+    assert!(r.m.view().tools.is_empty());
+}
+
+#[test]
 fn without_a_cache_an_on_demand_unit_starts_to_learn_its_lists_then_idles() {
     let mut r = Rig::new(&on_demand(1000, "on-demand"));
     assert_eq!(

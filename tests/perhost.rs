@@ -89,11 +89,16 @@ impl Host {
     /// The pid of the server answering this host's next `whoami` that is
     /// answered (calls during an outage fail; bounded).
     fn next_server_pid(&mut self) -> u32 {
+        u32::try_from(self.next_whoami()["pid"].as_u64().expect("pid")).expect("pid")
+    }
+
+    /// The fixture's next `whoami` that is answered (bounded).
+    fn next_whoami(&mut self) -> Value {
         let deadline = Instant::now() + BOUND;
         loop {
             let answer = self.call("whoami", json!({}));
             if let Ok(who) = serde_json::from_str::<Value>(answer["text"].as_str().unwrap_or("")) {
-                return u32::try_from(who["pid"].as_u64().expect("pid")).expect("pid");
+                return who;
             }
             assert!(Instant::now() < deadline, "no server answers: {answer}");
             std::thread::sleep(Duration::from_millis(50));
@@ -130,9 +135,14 @@ struct Two {
 
 impl Two {
     fn start(extra: &str) -> Self {
-        python_sdk();
         let units = tempfile::tempdir().expect("tempdir");
         fixture_unit(units.path(), "mine", extra);
+        Self::on(units)
+    }
+
+    /// Two hosts of unit `mine` of `units`.
+    fn on(units: tempfile::TempDir) -> Self {
+        python_sdk();
         let (d, runtime) = daemon(units.path());
         let (mut a, mut b) = (
             Host::start(&runtime, "mine", &[]),
@@ -175,6 +185,15 @@ fn until(what: &str, done: impl Fn() -> bool) {
         assert!(Instant::now() < deadline, "never: {what}");
         std::thread::sleep(Duration::from_millis(20));
     }
+}
+
+/// SIGKILL to `pid`.
+fn kill(pid: u32) {
+    rustix::process::kill_process(
+        rustix::process::Pid::from_raw(i32::try_from(pid).expect("pid")).expect("pid"),
+        Signal::KILL,
+    )
+    .expect("kill");
 }
 
 fn python_sdk() {
@@ -268,11 +287,7 @@ fn a_crashed_instance_restarts_for_its_host_alone() {
         a: (mut a, pa),
         b: (mut b, pb),
     } = Two::start("sessions \"per-host\"\n");
-    rustix::process::kill_process(
-        rustix::process::Pid::from_raw(i32::try_from(pa).expect("pid")).expect("pid"),
-        Signal::KILL,
-    )
-    .expect("kill");
+    kill(pa);
     until("a's server is gone", || !alive(pa));
     // After the backoff, a's next call is answered by a new server.
     let again = a.next_server_pid();
@@ -911,5 +926,424 @@ fn a_host_back_from_a_daemon_restart_gets_a_fresh_instance() {
     );
     d.wait_for("instance mine@1");
     drop(a);
+    assert!(d.stop(Signal::TERM).success());
+}
+
+/// The names `mcpctl tools NAME` lists.
+fn published(runtime: &Path, name: &str) -> Vec<String> {
+    let out = crate::helper::mcpctl_user(runtime, &["--json", "tools", name]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let tools: Value = serde_json::from_slice(&out.stdout).expect("json");
+    tools
+        .as_array()
+        .expect("an array")
+        .iter()
+        .map(|t| t["name"].as_str().expect("a name").to_owned())
+        .collect()
+}
+
+type InstanceRow = (u32, String, u32, u32, u32);
+
+/// What `read` makes of the next signal on `changes` that `done`
+/// accepts (bounded; `what` names the signal).
+async fn signalled<S, T, F, Fut>(
+    changes: &mut S,
+    read: F,
+    done: impl Fn(&T) -> bool,
+    what: &str,
+) -> T
+where
+    S: futures_util::Stream + Unpin,
+    F: Fn(S::Item) -> Fut,
+    Fut: Future<Output = T>,
+{
+    use futures_util::StreamExt;
+    tokio::time::timeout(BOUND, async {
+        loop {
+            let now = read(changes.next().await.expect(what)).await;
+            if done(&now) {
+                return now;
+            }
+        }
+    })
+    .await
+    .unwrap_or_else(|_| panic!("no {what}"))
+}
+
+#[test]
+fn published_lists_are_the_newest_instances_then_the_cache() {
+    python_sdk();
+    let units = tempfile::tempdir().expect("tempdir");
+    let state = tempfile::tempdir().expect("tempdir");
+    let runtime = tempfile::tempdir().expect("tempdir");
+    fixture_unit(units.path(), "mine", "sessions \"per-host\"\n");
+    let env = [
+        ("MCPD_STATE_DIR", state.path().as_os_str()),
+        ("XDG_RUNTIME_DIR", runtime.path().as_os_str()),
+    ];
+    let runtime = runtime.path();
+    let mut d = Daemon::user_no_bus(units.path(), &env);
+    // With no cache, the unit starts once to learn its lists.
+    d.wait_until("mine learnt its lists", |d| d.starts("mine") == 1);
+    let has = |name: &str| published(runtime, "mine").iter().any(|n| n == name);
+    assert!(has("set_tools") && !has("alpha"));
+    let mut a = Host::start(runtime, "mine", &[]);
+    a.init();
+    let set = a.call("set_tools", json!({"tools": ["alpha"]}));
+    assert_eq!(set["error"], false, "{set}");
+    until("a's list is the unit's", || has("alpha"));
+
+    let socket = runtime.join("mcpd/private");
+    let has_name = |names: &[String], name: &str| names.iter().any(|n| n == name);
+    let b = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime")
+        .block_on(async {
+            let (_conn, server) = crate::helper::private_server(&socket, "mine").await;
+            let names = |rows: Vec<mcpd::dbus::ToolRow>| -> Vec<String> {
+                rows.into_iter().map(|r| r.name).collect()
+            };
+            let rows = names(server.tools().await.expect("Tools"));
+            assert!(has_name(&rows, "alpha"), "{rows:?}");
+            let mut changes = server.receive_tool_list_changed().await.expect("subscribe");
+            // A newer host: its instance's list (the fixture's own, no
+            // extra tools) is the unit's, with ToolsChanged.
+            let mut b = Host::start(runtime, "mine", &[]);
+            b.init();
+            let now = signalled(
+                &mut changes,
+                |signal| async move {
+                    let args = signal.args().expect("args");
+                    args.tools()
+                        .iter()
+                        .map(|t| t.name.clone())
+                        .collect::<Vec<_>>()
+                },
+                |n| !has_name(n.as_slice(), "alpha"),
+                "ToolsChanged",
+            )
+            .await;
+            assert!(has_name(&now, "set_tools"), "{now:?}");
+            let set = b.call("set_tools", json!({"tools": ["beta"]}));
+            assert_eq!(set["error"], false, "{set}");
+            let now = signalled(
+                &mut changes,
+                |signal| async move {
+                    let args = signal.args().expect("args");
+                    args.tools()
+                        .iter()
+                        .map(|t| t.name.clone())
+                        .collect::<Vec<_>>()
+                },
+                |n| has_name(n.as_slice(), "beta"),
+                "ToolsChanged",
+            )
+            .await;
+            assert_eq!(names(server.tools().await.expect("Tools")), now);
+            b
+        });
+    assert!(has("beta") && !has("alpha"));
+    // The newest instance leaves: the newest left is a's.
+    b.leave();
+    until("a's list is back", || has("alpha") && !has("beta"));
+    // None runs: the cache's, which is a's.
+    let pa = a.server_pid();
+    a.leave();
+    until("a's server is gone", || !alive(pa));
+    assert!(has("alpha"));
+    let cache: Value = serde_json::from_slice(
+        &std::fs::read(state.path().join("cache/mine.json")).expect("the cache"),
+    )
+    .expect("json");
+    let cached: Vec<&str> = cache["tools"]
+        .as_array()
+        .expect("tools")
+        .iter()
+        .filter_map(|t| t["name"].as_str())
+        .collect();
+    assert!(cached.contains(&"alpha"), "{cache}");
+    assert!(d.stop(Signal::TERM).success());
+    // The next daemon publishes the cached list and starts nothing.
+    let mut d = Daemon::user_no_bus(units.path(), &env);
+    d.wait_for("started 1 unit");
+    assert!(has("alpha"), "the cached list");
+    d.read_for(Duration::from_millis(200));
+    assert_eq!(d.starts("mine"), 0, "{:?}", d.seen);
+    assert!(d.stop(Signal::TERM).success());
+}
+
+#[test]
+fn the_instance_of_a_uids_dbus_calls_is_shown_beside_the_hosts() {
+    python_sdk();
+    let units = tempfile::tempdir().expect("tempdir");
+    fixture_unit(
+        units.path(),
+        "mine",
+        "sessions \"per-host\"\nidle-stop \"1s\"\n",
+    );
+    let (d, runtime) = daemon(units.path());
+    let ctl = |args: &[&str]| crate::helper::mcpctl_user(&runtime, args);
+    let mut a = Host::start(&runtime, "mine", &[]);
+    a.init();
+    let pa = a.server_pid();
+    let uid = rustix::process::geteuid().as_raw();
+    let socket = runtime.join("mcpd/private");
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime")
+        .block_on(async {
+            let (_conn, server) = crate::helper::private_server(&socket, "mine").await;
+            let mut changes = server.receive_instances_changed().await;
+            let out = ctl(&["call", "mine", "whoami", "{}"]);
+            assert!(
+                out.status.success(),
+                "{}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            let who: Value = serde_json::from_slice(&out.stdout).expect("json");
+            let pid = u32::try_from(who["pid"].as_u64().expect("pid")).expect("pid");
+            // Signalled, numbered 0, host pid 0 and the caller's uid.
+            let row = |rows: &[(u32, String, u32, u32, u32)], state: &str, pid: u32| {
+                rows.iter()
+                    .any(|r| *r == (0, state.to_owned(), pid, 0, uid))
+            };
+            let get = |c: zbus::proxy::PropertyChanged<'static, Vec<InstanceRow>>| async move {
+                c.get().await.expect("Instances")
+            };
+            let rows = signalled(
+                &mut changes,
+                get,
+                |r: &Vec<InstanceRow>| row(r, "running", pid),
+                "PropertiesChanged of Instances",
+            )
+            .await;
+            assert!(rows.iter().any(|r| r.0 != 0 && r.2 == pa), "{rows:?}");
+
+            let out = ctl(&["--json", "status", "mine"]);
+            let json: Value = serde_json::from_slice(&out.stdout).expect("json");
+            let status = if json.is_array() { &json[0] } else { &json };
+            let mine = status["instances"]
+                .as_array()
+                .expect("instances")
+                .iter()
+                .find(|i| i["n"] == 0)
+                .unwrap_or_else(|| panic!("{status}"))
+                .clone();
+            assert_eq!(mine["name"], format!("mine@uid-{uid}"), "{mine}");
+            assert_eq!(
+                (&mine["pid"], &mine["host_uid"]),
+                (&json!(pid), &json!(uid))
+            );
+            assert!(mine["host_pid"].is_null(), "{mine}");
+            assert_eq!(mine["calls"], 1, "{mine}");
+            let out = ctl(&["status", "mine"]);
+            let text = String::from_utf8_lossy(&out.stdout).into_owned();
+            // The limit counts hosts' instances alone.
+            assert!(text.contains("  Instances: 1 of 16\n"), "{text}");
+            let line = format!("mine@uid-{uid} running, pid {pid}, caller uid {uid}, since ");
+            let line = text
+                .lines()
+                .find(|l| l.trim_start().starts_with(&line))
+                .unwrap_or_else(|| panic!("{text}"));
+            assert!(
+                line.ends_with("; 1 call") || line.contains("; 1 call,"),
+                "{line}"
+            );
+            // Stopped after idle-stop: shown idle, with no pid.
+            signalled(
+                &mut changes,
+                get,
+                |r: &Vec<InstanceRow>| row(r, "idle", 0),
+                "PropertiesChanged of Instances",
+            )
+            .await;
+            assert!(!alive(pid));
+
+            // Addressed by its name as a host's is.
+            let mine = format!("mine@uid-{uid}");
+            let out = ctl(&["restart", &mine]);
+            assert!(out.status.success(), "{out:?}");
+            let rows = signalled(
+                &mut changes,
+                get,
+                |r: &Vec<InstanceRow>| r.iter().any(|r| r.0 == 0 && r.1 == "running"),
+                "PropertiesChanged of Instances",
+            )
+            .await;
+            let restarted = rows.iter().find(|r| r.0 == 0).expect("its row").2;
+            assert!(restarted != pid && alive(restarted), "{rows:?}");
+            let out = ctl(&["stop", &mine]);
+            assert!(out.status.success(), "{out:?}");
+            assert!(!alive(restarted), "stop answers once it has stopped");
+            signalled(
+                &mut changes,
+                get,
+                |r: &Vec<InstanceRow>| row(r, "stopped", 0),
+                "PropertiesChanged of Instances",
+            )
+            .await;
+            // Its next use starts it again; a request that checks the state
+            // first does not find it stopped.
+            let read = server.read_resource("fixture://a").await;
+            // The fixture reads no resources: what answers is the server
+            // (method not found), not NotRunning.
+            assert!(
+                matches!(read, Err(mcpd::dbus::Error::InvalidArguments(_))),
+                "{read:?}"
+            );
+            signalled(
+                &mut changes,
+                get,
+                |r: &Vec<InstanceRow>| r.iter().any(|r| r.0 == 0 && r.1 == "running"),
+                "PropertiesChanged of Instances",
+            )
+            .await;
+            let out = ctl(&["stop", &format!("mine@uid-{}", uid + 1)]);
+            assert_eq!(out.status.code(), Some(4), "no such instance");
+        });
+    assert_eq!(a.server_pid(), pa);
+    drop(a);
+    assert!(d.stop(Signal::TERM).success());
+}
+
+#[test]
+fn a_reload_reaches_running_instances_at_the_units_restart() {
+    let Two {
+        units,
+        d,
+        runtime,
+        a: (mut a, pa),
+        b: (mut b, pb),
+    } = Two::start("sessions \"per-host\"\n");
+    let ctl = |args: &[&str]| {
+        let out = crate::helper::mcpctl_user(&runtime, args);
+        assert!(
+            out.status.success(),
+            "{args:?}: {:?} {}{}",
+            out.status,
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    let elsewhere = tempfile::tempdir().expect("tempdir");
+    let cwd = elsewhere.path().to_str().expect("utf-8").to_owned();
+    std::fs::write(
+        units.path().join("mine.kdl"),
+        format!(
+            "stdio {{\n    command \"mcp-fixture\" \"--chatter\" \"0\"\n    working-directory \"{cwd}\"\n}}\nstop-timeout \"1s\"\nsessions \"per-host\"\n"
+        ),
+    )
+    .expect("write unit");
+    ctl(&["reload"]);
+    // Running instances keep their spec; the next host gets the new one.
+    let mut c = Host::start(&runtime, "mine", &[]);
+    c.init();
+    assert_eq!(c.next_whoami()["cwd"], cwd);
+    assert_eq!(a.server_pid(), pa);
+    assert_ne!(a.next_whoami()["cwd"], cwd);
+    // `mcpctl restart NAME` restarts every instance, under the new spec.
+    ctl(&["restart", "mine"]);
+    until("the old servers are gone", || !alive(pa) && !alive(pb));
+    for (h, old) in [(&mut a, pa), (&mut b, pb)] {
+        let who = h.next_whoami();
+        assert_ne!(who["pid"], old, "{who}");
+        assert_eq!(who["cwd"], cwd, "{who}");
+    }
+    drop((a, b, c));
+    assert!(d.stop(Signal::TERM).success());
+}
+
+#[test]
+fn an_instance_that_fails_for_good_fails_its_host_alone_with_the_reason() {
+    let units = tempfile::tempdir().expect("tempdir");
+    std::fs::write(
+        units.path().join("mine.kdl"),
+        "stdio { command \"mcp-fixture\" \"--chatter\" \"0\"; }\nsessions \"per-host\"\nstop-timeout \"1s\"\nreconnect {\n    initial-delay \"200ms\"\n    max-attempts 1\n}\n",
+    )
+    .expect("write unit");
+    let Two {
+        units: _units,
+        d,
+        runtime,
+        a: (mut a, pa),
+        b: (mut b, pb),
+    } = Two::on(units);
+    // The retry's server crashes too: the budget is spent.
+    a.call("crash", json!({"code": 3}));
+    until("a's server is gone", || !alive(pa));
+    let again = a.next_server_pid();
+    a.call("crash", json!({"code": 3}));
+    until("a's second server is gone", || !alive(again));
+    let failed = || {
+        let out = crate::helper::mcpctl_user(&runtime, &["--json", "status", "mine"]);
+        let json: Value = serde_json::from_slice(&out.stdout).expect("json");
+        if json.is_array() {
+            json[0].clone()
+        } else {
+            json
+        }
+    };
+    until("a's instance failed", || {
+        failed()["instances"]
+            .as_array()
+            .is_some_and(|i| i.iter().any(|i| i["state"] == "failed"))
+    });
+    // Its host is told why; the unit and the other host are not touched.
+    let status = failed();
+    let name = status["instances"]
+        .as_array()
+        .and_then(|i| i.iter().find(|i| i["state"] == "failed"))
+        .and_then(|i| i["name"].as_str())
+        .expect("the failed instance's name")
+        .to_owned();
+    let answer = a.call("whoami", json!({}));
+    let text = answer.to_string();
+    assert!(
+        text.contains(&format!("server {name} is failed")) && text.contains("status 3"),
+        "{answer}"
+    );
+    assert_ne!(status["state"], "failed", "{status}");
+    assert_eq!(b.server_pid(), pb);
+    drop((a, b));
+    assert!(d.stop(Signal::TERM).success());
+}
+
+#[test]
+fn a_call_in_flight_when_its_instance_crashes_is_answered_with_the_error_at_once() {
+    let Two {
+        units: _units,
+        d,
+        runtime: _,
+        a: (mut a, pa),
+        b: (mut b, pb),
+    } = Two::start("sessions \"per-host\"\n");
+    let stdin = a.stdin.as_mut().expect("attached");
+    writeln!(
+        stdin,
+        "{}",
+        json!({"op": "call", "name": "hang", "args": {}})
+    )
+    .expect("write");
+    // In flight (or, if the kill wins the race, sent during the outage):
+    // either way an error naming the instance, at once.
+    kill(pa);
+    let line = a
+        .answers
+        .recv_timeout(Duration::from_secs(5))
+        .expect("the call in flight is answered, not left hanging");
+    assert!(
+        line.contains("server mine@")
+            && (line.contains("connection lost") || line.contains("retry 1/")),
+        "{line}"
+    );
+    assert_ne!(a.next_server_pid(), pa);
+    assert_eq!(b.server_pid(), pb);
+    drop((a, b));
     assert!(d.stop(Signal::TERM).success());
 }

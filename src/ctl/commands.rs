@@ -443,7 +443,8 @@ fn write_block(
         writeln!(
             out,
             "  Instances: {} of {}",
-            p.instances.len(),
+            // Hosts' instances count against the limit, callers' not.
+            p.instances.iter().filter(|i| i["n"] != 0).count(),
             p.max_instances
         )?;
         for i in &p.instances {
@@ -487,14 +488,15 @@ fn write_block(
 
 /// One instance of a per-host unit, as `status` shows it: "web@3
 /// running, pid 4242, host pid 4200 uid 1000, since Tue 2026-12-01
-/// 09:36:32 CET; 12 calls, 48.0M".
+/// 09:36:32 CET; 12 calls, 48.0M"; the instance of a uid's D-Bus calls
+/// "web@uid-1000 idle, caller uid 1000, since …".
 fn instance_line(unit: &str, i: &Value) -> String {
     let number = |key: &str| i[key].as_u64();
-    let mut line = format!(
-        "{unit}@{} {}",
-        number("n").unwrap_or_default(),
-        i["state"].as_str().unwrap_or_default()
-    );
+    let name = match i["name"].as_str() {
+        Some(name) => name.to_owned(),
+        None => format!("{unit}@{}", number("n").unwrap_or_default()),
+    };
+    let mut line = format!("{name} {}", i["state"].as_str().unwrap_or_default());
     if let Some(pid) = number("pid") {
         line.push_str(&format!(", pid {pid}"));
     }
@@ -505,6 +507,9 @@ fn instance_line(unit: &str, i: &Value) -> String {
         }
     }
     match (number("host_pid"), number("host_uid")) {
+        (None, Some(uid)) if number("n") == Some(0) => {
+            line.push_str(&format!(", caller uid {uid}"));
+        }
         (Some(pid), Some(uid)) => line.push_str(&format!(", host pid {pid} uid {uid}")),
         (Some(pid), None) => line.push_str(&format!(", host pid {pid}")),
         (None, Some(uid)) => line.push_str(&format!(", host uid {uid}")),

@@ -62,10 +62,23 @@ impl Manager {
     }
 }
 
-/// `NAME@N`: instance N of per-host unit NAME (DESIGN §13).
-fn instance_of(name: &str) -> Option<(&str, u32)> {
-    let (unit, n) = name.rsplit_once('@')?;
-    Some((unit, n.parse().ok()?))
+/// An instance of a per-host unit (DESIGN §13), by its name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Instance {
+    /// `NAME@N`: the instance of a host.
+    Host(u32),
+    /// `NAME@uid-UID`: the instance of one user's D-Bus calls.
+    Caller(u32),
+}
+
+/// `NAME@N` or `NAME@uid-UID`: the unit and which of its instances.
+fn instance_of(name: &str) -> Option<(&str, Instance)> {
+    let (unit, which) = name.rsplit_once('@')?;
+    let which = match which.strip_prefix("uid-") {
+        Some(uid) => Instance::Caller(uid.parse().ok()?),
+        None => Instance::Host(which.parse().ok()?),
+    };
+    Some((unit, which))
 }
 
 #[interface(name = "org.mcpd1.Manager")]
@@ -134,8 +147,12 @@ impl Manager {
         #[zbus(connection)] conn: &Connection,
     ) -> Result<(), Error> {
         authorize(&self.shared, conn, &header).await?;
-        if let Some((unit, n)) = instance_of(name) {
-            let stopped = self.supervisor(unit)?.stop_instance(n);
+        if let Some((unit, which)) = instance_of(name) {
+            let supervisor = self.supervisor(unit)?;
+            let stopped = match which {
+                Instance::Host(n) => supervisor.stop_instance(n),
+                Instance::Caller(uid) => supervisor.stop_caller(uid),
+            };
             let stopped = stopped.ok_or_else(|| Error::NoSuchServer(name.to_owned()))?;
             // Answered once the instance is gone, as its host was told.
             let _ = stopped.await;
@@ -152,8 +169,12 @@ impl Manager {
         #[zbus(connection)] conn: &Connection,
     ) -> Result<(), Error> {
         authorize(&self.shared, conn, &header).await?;
-        if let Some((unit, n)) = instance_of(name) {
-            let instance = self.supervisor(unit)?.instance(n);
+        if let Some((unit, which)) = instance_of(name) {
+            let supervisor = self.supervisor(unit)?;
+            let instance = match which {
+                Instance::Host(n) => supervisor.instance(n),
+                Instance::Caller(uid) => supervisor.caller_instance(uid),
+            };
             instance
                 .ok_or_else(|| Error::NoSuchServer(name.to_owned()))?
                 .restart();

@@ -109,7 +109,7 @@ impl Server {
             return Ok(supervisor);
         }
         let who = caller(&self.callers, conn, header).await;
-        Ok(supervisor.for_caller(who.uid))
+        Ok(supervisor.for_caller(who.uid).await)
     }
 
     /// A request to the running server (or the caller's instance of a
@@ -593,7 +593,9 @@ impl Server {
 
     /// A per-host unit's instances (DESIGN §13): number, state, main PID
     /// (0: none), and the PID and uid of the host it serves (`u32::MAX`:
-    /// not known); empty for a shared unit.
+    /// not known); empty for a shared unit. The instance of one uid's
+    /// D-Bus calls (`NAME@uid-UID`) is numbered 0, with host PID 0 and
+    /// that uid.
     #[zbus(property)]
     fn instances(&self) -> Vec<(u32, String, u32, u32, u32)> {
         self.shared
@@ -613,8 +615,9 @@ impl Server {
     }
 
     /// Every instance of a per-host unit in full, as a JSON array of
-    /// objects (`n`, `state`, `pid`, `host_pid`, `host_uid`,
-    /// `since_usec`, `calls`, `memory`; absent values null).
+    /// objects (`name`, `n`, `state`, `pid`, `host_pid`, `host_uid`,
+    /// `since_usec`, `calls`, `memory`; absent values null; a D-Bus
+    /// caller's instance has `n` 0 and no `host_pid`).
     fn list_instances(&self) -> String {
         let instances = self
             .shared
@@ -625,6 +628,7 @@ impl Server {
             .iter()
             .map(|i| {
                 serde_json::json!({
+                    "name": instance_name(&self.name, i),
                     "n": i.n,
                     "state": i.state.to_string(),
                     "pid": i.pid,
@@ -824,13 +828,24 @@ pub(crate) async fn emit_instances_changed(conn: &Connection, name: &str) -> zbu
 
 /// `Instances`' row of one instance.
 fn instance_row(i: &crate::supervisor::InstanceView) -> (u32, String, u32, u32, u32) {
+    // A D-Bus caller's instance serves no host process.
+    let host_pid = if i.n == 0 { Some(0) } else { i.host.pid };
     (
         i.n,
         i.state.to_string(),
         i.pid.unwrap_or(0),
-        i.host.pid.unwrap_or(u32::MAX),
+        host_pid.unwrap_or(u32::MAX),
         i.host.uid.unwrap_or(u32::MAX),
     )
+}
+
+/// An instance's name: `NAME@N`, or `NAME@uid-UID` for a D-Bus caller's.
+fn instance_name(unit: &str, i: &crate::supervisor::InstanceView) -> String {
+    if i.n == 0 {
+        format!("{unit}@uid-{}", i.host.uid.unwrap_or(u32::MAX))
+    } else {
+        format!("{unit}@{}", i.n)
+    }
 }
 
 /// Emits PropertiesChanged for what a reload may change.

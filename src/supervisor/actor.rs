@@ -51,6 +51,41 @@ pub(crate) enum Command {
     },
     /// Stop, wait until quiescent, then end the actor.
     Shutdown,
+    /// Instance `n` of this per-host unit learnt these lists (None: it
+    /// has ended); the newest instance's are the unit's (DESIGN §13).
+    Learned {
+        n: u32,
+        learned: Option<Arc<Learned>>,
+    },
+}
+
+/// What an established generation of a per-host unit's instance says:
+/// its `initialize` result, its tools (before the unit's filter), its
+/// instructions and its resource, template and prompt lists. Shared
+/// (`Arc`s) with the instance that learnt it.
+#[derive(Debug, PartialEq)]
+pub(crate) struct Learned {
+    init: Arc<Value>,
+    tools: super::machine::ToolList,
+    instructions: Option<String>,
+    lists: [Option<Arc<str>>; 3],
+}
+
+/// An instance's way to tell its unit what it learnt: its number and
+/// the unit's actor (held weakly: an instance does not keep its unit's
+/// actor alive), and what it told last.
+struct Reporter {
+    n: u32,
+    unit: mpsc::WeakUnboundedSender<Command>,
+    last: Option<Arc<Learned>>,
+}
+
+impl Reporter {
+    fn send(&self, learned: Option<Arc<Learned>>) {
+        if let Some(unit) = self.unit.upgrade() {
+            let _ = unit.send(Command::Learned { n: self.n, learned });
+        }
+    }
 }
 
 /// A generation's live resources (its connection, once established,
@@ -93,6 +128,15 @@ pub(crate) struct Actor {
     /// Where on-demand units keep their caches (DESIGN §9); None: nowhere.
     cache_dir: Option<std::path::PathBuf>,
     cache: Cache,
+    /// A per-host unit's instances' lists, by instance number: the
+    /// newest's are published as the unit's (DESIGN §13).
+    learned: std::collections::BTreeMap<u32, Arc<Learned>>,
+    /// The lists published from there last, with the tool and list
+    /// serials they left: another change (the unit's own generation's
+    /// lists) has them published again.
+    adopted: Option<(Arc<Learned>, u64, [u64; 3])>,
+    /// An instance's: where it tells its unit what it learnt.
+    report: Option<Reporter>,
 }
 
 /// The cache of an on-demand unit, and its writes: one at a time, the
@@ -203,7 +247,21 @@ impl Actor {
             last_logged: None,
             ping_refused: None,
             clock: Clock::new(),
+            learned: std::collections::BTreeMap::new(),
+            adopted: None,
+            report: None,
         }
+    }
+
+    /// This actor runs instance `n` of the per-host unit whose actor
+    /// `unit` reaches: what it learns is told there.
+    pub(crate) fn reporting(mut self, n: u32, unit: &mpsc::UnboundedSender<Command>) -> Self {
+        self.report = Some(Reporter {
+            n,
+            unit: unit.downgrade(),
+            last: None,
+        });
+        self
     }
 
     /// An on-demand unit's cache file.
@@ -233,7 +291,7 @@ impl Actor {
                     }
                 },
                 Some(event) = self.internal_rx.recv() => self.internal(event).await,
-                () = lists_changed(&mut self.cache), if self.cache.file.is_some() => self.save_cache(),
+                () = lists_changed(&mut self.cache), if self.cache.file.is_some() || self.report.is_some() => self.save_cache(),
                 () = sleep_until_opt(self.sync_at) => {
                     self.sync_at = None;
                     if let Some(generation) = self.machine.established() {
@@ -251,10 +309,14 @@ impl Actor {
                     self.step(Event::Deadline(timer)).await;
                 }
             }
+            self.adopt();
             self.publish();
             if self.exiting && self.machine.is_settled() {
                 break;
             }
+        }
+        if let Some(report) = &self.report {
+            report.send(None);
         }
         // Quiescent: no generation is active; drop whatever is left.
         for (_, res) in self.gens.drain() {
@@ -296,6 +358,80 @@ impl Actor {
                 self.exiting = true;
                 self.step(Event::Stop).await;
             }
+            Command::Learned { n, learned } => match learned {
+                Some(learned) => {
+                    self.learned.insert(n, learned);
+                }
+                None => {
+                    self.learned.remove(&n);
+                }
+            },
+        }
+    }
+
+    /// Publishes a per-host unit's newest instance's lists as the unit's
+    /// (DESIGN §13): its tools and instructions through the machine, its
+    /// other lists and `initialize` result through the sessions, and into
+    /// the on-demand cache. Again when they changed since, or something
+    /// else (the unit's own generation) published lists; never to a
+    /// stopped unit. With no instance, what was published last stays.
+    fn adopt(&mut self) {
+        let Some(newest) = self.learned.values().next_back() else {
+            return;
+        };
+        if self.machine.state() == State::Stopped {
+            return;
+        }
+        let serials = (self.machine.tools_serial(), *self.cache.lists.borrow());
+        if let Some((last, tools, lists)) = &self.adopted
+            && Arc::ptr_eq(last, newest)
+            && (*tools, *lists) == serials
+        {
+            return;
+        }
+        let newest = Arc::clone(newest);
+        let cached = super::machine::Cached {
+            tools: newest.tools.clone(),
+            instructions: newest.instructions.clone(),
+        };
+        // No effects: published, nothing else.
+        let effects = self.machine.step(Event::Learned { cached }, now());
+        debug_assert!(effects.is_empty());
+        self.sessions
+            .adopt(Arc::clone(&newest.init), newest.lists.clone());
+        self.adopted = Some((
+            newest,
+            self.machine.tools_serial(),
+            *self.cache.lists.borrow(),
+        ));
+        self.save_cache();
+    }
+
+    /// An instance tells its unit what its established generation says,
+    /// once all its lists are read and whenever they change.
+    fn report(&mut self) {
+        let Some(report) = &self.report else {
+            return;
+        };
+        let (Some(init), Some(generation)) = (&self.cache.init, self.machine.established()) else {
+            return;
+        };
+        if *self.cache.listed.borrow() != generation {
+            return;
+        }
+        let learned = Learned {
+            init: Arc::clone(init),
+            tools: self.machine.server_tools().clone(),
+            instructions: self.machine.instructions().map(str::to_owned),
+            lists: List::KEPT.map(|kind| self.sessions.list(kind)),
+        };
+        if report.last.as_deref() == Some(&learned) {
+            return;
+        }
+        let learned = Arc::new(learned);
+        report.send(Some(Arc::clone(&learned)));
+        if let Some(report) = &mut self.report {
+            report.last = Some(learned);
         }
     }
 
@@ -524,24 +660,40 @@ impl Actor {
     /// Writes an on-demand unit's cache when what its established
     /// generation said differs from what was written.
     fn save_cache(&mut self) {
-        let (Some(file), Some(init)) = (&self.cache.file, &self.cache.init) else {
+        self.report();
+        let text = if let Some(newest) = self.learned.values().next_back() {
+            // A per-host unit's lists are its newest instance's.
+            let Some(file) = &self.cache.file else {
+                return;
+            };
+            if self.cache.busy {
+                self.cache.dirty = true;
+                return;
+            }
+            file.render(&newest.init, &newest.tools, &newest.lists)
+        } else {
+            let (Some(file), Some(init)) = (&self.cache.file, &self.cache.init) else {
+                return;
+            };
+            let Some(generation) = self.machine.established() else {
+                // Lists are kept or withdrawn now, not learnt.
+                return;
+            };
+            if *self.cache.listed.borrow() != generation {
+                // Its lists are still being read: what the sessions hold may
+                // be the last generation's.
+                return;
+            }
+            if self.cache.busy {
+                self.cache.dirty = true;
+                return;
+            }
+            let lists = List::KEPT.map(|kind| self.sessions.list(kind));
+            file.render(init, self.machine.server_tools(), &lists)
+        };
+        let Some(file) = &self.cache.file else {
             return;
         };
-        let Some(generation) = self.machine.established() else {
-            // Lists are kept or withdrawn now, not learnt.
-            return;
-        };
-        if *self.cache.listed.borrow() != generation {
-            // Its lists are still being read: what the sessions hold may
-            // be the last generation's.
-            return;
-        }
-        if self.cache.busy {
-            self.cache.dirty = true;
-            return;
-        }
-        let lists = List::KEPT.map(|kind| self.sessions.list(kind));
-        let text = file.render(init, self.machine.server_tools(), &lists);
         let digest = super::cache::digest(&text);
         if self.cache.written == Some(digest) {
             return;

@@ -27,11 +27,14 @@ use super::{Caller, State, Supervisor};
 /// One instance as status and D-Bus show it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct InstanceView {
-    /// Its number: the instance is `NAME@N`.
+    /// Its number: the instance is `NAME@N`; 0 for the instance of the
+    /// D-Bus calls of one uid, `NAME@uid-UID` (its uid is `host.uid`).
     pub n: u32,
     pub state: State,
     pub pid: Option<u32>,
-    /// Who attached the host session it serves.
+    /// Who attached the host session it serves; a D-Bus caller's
+    /// instance has the uid alone (its calls come from any process of
+    /// that user).
     pub host: Caller,
     /// When its state last changed.
     pub since: SystemTime,
@@ -96,8 +99,27 @@ impl Instances {
         self.changed.subscribe()
     }
 
-    fn bump(&self) {
+    pub(crate) fn bump(&self) {
         self.changed.send_modify(|n| *n = n.wrapping_add(1));
+    }
+
+    /// Raises [`subscribe`](Self::subscribe) whenever the state or pid
+    /// of `instance` (what `Instances` rows say of it) changes, until its
+    /// actor ends; the task holds `instances` that long.
+    pub(crate) fn follow(self: &std::sync::Arc<Self>, instance: &Supervisor) -> JoinHandle<()> {
+        let mut status = instance.subscribe();
+        let instances = std::sync::Arc::clone(self);
+        tokio::spawn(async move {
+            let row = |s: &super::Status| (s.state, s.main_pid);
+            let mut last = row(&status.borrow_and_update());
+            while status.changed().await.is_ok() {
+                let now = row(&status.borrow_and_update());
+                if now != last {
+                    last = now;
+                    instances.bump();
+                }
+            }
+        })
     }
 
     /// Instance `n` (`supervisor`, with its actor `task`) serves `host`
@@ -113,29 +135,22 @@ impl Instances {
     ) {
         let (stop, stopped) = oneshot::channel::<String>();
         let mut presence = supervisor.sessions.presence();
-        let mut status = supervisor.subscribe();
+        let follow = self.follow(&supervisor);
         let instances = std::sync::Arc::clone(self);
         let instance = supervisor.clone();
         let watcher = tokio::spawn(async move {
             let gone = presence.wait_for(|(ever, now)| *ever > 0 && *now == 0);
-            tokio::pin!(gone, stopped);
-            loop {
-                tokio::select! {
-                    _ = &mut gone => break,
-                    why = &mut stopped => {
-                        if let Ok(why) = why {
-                            instance.sessions.end_all(why);
-                        }
-                        break;
+            tokio::select! {
+                _ = gone => {}
+                why = stopped => {
+                    if let Ok(why) = why {
+                        instance.sessions.end_all(why);
                     }
-                    changed = status.changed() => match changed {
-                        Ok(()) => instances.bump(),
-                        Err(_) => break,
-                    },
                 }
             }
             let counters = instance.clone();
             instance.shutdown(task).await;
+            let _ = follow.await;
             if let Ok(mut running) = instances.running.lock() {
                 running.remove(&n);
                 // Its counts stay the unit's.

@@ -280,6 +280,11 @@ pub enum Event {
     },
     /// The named timer's deadline ([`Machine::deadline`]) has passed.
     Deadline(Timer),
+    /// Lists learnt elsewhere: a per-host unit's newest instance's
+    /// (DESIGN §13), published (through the unit's filter) as the unit's
+    /// own, as a cache is; nothing else changes. A stopped unit ignores
+    /// them (its lists are withdrawn).
+    Learned { cached: Cached },
 }
 
 /// What the actor must do.
@@ -600,6 +605,16 @@ impl Machine {
         &self.server_tools
     }
 
+    /// The `instructions` published.
+    pub fn instructions(&self) -> Option<&str> {
+        self.instructions.as_deref()
+    }
+
+    /// Increases exactly when the published tool list changes.
+    pub fn tools_serial(&self) -> u64 {
+        self.tools_serial
+    }
+
     /// Whether the server lists tool `name` (before the unit's filter);
     /// `None` while it lists none (a server that lists nothing may still
     /// take calls).
@@ -721,6 +736,12 @@ impl Machine {
         let mut fx = Vec::new();
         match event {
             Event::Arm { cached } => self.arm(cached, now, &mut fx),
+            Event::Learned { cached } => {
+                if self.state != State::Stopped {
+                    self.instructions = cached.instructions;
+                    self.show(cached.tools);
+                }
+            }
             Event::Demand => self.demand(now, &mut fx),
             Event::Used {
                 generation,

@@ -217,6 +217,20 @@ impl Supervisor {
         logs: LogRing,
         cache_dir: Option<std::path::PathBuf>,
     ) -> (Self, JoinHandle<()>) {
+        Self::spawn_reporting(name, spec, launcher, logs, cache_dir, None)
+    }
+
+    /// [`spawn`](Self::spawn), for instance `n` of the per-host unit
+    /// `unit` when `instance_of` says so: what it learns is told to the
+    /// unit, whose lists are its newest instance's (DESIGN §13).
+    fn spawn_reporting(
+        name: &str,
+        spec: UnitSpec,
+        launcher: SharedLauncher,
+        logs: LogRing,
+        cache_dir: Option<std::path::PathBuf>,
+        instance_of: Option<(u32, &Supervisor)>,
+    ) -> (Self, JoinHandle<()>) {
         let (commands_tx, commands_rx) = mpsc::unbounded_channel();
         let initial = actor::status_of(
             &machine::Machine::new(name, &spec, std::time::Instant::now()).view(),
@@ -236,6 +250,10 @@ impl Supervisor {
             Arc::clone(&counters),
             cache_dir,
         );
+        let actor = match instance_of {
+            Some((n, unit)) => actor.reporting(n, &unit.commands),
+            None => actor,
+        };
         let sessions = actor.sessions();
         let task = tokio::spawn(actor.run());
         (
@@ -308,10 +326,23 @@ impl Supervisor {
     }
 
     /// Stops the server if it runs, then starts it with a fresh budget;
-    /// every instance of a per-host unit restarts the same way.
+    /// every instance of a per-host unit restarts the same way, under the
+    /// unit's spec as last applied (a reload changes the instances that
+    /// come next; a restart, those that run too: DESIGN §13).
     pub fn restart(&self) {
         let _ = self.commands.send(Command::Restart);
-        for instance in self.instances.all().into_iter().chain(self.callers_all()) {
+        let spec = self.spec.lock().ok().map(|s| s.clone());
+        let spec = spec.filter(|s| s.sessions().max_instances().is_some());
+        for instance in self.instances.all() {
+            if let Some(spec) = &spec {
+                instance.apply(spec.for_instance(), false);
+            }
+            instance.restart();
+        }
+        for instance in self.callers_all() {
+            if let Some(spec) = &spec {
+                instance.apply(spec.for_caller(), false);
+            }
             instance.restart();
         }
     }
@@ -430,12 +461,13 @@ impl Supervisor {
             return;
         };
         let name = format!("{}@{n}", self.name);
-        let (instance, task) = Supervisor::spawn(
+        let (instance, task) = Supervisor::spawn_reporting(
             &name,
             spec.for_instance(),
             launcher,
             self.logs.clone(),
             None,
+            Some((n, self)),
         );
         tracing::info!(target: "mcpd::supervisor", mcpd_server = %self.name, "instance {name} for a host ({caller})");
         instance.sessions.attach(link, caller.clone());
@@ -447,21 +479,43 @@ impl Supervisor {
     /// of user `uid`: for a per-host unit, an instance of that uid's own
     /// (`NAME@uid-UID`, on demand, stopped after `idle-stop`; never a
     /// host's, DESIGN §13), made at its first call; else the unit itself.
-    pub fn for_caller(&self, uid: Option<u32>) -> Supervisor {
+    /// One made now, or started again after an operator stopped it, is
+    /// returned once its actor took that (bounded): a request that looks
+    /// at its state first (`ReadResource`, `GetPrompt`) finds it starting,
+    /// not stopped.
+    pub async fn for_caller(&self, uid: Option<u32>) -> Supervisor {
+        let (instance, woken) = self.caller(uid);
+        if woken {
+            let mut status = instance.subscribe();
+            let started = status.wait_for(|s| s.state != State::Stopped);
+            let _ = tokio::time::timeout(Duration::from_secs(5), started).await;
+        }
+        instance
+    }
+
+    /// [`for_caller`](Self::for_caller)'s instance, and whether it was
+    /// made or started just now.
+    fn caller(&self, uid: Option<u32>) -> (Supervisor, bool) {
         let spec = self.spec.lock().ok().map(|s| s.clone());
         let Some(spec) = spec.filter(|s| s.sessions().max_instances().is_some()) else {
-            return self.clone();
+            return (self.clone(), false);
         };
         let uid = uid.unwrap_or(u32::MAX);
         let Ok(mut callers) = self.callers.lock() else {
-            return self.clone();
+            return (self.clone(), false);
         };
         if let Some((instance, _)) = callers.get(&uid) {
-            return instance.clone();
+            // Stopped by an operator (`mcpctl stop NAME@uid-UID`): the
+            // next call is a first use again.
+            let stopped = instance.state() == State::Stopped;
+            if stopped {
+                instance.start();
+            }
+            return (instance.clone(), stopped);
         }
         let label = format!("uid-{uid}");
         let Some(launcher) = self.launcher.instance(&label) else {
-            return self.clone();
+            return (self.clone(), false);
         };
         let name = format!("{}@{label}", self.name);
         let (instance, task) =
@@ -469,12 +523,34 @@ impl Supervisor {
         instance.arm();
         tracing::info!(target: "mcpd::supervisor", mcpd_server = %self.name, uid, "instance {name} for D-Bus calls");
         callers.insert(uid, (instance.clone(), task));
-        instance
+        // Shown in `Instances` like a host's, from now on.
+        drop(self.instances.follow(&instance));
+        self.instances.bump();
+        (instance, true)
     }
 
-    /// A per-host unit's instances (DESIGN §13), by number.
+    /// A per-host unit's instances (DESIGN §13): its hosts', by number,
+    /// then those of its D-Bus callers, by uid (numbered 0).
     pub fn instances(&self) -> Vec<InstanceView> {
-        self.instances.views()
+        let mut views = self.instances.views();
+        if let Ok(callers) = self.callers.lock() {
+            views.extend(callers.iter().map(|(uid, (instance, _))| {
+                let status = instance.status();
+                InstanceView {
+                    n: 0,
+                    state: status.state,
+                    pid: status.main_pid,
+                    host: Caller {
+                        uid: Some(*uid).filter(|u| *u != u32::MAX),
+                        ..Caller::default()
+                    },
+                    since: status.since,
+                    calls: instance.counters().calls(),
+                    memory: instance.usage().map(|u| u.memory),
+                }
+            }));
+        }
+        views
     }
 
     /// Instance `n` of a per-host unit.
@@ -488,6 +564,24 @@ impl Supervisor {
     pub fn stop_instance(&self, n: u32) -> Option<JoinHandle<()>> {
         let why = format!("instance {}@{n} was stopped", self.name);
         self.instances.stop(n, why)
+    }
+
+    /// The instance of user `uid`'s D-Bus calls, if it has one.
+    pub fn caller_instance(&self, uid: u32) -> Option<Supervisor> {
+        let callers = self.callers.lock().ok()?;
+        callers.get(&uid).map(|(instance, _)| instance.clone())
+    }
+
+    /// Stops the instance of user `uid`'s D-Bus calls (its next call
+    /// starts it again); None when it has none. It has stopped once the
+    /// returned handle ends.
+    pub fn stop_caller(&self, uid: u32) -> Option<JoinHandle<()>> {
+        let instance = self.caller_instance(uid)?;
+        let mut status = instance.subscribe();
+        instance.stop();
+        Some(tokio::spawn(async move {
+            let _ = status.wait_for(|s| s.state == State::Stopped).await;
+        }))
     }
 
     /// `max-instances` of a per-host unit; None for a shared one.

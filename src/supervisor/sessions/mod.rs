@@ -157,6 +157,13 @@ enum Input {
         init: Arc<Value>,
         lists: [Option<Arc<str>>; 3],
     },
+    /// A per-host unit's lists, learnt from its newest instance: they
+    /// replace what is kept (the `initialize` result too, unless a
+    /// generation of the unit's own is up).
+    Adopt {
+        init: Arc<Value>,
+        lists: [Option<Arc<str>>; 3],
+    },
     /// When the server was last used, and whether a request is in flight;
     /// with neither since `cutoff`, generation `generation` is idle: the
     /// sessions stop sending to it at once.
@@ -423,6 +430,12 @@ impl Sessions {
     /// cache: answered to hosts until its server runs.
     pub(crate) fn restore(&self, init: Arc<Value>, lists: [Option<Arc<str>>; 3]) {
         let _ = self.tx.send(Input::Restore { init, lists });
+    }
+
+    /// A per-host unit's `initialize` result and lists, learnt from its
+    /// newest instance (DESIGN §13): published as the unit's.
+    pub(crate) fn adopt(&self, init: Arc<Value>, lists: [Option<Arc<str>>; 3]) {
+        let _ = self.tx.send(Input::Adopt { init, lists });
     }
 
     /// The serials of the resource, template and prompt lists (indexed as
@@ -889,6 +902,12 @@ impl Task {
                 reply,
                 purpose,
             } => {
+                if purpose == Purpose::Use && self.status.has_changed().unwrap_or(false) {
+                    // A request made just after a start (a D-Bus caller's
+                    // instance started for it) is held or refused by the
+                    // newest state, not by one this task has yet to see.
+                    self.status_changed();
+                }
                 if purpose != Purpose::Use && self.upstream.is_none() {
                     // Bookkeeping is for a running server: it never waits
                     // for (or causes) a start.
@@ -917,6 +936,14 @@ impl Task {
                     if list.is_some() && self.cached(kind).is_none() {
                         self.set_list(kind, list);
                     }
+                }
+            }
+            Input::Adopt { init, lists } => {
+                if self.upstream.is_none() {
+                    self.set_init(init);
+                }
+                for (kind, list) in List::KEPT.into_iter().zip(lists) {
+                    self.set_list(kind, list);
                 }
             }
             Input::Settle {
