@@ -800,3 +800,221 @@ fn stream_ends(mut stream: std::net::TcpStream) {
         }
     }
 }
+
+/// Reads the next SSE event of an open stream (one chunk of its chunked
+/// body): its `id` and its `data`.
+fn next_event(stream: &mut std::net::TcpStream) -> (String, String) {
+    use std::io::Read;
+    let mut size = Vec::new();
+    let mut byte = [0u8; 1];
+    while !size.ends_with(b"\r\n") {
+        assert_eq!(stream.read(&mut byte).expect("read"), 1, "{size:?}");
+        size.push(byte[0]);
+    }
+    let size = std::str::from_utf8(&size).expect("utf-8");
+    let size = usize::from_str_radix(size.trim(), 16).expect("a chunk size");
+    assert!(size > 0, "the stream ended");
+    let mut chunk = vec![0u8; size + 2];
+    stream.read_exact(&mut chunk).expect("read");
+    let text = String::from_utf8_lossy(&chunk[..size]).into_owned();
+    let field = |name: &str| {
+        text.lines()
+            .find_map(|l| l.strip_prefix(name))
+            .unwrap_or_else(|| panic!("no {name} in {text:?}"))
+            .to_owned()
+    };
+    (field("id: "), field("data: "))
+}
+
+/// A fixture unit `a` that can `touch` (notify `resources/updated`), a
+/// daemon serving it over HTTP, and an initialized session.
+fn touching() -> (
+    Daemon,
+    tempfile::TempDir,
+    tempfile::TempDir,
+    std::net::SocketAddr,
+    String,
+) {
+    let units = tempfile::tempdir().expect("tempdir");
+    std::fs::write(
+        units.path().join("a.kdl"),
+        "stdio {\n    command \"mcp-fixture\" \"--chatter\" \"0\"\n    env MCP_FIXTURE_TOOLS=\"touch\"\n}\n",
+    )
+    .expect("write");
+    let (mut d, dir, addr) = endpoint(
+        units.path(),
+        "http {\n    listen \"127.0.0.1:0\"\n    auth \"none\"\n}\n",
+    );
+    d.wait_for("running (pid");
+    let (status, headers, body) = request(addr, "POST", "/mcp/a", &JSON, INITIALIZE.as_bytes());
+    assert_eq!(status, 200, "{body}");
+    let session = header(&headers, "mcp-session-id").expect("id").to_owned();
+    (d, units, dir, addr, session)
+}
+
+/// A POSTed request of `session`, answered as JSON: the answer.
+fn call(addr: std::net::SocketAddr, session: &str, id: u64, method: &str, params: &str) -> String {
+    let mut h: Vec<(&str, &str)> = JSON.to_vec();
+    h.push(("Mcp-Session-Id", session));
+    let body = format!(r#"{{"jsonrpc":"2.0","id":{id},"method":"{method}","params":{params}}}"#);
+    let (status, _, answer) = request(addr, "POST", "/mcp/a", &h, body.as_bytes());
+    assert_eq!(status, 200, "{answer}");
+    assert!(answer.contains("\"result\""), "{answer}");
+    answer
+}
+
+fn subscribe(addr: std::net::SocketAddr, session: &str, id: u64, uri: &str) {
+    call(
+        addr,
+        session,
+        id,
+        "resources/subscribe",
+        &format!(r#"{{"uri":"{uri}"}}"#),
+    );
+}
+
+fn touch(addr: std::net::SocketAddr, session: &str, id: u64, uri: &str) {
+    call(
+        addr,
+        session,
+        id,
+        "tools/call",
+        &format!(r#"{{"name":"touch","arguments":{{"uri":"{uri}"}}}}"#),
+    );
+}
+
+/// The `uri` of a `notifications/resources/updated`.
+fn updated(data: &str) -> String {
+    let message: serde_json::Value = serde_json::from_str(data).expect("JSON");
+    assert_eq!(
+        message["method"], "notifications/resources/updated",
+        "{data}"
+    );
+    message["params"]["uri"].as_str().expect("uri").to_owned()
+}
+
+fn event_seq(id: &str) -> u64 {
+    id.split_once('-')
+        .and_then(|(_, seq)| seq.parse().ok())
+        .unwrap_or_else(|| panic!("not STREAM-SEQ: {id}"))
+}
+
+#[test]
+fn a_dropped_stream_resumed_with_last_event_id_gets_what_it_missed_once_in_order() {
+    let (_d, _units, _dir, addr, session) = touching();
+    for (n, uri) in [
+        "fixture://0",
+        "fixture://1",
+        "fixture://2",
+        "fixture://3",
+        "fixture://4",
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        subscribe(addr, &session, 10 + n as u64, uri);
+    }
+    let mut stream = get_stream(addr, "/mcp/a", &session, "");
+    touch(addr, &session, 20, "fixture://0");
+    let (last, data) = next_event(&mut stream);
+    assert_eq!(updated(&data), "fixture://0");
+    // The client goes; the server goes on sending.
+    drop(stream);
+    for (n, uri) in ["fixture://1", "fixture://2", "fixture://3"]
+        .into_iter()
+        .enumerate()
+    {
+        touch(addr, &session, 21 + n as u64, uri);
+    }
+    let mut stream = get_stream(
+        addr,
+        "/mcp/a",
+        &session,
+        &format!("Last-Event-ID: {last}\r\n"),
+    );
+    let mut seqs = vec![event_seq(&last)];
+    for uri in ["fixture://1", "fixture://2", "fixture://3"] {
+        let (id, data) = next_event(&mut stream);
+        assert_eq!(updated(&data), uri);
+        seqs.push(event_seq(&id));
+    }
+    // The stream goes on: the next event is new, nothing comes twice.
+    touch(addr, &session, 30, "fixture://4");
+    let (id, data) = next_event(&mut stream);
+    assert_eq!(updated(&data), "fixture://4");
+    seqs.push(event_seq(&id));
+    assert!(seqs.windows(2).all(|w| w[0] < w[1]), "{seqs:?}");
+
+    // An id this endpoint never gave out: 400.
+    let h = [
+        ("Accept", "text/event-stream"),
+        ("Mcp-Session-Id", session.as_str()),
+        ("Last-Event-ID", "nonsense"),
+    ];
+    assert_eq!(request(addr, "GET", "/mcp/a", &h, b"").0, 400);
+}
+
+#[test]
+fn what_a_client_that_never_comes_back_leaves_is_bounded_and_the_loss_is_logged() {
+    let (mut d, _units, _dir, addr, session) = touching();
+    subscribe(addr, &session, 2, "fixture://n");
+    let mut stream = get_stream(addr, "/mcp/a", &session, "");
+    touch(addr, &session, 3, "fixture://n");
+    let (first, _) = next_event(&mut stream);
+    drop(stream);
+    // More events than the buffer keeps.
+    let limit = mcpd::endpoint::session::REPLAY_EVENTS;
+    for n in 0..limit + 20 {
+        touch(addr, &session, 100 + n as u64, "fixture://n");
+    }
+    let mut stream = get_stream(
+        addr,
+        "/mcp/a",
+        &session,
+        &format!("Last-Event-ID: {first}\r\n"),
+    );
+    let mut last = first.clone();
+    for _ in 0..limit {
+        let (id, data) = next_event(&mut stream);
+        assert_eq!(updated(&data), "fixture://n");
+        assert!(event_seq(&id) > event_seq(&last), "{id} after {last}");
+        last = id;
+    }
+    d.wait_for("fell out of the replay buffer");
+    // Exactly the newest `limit`: the next event is a new one.
+    subscribe(addr, &session, 1000, "fixture://marker");
+    touch(addr, &session, 1001, "fixture://marker");
+    let (id, data) = next_event(&mut stream);
+    assert_eq!(updated(&data), "fixture://marker");
+    drop(stream);
+
+    // Bytes: large events (URIs of 8000 bytes: an event of about 8.1 KiB),
+    // more than the buffer's bytes: only the newest that fit are kept.
+    let big = format!("fixture://{}", "b".repeat(8000));
+    subscribe(addr, &session, 2000, &big);
+    let bytes = mcpd::endpoint::session::REPLAY_BYTES;
+    let sent = bytes / 8000 + 20;
+    for n in 0..sent {
+        touch(addr, &session, 2001 + n as u64, &big);
+    }
+    let mut stream = get_stream(
+        addr,
+        "/mcp/a",
+        &session,
+        &format!("Last-Event-ID: {id}\r\n"),
+    );
+    touch(addr, &session, 9000, "fixture://marker");
+    let mut kept = 0;
+    loop {
+        let (_, data) = next_event(&mut stream);
+        if updated(&data) == "fixture://marker" {
+            break;
+        }
+        assert_eq!(updated(&data), big);
+        kept += 1;
+    }
+    assert!(
+        (bytes / 8200..=bytes / 8000).contains(&kept),
+        "{kept} of {sent} events of 8.1 KiB kept within {bytes} bytes"
+    );
+}

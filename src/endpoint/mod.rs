@@ -7,7 +7,8 @@
 //! ([`session`]: a host session of the unit, attached as the bridge's
 //! are) named by `Mcp-Session-Id`; its requests are answered by SSE (or
 //! JSON, for a client that accepts only JSON), GET opens the session's
-//! server→client stream, DELETE ends it; an unknown or ended session is
+//! server→client stream (with `Last-Event-ID`, resumes a stream:
+//! [`session`]), DELETE ends it; an unknown or ended session is
 //! `404`. Bad input is refused before it reaches a unit: an `Origin` that
 //! is neither loopback nor allowed (`403`), a body over [`MAX_BODY`]
 //! (`413`), headers or a body slower than [`read_timeout`] (the
@@ -526,8 +527,26 @@ async fn route(
                     "GET needs Accept: text/event-stream",
                 );
             }
-            let (sink, rx) = mpsc::channel(session::STREAM_QUEUE);
-            if handle.commands.send(Command::Listen(sink)).await.is_err() {
+            let resume = match request.headers().get("last-event-id") {
+                None => None,
+                Some(value) => match value.to_str().ok().and_then(session::parse_event_id) {
+                    Some(resume) => Some(resume),
+                    None => {
+                        return refuse(
+                            StatusCode::BAD_REQUEST,
+                            "Last-Event-ID is not an event id of this endpoint (STREAM-SEQ)",
+                        );
+                    }
+                },
+            };
+            // A resumed stream's queue holds what is replayed, and more.
+            let (sink, rx) = mpsc::channel(session::STREAM_QUEUE + session::REPLAY_EVENTS);
+            if handle
+                .commands
+                .send(Command::Listen { sink, resume })
+                .await
+                .is_err()
+            {
                 return missing_session(session.as_deref());
             }
             sse(rx)
@@ -614,18 +633,12 @@ fn percent_decode(text: &str) -> Option<String> {
     String::from_utf8(out).ok()
 }
 
+/// An SSE response of the events `rx` brings (each made by
+/// [`session::event`]).
 fn sse(mut rx: mpsc::Receiver<Bytes>) -> Response<Body> {
     let events = futures_util::stream::poll_fn(move |cx| {
-        rx.poll_recv(cx).map(|line| {
-            line.map(|line| {
-                let json = line.strip_suffix(b"\n").unwrap_or(&line);
-                let mut event = Vec::with_capacity(json.len() + 24);
-                event.extend_from_slice(b"event: message\ndata: ");
-                event.extend_from_slice(json);
-                event.extend_from_slice(b"\n\n");
-                Ok::<_, Infallible>(Frame::data(Bytes::from(event)))
-            })
-        })
+        rx.poll_recv(cx)
+            .map(|event| event.map(|event| Ok::<_, Infallible>(Frame::data(event))))
     });
     let mut response = Response::new(StreamBody::new(events).boxed_unsync());
     let headers = response.headers_mut();
@@ -819,6 +832,7 @@ impl Inner {
         let label = name.to_owned();
         tokio::spawn(session::run(
             label.clone(),
+            id.clone(),
             HostLink::Memory(mine),
             rx,
             revoked,
