@@ -1018,3 +1018,72 @@ fn what_a_client_that_never_comes_back_leaves_is_bounded_and_the_loss_is_logged(
         "{kept} of {sent} events of 8.1 KiB kept within {bytes} bytes"
     );
 }
+
+#[test]
+fn a_request_without_a_session_on_a_per_host_unit_is_refused_and_an_auto_client_opens_a_session() {
+    let units = tempfile::tempdir().expect("tempdir");
+    everything_unit(units.path());
+    let file = units.path().join("everything.kdl");
+    let unit = std::fs::read_to_string(&file).expect("read");
+    std::fs::write(&file, format!("{unit}sessions \"per-host\"\n")).expect("write");
+    let (mut d, _dir, addr) = endpoint(
+        units.path(),
+        "http {\n    listen \"127.0.0.1:0\"\n    auth \"none\"\n}\n",
+    );
+    d.wait_for("running (pid");
+    let runtime = d.runtime_dir().expect("runtime").to_owned();
+    let instances = || {
+        let out = crate::helper::mcpctl_user(&runtime, &["status", "everything"]);
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        text.lines()
+            .find_map(|l| l.trim().strip_prefix("Instances: "))
+            .unwrap_or_else(|| panic!("no Instances line in {text}"))
+            .to_owned()
+    };
+    // Stateless requests (discover, a call): -32022 naming the 2025
+    // versions, and why; no instance is started for them.
+    let meta = r#""_meta":{"io.modelcontextprotocol/protocolVersion":"2026-07-28","io.modelcontextprotocol/clientCapabilities":{}}"#;
+    for (method, name, params) in [
+        ("server/discover", None, format!("{{{meta}}}")),
+        (
+            "tools/call",
+            Some("echo"),
+            format!(r#"{{"name":"echo","arguments":{{"message":"x"}},{meta}}}"#),
+        ),
+    ] {
+        let mut h: Vec<(&str, &str)> = JSON.to_vec();
+        h.extend([
+            ("MCP-Protocol-Version", "2026-07-28"),
+            ("Mcp-Method", method),
+        ]);
+        if let Some(name) = name {
+            h.push(("Mcp-Name", name));
+        }
+        let body = format!(r#"{{"jsonrpc":"2.0","id":5,"method":"{method}","params":{params}}}"#);
+        let (status, _, answer) = request(addr, "POST", "/mcp/everything", &h, body.as_bytes());
+        assert_eq!(status, 200, "{answer}");
+        let answer: serde_json::Value = serde_json::from_str(&answer).expect("JSON");
+        assert_eq!(answer["id"], 5, "{answer}");
+        assert_eq!(answer["error"]["code"], -32022, "{answer}");
+        let message = answer["error"]["message"].as_str().expect("message");
+        assert!(
+            message.contains("unit everything runs an instance per host session")
+                && message.contains("initialize"),
+            "{message}"
+        );
+        let supported = answer["error"]["data"]["supported"].to_string();
+        assert!(supported.contains("\"2025-11-25\""), "{supported}");
+    }
+    assert!(instances().starts_with("0 of"), "{}", instances());
+    // The Python SDK's client in mode auto falls back to a session, which
+    // has an instance of its own, and gets what a 2025 host gets.
+    let url = format!("http://{addr}/mcp/everything");
+    let mut over_http = era(false, "auto", &[&url], &runtime);
+    assert_eq!(over_http["protocol"], "2025-11-25", "{over_http}");
+    assert!(!over_http.to_string().contains("\"error: "), "{over_http}");
+    let mut legacy = era(false, "legacy", &[&url], &runtime);
+    for out in [&mut over_http, &mut legacy] {
+        out.as_object_mut().expect("an object").remove("mode");
+    }
+    assert_eq!(over_http, legacy);
+}

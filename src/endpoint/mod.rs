@@ -1124,6 +1124,22 @@ async fn stateless(
     let Some(shared) = inner.shared.upgrade() else {
         return refuse(StatusCode::SERVICE_UNAVAILABLE, "the daemon is stopping");
     };
+    if let Some(unit) = per_host(&shared, name) {
+        let requested = modern_version(&message).unwrap_or_else(|| crate::mux::era::MODERN.into());
+        let mut supported = crate::mux::era::HOST_VERSIONS;
+        supported.reverse();
+        let mut refusal = crate::mux::era::unsupported(&id.to_value(), &requested, &supported);
+        refusal["error"]["message"] = format!(
+            "unit {unit} runs an instance per host session (sessions \"per-host\"): a request without a session has none to run on; open a session with initialize (MCP {})",
+            supported[0]
+        )
+        .into();
+        return full(
+            StatusCode::OK,
+            "application/json",
+            crate::mux::lines::line(&refusal),
+        );
+    }
     if inner.count() >= settings.max_sessions {
         return rpc_error(
             StatusCode::SERVICE_UNAVAILABLE,
@@ -1177,6 +1193,27 @@ async fn stateless(
         counted.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
     });
     answer(rx, json).await
+}
+
+/// The first unit of `name` (a unit, or an aggregate's members) that
+/// runs an instance per host session (DESIGN §13). A stateless request
+/// (MCP 2026-07-28, no session) is not served there: an instance per
+/// request would start a process for each and keep no state between
+/// them, which is what such a unit is for. It gets `-32022` naming the
+/// 2025 versions, on which a client in the SDKs' `auto` mode opens a
+/// session (`initialize`), which gets an instance of its own.
+fn per_host(shared: &Arc<Shared>, name: &str) -> Option<String> {
+    let target = Target::parse(name).ok()?;
+    if target.is_aggregate() {
+        let members = shared.members(&target).ok()?;
+        members
+            .into_iter()
+            .find(|(_, _, s)| s.max_instances().is_some())
+            .map(|(unit, _, _)| unit)
+    } else {
+        let supervisor = shared.supervisor(name).ok()?;
+        supervisor.max_instances().map(|_| name.to_owned())
+    }
 }
 
 /// A stateless request's answer: its stream, or the one JSON answer.
