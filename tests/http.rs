@@ -1087,3 +1087,76 @@ fn a_request_without_a_session_on_a_per_host_unit_is_refused_and_an_auto_client_
     }
     assert_eq!(over_http, legacy);
 }
+
+#[test]
+fn a_request_whose_stream_broke_gets_the_rest_and_its_answer_on_a_resuming_get() {
+    let units = tempfile::tempdir().expect("tempdir");
+    std::fs::write(
+        units.path().join("a.kdl"),
+        "stdio {\n    command \"mcp-fixture\" \"--chatter\" \"0\"\n    env MCP_FIXTURE_TOOLS=\"progress\"\n}\n",
+    )
+    .expect("write");
+    let (mut d, _dir, addr) = endpoint(
+        units.path(),
+        "http {\n    listen \"127.0.0.1:0\"\n    auth \"none\"\n}\n",
+    );
+    d.wait_for("running (pid");
+    let (status, headers, body) = request(addr, "POST", "/mcp/a", &JSON, INITIALIZE.as_bytes());
+    assert_eq!(status, 200, "{body}");
+    let session = header(&headers, "mcp-session-id").expect("id").to_owned();
+    // The call's own stream: its first progress notification, then the
+    // client goes.
+    let call = r#"{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{"name":"progress","arguments":{"steps":3},"_meta":{"progressToken":"p"}}}"#;
+    let mut stream = {
+        use std::io::{Read, Write};
+        let mut stream = std::net::TcpStream::connect(addr).expect("connect");
+        stream
+            .set_read_timeout(Some(std::time::Duration::from_secs(30)))
+            .expect("timeout");
+        write!(
+            stream,
+            "POST /mcp/a HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nAccept: application/json, text/event-stream\r\nMcp-Session-Id: {session}\r\nContent-Length: {}\r\n\r\n{call}",
+            call.len()
+        )
+        .expect("write");
+        let mut head = Vec::new();
+        let mut byte = [0u8; 1];
+        while !head.ends_with(b"\r\n\r\n") {
+            assert_eq!(stream.read(&mut byte).expect("read"), 1, "{head:?}");
+            head.push(byte[0]);
+        }
+        assert!(
+            head.starts_with(b"HTTP/1.1 200"),
+            "{}",
+            String::from_utf8_lossy(&head)
+        );
+        stream
+    };
+    let (first, data) = next_event(&mut stream);
+    assert!(
+        data.contains("notifications/progress") && data.contains("\"progress\":1"),
+        "{data}"
+    );
+    drop(stream);
+    // A GET that resumes it: the rest of the call's stream, its answer
+    // last, and then that stream is over.
+    let mut stream = get_stream(
+        addr,
+        "/mcp/a",
+        &session,
+        &format!("Last-Event-ID: {first}\r\n"),
+    );
+    let mut last = event_seq(&first);
+    for step in [2, 3] {
+        let (id, data) = next_event(&mut stream);
+        assert!(data.contains(&format!("\"progress\":{step}")), "{data}");
+        assert!(event_seq(&id) > last);
+        last = event_seq(&id);
+    }
+    let (_, data) = next_event(&mut stream);
+    assert!(
+        data.contains("\"id\":7") && data.contains("3 steps"),
+        "{data}"
+    );
+    stream_ends(stream);
+}
