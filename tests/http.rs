@@ -1160,3 +1160,80 @@ fn a_request_whose_stream_broke_gets_the_rest_and_its_answer_on_a_resuming_get()
     );
     stream_ends(stream);
 }
+
+#[test]
+fn mcp_param_headers_reach_an_http_unit_of_2026_07_28() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let recorded = dir.path().join("headers");
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .expect("bind")
+        .local_addr()
+        .expect("addr")
+        .port();
+    let mut server = std::process::Command::new(crate::helper::fixture_path())
+        .args(["--http", &format!("127.0.0.1:{port}"), "--tools", "region"])
+        .arg("--record-headers")
+        .arg(&recorded)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("http fixture");
+    let units = tempfile::tempdir().expect("units");
+    std::fs::write(
+        units.path().join("remote.kdl"),
+        format!(
+            "http \"http://127.0.0.1:{port}/mcp\"\nprotocol \"2026-07-28\"\nreconnect {{\n    initial-delay \"50ms\"\n    max-attempts 100\n}}\n"
+        ),
+    )
+    .expect("unit");
+    let (mut d, _settings, addr) = endpoint(
+        units.path(),
+        "http {\n    listen \"127.0.0.1:0\"\n    auth \"none\"\n}\n",
+    );
+    d.wait_for("running (");
+    let meta = r#""_meta":{"io.modelcontextprotocol/protocolVersion":"2026-07-28","io.modelcontextprotocol/clientCapabilities":{}}"#;
+    let body = format!(
+        r#"{{"jsonrpc":"2.0","id":3,"method":"tools/call","params":{{"name":"region","arguments":{{"region":"eu-west","text":"x"}},{meta}}}}}"#
+    );
+    let mut h: Vec<(&str, &str)> = JSON.to_vec();
+    h.extend([
+        ("MCP-Protocol-Version", "2026-07-28"),
+        ("Mcp-Method", "tools/call"),
+        ("Mcp-Name", "region"),
+        ("Mcp-Param-Region", "eu-west"),
+    ]);
+    let (status, _, answer) = request(addr, "POST", "/mcp/remote", &h, body.as_bytes());
+    assert_eq!(status, 200, "{answer}");
+    assert!(answer.contains("\"result\""), "{answer}");
+    let runtime = d.runtime_dir().expect("runtime").to_owned();
+    let out = crate::helper::mcpctl_user(
+        &runtime,
+        &[
+            "call",
+            "remote",
+            "region",
+            r#"{"region":"us-east","text":"y"}"#,
+        ],
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let lines = std::fs::read_to_string(&recorded).expect("recorded");
+    let calls: Vec<&str> = lines
+        .lines()
+        .filter(|l| l.contains("mcp-method: tools/call"))
+        .collect();
+    assert_eq!(calls.len(), 2, "{lines}");
+    for (line, region) in calls.iter().zip(["eu-west", "us-east"]) {
+        assert!(line.contains("mcp-name: region"), "{line}");
+        assert!(
+            line.contains(&format!("mcp-param-region: {region}")),
+            "{line}"
+        );
+    }
+    let _ = server.kill();
+    let _ = server.wait();
+}
