@@ -8,7 +8,7 @@ cannot. It is not a target of bench/run (valgrind runs the daemon some 50
 times slower); run it before and after a change:
 
     cargo build --release --bins --examples
-    [PROTOCOL=auto] bench/instructions.py [CALLS] [--keep DIR]
+    [PROTOCOL=auto] bench/instructions.py [CALLS] [--keep DIR] [--pace MS]
 
 It starts `mcpd --user --no-bus` under callgrind with one fixture unit
 (`--chatter 0`, logging as bench/run does), attaches one host through
@@ -18,6 +18,14 @@ difference divided by CALLS: start-up and shutdown cancel out. With
 `--keep DIR` the two runs' callgrind files are kept there, for
 `callgrind_annotate --inclusive=yes DIR/1100-callgrind.out` (where the
 instructions go).
+
+Calls are paced, `--pace MS` apart (default 10): each call's work (its
+answer, the line the fixture writes to stderr for it, the call-log
+batch's timer) is done before the next call starts, so every call costs
+what a lone call costs and the figure repeats within about a thousand
+instructions. Back to back (`--pace 0`) the same binary read anywhere
+from 31k to 39k on this machine, as the load decided how many wake-ups
+of the daemon's loop each call's events shared.
 """
 
 import json
@@ -43,7 +51,7 @@ def wait_for(what, cond, timeout=60.0):
         time.sleep(0.05)
 
 
-def run(calls, keep=None):
+def run(calls, keep=None, pace=0.0):
     """Total instructions of one daemon run making `calls` calls."""
     work = tempfile.mkdtemp(prefix="mcpd-instructions-")
     try:
@@ -91,6 +99,7 @@ def run(calls, keep=None):
             answer = request(n, "tools/call", {"name": "echo", "arguments": {"text": "x"}})
             if "result" not in answer:
                 sys.exit(f"instructions.py: {answer}")
+            time.sleep(pace)
         bridge.stdin.close()
         bridge.wait(timeout=30)
         daemon.terminate()
@@ -123,17 +132,25 @@ def main():
             sys.exit("instructions.py: --keep needs a directory")
         keep = args[at + 1]
         del args[at:at + 2]
+    pace = 10.0
+    if "--pace" in args:
+        at = args.index("--pace")
+        try:
+            pace = float(args[at + 1])
+        except (IndexError, ValueError):
+            sys.exit("instructions.py: --pace needs milliseconds")
+        del args[at:at + 2]
     if len(args) > 1 or (args and not args[0].isdigit()):
-        sys.exit("usage: bench/instructions.py [CALLS] [--keep DIR]")
+        sys.exit("usage: bench/instructions.py [CALLS] [--keep DIR] [--pace MS]")
     calls = int(args[0]) if args else 1000
     if not shutil.which("valgrind"):
         sys.exit("instructions.py: valgrind is not installed")
     for binary in (FIXTURE, os.path.join(RELEASE, "mcpd"), os.path.join(RELEASE, "mcpctl")):
         if not os.access(binary, os.X_OK):
             sys.exit(f"instructions.py: {binary} is missing (cargo build --release --bins --examples)")
-    base, more = run(100, keep), run(100 + calls, keep)
+    base, more = run(100, keep, pace / 1000), run(100 + calls, keep, pace / 1000)
     print(f"daemon instructions per bridged tools/call: {(more - base) / calls:,.0f}"
-          f" (callgrind, {calls} calls)")
+          f" (callgrind, {calls} calls, {pace:g} ms apart)")
 
 
 if __name__ == "__main__":

@@ -170,7 +170,7 @@ impl Task {
             let (mine, theirs) = crate::mux::memory::pair(MEMBER_BUFFER);
             supervisor
                 .clone()
-                .attach(HostLink::Memory(theirs), self.caller);
+                .attach(HostLink::Memory(theirs), self.caller.clone());
             let (id, outs) = self.aggregate.join(&unit, &prefix);
             tracing::debug!(target: "mcpd::sessions", mcpd_aggregate = %self.label, "{unit} joins as {prefix}");
             let opened = HostLink::Memory(mine).open(id as u64 + 1, QUEUE, QUEUE_BYTES);

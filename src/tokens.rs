@@ -96,11 +96,12 @@ pub fn mint() -> Result<(String, String), String> {
     Ok((token, hash))
 }
 
-/// Whether `name` may name a token: 1 to 64 of `[A-Za-z0-9_.-]`, not
-/// starting with `.` or `-`.
+/// Whether `name` may name a token: 1 to 128 of `[A-Za-z0-9_.-]`, not
+/// starting with `.` or `-` (128: `connect-HOST-UNIT.group` of
+/// `mcpctl connect --http` fits with a unit name of 64).
 pub fn is_name(name: &str) -> bool {
     !name.is_empty()
-        && name.len() <= 64
+        && name.len() <= 128
         && !name.starts_with(['.', '-'])
         && name
             .bytes()
@@ -138,8 +139,8 @@ pub fn load(file: &Path) -> Result<Vec<Entry>, String> {
     Ok(tokens)
 }
 
-/// Writes `tokens` to `file` (0600; its directory made 0700 when missing).
-pub fn store(file: &Path, tokens: &[Entry]) -> Result<(), String> {
+/// `file`'s directory, made 0700 when missing.
+fn make_dir(file: &Path) -> Result<(), String> {
     use std::os::unix::fs::DirBuilderExt;
     if let Some(dir) = file.parent()
         && !dir.is_dir()
@@ -150,9 +151,132 @@ pub fn store(file: &Path, tokens: &[Entry]) -> Result<(), String> {
             .create(dir)
             .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
     }
+    Ok(())
+}
+
+/// The lock file beside `file` that writers hold (`tokens.json.lock`).
+pub fn lock_path(file: &Path) -> PathBuf {
+    let mut name = file.as_os_str().to_owned();
+    name.push(".lock");
+    PathBuf::from(name)
+}
+
+/// Reads `file`, lets `change` edit its tokens and writes them back, all
+/// under an exclusive `flock` of [`lock_path`]: two writers at once (two
+/// `mcpctl token new`, a `connect --http` beside them) each see the
+/// other's tokens, none is lost. Nothing is written when `change` fails.
+/// The lock is released when its descriptor closes, also when the process
+/// dies.
+pub fn update<T>(
+    file: &Path,
+    change: impl FnOnce(&mut Vec<Entry>) -> Result<T, String>,
+) -> Result<T, String> {
+    use std::os::unix::fs::OpenOptionsExt;
+    make_dir(file)?;
+    let lock = lock_path(file);
+    let held = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .mode(0o600)
+        .open(&lock)
+        .map_err(|e| format!("cannot open {}: {e}", lock.display()))?;
+    rustix::fs::flock(&held, rustix::fs::FlockOperation::LockExclusive)
+        .map_err(|e| format!("cannot lock {}: {e}", lock.display()))?;
+    let mut tokens = load(file)?;
+    let out = change(&mut tokens)?;
+    store(file, &tokens)?;
+    drop(held);
+    Ok(out)
+}
+
+/// Writes `tokens` to `file` (0600; its directory made 0700 when missing).
+/// Writers go through [`update`], which holds the lock.
+pub fn store(file: &Path, tokens: &[Entry]) -> Result<(), String> {
+    make_dir(file)?;
     let mut text = serde_json::to_vec_pretty(tokens).map_err(|e| e.to_string())?;
     text.push(b'\n');
     crate::files::write_atomically(file, &text, 0o600)
+}
+
+/// How often, at most, a token's use is written down: `token list`'s
+/// "last used" is to the minute.
+pub const USED_EVERY: u64 = 60;
+
+/// The file beside `file` where the daemon writes when each token was
+/// last used (`tokens-used.json`: hash → seconds since the epoch). The
+/// daemon's alone: `mcpctl token` only reads it, so it needs no lock.
+pub fn used_path(file: &Path) -> PathBuf {
+    file.with_file_name("tokens-used.json")
+}
+
+/// When each token of `file` was last used, by hash; none when it was
+/// never written (or does not read: it is only informative).
+pub fn load_used(file: &Path) -> std::collections::HashMap<String, u64> {
+    use std::io::Read;
+    let mut text = Vec::new();
+    let read = std::fs::File::open(used_path(file))
+        .and_then(|f| f.take(MAX_FILE + 1).read_to_end(&mut text));
+    match read {
+        Ok(n) if n as u64 <= MAX_FILE => serde_json::from_slice(&text).unwrap_or_default(),
+        _ => std::collections::HashMap::new(),
+    }
+}
+
+/// The daemon's record of uses: noted on every authorized request, kept
+/// in memory, written to [`used_path`] the first time in [`USED_EVERY`]
+/// seconds that a token is used.
+#[derive(Debug)]
+pub struct Usage {
+    file: PathBuf,
+    seen: std::sync::Mutex<std::collections::HashMap<String, u64>>,
+    /// Held while writing: one write at a time.
+    writing: std::sync::Mutex<()>,
+}
+
+impl Usage {
+    /// The uses recorded for the tokens of `file` so far.
+    pub fn open(file: &Path) -> Self {
+        Self {
+            file: file.to_owned(),
+            seen: std::sync::Mutex::new(load_used(file)),
+            writing: std::sync::Mutex::new(()),
+        }
+    }
+
+    /// Notes a use of the token `hash` at `now`; whether to write (its
+    /// last use written is [`USED_EVERY`] or more before).
+    pub fn note(&self, hash: &str, now: u64) -> bool {
+        let Ok(mut seen) = self.seen.lock() else {
+            return false;
+        };
+        match seen.get_mut(hash) {
+            Some(at) if now < at.saturating_add(USED_EVERY) => false,
+            Some(at) => {
+                *at = now;
+                true
+            }
+            None => {
+                seen.insert(hash.to_owned(), now);
+                true
+            }
+        }
+    }
+
+    /// Writes the uses of the tokens `kept` (hashes; the others are
+    /// forgotten). Blocking.
+    pub fn write(&self, kept: &std::collections::HashSet<String>) -> Result<(), String> {
+        let _one = self.writing.lock().map_err(|e| e.to_string())?;
+        let snapshot: std::collections::BTreeMap<String, u64> = {
+            let mut seen = self.seen.lock().map_err(|e| e.to_string())?;
+            seen.retain(|hash, _| kept.contains(hash));
+            seen.iter().map(|(h, at)| (h.clone(), *at)).collect()
+        };
+        let mut text = serde_json::to_vec(&snapshot).map_err(|e| e.to_string())?;
+        text.push(b'\n');
+        make_dir(&self.file)?;
+        crate::files::write_atomically(&used_path(&self.file), &text, 0o600)
+    }
 }
 
 #[cfg(test)]
@@ -200,5 +324,23 @@ mod tests {
         assert_eq!(mode & 0o777, 0o600);
         assert!(entry.expired(2) && !entry.expired(1));
         assert!(is_name("laptop-1.home") && !is_name("-x") && !is_name("a/b") && !is_name(""));
+    }
+
+    #[test]
+    fn uses_are_written_once_a_minute_and_only_of_kept_tokens() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let file = path(dir.path());
+        let usage = Usage::open(&file);
+        assert!(usage.note("h1", 1000));
+        assert!(!usage.note("h1", 1000 + USED_EVERY - 1));
+        assert!(usage.note("h1", 1000 + USED_EVERY));
+        assert!(usage.note("h2", 1000));
+        let kept = ["h1".to_owned()].into_iter().collect();
+        usage.write(&kept).expect("write");
+        let used = load_used(&file);
+        assert_eq!(used.get("h1"), Some(&(1000 + USED_EVERY)));
+        assert!(!used.contains_key("h2"));
+        // A restarted daemon goes on from what was written.
+        assert!(!Usage::open(&file).note("h1", 1000 + USED_EVERY + 1));
     }
 }

@@ -16,6 +16,114 @@ pub struct Record {
     pub servers: Vec<(String, String)>,
     /// The file as `connect` left it.
     pub connected: String,
+    /// The entries pointed at mcpd's HTTP endpoint (`connect --http`):
+    /// each one's name and the URL written (the others run the bridge).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub urls: Vec<(String, String)>,
+    /// The tokens minted for them: each one's name and the file that
+    /// holds it for the host (`disconnect` revokes and removes both).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tokens: Vec<(String, std::path::PathBuf)>,
+}
+
+/// What an entry `connect` writes runs or reaches.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Via {
+    /// `mcpctl bridge UNIT`, this command line.
+    Bridge(Vec<String>),
+    /// mcpd's HTTP endpoint at `url`, the token sent as `auth` says
+    /// (none: the endpoint asks for none).
+    Http { url: String, auth: Option<Auth> },
+}
+
+/// How a host sends the token, in its own syntax: a reference where it
+/// has one, never the token itself.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Auth {
+    /// `headers: {"Authorization": VALUE}`, VALUE holding a reference the
+    /// host expands (`Bearer ${env:VAR}`, `Bearer ${file:PATH}`, …).
+    Header(String),
+    /// Claude Code's `headersHelper`: a command whose output is the
+    /// headers, as JSON.
+    Helper(String),
+    /// Codex's `bearer_token_env_var`: the variable holding the token.
+    EnvVar(String),
+}
+
+/// The type a host's HTTP entry declares (Claude Code and VS Code
+/// document it; Cursor tells the transport by itself).
+fn http_type(host: Host) -> Option<&'static str> {
+    matches!(host, Host::ClaudeCode | Host::VsCode).then_some("http")
+}
+
+/// The key of a host's entry that holds a Streamable HTTP URL (Gemini's
+/// `url` is SSE; Windsurf's docs use `serverUrl`).
+pub fn url_key(host: Host) -> &'static str {
+    match host {
+        Host::Gemini => "httpUrl",
+        Host::Windsurf => "serverUrl",
+        _ => "url",
+    }
+}
+
+/// `url` and `auth` as a new JSON entry, its keys in the order hosts'
+/// docs show.
+fn http_input(host: Host, url: &str, auth: Option<&Auth>) -> CstInputValue {
+    let mut entry = Vec::new();
+    if let Some(kind) = http_type(host) {
+        entry.push(("type".to_owned(), CstInputValue::String(kind.into())));
+    }
+    entry.push((url_key(host).to_owned(), CstInputValue::String(url.into())));
+    if let Some((key, value)) = auth.and_then(auth_input) {
+        entry.push((key.to_owned(), value));
+    }
+    CstInputValue::Object(entry)
+}
+
+/// The key and value that carry `auth` in a JSON entry.
+fn auth_input(auth: &Auth) -> Option<(&'static str, CstInputValue)> {
+    match auth {
+        Auth::Header(value) => Some((
+            "headers",
+            CstInputValue::Object(vec![(
+                "Authorization".to_owned(),
+                CstInputValue::String(value.clone()),
+            )]),
+        )),
+        Auth::Helper(command) => Some(("headersHelper", CstInputValue::String(command.clone()))),
+        Auth::EnvVar(_) => None,
+    }
+}
+
+/// Rewrites the entry `object` in place to reach `url`: its transport
+/// keys replaced, the others kept where they are.
+fn rewrite_http(host: Host, object: &CstObject, url: &str, auth: Option<&Auth>) {
+    for key in JSON_TRANSPORT {
+        if *key != "type"
+            && let Some(prop) = object.get(key)
+        {
+            prop.remove();
+        }
+    }
+    let at = match (object.get("type"), http_type(host)) {
+        (Some(prop), Some(kind)) => {
+            prop.set_value(CstInputValue::String(kind.into()));
+            prop.property_index() + 1
+        }
+        (Some(prop), None) => {
+            prop.remove();
+            0
+        }
+        (None, Some(kind)) => {
+            object.insert(0, "type", CstInputValue::String(kind.into()));
+            1
+        }
+        (None, None) => 0,
+    };
+    object.insert(at, url_key(host), CstInputValue::String(url.into()));
+    if let Some((key, value)) = auth.and_then(auth_input) {
+        object.insert(at + 1, key, value);
+    }
 }
 
 /// Whether `host` documents an entry's `type` (VS Code requires it).
@@ -38,6 +146,7 @@ const JSON_TRANSPORT: &[&str] = &[
     "httpUrl",
     "serverUrl",
     "headers",
+    "headersHelper",
 ];
 
 /// Codex's keys of the same kind.
@@ -145,6 +254,18 @@ pub fn connect(
     bridge: &dyn Fn(&str) -> Vec<String>,
     env: &[(String, String)],
 ) -> Result<String, String> {
+    connect_via(host, text, servers, &|unit| Via::Bridge(bridge(unit)), env)
+}
+
+/// [`connect`] with each entry made as `via(unit)` says: the bridge, or
+/// mcpd's HTTP endpoint (`env` is the bridge's only).
+pub fn connect_via(
+    host: Host,
+    text: &str,
+    servers: &[(String, String)],
+    via: &dyn Fn(&str) -> Via,
+    env: &[(String, String)],
+) -> Result<String, String> {
     if host == Host::Codex {
         let mut doc: toml_edit::DocumentMut = text
             .parse()
@@ -163,12 +284,11 @@ pub fn connect(
             .map(|(k, v)| (k.as_str(), toml_edit::Value::from(v.as_str())))
             .collect();
         for (name, unit) in servers {
-            let line = bridge(unit);
-            let args: toml_edit::Array = line[1..].iter().map(String::as_str).collect();
+            let via = via(unit);
             let entry = match table.get_mut(name).and_then(|e| e.as_table_like_mut()) {
                 Some(entry) => {
                     for key in TOML_TRANSPORT {
-                        if !["command", "args"].contains(key) {
+                        if !["command", "args"].contains(key) || matches!(via, Via::Http { .. }) {
                             entry.remove(key);
                         }
                     }
@@ -179,10 +299,27 @@ pub fn connect(
                     table[name].as_table_like_mut().expect("a table")
                 }
             };
-            entry.insert("command", toml_edit::value(line[0].clone()));
-            entry.insert("args", toml_edit::value(args));
-            if !env.is_empty() {
-                entry.insert("env", toml_edit::value(vars.clone()));
+            match via {
+                Via::Bridge(line) => {
+                    let args: toml_edit::Array = line[1..].iter().map(String::as_str).collect();
+                    entry.insert("command", toml_edit::value(line[0].clone()));
+                    entry.insert("args", toml_edit::value(args));
+                    if !env.is_empty() {
+                        entry.insert("env", toml_edit::value(vars.clone()));
+                    }
+                }
+                Via::Http { url, auth } => {
+                    entry.insert("url", toml_edit::value(url));
+                    match auth {
+                        Some(Auth::EnvVar(var)) => {
+                            entry.insert("bearer_token_env_var", toml_edit::value(var));
+                        }
+                        Some(other) => {
+                            return Err(format!("codex cannot send a token as {other:?}"));
+                        }
+                        None => {}
+                    }
+                }
             }
         }
         return Ok(doc.to_string());
@@ -191,14 +328,24 @@ pub fn connect(
     let object = root.object_value_or_set();
     let object = object.object_value_or_set(servers_key(host));
     for (name, unit) in servers {
-        let line = bridge(unit);
-        match object.get(name) {
-            Some(prop) => match prop.object_value() {
-                Some(entry) => rewrite(host, &entry, &line, env),
-                None => prop.set_value(bridge_input(host, &line, env)),
-            },
-            None => {
-                object.append(name, bridge_input(host, &line, env));
+        let via = via(unit);
+        let existing = object.get(name);
+        match (&via, existing.as_ref().and_then(|p| p.object_value())) {
+            (Via::Bridge(line), Some(entry)) => rewrite(host, &entry, line, env),
+            (Via::Http { url, auth }, Some(entry)) => {
+                rewrite_http(host, &entry, url, auth.as_ref());
+            }
+            (via, None) => {
+                let input = match via {
+                    Via::Bridge(line) => bridge_input(host, line, env),
+                    Via::Http { url, auth } => http_input(host, url, auth.as_ref()),
+                };
+                match existing {
+                    Some(prop) => prop.set_value(input),
+                    None => {
+                        object.append(name, input);
+                    }
+                }
             }
         }
     }
@@ -212,6 +359,16 @@ fn table_insert(table: &mut toml_edit::Table, name: &str, item: toml_edit::Item)
         None => {
             table.insert(name, item);
         }
+    }
+}
+
+impl Record {
+    /// The URL `connect --http` wrote into entry `name`, if it did.
+    pub fn url_of(&self, name: &str) -> Option<&str> {
+        self.urls
+            .iter()
+            .find(|(entry, _)| entry == name)
+            .map(|(_, url)| url.as_str())
     }
 }
 
@@ -301,11 +458,15 @@ pub fn disconnect(
                     .filter_map(|v| v.as_str().map(str::to_owned))
                     .collect()
             });
-            if !runs(
-                &bridge(unit),
-                entry.get("command").and_then(|c| c.as_str()),
-                args,
-            ) {
+            let ours = match record.url_of(name) {
+                Some(url) => entry.get("url").and_then(|u| u.as_str()) == Some(url),
+                None => runs(
+                    &bridge(unit),
+                    entry.get("command").and_then(|c| c.as_str()),
+                    args,
+                ),
+            };
+            if !ours {
                 undone.push(Undo::Changed);
                 continue;
             }
@@ -368,11 +529,15 @@ pub fn disconnect(
         let field = |key: &str| value.as_ref().and_then(|v| v.get(key)).cloned();
         let command = field("command");
         let args = field("args").and_then(|a| serde_json::from_value(a).ok());
-        if !runs(
-            &bridge(unit),
-            command.as_ref().and_then(Value::as_str),
-            args,
-        ) {
+        let ours = match record.url_of(name) {
+            Some(url) => field(url_key(host)).as_ref().and_then(Value::as_str) == Some(url),
+            None => runs(
+                &bridge(unit),
+                command.as_ref().and_then(Value::as_str),
+                args,
+            ),
+        };
+        if !ours {
             undone.push(Undo::Changed);
             continue;
         }
@@ -444,6 +609,8 @@ mod tests {
                 .map(|(e, u)| (e.to_string(), u.to_string()))
                 .collect(),
             connected: connected.to_owned(),
+            urls: Vec::new(),
+            tokens: Vec::new(),
         }
     }
 
@@ -648,6 +815,86 @@ mod tests {
         assert_eq!(a["command"].as_str(), Some("x"), "{undone}");
         assert_eq!(a["startup_timeout_sec"].as_integer(), Some(45), "{undone}");
         assert_eq!(a["args"].as_array().map(|a| a.len()), Some(1), "{undone}");
+    }
+
+    #[test]
+    fn an_entry_rewritten_to_a_url_keeps_its_own_keys_and_comes_back() {
+        let text = "{\n  \"mcpServers\": {\n    \"time\": {\n      \"type\": \"stdio\",\n      \"command\": \"uvx\",\n      \"args\": [\"mcp-server-time\"],\n      \"timeout\": 30000\n    }\n  }\n}\n";
+        let url = "http://127.0.0.1:8737/mcp/time";
+        let names = [("time".to_owned(), "time".to_owned())];
+        let via = |_: &str| Via::Http {
+            url: url.into(),
+            auth: Some(Auth::Header("Bearer ${MCPD_TOKEN_GEMINI_TIME}".into())),
+        };
+        let connected = connect_via(Host::Gemini, text, &names, &via, &[]).expect("connect");
+        assert_eq!(
+            json(&connected)["mcpServers"]["time"],
+            serde_json::json!({
+                "httpUrl": url,
+                "headers": {"Authorization": "Bearer ${MCPD_TOKEN_GEMINI_TIME}"},
+                "timeout": 30000
+            })
+        );
+        let mut record = record_of(&[("time", "time")], &connected);
+        record.urls = vec![("time".into(), url.into())];
+        assert_eq!(
+            disconnect(Host::Gemini, &connected, text, &record, &bridge),
+            Ok((text.to_owned(), vec![Undo::Restored]))
+        );
+        // The host raised its timeout meanwhile: merged, recognised by
+        // its URL (it runs no bridge).
+        let edited = connected.replace("30000", "60000");
+        let (undone, how) =
+            disconnect(Host::Gemini, &edited, text, &record, &bridge).expect("disconnect");
+        assert_eq!(how, vec![Undo::Merged]);
+        assert_eq!(
+            json(&undone)["mcpServers"]["time"],
+            serde_json::json!({
+                "type": "stdio",
+                "command": "uvx",
+                "args": ["mcp-server-time"],
+                "timeout": 60000
+            })
+        );
+        // Pointed elsewhere since: left as it is.
+        let moved = connected.replace(url, "https://elsewhere/mcp");
+        let (_, how) =
+            disconnect(Host::Gemini, &moved, text, &record, &bridge).expect("disconnect");
+        assert_eq!(how, vec![Undo::Changed]);
+        // Claude Code: typed, its helper in place of headers; Codex: the
+        // variable's name.
+        let via = |_: &str| Via::Http {
+            url: url.into(),
+            auth: Some(Auth::Helper("cat '/t'".into())),
+        };
+        let value = json(&connect_via(Host::ClaudeCode, "{}", &names, &via, &[]).expect("connect"));
+        assert_eq!(
+            value["mcpServers"]["time"],
+            serde_json::json!({"type": "http", "url": url, "headersHelper": "cat '/t'"})
+        );
+        let via = |_: &str| Via::Http {
+            url: url.into(),
+            auth: Some(Auth::EnvVar("MCPD_TOKEN_CODEX_TIME".into())),
+        };
+        let toml = "[mcp_servers.time]\ncommand = \"uvx\"\nstartup_timeout_sec = 20\n";
+        let connected = connect_via(Host::Codex, toml, &names, &via, &[]).expect("connect");
+        let doc: toml_edit::DocumentMut = connected.parse().expect("toml");
+        let entry = &doc["mcp_servers"]["time"];
+        assert!(entry.get("command").is_none(), "{connected}");
+        assert_eq!(entry["url"].as_str(), Some(url));
+        assert_eq!(
+            entry["bearer_token_env_var"].as_str(),
+            Some("MCPD_TOKEN_CODEX_TIME")
+        );
+        assert_eq!(entry["startup_timeout_sec"].as_integer(), Some(20));
+        let mut record = record_of(&[("time", "time")], &connected);
+        record.urls = vec![("time".into(), url.into())];
+        let edited = connected.replace("= 20", "= 45");
+        let (undone, how) =
+            disconnect(Host::Codex, &edited, toml, &record, &bridge).expect("disconnect");
+        assert_eq!(how, vec![Undo::Merged]);
+        assert!(undone.contains("command = \"uvx\""), "{undone}");
+        assert!(!undone.contains("bearer_token_env_var"), "{undone}");
     }
 
     #[test]

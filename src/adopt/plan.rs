@@ -5,9 +5,9 @@
 //! backup). Pure: `ctl::import` reads the files before and writes and
 //! prints the plan after.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
-use super::connect::{self, Record};
+use super::connect::{self, Auth, Record, Via};
 use super::convert::{self, Lookup};
 use super::hosts::{Entry, Host};
 use super::pair::{self, Unit};
@@ -39,6 +39,116 @@ pub struct ConnectInput<'a> {
     pub vars: &'a [(String, String)],
     /// The record of an earlier `connect` of this file, if any.
     pub earlier: Option<Record>,
+    /// `connect --http`: the entries reach mcpd's HTTP endpoint instead
+    /// of running the bridge.
+    pub http: Option<Http<'a>>,
+}
+
+/// Where mcpd's HTTP endpoint is, for `connect --http`.
+#[derive(Debug, Clone, Copy)]
+pub struct Http<'a> {
+    /// `http://ADDR`, an address of the endpoint's `listen`.
+    pub base: &'a str,
+    /// Whether it asks for tokens (`auth "token"`).
+    pub tokens: bool,
+    /// The directory the tokens' files go into (the user's, 0700).
+    pub dir: &'a Path,
+}
+
+/// A token `connect --http` makes for one entry.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Token {
+    /// `connect-HOST-UNIT`, `connect-HOST-GROUP.group`.
+    pub name: String,
+    pub scope: crate::tokens::Scope,
+    /// The file (0600) the host reads it from, or the user exports it
+    /// from.
+    pub file: PathBuf,
+    /// What the file holds: the token alone, or (Claude Code's
+    /// `headersHelper`) the headers as JSON.
+    pub headers_json: bool,
+    /// The environment variable the host's entry names, which the user
+    /// must set from `file` (hosts that reference only variables).
+    pub var: Option<String>,
+}
+
+impl Token {
+    /// The file's contents for `token`.
+    pub fn contents(&self, token: &str) -> String {
+        if self.headers_json {
+            serde_json::json!({ "Authorization": format!("Bearer {token}") }).to_string()
+        } else {
+            token.to_owned()
+        }
+    }
+}
+
+/// `path` quoted for a POSIX shell.
+fn shell_quote(path: &Path) -> String {
+    format!("'{}'", path.display().to_string().replace('\'', "'\\''"))
+}
+
+/// The token, URL and reference of entry `target` (a unit, or `@GROUP`)
+/// of `host` at `http`.
+fn http_entry(host: Host, target: &str, http: &Http<'_>) -> Result<(Via, Option<Token>), String> {
+    let url = format!("{}/mcp/{target}", http.base);
+    if !http.tokens {
+        return Ok((Via::Http { url, auth: None }, None));
+    }
+    let (name, scope) = match target.strip_prefix('@') {
+        Some(group) => (
+            format!("connect-{}-{group}.group", host.name()),
+            crate::tokens::Scope::Group(group.to_owned()),
+        ),
+        None => (
+            format!("connect-{}-{target}", host.name()),
+            crate::tokens::Scope::Units(vec![target.to_owned()]),
+        ),
+    };
+    let file = http.dir.join(&name);
+    let var: String = "MCPD_TOKEN_"
+        .chars()
+        .chain(name["connect-".len()..].chars().map(|c| {
+            if c.is_ascii_alphanumeric() {
+                c.to_ascii_uppercase()
+            } else {
+                '_'
+            }
+        }))
+        .collect();
+    let (auth, var) = match host {
+        Host::ClaudeDesktop => unreachable!("refused before"),
+        // Its `headersHelper` runs a command: the file, read when it
+        // connects.
+        Host::ClaudeCode => (Auth::Helper(format!("cat {}", shell_quote(&file))), None),
+        // `${file:PATH}`: the file, read when it connects.
+        Host::Windsurf => {
+            let path = file.display().to_string();
+            if path.contains('}') {
+                return Err(format!(
+                    "{path}: a path with `}}` cannot be a ${{file:…}} reference"
+                ));
+            }
+            (Auth::Header(format!("Bearer ${{file:{path}}}")), None)
+        }
+        Host::Cursor | Host::VsCode => (Auth::Header(format!("Bearer ${{env:{var}}}")), Some(var)),
+        Host::Gemini => (Auth::Header(format!("Bearer ${{{var}}}")), Some(var)),
+        Host::Codex => (Auth::EnvVar(var.clone()), Some(var)),
+    };
+    let token = Token {
+        name,
+        scope,
+        file,
+        headers_json: host == Host::ClaudeCode,
+        var,
+    };
+    Ok((
+        Via::Http {
+            url,
+            auth: Some(auth),
+        },
+        Some(token),
+    ))
 }
 
 impl std::fmt::Debug for ConnectInput<'_> {
@@ -67,11 +177,22 @@ pub struct ConnectPlan {
     /// Whether the file as it is now is the backup to keep (the first
     /// `connect`; a later one keeps the first's backup).
     pub backup: bool,
+    /// With `--http`: each rewritten entry's URL, and the tokens to make
+    /// (made before the file is written; an earlier token of the same
+    /// name is replaced).
+    pub urls: Vec<(String, String)>,
+    pub tokens: Vec<Token>,
 }
 
 /// What `connect` will do with `input`, or why it cannot.
 pub fn connect(input: ConnectInput<'_>) -> Result<ConnectPlan, String> {
     let host = input.host;
+    if input.http.is_some() && host == Host::ClaudeDesktop {
+        return Err(format!(
+            "{}: Claude Desktop's config file has no URL form (it adds remote servers in its Connectors settings): connect it without --http, through the bridge",
+            input.file.display()
+        ));
+    }
     let paired: Vec<(&Entry, pair::Pairing)> = input
         .entries
         .iter()
@@ -168,7 +289,30 @@ pub fn connect(input: ConnectInput<'_>) -> Result<ConnectPlan, String> {
         .iter()
         .map(|(e, u, _)| (e.clone(), u.clone()))
         .collect();
-    let text = connect::connect(host, input.text, &pairs, input.bridge, input.vars)
+    let mut vias = Vec::new();
+    let mut urls = Vec::new();
+    let mut tokens = Vec::new();
+    for (entry, target) in &pairs {
+        let via = match &input.http {
+            Some(http) => {
+                let (via, token) = http_entry(host, target, http)?;
+                if let Via::Http { url, .. } = &via {
+                    urls.push((entry.clone(), url.clone()));
+                }
+                tokens.extend(token);
+                via
+            }
+            None => Via::Bridge((input.bridge)(target)),
+        };
+        vias.push((target.clone(), via));
+    }
+    let via = |target: &str| {
+        vias.iter()
+            .find(|(t, _)| t == target)
+            .map(|(_, v)| v.clone())
+            .expect("each target planned")
+    };
+    let text = connect::connect_via(host, input.text, &pairs, &via, input.vars)
         .map_err(|e| format!("{}: {e}", input.file.display()))?;
     // Byte for byte only while nobody else changed the file: edits made
     // between two connects are kept by disconnect's merge.
@@ -177,15 +321,28 @@ pub fn connect(input: ConnectInput<'_>) -> Result<ConnectPlan, String> {
         .as_ref()
         .is_none_or(|r| !r.connected.is_empty() && r.connected == input.text);
     let backup = input.earlier.is_none();
-    let mut all = input.earlier.map(|r| r.servers).unwrap_or_default();
+    let (mut all, mut all_urls, mut all_tokens) = input
+        .earlier
+        .map(|r| (r.servers, r.urls, r.tokens))
+        .unwrap_or_default();
     for server in &pairs {
         if !all.contains(server) {
             all.push(server.clone());
         }
     }
+    // What this connect wrote replaces what an earlier one wrote of the
+    // same entries; their earlier tokens stay recorded, to be revoked.
+    all_urls.retain(|(entry, _)| !pairs.iter().any(|(e, _)| e == entry));
+    all_urls.extend(urls.iter().cloned());
+    for token in &tokens {
+        all_tokens.retain(|(name, _)| *name != token.name);
+        all_tokens.push((token.name.clone(), token.file.clone()));
+    }
     let record = Record {
         servers: all,
         connected: if exact { text.clone() } else { String::new() },
+        urls: all_urls,
+        tokens: all_tokens,
     };
     Ok(ConnectPlan {
         text,
@@ -193,6 +350,8 @@ pub fn connect(input: ConnectInput<'_>) -> Result<ConnectPlan, String> {
         left,
         record,
         backup,
+        urls,
+        tokens,
     })
 }
 
@@ -268,6 +427,7 @@ mod tests {
             other_bridge: &other_bridge,
             vars: &[],
             earlier,
+            http: None,
         })
     }
 
@@ -356,6 +516,69 @@ mod tests {
         );
         let empty: [String; 0] = [];
         assert!(plan(TIMES, &units, &[], Some(("dev", &empty)), None).is_err());
+    }
+
+    #[test]
+    fn each_host_gets_its_url_and_a_reference_to_its_token() {
+        let dir = Path::new("/home/u/.config/mcpd/connect");
+        let http = Http {
+            base: "http://127.0.0.1:8737",
+            tokens: true,
+            dir,
+        };
+        let (via, token) = http_entry(Host::Cursor, "time", &http).expect("cursor");
+        let token = token.expect("a token");
+        assert_eq!(
+            via,
+            Via::Http {
+                url: "http://127.0.0.1:8737/mcp/time".into(),
+                auth: Some(Auth::Header("Bearer ${env:MCPD_TOKEN_CURSOR_TIME}".into())),
+            }
+        );
+        assert_eq!(token.name, "connect-cursor-time");
+        assert_eq!(
+            token.scope,
+            crate::tokens::Scope::Units(vec!["time".into()])
+        );
+        assert_eq!(token.file, dir.join("connect-cursor-time"));
+        assert_eq!(token.var.as_deref(), Some("MCPD_TOKEN_CURSOR_TIME"));
+        assert_eq!(token.contents("mcpd_x"), "mcpd_x");
+        // A group: its own name and scope.
+        let (via, token) = http_entry(Host::ClaudeCode, "@dev", &http).expect("claude-code");
+        let token = token.expect("a token");
+        assert_eq!(token.name, "connect-claude-code-dev.group");
+        assert_eq!(token.scope, crate::tokens::Scope::Group("dev".into()));
+        assert!(token.var.is_none());
+        assert_eq!(
+            token.contents("mcpd_x"),
+            r#"{"Authorization":"Bearer mcpd_x"}"#
+        );
+        assert_eq!(
+            via,
+            Via::Http {
+                url: "http://127.0.0.1:8737/mcp/@dev".into(),
+                auth: Some(Auth::Helper(
+                    "cat '/home/u/.config/mcpd/connect/connect-claude-code-dev.group'".into()
+                )),
+            }
+        );
+        // auth "none": no token, no header.
+        let open = Http {
+            tokens: false,
+            ..http
+        };
+        assert_eq!(
+            http_entry(Host::Codex, "time", &open).expect("codex"),
+            (
+                Via::Http {
+                    url: "http://127.0.0.1:8737/mcp/time".into(),
+                    auth: None
+                },
+                None
+            )
+        );
+        // A quote in the path stays quoted for the shell.
+        assert_eq!(shell_quote(Path::new("/a'b")), r#"'/a'\''b'"#);
     }
 
     #[test]

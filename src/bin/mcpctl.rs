@@ -142,6 +142,10 @@ enum Command {
         /// unit of the group as one server.
         #[arg(long, conflicts_with = "names")]
         group: Option<String>,
+        /// Point the entries at mcpd's HTTP endpoint (mcpd.kdl(5)) by URL,
+        /// each with a token made for it, instead of the bridge.
+        #[arg(long)]
+        http: bool,
         /// Print the change as a diff; write nothing.
         #[arg(long)]
         dry_run: bool,
@@ -172,7 +176,7 @@ enum TokenAction {
     /// Make token NAME and print it (once: only its hash is kept).
     New {
         name: String,
-        /// Only these units (comma-separated).
+        /// Only these units (comma-separated), or `@GROUP`: as --group.
         #[arg(long, value_delimiter = ',', conflicts_with = "group")]
         units: Vec<String>,
         /// Only the units of this group.
@@ -182,7 +186,7 @@ enum TokenAction {
         #[arg(long, value_name = "DURATION")]
         expires: Option<String>,
     },
-    /// List the tokens: name, scope, created, expires.
+    /// List the tokens: name, scope, created, last used, expires.
     List,
     /// Revoke tokens: their open HTTP sessions end.
     Revoke {
@@ -337,12 +341,14 @@ fn main() -> ExitCode {
             host,
             names,
             group,
+            http,
             dry_run,
         } => Some(mcpd::ctl::import::connect(
             instance,
             host,
             names,
             group.as_deref(),
+            *http,
             *dry_run,
             &env,
             &mut std::io::stdout().lock(),

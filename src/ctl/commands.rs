@@ -498,6 +498,12 @@ fn instance_line(unit: &str, i: &Value) -> String {
     if let Some(pid) = number("pid") {
         line.push_str(&format!(", pid {pid}"));
     }
+    if let Some(token) = i["host_token"].as_str() {
+        line.push_str(&format!(", host token {token}"));
+        if let Some(address) = i["host_address"].as_str() {
+            line.push_str(&format!(" from {address}"));
+        }
+    }
     match (number("host_pid"), number("host_uid")) {
         (Some(pid), Some(uid)) => line.push_str(&format!(", host pid {pid} uid {uid}")),
         (Some(pid), None) => line.push_str(&format!(", host pid {pid}")),

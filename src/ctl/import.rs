@@ -282,21 +282,152 @@ fn bridge_line(instance: Instance, unit: &str) -> Vec<String> {
     ]
 }
 
+/// `http://ADDR` of the endpoint `instance`'s `mcpd.kdl` configures (its
+/// first `listen`; an unspecified address as its loopback), and whether it
+/// asks for tokens.
+fn endpoint_base(
+    instance: Instance,
+    env: &dyn Fn(&str) -> Option<OsString>,
+) -> Result<(String, bool), CtlError> {
+    use crate::unit::settings;
+    let path = settings::default_path(instance, env).ok_or_else(|| {
+        CtlError::failure("--http: no settings file for this instance (is HOME set?)")
+    })?;
+    let http = settings::read(&path, false)
+        .map_err(|e| CtlError::failure(format!("--http: {e}")))?
+        .and_then(|s| s.http)
+        .ok_or_else(|| {
+            CtlError::failure(format!(
+                "--http: mcpd's HTTP endpoint is not configured: {} has no `http {{ listen \"127.0.0.1:8737\"; }}` section (mcpd.kdl(5))",
+                path.display()
+            ))
+        })?;
+    let mut addr = *http.listen.first().ok_or_else(|| {
+        CtlError::failure(format!(
+            "--http: {} has no `listen` address",
+            path.display()
+        ))
+    })?;
+    if addr.port() == 0 {
+        return Err(CtlError::failure(format!(
+            "--http: {} listens on port 0 (any free port): a host needs a fixed port",
+            path.display()
+        )));
+    }
+    if addr.ip().is_unspecified() {
+        addr.set_ip(match addr {
+            std::net::SocketAddr::V4(_) => std::net::Ipv4Addr::LOCALHOST.into(),
+            std::net::SocketAddr::V6(_) => std::net::Ipv6Addr::LOCALHOST.into(),
+        });
+    }
+    Ok((format!("http://{addr}"), http.auth == settings::Auth::Token))
+}
+
+/// Makes `planned`'s tokens in the instance's token file (one update,
+/// under its lock; an earlier token of the same name replaced) and writes
+/// each to its file (0600, in a 0700 directory).
+fn mint(
+    instance: Instance,
+    env: &dyn Fn(&str) -> Option<OsString>,
+    planned: &[plan::Token],
+) -> Result<(), CtlError> {
+    use std::os::unix::fs::DirBuilderExt;
+    if planned.is_empty() {
+        return Ok(());
+    }
+    let file = crate::tokens::path(&crate::unit::instance::state_dir(instance, env));
+    let created = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    let minted = crate::tokens::update(&file, |kept| {
+        kept.retain(|t| !planned.iter().any(|p| p.name == t.name));
+        if kept.len() + planned.len() > crate::tokens::MAX_TOKENS {
+            return Err(format!(
+                "{} tokens already: revoke some first",
+                crate::tokens::MAX_TOKENS
+            ));
+        }
+        let mut minted = Vec::new();
+        for p in planned {
+            let (token, hash) = crate::tokens::mint()?;
+            kept.push(crate::tokens::Entry {
+                name: p.name.clone(),
+                hash,
+                scope: p.scope.clone(),
+                created,
+                expires: None,
+            });
+            minted.push(token);
+        }
+        Ok(minted)
+    })
+    .map_err(|e| CtlError::failure(format!("--http: {e}")))?;
+    for (p, token) in planned.iter().zip(minted) {
+        if let Some(dir) = p.file.parent() {
+            std::fs::DirBuilder::new()
+                .recursive(true)
+                .mode(0o700)
+                .create(dir)
+                .map_err(|e| CtlError::failure(format!("cannot create {}: {e}", dir.display())))?;
+        }
+        write_atomically(&p.file, p.contents(&token).as_bytes(), 0o600)
+            .map_err(CtlError::failure)?;
+    }
+    Ok(())
+}
+
+/// Revokes the tokens `connect --http` made and removes their files;
+/// the names of those that were there.
+fn revoke(
+    instance: Instance,
+    env: &dyn Fn(&str) -> Option<OsString>,
+    made: &[(String, PathBuf)],
+) -> Result<Vec<String>, CtlError> {
+    if made.is_empty() {
+        return Ok(Vec::new());
+    }
+    let file = crate::tokens::path(&crate::unit::instance::state_dir(instance, env));
+    let revoked = crate::tokens::update(&file, |kept| {
+        let revoked: Vec<String> = kept
+            .iter()
+            .filter(|t| made.iter().any(|(name, _)| *name == t.name))
+            .map(|t| t.name.clone())
+            .collect();
+        kept.retain(|t| !revoked.contains(&t.name));
+        Ok(revoked)
+    })
+    .map_err(CtlError::failure)?;
+    for (_, path) in made {
+        let _ = std::fs::remove_file(path);
+    }
+    Ok(revoked)
+}
+
 /// `mcpctl connect HOST [NAME…]`: points the host's user-level file at
 /// `mcpctl bridge` for the named units (by default: every entry of that file
 /// that is a unit of this instance), keeping a backup beside it. With
-/// `group`: one entry of that name running `mcpctl bridge @GROUP`.
+/// `group`: one entry of that name running `mcpctl bridge @GROUP`. With
+/// `http`: the entries reach mcpd's HTTP endpoint by URL instead, each
+/// with a token made for it.
+#[allow(clippy::too_many_arguments)]
 pub fn connect(
     instance: Instance,
     host: &str,
     names: &[String],
     group: Option<&str>,
+    http: bool,
     dry_run: bool,
     env: &dyn Fn(&str) -> Option<OsString>,
     out: &mut dyn Write,
 ) -> Result<u8, CtlError> {
     let host = Host::by_name(host).ok_or_else(|| unknown_host(host))?;
     let dirs = dirs(env)?;
+    let endpoint = if http {
+        Some(endpoint_base(instance, env)?)
+    } else {
+        None
+    };
+    let token_dir = dirs.config.join("mcpd/connect");
     let file = user_file(host, &dirs);
     let text = std::fs::read_to_string(&file)
         .map_err(|e| CtlError::failure(format!("{}: {e}", file.display())))?;
@@ -370,6 +501,11 @@ pub fn connect(
         other_bridge: &other_bridge,
         vars: &vars,
         earlier,
+        http: endpoint.as_ref().map(|(base, tokens)| plan::Http {
+            base,
+            tokens: *tokens,
+            dir: &token_dir,
+        }),
     })
     .map_err(CtlError::failure)?;
     let connected = planned.text.as_str();
@@ -380,6 +516,7 @@ pub fn connect(
         write!(out, "{}", diff.unified_diff().header(&shown, &shown)).map_err(w)?;
         return Ok(exit::OK);
     }
+    mint(instance, env, &planned.tokens)?;
     // The original is the file before the first connect; a backup without
     // a record is left from a connect that did not finish.
     if planned.backup {
@@ -389,12 +526,43 @@ pub fn connect(
     write_atomically(&record_path, record_text.as_bytes(), 0o600).map_err(CtlError::failure)?;
     write_atomically(&file, connected.as_bytes(), mode_of(&file)).map_err(CtlError::failure)?;
     for (entry, unit, why) in &planned.servers {
+        match planned.urls.iter().find(|(e, _)| e == entry) {
+            Some((_, url)) => writeln!(out, "{}: {entry} → {url} ({why})", host.name()),
+            None => writeln!(
+                out,
+                "{}: {entry} → mcpctl bridge {unit} ({why})",
+                host.name()
+            ),
+        }
+        .map_err(w)?;
+    }
+    for token in &planned.tokens {
         writeln!(
             out,
-            "{}: {entry} → mcpctl bridge {unit} ({why})",
+            "{}: token {} made, kept in {} (0600)",
+            host.name(),
+            token.name,
+            token.file.display()
+        )
+        .map_err(w)?;
+    }
+    let vars: Vec<&plan::Token> = planned.tokens.iter().filter(|t| t.var.is_some()).collect();
+    if !vars.is_empty() {
+        writeln!(
+            out,
+            "{} reads the token from its environment only: add to the environment it starts in (e.g. ~/.profile, then log in again):",
             host.name()
         )
         .map_err(w)?;
+        for token in vars {
+            writeln!(
+                out,
+                "  export {}=\"$(cat '{}')\"",
+                token.var.as_deref().unwrap_or_default(),
+                token.file.display().to_string().replace('\'', "'\\''")
+            )
+            .map_err(w)?;
+        }
     }
     for line in &planned.left {
         writeln!(out, "{line}").map_err(w)?;
@@ -489,6 +657,7 @@ pub fn disconnect(
         })?
     };
     write_atomically(&file, restored.as_bytes(), mode_of(&file)).map_err(CtlError::failure)?;
+    let revoked = revoke(instance, env, &record.tokens)?;
     let _ = std::fs::remove_file(&record_path);
     let _ = std::fs::remove_file(&backup);
     let how = if force {
@@ -499,6 +668,9 @@ pub fn disconnect(
         "its entries put back; other changes kept"
     };
     writeln!(out, "{}: {} {how}.", host.name(), file.display()).map_err(w)?;
+    for name in revoked {
+        writeln!(out, "{}: token {name} revoked", host.name()).map_err(w)?;
+    }
     for ((entry, unit), undo) in record.servers.iter().zip(&undone) {
         let what = match undo {
             Undo::Restored => continue,

@@ -34,10 +34,20 @@ pub fn new(
 ) -> Result<u8, CtlError> {
     if !tokens::is_name(name) {
         return Err(CtlError::failure(format!(
-            "\"{}\" is not a token name (1 to 64 of A-Z a-z 0-9 _ . -, not starting with . or -)",
+            "\"{}\" is not a token name (1 to 128 of A-Z a-z 0-9 _ . -, not starting with . or -)",
             name.escape_debug()
         )));
     }
+    // `--units @GROUP` (DESIGN §15's spelling) is `--group GROUP`.
+    let (units, group) = match (units, group) {
+        ([one], None) if one.starts_with('@') => (&[][..], Some(one.as_str())),
+        (units, _) if units.iter().any(|u| u.starts_with('@')) => {
+            return Err(CtlError::failure(
+                "--units @GROUP names a group alone: give it without units, or --group GROUP",
+            ));
+        }
+        other => other,
+    };
     for unit in units {
         crate::unit::UnitName::new(unit).map_err(|e| CtlError::failure(format!("--units: {e}")))?;
     }
@@ -58,27 +68,29 @@ pub fn new(
             Some(created.saturating_add(after.as_secs().max(1)))
         }
     };
-    let mut kept = load(file)?;
-    if kept.iter().any(|t| t.name == name) {
-        return Err(CtlError::failure(format!(
-            "a token named {name} exists: revoke it first (mcpctl token revoke {name})"
-        )));
-    }
-    if kept.len() >= tokens::MAX_TOKENS {
-        return Err(CtlError::failure(format!(
-            "{} tokens already: revoke some first",
-            tokens::MAX_TOKENS
-        )));
-    }
-    let (token, hash) = tokens::mint().map_err(CtlError::failure)?;
-    kept.push(Entry {
-        name: name.to_owned(),
-        hash,
-        scope,
-        created,
-        expires,
-    });
-    tokens::store(file, &kept).map_err(CtlError::failure)?;
+    let token = tokens::update(file, |kept| {
+        if kept.iter().any(|t| t.name == name) {
+            return Err(format!(
+                "a token named {name} exists: revoke it first (mcpctl token revoke {name})"
+            ));
+        }
+        if kept.len() >= tokens::MAX_TOKENS {
+            return Err(format!(
+                "{} tokens already: revoke some first",
+                tokens::MAX_TOKENS
+            ));
+        }
+        let (token, hash) = tokens::mint()?;
+        kept.push(Entry {
+            name: name.to_owned(),
+            hash,
+            scope,
+            created,
+            expires,
+        });
+        Ok(token)
+    })
+    .map_err(CtlError::failure)?;
     writeln!(out, "{token}").map_err(CtlError::output)?;
     Ok(exit::OK)
 }
@@ -90,9 +102,12 @@ fn when(seconds: u64) -> String {
         .map_or_else(|| seconds.to_string(), |t| t.to_string())
 }
 
-/// `mcpctl token list`: name, scope, created, expires (never a token).
+/// `mcpctl token list`: name, scope, created, expires, last used (as the
+/// daemon wrote it, to the minute; never a token).
 pub fn list(file: &Path, json: bool, out: &mut dyn Write) -> Result<u8, CtlError> {
     let kept = load(file)?;
+    let used = tokens::load_used(file);
+    let last_used = |t: &Entry| used.get(&t.hash).copied();
     let now = now();
     if json {
         let rows: Vec<serde_json::Value> = kept
@@ -104,6 +119,7 @@ pub fn list(file: &Path, json: bool, out: &mut dyn Write) -> Result<u8, CtlError
                     "created": when(t.created),
                     "expires": t.expires.map(when),
                     "expired": t.expired(now),
+                    "last_used": last_used(t).map(when),
                 })
             })
             .collect();
@@ -119,8 +135,8 @@ pub fn list(file: &Path, json: bool, out: &mut dyn Write) -> Result<u8, CtlError
     let swidth = scopes.iter().map(String::len).max().unwrap_or(0).max(5);
     writeln!(
         out,
-        "{:width$}  {:swidth$}  {:20}  EXPIRES",
-        "NAME", "SCOPE", "CREATED"
+        "{:width$}  {:swidth$}  {:20}  {:20}  EXPIRES",
+        "NAME", "SCOPE", "CREATED", "LAST USED"
     )
     .map_err(CtlError::output)?;
     for (t, scope) in kept.iter().zip(&scopes) {
@@ -129,9 +145,10 @@ pub fn list(file: &Path, json: bool, out: &mut dyn Write) -> Result<u8, CtlError
             Some(at) if t.expired(now) => format!("{} (expired)", when(at)),
             Some(at) => when(at),
         };
+        let used = last_used(t).map_or_else(|| "never".to_owned(), when);
         writeln!(
             out,
-            "{:width$}  {scope:swidth$}  {:20}  {expires}",
+            "{:width$}  {scope:swidth$}  {:20}  {used:20}  {expires}",
             t.name,
             when(t.created)
         )
@@ -142,14 +159,16 @@ pub fn list(file: &Path, json: bool, out: &mut dyn Write) -> Result<u8, CtlError
 
 /// `mcpctl token revoke NAME…`: exit 1 naming each that is not there.
 pub fn revoke(file: &Path, names: &[String]) -> Result<u8, CtlError> {
-    let mut kept = load(file)?;
-    let missing: Vec<&str> = names
-        .iter()
-        .filter(|n| !kept.iter().any(|t| &t.name == *n))
-        .map(String::as_str)
-        .collect();
-    kept.retain(|t| !names.contains(&t.name));
-    tokens::store(file, &kept).map_err(CtlError::failure)?;
+    let missing = tokens::update(file, |kept| {
+        let missing: Vec<String> = names
+            .iter()
+            .filter(|n| !kept.iter().any(|t| &t.name == *n))
+            .cloned()
+            .collect();
+        kept.retain(|t| !names.contains(&t.name));
+        Ok(missing)
+    })
+    .map_err(CtlError::failure)?;
     if missing.is_empty() {
         Ok(exit::OK)
     } else {
@@ -158,5 +177,32 @@ pub fn revoke(file: &Path, names: &[String]) -> Result<u8, CtlError> {
             missing.join(", "),
             file.display()
         )))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn units_at_group_is_the_group() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let file = tokens::path(dir.path());
+        let mut out = Vec::new();
+        new(&file, "g", &["@dev".into()], None, None, &mut out).expect("new");
+        assert_eq!(
+            tokens::load(&file).expect("load")[0].scope,
+            Scope::Group("dev".into())
+        );
+        let mixed = new(
+            &file,
+            "m",
+            &["@dev".into(), "a".into()],
+            None,
+            None,
+            &mut out,
+        );
+        assert!(mixed.is_err());
+        assert_eq!(tokens::load(&file).expect("load").len(), 1);
     }
 }

@@ -72,6 +72,7 @@ async fn serve(stream: UnixStream, shared: Arc<Shared>) {
         Ok(cred) => Caller {
             uid: Some(cred.uid()),
             pid: cred.pid().and_then(|p| u32::try_from(p).ok()),
+            ..Caller::default()
         },
         Err(_) => Caller::default(),
     };
@@ -94,7 +95,7 @@ async fn serve(stream: UnixStream, shared: Arc<Shared>) {
         }
     };
     let (header, fds, mut pending) = read;
-    let (destination, prepared) = match judge(&shared, &header, fds, caller) {
+    let (destination, prepared) = match judge(&shared, &header, fds, caller.clone()) {
         Ok(judged) => judged,
         Err(reply) => {
             refuse(stream, caller, &reply).await;
@@ -156,7 +157,7 @@ async fn serve(stream: UnixStream, shared: Arc<Shared>) {
     match destination {
         Destination::Unit(supervisor) => supervisor.attach(link, caller),
         Destination::Aggregate(target) => {
-            if let Err(why) = crate::aggregate::attach(&shared, target, link, caller) {
+            if let Err(why) = crate::aggregate::attach(&shared, target, link, caller.clone()) {
                 // The group emptied between the check and now.
                 tracing::warn!(target: "mcpd::daemon", pid = ?caller.pid, "attach socket: {why}");
             }
@@ -272,7 +273,7 @@ fn judge(
                 .map_err(|e| bad("input", e.to_string()))?,
         ),
         Kind::Socket => {
-            HostInput::Socket(stream_socket(input, caller).map_err(|e| bad("input", e))?)
+            HostInput::Socket(stream_socket(input, &caller).map_err(|e| bad("input", e))?)
         }
     };
     let output = match attach::kind(&output).map_err(|e| bad("output", e))? {
@@ -281,7 +282,7 @@ fn judge(
                 .map_err(|e| bad("output", e.to_string()))?,
         ),
         Kind::Socket => {
-            HostOutput::Socket(stream_socket(output, caller).map_err(|e| bad("output", e))?)
+            HostOutput::Socket(stream_socket(output, &caller).map_err(|e| bad("output", e))?)
         }
     };
     if request.pending > MAX_HEADER {
@@ -299,7 +300,7 @@ fn judge(
 /// A handed-over socket, if it is a Unix stream socket whose other end
 /// is the caller's own (as a host's socketpair is): the daemon never
 /// writes, with its credentials, to a peer the caller merely connected to.
-fn stream_socket(fd: OwnedFd, caller: Caller) -> Result<UnixStream, String> {
+fn stream_socket(fd: OwnedFd, caller: &Caller) -> Result<UnixStream, String> {
     use rustix::net::sockopt;
     let kind = sockopt::socket_type(&fd).map_err(|e| e.to_string())?;
     let domain = sockopt::socket_domain(&fd).map_err(|e| e.to_string())?;

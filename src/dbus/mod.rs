@@ -220,7 +220,7 @@ async fn lookup_caller(
                 .0
                 .lock()
                 .ok()
-                .and_then(|c| c.get(sender.as_str()).copied());
+                .and_then(|c| c.get(sender.as_str()).cloned());
             if let Some(caller) = known {
                 return caller;
             }
@@ -234,6 +234,7 @@ async fn lookup_caller(
             let caller = Caller {
                 uid: creds.as_ref().and_then(|c| c.unix_user_id()),
                 pid: creds.as_ref().and_then(|c| c.process_id()),
+                ..Caller::default()
             };
             if creds.is_some()
                 && let Ok(mut callers) = callers.0.lock()
@@ -241,7 +242,7 @@ async fn lookup_caller(
                 if callers.len() >= MAX_CACHED_CALLERS {
                     callers.clear();
                 }
-                callers.insert(sender.to_string(), caller);
+                callers.insert(sender.to_string(), caller.clone());
             }
             caller
         }
@@ -249,6 +250,7 @@ async fn lookup_caller(
             Ok(c) => Caller {
                 uid: c.unix_user_id(),
                 pid: c.process_id(),
+                ..Caller::default()
             },
             Err(_) => Caller::default(),
         },

@@ -630,6 +630,9 @@ impl Server {
                     "pid": i.pid,
                     "host_pid": i.host.pid,
                     "host_uid": i.host.uid,
+                    // An HTTP session's token name and client address.
+                    "host_token": i.host.token.as_deref(),
+                    "host_address": i.host.peer.map(|p| p.to_string()),
                     "since_usec": usec(i.since),
                     "calls": i.calls,
                     "memory": i.memory,

@@ -97,6 +97,8 @@ struct Inner {
     /// The token file's modification time when it was last read: a token
     /// not known is looked for in the file only when it changed since.
     tokens_read: Mutex<Option<std::time::SystemTime>>,
+    /// When each token was last used (`mcpctl token list`).
+    usage: Arc<crate::tokens::Usage>,
     /// The addresses served, for the read model's `HttpView`.
     addrs: RwLock<Vec<SocketAddr>>,
     /// Moves when the tokens change: stateless requests in flight check
@@ -171,6 +173,7 @@ impl Endpoint {
             settings: RwLock::new(settings),
             sessions: Mutex::new(HashMap::new()),
             connections: Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS)),
+            usage: Arc::new(crate::tokens::Usage::open(&tokens_file)),
             tokens_file,
             tokens: RwLock::new(HashMap::new()),
             tokens_read: Mutex::new(None),
@@ -191,6 +194,10 @@ impl Endpoint {
             activated: !activated.is_empty(),
         };
         endpoint.reload_tokens();
+        tokio::spawn(expiry_sweep(
+            Arc::downgrade(&endpoint.inner),
+            endpoint.inner.epoch.subscribe(),
+        ));
         if endpoint.activated {
             for listener in activated {
                 let listener = TcpListener::from_std(listener).map_err(|e| e.to_string())?;
@@ -248,26 +255,7 @@ impl Endpoint {
         if let Ok(mut tokens) = inner.tokens.write() {
             *tokens = by_hash;
         }
-        inner.epoch.send_modify(|n| *n += 1);
-        let now = now();
-        let ending: Vec<(String, Handle)> = match inner.sessions.lock() {
-            Ok(sessions) => sessions
-                .iter()
-                .filter(|(_, h)| match &h.token {
-                    None => false,
-                    Some(hash) => !inner
-                        .token(hash)
-                        .is_some_and(|e| !e.expired(now) && inner.reaches(&e, &h.target)),
-                })
-                .map(|(id, h)| (id.clone(), h.clone()))
-                .collect(),
-            Err(_) => Vec::new(),
-        };
-        for (id, handle) in ending {
-            tracing::info!(target: "mcpd::http", "ending session {id} on {}: its token was revoked", handle.target);
-            handle.revoked.notify_one();
-            inner.forget(&id);
-        }
+        inner.end_sessions_without_a_valid_token("its token was revoked");
     }
 
     /// The addresses it listens on, as bound (a port 0 resolved).
@@ -510,13 +498,15 @@ async fn route(
             &format!("token {} does not reach {name}", entry.name),
         );
     }
+    // Accounted as its token's name and the client's address (DESIGN §15).
+    let caller = Caller::http(token.map(|e| e.name.as_str()), peer);
     let token = token.map(|e| e.hash.as_str());
     let session = request
         .headers()
         .get(SESSION_HEADER)
         .map(|v| v.to_str().unwrap_or("").to_owned());
     match *request.method() {
-        Method::POST => post(inner, settings, token, &name, session, request).await,
+        Method::POST => post(inner, settings, token, &caller, &name, session, request).await,
         Method::GET => {
             let Some(handle) = inner.session(&name, session.as_deref(), token) else {
                 return missing_session(session.as_deref());
@@ -650,6 +640,42 @@ fn sse(mut rx: mpsc::Receiver<Bytes>) -> Response<Body> {
     response
 }
 
+/// Ends a token's sessions the moment it expires (a request after it is
+/// refused by `authorize`): sleeps until the earliest expiry to come,
+/// again whenever the tokens change (`epoch`), then ends the sessions
+/// whose token is no longer valid. One task for the endpoint, gone with
+/// it (`epoch`'s sender is its).
+async fn expiry_sweep(inner: std::sync::Weak<Inner>, mut epoch: tokio::sync::watch::Receiver<u64>) {
+    loop {
+        let next = match inner.upgrade() {
+            Some(inner) => inner.next_expiry(now()),
+            None => return,
+        };
+        let due = async {
+            match next {
+                Some(at) => {
+                    let since = std::time::SystemTime::now()
+                        .duration_since(std::time::UNIX_EPOCH)
+                        .unwrap_or_default();
+                    tokio::time::sleep(Duration::from_secs(at).saturating_sub(since)).await;
+                }
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            () = due => match inner.upgrade() {
+                Some(inner) => inner.end_sessions_without_a_valid_token("its token expired"),
+                None => return,
+            },
+            changed = epoch.changed() => {
+                if changed.is_err() {
+                    return;
+                }
+            }
+        }
+    }
+}
+
 fn now() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -657,6 +683,42 @@ fn now() -> u64 {
 }
 
 impl Inner {
+    /// Ends the sessions whose token is gone, expired or no longer
+    /// reaches their path (saying `why`), and has stateless requests in
+    /// flight check theirs again.
+    fn end_sessions_without_a_valid_token(&self, why: &str) {
+        self.epoch.send_modify(|n| *n += 1);
+        let now = now();
+        let ending: Vec<(String, Handle)> = match self.sessions.lock() {
+            Ok(sessions) => sessions
+                .iter()
+                .filter(|(_, h)| match &h.token {
+                    None => false,
+                    Some(hash) => !self
+                        .token(hash)
+                        .is_some_and(|e| !e.expired(now) && self.reaches(&e, &h.target)),
+                })
+                .map(|(id, h)| (id.clone(), h.clone()))
+                .collect(),
+            Err(_) => Vec::new(),
+        };
+        for (id, handle) in ending {
+            tracing::info!(target: "mcpd::http", "ending session {id} on {}: {why}", handle.target);
+            handle.revoked.notify_one();
+            self.forget(&id);
+        }
+    }
+
+    /// The earliest expiry of a token after `now` (seconds since the
+    /// epoch).
+    fn next_expiry(&self, now: u64) -> Option<u64> {
+        let tokens = self.tokens.read().ok()?;
+        tokens
+            .values()
+            .filter_map(|e| e.expires)
+            .filter(|at| *at > now)
+            .min()
+    }
     /// Logs one refusal with `log`, within the audit's rate limit.
     fn audit(&self, log: impl FnOnce()) {
         let Ok(mut limiter) = self.audit.lock() else {
@@ -726,8 +788,22 @@ impl Inner {
             .token(&hash)
             .or_else(|| self.minted_since(&hash))
             .ok_or("not a valid token")?;
-        if entry.expired(now()) {
+        let now = now();
+        if entry.expired(now) {
             return Err(format!("token {} has expired", entry.name));
+        }
+        if self.usage.note(&entry.hash, now) {
+            let kept: std::collections::HashSet<String> = self
+                .tokens
+                .read()
+                .map(|t| t.keys().cloned().collect())
+                .unwrap_or_default();
+            let usage = Arc::clone(&self.usage);
+            tokio::task::spawn_blocking(move || {
+                if let Err(why) = usage.write(&kept) {
+                    tracing::warn!(target: "mcpd::http", "cannot record when tokens were used: {why}");
+                }
+            });
         }
         Ok(entry)
     }
@@ -801,6 +877,7 @@ impl Inner {
         name: &str,
         max: usize,
         token: Option<&str>,
+        caller: &Caller,
     ) -> Result<(String, Handle), Box<Response<Body>>> {
         let shared = self
             .shared
@@ -813,7 +890,7 @@ impl Inner {
                 &format!("more than {max} HTTP sessions (max-sessions)"),
             )));
         }
-        let mine = attach(&shared, name)?;
+        let mine = attach(&shared, name, caller)?;
         let id = new_id();
         let (commands, rx) = mpsc::channel(64);
         let revoked = Arc::new(tokio::sync::Notify::new());
@@ -862,12 +939,13 @@ const PAIR_BUFFER: usize = 256 << 10;
 fn attach(
     shared: &Arc<Shared>,
     name: &str,
+    caller: &Caller,
 ) -> Result<crate::mux::memory::End, Box<Response<Body>>> {
     let target =
         Target::parse(name).map_err(|e| Box::new(rpc_error(StatusCode::NOT_FOUND, -32600, &e)))?;
     let (mine, theirs) = crate::mux::memory::pair(PAIR_BUFFER);
     let theirs = HostLink::Memory(theirs);
-    let caller = Caller::default();
+    let caller = caller.clone();
     if target.is_aggregate() {
         crate::aggregate::attach(shared, target, theirs, caller)
             .map_err(|e| Box::new(rpc_error(StatusCode::NOT_FOUND, -32600, &e)))?;
@@ -967,6 +1045,7 @@ async fn post(
     inner: &Arc<Inner>,
     settings: &HttpSettings,
     token: Option<&str>,
+    caller: &Caller,
     name: &str,
     session: Option<String>,
     request: Request<Incoming>,
@@ -1021,13 +1100,22 @@ async fn post(
     let id = message.request_id();
     let (session_id, handle) = match (&session, method.as_deref()) {
         (None, Some("initialize")) if id.is_some() => {
-            match inner.open(name, settings.max_sessions, token) {
+            match inner.open(name, settings.max_sessions, token, caller) {
                 Ok(opened) => opened,
                 Err(response) => return *response,
             }
         }
         (None, Some(m)) if m == "server/discover" || modern_version(&message).is_some() => {
-            return stateless(inner, settings, token, name, message, headers, sse_ok).await;
+            return stateless(
+                inner,
+                settings,
+                (token, caller),
+                name,
+                message,
+                headers,
+                sse_ok,
+            )
+            .await;
         }
         (None, _) => return missing_session(None),
         (Some(sid), _) => match inner.session(name, Some(sid), token) {
@@ -1077,7 +1165,7 @@ async fn post(
 async fn stateless(
     inner: &Arc<Inner>,
     settings: &HttpSettings,
-    token: Option<&str>,
+    (token, caller): (Option<&str>, &Caller),
     name: &str,
     message: Message,
     headers: hyper::HeaderMap,
@@ -1150,7 +1238,7 @@ async fn stateless(
             ),
         );
     }
-    let mine = match attach(&shared, name) {
+    let mine = match attach(&shared, name, caller) {
         Ok(mine) => mine,
         Err(response) => return *response,
     };

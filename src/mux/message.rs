@@ -253,15 +253,8 @@ impl Message {
         let Some(raw) = self.raw(key) else {
             return Ok(None);
         };
-        let spans = super::scan::object(raw.as_bytes()).ok_or(Unsure)?;
-        if spans.iter().any(|s| s.escaped) {
-            return Err(Unsure);
-        }
-        Ok(spans
-            .iter()
-            .rev()
-            .find(|s| &raw[s.key.0..s.key.1] == name)
-            .map(|s| &raw[s.value.0..s.value.1]))
+        let [found] = inner_members(raw, [name])?;
+        Ok(found)
     }
 
     /// [`Message::inner`] for each of `names` at once (one scan).
@@ -273,17 +266,7 @@ impl Message {
         let Some(raw) = self.raw(key) else {
             return Ok([None; N]);
         };
-        let spans = super::scan::object(raw.as_bytes()).ok_or(Unsure)?;
-        if spans.iter().any(|s| s.escaped) {
-            return Err(Unsure);
-        }
-        Ok(names.map(|name| {
-            spans
-                .iter()
-                .rev()
-                .find(|s| &raw[s.key.0..s.key.1] == name)
-                .map(|s| &raw[s.value.0..s.value.1])
-        }))
+        inner_members(raw, names)
     }
 
     /// Sets member `key` to `value`: in its place if it is there, else
@@ -663,14 +646,43 @@ fn why_not(line: &[u8]) -> NotAMessage {
 /// The members of the JSON object `text`, as spans of it; `None` if it
 /// is not one (serde_json then says why). Of a repeated key only the last
 /// value is kept.
+/// The values of members `names` of `raw`, a member's value (checked
+/// when its message was read, so not checked again): of a repeated name,
+/// the last. `Err` if `raw` is not an object or a key holds an escape.
+fn inner_members<'r, const N: usize>(
+    raw: &'r str,
+    names: [&str; N],
+) -> Result<[Option<&'r str>; N], Unsure> {
+    let mut found = [None; N];
+    let mut escaped = false;
+    super::scan::each_member(raw.as_bytes(), |s| {
+        escaped |= s.escaped;
+        let key = &raw[s.key.0..s.key.1];
+        if let Some(i) = names.iter().position(|name| *name == key) {
+            found[i] = Some(&raw[s.value.0..s.value.1]);
+        }
+    })
+    .ok_or(Unsure)?;
+    if escaped {
+        return Err(Unsure);
+    }
+    Ok(found)
+}
+
 fn members(text: &str) -> Option<Vec<Member>> {
-    let spans = super::scan::object(text.as_bytes())?;
-    let mut members: Vec<Member> = Vec::with_capacity(spans.len());
-    for span in spans {
+    let mut members: Vec<Member> = Vec::with_capacity(5);
+    let mut bad_key = false;
+    super::scan::each_checked(text.as_bytes(), |span| {
         let key = if span.escaped {
             // Unescaped as serde_json does (a lone surrogate is an error).
             let quoted = &text[span.key.0 - 1..span.key.1 + 1];
-            Text::Own(serde_json::from_str::<String>(quoted).ok()?.into())
+            match serde_json::from_str::<String>(quoted) {
+                Ok(key) => Text::Own(key.into()),
+                Err(_) => {
+                    bad_key = true;
+                    return;
+                }
+            }
         } else {
             Text::Span(span.key.0 as u32, span.key.1 as u32)
         };
@@ -679,6 +691,9 @@ fn members(text: &str) -> Option<Vec<Member>> {
             key,
             value: Text::Span(span.value.0 as u32, span.value.1 as u32),
         });
+    })?;
+    if bad_key {
+        return None;
     }
     last_of_each(&mut members, text);
     Some(members)

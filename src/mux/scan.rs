@@ -26,23 +26,41 @@ pub struct Span {
 /// allowed) in order, repeated keys included; `None` if `text` is not
 /// exactly one JSON object. `text` is UTF-8 (the caller checked).
 pub fn object(text: &[u8]) -> Option<Vec<Span>> {
+    let mut members = Vec::with_capacity(4);
+    each_checked(text, |span| members.push(span))?;
+    Some(members)
+}
+
+/// [`object`], each member given to `each` as it is found (the caller's
+/// own collection, no `Vec` of spans between); `None` if `text` is not
+/// exactly one JSON object, with some members given already.
+pub fn each_checked(text: &[u8], each: impl FnMut(Span)) -> Option<()> {
+    walk(text, true, each)
+}
+
+/// The members of an object, given to `each`: its grammar checked
+/// (`check`), or only skipped, for text that was checked before.
+fn walk(text: &[u8], check: bool, mut each: impl FnMut(Span)) -> Option<()> {
     let mut s = Scanner { text, at: 0 };
     s.ws();
     s.eat(b'{')?;
-    let mut members = Vec::with_capacity(4);
     s.ws();
     if !s.eat_if(b'}') {
         loop {
             s.eat(b'"')?;
             let start = s.at;
-            let escaped = s.string()?;
+            let escaped = if check { s.string()? } else { s.skip_string()? };
             let key = (start, s.at - 1);
             s.ws();
             s.eat(b':')?;
             s.ws();
             let start = s.at;
-            s.value()?;
-            members.push(Span {
+            if check {
+                s.value()?;
+            } else {
+                s.skip_value()?;
+            }
+            each(Span {
                 key,
                 escaped,
                 value: (start, s.at),
@@ -56,7 +74,7 @@ pub fn object(text: &[u8]) -> Option<Vec<Span>> {
         }
     }
     s.ws();
-    (s.at == text.len()).then_some(members)
+    (s.at == text.len()).then_some(())
 }
 
 /// The bytes a string's plain run stops at: its end, an escape, and
@@ -284,5 +302,92 @@ impl Nest {
             self.deeper.pop();
         }
         self.depth = self.depth.saturating_sub(1);
+    }
+}
+
+/// Calls `each` with the members of `text`, a JSON object that [`object`]
+/// accepted, whole or as a value inside one it accepted: the spans
+/// [`object`] finds, in order, found without checking the grammar again
+/// (a string is skipped to its closing quote, a nested value by counting
+/// brackets outside strings), so a member read twice is validated once.
+/// `None` if `text` is not an object (never a panic, whatever it is).
+pub fn each_member(text: &[u8], each: impl FnMut(Span)) -> Option<()> {
+    walk(text, false, each)
+}
+
+impl Scanner<'_> {
+    /// A valid string's rest, after its opening quote: whether it held
+    /// an escape.
+    fn skip_string(&mut self) -> Option<bool> {
+        let mut escaped = false;
+        loop {
+            let rest = self.text.get(self.at..)?;
+            self.at += memchr::memchr2(b'"', b'\\', rest)?;
+            if self.next()? == b'"' {
+                return Some(escaped);
+            }
+            // An escape: the byte after the backslash is never the end
+            // (`\uXXXX`'s digits hold no quote or backslash).
+            escaped = true;
+            self.next()?;
+        }
+    }
+
+    /// A valid value, however deeply nested.
+    fn skip_value(&mut self) -> Option<()> {
+        let mut depth = 0usize;
+        loop {
+            match self.next()? {
+                b'"' => {
+                    self.skip_string()?;
+                }
+                b'{' | b'[' => depth += 1,
+                b'}' | b']' => depth = depth.checked_sub(1)?,
+                // A number, `true`, `false` or `null`: up to what ends it.
+                _ if depth == 0 => {
+                    while self.peek().is_some_and(|b| {
+                        !matches!(b, b',' | b'}' | b']' | b' ' | b'\t' | b'\n' | b'\r')
+                    }) {
+                        self.at += 1;
+                    }
+                }
+                _ => {}
+            }
+            if depth == 0 {
+                return Some(());
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_member_finds_what_the_validating_scan_finds() {
+        let texts = [
+            r#"{}"#,
+            r#" { "a" : 1 , "b":[1,2,{"c":"]}"}], "d" : {"e":{"f":[[]]}} } "#,
+            r#"{"s":"a \"quoted\" } and \\ backslash\\","n\u0061me":-1.5e+3,"t":true,"f":false,"z":null}"#,
+            r#"{"deep":[[[[{"x":"[{"}]]]],"u":"\u005c\"","last":"é"}"#,
+            r#"{"k":0,"k":{}}"#,
+        ];
+        for text in texts {
+            let mut found = Vec::new();
+            assert_eq!(
+                each_member(text.as_bytes(), |s| found.push(s)),
+                Some(()),
+                "{text}"
+            );
+            assert_eq!(Some(found), object(text.as_bytes()), "{text}");
+        }
+        for not_an_object in ["[1]", "\"s\"", "1", "", "{\"a\":1", "{\"a\":]}"] {
+            assert_eq!(
+                each_member(not_an_object.as_bytes(), |_| ()),
+                None,
+                "{not_an_object}"
+            );
+        }
     }
 }

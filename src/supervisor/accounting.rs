@@ -16,11 +16,42 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-/// Who made a call, from the socket or bus credentials.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+/// Who made a call: from the socket or bus credentials, or for an HTTP
+/// session (DESIGN §15) the name of its token and the remote address.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Caller {
     pub uid: Option<u32>,
     pub pid: Option<u32>,
+    /// The token an HTTP session was opened with (none: `auth "none"`,
+    /// or not over HTTP).
+    pub token: Option<Arc<str>>,
+    /// The HTTP client's address.
+    pub peer: Option<std::net::SocketAddr>,
+}
+
+impl Caller {
+    /// An HTTP session's caller.
+    pub fn http(token: Option<&str>, peer: std::net::SocketAddr) -> Self {
+        Self {
+            token: token.map(Arc::from),
+            peer: Some(peer),
+            ..Self::default()
+        }
+    }
+}
+
+impl std::fmt::Display for Caller {
+    /// `uid U pid P` (`-` for what is not known); an HTTP session's
+    /// `token NAME from ADDR` (`http from ADDR` without a token).
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let id = |id: Option<u32>| id.map_or_else(|| "-".to_owned(), |n| n.to_string());
+        match (&self.token, self.peer) {
+            (Some(token), Some(peer)) => write!(f, "token {token} from {peer}"),
+            (Some(token), None) => write!(f, "token {token}"),
+            (None, Some(peer)) => write!(f, "http from {peer}"),
+            (None, None) => write!(f, "uid {} pid {}", id(self.uid), id(self.pid)),
+        }
+    }
 }
 
 /// The calls of one server since the daemon loaded it, and what its host
@@ -130,7 +161,7 @@ impl Record {
         log_later(Finished {
             server: Arc::clone(&self.server),
             tool: std::mem::take(&mut self.tool),
-            caller: self.caller,
+            caller: self.caller.clone(),
             outcome,
             took: self.started.elapsed(),
         });
@@ -247,9 +278,12 @@ pub fn flush_log() {
         // through tracing's field machinery).
         if tracing::enabled!(target: "mcpd::calls", tracing::Level::INFO) {
             let mut lines = String::with_capacity(calls.len() * 200);
+            // One time for the batch: every line starts the same.
+            let mut start = String::with_capacity(64);
             let now = std::time::SystemTime::now();
+            let _ = crate::logbatch::prefix(&mut start, ansi, now, INFO, "mcpd::calls");
             for call in &calls {
-                let _ = text_line(&mut lines, ansi, now, call);
+                let _ = text_line(&mut lines, &start, ansi, call);
             }
             crate::logbatch::write(lines.as_bytes());
         }
@@ -262,15 +296,14 @@ pub fn flush_log() {
     });
 }
 
+/// The text log's level of a call's line, with its colour.
+const INFO: (&str, &str) = ("\x1b[32m", " INFO");
+
 /// One finished call's text log line, as [`log_call`] writes it through
-/// the text log; with `push_str` and digits made by hand, not `fmt`
+/// the text log, after `start` (the batch's [`crate::logbatch::prefix`],
+/// made once); with `push_str` and digits made by hand, not `fmt`
 /// (whose machinery was half of a line's cost).
-fn text_line(
-    out: &mut String,
-    ansi: bool,
-    now: std::time::SystemTime,
-    call: &Finished,
-) -> std::fmt::Result {
+fn text_line(out: &mut String, start: &str, ansi: bool, call: &Finished) -> std::fmt::Result {
     use crate::logbatch::{escape, field_name};
     let id = |out: &mut String, id: Option<u32>| match id {
         Some(id) => push_number(out, u64::from(id)),
@@ -284,13 +317,11 @@ fn text_line(
             escape(out, &call.outcome.to_string())
         }
     };
-    crate::logbatch::prefix(out, ansi, now, ("\x1b[32m", " INFO"), "mcpd::calls")?;
+    out.push_str(start);
     out.push_str("tools/call ");
     escape(out, &call.tool)?;
-    out.push_str(" by uid ");
-    id(out, call.caller.uid);
-    out.push_str(" pid ");
-    id(out, call.caller.pid);
+    out.push_str(" by ");
+    escape(out, &call.caller.to_string())?;
     out.push_str(": ");
     outcome(out)?;
     out.push_str(" in ");
@@ -308,6 +339,16 @@ fn text_line(
     field_name(out, ansi, "mcpd_caller_pid")?;
     id(out, call.caller.pid);
     out.push(' ');
+    if let Some(token) = &call.caller.token {
+        field_name(out, ansi, "mcpd_caller_token")?;
+        escape(out, token)?;
+        out.push(' ');
+    }
+    if let Some(peer) = call.caller.peer {
+        field_name(out, ansi, "mcpd_caller_address")?;
+        escape(out, &peer.to_string())?;
+        out.push(' ');
+    }
     field_name(out, ansi, "mcpd_outcome")?;
     outcome(out)?;
     out.push(' ');
@@ -347,7 +388,8 @@ fn push_millis(out: &mut String, took: Duration) {
 }
 
 /// Logs one finished call. The journal gets MCPD_SERVER, MCPD_TOOL,
-/// MCPD_CALLER_UID, MCPD_CALLER_PID, MCPD_OUTCOME and MCPD_DURATION_USEC.
+/// MCPD_CALLER_UID, MCPD_CALLER_PID, MCPD_OUTCOME and MCPD_DURATION_USEC,
+/// and for an HTTP session MCPD_CALLER_TOKEN and MCPD_CALLER_ADDRESS.
 fn log_call(call: &Finished) {
     let Finished {
         server,
@@ -360,15 +402,19 @@ fn log_call(call: &Finished) {
     let pid = caller.pid.map_or_else(|| "-".to_owned(), |p| p.to_string());
     let mut millis = String::new();
     push_millis(&mut millis, *took);
+    let token = caller.token.as_deref().map(tracing::field::display);
+    let address = caller.peer.map(tracing::field::display);
     tracing::info!(
         target: "mcpd::calls",
         mcpd_server = %server,
         mcpd_tool = %tool,
         mcpd_caller_uid = %uid,
         mcpd_caller_pid = %pid,
+        mcpd_caller_token = token,
+        mcpd_caller_address = address,
         mcpd_outcome = %outcome,
         mcpd_duration_usec = micros(*took),
-        "tools/call {tool} by uid {uid} pid {pid}: {outcome} in {millis} ms"
+        "tools/call {tool} by {caller}: {outcome} in {millis} ms"
     );
 }
 
@@ -383,13 +429,16 @@ pub(crate) fn sample(tool: &str, outcome: Outcome, ansi: bool) -> (String, impl 
         tool: tool.to_owned(),
         caller: Caller {
             uid: Some(1000),
-            pid: None,
+            ..Caller::default()
         },
         outcome,
         took: Duration::from_micros(1250),
     };
+    let mut start = String::new();
+    let now = std::time::SystemTime::now();
+    crate::logbatch::prefix(&mut start, ansi, now, INFO, "mcpd::calls").expect("formats");
     let mut line = String::new();
-    text_line(&mut line, ansi, std::time::SystemTime::now(), &call).expect("formats");
+    text_line(&mut line, &start, ansi, &call).expect("formats");
     (line, move || log_call(&call))
 }
 

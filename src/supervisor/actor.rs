@@ -147,7 +147,7 @@ async fn sleep_until_opt(at: Option<Instant>) {
 async fn sleep_until(deadline: Option<(Timer, Instant)>) -> Timer {
     match deadline {
         Some((timer, at)) => {
-            tokio::time::sleep_until(tokio::time::Instant::from_std(at)).await;
+            super::clock::sleep_until(at).await;
             timer
         }
         None => std::future::pending().await,

@@ -431,6 +431,11 @@ impl Cgroup {
 
     /// Waits until it is empty: woken by inotify on `cgroup.events`.
     pub async fn emptied(&self) {
+        // Mostly it is already (a server's last process was its main
+        // one): no watch to set up and tear down.
+        if !self.populated() {
+            return;
+        }
         let events = self.dir.join("cgroup.events");
         let watch = Watch::new(&events);
         while self.populated() {

@@ -170,7 +170,7 @@ impl Instances {
                     n: *n,
                     state: status.state,
                     pid: status.main_pid,
-                    host: r.host,
+                    host: r.host.clone(),
                     since: status.since,
                     calls: r.supervisor.counters().calls(),
                     memory: r.supervisor.usage().map(|u| u.memory),

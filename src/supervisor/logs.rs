@@ -226,11 +226,16 @@ pub async fn pump(
     let mut partial: Vec<u8> = Vec::new();
     let mut ends: Vec<usize> = Vec::new();
     let mut flooding = false;
+    // Kept between reads while small (a line a call costs no allocation);
+    // what a burst grew is let go when it ends.
+    let mut buf = BytesMut::with_capacity(FIRST_READ);
     'read: loop {
         if stderr.readable().await.is_err() {
             break;
         }
-        let mut buf = BytesMut::with_capacity(FIRST_READ);
+        if buf.capacity() != FIRST_READ {
+            buf = BytesMut::with_capacity(FIRST_READ);
+        }
         loop {
             buf.clear();
             let room = buf.capacity();
@@ -255,7 +260,7 @@ pub async fn pump(
                     let _ = rustix::pipe::fcntl_setpipe_size(&stderr, size);
                 }
                 if over {
-                    drop(buf);
+                    buf = BytesMut::new();
                     tokio::time::sleep(FLOOD_PACE).await;
                 }
                 break;
@@ -366,20 +371,29 @@ impl LogRing {
 
     /// Appends a line, dropping the oldest beyond [`CAPACITY`].
     pub fn push(&self, line: &str) {
-        let mut line = line.trim_end_matches(['\n', '\r']).to_owned();
-        if line.len() > MAX_LINE {
-            let mut cut = MAX_LINE;
-            while !line.is_char_boundary(cut) {
-                cut -= 1;
-            }
-            line.truncate(cut);
-            line.push('…');
+        let line = line.trim_end_matches(['\n', '\r']);
+        let mut cut = line.len().min(MAX_LINE);
+        while !line.is_char_boundary(cut) {
+            cut -= 1;
         }
         if let Ok(mut lines) = self.lines.lock() {
-            if lines.len() == CAPACITY {
-                lines.pop_front();
+            // A full ring's oldest line is written over (no allocation
+            // when it was as long).
+            let mut kept = if lines.len() == CAPACITY {
+                lines.pop_front().unwrap_or_default()
+            } else {
+                String::new()
+            };
+            if kept.capacity() > 2 * cut.max(64) {
+                // Not a long line's room for a short one.
+                kept = String::new();
             }
-            lines.push_back(line);
+            kept.clear();
+            kept.push_str(&line[..cut]);
+            if cut < line.len() {
+                kept.push('…');
+            }
+            lines.push_back(kept);
         }
     }
 

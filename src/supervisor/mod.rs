@@ -420,7 +420,7 @@ impl Supervisor {
                 "server {} runs an instance per host and all {max} are in use (max-instances {max})",
                 self.name
             );
-            tracing::warn!(target: "mcpd::supervisor", mcpd_server = %self.name, uid = ?caller.uid, pid = ?caller.pid, "refusing a host: {why}");
+            tracing::warn!(target: "mcpd::supervisor", mcpd_server = %self.name, "refusing a host ({caller}): {why}");
             self.sessions.attach_refused(link, caller, Arc::from(why));
             return;
         }
@@ -437,8 +437,8 @@ impl Supervisor {
             self.logs.clone(),
             None,
         );
-        instance.sessions.attach(link, caller);
-        tracing::info!(target: "mcpd::supervisor", mcpd_server = %self.name, uid = ?caller.uid, pid = ?caller.pid, "instance {name} for a host");
+        tracing::info!(target: "mcpd::supervisor", mcpd_server = %self.name, "instance {name} for a host ({caller})");
+        instance.sessions.attach(link, caller.clone());
         self.instances
             .run(n, instance, task, caller, Arc::clone(&self.counters));
     }

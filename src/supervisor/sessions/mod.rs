@@ -958,6 +958,7 @@ impl Task {
     }
 
     fn attach(&mut self, link: HostLink, caller: Caller, refused: Option<Arc<str>>) {
+        let who = caller.to_string();
         self.next_host += 1;
         let host = self.next_host;
         let Opened {
@@ -993,7 +994,7 @@ impl Task {
         let attached = self.hosts.len();
         self.presence
             .send_modify(|(ever, now)| (*ever, *now) = (*ever + 1, attached));
-        tracing::debug!(target: "mcpd::sessions", mcpd_server = %self.name, host, uid = ?caller.uid, pid = ?caller.pid, "host session attached");
+        tracing::debug!(target: "mcpd::sessions", mcpd_server = %self.name, host, "host session attached by {who}");
         if self.hosts.len() > MAX_SESSIONS {
             let why = format!(
                 "too many sessions on server {} (at most {MAX_SESSIONS})",
@@ -1628,7 +1629,7 @@ impl Task {
                 return;
             };
             let mut record = Record::new(&self.name, &tool, &self.counters);
-            record.caller = h.caller;
+            record.caller = h.caller.clone();
             h.calls.insert(id.clone(), record);
         }
         if session::counts_as_use(name) {

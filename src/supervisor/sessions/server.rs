@@ -158,7 +158,9 @@ impl Task {
                 let n = self.router.in_flight(*host);
                 (n > 0).then(|| {
                     let mut who = format!("session {host}");
-                    if let Some(pid) = h.caller.pid {
+                    if h.caller.token.is_some() || h.caller.peer.is_some() {
+                        who.push_str(&format!(" ({})", h.caller));
+                    } else if let Some(pid) = h.caller.pid {
                         who.push_str(&format!(" (pid {pid}"));
                         if let Some(uid) = h.caller.uid {
                             who.push_str(&format!(", uid {uid}"));
