@@ -33,7 +33,10 @@
 //! 10. per-host instances (`perhost`): a host's first call on a per-host
 //!     unit vs the fixture's own cold start, the daemon's memory per
 //!     running instance;
-//! 11. comparisons: `bench/compare.py` (respawn delay under supervisord).
+//! 11. the HTTP endpoint (`http`): a call over it vs direct stdio and vs
+//!     supergateway (npm, pinned) on the same fixture, 64 HTTP sessions
+//!     vs 64 bridges at once, the daemon's memory per idle HTTP session;
+//! 12. comparisons: `bench/compare.py` (respawn delay under supervisord).
 //!
 //! Run through `bench/run` (release build); `cargo test` runs it as a smoke
 //! run (see `common`). Sizes: `MCPD_BENCH_UNITS` (500),
@@ -44,8 +47,9 @@
 //! `MCPD_BENCH_PROBE_SECS` (31: the idle window with probes),
 //! `MCPD_BENCH_DETECTIONS` (5 hung servers), `MCPD_BENCH_FLOOD_SECS` (5),
 //! `MCPD_BENCH_ONDEMAND_UNITS` (20), `MCPD_BENCH_COLD_CALLS` (20),
-//! `MCPD_BENCH_CATALOG` (100,000 tools beside the small unit).
-//! `MCPD_BENCH_ONLY=ondemand`, `perhost`, `startup` (start-up at `MCPD_BENCH_UNITS`
+//! `MCPD_BENCH_CATALOG` (100,000 tools beside the small unit),
+//! `MCPD_BENCH_HTTP_SESSIONS` (64) × `MCPD_BENCH_HTTP_CALLS` (500).
+//! `MCPD_BENCH_ONLY=ondemand`, `perhost`, `http`, `startup` (start-up at `MCPD_BENCH_UNITS`
 //! beside its floor, the fixtures spawned without mcpd), `sessions` (the tool-call paths and host
 //! sessions), `everything` (server-everything direct, bridged and
 //! relayed: the one ratio), `eras` (a 2026-07-28 host vs a 2025-11-25
@@ -56,6 +60,8 @@
 //! only that section (while working on it).
 
 mod common;
+#[path = "daemon/http.rs"]
+mod http;
 #[path = "daemon/liveness.rs"]
 mod liveness;
 #[path = "daemon/ondemand.rs"]
@@ -143,12 +149,26 @@ impl Daemon {
     fn start(units: &Path, bus: Option<&Bus>) -> Self {
         let runtime = tempfile::tempdir().expect("tempdir");
         let state = runtime.path().join("state");
-        Self::start_with(units, bus, runtime, &state)
+        Self::start_with(units, bus, runtime, &state, None)
+    }
+
+    /// [`Daemon::start`] (without a bus) with `--config settings`: the
+    /// daemon's `mcpd.kdl` (its HTTP endpoint).
+    fn start_configured(units: &Path, settings: &Path) -> Self {
+        let runtime = tempfile::tempdir().expect("tempdir");
+        let state = runtime.path().join("state");
+        Self::start_with(units, None, runtime, &state, Some(settings))
     }
 
     /// [`Daemon::start`] keeping on-demand caches in `state`.
     fn start_in(units: &Path, bus: Option<&Bus>, state: &Path) -> Self {
-        Self::start_with(units, bus, tempfile::tempdir().expect("tempdir"), state)
+        Self::start_with(
+            units,
+            bus,
+            tempfile::tempdir().expect("tempdir"),
+            state,
+            None,
+        )
     }
 
     fn start_with(
@@ -156,11 +176,14 @@ impl Daemon {
         bus: Option<&Bus>,
         runtime: tempfile::TempDir,
         state: &Path,
+        settings: Option<&Path>,
     ) -> Self {
         let mut cmd = Command::new(common::binary("mcpd"));
-        cmd.args(["--user", "--units"])
-            .arg(units)
-            .env("XDG_RUNTIME_DIR", runtime.path())
+        cmd.args(["--user", "--units"]).arg(units);
+        if let Some(settings) = settings {
+            cmd.arg("--config").arg(settings);
+        }
+        cmd.env("XDG_RUNTIME_DIR", runtime.path())
             .env("MCPD_STATE_DIR", state)
             .env("MCPD_LOG", "info,mcpd::server=warn")
             .stdin(Stdio::null())
@@ -495,6 +518,10 @@ fn main() {
             print_table("Daemon", &perhost::rows(&rt, &sizes));
             return;
         }
+        Ok("http") => {
+            print_table("Daemon", &http::rows(&rt, &sizes));
+            return;
+        }
         Ok("catalog") => {
             print_table("Daemon", &[beside_a_catalog(&rt, &sizes)]);
             return;
@@ -641,6 +668,7 @@ fn main() {
     rows.extend(liveness::rows(&rt, &sizes, bus.as_ref()));
     rows.extend(ondemand::rows(&rt, &sizes));
     rows.extend(perhost::rows(&rt, &sizes));
+    rows.extend(http::rows(&rt, &sizes));
     print_table("Daemon", &rows);
 
     let mut comparisons = calls.1;

@@ -126,6 +126,10 @@ struct Args {
     /// With --http: answer 401 unless the request has this Authorization header value.
     #[arg(long, env = "MCP_FIXTURE_REQUIRE_AUTH", value_name = "VALUE")]
     require_auth: Option<String>,
+    /// With --http: append a line to FILE for every POST, its `Mcp-*`
+    /// headers but the session's, sorted: `name: value; name: value`.
+    #[arg(long, env = "MCP_FIXTURE_RECORD_HEADERS", value_name = "FILE")]
+    record_headers: Option<PathBuf>,
     /// N more extra tools from the start, `tool-0` to `tool-<N-1>` (a
     /// catalog too large for a command line; page it with --page-size).
     #[arg(
@@ -226,10 +230,18 @@ impl Fixture {
         ];
         let extra = self.extra.lock().map(|e| e.clone()).unwrap_or_default();
         for name in extra {
+            // An extra tool named `region` asks a 2026-07-28 client to
+            // mirror its `region` argument in an `Mcp-Param-Region`
+            // header (x-mcp-header, SEP-2243).
+            let input = if name == "region" {
+                json!({"type": "object", "properties": {"region": {"type": "string", "x-mcp-header": "Region"}, "text": {"type": "string"}}})
+            } else {
+                text_schema()
+            };
             tools.push(Tool::new(
                 name.clone(),
                 format!("Extra tool {name}: echoes text"),
-                schema(text_schema()),
+                schema(input),
             ));
         }
         tools
@@ -732,6 +744,7 @@ async fn serve_http(
     addr: &str,
     port_file: Option<&PathBuf>,
     require_auth: Option<String>,
+    record_headers: Option<PathBuf>,
 ) -> std::process::ExitCode {
     use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
     use rmcp::transport::streamable_http_server::{
@@ -760,11 +773,17 @@ async fn serve_http(
         };
         let service = service.clone();
         let require_auth = require_auth.clone();
+        let record_headers = record_headers.clone();
         tokio::spawn(async move {
             let handler = hyper::service::service_fn(
                 move |request: hyper::Request<hyper::body::Incoming>| {
                     let mut service = service.clone();
                     let require_auth = require_auth.clone();
+                    if let Some(file) = &record_headers
+                        && request.method() == hyper::Method::POST
+                    {
+                        record(file, request.headers());
+                    }
                     async move {
                         use http_body_util::BodyExt;
                         let authorized = require_auth.as_deref().is_none_or(|want| {
@@ -793,6 +812,24 @@ async fn serve_http(
                 .serve_connection(hyper_util::rt::TokioIo::new(stream), handler)
                 .await;
         });
+    }
+}
+
+/// Appends a request's `Mcp-*` headers (but `Mcp-Session-Id`) to `file`
+/// as one line, sorted by name.
+fn record(file: &PathBuf, headers: &hyper::HeaderMap) {
+    let mut seen: Vec<String> = headers
+        .iter()
+        .filter(|(name, _)| name.as_str().starts_with("mcp-") && name.as_str() != "mcp-session-id")
+        .map(|(name, value)| format!("{name}: {}", String::from_utf8_lossy(value.as_bytes())))
+        .collect();
+    seen.sort();
+    if let Ok(mut f) = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(file)
+    {
+        let _ = writeln!(f, "{}", seen.join("; "));
     }
 }
 
@@ -989,6 +1026,7 @@ async fn main() -> std::process::ExitCode {
             &addr,
             args.port_file.as_ref(),
             args.require_auth.clone(),
+            args.record_headers.clone(),
         )
         .await;
     }

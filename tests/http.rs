@@ -1330,3 +1330,440 @@ fn stream_ends(mut stream: std::net::TcpStream) {
         }
     }
 }
+
+/// Reads the next SSE event of an open stream (one chunk of its chunked
+/// body): its `id` and its `data`.
+fn next_event(stream: &mut std::net::TcpStream) -> (String, String) {
+    use std::io::Read;
+    let mut size = Vec::new();
+    let mut byte = [0u8; 1];
+    while !size.ends_with(b"\r\n") {
+        assert_eq!(stream.read(&mut byte).expect("read"), 1, "{size:?}");
+        size.push(byte[0]);
+    }
+    let size = std::str::from_utf8(&size).expect("utf-8");
+    let size = usize::from_str_radix(size.trim(), 16).expect("a chunk size");
+    assert!(size > 0, "the stream ended");
+    let mut chunk = vec![0u8; size + 2];
+    stream.read_exact(&mut chunk).expect("read");
+    let text = String::from_utf8_lossy(&chunk[..size]).into_owned();
+    let field = |name: &str| {
+        text.lines()
+            .find_map(|l| l.strip_prefix(name))
+            .unwrap_or_else(|| panic!("no {name} in {text:?}"))
+            .to_owned()
+    };
+    (field("id: "), field("data: "))
+}
+
+/// A fixture unit `a` that can `touch` (notify `resources/updated`), a
+/// daemon serving it over HTTP, and an initialized session.
+fn touching() -> (
+    Daemon,
+    tempfile::TempDir,
+    tempfile::TempDir,
+    std::net::SocketAddr,
+    String,
+) {
+    let units = tempfile::tempdir().expect("tempdir");
+    std::fs::write(
+        units.path().join("a.kdl"),
+        "stdio {\n    command \"mcp-fixture\" \"--chatter\" \"0\"\n    env MCP_FIXTURE_TOOLS=\"touch\"\n}\n",
+    )
+    .expect("write");
+    let (mut d, dir, addr) = endpoint(
+        units.path(),
+        "http {\n    listen \"127.0.0.1:0\"\n    auth \"none\"\n}\n",
+    );
+    d.wait_for("running (pid");
+    let (status, headers, body) = request(addr, "POST", "/mcp/a", &JSON, INITIALIZE.as_bytes());
+    assert_eq!(status, 200, "{body}");
+    let session = header(&headers, "mcp-session-id").expect("id").to_owned();
+    (d, units, dir, addr, session)
+}
+
+/// A POSTed request of `session`, answered as JSON: the answer.
+fn call(addr: std::net::SocketAddr, session: &str, id: u64, method: &str, params: &str) -> String {
+    let mut h: Vec<(&str, &str)> = JSON.to_vec();
+    h.push(("Mcp-Session-Id", session));
+    let body = format!(r#"{{"jsonrpc":"2.0","id":{id},"method":"{method}","params":{params}}}"#);
+    let (status, _, answer) = request(addr, "POST", "/mcp/a", &h, body.as_bytes());
+    assert_eq!(status, 200, "{answer}");
+    assert!(answer.contains("\"result\""), "{answer}");
+    answer
+}
+
+fn subscribe(addr: std::net::SocketAddr, session: &str, id: u64, uri: &str) {
+    call(
+        addr,
+        session,
+        id,
+        "resources/subscribe",
+        &format!(r#"{{"uri":"{uri}"}}"#),
+    );
+}
+
+fn touch(addr: std::net::SocketAddr, session: &str, id: u64, uri: &str) {
+    call(
+        addr,
+        session,
+        id,
+        "tools/call",
+        &format!(r#"{{"name":"touch","arguments":{{"uri":"{uri}"}}}}"#),
+    );
+}
+
+/// The `uri` of a `notifications/resources/updated`.
+fn updated(data: &str) -> String {
+    let message: serde_json::Value = serde_json::from_str(data).expect("JSON");
+    assert_eq!(
+        message["method"], "notifications/resources/updated",
+        "{data}"
+    );
+    message["params"]["uri"].as_str().expect("uri").to_owned()
+}
+
+fn event_seq(id: &str) -> u64 {
+    id.split_once('-')
+        .and_then(|(_, seq)| seq.parse().ok())
+        .unwrap_or_else(|| panic!("not STREAM-SEQ: {id}"))
+}
+
+#[test]
+fn a_dropped_stream_resumed_with_last_event_id_gets_what_it_missed_once_in_order() {
+    let (_d, _units, _dir, addr, session) = touching();
+    for (n, uri) in [
+        "fixture://0",
+        "fixture://1",
+        "fixture://2",
+        "fixture://3",
+        "fixture://4",
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        subscribe(addr, &session, 10 + n as u64, uri);
+    }
+    let mut stream = get_stream(addr, "/mcp/a", &session, "");
+    touch(addr, &session, 20, "fixture://0");
+    let (last, data) = next_event(&mut stream);
+    assert_eq!(updated(&data), "fixture://0");
+    // The client goes; the server goes on sending.
+    drop(stream);
+    for (n, uri) in ["fixture://1", "fixture://2", "fixture://3"]
+        .into_iter()
+        .enumerate()
+    {
+        touch(addr, &session, 21 + n as u64, uri);
+    }
+    let mut stream = get_stream(
+        addr,
+        "/mcp/a",
+        &session,
+        &format!("Last-Event-ID: {last}\r\n"),
+    );
+    let mut seqs = vec![event_seq(&last)];
+    for uri in ["fixture://1", "fixture://2", "fixture://3"] {
+        let (id, data) = next_event(&mut stream);
+        assert_eq!(updated(&data), uri);
+        seqs.push(event_seq(&id));
+    }
+    // The stream goes on: the next event is new, nothing comes twice.
+    touch(addr, &session, 30, "fixture://4");
+    let (id, data) = next_event(&mut stream);
+    assert_eq!(updated(&data), "fixture://4");
+    seqs.push(event_seq(&id));
+    assert!(seqs.windows(2).all(|w| w[0] < w[1]), "{seqs:?}");
+
+    // An id this endpoint never gave out: 400.
+    let h = [
+        ("Accept", "text/event-stream"),
+        ("Mcp-Session-Id", session.as_str()),
+        ("Last-Event-ID", "nonsense"),
+    ];
+    assert_eq!(request(addr, "GET", "/mcp/a", &h, b"").0, 400);
+}
+
+#[test]
+fn what_a_client_that_never_comes_back_leaves_is_bounded_and_the_loss_is_logged() {
+    let (mut d, _units, _dir, addr, session) = touching();
+    subscribe(addr, &session, 2, "fixture://n");
+    let mut stream = get_stream(addr, "/mcp/a", &session, "");
+    touch(addr, &session, 3, "fixture://n");
+    let (first, _) = next_event(&mut stream);
+    drop(stream);
+    // More events than the buffer keeps.
+    let limit = mcpd::endpoint::session::REPLAY_EVENTS;
+    for n in 0..limit + 20 {
+        touch(addr, &session, 100 + n as u64, "fixture://n");
+    }
+    let mut stream = get_stream(
+        addr,
+        "/mcp/a",
+        &session,
+        &format!("Last-Event-ID: {first}\r\n"),
+    );
+    let mut last = first.clone();
+    for _ in 0..limit {
+        let (id, data) = next_event(&mut stream);
+        assert_eq!(updated(&data), "fixture://n");
+        assert!(event_seq(&id) > event_seq(&last), "{id} after {last}");
+        last = id;
+    }
+    d.wait_for("fell out of the replay buffer");
+    // Exactly the newest `limit`: the next event is a new one.
+    subscribe(addr, &session, 1000, "fixture://marker");
+    touch(addr, &session, 1001, "fixture://marker");
+    let (id, data) = next_event(&mut stream);
+    assert_eq!(updated(&data), "fixture://marker");
+    drop(stream);
+
+    // Bytes: large events (URIs of 8000 bytes: an event of about 8.1 KiB),
+    // more than the buffer's bytes: only the newest that fit are kept.
+    let big = format!("fixture://{}", "b".repeat(8000));
+    subscribe(addr, &session, 2000, &big);
+    let bytes = mcpd::endpoint::session::REPLAY_BYTES;
+    let sent = bytes / 8000 + 20;
+    for n in 0..sent {
+        touch(addr, &session, 2001 + n as u64, &big);
+    }
+    let mut stream = get_stream(
+        addr,
+        "/mcp/a",
+        &session,
+        &format!("Last-Event-ID: {id}\r\n"),
+    );
+    touch(addr, &session, 9000, "fixture://marker");
+    let mut kept = 0;
+    loop {
+        let (_, data) = next_event(&mut stream);
+        if updated(&data) == "fixture://marker" {
+            break;
+        }
+        assert_eq!(updated(&data), big);
+        kept += 1;
+    }
+    assert!(
+        (bytes / 8200..=bytes / 8000).contains(&kept),
+        "{kept} of {sent} events of 8.1 KiB kept within {bytes} bytes"
+    );
+}
+
+#[test]
+fn a_request_without_a_session_on_a_per_host_unit_is_refused_and_an_auto_client_opens_a_session() {
+    let units = tempfile::tempdir().expect("tempdir");
+    everything_unit(units.path());
+    let file = units.path().join("everything.kdl");
+    let unit = std::fs::read_to_string(&file).expect("read");
+    std::fs::write(&file, format!("{unit}sessions \"per-host\"\n")).expect("write");
+    let (mut d, _dir, addr) = endpoint(
+        units.path(),
+        "http {\n    listen \"127.0.0.1:0\"\n    auth \"none\"\n}\n",
+    );
+    d.wait_for("running (pid");
+    let runtime = d.runtime_dir().expect("runtime").to_owned();
+    let instances = || {
+        let out = crate::helper::mcpctl_user(&runtime, &["status", "everything"]);
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        text.lines()
+            .find_map(|l| l.trim().strip_prefix("Instances: "))
+            .unwrap_or_else(|| panic!("no Instances line in {text}"))
+            .to_owned()
+    };
+    // Stateless requests (discover, a call): -32022 naming the 2025
+    // versions, and why; no instance is started for them.
+    let meta = r#""_meta":{"io.modelcontextprotocol/protocolVersion":"2026-07-28","io.modelcontextprotocol/clientCapabilities":{}}"#;
+    for (method, name, params) in [
+        ("server/discover", None, format!("{{{meta}}}")),
+        (
+            "tools/call",
+            Some("echo"),
+            format!(r#"{{"name":"echo","arguments":{{"message":"x"}},{meta}}}"#),
+        ),
+    ] {
+        let mut h: Vec<(&str, &str)> = JSON.to_vec();
+        h.extend([
+            ("MCP-Protocol-Version", "2026-07-28"),
+            ("Mcp-Method", method),
+        ]);
+        if let Some(name) = name {
+            h.push(("Mcp-Name", name));
+        }
+        let body = format!(r#"{{"jsonrpc":"2.0","id":5,"method":"{method}","params":{params}}}"#);
+        let (status, _, answer) = request(addr, "POST", "/mcp/everything", &h, body.as_bytes());
+        assert_eq!(status, 200, "{answer}");
+        let answer: serde_json::Value = serde_json::from_str(&answer).expect("JSON");
+        assert_eq!(answer["id"], 5, "{answer}");
+        assert_eq!(answer["error"]["code"], -32022, "{answer}");
+        let message = answer["error"]["message"].as_str().expect("message");
+        assert!(
+            message.contains("unit everything runs an instance per host session")
+                && message.contains("initialize"),
+            "{message}"
+        );
+        let supported = answer["error"]["data"]["supported"].to_string();
+        assert!(supported.contains("\"2025-11-25\""), "{supported}");
+    }
+    assert!(instances().starts_with("0 of"), "{}", instances());
+    // The Python SDK's client in mode auto falls back to a session, which
+    // has an instance of its own, and gets what a 2025 host gets.
+    let url = format!("http://{addr}/mcp/everything");
+    let mut over_http = era(false, "auto", &[&url], &runtime);
+    assert_eq!(over_http["protocol"], "2025-11-25", "{over_http}");
+    assert!(!over_http.to_string().contains("\"error: "), "{over_http}");
+    let mut legacy = era(false, "legacy", &[&url], &runtime);
+    for out in [&mut over_http, &mut legacy] {
+        out.as_object_mut().expect("an object").remove("mode");
+    }
+    assert_eq!(over_http, legacy);
+}
+
+#[test]
+fn a_request_whose_stream_broke_gets_the_rest_and_its_answer_on_a_resuming_get() {
+    let units = tempfile::tempdir().expect("tempdir");
+    std::fs::write(
+        units.path().join("a.kdl"),
+        "stdio {\n    command \"mcp-fixture\" \"--chatter\" \"0\"\n    env MCP_FIXTURE_TOOLS=\"progress\"\n}\n",
+    )
+    .expect("write");
+    let (mut d, _dir, addr) = endpoint(
+        units.path(),
+        "http {\n    listen \"127.0.0.1:0\"\n    auth \"none\"\n}\n",
+    );
+    d.wait_for("running (pid");
+    let (status, headers, body) = request(addr, "POST", "/mcp/a", &JSON, INITIALIZE.as_bytes());
+    assert_eq!(status, 200, "{body}");
+    let session = header(&headers, "mcp-session-id").expect("id").to_owned();
+    // The call's own stream: its first progress notification, then the
+    // client goes.
+    let call = r#"{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{"name":"progress","arguments":{"steps":3},"_meta":{"progressToken":"p"}}}"#;
+    let mut stream = {
+        use std::io::{Read, Write};
+        let mut stream = std::net::TcpStream::connect(addr).expect("connect");
+        stream
+            .set_read_timeout(Some(std::time::Duration::from_secs(30)))
+            .expect("timeout");
+        write!(
+            stream,
+            "POST /mcp/a HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nAccept: application/json, text/event-stream\r\nMcp-Session-Id: {session}\r\nContent-Length: {}\r\n\r\n{call}",
+            call.len()
+        )
+        .expect("write");
+        let mut head = Vec::new();
+        let mut byte = [0u8; 1];
+        while !head.ends_with(b"\r\n\r\n") {
+            assert_eq!(stream.read(&mut byte).expect("read"), 1, "{head:?}");
+            head.push(byte[0]);
+        }
+        assert!(
+            head.starts_with(b"HTTP/1.1 200"),
+            "{}",
+            String::from_utf8_lossy(&head)
+        );
+        stream
+    };
+    let (first, data) = next_event(&mut stream);
+    assert!(
+        data.contains("notifications/progress") && data.contains("\"progress\":1"),
+        "{data}"
+    );
+    drop(stream);
+    // A GET that resumes it: the rest of the call's stream, its answer
+    // last, and then that stream is over.
+    let mut stream = get_stream(
+        addr,
+        "/mcp/a",
+        &session,
+        &format!("Last-Event-ID: {first}\r\n"),
+    );
+    let mut last = event_seq(&first);
+    for step in [2, 3] {
+        let (id, data) = next_event(&mut stream);
+        assert!(data.contains(&format!("\"progress\":{step}")), "{data}");
+        assert!(event_seq(&id) > last);
+        last = event_seq(&id);
+    }
+    let (_, data) = next_event(&mut stream);
+    assert!(
+        data.contains("\"id\":7") && data.contains("3 steps"),
+        "{data}"
+    );
+    stream_ends(stream);
+}
+
+#[test]
+fn mcp_param_headers_reach_an_http_unit_of_2026_07_28() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let recorded = dir.path().join("headers");
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .expect("bind")
+        .local_addr()
+        .expect("addr")
+        .port();
+    let mut server = std::process::Command::new(crate::helper::fixture_path())
+        .args(["--http", &format!("127.0.0.1:{port}"), "--tools", "region"])
+        .arg("--record-headers")
+        .arg(&recorded)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("http fixture");
+    let units = tempfile::tempdir().expect("units");
+    std::fs::write(
+        units.path().join("remote.kdl"),
+        format!(
+            "http \"http://127.0.0.1:{port}/mcp\"\nprotocol \"2026-07-28\"\nreconnect {{\n    initial-delay \"50ms\"\n    max-attempts 100\n}}\n"
+        ),
+    )
+    .expect("unit");
+    let (mut d, _settings, addr) = endpoint(
+        units.path(),
+        "http {\n    listen \"127.0.0.1:0\"\n    auth \"none\"\n}\n",
+    );
+    d.wait_for("running (");
+    let meta = r#""_meta":{"io.modelcontextprotocol/protocolVersion":"2026-07-28","io.modelcontextprotocol/clientCapabilities":{}}"#;
+    let body = format!(
+        r#"{{"jsonrpc":"2.0","id":3,"method":"tools/call","params":{{"name":"region","arguments":{{"region":"eu-west","text":"x"}},{meta}}}}}"#
+    );
+    let mut h: Vec<(&str, &str)> = JSON.to_vec();
+    h.extend([
+        ("MCP-Protocol-Version", "2026-07-28"),
+        ("Mcp-Method", "tools/call"),
+        ("Mcp-Name", "region"),
+        ("Mcp-Param-Region", "eu-west"),
+    ]);
+    let (status, _, answer) = request(addr, "POST", "/mcp/remote", &h, body.as_bytes());
+    assert_eq!(status, 200, "{answer}");
+    assert!(answer.contains("\"result\""), "{answer}");
+    let runtime = d.runtime_dir().expect("runtime").to_owned();
+    let out = crate::helper::mcpctl_user(
+        &runtime,
+        &[
+            "call",
+            "remote",
+            "region",
+            r#"{"region":"us-east","text":"y"}"#,
+        ],
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let lines = std::fs::read_to_string(&recorded).expect("recorded");
+    let calls: Vec<&str> = lines
+        .lines()
+        .filter(|l| l.contains("mcp-method: tools/call"))
+        .collect();
+    assert_eq!(calls.len(), 2, "{lines}");
+    for (line, region) in calls.iter().zip(["eu-west", "us-east"]) {
+        assert!(line.contains("mcp-name: region"), "{line}");
+        assert!(
+            line.contains(&format!("mcp-param-region: {region}")),
+            "{line}"
+        );
+    }
+    let _ = server.kill();
+    let _ = server.wait();
+}

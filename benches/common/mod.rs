@@ -253,3 +253,53 @@ pub fn venv_tool(tool: &str) -> Result<PathBuf, String> {
         Err(format!("pip installed no {}", path.display()))
     }
 }
+
+/// A comparison tool from npm (`package@version`, pinned) in a prefix of
+/// its own under `target/bench-npm`, as [`venv_tool`] keeps PyPI's: the
+/// path of its `bin`, installed on first use when `install`, or why it
+/// cannot be had (a smoke run never installs: it must not need the
+/// network).
+pub fn npm_tool(package: &str, version: &str, bin: &str, install: bool) -> Result<PathBuf, String> {
+    let prefix = profile_dir()
+        .parent()
+        .expect("target dir")
+        .join("bench-npm");
+    let path = prefix.join("node_modules/.bin").join(bin);
+    let wanted = format!("\"version\": \"{version}\"");
+    let installed = std::fs::read_to_string(
+        prefix
+            .join("node_modules")
+            .join(package)
+            .join("package.json"),
+    )
+    .is_ok_and(|manifest| manifest.contains(&wanted));
+    if installed && path.is_file() {
+        return Ok(path);
+    }
+    if !install {
+        return Err(format!(
+            "{package}@{version} is not installed in {} (the full run, bench/run, installs it)",
+            prefix.display()
+        ));
+    }
+    let out = Command::new("npm")
+        .args(["install", "--no-audit", "--no-fund", "--silent", "--prefix"])
+        .arg(&prefix)
+        .arg(format!("{package}@{version}"))
+        // Offline, give up in about a minute.
+        .args(["--fetch-retries", "1", "--fetch-timeout", "30000"])
+        .output()
+        .map_err(|e| format!("cannot run npm: {e}"))?;
+    if !out.status.success() {
+        let err = String::from_utf8_lossy(&out.stderr);
+        return Err(format!(
+            "npm install {package}@{version} failed: {}",
+            err.lines().last().unwrap_or("no output").trim()
+        ));
+    }
+    if path.is_file() {
+        Ok(path)
+    } else {
+        Err(format!("npm installed no {}", path.display()))
+    }
+}

@@ -170,7 +170,7 @@ async fn everything_overhead(bus: Option<&Bus>, sizes: &Sizes) -> Result<Vec<Row
 /// answers, in either era: a 2025-11-25 host initializes first; a
 /// 2026-07-28 host does not, and stamps each request's `_meta` with its
 /// version and capabilities.
-struct LineHost {
+pub struct LineHost {
     _bridge: tokio::process::Child,
     stdin: tokio::process::ChildStdin,
     stdout: tokio::io::BufReader<tokio::process::ChildStdout>,
@@ -182,12 +182,24 @@ struct LineHost {
 const ANSWER: Duration = Duration::from_secs(10);
 
 impl LineHost {
-    async fn attach(runtime: &Path, unit: &str, modern: bool) -> Result<Self, String> {
-        let (bridge, (stdout, stdin)) = spawn(
+    pub async fn attach(runtime: &Path, unit: &str, modern: bool) -> Result<Self, String> {
+        Self::spawn(
             &common::binary("mcpctl"),
             &["--user", "bridge", unit],
             runtime,
-        );
+            modern,
+        )
+        .await
+    }
+
+    /// A host of `program args` itself (a server over stdio, or a bridge).
+    pub async fn spawn(
+        program: &Path,
+        args: &[&str],
+        runtime: &Path,
+        modern: bool,
+    ) -> Result<Self, String> {
+        let (bridge, (stdout, stdin)) = spawn(program, args, runtime);
         let mut host = Self {
             _bridge: bridge,
             stdin,
@@ -246,7 +258,7 @@ impl LineHost {
 
     /// One `tools/call` of `tool` with `arguments` (JSON text), in
     /// milliseconds.
-    async fn call(&mut self, tool: &str, arguments: &str) -> Result<f64, String> {
+    pub async fn call(&mut self, tool: &str, arguments: &str) -> Result<f64, String> {
         let meta = if self.modern {
             r#","_meta":{"io.modelcontextprotocol/protocolVersion":"2026-07-28","io.modelcontextprotocol/clientCapabilities":{}}"#
         } else {

@@ -7,7 +7,8 @@
 //! ([`session`]: a host session of the unit, attached as the bridge's
 //! are) named by `Mcp-Session-Id`; its requests are answered by SSE (or
 //! JSON, for a client that accepts only JSON), GET opens the session's
-//! server→client stream, DELETE ends it; an unknown or ended session is
+//! server→client stream (with `Last-Event-ID`, resumes a stream:
+//! [`session`]), DELETE ends it; an unknown or ended session is
 //! `404`. Bad input is refused before it reaches a unit: an `Origin` that
 //! is neither loopback nor allowed (`403`), a body over [`MAX_BODY`]
 //! (`413`), headers or a body slower than [`read_timeout`] (the
@@ -516,8 +517,26 @@ async fn route(
                     "GET needs Accept: text/event-stream",
                 );
             }
-            let (sink, rx) = mpsc::channel(session::STREAM_QUEUE);
-            if handle.commands.send(Command::Listen(sink)).await.is_err() {
+            let resume = match request.headers().get("last-event-id") {
+                None => None,
+                Some(value) => match value.to_str().ok().and_then(session::parse_event_id) {
+                    Some(resume) => Some(resume),
+                    None => {
+                        return refuse(
+                            StatusCode::BAD_REQUEST,
+                            "Last-Event-ID is not an event id of this endpoint (STREAM-SEQ)",
+                        );
+                    }
+                },
+            };
+            // A resumed stream's queue holds what is replayed, and more.
+            let (sink, rx) = mpsc::channel(session::STREAM_QUEUE + session::REPLAY_EVENTS);
+            if handle
+                .commands
+                .send(Command::Listen { sink, resume })
+                .await
+                .is_err()
+            {
                 return missing_session(session.as_deref());
             }
             sse(rx)
@@ -604,18 +623,12 @@ fn percent_decode(text: &str) -> Option<String> {
     String::from_utf8(out).ok()
 }
 
+/// An SSE response of the events `rx` brings (each made by
+/// [`session::event`]).
 fn sse(mut rx: mpsc::Receiver<Bytes>) -> Response<Body> {
     let events = futures_util::stream::poll_fn(move |cx| {
-        rx.poll_recv(cx).map(|line| {
-            line.map(|line| {
-                let json = line.strip_suffix(b"\n").unwrap_or(&line);
-                let mut event = Vec::with_capacity(json.len() + 24);
-                event.extend_from_slice(b"event: message\ndata: ");
-                event.extend_from_slice(json);
-                event.extend_from_slice(b"\n\n");
-                Ok::<_, Infallible>(Frame::data(Bytes::from(event)))
-            })
-        })
+        rx.poll_recv(cx)
+            .map(|event| event.map(|event| Ok::<_, Infallible>(Frame::data(event))))
     });
     let mut response = Response::new(StreamBody::new(events).boxed_unsync());
     let headers = response.headers_mut();
@@ -896,6 +909,7 @@ impl Inner {
         let label = name.to_owned();
         tokio::spawn(session::run(
             label.clone(),
+            id.clone(),
             HostLink::Memory(mine),
             rx,
             revoked,
@@ -1198,6 +1212,22 @@ async fn stateless(
     let Some(shared) = inner.shared.upgrade() else {
         return refuse(StatusCode::SERVICE_UNAVAILABLE, "the daemon is stopping");
     };
+    if let Some(unit) = per_host(&shared, name) {
+        let requested = modern_version(&message).unwrap_or_else(|| crate::mux::era::MODERN.into());
+        let mut supported = crate::mux::era::HOST_VERSIONS;
+        supported.reverse();
+        let mut refusal = crate::mux::era::unsupported(&id.to_value(), &requested, &supported);
+        refusal["error"]["message"] = format!(
+            "unit {unit} runs an instance per host session (sessions \"per-host\"): a request without a session has none to run on; open a session with initialize (MCP {})",
+            supported[0]
+        )
+        .into();
+        return full(
+            StatusCode::OK,
+            "application/json",
+            crate::mux::lines::line(&refusal),
+        );
+    }
     if inner.count() >= settings.max_sessions {
         return rpc_error(
             StatusCode::SERVICE_UNAVAILABLE,
@@ -1251,6 +1281,27 @@ async fn stateless(
         counted.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
     });
     answer(rx, json).await
+}
+
+/// The first unit of `name` (a unit, or an aggregate's members) that
+/// runs an instance per host session (DESIGN §13). A stateless request
+/// (MCP 2026-07-28, no session) is not served there: an instance per
+/// request would start a process for each and keep no state between
+/// them, which is what such a unit is for. It gets `-32022` naming the
+/// 2025 versions, on which a client in the SDKs' `auto` mode opens a
+/// session (`initialize`), which gets an instance of its own.
+fn per_host(shared: &Arc<Shared>, name: &str) -> Option<String> {
+    let target = Target::parse(name).ok()?;
+    if target.is_aggregate() {
+        let members = shared.members(&target).ok()?;
+        members
+            .into_iter()
+            .find(|(_, _, s)| s.max_instances().is_some())
+            .map(|(unit, _, _)| unit)
+    } else {
+        let supervisor = shared.supervisor(name).ok()?;
+        supervisor.max_instances().map(|_| name.to_owned())
+    }
 }
 
 /// A stateless request's answer: its stream, or the one JSON answer.

@@ -9,9 +9,18 @@
 //! the unit sends that is not an answer goes to the stream of the request
 //! it concerns when the task can tell (a progress token), else to the
 //! newest request's stream, else to the GET stream; with none open it is
-//! dropped (the spec lets a server send only on open streams). A stream
-//! whose client does not read ([`STREAM_QUEUE`] messages behind) is
-//! dropped; the session goes on.
+//! dropped (the spec lets a server send only on open streams).
+//!
+//! Resumability (2025-11-25): every event of a session's SSE streams has
+//! an id, `STREAM-SEQ` (the stream's number in the session, the event's
+//! number in the session), and is kept in a bounded per-session buffer
+//! ([`Replay`]: the newest [`REPLAY_EVENTS`] events within
+//! [`REPLAY_BYTES`]). A stream whose client goes (or does not read,
+//! [`STREAM_QUEUE`] messages behind) is detached, not ended: what it would
+//! carry is numbered and kept, and a GET with `Last-Event-ID` replays that
+//! stream's events after the id and then carries the stream on (the GET
+//! stream, or a request's stream until its answer). What fell out of the
+//! buffer is lost, and the log says so.
 
 use std::time::Duration;
 
@@ -31,13 +40,47 @@ pub const MAX_IN_FLIGHT: usize = 1024;
 /// A session with no request in flight and no GET stream for this long
 /// ends (a client that never sends DELETE does not hold a slot forever).
 pub const IDLE: Duration = Duration::from_secs(30 * 60);
+/// Events a session keeps for a client that reconnects with
+/// `Last-Event-ID`, and the bytes they may take (an event larger than
+/// that is sent but not kept).
+pub const REPLAY_EVENTS: usize = 128;
+pub const REPLAY_BYTES: usize = 512 << 10;
 /// What is queued for the unit, as the aggregate queues for a member.
 const QUEUE: usize = 4096;
 const QUEUE_BYTES: usize = 32 << 20;
 
-/// Where one stream's messages go: SSE `data:` payloads (or, for a JSON
-/// response, the one answer).
+/// Where one stream's messages go: SSE events ([`event`]; or, for a JSON
+/// response, the one answer as a line).
 pub type Sink = mpsc::Sender<Bytes>;
+
+/// A resumed stream's place: the stream's number and the last event the
+/// client had (`Last-Event-ID: STREAM-SEQ`).
+pub type Resume = (u64, u64);
+
+/// Reads a `Last-Event-ID` this endpoint gave out (`STREAM-SEQ`).
+pub fn parse_event_id(text: &str) -> Option<Resume> {
+    let (stream, seq) = text.trim().split_once('-')?;
+    Some((stream.parse().ok()?, seq.parse().ok()?))
+}
+
+/// One SSE event carrying `line` (a JSON-RPC message), with `id` if given.
+pub fn event(id: Option<Resume>, line: &[u8]) -> Bytes {
+    let json = line.strip_suffix(b"\n").unwrap_or(line);
+    let mut out = Vec::with_capacity(json.len() + 48);
+    if let Some((stream, seq)) = id {
+        out.extend_from_slice(format!("id: {stream}-{seq}\n").as_bytes());
+    }
+    out.extend_from_slice(b"event: message\ndata: ");
+    out.extend_from_slice(json);
+    out.extend_from_slice(b"\n\n");
+    Bytes::from(out)
+}
+
+/// `line` as a stream of its kind carries it: as is for a JSON response,
+/// else as an SSE event without an id.
+fn framed(json: bool, line: Bytes) -> Bytes {
+    if json { line } else { event(None, &line) }
+}
 
 /// What the HTTP side asks of a session.
 #[derive(Debug)]
@@ -52,8 +95,10 @@ pub enum Command {
     },
     /// A notification or an answer to the server's request.
     Forward(Message),
-    /// The GET stream (replacing an earlier one).
-    Listen(Sink),
+    /// A GET stream: a new server→client stream (replacing an earlier
+    /// one), or, with `resume`, the events a stream had after the client's
+    /// last, and then that stream carried on.
+    Listen { sink: Sink, resume: Option<Resume> },
     /// The session ends (DELETE), for this reason.
     End(String),
 }
@@ -61,14 +106,67 @@ pub enum Command {
 struct Pending {
     id: RequestId,
     progress: Option<Value>,
-    sink: Sink,
+    /// `None` while its client is away (a dropped SSE stream).
+    sink: Option<Sink>,
     json: bool,
+    /// Its stream's number (SSE).
+    stream: u64,
+}
+
+/// The GET stream: its number, and its client's sink while one listens.
+struct Listen {
+    stream: u64,
+    sink: Option<Sink>,
+}
+
+/// The events of a session's SSE streams, newest last, for resuming: at
+/// most [`REPLAY_EVENTS`] within [`REPLAY_BYTES`].
+#[derive(Debug, Default)]
+struct Replay {
+    events: std::collections::VecDeque<(u64, u64, Bytes)>,
+    bytes: usize,
+    /// The last event number given out.
+    seq: u64,
+    /// The newest event number that fell out (or was never kept).
+    lost: u64,
+}
+
+impl Replay {
+    /// Numbers `line` as the next event of `stream`, keeps it and returns
+    /// it as an SSE event.
+    fn push(&mut self, stream: u64, line: &[u8]) -> Bytes {
+        self.seq += 1;
+        let event = event(Some((stream, self.seq)), line);
+        if event.len() > REPLAY_BYTES {
+            self.lost = self.seq;
+            return event;
+        }
+        self.bytes += event.len();
+        self.events.push_back((stream, self.seq, event.clone()));
+        while self.events.len() > REPLAY_EVENTS || self.bytes > REPLAY_BYTES {
+            let Some((_, seq, old)) = self.events.pop_front() else {
+                break;
+            };
+            self.bytes -= old.len();
+            self.lost = seq;
+        }
+        event
+    }
+
+    /// The kept events of `stream` after event `after`, in order.
+    fn since(&self, stream: u64, after: u64) -> impl Iterator<Item = &Bytes> {
+        self.events
+            .iter()
+            .filter(move |(s, seq, _)| *s == stream && *seq > after)
+            .map(|(_, _, event)| event)
+    }
 }
 
 /// Runs the session until DELETE, the unit's side ending, every handle
 /// gone or [`IDLE`]; `end` is called with the reason once it is over.
 pub async fn run(
     label: String,
+    id: String,
     link: HostLink,
     mut commands: mpsc::Receiver<Command>,
     revoked: std::sync::Arc<tokio::sync::Notify>,
@@ -81,9 +179,12 @@ pub async fn run(
         out: opened.out,
         pending: Vec::new(),
         listen: None,
+        replay: Replay::default(),
+        streams: 0,
+        name: format!("{id} on {label}"),
     };
     let why: String = loop {
-        let idle = task.pending.is_empty() && task.listen.is_none();
+        let idle = task.pending.is_empty() && task.listen.as_ref().is_none_or(|l| l.sink.is_none());
         let idle_at = idle.then(|| tokio::time::Instant::now() + IDLE);
         tokio::select! {
             command = commands.recv() => match command {
@@ -112,7 +213,9 @@ pub async fn run(
             -32000,
             &format!("the session ended: {why}"),
         );
-        let _ = pending.sink.try_send(error);
+        if let Some(sink) = pending.sink {
+            let _ = sink.try_send(framed(pending.json, error));
+        }
     }
     task.out.shutdown();
     end(&why);
@@ -128,7 +231,12 @@ async fn sleep_until(at: Option<tokio::time::Instant>) {
 struct Task {
     out: HostOut,
     pending: Vec<Pending>,
-    listen: Option<Sink>,
+    listen: Option<Listen>,
+    replay: Replay,
+    /// Streams opened so far (each SSE stream's number).
+    streams: u64,
+    /// `ID on UNIT`, for the log.
+    name: String,
 }
 
 impl Task {
@@ -141,18 +249,24 @@ impl Task {
                 json,
             } => {
                 if self.pending.iter().any(|p| p.id == id) {
-                    let _ = sink.try_send(error_line(
-                        Some(&id),
-                        -32600,
-                        "a request with this id is already in flight",
+                    let _ = sink.try_send(framed(
+                        json,
+                        error_line(
+                            Some(&id),
+                            -32600,
+                            "a request with this id is already in flight",
+                        ),
                     ));
                     return Ok(());
                 }
                 if self.pending.len() >= MAX_IN_FLIGHT {
-                    let _ = sink.try_send(error_line(
-                        Some(&id),
-                        -32000,
-                        &format!("more than {MAX_IN_FLIGHT} requests in flight in one session"),
+                    let _ = sink.try_send(framed(
+                        json,
+                        error_line(
+                            Some(&id),
+                            -32000,
+                            &format!("more than {MAX_IN_FLIGHT} requests in flight in one session"),
+                        ),
                     ));
                     return Ok(());
                 }
@@ -160,18 +274,57 @@ impl Task {
                     .params()
                     .and_then(|p| p.get("_meta")?.get("progressToken").cloned());
                 self.send(&message)?;
+                self.streams += 1;
                 self.pending.push(Pending {
                     id,
                     progress,
-                    sink,
+                    sink: Some(sink),
                     json,
+                    stream: self.streams,
                 });
             }
             Command::Forward(message) => self.send(&message)?,
-            Command::Listen(sink) => self.listen = Some(sink),
+            Command::Listen { sink, resume: None } => {
+                self.streams += 1;
+                self.listen = Some(Listen {
+                    stream: self.streams,
+                    sink: Some(sink),
+                });
+            }
+            Command::Listen {
+                sink,
+                resume: Some(resume),
+            } => self.resume(sink, resume),
             Command::End(_) => {}
         }
         Ok(())
+    }
+
+    /// A GET with `Last-Event-ID`: the events of that stream after it,
+    /// then the stream goes on on `sink` (one of a request that is over
+    /// ends there).
+    fn resume(&mut self, sink: Sink, (stream, after): Resume) {
+        if self.replay.lost > after {
+            tracing::info!(target: "mcpd::http", "session {}: resuming stream {stream} after event {after}: the events up to {} fell out of the replay buffer ({REPLAY_EVENTS} events, {} KiB) and are lost to it", self.name, self.replay.lost, REPLAY_BYTES >> 10);
+        }
+        let mut replayed = 0;
+        for event in self.replay.since(stream, after) {
+            // Its queue holds the whole buffer.
+            if sink.try_send(event.clone()).is_err() {
+                return;
+            }
+            replayed += 1;
+        }
+        tracing::debug!(target: "mcpd::http", "session {}: resumed stream {stream} after event {after}, {replayed} events replayed", self.name);
+        if let Some(listen) = self.listen.as_mut().filter(|l| l.stream == stream) {
+            listen.sink = Some(sink);
+        } else if let Some(pending) = self
+            .pending
+            .iter_mut()
+            .find(|p| !p.json && p.stream == stream)
+        {
+            pending.sink = Some(sink);
+        }
     }
 
     fn send(&self, message: &Message) -> Result<(), String> {
@@ -187,7 +340,15 @@ impl Task {
                 && let Some(at) = self.pending.iter().position(|p| p.id == id)
             {
                 let pending = self.pending.remove(at);
-                let _ = pending.sink.try_send(Bytes::from(message.line()));
+                let line = Bytes::from(message.line());
+                let out = if pending.json {
+                    line
+                } else {
+                    self.replay.push(pending.stream, &line)
+                };
+                if let Some(sink) = pending.sink {
+                    let _ = sink.try_send(out);
+                }
             }
             return;
         }
@@ -198,29 +359,43 @@ impl Task {
                     .and_then(|p| p.get("progressToken").cloned())
             })
             .flatten();
+        // The request it concerns, else the newest request's stream with
+        // a client, else the GET stream's (kept for resuming while its
+        // client is away), else the newest request's stream without one.
         let at = concerns
             .and_then(|token| {
                 self.pending
                     .iter()
                     .position(|p| !p.json && p.progress.as_ref() == Some(&token))
             })
-            .or_else(|| self.pending.iter().rposition(|p| !p.json));
-        let line = Bytes::from(message.line());
-        match at {
+            .or_else(|| {
+                self.pending
+                    .iter()
+                    .rposition(|p| !p.json && p.sink.is_some())
+            });
+        let at = match (at, &self.listen) {
+            (Some(at), _) => Some(at),
+            (None, Some(_)) => None,
+            (None, None) => self.pending.iter().rposition(|p| !p.json),
+        };
+        let line = message.line();
+        let (stream, sink) = match at {
             Some(at) => {
-                if self.pending[at].sink.try_send(line).is_err() {
-                    // Its client does not read: that stream goes (its
-                    // answer too); the session stays.
-                    self.pending.remove(at);
-                }
+                let pending = &mut self.pending[at];
+                (pending.stream, &mut pending.sink)
             }
-            None => {
-                if let Some(listen) = &self.listen
-                    && listen.try_send(line).is_err()
-                {
-                    self.listen = None;
-                }
-            }
+            None => match &mut self.listen {
+                Some(listen) => (listen.stream, &mut listen.sink),
+                None => return,
+            },
+        };
+        let event = self.replay.push(stream, &line);
+        if let Some(to) = sink
+            && to.try_send(event).is_err()
+        {
+            // Its client went, or does not read: the stream waits for a
+            // GET that resumes it; the session stays.
+            *sink = None;
         }
     }
 }
@@ -285,10 +460,9 @@ pub async fn once(
             && opened.out.send(message.line()).is_err()
         {
             if let Some(sink) = &sink {
-                let _ = sink.try_send(error_line(
-                    Some(&id),
-                    -32000,
-                    "the unit does not read what it is sent",
+                let _ = sink.try_send(framed(
+                    json,
+                    error_line(Some(&id), -32000, "the unit does not read what it is sent"),
                 ));
             }
             break;
@@ -299,7 +473,7 @@ pub async fn once(
             event = reader.next() => match event {
                 Some(Event::Host(_, Some(Frame::Message(message)))) => {
                     let Some(to) = &sink else { continue };
-                    let line = Bytes::from(message.line());
+                    let line = framed(json, Bytes::from(message.line()));
                     if message.method().is_none() {
                         if message.request_id().as_ref() == Some(&id) {
                             let _ = to.try_send(line);
@@ -317,7 +491,7 @@ pub async fn once(
                 Some(Event::Host(_, Some(_)) | Event::Server(..)) => {}
                 Some(Event::Host(_, None)) | None => {
                     if let Some(sink) = &sink {
-                        let _ = sink.try_send(error_line(Some(&id), -32000, "the unit ended the session"));
+                        let _ = sink.try_send(framed(json, error_line(Some(&id), -32000, "the unit ended the session")));
                     }
                     break;
                 }
@@ -337,7 +511,7 @@ pub async fn once(
             changed = epoch.changed() => {
                 if changed.is_err() || !valid() {
                     if let Some(sink) = &sink {
-                        let _ = sink.try_send(error_line(Some(&id), -32000, "its token was revoked"));
+                        let _ = sink.try_send(framed(json, error_line(Some(&id), -32000, "its token was revoked")));
                     }
                     break;
                 }
@@ -367,4 +541,47 @@ fn input_required(answer: &Message) -> Option<String> {
     (result.get("resultType")?.as_str()? == "input_required")
         .then(|| result.get("requestState")?.as_str().map(str::to_owned))
         .flatten()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_replay_buffer_keeps_the_newest_events_within_its_bounds() {
+        let mut replay = Replay::default();
+        let first = replay.push(1, b"{\"a\":1}\n");
+        assert_eq!(&first[..], b"id: 1-1\nevent: message\ndata: {\"a\":1}\n\n");
+        replay.push(2, b"{}");
+        replay.push(1, b"{}");
+        let ids: Vec<&Bytes> = replay.since(1, 1).collect();
+        assert_eq!(ids.len(), 1);
+        assert!(ids[0].starts_with(b"id: 1-3\n"));
+        assert_eq!(replay.lost, 0);
+        for _ in 0..REPLAY_EVENTS {
+            replay.push(1, b"{}");
+        }
+        assert_eq!(replay.events.len(), REPLAY_EVENTS);
+        assert_eq!(replay.lost, 3);
+        let big = vec![b'x'; REPLAY_BYTES / 3];
+        for _ in 0..4 {
+            replay.push(1, &big);
+        }
+        assert!(replay.bytes <= REPLAY_BYTES);
+        assert_eq!(
+            replay
+                .events
+                .iter()
+                .filter(|e| e.2.len() > big.len())
+                .count(),
+            2
+        );
+        let huge = vec![b'x'; REPLAY_BYTES + 1];
+        let seq = replay.seq;
+        replay.push(1, &huge);
+        assert_eq!(replay.lost, seq + 1, "too large to keep: lost");
+        assert_eq!(parse_event_id("12-345"), Some((12, 345)));
+        assert_eq!(parse_event_id("12"), None);
+        assert_eq!(parse_event_id("a-1"), None);
+    }
 }

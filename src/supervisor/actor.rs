@@ -767,11 +767,19 @@ impl Actor {
                         let connect = launched.connect;
                         let roots = self.spec.roots().to_vec();
                         let list_timeout = self.spec.startup_timeout();
-                        // Only stdio servers are probed: the HTTP client
-                        // speaks the handshake's era.
-                        let protocol = match self.spec.transport() {
-                            crate::unit::Transport::Stdio(_) => self.spec.protocol(),
-                            crate::unit::Transport::Http(_) => crate::unit::Protocol::Legacy,
+                        // An HTTP server is probed only when the unit pins
+                        // 2026-07-28 (rmcp's client then sends each
+                        // request's Mcp-Method, Mcp-Name and Mcp-Param-*
+                        // headers, from the tools' x-mcp-header); "auto"
+                        // speaks the handshake's era to it, as before:
+                        // whether rmcp's client can fall back to a
+                        // session after starting without one is untested.
+                        let protocol = match (self.spec.transport(), self.spec.protocol()) {
+                            (crate::unit::Transport::Http(_), crate::unit::Protocol::Modern) => {
+                                crate::unit::Protocol::Modern
+                            }
+                            (crate::unit::Transport::Http(_), _) => crate::unit::Protocol::Legacy,
+                            (crate::unit::Transport::Stdio(_), protocol) => protocol,
                         };
                         let name = self.name.clone();
                         // An instance of a per-host unit declares exactly
