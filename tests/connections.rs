@@ -313,6 +313,8 @@ fn read_to_close(stream: &mut UnixStream) -> (bool, Vec<u8>) {
             Ok(0) => return (true, seen),
             Ok(n) => seen.extend(&buf[..n]),
             Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => return (true, seen),
+            // A read with a timeout is not restarted after a signal.
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
             Err(_) => return (false, seen),
         }
     }

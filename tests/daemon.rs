@@ -123,10 +123,13 @@ impl NotifySocket {
     /// The next datagram's lines (bounded wait).
     fn next(&self) -> Vec<String> {
         let mut buf = vec![0u8; 4096];
-        let n = self
-            .socket
-            .recv(&mut buf)
-            .expect("a notification within 30 s");
+        // A receive with a timeout is not restarted after a signal.
+        let n = loop {
+            match self.socket.recv(&mut buf) {
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                other => break other.expect("a notification within 30 s"),
+            }
+        };
         String::from_utf8_lossy(&buf[..n])
             .lines()
             .map(str::to_owned)

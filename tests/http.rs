@@ -1293,7 +1293,7 @@ fn get_stream(
     session: &str,
     extra: &str,
 ) -> std::net::TcpStream {
-    use std::io::{Read, Write};
+    use std::io::Write;
     let mut stream = std::net::TcpStream::connect(addr).expect("connect");
     stream
         .set_read_timeout(Some(std::time::Duration::from_secs(30)))
@@ -1306,7 +1306,11 @@ fn get_stream(
     let mut head = Vec::new();
     let mut byte = [0u8; 1];
     while !head.ends_with(b"\r\n\r\n") {
-        assert_eq!(stream.read(&mut byte).expect("read"), 1, "{head:?}");
+        assert_eq!(
+            read_byte(&mut stream, &mut byte).expect("read"),
+            1,
+            "{head:?}"
+        );
         head.push(byte[0]);
     }
     assert!(
@@ -1317,14 +1321,25 @@ fn get_stream(
     stream
 }
 
+/// One byte of `stream`, read again when a signal interrupted the read
+/// (other tests' children exit while this one reads).
+fn read_byte(stream: &mut std::net::TcpStream, byte: &mut [u8; 1]) -> std::io::Result<usize> {
+    use std::io::Read;
+    loop {
+        match stream.read(byte) {
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            other => return other,
+        }
+    }
+}
+
 /// Reads `stream` until its last chunk (the stream ended; the connection
 /// stays usable), within its read timeout.
 fn stream_ends(mut stream: std::net::TcpStream) {
-    use std::io::Read;
     let mut rest = Vec::new();
     let mut byte = [0u8; 1];
     while !rest.ends_with(b"0\r\n\r\n") {
-        match stream.read(&mut byte) {
+        match read_byte(&mut stream, &mut byte) {
             Ok(1) => rest.push(byte[0]),
             other => panic!("the stream did not end: {other:?} after {rest:?}"),
         }
@@ -1338,7 +1353,7 @@ fn next_event(stream: &mut std::net::TcpStream) -> (String, String) {
     let mut size = Vec::new();
     let mut byte = [0u8; 1];
     while !size.ends_with(b"\r\n") {
-        assert_eq!(stream.read(&mut byte).expect("read"), 1, "{size:?}");
+        assert_eq!(read_byte(stream, &mut byte).expect("read"), 1, "{size:?}");
         size.push(byte[0]);
     }
     let size = std::str::from_utf8(&size).expect("utf-8");
@@ -1638,7 +1653,7 @@ fn a_request_whose_stream_broke_gets_the_rest_and_its_answer_on_a_resuming_get()
     // client goes.
     let call = r#"{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{"name":"progress","arguments":{"steps":3},"_meta":{"progressToken":"p"}}}"#;
     let mut stream = {
-        use std::io::{Read, Write};
+        use std::io::Write;
         let mut stream = std::net::TcpStream::connect(addr).expect("connect");
         stream
             .set_read_timeout(Some(std::time::Duration::from_secs(30)))
@@ -1652,7 +1667,11 @@ fn a_request_whose_stream_broke_gets_the_rest_and_its_answer_on_a_resuming_get()
         let mut head = Vec::new();
         let mut byte = [0u8; 1];
         while !head.ends_with(b"\r\n\r\n") {
-            assert_eq!(stream.read(&mut byte).expect("read"), 1, "{head:?}");
+            assert_eq!(
+                read_byte(&mut stream, &mut byte).expect("read"),
+                1,
+                "{head:?}"
+            );
             head.push(byte[0]);
         }
         assert!(
