@@ -321,7 +321,16 @@ fn text_line(out: &mut String, start: &str, ansi: bool, call: &Finished) -> std:
     out.push_str("tools/call ");
     escape(out, &call.tool)?;
     out.push_str(" by ");
-    escape(out, &call.caller.to_string())?;
+    if call.caller.token.is_none() && call.caller.peer.is_none() {
+        // A bridge's or the bus's (the most calls): as `Display` says
+        // it, without `fmt`.
+        out.push_str("uid ");
+        id(out, call.caller.uid);
+        out.push_str(" pid ");
+        id(out, call.caller.pid);
+    } else {
+        escape(out, &call.caller.to_string())?;
+    }
     out.push_str(": ");
     outcome(out)?;
     out.push_str(" in ");
