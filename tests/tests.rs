@@ -35,5 +35,6 @@ mod search;
 mod session;
 mod sessions;
 mod supervisor;
+mod tokens;
 mod unit_files;
 mod verify;
