@@ -1153,3 +1153,30 @@ fn mcp_param_headers_reach_an_http_unit_of_2026_07_28() {
     let _ = server.kill();
     let _ = server.wait();
 }
+
+#[test]
+fn a_session_the_unit_refuses_ends_its_initialize_with_the_units_reason() {
+    // A unit takes 512 host sessions (`MAX_SESSIONS`); the endpoint here
+    // takes more, so the unit is the one to refuse.
+    let units = tempfile::tempdir().expect("tempdir");
+    std::fs::write(
+        units.path().join("u.kdl"),
+        "stdio {\n    command \"mcp-fixture\"\n}\n",
+    )
+    .expect("write");
+    let (mut d, _dir, addr) = endpoint(
+        units.path(),
+        "http {\n    listen \"127.0.0.1:0\"\n    auth \"none\"\n    max-sessions 600\n}\n",
+    );
+    d.wait_for("running (pid");
+    for n in 1..=512 {
+        let (status, _, body) = request(addr, "POST", "/mcp/u", &JSON, INITIALIZE.as_bytes());
+        assert_eq!(status, 200, "session {n}: {body}");
+        assert!(body.contains("\"protocolVersion\""), "session {n}: {body}");
+    }
+    let (_, _, body) = request(addr, "POST", "/mcp/u", &JSON, INITIALIZE.as_bytes());
+    assert!(
+        body.contains("too many sessions on server u (at most 512)"),
+        "the 513th: {body}"
+    );
+}

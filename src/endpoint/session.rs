@@ -182,6 +182,7 @@ pub async fn run(
         replay: Replay::default(),
         streams: 0,
         name: format!("{id} on {label}"),
+        refusal: None,
     };
     let why: String = loop {
         let idle = task.pending.is_empty() && task.listen.as_ref().is_none_or(|l| l.sink.is_none());
@@ -199,7 +200,10 @@ pub async fn run(
             event = reader.next() => match event {
                 Some(Event::Host(_, Some(Frame::Message(message)))) => task.on_unit(message),
                 Some(Event::Host(_, Some(_))) => {}
-                Some(Event::Host(_, None)) | None => break format!("{label} ended the session"),
+                Some(Event::Host(_, None)) | None => break match task.refusal.take() {
+                    Some(refusal) => format!("{label} refused it: {refusal}"),
+                    None => format!("{label} ended the session"),
+                },
                 Some(Event::Server(..)) => {}
             },
             () = revoked.notified() => break "its token was revoked".into(),
@@ -237,6 +241,9 @@ struct Task {
     streams: u64,
     /// `ID on UNIT`, for the log.
     name: String,
+    /// What the unit said when it refused the session (an error with no
+    /// id), for the error the session's requests end with.
+    refusal: Option<String>,
 }
 
 impl Task {
@@ -349,6 +356,14 @@ impl Task {
                 if let Some(sink) = pending.sink {
                     let _ = sink.try_send(out);
                 }
+            } else if message.raw("id") == Some("null") {
+                // The unit refusing the session (too many on it): the
+                // reason the session ends with.
+                self.refusal = message.get::<serde_json::Value>("error").and_then(|e| {
+                    e["message"]
+                        .as_str()
+                        .map(|m| m.chars().take(1024).collect())
+                });
             }
             return;
         }
