@@ -670,14 +670,17 @@ pub(crate) fn get_stream(
         "GET {path} HTTP/1.1\r\nHost: x\r\nAccept: text/event-stream\r\n{extra}Mcp-Session-Id: {session}\r\n\r\n"
     )
     .expect("write");
+    read_ok_head(&mut stream);
+    stream
+}
+
+/// Reads a response's head off `stream`, byte by byte (its body is left
+/// to read), and checks that it is `200`.
+fn read_ok_head(stream: &mut std::net::TcpStream) {
     let mut head = Vec::new();
     let mut byte = [0u8; 1];
     while !head.ends_with(b"\r\n\r\n") {
-        assert_eq!(
-            read_byte(&mut stream, &mut byte).expect("read"),
-            1,
-            "{head:?}"
-        );
+        assert_eq!(read_byte(stream, &mut byte).expect("read"), 1, "{head:?}");
         head.push(byte[0]);
     }
     assert!(
@@ -685,7 +688,6 @@ pub(crate) fn get_stream(
         "{}",
         String::from_utf8_lossy(&head)
     );
-    stream
 }
 
 /// One byte of `stream`, read again when a signal interrupted the read
@@ -1031,21 +1033,7 @@ fn a_request_whose_stream_broke_gets_the_rest_and_its_answer_on_a_resuming_get()
             call.len()
         )
         .expect("write");
-        let mut head = Vec::new();
-        let mut byte = [0u8; 1];
-        while !head.ends_with(b"\r\n\r\n") {
-            assert_eq!(
-                read_byte(&mut stream, &mut byte).expect("read"),
-                1,
-                "{head:?}"
-            );
-            head.push(byte[0]);
-        }
-        assert!(
-            head.starts_with(b"HTTP/1.1 200"),
-            "{}",
-            String::from_utf8_lossy(&head)
-        );
+        read_ok_head(&mut stream);
         stream
     };
     let (first, data) = next_event(&mut stream);
