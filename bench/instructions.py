@@ -8,7 +8,7 @@ cannot. It is not a target of bench/run (valgrind runs the daemon some 50
 times slower); run it before and after a change:
 
     cargo build --release --bins --examples
-    [PROTOCOL=auto] bench/instructions.py [CALLS] [--keep DIR] [--pace MS]
+    [PROTOCOL=auto] bench/instructions.py [CALLS] [--keep DIR] [--pace MS] [--http]
 
 It starts `mcpd --user --no-bus` under callgrind with one fixture unit
 (`--chatter 0`, logging as bench/run does), attaches one host through
@@ -19,6 +19,12 @@ difference divided by CALLS: start-up and shutdown cancel out. With
 `callgrind_annotate --inclusive=yes DIR/1100-callgrind.out` (where the
 instructions go).
 
+With `--http` the host is an HTTP client instead (Python's http.client,
+one keep-alive connection, a session with a token, `Accept`
+both JSON and SSE as the SDKs send) on the daemon's endpoint
+(`/mcp/u0`, `mcpd.kdl` listening on a free loopback port): the figure is
+then the daemon's instructions per HTTP tool call.
+
 Calls are paced, `--pace MS` apart (default 10): each call's work (its
 answer, the line the fixture writes to stderr for it, the call-log
 batch's timer) is done before the next call starts, so every call costs
@@ -28,6 +34,7 @@ from 31k to 39k on this machine, as the load decided how many wake-ups
 of the daemon's loop each call's events shared.
 """
 
+import http.client
 import json
 import os
 import re
@@ -51,7 +58,73 @@ def wait_for(what, cond, timeout=60.0):
         time.sleep(0.05)
 
 
-def run(calls, keep=None, pace=0.0):
+class Bridge:
+    """A host through `mcpctl bridge u0`, JSON-RPC lines."""
+
+    def __init__(self, env):
+        self.proc = subprocess.Popen(
+            [os.path.join(RELEASE, "mcpctl"), "--user", "bridge", "u0"],
+            env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, bufsize=0)
+        self.pending = b""
+
+    def request(self, n, method, params):
+        line = {"jsonrpc": "2.0", "id": n, "method": method, "params": params}
+        self.proc.stdin.write((json.dumps(line) + "\n").encode())
+        while b"\n" not in self.pending:
+            chunk = self.proc.stdout.read(65536)
+            if not chunk:
+                sys.exit("instructions.py: the bridge closed its stdout")
+            self.pending += chunk
+        answer, self.pending = self.pending.split(b"\n", 1)
+        return json.loads(answer)
+
+    def notify(self, method):
+        self.proc.stdin.write(json.dumps({"jsonrpc": "2.0", "method": method}).encode() + b"\n")
+
+    def close(self):
+        self.proc.stdin.close()
+        self.proc.wait(timeout=30)
+
+
+class Http:
+    """A host over the daemon's HTTP endpoint: one keep-alive connection."""
+
+    def __init__(self, addr, token):
+        host, port = addr.rsplit(":", 1)
+        self.conn = http.client.HTTPConnection(host, int(port), timeout=60)
+        self.headers = {"Authorization": f"Bearer {token}", "Content-Type": "application/json",
+                        "Accept": "application/json, text/event-stream"}
+
+    def post(self, body):
+        self.conn.request("POST", "/mcp/u0", body=json.dumps(body), headers=self.headers)
+        response = self.conn.getresponse()
+        data = response.read()
+        if "mcp-session-id" in response.headers:
+            self.headers["Mcp-Session-Id"] = response.headers["mcp-session-id"]
+            self.headers["Mcp-Protocol-Version"] = "2025-06-18"
+        return response, data
+
+    def request(self, n, method, params):
+        response, data = self.post({"jsonrpc": "2.0", "id": n, "method": method, "params": params})
+        if response.headers.get("content-type", "").startswith("text/event-stream"):
+            for line in data.decode().splitlines():
+                if line.startswith("data: "):
+                    message = json.loads(line[6:])
+                    if message.get("id") == n:
+                        return message
+            sys.exit(f"instructions.py: no answer in {data!r}")
+        return json.loads(data)
+
+    def notify(self, method):
+        self.post({"jsonrpc": "2.0", "method": method})
+
+    def close(self):
+        self.conn.request("DELETE", "/mcp/u0", headers=self.headers)
+        self.conn.getresponse().read()
+        self.conn.close()
+
+
+def run(calls, keep=None, pace=0.0, over_http=False):
     """Total instructions of one daemon run making `calls` calls."""
     work = tempfile.mkdtemp(prefix="mcpd-instructions-")
     try:
@@ -67,41 +140,38 @@ def run(calls, keep=None, pace=0.0):
                    MCPD_LOG="info,mcpd::server=warn")
         env.pop("DBUS_SESSION_BUS_ADDRESS", None)
         out = os.path.join(work, "callgrind.out")
+        config = []
+        if over_http:
+            settings = os.path.join(work, "mcpd.kdl")
+            with open(settings, "w") as f:
+                f.write('http {\n    listen "127.0.0.1:0"\n}\n')
+            config = ["--config", settings]
         daemon = subprocess.Popen(
             ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}",
-             os.path.join(RELEASE, "mcpd"), "--user", "--no-bus", "--units", units],
+             os.path.join(RELEASE, "mcpd"), "--user", "--no-bus", "--units", units] + config,
             env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE, text=True)
         lines = []
         threading.Thread(target=lambda: lines.extend(daemon.stderr), daemon=True).start()
         wait_for("the unit running", lambda: any("running" in l for l in lines))
-        bridge = subprocess.Popen(
-            [os.path.join(RELEASE, "mcpctl"), "--user", "bridge", "u0"],
-            env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, bufsize=0)
-        pending = b""
-
-        def request(n, method, params):
-            nonlocal pending
-            line = {"jsonrpc": "2.0", "id": n, "method": method, "params": params}
-            bridge.stdin.write((json.dumps(line) + "\n").encode())
-            while b"\n" not in pending:
-                chunk = bridge.stdout.read(65536)
-                if not chunk:
-                    sys.exit("instructions.py: the bridge closed its stdout")
-                pending += chunk
-            answer, pending = pending.split(b"\n", 1)
-            return json.loads(answer)
-
-        request(0, "initialize", {"protocolVersion": "2025-06-18", "capabilities": {},
-                                  "clientInfo": {"name": "instructions", "version": "1"}})
-        bridge.stdin.write(b'{"jsonrpc":"2.0","method":"notifications/initialized"}\n')
+        if over_http:
+            wait_for("the endpoint listening", lambda: any("listening on " in l for l in lines))
+            addr = next(l.split("listening on ")[1].split()[0] for l in lines if "listening on " in l)
+            token = subprocess.run(
+                [os.path.join(RELEASE, "mcpctl"), "--user", "token", "new", "instructions"],
+                env=env, check=True, capture_output=True, text=True).stdout.strip()
+            host = Http(addr, token)
+        else:
+            host = Bridge(env)
+        host.request(0, "initialize", {"protocolVersion": "2025-06-18", "capabilities": {},
+                                       "clientInfo": {"name": "instructions", "version": "1"}})
+        host.notify("notifications/initialized")
         for n in range(1, calls + 1):
-            answer = request(n, "tools/call", {"name": "echo", "arguments": {"text": "x"}})
+            answer = host.request(n, "tools/call", {"name": "echo", "arguments": {"text": "x"}})
             if "result" not in answer:
                 sys.exit(f"instructions.py: {answer}")
             time.sleep(pace)
-        bridge.stdin.close()
-        bridge.wait(timeout=30)
+        host.close()
         daemon.terminate()
         daemon.wait(timeout=120)
         if keep:
@@ -140,16 +210,21 @@ def main():
         except (IndexError, ValueError):
             sys.exit("instructions.py: --pace needs milliseconds")
         del args[at:at + 2]
+    over_http = "--http" in args
+    if over_http:
+        args.remove("--http")
     if len(args) > 1 or (args and not args[0].isdigit()):
-        sys.exit("usage: bench/instructions.py [CALLS] [--keep DIR] [--pace MS]")
+        sys.exit("usage: bench/instructions.py [CALLS] [--keep DIR] [--pace MS] [--http]")
     calls = int(args[0]) if args else 1000
     if not shutil.which("valgrind"):
         sys.exit("instructions.py: valgrind is not installed")
     for binary in (FIXTURE, os.path.join(RELEASE, "mcpd"), os.path.join(RELEASE, "mcpctl")):
         if not os.access(binary, os.X_OK):
             sys.exit(f"instructions.py: {binary} is missing (cargo build --release --bins --examples)")
-    base, more = run(100, keep, pace / 1000), run(100 + calls, keep, pace / 1000)
-    print(f"daemon instructions per bridged tools/call: {(more - base) / calls:,.0f}"
+    base = run(100, keep, pace / 1000, over_http)
+    more = run(100 + calls, keep, pace / 1000, over_http)
+    what = "HTTP" if over_http else "bridged"
+    print(f"daemon instructions per {what} tools/call: {(more - base) / calls:,.0f}"
           f" (callgrind, {calls} calls, {pace:g} ms apart)")
 
 

@@ -1168,3 +1168,79 @@ fn a_session_the_unit_refuses_ends_its_initialize_with_the_units_reason() {
         "the 513th: {body}"
     );
 }
+
+/// A client that takes both: a request answered with nothing before it
+/// gets one `application/json` body (its length given, no chunks); one
+/// whose tool reports progress first gets an SSE stream, the progress
+/// and then the answer.
+#[test]
+fn an_answer_that_comes_first_is_one_json_body_and_progress_makes_an_sse_stream() {
+    let units = tempfile::tempdir().expect("tempdir");
+    std::fs::write(
+        units.path().join("a.kdl"),
+        "stdio {\n    command \"mcp-fixture\" \"--chatter\" \"0\"\n    env MCP_FIXTURE_TOOLS=\"echo,progress\"\n}\n",
+    )
+    .expect("write");
+    let (mut d, _dir, addr) = endpoint(
+        units.path(),
+        "http {\n    listen \"127.0.0.1:0\"\n    auth \"none\"\n}\n",
+    );
+    d.wait_for("running (pid");
+    let both = [
+        ("Content-Type", "application/json"),
+        ("Accept", "application/json, text/event-stream"),
+    ];
+    let (status, headers, body) = request(addr, "POST", "/mcp/a", &both, INITIALIZE.as_bytes());
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(
+        header(&headers, "content-type"),
+        Some("application/json"),
+        "{headers:?}"
+    );
+    let session = header(&headers, "mcp-session-id").expect("id").to_owned();
+    let mut h: Vec<(&str, &str)> = both.to_vec();
+    h.push(("Mcp-Session-Id", &session));
+
+    let echo = r#"{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"echo","arguments":{"text":"at once"}}}"#;
+    let (status, headers, body) = request(addr, "POST", "/mcp/a", &h, echo.as_bytes());
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(
+        header(&headers, "content-type"),
+        Some("application/json"),
+        "{headers:?}"
+    );
+    assert_eq!(header(&headers, "transfer-encoding"), None, "{headers:?}");
+    assert_eq!(
+        header(&headers, "content-length").and_then(|n| n.parse::<usize>().ok()),
+        Some(body.len()),
+        "{headers:?}"
+    );
+    let answer: serde_json::Value = serde_json::from_str(&body).expect("one JSON answer");
+    assert_eq!(answer["id"], 2);
+    assert_eq!(
+        answer["result"]["content"][0]["text"], "at once",
+        "{answer}"
+    );
+
+    let progress = r#"{"jsonrpc":"2.0","id":3,"method":"tools/call","params":{"name":"progress","arguments":{"steps":2},"_meta":{"progressToken":"p"}}}"#;
+    let (status, headers, body) = request(addr, "POST", "/mcp/a", &h, progress.as_bytes());
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(
+        header(&headers, "content-type"),
+        Some("text/event-stream"),
+        "{headers:?}"
+    );
+    let data: Vec<&str> = body
+        .lines()
+        .filter_map(|l| l.strip_prefix("data: "))
+        .collect();
+    assert_eq!(data.len(), 3, "two progress events and the answer: {body}");
+    assert!(
+        data[0].contains("notifications/progress") && data[1].contains("notifications/progress"),
+        "{body}"
+    );
+    assert!(
+        data[2].contains("\"id\":3") && data[2].contains("\"result\""),
+        "{body}"
+    );
+}

@@ -244,6 +244,36 @@ impl Http {
     }
 }
 
+/// examples/http-relay in front of a fixture, listening.
+async fn http_relay(
+    fixture: &std::path::Path,
+) -> Result<(tokio::process::Child, SocketAddr), String> {
+    use tokio::io::AsyncBufReadExt;
+    let mut child = tokio::process::Command::new(common::binary("examples/http-relay"))
+        .arg(fixture)
+        .args(["--chatter", "0"])
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .map_err(|e| format!("cannot start examples/http-relay: {e}"))?;
+    let stdout = child.stdout.take().ok_or("http-relay: no stdout")?;
+    let mut line = String::new();
+    tokio::time::timeout(
+        ANSWER,
+        tokio::io::BufReader::new(stdout).read_line(&mut line),
+    )
+    .await
+    .map_err(|_| "http-relay printed no address".to_owned())?
+    .map_err(|e| format!("http-relay: {e}"))?;
+    let addr = line
+        .trim()
+        .parse()
+        .map_err(|e| format!("http-relay printed {line:?}: {e}"))?;
+    Ok((child, addr))
+}
+
 /// supergateway in front of a fixture, listening, or why not.
 async fn supergateway() -> Result<(tokio::process::Child, SocketAddr), String> {
     let (package, version) = SUPERGATEWAY;
@@ -287,6 +317,8 @@ async fn latency(
     let mut direct =
         LineHost::spawn(&fixture, &["--chatter", "0"], d.runtime.path(), false).await?;
     let mut http = Http::open(addr, "/mcp/u0", token).await?;
+    let (_floor, floor_at) = http_relay(&fixture).await?;
+    let mut floor = Http::open(floor_at, "/mcp", None).await?;
     let mut gateway = match supergateway().await {
         Ok((child, at)) => match Http::open(at, "/mcp", None).await {
             Ok(session) => Ok((child, session)),
@@ -295,9 +327,11 @@ async fn latency(
         Err(why) => Err(why),
     };
     let (mut direct_xs, mut http_xs, mut gateway_xs) = (Vec::new(), Vec::new(), Vec::new());
+    let mut floor_xs = Vec::new();
     for _ in 0..sizes.calls {
         direct_xs.push(direct.call("echo", r#"{"text":"x"}"#).await?);
         http_xs.push(http.echo().await?);
+        floor_xs.push(floor.echo().await?);
         if let Ok((_, session)) = &mut gateway {
             gateway_xs.push(session.echo().await?);
         }
@@ -318,6 +352,20 @@ async fn latency(
         )
         .met(ratio <= 1.5),
     ];
+    let floor = stats(floor_xs);
+    rows.push(Row::new(
+        "fixture echo through a bare HTTP front (examples/http-relay: the floor of any HTTP front to a stdio server), vs direct stdio; mcpd's endpoint vs it",
+        "-",
+        format!(
+            "{:.3} ms vs {:.3} ms: {:.2}×; mcpd {:.2}× the floor",
+            floor.p50,
+            direct.p50,
+            floor.p50 / direct.p50,
+            over_http.p50 / floor.p50
+        ),
+        format!("p95 {:.3} vs {:.3} ms", floor.p95, direct.p95),
+        floor.runs,
+    ));
     let figure = "fixture echo over mcpd's HTTP endpoint vs through supergateway 4.0.0 (stdio → Streamable HTTP, --stateful), same client";
     rows.push(match gateway {
         Ok((_child, session)) => {

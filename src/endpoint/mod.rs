@@ -41,7 +41,7 @@ use crate::mux::aggregate::Target;
 use crate::mux::message::Message;
 use crate::supervisor::{Caller, HostLink};
 use crate::unit::settings::HttpSettings;
-use session::{Command, error_line};
+use session::{Command, Item, error_line};
 
 /// The largest request body (as a unit's `max-request-size` default and
 /// the lines of host sessions).
@@ -539,7 +539,7 @@ async fn route(
             {
                 return missing_session(session.as_deref());
             }
-            sse(rx)
+            sse(None, rx)
         }
         Method::DELETE => {
             let Some(handle) = inner.session(&name, session.as_deref(), token) else {
@@ -623,12 +623,14 @@ fn percent_decode(text: &str) -> Option<String> {
     String::from_utf8(out).ok()
 }
 
-/// An SSE response of the events `rx` brings (each made by
-/// [`session::event`]).
-fn sse(mut rx: mpsc::Receiver<Bytes>) -> Response<Body> {
+/// An SSE response of `first` and then the events `rx` brings.
+fn sse(mut first: Option<Bytes>, mut rx: mpsc::Receiver<Item>) -> Response<Body> {
     let events = futures_util::stream::poll_fn(move |cx| {
+        if let Some(event) = first.take() {
+            return std::task::Poll::Ready(Some(Ok::<_, Infallible>(Frame::data(event))));
+        }
         rx.poll_recv(cx)
-            .map(|event| event.map(|event| Ok::<_, Infallible>(Frame::data(event))))
+            .map(|item| item.map(|item| Ok::<_, Infallible>(Frame::data(item.into_event()))))
     });
     let mut response = Response::new(StreamBody::new(events).boxed_unsync());
     let headers = response.headers_mut();
@@ -1136,7 +1138,7 @@ async fn post(
         return full(StatusCode::ACCEPTED, "text/plain", "");
     };
     let json = !sse_ok;
-    let (sink, mut rx) = mpsc::channel(session::STREAM_QUEUE);
+    let (sink, rx) = mpsc::channel(session::STREAM_QUEUE);
     let command = Command::Request {
         message,
         id,
@@ -1146,13 +1148,8 @@ async fn post(
     if handle.commands.send(command).await.is_err() {
         return missing_session(Some(&session_id));
     }
-    let mut response = if json {
-        match rx.recv().await {
-            Some(answer) => full(StatusCode::OK, "application/json", answer),
-            None => return missing_session(Some(&session_id)),
-        }
-    } else {
-        sse(rx)
+    let Some(mut response) = respond(rx).await else {
+        return missing_session(Some(&session_id));
     };
     if let Ok(value) = HeaderValue::from_str(&session_id) {
         response.headers_mut().insert(SESSION_HEADER, value);
@@ -1201,7 +1198,7 @@ async fn stateless(
             json,
         };
         if to.send(retry).await.is_ok() {
-            return answer(rx, json).await;
+            return answer(rx).await;
         }
         return rpc_error(
             StatusCode::NOT_FOUND,
@@ -1280,7 +1277,7 @@ async fn stateless(
         session::once(link, first, epoch, valid, park, unpark).await;
         counted.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
     });
-    answer(rx, json).await
+    answer(rx).await
 }
 
 /// The first unit of `name` (a unit, or an aggregate's members) that
@@ -1304,16 +1301,21 @@ fn per_host(shared: &Arc<Shared>, name: &str) -> Option<String> {
     }
 }
 
-/// A stateless request's answer: its stream, or the one JSON answer.
-async fn answer(mut rx: mpsc::Receiver<Bytes>, json: bool) -> Response<Body> {
-    if json {
-        match rx.recv().await {
-            Some(answer) => full(StatusCode::OK, "application/json", answer),
-            None => refuse(StatusCode::SERVICE_UNAVAILABLE, "no answer"),
-        }
-    } else {
-        sse(rx)
-    }
+/// A stateless request's response ([`respond`]).
+async fn answer(rx: mpsc::Receiver<Item>) -> Response<Body> {
+    respond(rx)
+        .await
+        .unwrap_or_else(|| refuse(StatusCode::SERVICE_UNAVAILABLE, "no answer"))
+}
+
+/// The response to a request whose stream `rx` is: its answer as one
+/// `application/json` body when nothing came before it, else an SSE
+/// stream from the first event on; `None` if the stream ended empty.
+async fn respond(mut rx: mpsc::Receiver<Item>) -> Option<Response<Body>> {
+    Some(match rx.recv().await? {
+        Item::Answer(line) => full(StatusCode::OK, "application/json", line),
+        Item::Event(first) => sse(Some(first), rx),
+    })
 }
 
 /// One JSON-RPC message of a body (a line for the unit: a body written

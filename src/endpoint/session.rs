@@ -5,7 +5,12 @@
 //! `Supervisor::attach` (or `aggregate::attach`), so the unit's routing,
 //! bounds, eras and accounting are the bridge's.
 //!
-//! Each POSTed request gets a stream (`Sink`): its answer ends it. What
+//! Each POSTed request gets a stream (`Sink`): its answer ends it. An
+//! answer that is the first thing its stream carries goes as a JSON line
+//! ([`Item::Answer`]), which the HTTP side sends as one
+//! `application/json` body (one write, no chunks; the spec lets a server
+//! answer a request either way); anything before it makes the response an
+//! SSE stream ([`Item::Event`]). What
 //! the unit sends that is not an answer goes to the stream of the request
 //! it concerns when the task can tell (a progress token), else to the
 //! newest request's stream, else to the GET stream; with none open it is
@@ -49,9 +54,40 @@ pub const REPLAY_BYTES: usize = 512 << 10;
 const QUEUE: usize = 4096;
 const QUEUE_BYTES: usize = 32 << 20;
 
-/// Where one stream's messages go: SSE events ([`event`]; or, for a JSON
-/// response, the one answer as a line).
-pub type Sink = mpsc::Sender<Bytes>;
+/// What goes to one response stream.
+#[derive(Debug)]
+pub enum Item {
+    /// A request's answer that nothing came before on its stream: a JSON
+    /// line, sent as one `application/json` body. Never kept for
+    /// resuming: a client can resume only a stream it had an event of.
+    Answer(Bytes),
+    /// An SSE event ([`event`]): the response is (or goes on as) an SSE
+    /// stream.
+    Event(Bytes),
+}
+
+impl Item {
+    /// The answer `line` of a request whose stream carried something
+    /// before it (`sent`) as an event without an id, else as the answer.
+    fn answer(sent: bool, line: Bytes) -> Self {
+        if sent {
+            Item::Event(event(None, &line))
+        } else {
+            Item::Answer(line)
+        }
+    }
+
+    /// As an SSE stream carries it.
+    pub fn into_event(self) -> Bytes {
+        match self {
+            Item::Answer(line) => event(None, &line),
+            Item::Event(event) => event,
+        }
+    }
+}
+
+/// Where one stream's messages go.
+pub type Sink = mpsc::Sender<Item>;
 
 /// A resumed stream's place: the stream's number and the last event the
 /// client had (`Last-Event-ID: STREAM-SEQ`).
@@ -76,12 +112,6 @@ pub fn event(id: Option<Resume>, line: &[u8]) -> Bytes {
     Bytes::from(out)
 }
 
-/// `line` as a stream of its kind carries it: as is for a JSON response,
-/// else as an SSE event without an id.
-fn framed(json: bool, line: Bytes) -> Bytes {
-    if json { line } else { event(None, &line) }
-}
-
 /// What the HTTP side asks of a session.
 #[derive(Debug)]
 pub enum Command {
@@ -90,7 +120,7 @@ pub enum Command {
         message: Message,
         id: RequestId,
         sink: Sink,
-        /// A JSON response: only the answer goes to `sink`.
+        /// The client takes only JSON: only the answer goes to `sink`.
         json: bool,
     },
     /// A notification or an answer to the server's request.
@@ -111,6 +141,8 @@ struct Pending {
     json: bool,
     /// Its stream's number (SSE).
     stream: u64,
+    /// Whether its stream carried anything yet (then it is an SSE stream).
+    sent: bool,
 }
 
 /// The GET stream: its number, and its client's sink while one listens.
@@ -218,7 +250,7 @@ pub async fn run(
             &format!("the session ended: {why}"),
         );
         if let Some(sink) = pending.sink {
-            let _ = sink.try_send(framed(pending.json, error));
+            let _ = sink.try_send(Item::answer(pending.sent, error));
         }
     }
     task.out.shutdown();
@@ -256,25 +288,19 @@ impl Task {
                 json,
             } => {
                 if self.pending.iter().any(|p| p.id == id) {
-                    let _ = sink.try_send(framed(
-                        json,
-                        error_line(
-                            Some(&id),
-                            -32600,
-                            "a request with this id is already in flight",
-                        ),
-                    ));
+                    let _ = sink.try_send(Item::Answer(error_line(
+                        Some(&id),
+                        -32600,
+                        "a request with this id is already in flight",
+                    )));
                     return Ok(());
                 }
                 if self.pending.len() >= MAX_IN_FLIGHT {
-                    let _ = sink.try_send(framed(
-                        json,
-                        error_line(
-                            Some(&id),
-                            -32000,
-                            &format!("more than {MAX_IN_FLIGHT} requests in flight in one session"),
-                        ),
-                    ));
+                    let _ = sink.try_send(Item::Answer(error_line(
+                        Some(&id),
+                        -32000,
+                        &format!("more than {MAX_IN_FLIGHT} requests in flight in one session"),
+                    )));
                     return Ok(());
                 }
                 let progress = message
@@ -288,6 +314,7 @@ impl Task {
                     sink: Some(sink),
                     json,
                     stream: self.streams,
+                    sent: false,
                 });
             }
             Command::Forward(message) => self.send(&message)?,
@@ -317,7 +344,7 @@ impl Task {
         let mut replayed = 0;
         for event in self.replay.since(stream, after) {
             // Its queue holds the whole buffer.
-            if sink.try_send(event.clone()).is_err() {
+            if sink.try_send(Item::Event(event.clone())).is_err() {
                 return;
             }
             replayed += 1;
@@ -348,10 +375,10 @@ impl Task {
             {
                 let pending = self.pending.remove(at);
                 let line = Bytes::from(message.line());
-                let out = if pending.json {
-                    line
+                let out = if pending.sent {
+                    Item::Event(self.replay.push(pending.stream, &line))
                 } else {
-                    self.replay.push(pending.stream, &line)
+                    Item::Answer(line)
                 };
                 if let Some(sink) = pending.sink {
                     let _ = sink.try_send(out);
@@ -397,6 +424,7 @@ impl Task {
         let (stream, sink) = match at {
             Some(at) => {
                 let pending = &mut self.pending[at];
+                pending.sent = true;
                 (pending.stream, &mut pending.sink)
             }
             None => match &mut self.listen {
@@ -406,7 +434,7 @@ impl Task {
         };
         let event = self.replay.push(stream, &line);
         if let Some(to) = sink
-            && to.try_send(event).is_err()
+            && to.try_send(Item::Event(event)).is_err()
         {
             // Its client went, or does not read: the stream waits for a
             // GET that resumes it; the session stays.
@@ -468,6 +496,8 @@ pub async fn once(
     } = first;
     // The stream of the request being answered; none while parked.
     let mut sink = Some(sink);
+    // Whether that stream carried anything yet.
+    let mut sent = false;
     let mut unsent = Some(message);
     let mut parked: Option<(String, tokio::time::Instant)> = None;
     loop {
@@ -475,8 +505,8 @@ pub async fn once(
             && opened.out.send(message.line()).is_err()
         {
             if let Some(sink) = &sink {
-                let _ = sink.try_send(framed(
-                    json,
+                let _ = sink.try_send(Item::answer(
+                    sent,
                     error_line(Some(&id), -32000, "the unit does not read what it is sent"),
                 ));
             }
@@ -488,10 +518,10 @@ pub async fn once(
             event = reader.next() => match event {
                 Some(Event::Host(_, Some(Frame::Message(message)))) => {
                     let Some(to) = &sink else { continue };
-                    let line = framed(json, Bytes::from(message.line()));
+                    let line = Bytes::from(message.line());
                     if message.method().is_none() {
                         if message.request_id().as_ref() == Some(&id) {
-                            let _ = to.try_send(line);
+                            let _ = to.try_send(Item::answer(sent, line));
                             let Some(state) = input_required(&message) else {
                                 break;
                             };
@@ -499,14 +529,17 @@ pub async fn once(
                             parked = Some((state, tokio::time::Instant::now() + PARKED));
                             sink = None;
                         }
-                    } else if !json && to.try_send(line).is_err() {
-                        break;
+                    } else if !json {
+                        if to.try_send(Item::Event(self::event(None, &line))).is_err() {
+                            break;
+                        }
+                        sent = true;
                     }
                 }
                 Some(Event::Host(_, Some(_)) | Event::Server(..)) => {}
                 Some(Event::Host(_, None)) | None => {
                     if let Some(sink) = &sink {
-                        let _ = sink.try_send(framed(json, error_line(Some(&id), -32000, "the unit ended the session")));
+                        let _ = sink.try_send(Item::answer(sent, error_line(Some(&id), -32000, "the unit ended the session")));
                     }
                     break;
                 }
@@ -520,13 +553,14 @@ pub async fn once(
                 id = retry.id;
                 json = retry.json;
                 sink = Some(retry.sink);
+                sent = false;
                 unsent = Some(retry.message);
             }
             () = sleep_until(until) => break,
             changed = epoch.changed() => {
                 if changed.is_err() || !valid() {
                     if let Some(sink) = &sink {
-                        let _ = sink.try_send(framed(json, error_line(Some(&id), -32000, "its token was revoked")));
+                        let _ = sink.try_send(Item::answer(sent, error_line(Some(&id), -32000, "its token was revoked")));
                     }
                     break;
                 }
