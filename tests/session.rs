@@ -291,6 +291,48 @@ fn a_tool_call_is_accounted_by_its_answer_and_named_by_its_params() {
     // a key spelt with an escape is read as a parser reads it
     let escaped = Message::parse(br#"{"id":1,"result":{"\u0069sError":true}}"#).expect("message");
     assert_eq!(session::outcome_of(&escaped), Outcome::ErrorResult);
+    // as read from a line: the member of the result itself, spaced or
+    // not, and not one deeper or a string that looks like it
+    for (line, want) in [
+        (r#"{"result":{"isError" :	true}}"#, Outcome::ErrorResult),
+        (
+            r#"{"result":{"content":[],"isError":true}}"#,
+            Outcome::ErrorResult,
+        ),
+        (
+            r#"{"result":{"isError":false,"isError":true}}"#,
+            Outcome::ErrorResult,
+        ),
+        (
+            r#"{"result":{"isError":true,"isError":false}}"#,
+            Outcome::Ok,
+        ),
+        (
+            r#"{"result":{"structuredContent":{"isError":true},"isError":false}}"#,
+            Outcome::Ok,
+        ),
+        (
+            r#"{"result":{"content":[{"text":"\"isError\":true"}]}}"#,
+            Outcome::Ok,
+        ),
+        (
+            r#"{"result":{"content":[{"text":"isError: true"}]}}"#,
+            Outcome::Ok,
+        ),
+        (r#"{"result":{"isError":"true"}}"#, Outcome::Ok),
+        (r#"{"result":{"isErrors":true}}"#, Outcome::Ok),
+        (
+            r#"{"result":{"content":[{"text":"\u00e9"}],"isError":true}}"#,
+            Outcome::ErrorResult,
+        ),
+        (
+            r#"{"result":{"content":[{"text":"\u00e9"}],"isError":false}}"#,
+            Outcome::Ok,
+        ),
+    ] {
+        let answer = Message::parse(line.as_bytes()).expect("message");
+        assert_eq!(session::outcome_of(&answer), want, "{line}");
+    }
 
     let call = |params: &str| {
         Message::parse(format!(r#"{{"id":1,"method":"tools/call","params":{params}}}"#).as_bytes())

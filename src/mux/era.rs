@@ -110,10 +110,12 @@ pub fn claims(message: &Message) -> bool {
     // taken for a modern one).
     static KEY: std::sync::LazyLock<memchr::memmem::Finder<'static>> =
         std::sync::LazyLock::new(|| memchr::memmem::Finder::new(VERSION_KEY));
-    message
-        .raw("params")
-        .is_some_and(|raw| KEY.find(raw.as_bytes()).is_some())
-        && meta_of(message).is_some_and(|m| m.contains_key(VERSION_KEY))
+    // `V` of `protocolVersion`: a capital, rare in params.
+    const PIVOT: usize = VERSION_KEY.len() - "ersion".len() - 1;
+    debug_assert_eq!(VERSION_KEY.as_bytes()[PIVOT], b'V');
+    message.raw("params").is_some_and(|raw| {
+        super::message::holds(raw.as_bytes(), VERSION_KEY.as_bytes(), PIVOT, &KEY)
+    }) && meta_of(message).is_some_and(|m| m.contains_key(VERSION_KEY))
 }
 
 /// What mcpd reads of a modern request's `_meta`.

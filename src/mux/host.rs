@@ -395,3 +395,251 @@ impl ServerReader {
         Poll::Ready(Some(Event::Server(self.generation, incoming, garbage)))
     }
 }
+
+/// The readers of one session task, polled as one stream: each only once
+/// its descriptor (or its stop) woke it, as `futures_util`'s `SelectAll`
+/// polls them, but with a waker made once per reader, where `SelectAll`
+/// allocated a task (and a waker for the descriptor to clone) for every
+/// message a reader yielded.
+#[derive(Debug, Default)]
+pub struct Readers {
+    /// A reader's index is its waker's; a freed slot is used again.
+    slots: Vec<Option<Slot>>,
+    free: Vec<usize>,
+    ready: Arc<Ready>,
+    len: usize,
+}
+
+#[derive(Debug)]
+struct Slot {
+    reader: Reader,
+    wake: Arc<SlotWake>,
+    waker: std::task::Waker,
+}
+
+/// The readers woken since they were last polled, and the task polling
+/// them.
+#[derive(Debug, Default)]
+struct Ready {
+    /// Indices, each once at most (a slot's `queued`): at most one per
+    /// slot.
+    queue: std::sync::Mutex<std::collections::VecDeque<usize>>,
+    task: AtomicWaker,
+}
+
+/// One reader's waker.
+#[derive(Debug)]
+struct SlotWake {
+    index: usize,
+    /// In `queue` now.
+    queued: std::sync::atomic::AtomicBool,
+    ready: Arc<Ready>,
+}
+
+impl std::task::Wake for SlotWake {
+    fn wake(self: Arc<Self>) {
+        self.wake_by_ref();
+    }
+
+    fn wake_by_ref(self: &Arc<Self>) {
+        self.enqueue();
+        self.ready.task.wake();
+    }
+}
+
+impl SlotWake {
+    fn enqueue(&self) {
+        if !self.queued.swap(true, Ordering::AcqRel)
+            && let Ok(mut queue) = self.ready.queue.lock()
+        {
+            queue.push_back(self.index);
+        }
+    }
+}
+
+/// Readers polled in one call of [`Readers::poll_next`] before it yields
+/// to the other tasks (a reader that is always ready, as `SelectAll`
+/// bounds it).
+const POLLS: usize = 32;
+
+impl Readers {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Adds `reader`, to be polled at once.
+    pub fn push(&mut self, reader: Reader) {
+        let index = self.free.pop().unwrap_or(self.slots.len());
+        let wake = Arc::new(SlotWake {
+            index,
+            queued: std::sync::atomic::AtomicBool::new(false),
+            ready: Arc::clone(&self.ready),
+        });
+        let waker = std::task::Waker::from(Arc::clone(&wake));
+        wake.enqueue();
+        let slot = Some(Slot {
+            reader,
+            wake,
+            waker,
+        });
+        if index == self.slots.len() {
+            self.slots.push(slot);
+        } else {
+            self.slots[index] = slot;
+        }
+        self.len += 1;
+        self.ready.task.wake();
+    }
+
+    /// Every reader.
+    pub fn iter_mut(&mut self) -> impl Iterator<Item = &mut Reader> {
+        self.slots.iter_mut().flatten().map(|s| &mut s.reader)
+    }
+
+    /// The next event of a woken reader; `None` when there are no readers
+    /// (a reader that ended is dropped).
+    pub fn poll_next(&mut self, cx: &mut std::task::Context<'_>) -> std::task::Poll<Option<Event>> {
+        use std::task::Poll;
+        if self.len == 0 {
+            return Poll::Ready(None);
+        }
+        self.ready.task.register(cx.waker());
+        for _ in 0..POLLS {
+            let next = match self.ready.queue.lock() {
+                Ok(mut queue) => queue.pop_front(),
+                Err(_) => None,
+            };
+            let Some(index) = next else {
+                return Poll::Pending;
+            };
+            let Some(slot) = self.slots.get_mut(index).and_then(Option::as_mut) else {
+                continue;
+            };
+            // Woken again while it is polled: polled again.
+            slot.wake.queued.store(false, Ordering::Release);
+            let mut own = std::task::Context::from_waker(&slot.waker);
+            match futures_util::Stream::poll_next(std::pin::Pin::new(&mut slot.reader), &mut own) {
+                Poll::Ready(Some(event)) => {
+                    // It may have more read already.
+                    slot.wake.enqueue();
+                    return Poll::Ready(Some(event));
+                }
+                Poll::Ready(None) => {
+                    self.slots[index] = None;
+                    self.free.push(index);
+                    self.len -= 1;
+                    if self.len == 0 {
+                        return Poll::Ready(None);
+                    }
+                }
+                Poll::Pending => {}
+            }
+        }
+        // Readers always ready: the other tasks run first.
+        cx.waker().wake_by_ref();
+        Poll::Pending
+    }
+
+    /// [`Readers::poll_next`], waiting.
+    pub fn next_event(&mut self) -> impl Future<Output = Option<Event>> + '_ {
+        std::future::poll_fn(move |cx| self.poll_next(cx))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::mux::wire::{Stream, Wire};
+    use tokio::io::AsyncWriteExt;
+
+    /// A reader of the upstream of generation `generation`, and the
+    /// server's end of its stdout.
+    fn server(generation: Generation) -> (Reader, StopReading, tokio::io::DuplexStream) {
+        let (ours, theirs) = tokio::io::duplex(4096);
+        let wire = Wire::lines(Stream(ours), tokio::io::sink());
+        let (reader, stop) = Reader::server(generation, wire.rx);
+        (reader, stop, theirs)
+    }
+
+    fn generation_of(event: Option<Event>) -> (Generation, bool) {
+        match event {
+            Some(Event::Server(generation, incoming, _)) => (generation, incoming.is_some()),
+            other => panic!("not a server's event: {other:?}"),
+        }
+    }
+
+    #[tokio::test]
+    async fn readers_yield_what_each_reads_in_order_and_drop_those_that_end() {
+        let mut readers = Readers::new();
+        let (one, _stop_one, mut out_one) = server(1);
+        let (two, stop_two, mut out_two) = server(2);
+        readers.push(one);
+        readers.push(two);
+        assert_eq!(readers.len(), 2);
+        out_two
+            .write_all(
+                b"{\"jsonrpc\":\"2.0\",\"method\":\"a\"}\n{\"jsonrpc\":\"2.0\",\"method\":\"b\"}\n",
+            )
+            .await
+            .expect("write");
+        for method in ["a", "b"] {
+            match readers.next_event().await {
+                Some(Event::Server(2, Some(Ok(m)), None)) => {
+                    assert_eq!(m.method().as_deref(), Some(method));
+                }
+                other => panic!("not {method}: {other:?}"),
+            }
+        }
+        out_one
+            .write_all(b"{\"jsonrpc\":\"2.0\",\"method\":\"c\"}\n")
+            .await
+            .expect("write");
+        assert_eq!(generation_of(readers.next_event().await), (1, true));
+        // Its end, then it is dropped.
+        drop(out_one);
+        assert_eq!(generation_of(readers.next_event().await), (1, false));
+        // A stopped reader ends without an event: the set is empty.
+        drop(stop_two);
+        assert_eq!(readers.next_event().await.map(|_| ()), None);
+        assert!(readers.is_empty());
+        // A slot is used again.
+        let (three, _stop_three, mut out_three) = server(3);
+        readers.push(three);
+        out_three
+            .write_all(b"{\"jsonrpc\":\"2.0\",\"method\":\"d\"}\n")
+            .await
+            .expect("write");
+        assert_eq!(generation_of(readers.next_event().await), (3, true));
+        assert_eq!(readers.len(), 1);
+    }
+
+    /// A server that always has more messages ready.
+    use crate::mux::lines::tests::{Endless, lets_others_run};
+
+    #[test]
+    fn readers_that_are_always_ready_let_other_tasks_run() {
+        let readers = async {
+            let mut readers = Readers::new();
+            let mut stops = Vec::new();
+            for generation in 0..3 {
+                let wire = Wire::lines(Stream(Endless), tokio::io::sink());
+                let (reader, stop) = Reader::server(generation, wire.rx);
+                readers.push(reader);
+                stops.push(stop);
+            }
+            while readers.next_event().await.is_some() {}
+        };
+        assert!(
+            lets_others_run(readers),
+            "the readers never yielded to another task"
+        );
+    }
+}

@@ -254,13 +254,15 @@ impl<S: Source> Lines<S> {
     /// The next whole line in `buf` (newline included), if there is one.
     fn take_line(&mut self) -> Option<BytesMut> {
         let newline = memchr::memchr(b'\n', &self.buf[self.scanned..])?;
-        let line = self.buf.split_to(self.scanned + newline + 1);
+        let end = self.scanned + newline + 1;
         self.scanned = 0;
-        if self.buf.is_empty() {
-            // Release the allocation the line shared.
-            self.buf = BytesMut::new();
+        if end == self.buf.len() {
+            // The line is all there is (a read of one message, the most
+            // usual): it takes the buffer, which stays its own (a split
+            // would share it, and allocate to count its owners).
+            return Some(std::mem::take(&mut self.buf));
         }
-        Some(line)
+        Some(self.buf.split_to(end))
     }
 
     /// The bytes allocated for reading (0 when idle).
@@ -278,7 +280,7 @@ impl<S: Source> Lines<S> {
     pub fn buffered_frame(&mut self) -> Option<Frame> {
         while self.discarding.is_none() {
             let line = self.take_line()?;
-            if let Some(frame) = Self::frame(&line) {
+            if let Some(frame) = Self::frame(line) {
                 return Some(frame);
             }
         }
@@ -321,7 +323,7 @@ impl<S: Source> Lines<S> {
                 coop.made_progress();
                 return Poll::Ready(Some(cut.frame()));
             }
-            if let Some(frame) = Self::frame(&line) {
+            if let Some(frame) = Self::frame(line) {
                 coop.made_progress();
                 return Poll::Ready(Some(frame));
             }
@@ -330,18 +332,23 @@ impl<S: Source> Lines<S> {
 
     /// What a whole line (newline included) holds; `None` for a blank
     /// one.
-    fn frame(line: &[u8]) -> Option<Frame> {
+    fn frame(line: BytesMut) -> Option<Frame> {
         if line.len() > MAX_LINE + 1 {
             return Some(Cut::starting(&line[..line.len() - 1]).frame());
         }
-        let mut text: &[u8] = line;
-        if let Some(rest) = text.strip_prefix("\u{feff}".as_bytes()) {
-            text = rest;
-        }
+        let bom = line.starts_with("\u{feff}".as_bytes());
+        let text = if bom { &line[3..] } else { &line[..] };
         if text.iter().all(u8::is_ascii_whitespace) {
             return None;
         }
-        Some(match Message::parse(text) {
+        // The message keeps the buffer it was read into as its text
+        // (after a byte order mark, a copy).
+        let parsed = if bom {
+            Message::parse(text)
+        } else {
+            Message::parse_owned(Vec::from(line))
+        };
+        Some(match parsed {
             Ok(message) => Frame::Message(message),
             Err(why) => Frame::Garbage(why.to_string()),
         })
@@ -356,7 +363,7 @@ pub fn line(message: &Value) -> Vec<u8> {
     bytes
 }
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use std::task::Poll;
 
     use super::*;
@@ -420,7 +427,7 @@ mod tests {
 
     /// A peer that always has more messages ready, as a pipe that is
     /// never drained is always readable.
-    struct Endless;
+    pub(crate) struct Endless;
 
     impl AsyncRead for Endless {
         fn poll_read(
@@ -436,28 +443,35 @@ mod tests {
         }
     }
 
-    #[test]
-    fn a_reader_whose_peer_never_stops_sending_lets_other_tasks_run() {
+    /// Whether `reader`, spawned on a runtime of one thread, lets another
+    /// task of it run (within 30 s).
+    pub(crate) fn lets_others_run(reader: impl Future<Output = ()> + Send + 'static) -> bool {
         let (done, finished) = std::sync::mpsc::channel();
         std::thread::spawn(move || {
             let rt = tokio::runtime::Builder::new_current_thread()
                 .build()
                 .expect("runtime");
             rt.block_on(async {
-                tokio::spawn(async {
-                    let mut lines = Lines::new(Stream(Endless));
-                    while lines.next().await.is_some() {}
-                });
+                tokio::spawn(reader);
                 // The reader runs now: this task resumes only once it
                 // yields.
                 tokio::task::yield_now().await;
                 let _ = done.send(());
             });
         });
+        finished
+            .recv_timeout(std::time::Duration::from_secs(30))
+            .is_ok()
+    }
+
+    #[test]
+    fn a_reader_whose_peer_never_stops_sending_lets_other_tasks_run() {
+        let reader = async {
+            let mut lines = Lines::new(Stream(Endless));
+            while lines.next().await.is_some() {}
+        };
         assert!(
-            finished
-                .recv_timeout(std::time::Duration::from_secs(30))
-                .is_ok(),
+            lets_others_run(reader),
             "the reader never yielded to another task"
         );
     }

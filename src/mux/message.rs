@@ -26,8 +26,9 @@ use serde_json::Value;
 /// default).
 #[derive(Clone)]
 pub struct Message {
-    /// The text the message was read from (empty for one made here).
-    text: Box<str>,
+    /// The text the message was read from (empty for one made here):
+    /// the buffer the line was read into, kept as it is (no copy).
+    text: String,
     members: Vec<Member>,
     /// Where the members routing asks for are ([`KNOWN`]): their index
     /// in `members`, [`ABSENT`] if there is none.
@@ -42,8 +43,25 @@ const KNOWN: [&str; 6] = ["id", "method", "params", "result", "error", "jsonrpc"
 
 const ABSENT: u8 = u8::MAX;
 
+/// Spare room a message's text may keep of the buffer its line was read
+/// into (a first read takes 512 bytes; a long line's buffer grew by
+/// doubling).
+const SLACK: usize = 4096;
+
+/// Where `key` is in [`KNOWN`]. Inlined, it folds to a constant for the
+/// literal keys routing asks for (a search of `KNOWN` was a call for
+/// every lookup, two dozen a bridged call).
+#[inline(always)]
 fn known(key: &str) -> Option<usize> {
-    KNOWN.iter().position(|k| *k == key)
+    match key {
+        "id" => Some(0),
+        "method" => Some(1),
+        "params" => Some(2),
+        "result" => Some(3),
+        "error" => Some(4),
+        "jsonrpc" => Some(5),
+        _ => None,
+    }
 }
 
 #[derive(Clone)]
@@ -97,7 +115,7 @@ impl fmt::Display for NotAMessage {
 impl Default for Message {
     fn default() -> Self {
         Self {
-            text: Box::default(),
+            text: String::new(),
             members: Vec::new(),
             known: [ABSENT; KNOWN.len()],
         }
@@ -105,7 +123,7 @@ impl Default for Message {
 }
 
 impl Message {
-    fn new(text: Box<str>, members: Vec<Member>) -> Self {
+    fn new(text: String, members: Vec<Member>) -> Self {
         let mut message = Self {
             text,
             members,
@@ -137,11 +155,29 @@ impl Message {
         message.ok_or_else(|| why_not(line))
     }
 
+    /// [`Message::parse`] of a line read into `line`, which the message
+    /// keeps as its text (no copy of it; a buffer much larger than its
+    /// line is shrunk).
+    pub fn parse_owned(line: Vec<u8>) -> Result<Self, NotAMessage> {
+        let mut text = match String::from_utf8(line) {
+            Ok(text) => text,
+            Err(e) => return Err(why_not(e.as_bytes())),
+        };
+        let Some(members) = members(&text) else {
+            return Err(why_not(text.as_bytes()));
+        };
+        if text.capacity() - text.len() > SLACK {
+            text.shrink_to_fit();
+        }
+        Ok(Self::new(text, members))
+    }
+
     fn text<'a>(&'a self, text: &'a Text) -> &'a str {
         text.get(&self.text)
     }
 
     /// Where member `key` is.
+    #[inline(always)]
     fn position(&self, key: &str) -> Option<usize> {
         if let Some(k) = known(key) {
             let at = self.known[k];
@@ -153,9 +189,17 @@ impl Message {
                 return None;
             }
         }
+        self.search(key)
+    }
+
+    /// Where member `key` is, found by comparing keys (one routing does
+    /// not index, or past the indexed ones).
+    #[inline(never)]
+    fn search(&self, key: &str) -> Option<usize> {
         self.members.iter().position(|m| self.text(&m.key) == key)
     }
 
+    #[inline(always)]
     fn member(&self, key: &str) -> Option<&Member> {
         self.members.get(self.position(key)?)
     }
@@ -167,11 +211,13 @@ impl Message {
     }
 
     /// Whether the message has a member `key`.
+    #[inline(always)]
     pub fn has(&self, key: &str) -> bool {
         self.member(key).is_some()
     }
 
     /// The JSON text of member `key`.
+    #[inline(always)]
     pub fn raw(&self, key: &str) -> Option<&str> {
         self.member(key).map(|m| self.text(&m.value))
     }
@@ -235,13 +281,23 @@ impl Message {
     /// letter).
     pub fn may_hold(&self, key: &str, name: &str) -> bool {
         self.raw(key).is_some_and(|raw| {
-            // Texts are short and the words rare: a search by the first
-            // byte beats building a substring searcher for each.
+            // Texts are short and the words rare: one search for a byte
+            // of the name (its first capital, rarer in text than its
+            // first letter) and for backslashes beats building a
+            // substring searcher for each.
             let raw = raw.as_bytes();
-            let find = |word: &[u8]| {
-                memchr::memchr_iter(word[0], raw).any(|at| raw[at..].starts_with(word))
+            let name = name.as_bytes();
+            let pivot = name.iter().position(u8::is_ascii_uppercase).unwrap_or(0);
+            let Some(&byte) = name.get(pivot) else {
+                return memchr::memmem::find(raw, b"\\u").is_some();
             };
-            !name.is_empty() && find(name.as_bytes()) || find(b"\\u")
+            memchr::memchr2_iter(byte, b'\\', raw).any(|at| {
+                if raw[at] == b'\\' {
+                    raw.get(at + 1) == Some(&b'u')
+                } else {
+                    at >= pivot && raw[at - pivot..].starts_with(name)
+                }
+            })
         })
     }
 
@@ -329,7 +385,36 @@ impl Message {
             .sum();
         let mut out = Vec::with_capacity(size + 3);
         out.push(b'{');
+        let text = self.text.as_bytes();
+        // Members read one after another and written as they were read
+        // (`"key":value`, a comma alone between them: how SDKs write) are
+        // copied as one run of the text.
+        let mut run: Option<(usize, usize)> = None;
         for (i, m) in self.members.iter().enumerate() {
+            if let (Text::Span(ks, ke), Text::Span(vs, ve)) = (&m.key, &m.value)
+                && *vs == *ke + 2
+            {
+                // From its key's opening quote to its value's end.
+                let (start, end) = (*ks as usize - 1, *ve as usize);
+                if let Some((_, run_end)) = &mut run
+                    && start == *run_end + 1
+                    && text[*run_end] == b','
+                {
+                    *run_end = end;
+                    continue;
+                }
+                if let Some((s, e)) = run.take() {
+                    out.extend_from_slice(&text[s..e]);
+                }
+                if i > 0 {
+                    out.push(b',');
+                }
+                run = Some((start, end));
+                continue;
+            }
+            if let Some((s, e)) = run.take() {
+                out.extend_from_slice(&text[s..e]);
+            }
             if i > 0 {
                 out.push(b',');
             }
@@ -347,6 +432,9 @@ impl Message {
             }
             out.push(b':');
             out.extend_from_slice(self.text(&m.value).as_bytes());
+        }
+        if let Some((s, e)) = run {
+            out.extend_from_slice(&text[s..e]);
         }
         out.extend_from_slice(b"}\n");
         out
@@ -563,6 +651,20 @@ fn id_in_tail(tail: &[u8]) -> Option<RequestId> {
     id_of_raw(raw)
 }
 
+/// Whether `text` holds `word`: a short text searched for the byte of
+/// `word` at `pivot` (one rare in JSON text: a capital), a long one by
+/// `finder` (built once for `word`), whose time stays linear whatever
+/// the text holds.
+pub fn holds(text: &[u8], word: &[u8], pivot: usize, finder: &memchr::memmem::Finder<'_>) -> bool {
+    if text.len() > 256 {
+        return finder.find(text).is_some();
+    }
+    let Some(&byte) = word.get(pivot) else {
+        return finder.find(text).is_some();
+    };
+    memchr::memchr_iter(byte, text).any(|at| at >= pivot && text[at - pivot..].starts_with(word))
+}
+
 /// [`Message::inner`] cannot tell without parsing.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Unsure;
@@ -616,7 +718,7 @@ impl From<Value> for Message {
                 .collect(),
             _ => Vec::new(),
         };
-        Self::new(Box::default(), members)
+        Self::new(String::new(), members)
     }
 }
 
@@ -768,6 +870,76 @@ mod tests {
             }
         }
         assert_eq!(parse(r#"{"jsonrpc":"2.0","method":"x"}"#).id_text(), None);
+    }
+
+    #[test]
+    fn may_hold_and_holds_find_what_a_substring_search_finds() {
+        let finder = memchr::memmem::Finder::new("taskId");
+        let long = format!("{{\"a\":\"{}\",\"taskId\":1}}", "I".repeat(300));
+        let long_without = format!("{{\"a\":\"{}\"}}", "xI".repeat(300));
+        for (text, word) in [
+            (r#"{"taskId":"t1"}"#, "taskId"),
+            (
+                r#"{"content":[{"type":"text","text":"I am"}],"isError":false}"#,
+                "taskId",
+            ),
+            (r#"{"Id":1,"tas":2}"#, "taskId"),
+            (r#"{"a":"xtaskId"}"#, "taskId"),
+            (r#"{"a":"Id"}"#, "taskId"),
+            (long.as_str(), "taskId"),
+            (long_without.as_str(), "taskId"),
+            (r#"{"_meta":{"progressToken":1}}"#, "progressToken"),
+            (r#"{"progress":1,"Token":2}"#, "progressToken"),
+            (r#"{"isError":true}"#, "isError"),
+            (r#"{"a":"\u0041"}"#, "isError"),
+            (r#"{"a":"\\u"}"#, "isError"),
+            (r#"{"a":"\\"}"#, "isError"),
+            (r#"{"a":"\\"}"#, ""),
+            (r#"{"a":"\u0041"}"#, ""),
+        ] {
+            let m = parse(&format!(r#"{{"params":{text}}}"#));
+            let expected = (!word.is_empty() && text.contains(word)) || text.contains("\\u");
+            assert_eq!(m.may_hold("params", word), expected, "{word} in {text}");
+            if word == "taskId" {
+                assert_eq!(
+                    holds(text.as_bytes(), b"taskId", 4, &finder),
+                    text.contains(word),
+                    "{text}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn a_line_read_into_its_own_buffer_is_the_message_parse_reads() {
+        for text in [
+            "{\"jsonrpc\":\"2.0\",\"id\":1,\"result\":{}}\n",
+            " {\"a\":[1,{\"b\":\"\\u00e9\"}]} \r\n",
+        ] {
+            let mut buffer = Vec::with_capacity(512);
+            buffer.extend_from_slice(text.as_bytes());
+            let owned = Message::parse_owned(buffer).expect("a message");
+            assert_eq!(owned, parse(text));
+            assert_eq!(owned.line(), parse(text).line());
+            assert_eq!(owned.received(), text.len());
+        }
+        let mut big = Vec::with_capacity(1 << 20);
+        big.extend_from_slice(b"{\"id\":2}\n");
+        let owned = Message::parse_owned(big).expect("a message");
+        assert!(
+            owned.text.capacity() < 1 << 16,
+            "a buffer much larger than its line was kept"
+        );
+        for not in ["[1]\n", "{\"a\":}\n"] {
+            assert_eq!(
+                Message::parse_owned(not.as_bytes().to_vec()).map(|m| m.line()),
+                Message::parse(not.as_bytes()).map(|m| m.line())
+            );
+        }
+        assert!(matches!(
+            Message::parse_owned(b"{\"a\":\"\xff\"}".to_vec()),
+            Err(NotAMessage::NotJson(_))
+        ));
     }
 
     #[test]

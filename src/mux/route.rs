@@ -369,9 +369,10 @@ fn rename_message_tasks(
         std::sync::LazyLock::new(|| memchr::memmem::Finder::new("taskId"));
     let names = |part: &str| match side {
         Side::Host => msg.may_hold(part, "taskId"),
+        // `I`, a capital: rare in a result's text.
         Side::Server => msg
             .raw(part)
-            .is_some_and(|raw| TASK_ID.find(raw.as_bytes()).is_some()),
+            .is_some_and(|raw| super::message::holds(raw.as_bytes(), b"taskId", 4, &TASK_ID)),
     };
     let parts: [(&str, bool); 2] = [("params", names("params")), ("result", names("result"))];
     if parts.iter().all(|(_, named)| !named) {

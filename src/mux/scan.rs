@@ -315,6 +315,9 @@ pub fn each_member(text: &[u8], each: impl FnMut(Span)) -> Option<()> {
     walk(text, false, each)
 }
 
+/// Bytes of a string skipped one at a time before a vectorized search.
+const SHORT: usize = 16;
+
 impl Scanner<'_> {
     /// A valid string's rest, after its opening quote: whether it held
     /// an escape.
@@ -322,7 +325,14 @@ impl Scanner<'_> {
         let mut escaped = false;
         loop {
             let rest = self.text.get(self.at..)?;
-            self.at += memchr::memchr2(b'"', b'\\', rest)?;
+            // Most strings of a message are short (keys, types, names):
+            // their first bytes one at a time, which costs less than
+            // setting up the vectorized search the rest gets.
+            let head = rest.len().min(SHORT);
+            self.at += match rest[..head].iter().position(|&b| b == b'"' || b == b'\\') {
+                Some(at) => at,
+                None => head + memchr::memchr2(b'"', b'\\', &rest[head..])?,
+            };
             if self.next()? == b'"' {
                 return Some(escaped);
             }

@@ -331,10 +331,13 @@ pub fn outcome_of(message: &Message) -> Outcome {
                 .to_owned(),
         );
     }
-    // Looked for only if the result may hold it, and then found by a
-    // scan (nothing parsed), or, where only a parser can tell, read as a
-    // Value reads it.
-    let is_error = message.may_hold("result", "isError")
+    // Looked for only if the result may be one: it holds the key
+    // followed by `true` (at any depth; without escapes, the only way to
+    // spell it), and then found by a scan (nothing parsed), or, where only
+    // a parser can tell, read as a Value reads it.
+    let is_error = message
+        .raw("result")
+        .is_some_and(|raw| may_be_true(raw.as_bytes(), b"\"isError\""))
         && match message.inner("result", "isError") {
             Ok(is_error) => is_error == Some("true"),
             Err(_) => message
@@ -346,6 +349,32 @@ pub fn outcome_of(message: &Message) -> Outcome {
     } else {
         Outcome::Ok
     }
+}
+
+/// Whether a JSON value's text `raw` may hold member `key` (quoted) set
+/// to `true` at any depth: it holds the key followed by a colon and
+/// `true` (JSON whitespace around the colon), or a `\u` escape, which
+/// could spell the key otherwise. A quoted key can be nothing else: in
+/// a string, a quote is escaped.
+fn may_be_true(raw: &[u8], key: &[u8]) -> bool {
+    let ws = |b: &u8| matches!(b, b' ' | b'\t' | b'\n' | b'\r');
+    let skip = |at: usize| at + raw[at..].iter().take_while(|b| ws(b)).count();
+    // One search for a byte of the key (its first capital, rare in text)
+    // and for backslashes, as `Message::may_hold` does.
+    let pivot = key.iter().position(u8::is_ascii_uppercase).unwrap_or(0);
+    memchr::memchr2_iter(key[pivot], b'\\', raw).any(|at| {
+        if raw[at] == b'\\' {
+            return raw.get(at + 1) == Some(&b'u');
+        }
+        let Some(start) = at.checked_sub(pivot) else {
+            return false;
+        };
+        if !raw[start..].starts_with(key) {
+            return false;
+        }
+        let colon = skip(start + key.len());
+        raw.get(colon) == Some(&b':') && raw[skip(colon + 1)..].starts_with(b"true")
+    })
 }
 
 /// The tool a `tools/call`'s params name (the arguments are skipped, not

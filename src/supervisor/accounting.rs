@@ -144,10 +144,14 @@ pub(crate) struct Record {
 }
 
 impl Record {
-    pub(crate) fn new(server: &Arc<str>, tool: &str, counters: &Arc<Counters>) -> Self {
+    pub(crate) fn new(
+        server: &Arc<str>,
+        tool: impl Into<String>,
+        counters: &Arc<Counters>,
+    ) -> Self {
         Self {
             server: Arc::clone(server),
-            tool: tool.to_owned(),
+            tool: tool.into(),
             counters: Arc::clone(counters),
             caller: Caller::default(),
             started: Instant::now(),
@@ -277,14 +281,11 @@ pub fn flush_log() {
         // timestamp, and written in one go (DESIGN §8: no per-call trip
         // through tracing's field machinery).
         if tracing::enabled!(target: "mcpd::calls", tracing::Level::INFO) {
-            let mut lines = String::with_capacity(calls.len() * 200);
             // One time for the batch: every line starts the same.
             let mut start = String::with_capacity(64);
             let now = std::time::SystemTime::now();
             let _ = crate::logbatch::prefix(&mut start, ansi, now, INFO, "mcpd::calls");
-            for call in &calls {
-                let _ = text_line(&mut lines, &start, ansi, call);
-            }
+            let lines = text_lines(&calls, &start, ansi);
             crate::logbatch::write(lines.as_bytes());
         }
         return;
@@ -296,75 +297,130 @@ pub fn flush_log() {
     });
 }
 
+/// The text log lines of `calls`, each after `start`. A run of calls of
+/// one tool by one caller with one outcome (the most usual batch) has
+/// its lines' [`Pieces`] made once.
+fn text_lines(calls: &[Finished], start: &str, ansi: bool) -> String {
+    let mut lines = String::with_capacity(calls.len() * 200);
+    let mut made: Option<(&Finished, Pieces)> = None;
+    for call in calls {
+        if !made.as_ref().is_some_and(|(m, _)| Pieces::fit(m, call)) {
+            match Pieces::of(call, ansi) {
+                Ok(pieces) => made = Some((call, pieces)),
+                Err(_) => continue,
+            }
+        }
+        if let Some((_, pieces)) = &made {
+            pieces.line(&mut lines, start, call);
+        }
+    }
+    lines
+}
+
 /// The text log's level of a call's line, with its colour.
 const INFO: (&str, &str) = ("\x1b[32m", " INFO");
 
 /// One finished call's text log line, as [`log_call`] writes it through
 /// the text log, after `start` (the batch's [`crate::logbatch::prefix`],
 /// made once); with `push_str` and digits made by hand, not `fmt`
-/// (whose machinery was half of a line's cost).
+/// (whose machinery was half of a line's cost). Its text but the two
+/// durations is the same for every call of one tool by one caller with
+/// one outcome: [`Pieces`], which a batch makes once for a run of them.
+#[cfg(test)]
 fn text_line(out: &mut String, start: &str, ansi: bool, call: &Finished) -> std::fmt::Result {
-    use crate::logbatch::{escape, field_name};
-    let id = |out: &mut String, id: Option<u32>| match id {
-        Some(id) => push_number(out, u64::from(id)),
-        None => out.push('-'),
-    };
-    let outcome = |out: &mut String| {
-        if call.outcome == Outcome::Ok {
-            out.push_str("ok");
-            Ok(())
-        } else {
-            escape(out, &call.outcome.to_string())
-        }
-    };
-    out.push_str(start);
-    out.push_str("tools/call ");
-    escape(out, &call.tool)?;
-    out.push_str(" by ");
-    if call.caller.token.is_none() && call.caller.peer.is_none() {
-        // A bridge's or the bus's (the most calls): as `Display` says
-        // it, without `fmt`.
-        out.push_str("uid ");
-        id(out, call.caller.uid);
-        out.push_str(" pid ");
-        id(out, call.caller.pid);
-    } else {
-        escape(out, &call.caller.to_string())?;
-    }
-    out.push_str(": ");
-    outcome(out)?;
-    out.push_str(" in ");
-    push_millis(out, call.took);
-    out.push_str(" ms ");
-    field_name(out, ansi, "mcpd_server")?;
-    escape(out, &call.server)?;
-    out.push(' ');
-    field_name(out, ansi, "mcpd_tool")?;
-    escape(out, &call.tool)?;
-    out.push(' ');
-    field_name(out, ansi, "mcpd_caller_uid")?;
-    id(out, call.caller.uid);
-    out.push(' ');
-    field_name(out, ansi, "mcpd_caller_pid")?;
-    id(out, call.caller.pid);
-    out.push(' ');
-    if let Some(token) = &call.caller.token {
-        field_name(out, ansi, "mcpd_caller_token")?;
-        escape(out, token)?;
-        out.push(' ');
-    }
-    if let Some(peer) = call.caller.peer {
-        field_name(out, ansi, "mcpd_caller_address")?;
-        escape(out, &peer.to_string())?;
-        out.push(' ');
-    }
-    field_name(out, ansi, "mcpd_outcome")?;
-    outcome(out)?;
-    out.push(' ');
-    field_name(out, ansi, "mcpd_duration_usec")?;
-    push_number(out, micros(call.took));
-    out.push('\n');
+    let pieces = Pieces::of(call, ansi)?;
+    pieces.line(out, start, call);
     Ok(())
+}
+
+/// A call's text log line but its start and its two durations.
+struct Pieces {
+    /// `tools/call TOOL by CALLER: OUTCOME in `.
+    head: String,
+    /// ` ms mcpd_server=… mcpd_duration_usec=`.
+    tail: String,
+}
+
+impl Pieces {
+    fn of(call: &Finished, ansi: bool) -> Result<Self, std::fmt::Error> {
+        use crate::logbatch::{escape, field_name};
+        let id = |out: &mut String, id: Option<u32>| match id {
+            Some(id) => push_number(out, u64::from(id)),
+            None => out.push('-'),
+        };
+        let outcome = |out: &mut String| {
+            if call.outcome == Outcome::Ok {
+                out.push_str("ok");
+                Ok(())
+            } else {
+                escape(out, &call.outcome.to_string())
+            }
+        };
+        let mut out = String::with_capacity(64);
+        out.push_str("tools/call ");
+        escape(&mut out, &call.tool)?;
+        out.push_str(" by ");
+        if call.caller.token.is_none() && call.caller.peer.is_none() {
+            // A bridge's or the bus's (the most calls): as `Display` says
+            // it, without `fmt`.
+            out.push_str("uid ");
+            id(&mut out, call.caller.uid);
+            out.push_str(" pid ");
+            id(&mut out, call.caller.pid);
+        } else {
+            escape(&mut out, &call.caller.to_string())?;
+        }
+        out.push_str(": ");
+        outcome(&mut out)?;
+        out.push_str(" in ");
+        let head = std::mem::replace(&mut out, String::with_capacity(192));
+        out.push_str(" ms ");
+        field_name(&mut out, ansi, "mcpd_server")?;
+        escape(&mut out, &call.server)?;
+        out.push(' ');
+        field_name(&mut out, ansi, "mcpd_tool")?;
+        escape(&mut out, &call.tool)?;
+        out.push(' ');
+        field_name(&mut out, ansi, "mcpd_caller_uid")?;
+        id(&mut out, call.caller.uid);
+        out.push(' ');
+        field_name(&mut out, ansi, "mcpd_caller_pid")?;
+        id(&mut out, call.caller.pid);
+        out.push(' ');
+        if let Some(token) = &call.caller.token {
+            field_name(&mut out, ansi, "mcpd_caller_token")?;
+            escape(&mut out, token)?;
+            out.push(' ');
+        }
+        if let Some(peer) = call.caller.peer {
+            field_name(&mut out, ansi, "mcpd_caller_address")?;
+            escape(&mut out, &peer.to_string())?;
+            out.push(' ');
+        }
+        field_name(&mut out, ansi, "mcpd_outcome")?;
+        outcome(&mut out)?;
+        out.push(' ');
+        field_name(&mut out, ansi, "mcpd_duration_usec")?;
+        Ok(Self { head, tail: out })
+    }
+
+    /// Whether `call`'s line has the pieces of `made`'s.
+    fn fit(made: &Finished, call: &Finished) -> bool {
+        made.tool == call.tool
+            && made.outcome == call.outcome
+            && made.caller == call.caller
+            && made.server == call.server
+    }
+
+    /// `call`'s whole line, after `start`.
+    fn line(&self, out: &mut String, start: &str, call: &Finished) {
+        out.push_str(start);
+        out.push_str(&self.head);
+        push_millis(out, call.took);
+        out.push_str(&self.tail);
+        push_number(out, micros(call.took));
+        out.push('\n');
+    }
 }
 
 fn micros(took: Duration) -> u64 {
@@ -383,9 +439,8 @@ fn push_number(out: &mut String, mut n: u64) {
             break;
         }
     }
-    for &d in &digits[at..] {
-        out.push(char::from(d));
-    }
+    // Digits are ASCII: one copy, not a push a digit.
+    out.push_str(std::str::from_utf8(&digits[at..]).unwrap_or("0"));
 }
 
 /// `took` in milliseconds to a tenth, rounded half up ("1.3").
@@ -475,6 +530,46 @@ mod tests {
             .start_paused(true)
             .build()
             .expect("runtime")
+    }
+
+    #[test]
+    fn a_batch_makes_each_line_as_a_line_alone_would_be() {
+        let finished = |server: &str, tool: &str, uid, outcome: Outcome, micros| Finished {
+            server: Arc::from(server),
+            tool: tool.to_owned(),
+            caller: Caller {
+                uid,
+                pid: Some(7),
+                ..Caller::default()
+            },
+            outcome,
+            took: Duration::from_micros(micros),
+        };
+        let calls = [
+            finished("a", "echo", Some(1), Outcome::Ok, 1250),
+            finished("a", "echo", Some(1), Outcome::Ok, 99),
+            finished("a", "echo", Some(2), Outcome::Ok, 1_000_049),
+            finished("a", "add", Some(2), Outcome::Ok, 0),
+            finished("a", "add", Some(2), Outcome::ErrorResult, 3),
+            finished("b", "add", Some(2), Outcome::ErrorResult, 3),
+            finished("b", "add", None, Outcome::Failed("x\x1b".into()), 3),
+            finished("b", "add", None, Outcome::Failed("y".into()), 3),
+            finished("b", "add", None, Outcome::Failed("y".into()), 12),
+        ];
+        for ansi in [false, true] {
+            let mut alone = String::new();
+            for call in &calls {
+                text_line(&mut alone, "START ", ansi, call).expect("formats");
+            }
+            assert_eq!(text_lines(&calls, "START ", ansi), alone);
+        }
+        let mut one = String::new();
+        text_line(&mut one, "", false, &calls[2]).expect("formats");
+        assert_eq!(
+            one,
+            "tools/call echo by uid 2 pid 7: ok in 1000.0 ms mcpd_server=a mcpd_tool=echo \
+             mcpd_caller_uid=2 mcpd_caller_pid=7 mcpd_outcome=ok mcpd_duration_usec=1000049\n"
+        );
     }
 
     // One test: the queue is the process's, and tests run in parallel.

@@ -533,7 +533,7 @@ impl Task {
             let Some(h) = self.hosts.get_mut(&host) else {
                 return;
             };
-            let mut record = Record::new(&self.name, &tool, &self.counters);
+            let mut record = Record::new(&self.name, tool, &self.counters);
             record.caller = h.caller.clone();
             h.calls.insert(id.clone(), record);
         }

@@ -55,14 +55,13 @@ use std::time::{Duration, Instant};
 
 use foldhash::HashMap;
 use futures_util::StreamExt as _;
-use futures_util::stream::SelectAll;
 use serde_json::{Value, json};
 use tokio::net::unix::OwnedWriteHalf;
 use tokio::sync::{mpsc, oneshot, watch};
 
 use crate::mux::era::{self};
 use crate::mux::error::ErrorCode;
-use crate::mux::host::{Event, HostLink, HostOut, Reader, StopReading};
+use crate::mux::host::{Event, HostLink, HostOut, Reader, Readers, StopReading};
 use crate::mux::ledger::Ledger;
 use crate::mux::lists::{List, ListError, Why};
 use crate::mux::message::{Message, RequestId};
@@ -338,7 +337,7 @@ impl Sessions {
             deadline: None,
             timer: Box::pin(tokio::time::sleep(Duration::ZERO)),
             name: Arc::from(name),
-            readers: SelectAll::new(),
+            readers: Readers::new(),
             router: Router::new(),
             hosts: HashMap::default(),
             next_host: 0,
@@ -686,7 +685,7 @@ struct Task {
     name: Arc<str>,
     /// Every host's reader and the upstream's: each polled only once
     /// woken, so a message costs a poll of its own reader alone.
-    readers: SelectAll<Reader>,
+    readers: Readers,
     router: Router,
     hosts: HashMap<HostId, Host>,
     next_host: HostId,
@@ -781,7 +780,7 @@ impl Task {
                     Some(input) => self.input(input),
                     None => break,
                 },
-                Some(event) = self.readers.next(), if !self.readers.is_empty() => match event {
+                Some(event) = self.readers.next_event(), if !self.readers.is_empty() => match event {
                     Event::Host(host, Some(frame)) => {
                         self.record(host, &frame);
                         self.on_host(host, frame);
