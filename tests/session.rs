@@ -339,6 +339,21 @@ fn a_tool_call_is_accounted_by_its_answer_and_named_by_its_params() {
             .expect("message")
     };
     assert_eq!(session::tool_name(&call(r#"{"name":"echo"}"#)), "echo");
+    // the name first, as SDKs write it, and whatever may follow it
+    for (params, name) in [
+        (r#"{ "name" : "echo", "arguments": {"text": "x"}}"#, "echo"),
+        (r#"{"name":"echo","arguments":{"name":"inner"}}"#, "echo"),
+        (r#"{"name":"echo","arguments":{"text":"\"name\""}}"#, "echo"),
+        (r#"{"name":"echo","name":"last"}"#, "last"),
+        (r#"{"name":"echo","n\u0061me":"escaped"}"#, "escaped"),
+        (r#"{"name":"echo","arguments":{"t":"\u00e9"}}"#, "echo"),
+        (r#"{"name":"ec\u0068o"}"#, "echo"),
+        (r#"{"name":"a\"b"}"#, "a\"b"),
+        (r#"{"name":7}"#, ""),
+        (r#"{"arguments":{"name":"inner"},"name":"echo"}"#, "echo"),
+    ] {
+        assert_eq!(session::tool_name(&call(params)), name, "{params}");
+    }
     // of a repeated name, the last, as the server will read it
     assert_eq!(
         session::tool_name(&call(r#"{"name":"safe","name":"rm"}"#)),

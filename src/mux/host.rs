@@ -10,7 +10,7 @@
 //! (`supervisor::sessions`) and its pure core ([`super::session`]) do.
 
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use futures_util::task::AtomicWaker;
 use serde_json::Value;
@@ -134,7 +134,7 @@ impl HostLink {
         let reader = Reader::Host(HostReader {
             host,
             lines: Lines::with_pending(source, pending),
-            control: watch,
+            control: watch.map(Watched::new),
             stop: Arc::clone(&stop),
             ended: false,
         });
@@ -179,6 +179,16 @@ impl HostOut {
             HostOut::Socket(out) => out.send(bytes),
             HostOut::Pipe(out) => out.send(bytes),
             HostOut::Memory(out) => out.send(bytes),
+        }
+    }
+
+    /// [`HostOut::send`] of bytes the caller keeps (copied if they wait).
+    pub fn send_slice(&self, bytes: &[u8]) -> Result<(), Refused> {
+        match self {
+            HostOut::Half(out) => out.send_slice(bytes),
+            HostOut::Socket(out) => out.send_slice(bytes),
+            HostOut::Pipe(out) => out.send_slice(bytes),
+            HostOut::Memory(out) => out.send_slice(bytes),
         }
     }
 
@@ -273,9 +283,48 @@ pub struct HostReader {
     lines: Lines<HostSource>,
     /// The bridge's socket, for a host whose stdio was handed over: it
     /// only listens, so anything read on it (its end) ends the session.
-    control: Option<OwnedReadHalf>,
+    control: Option<Watched>,
     stop: Arc<Stop>,
     ended: bool,
+}
+
+/// The bridge's socket, polled only once it woke the reader: with a
+/// waker of its own, which says so (a poll of its readiness for every
+/// message the host sent cost more than the message's routing).
+#[derive(Debug)]
+struct Watched {
+    half: OwnedReadHalf,
+    wake: Arc<WatchWake>,
+    waker: std::task::Waker,
+}
+
+#[derive(Debug, Default)]
+struct WatchWake {
+    /// The socket woke it since it was last polled.
+    woken: std::sync::atomic::AtomicBool,
+    /// The task reading the host.
+    task: AtomicWaker,
+}
+
+impl std::task::Wake for WatchWake {
+    fn wake(self: Arc<Self>) {
+        self.wake_by_ref();
+    }
+
+    fn wake_by_ref(self: &Arc<Self>) {
+        self.woken.store(true, Ordering::Release);
+        self.task.wake();
+    }
+}
+
+impl Watched {
+    fn new(half: OwnedReadHalf) -> Self {
+        let wake = Arc::new(WatchWake::default());
+        // Polled first to register its waker.
+        wake.woken.store(true, Ordering::Release);
+        let waker = std::task::Waker::from(Arc::clone(&wake));
+        Self { half, wake, waker }
+    }
 }
 
 impl HostReader {
@@ -296,13 +345,20 @@ impl HostReader {
 
     /// Whether the bridge's socket closed (or sent what it must not).
     fn poll_bridge_gone(&mut self, cx: &mut std::task::Context<'_>) -> bool {
-        let Some(control) = &self.control else {
+        let Some(watched) = &self.control else {
             return false;
         };
+        watched.wake.task.register(cx.waker());
+        if !watched.wake.woken.swap(false, Ordering::AcqRel) {
+            // Its readiness is as it was when last polled: not ready.
+            return false;
+        }
+        let control = &watched.half;
         let stream: &UnixStream = control.as_ref();
+        let mut own = std::task::Context::from_waker(&watched.waker);
         let mut scratch = [0u8; 64];
         loop {
-            match stream.poll_read_ready(cx) {
+            match stream.poll_read_ready(&mut own) {
                 std::task::Poll::Pending => return false,
                 std::task::Poll::Ready(Err(_)) => return true,
                 std::task::Poll::Ready(Ok(())) => {}
@@ -408,6 +464,9 @@ pub struct Readers {
     free: Vec<usize>,
     ready: Arc<Ready>,
     len: usize,
+    /// Of the first 64 slots, those woken and not yet polled, taken
+    /// from `Ready::bits` at once.
+    taken: u64,
 }
 
 #[derive(Debug)]
@@ -421,9 +480,14 @@ struct Slot {
 /// them.
 #[derive(Debug, Default)]
 struct Ready {
-    /// Indices, each once at most (a slot's `queued`): at most one per
-    /// slot.
+    /// The first 64 slots (a session's upstream and its first hosts), a
+    /// bit each: a wake is one atomic `or`.
+    bits: std::sync::atomic::AtomicU64,
+    /// The indices of the other slots, each once at most (a slot's
+    /// `queued`): at most one per slot.
     queue: std::sync::Mutex<std::collections::VecDeque<usize>>,
+    /// How many `queue` holds, read without its lock.
+    queued: AtomicUsize,
     task: AtomicWaker,
 }
 
@@ -431,7 +495,7 @@ struct Ready {
 #[derive(Debug)]
 struct SlotWake {
     index: usize,
-    /// In `queue` now.
+    /// In `queue` now (of a slot past the first 64).
     queued: std::sync::atomic::AtomicBool,
     ready: Arc<Ready>,
 }
@@ -449,10 +513,13 @@ impl std::task::Wake for SlotWake {
 
 impl SlotWake {
     fn enqueue(&self) {
-        if !self.queued.swap(true, Ordering::AcqRel)
+        if self.index < 64 {
+            self.ready.bits.fetch_or(1 << self.index, Ordering::AcqRel);
+        } else if !self.queued.swap(true, Ordering::AcqRel)
             && let Ok(mut queue) = self.ready.queue.lock()
         {
             queue.push_back(self.index);
+            self.ready.queued.fetch_add(1, Ordering::AcqRel);
         }
     }
 }
@@ -513,11 +580,7 @@ impl Readers {
         }
         self.ready.task.register(cx.waker());
         for _ in 0..POLLS {
-            let next = match self.ready.queue.lock() {
-                Ok(mut queue) => queue.pop_front(),
-                Err(_) => None,
-            };
-            let Some(index) = next else {
+            let Some(index) = self.next_woken() else {
                 return Poll::Pending;
             };
             let Some(slot) = self.slots.get_mut(index).and_then(Option::as_mut) else {
@@ -546,6 +609,30 @@ impl Readers {
         // Readers always ready: the other tasks run first.
         cx.waker().wake_by_ref();
         Poll::Pending
+    }
+
+    /// A woken reader's index: of those taken of the first 64, the
+    /// lowest; once they are all polled, one of the others, then the
+    /// first 64's woken since (so that neither waits for the other).
+    fn next_woken(&mut self) -> Option<usize> {
+        loop {
+            if self.taken != 0 {
+                let index = self.taken.trailing_zeros() as usize;
+                self.taken &= self.taken - 1;
+                return Some(index);
+            }
+            if self.ready.queued.load(Ordering::Acquire) > 0
+                && let Ok(mut queue) = self.ready.queue.lock()
+                && let Some(index) = queue.pop_front()
+            {
+                self.ready.queued.fetch_sub(1, Ordering::AcqRel);
+                return Some(index);
+            }
+            self.taken = self.ready.bits.swap(0, Ordering::AcqRel);
+            if self.taken == 0 {
+                return None;
+            }
+        }
     }
 
     /// [`Readers::poll_next`], waiting.
@@ -619,6 +706,40 @@ mod tests {
             .expect("write");
         assert_eq!(generation_of(readers.next_event().await), (3, true));
         assert_eq!(readers.len(), 1);
+    }
+
+    #[tokio::test]
+    async fn readers_past_the_first_64_are_polled_once_woken_too() {
+        let mut readers = Readers::new();
+        let mut outs = Vec::new();
+        let mut stops = Vec::new();
+        for generation in 0..70 {
+            let (reader, stop, out) = server(generation);
+            readers.push(reader);
+            stops.push(stop);
+            outs.push(out);
+        }
+        for n in [66, 2, 69] {
+            outs[n]
+                .write_all(b"{\"jsonrpc\":\"2.0\",\"method\":\"a\"}\n")
+                .await
+                .expect("write");
+        }
+        let mut seen = Vec::new();
+        for _ in 0..3 {
+            seen.push(generation_of(readers.next_event().await).0);
+        }
+        seen.sort();
+        assert_eq!(seen, [2, 66, 69]);
+        // Their ends, whichever slot.
+        drop(outs.remove(67));
+        drop(outs.remove(1));
+        let mut ended = Vec::new();
+        for _ in 0..2 {
+            ended.push(generation_of(readers.next_event().await));
+        }
+        ended.sort();
+        assert_eq!(ended, [(1, false), (67, false)]);
     }
 
     /// A server that always has more messages ready.

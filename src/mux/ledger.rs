@@ -42,8 +42,49 @@ pub struct Ledger {
     /// Slot by id text, and how many of the host's requests in flight
     /// have that id (a host that reuses one gets a refusal for the second,
     /// which must not clear the first).
-    used: HashMap<Box<str>, (u16, u32)>,
+    used: HashMap<Key, (u16, u32)>,
     free: Vec<u16>,
+}
+
+/// An id's text kept inline (it fits a slot, or is not recorded): no
+/// allocation per request recorded.
+#[derive(Debug, Clone, Copy)]
+struct Key {
+    len: u8,
+    text: [u8; SLOT - 1],
+}
+
+impl Key {
+    /// `id`'s key; `None` if it does not fit a slot (or is empty).
+    fn of(id: &str) -> Option<Self> {
+        if id.is_empty() || id.len() >= SLOT {
+            return None;
+        }
+        let mut text = [0u8; SLOT - 1];
+        text[..id.len()].copy_from_slice(id.as_bytes());
+        Some(Self {
+            len: id.len() as u8,
+            text,
+        })
+    }
+
+    fn bytes(&self) -> &[u8] {
+        &self.text[..usize::from(self.len)]
+    }
+}
+
+impl PartialEq for Key {
+    fn eq(&self, other: &Self) -> bool {
+        self.bytes() == other.bytes()
+    }
+}
+
+impl Eq for Key {}
+
+impl std::hash::Hash for Key {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.bytes().hash(state);
+    }
 }
 
 // The mapping is owned by the ledger alone (in this process), and every
@@ -96,11 +137,11 @@ impl Ledger {
 
     /// Records request `id` (its JSON text) as read and unanswered.
     pub fn record(&mut self, id: &str) {
-        if let Some((_, count)) = self.used.get_mut(id) {
-            *count += 1;
+        let Some(key) = Key::of(id) else {
             return;
-        }
-        if id.is_empty() || id.len() >= SLOT {
+        };
+        if let Some((_, count)) = self.used.get_mut(&key) {
+            *count += 1;
             return;
         }
         let Some(slot) = self.free.pop() else {
@@ -112,18 +153,21 @@ impl Ledger {
             cell.store(byte, Ordering::Relaxed);
         }
         bytes[0].store(id.len() as u8, Ordering::Release);
-        self.used.insert(id.into(), (slot, 1));
+        self.used.insert(key, (slot, 1));
     }
 
     /// A request `id` was answered (or will never be).
     pub fn clear(&mut self, id: &str) {
-        let Some((slot, count)) = self.used.get_mut(id) else {
+        let Some(key) = Key::of(id) else {
+            return;
+        };
+        let Some((slot, count)) = self.used.get_mut(&key) else {
             return;
         };
         *count -= 1;
         if *count == 0 {
             let slot = *slot;
-            self.used.remove(id);
+            self.used.remove(&key);
             self.bytes()[usize::from(slot) * SLOT].store(0, Ordering::Release);
             self.free.push(slot);
         }
@@ -211,6 +255,19 @@ mod tests {
         let (mut ledger, fd) = Ledger::create().expect("ledger");
         ledger.record(&format!("\"{}\"", "x".repeat(SLOT)));
         ledger.record("");
+        assert!(ledger.is_empty());
+        // The longest that fits, and ids one the start of the other.
+        let longest = format!("\"{}\"", "y".repeat(SLOT - 3));
+        for id in [longest.as_str(), "1", "12", "\"1\""] {
+            ledger.record(id);
+        }
+        ledger.clear("12");
+        let mut ids = read(fd.as_fd()).expect("read");
+        ids.sort();
+        assert_eq!(ids, ["\"1\"", longest.as_str(), "1"]);
+        for id in [longest.as_str(), "1", "\"1\""] {
+            ledger.clear(id);
+        }
         assert!(ledger.is_empty());
         for n in 0..SLOTS + 10 {
             ledger.record(&n.to_string());

@@ -48,6 +48,9 @@ const ABSENT: u8 = u8::MAX;
 /// doubling).
 const SLACK: usize = 4096;
 
+/// The most a thread's buffer for writing lines keeps between them.
+const SCRATCH: usize = 64 * 1024;
+
 /// Where `key` is in [`KNOWN`]. Inlined, it folds to a constant for the
 /// literal keys routing asks for (a search of `KNOWN` was a call for
 /// every lookup, two dozen a bridged call).
@@ -77,16 +80,31 @@ struct Member {
 enum Text {
     Span(u32, u32),
     Own(Box<str>),
+    /// A request id's text, shared with the map it was kept in.
+    Shared(std::sync::Arc<str>),
+    /// An unsigned integer's digits (the ids mcpd gives), kept inline:
+    /// the last `.1` bytes of `.0`.
+    Digits([u8; 20], u8),
 }
 
 impl Text {
-    /// The text, of a message read from `text`.
+    /// The text, of a message read from `text`. (Inlined, as it was
+    /// before it had digits to read: every lookup of a member reads it.)
+    #[inline(always)]
     fn get<'a>(&'a self, text: &'a str) -> &'a str {
         match self {
             Text::Span(start, end) => &text[*start as usize..*end as usize],
             Text::Own(own) => own,
+            Text::Shared(shared) => shared,
+            Text::Digits(digits, len) => digits_text(digits, *len),
         }
     }
+}
+
+/// The text of the last `len` bytes of `digits` (ASCII).
+#[inline(never)]
+fn digits_text(digits: &[u8; 20], len: u8) -> &str {
+    std::str::from_utf8(&digits[digits.len() - usize::from(len)..]).unwrap_or("0")
 }
 
 /// Why a line is not a message.
@@ -172,8 +190,18 @@ impl Message {
         Ok(Self::new(text, members))
     }
 
+    #[inline(always)]
     fn text<'a>(&'a self, text: &'a Text) -> &'a str {
         text.get(&self.text)
+    }
+
+    /// [`Message::text`] as bytes (digits without a check of UTF-8).
+    #[inline(always)]
+    fn bytes<'a>(&'a self, text: &'a Text) -> &'a [u8] {
+        match text {
+            Text::Digits(digits, len) => &digits[digits.len() - usize::from(*len)..],
+            other => other.get(&self.text).as_bytes(),
+        }
     }
 
     /// Where member `key` is.
@@ -336,7 +364,10 @@ impl Message {
     /// Sets member `key` to the JSON text `json` (the caller's word that
     /// it is JSON: an id's [`id_key`], a number).
     pub fn set_json(&mut self, key: &str, json: String) {
-        let text = Text::Own(json.into());
+        self.set_text(key, Text::Own(json.into()));
+    }
+
+    fn set_text(&mut self, key: &str, text: Text) {
         match self.position(key) {
             Some(i) => self.members[i].value = text,
             None => {
@@ -347,6 +378,19 @@ impl Message {
                 self.index();
             }
         }
+    }
+
+    /// Sets member `key` to the unsigned integer `n` (no allocation).
+    pub fn set_number(&mut self, key: &str, n: u64) {
+        let mut digits = [0u8; 20];
+        // At most 20 digits.
+        let len = write_digits(n, &mut digits) as u8;
+        self.set_text(key, Text::Digits(digits, len));
+    }
+
+    /// Sets the `id` to `id` (its text shared, not copied).
+    pub fn set_id(&mut self, id: RequestId) {
+        self.set_text("id", Text::Shared(id.0));
     }
 
     /// Whether every member is a JSON-RPC 2.0 one (`jsonrpc`, `id`,
@@ -378,12 +422,41 @@ impl Message {
 
     /// The message as one line, newline included.
     pub fn line(&self) -> Vec<u8> {
+        let mut out = Vec::new();
+        self.write_line(&mut out);
+        out
+    }
+
+    /// Runs `f` with the message as one line, newline included, made in
+    /// a buffer of the thread's that is kept for the next (no allocation
+    /// per message written; one over [`SCRATCH`] is let go after).
+    pub fn with_line<R>(&self, f: impl FnOnce(&[u8]) -> R) -> R {
+        thread_local! {
+            static LINE: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+        }
+        LINE.with(|line| match line.try_borrow_mut() {
+            Ok(mut buf) => {
+                buf.clear();
+                self.write_line(&mut buf);
+                let r = f(&buf);
+                if buf.capacity() > SCRATCH {
+                    *buf = Vec::new();
+                }
+                r
+            }
+            // Written while another line is (never on the session path).
+            Err(_) => f(&self.line()),
+        })
+    }
+
+    /// Appends the message to `out` as one line, newline included.
+    pub fn write_line(&self, out: &mut Vec<u8>) {
         let size: usize = self
             .members
             .iter()
-            .map(|m| self.text(&m.key).len() + self.text(&m.value).len() + 4)
+            .map(|m| self.bytes(&m.key).len() + self.bytes(&m.value).len() + 4)
             .sum();
-        let mut out = Vec::with_capacity(size + 3);
+        out.reserve(size + 3);
         out.push(b'{');
         let text = self.text.as_bytes();
         // Members read one after another and written as they were read
@@ -422,22 +495,25 @@ impl Message {
                 // Read without escapes: written as it was.
                 Text::Span(..) => {
                     out.push(b'"');
-                    out.extend_from_slice(self.text(&m.key).as_bytes());
+                    out.extend_from_slice(self.bytes(&m.key));
                     out.push(b'"');
                 }
                 // A string always serializes.
                 Text::Own(key) => {
-                    let _ = serde_json::to_writer(&mut out, key);
+                    let _ = serde_json::to_writer(&mut *out, key);
+                }
+                // Keys are never shared, nor digits.
+                Text::Shared(_) | Text::Digits(..) => {
+                    let _ = serde_json::to_writer(&mut *out, self.text(&m.key));
                 }
             }
             out.push(b':');
-            out.extend_from_slice(self.text(&m.value).as_bytes());
+            out.extend_from_slice(self.bytes(&m.value));
         }
         if let Some((s, e)) = run {
             out.extend_from_slice(&text[s..e]);
         }
         out.extend_from_slice(b"}\n");
-        out
     }
 
     /// The message as a `Value` (for what needs all of it).
@@ -649,6 +725,29 @@ fn id_in_tail(tail: &[u8]) -> Option<RequestId> {
         return None;
     }
     id_of_raw(raw)
+}
+
+/// `n` in decimal, written at the end of `digits` (by hand: no
+/// formatter, no allocation).
+pub fn decimal(n: u64, digits: &mut [u8; 20]) -> &str {
+    let at = digits.len() - write_digits(n, digits);
+    // Digits are ASCII.
+    std::str::from_utf8(&digits[at..]).unwrap_or("0")
+}
+
+/// Writes `n`'s digits at the end of `digits`; how many.
+fn write_digits(n: u64, digits: &mut [u8; 20]) -> usize {
+    let mut at = digits.len();
+    let mut rest = n;
+    loop {
+        at -= 1;
+        digits[at] = b'0' + (rest % 10) as u8;
+        rest /= 10;
+        if rest == 0 {
+            break;
+        }
+    }
+    digits.len() - at
 }
 
 /// Whether `text` holds `word`: a short text searched for the byte of
@@ -907,6 +1006,23 @@ mod tests {
                     "{text}"
                 );
             }
+        }
+    }
+
+    #[test]
+    fn ids_set_as_numbers_or_shared_are_written_as_json() {
+        for n in [0, 7, 1234567890, u64::MAX] {
+            let mut m = parse(r#"{"jsonrpc":"2.0","id":"a","method":"ping"}"#);
+            m.set_number("id", n);
+            assert_eq!(m.raw("id"), Some(n.to_string().as_str()));
+            assert_eq!(m.id(), Some(json!(n)));
+            assert_eq!(
+                m.line(),
+                format!("{{\"jsonrpc\":\"2.0\",\"id\":{n},\"method\":\"ping\"}}\n").into_bytes()
+            );
+            m.set_id(RequestId::of(&json!("x\"y")).expect("an id"));
+            assert_eq!(m.id(), Some(json!("x\"y")));
+            assert_eq!(m.to_value()["id"], json!("x\"y"));
         }
     }
 

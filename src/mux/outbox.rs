@@ -163,6 +163,28 @@ impl<W: TryWrite> Outbox<W> {
 
     /// Writes `bytes` now if the descriptor takes them, else queues them.
     pub fn send(&self, mut bytes: Vec<u8>) -> Result<(), Refused> {
+        match self.write_now(&bytes)? {
+            None => Ok(()),
+            Some(written) => {
+                bytes.drain(..written);
+                self.enqueue(bytes)
+            }
+        }
+    }
+
+    /// [`Outbox::send`] of bytes the caller keeps: copied only if they
+    /// must wait.
+    pub fn send_slice(&self, bytes: &[u8]) -> Result<(), Refused> {
+        match self.write_now(bytes)? {
+            None => Ok(()),
+            Some(written) => self.enqueue(bytes[written..].to_vec()),
+        }
+    }
+
+    /// Writes what the descriptor takes now, if nothing waits: `None`
+    /// once all of `bytes` is written, else how much was (the rest to
+    /// queue); refused when closed, or full.
+    fn write_now(&self, bytes: &[u8]) -> Result<Option<usize>, Refused> {
         let queued = self.queued.load(Ordering::Relaxed);
         if queued >= usize::MAX / 4 {
             return Err(Refused::Closed);
@@ -174,7 +196,7 @@ impl<W: TryWrite> Outbox<W> {
                     Ok(n) => {
                         written += n;
                         if written == bytes.len() {
-                            return Ok(());
+                            return Ok(None);
                         }
                     }
                     Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
@@ -183,8 +205,9 @@ impl<W: TryWrite> Outbox<W> {
                     Err(_) => break,
                 }
             }
-            bytes.drain(..written);
-        } else if queued >= self.limit
+            return Ok(Some(written));
+        }
+        if queued >= self.limit
             || self
                 .bytes
                 .load(Ordering::Relaxed)
@@ -193,6 +216,10 @@ impl<W: TryWrite> Outbox<W> {
         {
             return Err(Refused::Full);
         }
+        Ok(Some(0))
+    }
+
+    fn enqueue(&self, bytes: Vec<u8>) -> Result<(), Refused> {
         self.queued.fetch_add(1, Ordering::Relaxed);
         self.bytes.fetch_add(bytes.len(), Ordering::Relaxed);
         self.queue.send(bytes).map_err(|_| Refused::Closed)
@@ -229,6 +256,15 @@ mod tests {
     use super::*;
     use tokio::net::unix::pipe;
 
+    /// What `rx` reads until its end.
+    async fn read_all(mut rx: pipe::Receiver) -> Vec<u8> {
+        let mut all = Vec::new();
+        tokio::io::AsyncReadExt::read_to_end(&mut rx, &mut all)
+            .await
+            .expect("read");
+        all
+    }
+
     #[tokio::test]
     async fn an_outbox_writes_at_once_queues_the_rest_in_order_and_refuses_past_its_limit() {
         let (tx, rx) = pipe::pipe().expect("pipe");
@@ -237,14 +273,12 @@ mod tests {
         let big = vec![b'a'; 256 * 1024];
         outbox.send(big.clone()).expect("first");
         outbox.send(b"b\n".to_vec()).expect("behind it");
-        outbox.send(b"c\n".to_vec()).expect("behind it");
+        // Bytes the caller keeps: copied to wait.
+        outbox.send_slice(b"c\n").expect("behind it");
         assert_eq!(outbox.send(b"d\n".to_vec()), Err(Refused::Full));
+        assert_eq!(outbox.send_slice(b"d\n"), Err(Refused::Full));
         drop(outbox);
-        let mut all = Vec::new();
-        let mut rx = rx;
-        tokio::io::AsyncReadExt::read_to_end(&mut rx, &mut all)
-            .await
-            .expect("read");
+        let all = read_all(rx).await;
         let mut want = big;
         want.extend_from_slice(b"b\nc\n");
         assert_eq!(all.len(), want.len());
@@ -265,5 +299,30 @@ mod tests {
         outbox.send(vec![b'c'; 1 << 19]).expect("the bound");
         assert_eq!(outbox.send(vec![b'd'; 1]), Err(Refused::Full));
         drop(rx);
+    }
+
+    #[tokio::test]
+    async fn bytes_the_caller_keeps_are_written_at_once_or_their_rest_queued() {
+        let (tx, rx) = pipe::pipe().expect("pipe");
+        let outbox = Outbox::new(tx, 10, None);
+        // The first waits for the descriptor to be known writable.
+        outbox.send_slice(b"first\n").expect("taken");
+        let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(10);
+        while outbox.backlog() != (0, 0) {
+            assert!(tokio::time::Instant::now() < deadline, "never written");
+            tokio::task::yield_now().await;
+        }
+        outbox.send_slice(b"now\n").expect("at once");
+        assert_eq!(outbox.backlog(), (0, 0), "nothing waits");
+        let big = vec![b'a'; 256 * 1024];
+        outbox.send_slice(&big).expect("part now, the rest queued");
+        assert_eq!(outbox.backlog().0, 1);
+        outbox.send_slice(b"after\n").expect("behind it");
+        drop(outbox);
+        let all = read_all(rx).await;
+        let mut want = b"first\nnow\n".to_vec();
+        want.extend_from_slice(&big);
+        want.extend_from_slice(b"after\n");
+        assert!(all == want, "in order, nothing lost");
     }
 }

@@ -292,6 +292,9 @@ pub struct Router {
     held: Vec<(u64, Message)>,
     /// Whose task each of the server's tasks is (of this generation).
     tasks: Tasks<HostId>,
+    /// An emptied list of what to send, its room kept for the next
+    /// message's ([`Router::recycle`]): no allocation per message.
+    spare: Vec<Out>,
 }
 
 fn response(id: &Value, result: Value) -> Message {
@@ -627,7 +630,7 @@ impl Router {
         msg: Message,
     ) -> Vec<Out> {
         let mut msg = msg;
-        let mut out = Vec::new();
+        let mut out = std::mem::take(&mut self.spare);
         if self.hosts.contains_key(&host) {
             self.host_request(host, (method, id, None), &mut msg, &mut out);
         }
@@ -657,7 +660,7 @@ impl Router {
         msg: Message,
     ) -> Vec<Out> {
         let mut msg = msg;
-        let mut out = Vec::new();
+        let mut out = std::mem::take(&mut self.spare);
         if self.hosts.contains_key(&host) {
             self.host_request(host, (method, id, level), &mut msg, &mut out);
         }
@@ -761,10 +764,19 @@ impl Router {
         out
     }
 
+    /// Takes back a list of what to send, emptied, for its room (a
+    /// large one is let go).
+    pub fn recycle(&mut self, mut out: Vec<Out>) {
+        out.clear();
+        if out.capacity() <= 16 && out.capacity() > self.spare.capacity() {
+            self.spare = out;
+        }
+    }
+
     /// A message from host `host`.
     pub fn from_host(&mut self, host: HostId, msg: impl Into<Message>) -> Vec<Out> {
         let mut msg = msg.into();
-        let mut out = Vec::new();
+        let mut out = std::mem::take(&mut self.spare);
         if !self.hosts.contains_key(&host) {
             return out;
         }
@@ -797,7 +809,7 @@ impl Router {
                     .as_u64()
                     .and_then(|down| self.asked.remove(&(host, down)));
                 if let Some(asked) = asked {
-                    msg.set_json("id", asked.server_id.into_json());
+                    msg.set_id(asked.server_id);
                     out.push(Out::Server(msg));
                 }
                 // An answer to a request nobody made: dropped.
@@ -976,7 +988,7 @@ impl Router {
                 lists_tasks: name == "tasks/list",
             },
         );
-        msg.set_json("id", up_id.to_string());
+        msg.set_number("id", up_id);
         let sent = self.send_or_hold(up_id, std::mem::take(msg));
         out.extend(sent);
     }
@@ -1041,7 +1053,7 @@ impl Router {
     /// A message from the server on the upstream session.
     pub fn from_server(&mut self, msg: impl Into<Message>) -> Vec<Out> {
         let mut msg = msg.into();
-        let mut out = Vec::new();
+        let mut out = std::mem::take(&mut self.spare);
         if msg.raw("id") == Some("null") {
             // Not a request (MCP ids are strings or numbers), and an error
             // about something unparseable belongs to nobody.
@@ -1061,7 +1073,7 @@ impl Router {
                 match pending.map(|p| p.owner) {
                     Some(Owner::Host { host, id }) => {
                         self.tasks_for(host, &mut msg, lists_tasks);
-                        msg.set_json("id", id.into_json());
+                        msg.set_id(id);
                         out.push(Out::Host(host, msg));
                     }
                     Some(Owner::Parked { host }) => {

@@ -78,8 +78,11 @@ pub enum Step {
     /// `tools/list` (`id`): answered from the published list.
     ToolsList(RequestId),
     /// A request (`id`, `method`): answered from a list mcpd keeps if it is
-    /// one, else sent upstream.
-    Request { id: RequestId, method: String },
+    /// one, else sent upstream. (An MCP method's name is not copied.)
+    Request {
+        id: RequestId,
+        method: std::borrow::Cow<'static, str>,
+    },
     /// `notifications/cancelled` of its request `request` (when it names
     /// one): nobody answers that request now; routed on.
     Cancelled { request: Option<RequestId> },
@@ -150,7 +153,7 @@ pub fn classify(frame: &Frame, state: HostState) -> Step {
         (Some("tools/list"), Some(id)) => Step::ToolsList(id),
         (Some(method), Some(id)) => Step::Request {
             id,
-            method: method.to_owned(),
+            method: known_method(method),
         },
         (Some("notifications/cancelled"), None) => Step::Cancelled {
             request: message
@@ -158,6 +161,32 @@ pub fn classify(frame: &Frame, state: HostState) -> Step {
                 .and_then(|p| p.get("requestId").and_then(RequestId::of)),
         },
         _ => Step::Route,
+    }
+}
+
+/// `method`, as the name of an MCP request borrowed (the most usual),
+/// or copied.
+fn known_method(method: &str) -> std::borrow::Cow<'static, str> {
+    const KNOWN: [&str; 15] = [
+        "tools/call",
+        "resources/read",
+        "prompts/get",
+        "completion/complete",
+        "resources/list",
+        "resources/templates/list",
+        "prompts/list",
+        "resources/subscribe",
+        "resources/unsubscribe",
+        "logging/setLevel",
+        "ping",
+        "tasks/get",
+        "tasks/list",
+        "tasks/cancel",
+        "tasks/result",
+    ];
+    match KNOWN.iter().find(|known| **known == method) {
+        Some(known) => std::borrow::Cow::Borrowed(known),
+        None => std::borrow::Cow::Owned(method.to_owned()),
     }
 }
 
@@ -351,6 +380,31 @@ pub fn outcome_of(message: &Message) -> Outcome {
     }
 }
 
+/// The name `params` (a `tools/call`'s, checked JSON) gives as its first
+/// member, a string without escapes, when nothing after it could name
+/// another (its text holds no `"name"` and no `\u` escape): the name
+/// without a scan of the arguments (SDKs write the name first). `None`:
+/// the scan tells.
+fn first_name_alone(params: &str) -> Option<&str> {
+    static NAME: std::sync::LazyLock<memchr::memmem::Finder<'static>> =
+        std::sync::LazyLock::new(|| memchr::memmem::Finder::new("\"name\""));
+    let ws = |t: &str| t.trim_start_matches([' ', '\t', '\n', '\r']).len();
+    let rest = params.strip_prefix('{')?;
+    let rest = &rest[rest.len() - ws(rest)..];
+    let rest = rest.strip_prefix("\"name\"")?;
+    let rest = &rest[rest.len() - ws(rest)..];
+    let rest = rest.strip_prefix(':')?;
+    let rest = &rest[rest.len() - ws(rest)..];
+    let rest = rest.strip_prefix('"')?;
+    let end = rest.find(['"', '\\'])?;
+    let (name, after) = rest.split_at(end);
+    let after = after.as_bytes();
+    (after[0] == b'"'
+        && !super::message::holds(after, b"\"name\"", 3, &NAME)
+        && !memchr::memchr_iter(b'\\', after).any(|at| after.get(at + 1) == Some(&b'u')))
+    .then_some(name)
+}
+
 /// Whether a JSON value's text `raw` may hold member `key` (quoted) set
 /// to `true` at any depth: it holds the key followed by a colon and
 /// `true` (JSON whitespace around the colon), or a `\u` escape, which
@@ -382,6 +436,9 @@ fn may_be_true(raw: &[u8], key: &[u8]) -> bool {
 /// of a repeated `name`, the last, as a `Value` (and most parsers) reads
 /// it.
 pub fn tool_name(message: &Message) -> String {
+    if let Some(name) = message.raw("params").and_then(first_name_alone) {
+        return name.to_owned();
+    }
     let name = match message.inner("params", "name") {
         Ok(name) => name.map(
             |raw| match raw.strip_prefix('"').and_then(|r| r.strip_suffix('"')) {

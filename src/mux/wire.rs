@@ -56,7 +56,9 @@ impl Sender {
     pub fn send(&self, message: Message) -> Result<(), Closed> {
         match &self.0 {
             SenderKind::Values(tx) => tx.send(message).map_err(|_| Closed),
-            SenderKind::Pipe(outbox) => outbox.send(message.line()).map_err(|_| Closed),
+            SenderKind::Pipe(outbox) => message
+                .with_line(|line| outbox.send_slice(line))
+                .map_err(|_| Closed),
         }
     }
 }

@@ -428,19 +428,10 @@ fn micros(took: Duration) -> u64 {
 }
 
 /// `n` in decimal.
-fn push_number(out: &mut String, mut n: u64) {
+fn push_number(out: &mut String, n: u64) {
     let mut digits = [0u8; 20];
-    let mut at = digits.len();
-    loop {
-        at -= 1;
-        digits[at] = b'0' + (n % 10) as u8;
-        n /= 10;
-        if n == 0 {
-            break;
-        }
-    }
     // Digits are ASCII: one copy, not a push a digit.
-    out.push_str(std::str::from_utf8(&digits[at..]).unwrap_or("0"));
+    out.push_str(crate::mux::message::decimal(n, &mut digits));
 }
 
 /// `took` in milliseconds to a tenth, rounded half up ("1.3").

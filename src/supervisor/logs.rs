@@ -249,11 +249,13 @@ pub async fn pump(
                 Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
                 Err(_) => break 'read,
             };
-            if !lines(&buf[..n], &mut partial, &mut ends, &ring, &log) {
+            // One reading of the clock for the chunk's lines and the check.
+            let now = Instant::now();
+            if !lines(&buf[..n], &mut partial, &mut ends, &ring, &log, now) {
                 break 'read;
             }
             if n < room {
-                let over = ring.over(Instant::now());
+                let over = ring.over(now);
                 if over != flooding {
                     flooding = over;
                     let size = if over { FLOOD_PIPE } else { PIPE };
@@ -291,6 +293,7 @@ fn lines(
     ends: &mut Vec<usize>,
     ring: &LogRing,
     log: &impl Fn(&str, bool),
+    now: Instant,
 ) -> bool {
     if chunk.is_empty() {
         return true;
@@ -299,7 +302,6 @@ fn lines(
     ends.extend(memchr::memchr_iter(b'\n', chunk));
     // Only the newest lines of a chunk can stay in the ring.
     let keep_from = ends.len().saturating_sub(CAPACITY);
-    let now = Instant::now();
     // One lock for the chunk, not one per line.
     let Ok(mut limiter) = ring.limiter.lock() else {
         return false;
@@ -359,7 +361,11 @@ impl LogRing {
         if !admit.log && !keep {
             return;
         }
-        let text = String::from_utf8_lossy(raw);
+        // Most lines are UTF-8: checked at once, not char by char.
+        let text = match std::str::from_utf8(raw) {
+            Ok(text) => std::borrow::Cow::Borrowed(text),
+            Err(_) => String::from_utf8_lossy(raw),
+        };
         let text = text.trim_end_matches('\r');
         if admit.log {
             log(text, false);

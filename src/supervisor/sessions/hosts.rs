@@ -136,7 +136,23 @@ impl Task {
         let Some(h) = self.hosts.get(&host) else {
             return;
         };
-        match h.out.send(bytes) {
+        let sent = h.out.send(bytes);
+        self.sent(host, sent);
+    }
+
+    /// Queues `message` for `host` as [`Task::send_bytes`] does, its line
+    /// made in the thread's buffer (copied only if it must wait).
+    pub(super) fn send_line(&mut self, host: HostId, message: &Message) {
+        let Some(h) = self.hosts.get(&host) else {
+            return;
+        };
+        let sent = message.with_line(|line| h.out.send_slice(line));
+        self.sent(host, sent);
+    }
+
+    /// A host whose queue refused a message is detached.
+    fn sent(&mut self, host: HostId, sent: Result<(), Refused>) {
+        match sent {
             Ok(()) => {}
             Err(Refused::Full) => {
                 self.doomed.push((host, "it stopped reading its messages"));
@@ -221,7 +237,7 @@ impl Task {
                 ledger.clear(&key);
             }
         }
-        self.send_bytes(host, message.line());
+        self.send_line(host, &message);
         if let Some(mut record) = record {
             record.finish(session::outcome_of(&message));
         }
@@ -265,7 +281,8 @@ impl Task {
     }
 
     pub(super) fn deliver(&mut self, outs: Vec<Out>, lost: Option<&str>) {
-        for out in outs {
+        let mut outs = outs;
+        for out in outs.drain(..) {
             match out {
                 Out::Server(message) => {
                     let message = if self.modern_upstream() {
@@ -313,6 +330,7 @@ impl Task {
                 },
             }
         }
+        self.router.recycle(outs);
     }
 
     /// A request read from `host` is the daemon's to answer from now on

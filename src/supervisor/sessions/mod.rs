@@ -279,7 +279,12 @@ impl Heard {
     }
 
     fn now(&self) {
-        let after = now().saturating_duration_since(self.base).as_nanos();
+        self.at(now());
+    }
+
+    /// The server sent a message at `at`.
+    fn at(&self, at: Instant) {
+        let after = at.saturating_duration_since(self.base).as_nanos();
         self.after
             .store(u64::try_from(after).unwrap_or(u64::MAX), Ordering::Relaxed);
     }

@@ -57,24 +57,27 @@ impl Task {
         let answer = method.is_none();
         drop(name);
         let outs = self.router.from_server(message);
-        if answer && outs.iter().any(|out| matches!(out, Out::Host(..))) {
+        if answer {
             // The server answered a host: a use (mcpd's own answers to
             // pings and settings are not).
-            self.used = now();
-        }
-        if answer {
+            let used = outs.iter().any(|out| matches!(out, Out::Host(..)));
             // An answer to a request still waited for, other than a probe,
             // is a sign of life. An answer to a probe is judged by its
             // timeout alone, and an answer to nothing (a probe answered
             // after its timeout, cancelled since) is no sign either: a
             // late answer is still a miss.
-            let alive = outs.iter().any(|out| match out {
-                Out::Host(..) => true,
-                Out::Answer(id, _) => !matches!(self.own.get(id), Some(Waiter::Probe(..))),
-                _ => false,
-            });
+            let alive = used
+                || outs.iter().any(|out| match out {
+                    Out::Answer(id, _) => !matches!(self.own.get(id), Some(Waiter::Probe(..))),
+                    _ => false,
+                });
             if alive {
-                self.heard.now();
+                // One reading of the clock for both.
+                let at = now();
+                if used {
+                    self.used = at;
+                }
+                self.heard.at(at);
             }
         }
         self.deliver(outs, None);
