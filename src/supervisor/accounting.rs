@@ -16,6 +16,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
+use crate::mux::message::decimal_bytes;
+
 /// Who made a call: from the socket or bus credentials, or for an HTTP
 /// session (DESIGN §15) the name of its token and the remote address.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -286,7 +288,7 @@ pub fn flush_log() {
             let now = std::time::SystemTime::now();
             let _ = crate::logbatch::prefix(&mut start, ansi, now, INFO, "mcpd::calls");
             let lines = text_lines(&calls, &start, ansi);
-            crate::logbatch::write(lines.as_bytes());
+            crate::logbatch::write(&lines);
         }
         return;
     }
@@ -300,8 +302,8 @@ pub fn flush_log() {
 /// The text log lines of `calls`, each after `start`. A run of calls of
 /// one tool by one caller with one outcome (the most usual batch) has
 /// its lines' [`Pieces`] made once.
-fn text_lines(calls: &[Finished], start: &str, ansi: bool) -> String {
-    let mut lines = String::with_capacity(calls.len() * 200);
+fn text_lines(calls: &[Finished], start: &str, ansi: bool) -> Vec<u8> {
+    let mut lines = Vec::with_capacity(calls.len() * 200);
     let mut made: Option<(&Finished, Pieces)> = None;
     for call in calls {
         if !made.as_ref().is_some_and(|(m, _)| Pieces::fit(m, call)) {
@@ -329,7 +331,9 @@ const INFO: (&str, &str) = ("\x1b[32m", " INFO");
 #[cfg(test)]
 fn text_line(out: &mut String, start: &str, ansi: bool, call: &Finished) -> std::fmt::Result {
     let pieces = Pieces::of(call, ansi)?;
-    pieces.line(out, start, call);
+    let mut line = Vec::new();
+    pieces.line(&mut line, start, call);
+    out.push_str(&String::from_utf8(line).map_err(|_| std::fmt::Error)?);
     Ok(())
 }
 
@@ -413,13 +417,14 @@ impl Pieces {
     }
 
     /// `call`'s whole line, after `start`.
-    fn line(&self, out: &mut String, start: &str, call: &Finished) {
-        out.push_str(start);
-        out.push_str(&self.head);
+    fn line(&self, out: &mut Vec<u8>, start: &str, call: &Finished) {
+        out.extend_from_slice(start.as_bytes());
+        out.extend_from_slice(self.head.as_bytes());
         push_millis(out, call.took);
-        out.push_str(&self.tail);
-        push_number(out, micros(call.took));
-        out.push('\n');
+        out.extend_from_slice(self.tail.as_bytes());
+        let mut digits = [0u8; 20];
+        out.extend_from_slice(decimal_bytes(micros(call.took), &mut digits));
+        out.push(b'\n');
     }
 }
 
@@ -435,11 +440,12 @@ fn push_number(out: &mut String, n: u64) {
 }
 
 /// `took` in milliseconds to a tenth, rounded half up ("1.3").
-fn push_millis(out: &mut String, took: Duration) {
+fn push_millis(out: &mut Vec<u8>, took: Duration) {
     let tenths = micros(took).saturating_add(50) / 100;
-    push_number(out, tenths / 10);
-    out.push('.');
-    out.push(char::from(b'0' + (tenths % 10) as u8));
+    let mut digits = [0u8; 20];
+    out.extend_from_slice(decimal_bytes(tenths / 10, &mut digits));
+    out.push(b'.');
+    out.push(b'0' + (tenths % 10) as u8);
 }
 
 /// Logs one finished call. The journal gets MCPD_SERVER, MCPD_TOOL,
@@ -455,8 +461,9 @@ fn log_call(call: &Finished) {
     } = call;
     let uid = caller.uid.map_or_else(|| "-".to_owned(), |u| u.to_string());
     let pid = caller.pid.map_or_else(|| "-".to_owned(), |p| p.to_string());
-    let mut millis = String::new();
+    let mut millis = Vec::new();
     push_millis(&mut millis, *took);
+    let millis = String::from_utf8_lossy(&millis);
     let token = caller.token.as_deref().map(tracing::field::display);
     let address = caller.peer.map(tracing::field::display);
     tracing::info!(
@@ -552,7 +559,7 @@ mod tests {
             for call in &calls {
                 text_line(&mut alone, "START ", ansi, call).expect("formats");
             }
-            assert_eq!(text_lines(&calls, "START ", ansi), alone);
+            assert_eq!(text_lines(&calls, "START ", ansi), alone.into_bytes());
         }
         let mut one = String::new();
         text_line(&mut one, "", false, &calls[2]).expect("formats");
