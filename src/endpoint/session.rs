@@ -200,7 +200,7 @@ pub async fn run(
     label: String,
     id: String,
     link: HostLink,
-    mut commands: mpsc::Receiver<Command>,
+    mut commands: mpsc::Receiver<Box<Command>>,
     revoked: std::sync::Arc<tokio::sync::Notify>,
     end: impl FnOnce(&str),
 ) {
@@ -222,9 +222,11 @@ pub async fn run(
         tokio::select! {
             command = commands.recv() => match command {
                 None => break "the endpoint stopped".into(),
-                Some(Command::End(why)) => break why,
                 Some(command) => {
-                    if let Err(why) = task.command(command) {
+                    if let Command::End(why) = *command {
+                        break why;
+                    }
+                    if let Err(why) = task.command(*command) {
                         break why;
                     }
                 }
