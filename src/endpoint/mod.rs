@@ -815,8 +815,8 @@ impl Inner {
         };
         let hash = hash.as_str();
         let entry = self
-            .token(&hash)
-            .or_else(|| self.minted_since(&hash))
+            .token(hash)
+            .or_else(|| self.minted_since(hash))
             .ok_or("not a valid token")?;
         let now = now();
         if entry.expired(now) {
