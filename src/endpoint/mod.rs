@@ -369,7 +369,13 @@ async fn accept_loop(listener: TcpListener, inner: Arc<Inner>) {
             let seen = Arc::new(Seen::default());
             let service = hyper::service::service_fn(move |request| {
                 let (inner, seen) = (Arc::clone(&inner), Arc::clone(&seen));
-                async move { Ok::<_, Infallible>(handle(&inner, peer, &seen, request).await) }
+                // Boxed per request: hyper keeps room for the service's
+                // future (`Box<Option<Future>>`) as long as the connection
+                // lives, and this one is large; an idle keep-alive
+                // connection then holds a pointer's room instead.
+                Box::pin(
+                    async move { Ok::<_, Infallible>(handle(&inner, peer, &seen, request).await) },
+                )
             });
             let served = hyper::server::conn::http1::Builder::new()
                 .timer(hyper_util::rt::TokioTimer::new())
@@ -389,8 +395,10 @@ async fn accept_loop(listener: TcpListener, inner: Arc<Inner>) {
 /// same one, which is then not hashed again (what is compared is what
 /// the same connection sent before, so the comparison tells it nothing).
 /// The token itself is looked up every time: a revoked one fails at once.
+/// The header is kept as a copy: a `HeaderValue` hyper parsed shares the
+/// connection's 8 KiB read buffer, which it would keep from being reused.
 #[derive(Default)]
-struct Seen(Mutex<Option<(HeaderValue, String)>>);
+struct Seen(Mutex<Option<(Box<[u8]>, String)>>);
 
 fn full(status: StatusCode, content_type: &str, body: impl Into<Bytes>) -> Response<Body> {
     let mut response = Response::new(Full::new(body.into()).boxed_unsync());
@@ -799,7 +807,7 @@ impl Inner {
         };
         let mut seen = seen.0.lock().map_err(|_| "poisoned")?;
         let hash = match &*seen {
-            Some((before, hash)) if before == value => hash,
+            Some((before, hash)) if **before == *value.as_bytes() => hash,
             _ => {
                 let bearer = value
                     .to_str()
@@ -810,7 +818,9 @@ impl Inner {
                     })
                     .map(str::trim)
                     .ok_or("not a bearer token")?;
-                &seen.insert((value.clone(), crate::tokens::hash(bearer))).1
+                &seen
+                    .insert((value.as_bytes().into(), crate::tokens::hash(bearer)))
+                    .1
             }
         };
         let hash = hash.as_str();
