@@ -305,8 +305,11 @@ impl Task {
                     )));
                     return Ok(());
                 }
+                // Its params parsed only when they may name one.
                 let progress = message
-                    .params()
+                    .may_hold("params", "progressToken")
+                    .then(|| message.params())
+                    .flatten()
                     .and_then(|p| p.get("_meta")?.get("progressToken").cloned());
                 self.send(&message)?;
                 self.streams += 1;
