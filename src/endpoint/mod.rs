@@ -400,12 +400,12 @@ async fn accept_loop(listener: TcpListener, inner: Arc<Inner>) {
 #[derive(Default)]
 struct Seen(Mutex<Option<(Box<[u8]>, String)>>);
 
-fn full(status: StatusCode, content_type: &str, body: impl Into<Bytes>) -> Response<Body> {
+fn full(status: StatusCode, content_type: &'static str, body: impl Into<Bytes>) -> Response<Body> {
     let mut response = Response::new(Full::new(body.into()).boxed_unsync());
     *response.status_mut() = status;
-    if let Ok(value) = HeaderValue::from_str(content_type) {
-        response.headers_mut().insert(header::CONTENT_TYPE, value);
-    }
+    response
+        .headers_mut()
+        .insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
     response
 }
 
@@ -624,14 +624,21 @@ fn accepts(request: &Request<Incoming>, kind: &str) -> bool {
         .headers()
         .get_all(header::ACCEPT)
         .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(','))
-        .map(|v| v.split(';').next().unwrap_or("").trim())
-        .any(|v| v == kind || v == "*/*")
+        .flat_map(|v| v.as_bytes().split(|b| *b == b','))
+        .map(|v| {
+            v.split(|b| *b == b';')
+                .next()
+                .unwrap_or_default()
+                .trim_ascii()
+        })
+        .any(|v| v == kind.as_bytes() || v == b"*/*")
 }
 
 /// `%XX` decoding of a path segment (`@` may come as `%40`).
 fn percent_decode(text: &str) -> Option<String> {
+    if !text.contains('%') {
+        return Some(text.to_owned());
+    }
     let bytes = text.as_bytes();
     let mut out = Vec::with_capacity(bytes.len());
     let mut i = 0;
@@ -1105,14 +1112,19 @@ async fn post(
         );
     }
     let sse_ok = accepts(&request, "text/event-stream");
-    // What a stateless request's checks read (values share their bytes).
-    let headers: hyper::HeaderMap = ["mcp-protocol-version", "mcp-method", "mcp-name"]
-        .into_iter()
-        .filter_map(|name| {
-            let value = request.headers().get(name)?.clone();
-            Some((hyper::header::HeaderName::from_static(name), value))
-        })
-        .collect();
+    // What a stateless request's checks read (values share their bytes;
+    // a request of a session needs none).
+    let headers: hyper::HeaderMap = if session.is_none() {
+        ["mcp-protocol-version", "mcp-method", "mcp-name"]
+            .into_iter()
+            .filter_map(|name| {
+                let value = request.headers().get(name)?.clone();
+                Some((hyper::header::HeaderName::from_static(name), value))
+            })
+            .collect()
+    } else {
+        hyper::HeaderMap::new()
+    };
     let body = Limited::new(request.into_body(), MAX_BODY);
     let body = match tokio::time::timeout(read_timeout(), body.collect()).await {
         Err(_) => {

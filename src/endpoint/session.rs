@@ -216,9 +216,19 @@ pub async fn run(
         name: format!("{id} on {label}"),
         refusal: None,
     };
+    // One timer, set again when the session falls idle or its client
+    // sends something while it is (not made anew for every message).
+    let idle_timer = tokio::time::sleep(IDLE);
+    tokio::pin!(idle_timer);
+    let mut was_idle = true;
     let why: String = loop {
         let idle = task.pending.is_empty() && task.listen.as_ref().is_none_or(|l| l.sink.is_none());
-        let idle_at = idle.then(|| tokio::time::Instant::now() + IDLE);
+        if idle && !was_idle {
+            idle_timer
+                .as_mut()
+                .reset(tokio::time::Instant::now() + IDLE);
+        }
+        was_idle = idle;
         tokio::select! {
             command = commands.recv() => match command {
                 None => break "the endpoint stopped".into(),
@@ -226,6 +236,8 @@ pub async fn run(
                     if let Command::End(why) = *command {
                         break why;
                     }
+                    // The client is there.
+                    was_idle = false;
                     if let Err(why) = task.command(*command) {
                         break why;
                     }
@@ -241,7 +253,7 @@ pub async fn run(
                 Some(Event::Server(..)) => {}
             },
             () = revoked.notified() => break "its token was revoked".into(),
-            () = sleep_until(idle_at) => break format!("idle for {}", humantime::format_duration(IDLE)),
+            () = &mut idle_timer, if idle => break format!("idle for {}", humantime::format_duration(IDLE)),
         }
     };
     // Requests in flight are answered, never left hanging.
@@ -600,6 +612,58 @@ fn input_required(answer: &Message) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Nothing in flight and no GET stream for [`IDLE`]: the session ends;
+    /// never while a request waits for its answer, however long.
+    #[tokio::test(start_paused = true)]
+    async fn a_session_ends_idle_for_its_bound_but_never_while_a_request_waits() {
+        use crate::mux::outbox::TryWrite;
+        let (mine, theirs) = crate::mux::memory::pair(1 << 16);
+        let (commands, rx) = mpsc::channel(4);
+        let (ended, why) = tokio::sync::oneshot::channel::<String>();
+        let session = tokio::spawn(run(
+            "u".into(),
+            "s".into(),
+            HostLink::Memory(mine),
+            rx,
+            std::sync::Arc::new(tokio::sync::Notify::new()),
+            move |why| {
+                let _ = ended.send(why.to_owned());
+            },
+        ));
+        let message =
+            Message::parse(br#"{"jsonrpc":"2.0","id":1,"method":"ping"}"#).expect("message");
+        let id = message.request_id().expect("id");
+        let (sink, mut answers) = mpsc::channel(4);
+        commands
+            .send(Box::new(Command::Request {
+                message,
+                id,
+                sink,
+                json: false,
+            }))
+            .await
+            .expect("sent");
+        tokio::time::sleep(IDLE * 3).await;
+        assert!(!session.is_finished(), "a request waits: not idle");
+        theirs
+            .write
+            .try_write(b"{\"jsonrpc\":\"2.0\",\"id\":1,\"result\":{}}\n")
+            .expect("the unit answers");
+        let Some(Item::Answer(answer)) = answers.recv().await else {
+            panic!("the answer, first on its stream");
+        };
+        assert!(answer.starts_with(b"{"), "{answer:?}");
+        let idle_from = tokio::time::Instant::now();
+        let why = why.await.expect("ended");
+        assert_eq!(why, "idle for 30m");
+        let took = idle_from.elapsed();
+        assert!(
+            took >= IDLE && took < IDLE + Duration::from_secs(1),
+            "{took:?}"
+        );
+        drop(theirs);
+    }
 
     #[test]
     fn the_replay_buffer_keeps_the_newest_events_within_its_bounds() {

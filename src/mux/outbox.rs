@@ -291,7 +291,9 @@ mod tests {
             .await
             .expect("read");
         assert_eq!(&small, b"small\n");
-        outbox.send(vec![b'a'; 256 * 1024]).expect("more than the pipe holds");
+        outbox
+            .send(vec![b'a'; 256 * 1024])
+            .expect("more than the pipe holds");
         let writer = outbox.take_writer().expect("the rest waits for a task");
         drop(outbox);
         let mut all = Vec::new();
