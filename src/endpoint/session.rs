@@ -391,6 +391,10 @@ impl Task {
                 && let Some(at) = self.pending.iter().position(|p| p.id == id)
             {
                 let pending = self.pending.remove(at);
+                if self.pending.is_empty() {
+                    // An idle session keeps no room for requests.
+                    self.pending = Vec::new();
+                }
                 let line = Bytes::from(message.line());
                 let out = if pending.sent {
                     Item::Event(self.replay.push(pending.stream, &line))
