@@ -39,6 +39,9 @@ pub struct ConnectInput<'a> {
     pub vars: &'a [(String, String)],
     /// The record of an earlier `connect` of this file, if any.
     pub earlier: Option<Record>,
+    /// The file did not exist: `connect` makes it (from `text`, empty),
+    /// and `disconnect` removes it again.
+    pub created: bool,
     /// `connect --http`: the entries reach mcpd's HTTP endpoint instead
     /// of running the bridge.
     pub http: Option<Http<'a>>,
@@ -321,6 +324,7 @@ pub fn connect(input: ConnectInput<'_>) -> Result<ConnectPlan, String> {
         .as_ref()
         .is_none_or(|r| !r.connected.is_empty() && r.connected == input.text);
     let backup = input.earlier.is_none();
+    let created = input.created || input.earlier.as_ref().is_some_and(|r| r.created);
     let (mut all, mut all_urls, mut all_tokens) = input
         .earlier
         .map(|r| (r.servers, r.urls, r.tokens))
@@ -343,6 +347,7 @@ pub fn connect(input: ConnectInput<'_>) -> Result<ConnectPlan, String> {
         connected: if exact { text.clone() } else { String::new() },
         urls: all_urls,
         tokens: all_tokens,
+        created,
     };
     Ok(ConnectPlan {
         text,
@@ -427,6 +432,7 @@ mod tests {
             other_bridge: &other_bridge,
             vars: &[],
             earlier,
+            created: false,
             http: None,
         })
     }
