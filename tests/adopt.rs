@@ -709,7 +709,7 @@ fn import_says_where_units_go_and_connect_names_the_instance_that_has_them() {
     let named = system(&["connect", "gemini", "time-gemini"]);
     assert!(
         said(&named).contains(
-            "no unit time-gemini in the system instance's unit directories; it is a unit of the user instance: use --user"
+            "no unit time-gemini in the system instance's unit directories (/etc/mcpd/units, /run/mcpd/units, /usr/lib/mcpd/units); it is a unit of the user instance: use --user"
         ),
         "{}",
         said(&named)
@@ -819,6 +819,19 @@ fn connect_makes_a_hosts_missing_file_and_disconnect_removes_it() {
         std::fs::read_dir(h.join(".cursor")).expect("dir").count(),
         0,
         "no backup or record left"
+    );
+
+    // A unit connect cannot see (a daemon of `--units DIR`): the
+    // directories it looked in, and what to do instead.
+    let out = run(&["connect", "cursor", "demo"]);
+    assert_eq!(out.status.code(), Some(1), "{}", said(&out));
+    assert!(
+        said(&out).contains(&format!(
+            "no unit demo in the user instance's unit directories ({}, ",
+            units.display()
+        )) && said(&out).contains("give the host `mcpctl bridge demo` by hand"),
+        "{}",
+        said(&out)
     );
 
     // Claude Code keeps its file in the home.

@@ -39,6 +39,9 @@ pub struct ConnectInput<'a> {
     pub vars: &'a [(String, String)],
     /// The record of an earlier `connect` of this file, if any.
     pub earlier: Option<Record>,
+    /// Where the instance's units are looked for (named when a unit is
+    /// not there).
+    pub unit_dirs: &'a [std::path::PathBuf],
     /// The file did not exist: `connect` makes it (from `text`, empty),
     /// and `disconnect` removes it again.
     pub created: bool,
@@ -251,13 +254,21 @@ pub fn connect(input: ConnectInput<'_>) -> Result<ConnectPlan, String> {
         for unit in input.names {
             if !input.units.iter().any(|u| u.name == *unit) {
                 let there = input.other_units.iter().any(|u| u.name == *unit);
+                let dirs: Vec<String> = input
+                    .unit_dirs
+                    .iter()
+                    .map(|d| d.display().to_string())
+                    .collect();
                 return Err(format!(
-                    "no unit {unit} in the {} instance's unit directories{}",
+                    "no unit {unit} in the {} instance's unit directories ({}){}",
                     input.instance,
+                    dirs.join(", "),
                     if there {
                         format!("; {}", use_other("it is a unit", input.other))
                     } else {
-                        String::new()
+                        format!(
+                            "; a daemon started with --units DIR serves units connect cannot see: give the host `mcpctl bridge {unit}` by hand (README, \"Use with your MCP host\")"
+                        )
                     }
                 ));
             }
@@ -432,6 +443,7 @@ mod tests {
             other_bridge: &other_bridge,
             vars: &[],
             earlier,
+            unit_dirs: &[],
             created: false,
             http: None,
         })

@@ -517,6 +517,7 @@ pub fn connect(
         other_bridge: &other_bridge,
         vars: &vars,
         earlier,
+        unit_dirs: &crate::unit::search_path(instance, env),
         created,
         http: endpoint.as_ref().map(|(base, tokens)| plan::Http {
             base,
