@@ -204,11 +204,16 @@ pub async fn run(
     revoked: std::sync::Arc<tokio::sync::Notify>,
     end: impl FnOnce(&str),
 ) {
-    let opened = link.open(0, QUEUE, QUEUE_BYTES);
-    let mut reader = opened.reader;
-    let _stop = opened.stop;
+    // Taken apart at once: what a memory link does not have is not
+    // kept for the session's life.
+    let crate::mux::host::Opened {
+        mut reader,
+        stop: _stop,
+        out,
+        ..
+    } = link.open(0, QUEUE, QUEUE_BYTES);
     let mut task = Task {
-        out: opened.out,
+        out,
         pending: Vec::new(),
         listen: None,
         replay: Replay::default(),
@@ -216,6 +221,7 @@ pub async fn run(
         name: format!("{id} on {label}"),
         refusal: None,
     };
+    drop(id);
     // One timer, set again when the session falls idle or its client
     // sends something while it is (not made anew for every message).
     let idle_timer = tokio::time::sleep(IDLE);
