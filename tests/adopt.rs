@@ -709,7 +709,7 @@ fn import_says_where_units_go_and_connect_names_the_instance_that_has_them() {
     let named = system(&["connect", "gemini", "time-gemini"]);
     assert!(
         said(&named).contains(
-            "no unit time-gemini in the system instance's unit directories; it is a unit of the user instance: use --user"
+            "no unit time-gemini in the system instance's unit directories (/etc/mcpd/units, /run/mcpd/units, /usr/lib/mcpd/units); it is a unit of the user instance: use --user"
         ),
         "{}",
         said(&named)
@@ -773,4 +773,77 @@ fn connect_with_a_group_writes_one_entry_for_the_group_and_disconnect_takes_it_b
         std::fs::read_to_string(&settings).expect("settings"),
         original
     );
+}
+
+/// A host with no servers yet has no file: `connect` makes it, where the
+/// host's directory is there (Cursor's `~/.cursor`; Claude Code's file
+/// is in the home itself), and `disconnect` removes it again; with
+/// neither file nor directory, `connect` says the host seems not to be
+/// installed and writes nothing.
+#[test]
+fn connect_makes_a_hosts_missing_file_and_disconnect_removes_it() {
+    let home = tempfile::tempdir().expect("home");
+    let h = home.path();
+    let units = h.join(".config/mcpd/units");
+    std::fs::create_dir_all(&units).expect("units");
+    std::fs::write(
+        units.join("clock.kdl"),
+        "stdio {\n    command \"mcp-fixture\"\n}\n",
+    )
+    .expect("unit");
+    let run = |args: &[&str]| as_user(h, h, &[], args);
+
+    let out = run(&["connect", "cursor", "clock"]);
+    assert_eq!(out.status.code(), Some(1), "{}", said(&out));
+    assert!(
+        said(&out).contains(".cursor/mcp.json: no such file, nor its directory")
+            && said(&out).contains("is cursor installed for this user?"),
+        "{}",
+        said(&out)
+    );
+    assert!(!h.join(".cursor").exists(), "nothing written");
+
+    std::fs::create_dir(h.join(".cursor")).expect("cursor dir");
+    let out = succeeded(&run(&["connect", "cursor", "clock"]));
+    assert!(out.contains("cursor: clock → mcpctl bridge clock"), "{out}");
+    let made = jsonc(&h.join(".cursor/mcp.json"));
+    assert_eq!(
+        made["mcpServers"]["clock"]["args"],
+        serde_json::json!(["--user", "bridge", "clock"]),
+        "{made}"
+    );
+    let out = succeeded(&run(&["disconnect", "cursor"]));
+    assert!(out.contains("removed (mcpctl connect made it)"), "{out}");
+    assert!(!h.join(".cursor/mcp.json").exists(), "gone again");
+    assert_eq!(
+        std::fs::read_dir(h.join(".cursor")).expect("dir").count(),
+        0,
+        "no backup or record left"
+    );
+
+    // A unit connect cannot see (a daemon of `--units DIR`): the
+    // directories it looked in, and what to do instead.
+    let out = run(&["connect", "cursor", "demo"]);
+    assert_eq!(out.status.code(), Some(1), "{}", said(&out));
+    assert!(
+        said(&out).contains(&format!(
+            "no unit demo in the user instance's unit directories ({}, ",
+            units.display()
+        )) && said(&out).contains("give the host `mcpctl bridge demo` by hand"),
+        "{}",
+        said(&out)
+    );
+
+    // Claude Code keeps its file in the home.
+    succeeded(&run(&["connect", "claude-code", "clock"]));
+    let made = jsonc(&h.join(".claude.json"));
+    assert_eq!(
+        made["mcpServers"]["clock"]["command"]
+            .as_str()
+            .map(|c| c.ends_with("mcpctl")),
+        Some(true),
+        "{made}"
+    );
+    succeeded(&run(&["disconnect", "claude-code"]));
+    assert!(!h.join(".claude.json").exists());
 }

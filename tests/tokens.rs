@@ -639,3 +639,76 @@ fn connect_http_writes_each_hosts_url_form_with_a_token_that_works_until_disconn
     let list = token(state.path(), &["list"]);
     assert!(!list.contains("connect-"), "{list}");
 }
+
+/// One request on an open keep-alive connection: its status and body
+/// (every answer here has a length).
+fn on_connection(
+    stream: &mut std::net::TcpStream,
+    auth: &str,
+    extra: &str,
+    body: &str,
+) -> (u16, String) {
+    use std::io::{Read, Write};
+    write!(
+        stream,
+        "POST /mcp/a HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nAccept: application/json\r\nAuthorization: Bearer {auth}\r\n{extra}Content-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .expect("write");
+    let mut head = Vec::new();
+    let mut byte = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") {
+        assert_eq!(stream.read(&mut byte).expect("read"), 1, "closed: {head:?}");
+        head.push(byte[0]);
+    }
+    let head = String::from_utf8_lossy(&head).to_ascii_lowercase();
+    let status = head[9..12].parse().expect("status");
+    let length: usize = head
+        .lines()
+        .find_map(|l| l.strip_prefix("content-length:"))
+        .and_then(|n| n.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no length: {head}"));
+    let mut body = vec![0u8; length];
+    stream.read_exact(&mut body).expect("body");
+    (status, String::from_utf8_lossy(&body).into_owned())
+}
+
+/// The requests of one keep-alive connection are each checked: another
+/// token, a wrong one, the first again, and the first once revoked (the
+/// connection keeps the hash of the token it last bore, never the
+/// verdict).
+#[test]
+fn each_request_of_a_keep_alive_connection_is_checked_and_a_revoked_token_fails_on_it() {
+    let units = tempfile::tempdir().expect("tempdir");
+    fixture_unit(units.path(), "a", "");
+    let state = tempfile::tempdir().expect("tempdir");
+    let first = token(state.path(), &["new", "first", "--units", "a"]);
+    let second = token(state.path(), &["new", "second", "--units", "a"]);
+    let (mut d, _dir, addr) = endpoint_with(
+        units.path(),
+        "http {\n    listen \"127.0.0.1:0\"\n}\n",
+        &[("MCPD_STATE_DIR", state.path().as_os_str())],
+    );
+    d.wait_for("running (pid");
+    let mut stream = std::net::TcpStream::connect(addr).expect("connect");
+    stream
+        .set_read_timeout(Some(std::time::Duration::from_secs(30)))
+        .expect("timeout");
+    let (status, body) = on_connection(&mut stream, &first, "", INITIALIZE);
+    assert_eq!(status, 200, "{body}");
+    let (status, body) = on_connection(&mut stream, &second, "", INITIALIZE);
+    assert_eq!(status, 200, "{body}");
+    let (status, body) = on_connection(&mut stream, "mcpd_wrong", "", INITIALIZE);
+    assert_eq!(status, 401, "{body}");
+    let (status, body) = on_connection(&mut stream, &first, "", INITIALIZE);
+    assert_eq!(status, 200, "{body}");
+    token(state.path(), &["revoke", "first"]);
+    d.wait_for("1 HTTP tokens");
+    let (status, body) = on_connection(&mut stream, &first, "", INITIALIZE);
+    assert_eq!(
+        status, 401,
+        "revoked, on the connection that used it: {body}"
+    );
+    let (status, body) = on_connection(&mut stream, &second, "", INITIALIZE);
+    assert_eq!(status, 200, "{body}");
+}

@@ -24,6 +24,10 @@ pub struct Record {
     /// holds it for the host (`disconnect` revokes and removes both).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub tokens: Vec<(String, std::path::PathBuf)>,
+    /// The host's file did not exist before the first `connect`, which
+    /// made it: `disconnect` removes it rather than leave it empty.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub created: bool,
 }
 
 /// What an entry `connect` writes runs or reaches.
@@ -611,6 +615,7 @@ mod tests {
             connected: connected.to_owned(),
             urls: Vec::new(),
             tokens: Vec::new(),
+            created: false,
         }
     }
 

@@ -39,6 +39,12 @@ pub struct ConnectInput<'a> {
     pub vars: &'a [(String, String)],
     /// The record of an earlier `connect` of this file, if any.
     pub earlier: Option<Record>,
+    /// Where the instance's units are looked for (named when a unit is
+    /// not there).
+    pub unit_dirs: &'a [std::path::PathBuf],
+    /// The file did not exist: `connect` makes it (from `text`, empty),
+    /// and `disconnect` removes it again.
+    pub created: bool,
     /// `connect --http`: the entries reach mcpd's HTTP endpoint instead
     /// of running the bridge.
     pub http: Option<Http<'a>>,
@@ -248,13 +254,21 @@ pub fn connect(input: ConnectInput<'_>) -> Result<ConnectPlan, String> {
         for unit in input.names {
             if !input.units.iter().any(|u| u.name == *unit) {
                 let there = input.other_units.iter().any(|u| u.name == *unit);
+                let dirs: Vec<String> = input
+                    .unit_dirs
+                    .iter()
+                    .map(|d| d.display().to_string())
+                    .collect();
                 return Err(format!(
-                    "no unit {unit} in the {} instance's unit directories{}",
+                    "no unit {unit} in the {} instance's unit directories ({}){}",
                     input.instance,
+                    dirs.join(", "),
                     if there {
                         format!("; {}", use_other("it is a unit", input.other))
                     } else {
-                        String::new()
+                        format!(
+                            "; a daemon started with --units DIR serves units connect cannot see: give the host `mcpctl bridge {unit}` by hand (README, \"Use with your MCP host\")"
+                        )
                     }
                 ));
             }
@@ -321,6 +335,7 @@ pub fn connect(input: ConnectInput<'_>) -> Result<ConnectPlan, String> {
         .as_ref()
         .is_none_or(|r| !r.connected.is_empty() && r.connected == input.text);
     let backup = input.earlier.is_none();
+    let created = input.created || input.earlier.as_ref().is_some_and(|r| r.created);
     let (mut all, mut all_urls, mut all_tokens) = input
         .earlier
         .map(|r| (r.servers, r.urls, r.tokens))
@@ -343,6 +358,7 @@ pub fn connect(input: ConnectInput<'_>) -> Result<ConnectPlan, String> {
         connected: if exact { text.clone() } else { String::new() },
         urls: all_urls,
         tokens: all_tokens,
+        created,
     };
     Ok(ConnectPlan {
         text,
@@ -427,6 +443,8 @@ mod tests {
             other_bridge: &other_bridge,
             vars: &[],
             earlier,
+            unit_dirs: &[],
+            created: false,
             http: None,
         })
     }

@@ -429,8 +429,24 @@ pub fn connect(
     };
     let token_dir = dirs.config.join("mcpd/connect");
     let file = user_file(host, &dirs);
-    let text = std::fs::read_to_string(&file)
-        .map_err(|e| CtlError::failure(format!("{}: {e}", file.display())))?;
+    // A host that has no servers yet may have no file: it is made (from
+    // nothing), where the host's own directory is there.
+    let (text, created) = match std::fs::read_to_string(&file) {
+        Ok(text) => (text, false),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            let dir = file.parent().unwrap_or(Path::new("/"));
+            if !dir.is_dir() {
+                return Err(CtlError::failure(format!(
+                    "{}: no such file, nor its directory {}: is {} installed for this user?",
+                    file.display(),
+                    dir.display(),
+                    host.name()
+                )));
+            }
+            (String::new(), true)
+        }
+        Err(e) => return Err(CtlError::failure(format!("{}: {e}", file.display()))),
+    };
     // Read as `import` read it, by the path the host's docs give (a unit's
     // origin names that path).
     let listed = host.files(&dirs).into_iter().next().expect("a user file");
@@ -501,6 +517,8 @@ pub fn connect(
         other_bridge: &other_bridge,
         vars: &vars,
         earlier,
+        unit_dirs: &crate::unit::search_path(instance, env),
+        created,
         http: endpoint.as_ref().map(|(base, tokens)| plan::Http {
             base,
             tokens: *tokens,
@@ -656,11 +674,20 @@ pub fn disconnect(
             ))
         })?
     };
-    write_atomically(&file, restored.as_bytes(), mode_of(&file)).map_err(CtlError::failure)?;
+    let removed = record.created && restored.is_empty();
+    if removed {
+        // There was no file: there is none again.
+        std::fs::remove_file(&file)
+            .map_err(|e| CtlError::failure(format!("{}: {e}", file.display())))?;
+    } else {
+        write_atomically(&file, restored.as_bytes(), mode_of(&file)).map_err(CtlError::failure)?;
+    }
     let revoked = revoke(instance, env, &record.tokens)?;
     let _ = std::fs::remove_file(&record_path);
     let _ = std::fs::remove_file(&backup);
-    let how = if force {
+    let how = if removed {
+        "removed (mcpctl connect made it)"
+    } else if force {
         "restored whole from the backup"
     } else if current == record.connected {
         "restored byte for byte"

@@ -87,13 +87,14 @@ pub struct Endpoint {
 #[derive(Debug)]
 struct Inner {
     shared: std::sync::Weak<Shared>,
-    settings: RwLock<HttpSettings>,
+    /// Each request takes the current settings (an `Arc`: no copy).
+    settings: RwLock<Arc<HttpSettings>>,
     sessions: Mutex<HashMap<String, Handle>>,
     connections: Arc<tokio::sync::Semaphore>,
     /// The token file (`tokens::path` of the state directory) and its
     /// tokens by hash, as last read.
     tokens_file: std::path::PathBuf,
-    tokens: RwLock<HashMap<String, crate::tokens::Entry>>,
+    tokens: RwLock<HashMap<String, Arc<crate::tokens::Entry>>>,
     /// The token file's modification time when it was last read: a token
     /// not known is looked for in the file only when it changed since.
     tokens_read: Mutex<Option<std::time::SystemTime>>,
@@ -121,12 +122,16 @@ pub const AUDIT_WINDOW: Duration = Duration::from_secs(10);
 /// A parked call's session (its retry goes there) and its token's hash.
 type Parked = (mpsc::Sender<session::Once>, Option<String>);
 
+/// What the HTTP side sends a session's task (boxed: a channel's first
+/// block holds 32 of them for as long as the session lives).
+type Commands = mpsc::Sender<Box<Command>>;
+
 /// A session as the HTTP side reaches it.
 #[derive(Debug, Clone)]
 struct Handle {
     /// The path's name (`NAME`, `@GROUP`): a session is used only there.
     target: String,
-    commands: mpsc::Sender<Command>,
+    commands: Commands,
     /// The hash of the token it was opened with (`auth "token"`): every
     /// request of the session must bear it.
     token: Option<String>,
@@ -170,7 +175,7 @@ impl Endpoint {
         let listen = settings.listen.clone();
         let inner = Arc::new(Inner {
             shared: Arc::downgrade(shared),
-            settings: RwLock::new(settings),
+            settings: RwLock::new(Arc::new(settings)),
             sessions: Mutex::new(HashMap::new()),
             connections: Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS)),
             usage: Arc::new(crate::tokens::Usage::open(&tokens_file)),
@@ -245,8 +250,10 @@ impl Endpoint {
                 return;
             }
         };
-        let by_hash: HashMap<String, crate::tokens::Entry> =
-            entries.into_iter().map(|e| (e.hash.clone(), e)).collect();
+        let by_hash: HashMap<String, Arc<crate::tokens::Entry>> = entries
+            .into_iter()
+            .map(|e| (e.hash.clone(), Arc::new(e)))
+            .collect();
         let changed = inner.tokens.read().map(|t| *t != by_hash).unwrap_or(true);
         if !changed {
             return;
@@ -325,13 +332,13 @@ impl Endpoint {
                 }
             }
             if let Ok(mut mine) = self.inner.settings.write() {
-                *mine = settings;
+                *mine = Arc::new(settings);
             }
             self.log_start();
             return;
         }
         if let Ok(mut mine) = self.inner.settings.write() {
-            *mine = settings;
+            *mine = Arc::new(settings);
         }
     }
 }
@@ -359,9 +366,16 @@ async fn accept_loop(listener: TcpListener, inner: Arc<Inner>) {
         let inner = Arc::clone(&inner);
         tokio::spawn(async move {
             let _permit = permit;
+            let seen = Arc::new(Seen::default());
             let service = hyper::service::service_fn(move |request| {
-                let inner = Arc::clone(&inner);
-                async move { Ok::<_, Infallible>(handle(&inner, peer, request).await) }
+                let (inner, seen) = (Arc::clone(&inner), Arc::clone(&seen));
+                // Boxed per request: hyper keeps room for the service's
+                // future (`Box<Option<Future>>`) as long as the connection
+                // lives, and this one is large; an idle keep-alive
+                // connection then holds a pointer's room instead.
+                Box::pin(
+                    async move { Ok::<_, Infallible>(handle(&inner, peer, &seen, request).await) },
+                )
             });
             let served = hyper::server::conn::http1::Builder::new()
                 .timer(hyper_util::rt::TokioTimer::new())
@@ -376,12 +390,22 @@ async fn accept_loop(listener: TcpListener, inner: Arc<Inner>) {
     }
 }
 
-fn full(status: StatusCode, content_type: &str, body: impl Into<Bytes>) -> Response<Body> {
+/// The `Authorization` header a connection's last request bore and the
+/// hash of its token: the requests of a keep-alive connection bear the
+/// same one, which is then not hashed again (what is compared is what
+/// the same connection sent before, so the comparison tells it nothing).
+/// The token itself is looked up every time: a revoked one fails at once.
+/// The header is kept as a copy: a `HeaderValue` hyper parsed shares the
+/// connection's 8 KiB read buffer, which it would keep from being reused.
+#[derive(Default)]
+struct Seen(Mutex<Option<(Box<[u8]>, String)>>);
+
+fn full(status: StatusCode, content_type: &'static str, body: impl Into<Bytes>) -> Response<Body> {
     let mut response = Response::new(Full::new(body.into()).boxed_unsync());
     *response.status_mut() = status;
-    if let Ok(value) = HeaderValue::from_str(content_type) {
-        response.headers_mut().insert(header::CONTENT_TYPE, value);
-    }
+    response
+        .headers_mut()
+        .insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
     response
 }
 
@@ -415,10 +439,11 @@ fn origin_allowed(origin: &str, settings: &HttpSettings) -> Option<bool> {
 async fn handle(
     inner: &Arc<Inner>,
     peer: SocketAddr,
+    seen: &Seen,
     request: Request<Incoming>,
 ) -> Response<Body> {
     let settings = match inner.settings.read() {
-        Ok(s) => s.clone(),
+        Ok(s) => Arc::clone(&s),
         Err(_) => return refuse(StatusCode::INTERNAL_SERVER_ERROR, "settings poisoned"),
     };
     let origin = request
@@ -438,7 +463,7 @@ async fn handle(
     };
     let token = match settings.auth {
         crate::unit::settings::Auth::None => None,
-        crate::unit::settings::Auth::Token => match inner.authorize(&request) {
+        crate::unit::settings::Auth::Token => match inner.authorize(&request, seen) {
             Ok(entry) => Some(entry),
             Err(why) => {
                 inner.audit(|| tracing::warn!(target: "mcpd::http", %peer, "refused a request to {}: {why}", request.uri().path()));
@@ -451,7 +476,7 @@ async fn handle(
             }
         },
     };
-    let mut response = route(inner, &settings, peer, token.as_ref(), request).await;
+    let mut response = route(inner, &settings, peer, token.as_deref(), request).await;
     if let Some(origin) = cors
         && let Ok(value) = HeaderValue::from_str(&origin)
     {
@@ -508,7 +533,7 @@ async fn route(
     match *request.method() {
         Method::POST => post(inner, settings, token, &caller, &name, session, request).await,
         Method::GET => {
-            let Some(handle) = inner.session(&name, session.as_deref(), token) else {
+            let Some(commands) = inner.session(&name, session.as_deref(), token) else {
                 return missing_session(session.as_deref());
             };
             if !accepts(&request, "text/event-stream") {
@@ -531,9 +556,8 @@ async fn route(
             };
             // A resumed stream's queue holds what is replayed, and more.
             let (sink, rx) = mpsc::channel(session::STREAM_QUEUE + session::REPLAY_EVENTS);
-            if handle
-                .commands
-                .send(Command::Listen { sink, resume })
+            if commands
+                .send(Box::new(Command::Listen { sink, resume }))
                 .await
                 .is_err()
             {
@@ -542,12 +566,13 @@ async fn route(
             sse(None, rx)
         }
         Method::DELETE => {
-            let Some(handle) = inner.session(&name, session.as_deref(), token) else {
+            let Some(commands) = inner.session(&name, session.as_deref(), token) else {
                 return missing_session(session.as_deref());
             };
-            let _ = handle
-                .commands
-                .send(Command::End("ended by the client (DELETE)".into()))
+            let _ = commands
+                .send(Box::new(Command::End(
+                    "ended by the client (DELETE)".into(),
+                )))
                 .await;
             if let Some(id) = &session {
                 inner.forget(id);
@@ -599,14 +624,21 @@ fn accepts(request: &Request<Incoming>, kind: &str) -> bool {
         .headers()
         .get_all(header::ACCEPT)
         .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(','))
-        .map(|v| v.split(';').next().unwrap_or("").trim())
-        .any(|v| v == kind || v == "*/*")
+        .flat_map(|v| v.as_bytes().split(|b| *b == b','))
+        .map(|v| {
+            v.split(|b| *b == b';')
+                .next()
+                .unwrap_or_default()
+                .trim_ascii()
+        })
+        .any(|v| v == kind.as_bytes() || v == b"*/*")
 }
 
 /// `%XX` decoding of a path segment (`@` may come as `%40`).
 fn percent_decode(text: &str) -> Option<String> {
+    if !text.contains('%') {
+        return Some(text.to_owned());
+    }
     let bytes = text.as_bytes();
     let mut out = Vec::with_capacity(bytes.len());
     let mut i = 0;
@@ -772,23 +804,36 @@ impl Inner {
 
     /// The token the request bears, if it is one of the token file's and
     /// has not expired.
-    fn authorize(&self, request: &Request<Incoming>) -> Result<crate::tokens::Entry, String> {
+    fn authorize(
+        &self,
+        request: &Request<Incoming>,
+        seen: &Seen,
+    ) -> Result<Arc<crate::tokens::Entry>, String> {
         let Some(value) = request.headers().get(header::AUTHORIZATION) else {
             return Err("no token (Authorization: Bearer TOKEN)".into());
         };
-        let bearer = value
-            .to_str()
-            .ok()
-            .and_then(|v| {
-                v.strip_prefix("Bearer ")
-                    .or_else(|| v.strip_prefix("bearer "))
-            })
-            .map(str::trim)
-            .ok_or("not a bearer token")?;
-        let hash = crate::tokens::hash(bearer);
+        let mut seen = seen.0.lock().map_err(|_| "poisoned")?;
+        let hash = match &*seen {
+            Some((before, hash)) if **before == *value.as_bytes() => hash,
+            _ => {
+                let bearer = value
+                    .to_str()
+                    .ok()
+                    .and_then(|v| {
+                        v.strip_prefix("Bearer ")
+                            .or_else(|| v.strip_prefix("bearer "))
+                    })
+                    .map(str::trim)
+                    .ok_or("not a bearer token")?;
+                &seen
+                    .insert((value.as_bytes().into(), crate::tokens::hash(bearer)))
+                    .1
+            }
+        };
+        let hash = hash.as_str();
         let entry = self
-            .token(&hash)
-            .or_else(|| self.minted_since(&hash))
+            .token(hash)
+            .or_else(|| self.minted_since(hash))
             .ok_or("not a valid token")?;
         let now = now();
         if entry.expired(now) {
@@ -810,7 +855,7 @@ impl Inner {
         Ok(entry)
     }
 
-    fn token(&self, hash: &str) -> Option<crate::tokens::Entry> {
+    fn token(&self, hash: &str) -> Option<Arc<crate::tokens::Entry>> {
         self.tokens.read().ok()?.get(hash).cloned()
     }
 
@@ -828,7 +873,7 @@ impl Inner {
     /// before the daemon's watch reloaded it): looked for in the file when
     /// it changed since, and the file's new tokens taken at once (the
     /// reload that follows ends what was revoked).
-    fn minted_since(&self, hash: &str) -> Option<crate::tokens::Entry> {
+    fn minted_since(&self, hash: &str) -> Option<Arc<crate::tokens::Entry>> {
         let modified = std::fs::metadata(&self.tokens_file)
             .and_then(|m| m.modified())
             .ok();
@@ -842,7 +887,9 @@ impl Inner {
         let entries = crate::tokens::load(&self.tokens_file).ok()?;
         let mut tokens = self.tokens.write().ok()?;
         for entry in entries {
-            tokens.entry(entry.hash.clone()).or_insert(entry);
+            tokens
+                .entry(entry.hash.clone())
+                .or_insert_with(|| Arc::new(entry));
         }
         tokens.get(hash).cloned()
     }
@@ -866,10 +913,10 @@ impl Inner {
     }
 
     /// The session `id` on the path's `name`, opened with `token`.
-    fn session(&self, name: &str, id: Option<&str>, token: Option<&str>) -> Option<Handle> {
+    fn session(&self, name: &str, id: Option<&str>, token: Option<&str>) -> Option<Commands> {
         let sessions = self.sessions.lock().ok()?;
         let handle = sessions.get(id?)?;
-        (handle.target == name && handle.token.as_deref() == token).then(|| handle.clone())
+        (handle.target == name && handle.token.as_deref() == token).then(|| handle.commands.clone())
     }
 
     /// Opens a session on `name`: attaches a host session of the unit (or
@@ -880,7 +927,7 @@ impl Inner {
         max: usize,
         token: Option<&str>,
         caller: &Caller,
-    ) -> Result<(String, Handle), Box<Response<Body>>> {
+    ) -> Result<(String, Commands), Box<Response<Body>>> {
         let shared = self
             .shared
             .upgrade()
@@ -902,8 +949,9 @@ impl Inner {
             token: token.map(str::to_owned),
             revoked: Arc::clone(&revoked),
         };
+        let commands = handle.commands.clone();
         if let Ok(mut sessions) = self.sessions.lock() {
-            sessions.insert(id.clone(), handle.clone());
+            sessions.insert(id.clone(), handle);
         }
         self.publish();
         let inner = Arc::downgrade(self);
@@ -926,7 +974,7 @@ impl Inner {
                 }
             },
         ));
-        Ok((id, handle))
+        Ok((id, commands))
     }
 }
 
@@ -1064,14 +1112,19 @@ async fn post(
         );
     }
     let sse_ok = accepts(&request, "text/event-stream");
-    // What a stateless request's checks read (values share their bytes).
-    let headers: hyper::HeaderMap = ["mcp-protocol-version", "mcp-method", "mcp-name"]
-        .into_iter()
-        .filter_map(|name| {
-            let value = request.headers().get(name)?.clone();
-            Some((hyper::header::HeaderName::from_static(name), value))
-        })
-        .collect();
+    // What a stateless request's checks read (values share their bytes;
+    // a request of a session needs none).
+    let headers: hyper::HeaderMap = if session.is_none() {
+        ["mcp-protocol-version", "mcp-method", "mcp-name"]
+            .into_iter()
+            .filter_map(|name| {
+                let value = request.headers().get(name)?.clone();
+                Some((hyper::header::HeaderName::from_static(name), value))
+            })
+            .collect()
+    } else {
+        hyper::HeaderMap::new()
+    };
     let body = Limited::new(request.into_body(), MAX_BODY);
     let body = match tokio::time::timeout(read_timeout(), body.collect()).await {
         Err(_) => {
@@ -1100,7 +1153,7 @@ async fn post(
     };
     let method = message.method().map(|m| m.into_owned());
     let id = message.request_id();
-    let (session_id, handle) = match (&session, method.as_deref()) {
+    let (session_id, commands) = match (&session, method.as_deref()) {
         (None, Some("initialize")) if id.is_some() => {
             match inner.open(name, settings.max_sessions, token, caller) {
                 Ok(opened) => opened,
@@ -1121,15 +1174,14 @@ async fn post(
         }
         (None, _) => return missing_session(None),
         (Some(sid), _) => match inner.session(name, Some(sid), token) {
-            Some(handle) => (sid.clone(), handle),
+            Some(commands) => (sid.clone(), commands),
             None => return missing_session(Some(sid)),
         },
     };
     let (Some(_), Some(id)) = (&method, id) else {
         // A notification, or an answer to the server's request.
-        if handle
-            .commands
-            .send(Command::Forward(message))
+        if commands
+            .send(Box::new(Command::Forward(message)))
             .await
             .is_err()
         {
@@ -1145,7 +1197,7 @@ async fn post(
         sink,
         json,
     };
-    if handle.commands.send(command).await.is_err() {
+    if commands.send(Box::new(command)).await.is_err() {
         return missing_session(Some(&session_id));
     }
     let Some(mut response) = respond(rx).await else {

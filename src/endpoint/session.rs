@@ -200,15 +200,20 @@ pub async fn run(
     label: String,
     id: String,
     link: HostLink,
-    mut commands: mpsc::Receiver<Command>,
+    mut commands: mpsc::Receiver<Box<Command>>,
     revoked: std::sync::Arc<tokio::sync::Notify>,
     end: impl FnOnce(&str),
 ) {
-    let opened = link.open(0, QUEUE, QUEUE_BYTES);
-    let mut reader = opened.reader;
-    let _stop = opened.stop;
+    // Taken apart at once: what a memory link does not have is not
+    // kept for the session's life.
+    let crate::mux::host::Opened {
+        mut reader,
+        stop: _stop,
+        out,
+        ..
+    } = link.open(0, QUEUE, QUEUE_BYTES);
     let mut task = Task {
-        out: opened.out,
+        out,
         pending: Vec::new(),
         listen: None,
         replay: Replay::default(),
@@ -216,15 +221,30 @@ pub async fn run(
         name: format!("{id} on {label}"),
         refusal: None,
     };
+    drop(id);
+    // One timer, set again when the session falls idle or its client
+    // sends something while it is (not made anew for every message).
+    let idle_timer = tokio::time::sleep(IDLE);
+    tokio::pin!(idle_timer);
+    let mut was_idle = true;
     let why: String = loop {
         let idle = task.pending.is_empty() && task.listen.as_ref().is_none_or(|l| l.sink.is_none());
-        let idle_at = idle.then(|| tokio::time::Instant::now() + IDLE);
+        if idle && !was_idle {
+            idle_timer
+                .as_mut()
+                .reset(tokio::time::Instant::now() + IDLE);
+        }
+        was_idle = idle;
         tokio::select! {
             command = commands.recv() => match command {
                 None => break "the endpoint stopped".into(),
-                Some(Command::End(why)) => break why,
                 Some(command) => {
-                    if let Err(why) = task.command(command) {
+                    if let Command::End(why) = *command {
+                        break why;
+                    }
+                    // The client is there.
+                    was_idle = false;
+                    if let Err(why) = task.command(*command) {
                         break why;
                     }
                 }
@@ -239,7 +259,7 @@ pub async fn run(
                 Some(Event::Server(..)) => {}
             },
             () = revoked.notified() => break "its token was revoked".into(),
-            () = sleep_until(idle_at) => break format!("idle for {}", humantime::format_duration(IDLE)),
+            () = &mut idle_timer, if idle => break format!("idle for {}", humantime::format_duration(IDLE)),
         }
     };
     // Requests in flight are answered, never left hanging.
@@ -303,8 +323,11 @@ impl Task {
                     )));
                     return Ok(());
                 }
+                // Its params parsed only when they may name one.
                 let progress = message
-                    .params()
+                    .may_hold("params", "progressToken")
+                    .then(|| message.params())
+                    .flatten()
                     .and_then(|p| p.get("_meta")?.get("progressToken").cloned());
                 self.send(&message)?;
                 self.streams += 1;
@@ -374,6 +397,10 @@ impl Task {
                 && let Some(at) = self.pending.iter().position(|p| p.id == id)
             {
                 let pending = self.pending.remove(at);
+                if self.pending.is_empty() {
+                    // An idle session keeps no room for requests.
+                    self.pending = Vec::new();
+                }
                 let line = Bytes::from(message.line());
                 let out = if pending.sent {
                     Item::Event(self.replay.push(pending.stream, &line))
@@ -595,6 +622,58 @@ fn input_required(answer: &Message) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Nothing in flight and no GET stream for [`IDLE`]: the session ends;
+    /// never while a request waits for its answer, however long.
+    #[tokio::test(start_paused = true)]
+    async fn a_session_ends_idle_for_its_bound_but_never_while_a_request_waits() {
+        use crate::mux::outbox::TryWrite;
+        let (mine, theirs) = crate::mux::memory::pair(1 << 16);
+        let (commands, rx) = mpsc::channel(4);
+        let (ended, why) = tokio::sync::oneshot::channel::<String>();
+        let session = tokio::spawn(run(
+            "u".into(),
+            "s".into(),
+            HostLink::Memory(mine),
+            rx,
+            std::sync::Arc::new(tokio::sync::Notify::new()),
+            move |why| {
+                let _ = ended.send(why.to_owned());
+            },
+        ));
+        let message =
+            Message::parse(br#"{"jsonrpc":"2.0","id":1,"method":"ping"}"#).expect("message");
+        let id = message.request_id().expect("id");
+        let (sink, mut answers) = mpsc::channel(4);
+        commands
+            .send(Box::new(Command::Request {
+                message,
+                id,
+                sink,
+                json: false,
+            }))
+            .await
+            .expect("sent");
+        tokio::time::sleep(IDLE * 3).await;
+        assert!(!session.is_finished(), "a request waits: not idle");
+        theirs
+            .write
+            .try_write(b"{\"jsonrpc\":\"2.0\",\"id\":1,\"result\":{}}\n")
+            .expect("the unit answers");
+        let Some(Item::Answer(answer)) = answers.recv().await else {
+            panic!("the answer, first on its stream");
+        };
+        assert!(answer.starts_with(b"{"), "{answer:?}");
+        let idle_from = tokio::time::Instant::now();
+        let why = why.await.expect("ended");
+        assert_eq!(why, "idle for 30m");
+        let took = idle_from.elapsed();
+        assert!(
+            took >= IDLE && took < IDLE + Duration::from_secs(1),
+            "{took:?}"
+        );
+        drop(theirs);
+    }
 
     #[test]
     fn the_replay_buffer_keeps_the_newest_events_within_its_bounds() {

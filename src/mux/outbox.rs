@@ -74,7 +74,9 @@ pub enum Refused {
 /// the descriptor takes now is written at once (no task switch on the way
 /// to the peer), the rest is queued for a writer task, and then everything
 /// queues behind it, so order is kept. Dropping the outbox closes the
-/// descriptor once the queue is written.
+/// descriptor once the queue is written. The writer task and its queue
+/// are made the first time a message has to wait: most outboxes (an idle
+/// host session's) never need them.
 #[derive(Debug)]
 pub struct Outbox<W> {
     sink: Arc<W>,
@@ -82,14 +84,17 @@ pub struct Outbox<W> {
     queued: Arc<AtomicUsize>,
     /// The bytes of those queued behind the one being written.
     bytes: Arc<AtomicUsize>,
-    queue: mpsc::UnboundedSender<Vec<u8>>,
+    /// The writer task's queue, once there is one.
+    queue: std::sync::OnceLock<mpsc::UnboundedSender<Vec<u8>>>,
+    /// Where a failed write is told (given to the writer task).
+    failed: Option<mpsc::WeakUnboundedSender<Result<Message, String>>>,
     limit: usize,
     /// The bytes that may wait behind a message being written
     /// ([`Outbox::bounded_in_bytes`]).
     byte_limit: usize,
-    /// The writer task: it ends once the outbox is dropped and its queue
-    /// written (or a write failed).
-    writer: Option<tokio::task::JoinHandle<()>>,
+    /// The writer task, once there is one: it ends once the outbox is
+    /// dropped and its queue written (or a write failed).
+    writer: std::sync::OnceLock<tokio::task::JoinHandle<()>>,
 }
 
 impl<W: TryWrite> Outbox<W> {
@@ -103,39 +108,32 @@ impl<W: TryWrite> Outbox<W> {
         limit: usize,
         failed: Option<mpsc::WeakUnboundedSender<Result<Message, String>>>,
     ) -> Self {
-        let sink = Arc::new(sink);
-        let queued = Arc::new(AtomicUsize::new(0));
-        let bytes = Arc::new(AtomicUsize::new(0));
-        let (queue, mut rx) = mpsc::unbounded_channel::<Vec<u8>>();
-        let (writer, count, size) = (Arc::clone(&sink), Arc::clone(&queued), Arc::clone(&bytes));
-        let writer = tokio::spawn(async move {
-            while let Some(bytes) = rx.recv().await {
-                // Being written now: no longer waiting behind it.
-                size.fetch_sub(bytes.len(), Ordering::Relaxed);
-                if let Err(e) = write_all(&*writer, &bytes).await {
-                    // A closed pipe is the peer going away: its reader
-                    // sees the end of file.
-                    if e.kind() != io::ErrorKind::BrokenPipe
-                        && let Some(incoming) = failed.as_ref().and_then(|f| f.upgrade())
-                    {
-                        let _ = incoming.send(Err(format!("cannot write to the server: {e}")));
-                    }
-                    // Further sends are refused as closed.
-                    count.store(usize::MAX / 2, Ordering::Relaxed);
-                    return;
-                }
-                count.fetch_sub(1, Ordering::Relaxed);
-            }
-        });
         Self {
-            sink,
-            queued,
-            bytes,
-            queue,
+            sink: Arc::new(sink),
+            queued: Arc::new(AtomicUsize::new(0)),
+            bytes: Arc::new(AtomicUsize::new(0)),
+            queue: std::sync::OnceLock::new(),
+            failed,
             limit,
             byte_limit: usize::MAX,
-            writer: Some(writer),
+            writer: std::sync::OnceLock::new(),
         }
+    }
+
+    /// The writer task's queue, the task started the first time.
+    fn queue(&self) -> &mpsc::UnboundedSender<Vec<u8>> {
+        self.queue.get_or_init(|| {
+            let (queue, rx) = mpsc::unbounded_channel::<Vec<u8>>();
+            let writer = tokio::spawn(write_queue(
+                Arc::clone(&self.sink),
+                rx,
+                Arc::clone(&self.queued),
+                Arc::clone(&self.bytes),
+                self.failed.clone(),
+            ));
+            let _ = self.writer.set(writer);
+            queue
+        })
     }
 
     /// Also refuses a message once `bytes` wait behind the one being
@@ -222,7 +220,7 @@ impl<W: TryWrite> Outbox<W> {
     fn enqueue(&self, bytes: Vec<u8>) -> Result<(), Refused> {
         self.queued.fetch_add(1, Ordering::Relaxed);
         self.bytes.fetch_add(bytes.len(), Ordering::Relaxed);
-        self.queue.send(bytes).map_err(|_| Refused::Closed)
+        self.queue().send(bytes).map_err(|_| Refused::Closed)
     }
 }
 
@@ -232,6 +230,34 @@ impl<W: TryWrite> Outbox<W> {
     /// writer task waiting for it to read fails and ends.
     pub fn shutdown(&self) {
         self.sink.shutdown();
+    }
+}
+
+/// The writer task: writes what is queued, in order, until the outbox is
+/// gone (its queue closed) or a write fails.
+async fn write_queue<W: TryWrite>(
+    writer: Arc<W>,
+    mut rx: mpsc::UnboundedReceiver<Vec<u8>>,
+    count: Arc<AtomicUsize>,
+    size: Arc<AtomicUsize>,
+    failed: Option<mpsc::WeakUnboundedSender<Result<Message, String>>>,
+) {
+    while let Some(bytes) = rx.recv().await {
+        // Being written now: no longer waiting behind it.
+        size.fetch_sub(bytes.len(), Ordering::Relaxed);
+        if let Err(e) = write_all(&*writer, &bytes).await {
+            // A closed pipe is the peer going away: its reader
+            // sees the end of file.
+            if e.kind() != io::ErrorKind::BrokenPipe
+                && let Some(incoming) = failed.as_ref().and_then(|f| f.upgrade())
+            {
+                let _ = incoming.send(Err(format!("cannot write to the server: {e}")));
+            }
+            // Further sends are refused as closed.
+            count.store(usize::MAX / 2, Ordering::Relaxed);
+            return;
+        }
+        count.fetch_sub(1, Ordering::Relaxed);
     }
 }
 
@@ -283,6 +309,33 @@ mod tests {
         want.extend_from_slice(b"b\nc\n");
         assert_eq!(all.len(), want.len());
         assert!(all == want, "in order, nothing lost, closed once written");
+    }
+
+    #[tokio::test]
+    async fn an_outbox_starts_its_writer_task_only_when_a_message_must_wait() {
+        let (tx, mut rx) = pipe::pipe().expect("pipe");
+        let mut outbox = Outbox::new(tx, 3, None);
+        // As a session's first message comes: after the reactor has seen
+        // the descriptor (tokio writes nothing before).
+        outbox.sink.writable().await.expect("writable");
+        outbox.send(b"small\n".to_vec()).expect("written at once");
+        assert!(outbox.take_writer().is_none(), "nothing waited: no task");
+        let mut small = [0u8; 6];
+        tokio::io::AsyncReadExt::read_exact(&mut rx, &mut small)
+            .await
+            .expect("read");
+        assert_eq!(&small, b"small\n");
+        outbox
+            .send(vec![b'a'; 256 * 1024])
+            .expect("more than the pipe holds");
+        let writer = outbox.take_writer().expect("the rest waits for a task");
+        drop(outbox);
+        let mut all = Vec::new();
+        tokio::io::AsyncReadExt::read_to_end(&mut rx, &mut all)
+            .await
+            .expect("read");
+        assert_eq!(all.len(), 256 * 1024, "all of it, then the end");
+        writer.await.expect("the task ends");
     }
 
     #[tokio::test]

@@ -372,7 +372,23 @@ impl Pieces {
             out.push_str(" pid ");
             id(&mut out, call.caller.pid);
         } else {
-            escape(&mut out, &call.caller.to_string())?;
+            // An HTTP session's, as `Display` says it, the address without
+            // `fmt` (an HTTP call's line has it twice).
+            let mut caller = String::with_capacity(64);
+            match &call.caller.token {
+                Some(token) => {
+                    caller.push_str("token ");
+                    caller.push_str(token);
+                    if call.caller.peer.is_some() {
+                        caller.push_str(" from ");
+                    }
+                }
+                None => caller.push_str("http from "),
+            }
+            if let Some(peer) = call.caller.peer {
+                push_address(&mut caller, peer);
+            }
+            escape(&mut out, &caller)?;
         }
         out.push_str(": ");
         outcome(&mut out)?;
@@ -398,7 +414,9 @@ impl Pieces {
         }
         if let Some(peer) = call.caller.peer {
             field_name(&mut out, ansi, "mcpd_caller_address")?;
-            escape(&mut out, &peer.to_string())?;
+            let mut address = String::with_capacity(48);
+            push_address(&mut address, peer);
+            escape(&mut out, &address)?;
             out.push(' ');
         }
         field_name(&mut out, ansi, "mcpd_outcome")?;
@@ -430,6 +448,26 @@ impl Pieces {
 
 fn micros(took: Duration) -> u64 {
     u64::try_from(took.as_micros()).unwrap_or(u64::MAX)
+}
+
+/// `peer` as `Display` writes it; an IPv4 one without `fmt`.
+fn push_address(out: &mut String, peer: std::net::SocketAddr) {
+    match peer {
+        std::net::SocketAddr::V4(v4) => {
+            for (i, octet) in v4.ip().octets().into_iter().enumerate() {
+                if i > 0 {
+                    out.push('.');
+                }
+                push_number(out, u64::from(octet));
+            }
+            out.push(':');
+            push_number(out, u64::from(v4.port()));
+        }
+        std::net::SocketAddr::V6(_) => {
+            use std::fmt::Write;
+            let _ = write!(out, "{peer}");
+        }
+    }
 }
 
 /// `n` in decimal.
@@ -568,6 +606,40 @@ mod tests {
             "tools/call echo by uid 2 pid 7: ok in 1000.0 ms mcpd_server=a mcpd_tool=echo \
              mcpd_caller_uid=2 mcpd_caller_pid=7 mcpd_outcome=ok mcpd_duration_usec=1000049\n"
         );
+    }
+
+    #[test]
+    fn an_http_callers_line_says_it_as_display_does() {
+        for (token, peer) in [
+            (Some("laptop"), "127.0.0.1:4321"),
+            (None, "10.255.0.9:80"),
+            (Some("a b"), "[::1]:8737"),
+        ] {
+            let peer: std::net::SocketAddr = peer.parse().expect("address");
+            let mut address = String::new();
+            push_address(&mut address, peer);
+            assert_eq!(address, peer.to_string());
+            let caller = Caller::http(token, peer);
+            let call = Finished {
+                server: Arc::from("u"),
+                tool: "echo".into(),
+                caller: caller.clone(),
+                outcome: Outcome::Ok,
+                took: Duration::from_micros(1500),
+            };
+            let mut line = String::new();
+            text_line(&mut line, "", false, &call).expect("line");
+            let mut said = String::new();
+            crate::logbatch::escape(&mut said, &caller.to_string()).expect("escape");
+            assert!(
+                line.starts_with(&format!("tools/call echo by {said}: ok in ")),
+                "{line}"
+            );
+            assert!(
+                line.contains(&format!("mcpd_caller_address={peer} ")),
+                "{line}"
+            );
+        }
     }
 
     // One test: the queue is the process's, and tests run in parallel.
