@@ -742,17 +742,21 @@ fn next_event(stream: &mut std::net::TcpStream) -> (String, String) {
 
 /// A fixture unit `a` that can `touch` (notify `resources/updated`), a
 /// daemon serving it over HTTP, and an initialized session.
-fn touching() -> (
+/// A daemon serving one fixture unit `a` offering `tools`, on an
+/// endpoint without tokens, once the unit runs: the daemon, the units'
+/// and the settings' directories, the address.
+fn fixture_endpoint(
+    tools: &str,
+) -> (
     Daemon,
     tempfile::TempDir,
     tempfile::TempDir,
     std::net::SocketAddr,
-    String,
 ) {
     let units = tempfile::tempdir().expect("tempdir");
     std::fs::write(
         units.path().join("a.kdl"),
-        "stdio {\n    command \"mcp-fixture\" \"--chatter\" \"0\"\n    env MCP_FIXTURE_TOOLS=\"touch\"\n}\n",
+        format!("stdio {{\n    command \"mcp-fixture\" \"--chatter\" \"0\"\n    env MCP_FIXTURE_TOOLS=\"{tools}\"\n}}\n"),
     )
     .expect("write");
     let (mut d, dir, addr) = endpoint(
@@ -760,6 +764,17 @@ fn touching() -> (
         "http {\n    listen \"127.0.0.1:0\"\n    auth \"none\"\n}\n",
     );
     d.wait_for("running (pid");
+    (d, units, dir, addr)
+}
+
+fn touching() -> (
+    Daemon,
+    tempfile::TempDir,
+    tempfile::TempDir,
+    std::net::SocketAddr,
+    String,
+) {
+    let (d, units, dir, addr) = fixture_endpoint("touch");
     let (status, headers, body) = request(addr, "POST", "/mcp/a", &JSON, INITIALIZE.as_bytes());
     assert_eq!(status, 200, "{body}");
     let session = header(&headers, "mcp-session-id").expect("id").to_owned();
@@ -1004,17 +1019,7 @@ fn a_request_without_a_session_on_a_per_host_unit_is_refused_and_an_auto_client_
 
 #[test]
 fn a_request_whose_stream_broke_gets_the_rest_and_its_answer_on_a_resuming_get() {
-    let units = tempfile::tempdir().expect("tempdir");
-    std::fs::write(
-        units.path().join("a.kdl"),
-        "stdio {\n    command \"mcp-fixture\" \"--chatter\" \"0\"\n    env MCP_FIXTURE_TOOLS=\"progress\"\n}\n",
-    )
-    .expect("write");
-    let (mut d, _dir, addr) = endpoint(
-        units.path(),
-        "http {\n    listen \"127.0.0.1:0\"\n    auth \"none\"\n}\n",
-    );
-    d.wait_for("running (pid");
+    let (_d, _units, _dir, addr) = fixture_endpoint("progress");
     let (status, headers, body) = request(addr, "POST", "/mcp/a", &JSON, INITIALIZE.as_bytes());
     assert_eq!(status, 200, "{body}");
     let session = header(&headers, "mcp-session-id").expect("id").to_owned();
@@ -1175,17 +1180,7 @@ fn a_session_the_unit_refuses_ends_its_initialize_with_the_units_reason() {
 /// and then the answer.
 #[test]
 fn an_answer_that_comes_first_is_one_json_body_and_progress_makes_an_sse_stream() {
-    let units = tempfile::tempdir().expect("tempdir");
-    std::fs::write(
-        units.path().join("a.kdl"),
-        "stdio {\n    command \"mcp-fixture\" \"--chatter\" \"0\"\n    env MCP_FIXTURE_TOOLS=\"echo,progress\"\n}\n",
-    )
-    .expect("write");
-    let (mut d, _dir, addr) = endpoint(
-        units.path(),
-        "http {\n    listen \"127.0.0.1:0\"\n    auth \"none\"\n}\n",
-    );
-    d.wait_for("running (pid");
+    let (_d, _units, _dir, addr) = fixture_endpoint("echo,progress");
     let both = [
         ("Content-Type", "application/json"),
         ("Accept", "application/json, text/event-stream"),
