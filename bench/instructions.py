@@ -8,7 +8,7 @@ cannot. It is not a target of bench/run (valgrind runs the daemon some 50
 times slower); run it before and after a change:
 
     cargo build --release --bins --examples
-    [PROTOCOL=auto] bench/instructions.py [CALLS] [--keep DIR] [--pace MS] [--http]
+    [PROTOCOL=auto] bench/instructions.py [CALLS] [--keep DIR] [--pace MS] [--http] [--progress]
 
 It starts `mcpd --user --no-bus` under callgrind with one fixture unit
 (`--chatter 0`, logging as bench/run does), attaches one host through
@@ -24,6 +24,10 @@ one keep-alive connection, a session with a token, `Accept`
 both JSON and SSE as the SDKs send) on the daemon's endpoint
 (`/mcp/u0`, `mcpd.kdl` listening on a free loopback port): the figure is
 then the daemon's instructions per HTTP tool call.
+
+With `--progress` each call carries `_meta.progressToken`, as the SDKs'
+clients send it (rmcp's on every request, the benchmark's host among
+them): the daemon then gives the request a token of its own.
 
 Calls are paced, `--pace MS` apart (default 10): each call's work (its
 answer, the line the fixture writes to stderr for it, the call-log
@@ -124,7 +128,7 @@ class Http:
         self.conn.close()
 
 
-def run(calls, keep=None, pace=0.0, over_http=False):
+def run(calls, keep=None, pace=0.0, over_http=False, progress=False):
     """Total instructions of one daemon run making `calls` calls."""
     work = tempfile.mkdtemp(prefix="mcpd-instructions-")
     try:
@@ -167,7 +171,10 @@ def run(calls, keep=None, pace=0.0, over_http=False):
                                        "clientInfo": {"name": "instructions", "version": "1"}})
         host.notify("notifications/initialized")
         for n in range(1, calls + 1):
-            answer = host.request(n, "tools/call", {"name": "echo", "arguments": {"text": "x"}})
+            params = {"name": "echo", "arguments": {"text": "x"}}
+            if progress:
+                params["_meta"] = {"progressToken": n}
+            answer = host.request(n, "tools/call", params)
             if "result" not in answer:
                 sys.exit(f"instructions.py: {answer}")
             time.sleep(pace)
@@ -213,17 +220,22 @@ def main():
     over_http = "--http" in args
     if over_http:
         args.remove("--http")
+    progress = "--progress" in args
+    if progress:
+        args.remove("--progress")
     if len(args) > 1 or (args and not args[0].isdigit()):
-        sys.exit("usage: bench/instructions.py [CALLS] [--keep DIR] [--pace MS] [--http]")
+        sys.exit("usage: bench/instructions.py [CALLS] [--keep DIR] [--pace MS] [--http] [--progress]")
     calls = int(args[0]) if args else 1000
     if not shutil.which("valgrind"):
         sys.exit("instructions.py: valgrind is not installed")
     for binary in (FIXTURE, os.path.join(RELEASE, "mcpd"), os.path.join(RELEASE, "mcpctl")):
         if not os.access(binary, os.X_OK):
             sys.exit(f"instructions.py: {binary} is missing (cargo build --release --bins --examples)")
-    base = run(100, keep, pace / 1000, over_http)
-    more = run(100 + calls, keep, pace / 1000, over_http)
+    base = run(100, keep, pace / 1000, over_http, progress)
+    more = run(100 + calls, keep, pace / 1000, over_http, progress)
     what = "HTTP" if over_http else "bridged"
+    if progress:
+        what += " (with a progress token)"
     print(f"daemon instructions per {what} tools/call: {(more - base) / calls:,.0f}"
           f" (callgrind, {calls} calls, {pace:g} ms apart)")
 

@@ -49,6 +49,8 @@
 //! `MCPD_BENCH_ONDEMAND_UNITS` (20), `MCPD_BENCH_COLD_CALLS` (20),
 //! `MCPD_BENCH_CATALOG` (100,000 tools beside the small unit),
 //! `MCPD_BENCH_HTTP_SESSIONS` (64) × `MCPD_BENCH_HTTP_CALLS` (500).
+//! `MCPD_BENCH_RELAY=examples/tokio-relay` relays server-everything on one
+//! tokio thread instead of `examples/relay`'s two blocking ones.
 //! `MCPD_BENCH_ONLY=ondemand`, `perhost`, `http`, `startup` (start-up at `MCPD_BENCH_UNITS`
 //! beside its floor, the fixtures spawned without mcpd), `sessions` (the tool-call paths and host
 //! sessions), `everything` (server-everything direct, bridged and

@@ -113,8 +113,11 @@ async fn everything_overhead(bus: Option<&Bus>, sizes: &Sizes) -> Result<Vec<Row
         d.runtime.path(),
     );
     let bridged = ().serve(io).await.map_err(|e| e.to_string())?;
+    // `MCPD_BENCH_RELAY=examples/tokio-relay`: the one-thread,
+    // event-driven floor instead of the two-thread blocking one.
+    let relay = std::env::var("MCPD_BENCH_RELAY").unwrap_or_else(|_| "examples/relay".into());
     let (_relay, io) = spawn(
-        &common::binary("examples/relay"),
+        &common::binary(&relay),
         &["node", &server, "stdio"],
         d.runtime.path(),
     );
@@ -149,7 +152,7 @@ async fn everything_overhead(bus: Option<&Bus>, sizes: &Sizes) -> Result<Vec<Row
     .met(ratio <= 1.15);
     let (m, s) = vs_direct(relayed);
     let relay = Row::new(
-        "server-everything echo through a bare relay (examples/relay), vs direct stdio",
+        format!("server-everything echo through a bare relay ({relay}), vs direct stdio"),
         "-",
         m,
         s,
