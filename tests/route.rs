@@ -136,6 +136,37 @@ fn progress_reaches_only_the_caller_with_its_own_token() {
 }
 
 #[test]
+fn a_progress_token_is_set_in_the_text_or_through_a_parser() {
+    let mut r = router(&[(A, Caps::default())]);
+    // As SDKs write it: replaced in place, the rest of the params as the
+    // host wrote them (order and spacing).
+    let line = br#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"slow", "arguments":{"b":1,"a":2},"_meta":{"progressToken":"tok"}}}"#;
+    let out = r.from_host(A, Message::parse(line).expect("a message"));
+    let [Out::Server(up)] = &out[..] else {
+        panic!("expected one message to the server, got {out:?}");
+    };
+    let ours = up.to_value()["params"]["_meta"]["progressToken"].clone();
+    assert!(ours.is_u64(), "{ours}");
+    assert_eq!(
+        up.raw("params"),
+        Some(format!(r#"{{"name":"slow", "arguments":{{"b":1,"a":2}},"_meta":{{"progressToken":{ours}}}}}"#).as_str())
+    );
+    // `_meta` twice: the last is the one a parser (and the server) reads,
+    // and that is the one replaced.
+    let line = br#"{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"slow","_meta":{"progressToken":"old"},"_meta":{"progressToken":"tok2"}}}"#;
+    let up2 = upstream(&r.from_host(A, Message::parse(line).expect("a message")));
+    let ours2 = up2["params"]["_meta"]["progressToken"].clone();
+    assert!(ours2.is_u64() && ours2 != ours, "{ours2}");
+    for (token, theirs) in [(ours, "tok"), (ours2, "tok2")] {
+        let (host, msg) = to_host(&r.from_server(notification(
+            "notifications/progress",
+            json!({"progressToken": token, "progress": 1}),
+        )));
+        assert_eq!((host, &msg["params"]["progressToken"]), (A, &json!(theirs)));
+    }
+}
+
+#[test]
 fn a_cancellation_names_the_upstream_id_and_ends_the_request() {
     let mut r = router(&[(A, Caps::default())]);
     let call = upstream(&r.from_host(A, request(json!(9), "tools/call", json!({}))));

@@ -954,16 +954,8 @@ impl Router {
             return;
         }
         let up_id = self.fresh_id();
-        // Params are parsed only when they may hold a token.
-        let token = if msg.may_hold("params", "progressToken")
-            && let Some(mut params) = msg.params()
-            && let Some(theirs) = at(&params, &["_meta", "progressToken"]).cloned()
-        {
-            let ours = self.fresh_id();
-            self.tokens.insert(ours, (host, theirs));
-            params["_meta"]["progressToken"] = json!(ours);
-            msg.set("params", &params);
-            Some(ours)
+        let token = if msg.may_hold("params", "progressToken") {
+            self.own_token(host, msg)
         } else {
             None
         };
@@ -1022,6 +1014,34 @@ impl Router {
                 }
             }
         }
+    }
+
+    /// Gives the progress token in `msg` (from `host`) one of mcpd's
+    /// own, kept to route the server's progress back: set in the text
+    /// where a scan can tell where it is (as SDKs write it), else in the
+    /// parsed params.
+    fn own_token(&mut self, host: HostId, msg: &mut Message) -> Option<u64> {
+        let mut token = None;
+        let set = msg.set_meta_number("progressToken", |theirs| {
+            // Checked when the line was read; a number serde_json cannot
+            // hold (`1e400`) leaves the request as it is, as a failed
+            // parse of the params does below.
+            let theirs: Value = serde_json::from_str(theirs).ok()?;
+            let ours = self.fresh_id();
+            self.tokens.insert(ours, (host, theirs));
+            token = Some(ours);
+            Some(ours)
+        });
+        if set.is_ok() {
+            return token;
+        }
+        let mut params = msg.params()?;
+        let theirs = at(&params, &["_meta", "progressToken"]).cloned()?;
+        let ours = self.fresh_id();
+        self.tokens.insert(ours, (host, theirs));
+        params["_meta"]["progressToken"] = json!(ours);
+        msg.set("params", &params);
+        Some(ours)
     }
 
     /// Drops upstream request `up` and its progress token.
