@@ -41,7 +41,7 @@ use crate::mux::aggregate::Target;
 use crate::mux::message::Message;
 use crate::supervisor::{Caller, HostLink};
 use crate::unit::settings::HttpSettings;
-use session::{Command, Item, error_line};
+use session::{IdleWatch, Item, Session, error_line};
 
 /// The largest request body (as a unit's `max-request-size` default and
 /// the lines of host sessions).
@@ -113,6 +113,15 @@ struct Inner {
     /// Refusals are logged at most [`AUDIT_LINES`] per [`AUDIT_WINDOW`]
     /// (a scanner cannot flood the journal); the rest are counted.
     audit: Mutex<crate::supervisor::logs::Limiter>,
+    /// The sessions' idle ends ([`session::idle_sweep`]).
+    idle: Arc<IdleWatch>,
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        // Its idle sweep ends.
+        self.idle.stop();
+    }
 }
 
 /// The refusals (401, 403) logged per window, and the window.
@@ -122,21 +131,15 @@ pub const AUDIT_WINDOW: Duration = Duration::from_secs(10);
 /// A parked call's session (its retry goes there) and its token's hash.
 type Parked = (mpsc::Sender<session::Once>, Option<String>);
 
-/// What the HTTP side sends a session's task (boxed: a channel's first
-/// block holds 32 of them for as long as the session lives).
-type Commands = mpsc::Sender<Box<Command>>;
-
 /// A session as the HTTP side reaches it.
 #[derive(Debug, Clone)]
 struct Handle {
     /// The path's name (`NAME`, `@GROUP`): a session is used only there.
     target: String,
-    commands: Commands,
+    session: Arc<Session>,
     /// The hash of the token it was opened with (`auth "token"`): every
     /// request of the session must bear it.
     token: Option<String>,
-    /// Told when its token is revoked: the session ends.
-    revoked: Arc<tokio::sync::Notify>,
 }
 
 impl Drop for Endpoint {
@@ -144,8 +147,14 @@ impl Drop for Endpoint {
         for (_, accept) in &self.listeners {
             accept.abort();
         }
-        if let Ok(mut sessions) = self.inner.sessions.lock() {
-            sessions.clear();
+        let sessions = self
+            .inner
+            .sessions
+            .lock()
+            .map(|mut s| std::mem::take(&mut *s))
+            .unwrap_or_default();
+        for handle in sessions.into_values() {
+            handle.session.end("the endpoint stopped");
         }
     }
 }
@@ -192,6 +201,7 @@ impl Endpoint {
                     interval: AUDIT_WINDOW,
                 },
             ))),
+            idle: Arc::default(),
         });
         let mut endpoint = Endpoint {
             inner,
@@ -202,6 +212,15 @@ impl Endpoint {
         tokio::spawn(expiry_sweep(
             Arc::downgrade(&endpoint.inner),
             endpoint.inner.epoch.subscribe(),
+        ));
+        let weak = Arc::downgrade(&endpoint.inner);
+        tokio::spawn(session::idle_sweep(
+            Arc::clone(&endpoint.inner.idle),
+            move || {
+                let inner = weak.upgrade()?;
+                let sessions = inner.sessions.lock().ok()?;
+                Some(sessions.values().map(|h| Arc::clone(&h.session)).collect())
+            },
         ));
         if endpoint.activated {
             for listener in activated {
@@ -403,6 +422,11 @@ struct Seen(Mutex<Option<(Box<[u8]>, String)>>);
 fn full(status: StatusCode, content_type: &'static str, body: impl Into<Bytes>) -> Response<Body> {
     let mut response = Response::new(Full::new(body.into()).boxed_unsync());
     *response.status_mut() = status;
+    // Room for its content type and a session id: hyper keeps a
+    // response's header map for the connection's next request, so an idle
+    // keep-alive connection holds this one (a map's first insert makes
+    // room for six, ~0.6 KiB).
+    *response.headers_mut() = hyper::HeaderMap::with_capacity(2);
     response
         .headers_mut()
         .insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
@@ -533,7 +557,7 @@ async fn route(
     match *request.method() {
         Method::POST => post(inner, settings, token, &caller, &name, session, request).await,
         Method::GET => {
-            let Some(commands) = inner.session(&name, session.as_deref(), token) else {
+            let Some(open) = inner.session(&name, session.as_deref(), token) else {
                 return missing_session(session.as_deref());
             };
             if !accepts(&request, "text/event-stream") {
@@ -556,27 +580,16 @@ async fn route(
             };
             // A resumed stream's queue holds what is replayed, and more.
             let (sink, rx) = mpsc::channel(session::STREAM_QUEUE + session::REPLAY_EVENTS);
-            if commands
-                .send(Box::new(Command::Listen { sink, resume }))
-                .await
-                .is_err()
-            {
+            if open.listen(sink, resume).is_err() {
                 return missing_session(session.as_deref());
             }
             sse(None, rx)
         }
         Method::DELETE => {
-            let Some(commands) = inner.session(&name, session.as_deref(), token) else {
+            let Some(open) = inner.session(&name, session.as_deref(), token) else {
                 return missing_session(session.as_deref());
             };
-            let _ = commands
-                .send(Box::new(Command::End(
-                    "ended by the client (DELETE)".into(),
-                )))
-                .await;
-            if let Some(id) = &session {
-                inner.forget(id);
-            }
+            open.end("ended by the client (DELETE)");
             full(StatusCode::OK, "text/plain", "")
         }
         Method::OPTIONS => {
@@ -665,6 +678,8 @@ fn sse(mut first: Option<Bytes>, mut rx: mpsc::Receiver<Item>) -> Response<Body>
             .map(|item| item.map(|item| Ok::<_, Infallible>(Frame::data(item.into_event()))))
     });
     let mut response = Response::new(StreamBody::new(events).boxed_unsync());
+    // As `full`'s: its three headers and no more room kept.
+    *response.headers_mut() = hyper::HeaderMap::with_capacity(3);
     let headers = response.headers_mut();
     headers.insert(
         header::CONTENT_TYPE,
@@ -738,8 +753,7 @@ impl Inner {
         };
         for (id, handle) in ending {
             tracing::info!(target: "mcpd::http", "ending session {id} on {}: {why}", handle.target);
-            handle.revoked.notify_one();
-            self.forget(&id);
+            handle.session.end(why);
         }
     }
 
@@ -913,10 +927,11 @@ impl Inner {
     }
 
     /// The session `id` on the path's `name`, opened with `token`.
-    fn session(&self, name: &str, id: Option<&str>, token: Option<&str>) -> Option<Commands> {
+    fn session(&self, name: &str, id: Option<&str>, token: Option<&str>) -> Option<Arc<Session>> {
         let sessions = self.sessions.lock().ok()?;
         let handle = sessions.get(id?)?;
-        (handle.target == name && handle.token.as_deref() == token).then(|| handle.commands.clone())
+        (handle.target == name && handle.token.as_deref() == token)
+            .then(|| Arc::clone(&handle.session))
     }
 
     /// Opens a session on `name`: attaches a host session of the unit (or
@@ -927,7 +942,7 @@ impl Inner {
         max: usize,
         token: Option<&str>,
         caller: &Caller,
-    ) -> Result<(String, Commands), Box<Response<Body>>> {
+    ) -> Result<(String, Arc<Session>), Box<Response<Body>>> {
         let shared = self
             .shared
             .upgrade()
@@ -939,31 +954,15 @@ impl Inner {
                 &format!("more than {max} HTTP sessions (max-sessions)"),
             )));
         }
-        let mine = attach(&shared, name, caller)?;
         let id = new_id();
-        let (commands, rx) = mpsc::channel(64);
-        let revoked = Arc::new(tokio::sync::Notify::new());
-        let handle = Handle {
-            target: name.to_owned(),
-            commands,
-            token: token.map(str::to_owned),
-            revoked: Arc::clone(&revoked),
-        };
-        let commands = handle.commands.clone();
-        if let Ok(mut sessions) = self.sessions.lock() {
-            sessions.insert(id.clone(), handle);
-        }
-        self.publish();
         let inner = Arc::downgrade(self);
         let ended = id.clone();
         let label = name.to_owned();
-        tokio::spawn(session::run(
-            label.clone(),
-            id.clone(),
-            HostLink::Memory(mine),
-            rx,
-            revoked,
-            move |why| {
+        let (session, link) = Session::open(
+            name,
+            &id,
+            &self.idle,
+            Box::new(move |why| {
                 if why.contains("(DELETE)") {
                     tracing::debug!(target: "mcpd::http", "session {ended} on {label} ended: {why}");
                 } else {
@@ -972,29 +971,33 @@ impl Inner {
                 if let Some(inner) = inner.upgrade() {
                     inner.forget(&ended);
                 }
-            },
-        ));
-        Ok((id, commands))
+            }),
+        );
+        attach(&shared, name, link, caller)?;
+        let handle = Handle {
+            target: name.to_owned(),
+            session: Arc::clone(&session),
+            token: token.map(str::to_owned),
+        };
+        if let Ok(mut sessions) = self.sessions.lock() {
+            sessions.insert(id.clone(), handle);
+        }
+        self.publish();
+        Ok((id, session))
     }
 }
 
-/// What each direction between an HTTP session and its unit's session
-/// holds before its writer queues (as the aggregate's members).
-const PAIR_BUFFER: usize = 256 << 10;
-
-/// Attaches a host session of unit (or aggregate) `name` on one end of an
-/// in-memory pair (`mux::memory`: the unit's session is another task of
-/// this daemon, so no message crosses a system call); the other end, for
-/// the HTTP side.
+/// Attaches a host session of unit (or aggregate) `name` on `theirs`
+/// (the unit's session is another task of this daemon, so no message
+/// crosses a system call).
 fn attach(
     shared: &Arc<Shared>,
     name: &str,
+    theirs: HostLink,
     caller: &Caller,
-) -> Result<crate::mux::memory::End, Box<Response<Body>>> {
+) -> Result<(), Box<Response<Body>>> {
     let target =
         Target::parse(name).map_err(|e| Box::new(rpc_error(StatusCode::NOT_FOUND, -32600, &e)))?;
-    let (mine, theirs) = crate::mux::memory::pair(PAIR_BUFFER);
-    let theirs = HostLink::Memory(theirs);
     let caller = caller.clone();
     if target.is_aggregate() {
         crate::aggregate::attach(shared, target, theirs, caller)
@@ -1005,7 +1008,7 @@ fn attach(
             .map_err(|e| Box::new(rpc_error(StatusCode::NOT_FOUND, -32600, &e.to_string())))?
             .attach(theirs, caller);
     }
-    Ok(mine)
+    Ok(())
 }
 
 /// The version a request of MCP 2026-07-28 says it speaks
@@ -1153,7 +1156,7 @@ async fn post(
     };
     let method = message.method().map(|m| m.into_owned());
     let id = message.request_id();
-    let (session_id, commands) = match (&session, method.as_deref()) {
+    let (session_id, open) = match (&session, method.as_deref()) {
         (None, Some("initialize")) if id.is_some() => {
             match inner.open(name, settings.max_sessions, token, caller) {
                 Ok(opened) => opened,
@@ -1174,32 +1177,23 @@ async fn post(
         }
         (None, _) => return missing_session(None),
         (Some(sid), _) => match inner.session(name, Some(sid), token) {
-            Some(commands) => (sid.clone(), commands),
+            Some(open) => (sid.clone(), open),
             None => return missing_session(Some(sid)),
         },
     };
     let (Some(_), Some(id)) = (&method, id) else {
         // A notification, or an answer to the server's request.
-        if commands
-            .send(Box::new(Command::Forward(message)))
-            .await
-            .is_err()
-        {
+        if open.forward(&message).is_err() {
             return missing_session(Some(&session_id));
         }
         return full(StatusCode::ACCEPTED, "text/plain", "");
     };
     let json = !sse_ok;
     let (sink, rx) = mpsc::channel(session::STREAM_QUEUE);
-    let command = Command::Request {
-        message,
-        id,
-        sink,
-        json,
-    };
-    if commands.send(Box::new(command)).await.is_err() {
+    if open.request(&message, id, sink, json).is_err() {
         return missing_session(Some(&session_id));
     }
+    drop((open, message));
     let Some(mut response) = respond(rx).await else {
         return missing_session(Some(&session_id));
     };
@@ -1287,10 +1281,10 @@ async fn stateless(
             ),
         );
     }
-    let mine = match attach(&shared, name, caller) {
-        Ok(mine) => mine,
-        Err(response) => return *response,
-    };
+    let (mine, theirs) = crate::mux::memory::pair(session::PAIR_BUFFER);
+    if let Err(response) = attach(&shared, name, HostLink::Memory(theirs), caller) {
+        return *response;
+    }
     let (sink, rx) = mpsc::channel(session::STREAM_QUEUE);
     let counted = Arc::clone(&inner.stateless);
     counted.fetch_add(1, std::sync::atomic::Ordering::Relaxed);

@@ -1,9 +1,14 @@
-//! One HTTP session (MCP Streamable HTTP, 2025-11-25 sessions): the task
-//! between the HTTP requests of one `Mcp-Session-Id` and a host session
-//! of its unit (or aggregate), reached as every host reaches one: a
-//! pair (in memory, `mux::memory`), one end attached through
-//! `Supervisor::attach` (or `aggregate::attach`), so the unit's routing,
-//! bounds, eras and accounting are the bridge's.
+//! One HTTP session (MCP Streamable HTTP, 2025-11-25 sessions): the
+//! state between the HTTP requests of one `Mcp-Session-Id` and a host
+//! session of its unit (or aggregate), attached as every host's is
+//! (`Supervisor::attach`, `aggregate::attach`), so the unit's routing,
+//! bounds, eras and accounting are the bridge's. It has no task: the
+//! request handlers write to the unit's session through one direction of
+//! an in-memory pair (`mux::memory`), and the unit's session hands what
+//! it writes back to the session on its own task
+//! (`mux::host::HostLink::Direct`), which puts it on the stream it
+//! concerns. Idle sessions end by one task of the endpoint's
+//! ([`idle_sweep`]).
 //!
 //! Each POSTed request gets a stream (`Sink`): its answer ends it. An
 //! answer that is the first thing its stream carries goes as a JSON line
@@ -12,7 +17,7 @@
 //! answer a request either way); anything before it makes the response an
 //! SSE stream ([`Item::Event`]). What
 //! the unit sends that is not an answer goes to the stream of the request
-//! it concerns when the task can tell (a progress token), else to the
+//! it concerns when the session can tell (a progress token), else to the
 //! newest request's stream, else to the GET stream; with none open it is
 //! dropped (the spec lets a server send only on open streams).
 //!
@@ -34,7 +39,7 @@ use futures_util::StreamExt;
 use serde_json::Value;
 use tokio::sync::mpsc;
 
-use crate::mux::host::{Event, HostLink, HostOut};
+use crate::mux::host::{Deliver, Event, HostLink, HostOut};
 use crate::mux::lines::Frame;
 use crate::mux::message::{Message, RequestId};
 
@@ -50,6 +55,9 @@ pub const IDLE: Duration = Duration::from_secs(30 * 60);
 /// that is sent but not kept).
 pub const REPLAY_EVENTS: usize = 128;
 pub const REPLAY_BYTES: usize = 512 << 10;
+/// What the direction from an HTTP session to its unit's session holds
+/// before its writer queues (as the aggregate's members).
+pub const PAIR_BUFFER: usize = 256 << 10;
 /// What is queued for the unit, as the aggregate queues for a member.
 const QUEUE: usize = 4096;
 const QUEUE_BYTES: usize = 32 << 20;
@@ -112,27 +120,7 @@ pub fn event(id: Option<Resume>, line: &[u8]) -> Bytes {
     Bytes::from(out)
 }
 
-/// What the HTTP side asks of a session.
-#[derive(Debug)]
-pub enum Command {
-    /// A request; its answer (and what concerns it) goes to `sink`.
-    Request {
-        message: Message,
-        id: RequestId,
-        sink: Sink,
-        /// The client takes only JSON: only the answer goes to `sink`.
-        json: bool,
-    },
-    /// A notification or an answer to the server's request.
-    Forward(Message),
-    /// A GET stream: a new server→client stream (replacing an earlier
-    /// one), or, with `resume`, the events a stream had after the client's
-    /// last, and then that stream carried on.
-    Listen { sink: Sink, resume: Option<Resume> },
-    /// The session ends (DELETE), for this reason.
-    End(String),
-}
-
+/// A session's requests in flight, as the unit's host sessions bound them.
 struct Pending {
     id: RequestId,
     progress: Option<Value>,
@@ -194,178 +182,253 @@ impl Replay {
     }
 }
 
-/// Runs the session until DELETE, the unit's side ending, every handle
-/// gone or [`IDLE`]; `end` is called with the reason once it is over.
-pub async fn run(
+/// The session has ended (or is ending): nothing more is taken.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Ended;
+
+/// Called once when a session ends, with why.
+pub type OnEnd = Box<dyn FnOnce(&str) + Send>;
+
+/// One HTTP session: no task of its own. The HTTP side's request
+/// handlers call it ([`Session::request`], [`Session::listen`], …), which
+/// write to the unit's session at once (a direction of an in-memory
+/// pair, read by the unit's session task); what the unit's session
+/// writes back is handed to it on that task, as it is written
+/// ([`HostLink::Direct`]), and goes straight to the stream it concerns,
+/// whose response the connection's task sends. A request crosses one
+/// task wake-up on its way in (the unit's) and one on its way out (the
+/// connection's), as a bridged host's does.
+pub struct Session {
+    /// `ID on UNIT`, for the log.
+    name: String,
+    /// The path's name (`NAME`, `@GROUP`), for the reasons it ends with.
     label: String,
-    id: String,
-    link: HostLink,
-    mut commands: mpsc::Receiver<Box<Command>>,
-    revoked: std::sync::Arc<tokio::sync::Notify>,
-    end: impl FnOnce(&str),
-) {
-    // Taken apart at once: what a memory link does not have is not
-    // kept for the session's life.
-    let crate::mux::host::Opened {
-        mut reader,
-        stop: _stop,
-        out,
-        ..
-    } = link.open(0, QUEUE, QUEUE_BYTES);
-    let mut task = Task {
-        out,
-        pending: Vec::new(),
-        listen: None,
-        replay: Replay::default(),
-        streams: 0,
-        name: format!("{id} on {label}"),
-        refusal: None,
-    };
-    drop(id);
-    // One timer, set again when the session falls idle or its client
-    // sends something while it is (not made anew for every message).
-    let idle_timer = tokio::time::sleep(IDLE);
-    tokio::pin!(idle_timer);
-    let mut was_idle = true;
-    let why: String = loop {
-        let idle = task.pending.is_empty() && task.listen.as_ref().is_none_or(|l| l.sink.is_none());
-        if idle && !was_idle {
-            idle_timer
-                .as_mut()
-                .reset(tokio::time::Instant::now() + IDLE);
-        }
-        was_idle = idle;
-        tokio::select! {
-            command = commands.recv() => match command {
-                None => break "the endpoint stopped".into(),
-                Some(command) => {
-                    if let Command::End(why) = *command {
-                        break why;
-                    }
-                    // The client is there.
-                    was_idle = false;
-                    if let Err(why) = task.command(*command) {
-                        break why;
-                    }
-                }
-            },
-            event = reader.next() => match event {
-                Some(Event::Host(_, Some(Frame::Message(message)))) => task.on_unit(message),
-                Some(Event::Host(_, Some(_))) => {}
-                Some(Event::Host(_, None)) | None => break match task.refusal.take() {
-                    Some(refusal) => format!("{label} refused it: {refusal}"),
-                    None => format!("{label} ended the session"),
-                },
-                Some(Event::Server(..)) => {}
-            },
-            () = revoked.notified() => break "its token was revoked".into(),
-            () = &mut idle_timer, if idle => break format!("idle for {}", humantime::format_duration(IDLE)),
-        }
-    };
-    // Requests in flight are answered, never left hanging.
-    for pending in task.pending.drain(..) {
-        let error = error_line(
-            Some(&pending.id),
-            -32000,
-            &format!("the session ended: {why}"),
-        );
-        if let Some(sink) = pending.sink {
-            let _ = sink.try_send(Item::answer(pending.sent, error));
-        }
-    }
-    task.out.shutdown();
-    end(&why);
-}
-
-async fn sleep_until(at: Option<tokio::time::Instant>) {
-    match at {
-        Some(at) => tokio::time::sleep_until(at).await,
-        None => std::future::pending().await,
-    }
-}
-
-struct Task {
+    /// To the unit's session (queued and bounded past what the pair takes,
+    /// as the aggregate's are).
     out: HostOut,
+    state: std::sync::Mutex<State>,
+    /// Told when it falls idle ([`idle_sweep`]).
+    idle: std::sync::Arc<IdleWatch>,
+}
+
+impl std::fmt::Debug for Session {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Session").field("name", &self.name).finish()
+    }
+}
+
+struct State {
     pending: Vec<Pending>,
     listen: Option<Listen>,
     replay: Replay,
     /// Streams opened so far (each SSE stream's number).
     streams: u64,
-    /// `ID on UNIT`, for the log.
-    name: String,
     /// What the unit said when it refused the session (an error with no
-    /// id), for the error the session's requests end with.
+    /// id), for the reason it ends with.
     refusal: Option<String>,
+    /// Since when nothing is in flight and no GET stream has a client;
+    /// `None` while busy.
+    idle_since: Option<tokio::time::Instant>,
+    /// Called when it ends; `None` once it has.
+    on_end: Option<OnEnd>,
 }
 
-impl Task {
-    fn command(&mut self, command: Command) -> Result<(), String> {
-        match command {
-            Command::Request {
-                message,
-                id,
-                sink,
-                json,
-            } => {
-                if self.pending.iter().any(|p| p.id == id) {
-                    let _ = sink.try_send(Item::Answer(error_line(
-                        Some(&id),
-                        -32600,
-                        "a request with this id is already in flight",
-                    )));
-                    return Ok(());
-                }
-                if self.pending.len() >= MAX_IN_FLIGHT {
-                    let _ = sink.try_send(Item::Answer(error_line(
-                        Some(&id),
-                        -32000,
-                        &format!("more than {MAX_IN_FLIGHT} requests in flight in one session"),
-                    )));
-                    return Ok(());
-                }
-                // Its params parsed only when they may name one.
-                let progress = message
-                    .may_hold("params", "progressToken")
-                    .then(|| message.params())
-                    .flatten()
-                    .and_then(|p| p.get("_meta")?.get("progressToken").cloned());
-                self.send(&message)?;
-                self.streams += 1;
-                self.pending.push(Pending {
-                    id,
-                    progress,
-                    sink: Some(sink),
-                    json,
-                    stream: self.streams,
-                    sent: false,
-                });
+impl State {
+    /// Notes whether it is idle now; true when it has just fallen idle.
+    fn settle(&mut self) -> bool {
+        let idle = self.pending.is_empty() && self.listen.as_ref().is_none_or(|l| l.sink.is_none());
+        match (idle, self.idle_since) {
+            (true, None) => {
+                self.idle_since = Some(tokio::time::Instant::now());
+                true
             }
-            Command::Forward(message) => self.send(&message)?,
-            Command::Listen { sink, resume: None } => {
-                self.streams += 1;
-                self.listen = Some(Listen {
-                    stream: self.streams,
-                    sink: Some(sink),
-                });
+            (false, Some(_)) => {
+                self.idle_since = None;
+                false
             }
-            Command::Listen {
-                sink,
-                resume: Some(resume),
-            } => self.resume(sink, resume),
-            Command::End(_) => {}
+            _ => false,
+        }
+    }
+}
+
+/// What the unit's session writes to an HTTP session, handed over on its
+/// task ([`Deliver`]). Weak: the endpoint's table of sessions owns a
+/// session; once it lets go, the unit's session reads the end of its
+/// requests and lets go of this.
+#[derive(Debug)]
+struct Delivery(std::sync::Weak<Session>);
+
+impl Deliver for Delivery {
+    fn deliver(&self, lines: &[u8]) -> std::io::Result<()> {
+        let Some(session) = self.0.upgrade() else {
+            return Err(std::io::ErrorKind::BrokenPipe.into());
+        };
+        for line in lines.split_inclusive(|b| *b == b'\n') {
+            if line.trim_ascii().is_empty() {
+                continue;
+            }
+            match Message::parse(line) {
+                Ok(message) => session.on_unit(&message, line)?,
+                Err(why) => {
+                    tracing::debug!(target: "mcpd::http", "session {}: the unit wrote what is not a message: {why}", session.name);
+                }
+            }
         }
         Ok(())
     }
 
-    /// A GET with `Last-Event-ID`: the events of that stream after it,
-    /// then the stream goes on on `sink` (one of a request that is over
-    /// ends there).
-    fn resume(&mut self, sink: Sink, (stream, after): Resume) {
-        if self.replay.lost > after {
-            tracing::info!(target: "mcpd::http", "session {}: resuming stream {stream} after event {after}: the events up to {} fell out of the replay buffer ({REPLAY_EVENTS} events, {} KiB) and are lost to it", self.name, self.replay.lost, REPLAY_BYTES >> 10);
+    fn end(&self) {
+        if let Some(session) = self.0.upgrade() {
+            let why = session.lock().refusal.take();
+            let why = match why {
+                Some(refusal) => format!("{} refused it: {refusal}", session.label),
+                None => format!("{} ended the session", session.label),
+            };
+            session.end(&why);
+        }
+    }
+}
+
+impl Session {
+    /// A session `id` on `label`, and the link its unit's (or
+    /// aggregate's) host session is attached with. `on_end` is called
+    /// once it ends, with why.
+    pub fn open(
+        label: &str,
+        id: &str,
+        idle: &std::sync::Arc<IdleWatch>,
+        on_end: OnEnd,
+    ) -> (std::sync::Arc<Session>, HostLink) {
+        let (to_unit, unit_reads) = crate::mux::memory::channel(PAIR_BUFFER);
+        let session = std::sync::Arc::new(Session {
+            name: format!("{id} on {label}"),
+            label: label.to_owned(),
+            out: HostOut::Memory(
+                crate::mux::outbox::Outbox::new(to_unit, QUEUE, None).bounded_in_bytes(QUEUE_BYTES),
+            ),
+            state: std::sync::Mutex::new(State {
+                pending: Vec::new(),
+                listen: None,
+                replay: Replay::default(),
+                streams: 0,
+                refusal: None,
+                idle_since: Some(tokio::time::Instant::now()),
+                on_end: Some(on_end),
+            }),
+            idle: std::sync::Arc::clone(idle),
+        });
+        idle.fell_idle();
+        let link = HostLink::Direct {
+            read: unit_reads,
+            deliver: std::sync::Arc::new(Delivery(std::sync::Arc::downgrade(&session))),
+        };
+        (session, link)
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        // Nothing panics under it; a poisoned lock's state is still whole.
+        self.state
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// A request: written to the unit; its answer (and what concerns it)
+    /// goes to `sink`, only its answer if `json`.
+    pub fn request(
+        &self,
+        message: &Message,
+        id: RequestId,
+        sink: Sink,
+        json: bool,
+    ) -> Result<(), Ended> {
+        let mut state = self.lock();
+        if state.on_end.is_none() {
+            return Err(Ended);
+        }
+        if state.pending.iter().any(|p| p.id == id) {
+            let _ = sink.try_send(Item::Answer(error_line(
+                Some(&id),
+                -32600,
+                "a request with this id is already in flight",
+            )));
+            return Ok(());
+        }
+        if state.pending.len() >= MAX_IN_FLIGHT {
+            let _ = sink.try_send(Item::Answer(error_line(
+                Some(&id),
+                -32000,
+                &format!("more than {MAX_IN_FLIGHT} requests in flight in one session"),
+            )));
+            return Ok(());
+        }
+        // Its params parsed only when they may name one.
+        let progress = message
+            .may_hold("params", "progressToken")
+            .then(|| message.params())
+            .flatten()
+            .and_then(|p| p.get("_meta")?.get("progressToken").cloned());
+        state.streams += 1;
+        let stream = state.streams;
+        // In flight before the unit can answer it (its answer comes on
+        // the unit's task, which waits for this lock).
+        state.pending.push(Pending {
+            id,
+            progress,
+            sink: Some(sink),
+            json,
+            stream,
+            sent: false,
+        });
+        state.settle();
+        if message.with_line(|line| self.out.send_slice(line)).is_err() {
+            drop(state);
+            self.end("the unit does not read what it is sent");
+            return Err(Ended);
+        }
+        Ok(())
+    }
+
+    /// A notification, or an answer to the server's request.
+    pub fn forward(&self, message: &Message) -> Result<(), Ended> {
+        if self.lock().on_end.is_none() {
+            return Err(Ended);
+        }
+        if message.with_line(|line| self.out.send_slice(line)).is_err() {
+            self.end("the unit does not read what it is sent");
+            return Err(Ended);
+        }
+        Ok(())
+    }
+
+    /// A GET stream: a new server→client stream (replacing an earlier
+    /// one), or, with `resume`, the events a stream had after the
+    /// client's last, and then that stream carried on (one of a request
+    /// that is over ends there).
+    pub fn listen(&self, sink: Sink, resume: Option<Resume>) -> Result<(), Ended> {
+        let mut state = self.lock();
+        if state.on_end.is_none() {
+            return Err(Ended);
+        }
+        match resume {
+            None => {
+                state.streams += 1;
+                state.listen = Some(Listen {
+                    stream: state.streams,
+                    sink: Some(sink),
+                });
+            }
+            Some(resume) => self.resume(&mut state, sink, resume),
+        }
+        state.settle();
+        Ok(())
+    }
+
+    fn resume(&self, state: &mut State, sink: Sink, (stream, after): Resume) {
+        if state.replay.lost > after {
+            tracing::info!(target: "mcpd::http", "session {}: resuming stream {stream} after event {after}: the events up to {} fell out of the replay buffer ({REPLAY_EVENTS} events, {} KiB) and are lost to it", self.name, state.replay.lost, REPLAY_BYTES >> 10);
         }
         let mut replayed = 0;
-        for event in self.replay.since(stream, after) {
+        for event in state.replay.since(stream, after) {
             // Its queue holds the whole buffer.
             if sink.try_send(Item::Event(event.clone())).is_err() {
                 return;
@@ -373,9 +436,9 @@ impl Task {
             replayed += 1;
         }
         tracing::debug!(target: "mcpd::http", "session {}: resumed stream {stream} after event {after}, {replayed} events replayed", self.name);
-        if let Some(listen) = self.listen.as_mut().filter(|l| l.stream == stream) {
+        if let Some(listen) = state.listen.as_mut().filter(|l| l.stream == stream) {
             listen.sink = Some(sink);
-        } else if let Some(pending) = self
+        } else if let Some(pending) = state
             .pending
             .iter_mut()
             .find(|p| !p.json && p.stream == stream)
@@ -384,42 +447,78 @@ impl Task {
         }
     }
 
-    fn send(&self, message: &Message) -> Result<(), String> {
-        self.out
-            .send(message.line())
-            .map_err(|_| "the unit does not read what it is sent".to_owned())
+    /// Ends the session (once): its requests in flight are answered with
+    /// an error naming `why`, never left hanging; its streams end, the
+    /// unit's session reads the end, and `on_end` is told.
+    pub fn end(&self, why: &str) {
+        let (pending, on_end) = {
+            let mut state = self.lock();
+            let Some(on_end) = state.on_end.take() else {
+                return;
+            };
+            state.listen = None;
+            state.idle_since = None;
+            state.replay = Replay::default();
+            (std::mem::take(&mut state.pending), on_end)
+        };
+        for pending in pending {
+            let error = error_line(
+                Some(&pending.id),
+                -32000,
+                &format!("the session ended: {why}"),
+            );
+            if let Some(sink) = pending.sink {
+                let _ = sink.try_send(Item::answer(pending.sent, error));
+            }
+        }
+        self.out.shutdown();
+        on_end(why);
     }
 
-    fn on_unit(&mut self, message: Message) {
+    /// When it will have been idle for [`IDLE`], if it is idle.
+    fn idle_deadline(&self) -> Option<tokio::time::Instant> {
+        self.lock().idle_since.map(|at| at + IDLE)
+    }
+
+    /// A message of the unit's (`line` its text): an answer to the request
+    /// it answers, anything else to the stream it concerns.
+    fn on_unit(&self, message: &Message, line: &[u8]) -> std::io::Result<()> {
+        let mut state = self.lock();
+        if state.on_end.is_none() {
+            return Err(std::io::ErrorKind::BrokenPipe.into());
+        }
+        let state = &mut *state;
         let answer = message.method().is_none();
         if answer {
             if let Some(id) = message.request_id()
-                && let Some(at) = self.pending.iter().position(|p| p.id == id)
+                && let Some(at) = state.pending.iter().position(|p| p.id == id)
             {
-                let pending = self.pending.remove(at);
-                if self.pending.is_empty() {
+                let pending = state.pending.remove(at);
+                if state.pending.is_empty() {
                     // An idle session keeps no room for requests.
-                    self.pending = Vec::new();
+                    state.pending = Vec::new();
                 }
-                let line = Bytes::from(message.line());
                 let out = if pending.sent {
-                    Item::Event(self.replay.push(pending.stream, &line))
+                    Item::Event(state.replay.push(pending.stream, line))
                 } else {
-                    Item::Answer(line)
+                    Item::Answer(Bytes::copy_from_slice(line))
                 };
                 if let Some(sink) = pending.sink {
                     let _ = sink.try_send(out);
                 }
+                if state.settle() {
+                    self.idle.fell_idle();
+                }
             } else if message.raw("id") == Some("null") {
                 // The unit refusing the session (too many on it): the
                 // reason the session ends with.
-                self.refusal = message.get::<serde_json::Value>("error").and_then(|e| {
+                state.refusal = message.get::<serde_json::Value>("error").and_then(|e| {
                     e["message"]
                         .as_str()
                         .map(|m| m.chars().take(1024).collect())
                 });
             }
-            return;
+            return Ok(());
         }
         let concerns = (message.method().as_deref() == Some("notifications/progress"))
             .then(|| {
@@ -433,40 +532,114 @@ impl Task {
         // client is away), else the newest request's stream without one.
         let at = concerns
             .and_then(|token| {
-                self.pending
+                state
+                    .pending
                     .iter()
                     .position(|p| !p.json && p.progress.as_ref() == Some(&token))
             })
             .or_else(|| {
-                self.pending
+                state
+                    .pending
                     .iter()
                     .rposition(|p| !p.json && p.sink.is_some())
             });
-        let at = match (at, &self.listen) {
+        let at = match (at, &state.listen) {
             (Some(at), _) => Some(at),
             (None, Some(_)) => None,
-            (None, None) => self.pending.iter().rposition(|p| !p.json),
+            (None, None) => state.pending.iter().rposition(|p| !p.json),
         };
-        let line = message.line();
         let (stream, sink) = match at {
             Some(at) => {
-                let pending = &mut self.pending[at];
+                let pending = &mut state.pending[at];
                 pending.sent = true;
                 (pending.stream, &mut pending.sink)
             }
-            None => match &mut self.listen {
+            None => match &mut state.listen {
                 Some(listen) => (listen.stream, &mut listen.sink),
-                None => return,
+                None => return Ok(()),
             },
         };
-        let event = self.replay.push(stream, &line);
+        let event = state.replay.push(stream, line);
         if let Some(to) = sink
             && to.try_send(Item::Event(event)).is_err()
         {
             // Its client went, or does not read: the stream waits for a
             // GET that resumes it; the session stays.
             *sink = None;
+            if state.settle() {
+                self.idle.fell_idle();
+            }
         }
+        Ok(())
+    }
+}
+
+/// What the idle ends of an endpoint's sessions wait on: one task
+/// ([`idle_sweep`]) sleeps until the first session's [`IDLE`] is over,
+/// and only a session falling idle while the task has nothing to wait
+/// for wakes it (a request answered does not).
+#[derive(Debug, Default)]
+pub struct IdleWatch {
+    wake: tokio::sync::Notify,
+    /// The sweep waits with no deadline.
+    asleep: std::sync::atomic::AtomicBool,
+}
+
+impl IdleWatch {
+    fn fell_idle(&self) {
+        if self.asleep.swap(false, std::sync::atomic::Ordering::AcqRel) {
+            self.wake.notify_one();
+        }
+    }
+
+    /// Wakes the sweep (its endpoint is gone: it ends).
+    pub fn stop(&self) {
+        self.wake.notify_one();
+    }
+}
+
+/// Ends the sessions idle for [`IDLE`] (nothing in flight and no GET
+/// stream), when they are: `sessions` gives the sessions now, `None` once
+/// the endpoint is gone (then this ends).
+pub async fn idle_sweep(
+    watch: std::sync::Arc<IdleWatch>,
+    sessions: impl Fn() -> Option<Vec<std::sync::Arc<Session>>>,
+) {
+    loop {
+        // Set before looking: a session falling idle after it wakes it.
+        watch
+            .asleep
+            .store(true, std::sync::atomic::Ordering::Release);
+        let Some(sessions) = sessions() else {
+            return;
+        };
+        let now = tokio::time::Instant::now();
+        let mut next: Option<tokio::time::Instant> = None;
+        for session in sessions {
+            match session.idle_deadline() {
+                Some(at) if at <= now => {
+                    session.end(&format!("idle for {}", humantime::format_duration(IDLE)));
+                }
+                Some(at) => next = Some(next.map_or(at, |n| n.min(at))),
+                None => {}
+            }
+        }
+        if next.is_some() {
+            watch
+                .asleep
+                .store(false, std::sync::atomic::Ordering::Release);
+        }
+        tokio::select! {
+            () = sleep_until(next) => {}
+            () = watch.wake.notified() => {}
+        }
+    }
+}
+
+async fn sleep_until(at: Option<tokio::time::Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
     }
 }
 
@@ -623,47 +796,71 @@ fn input_required(answer: &Message) -> Option<String> {
 mod tests {
     use super::*;
 
-    /// Nothing in flight and no GET stream for [`IDLE`]: the session ends;
-    /// never while a request waits for its answer, however long.
+    type Opened = (
+        std::sync::Arc<IdleWatch>,
+        std::sync::Arc<Session>,
+        crate::mux::memory::Reader,
+        std::sync::Arc<dyn Deliver>,
+        tokio::sync::oneshot::Receiver<String>,
+    );
+
+    /// A session "s" on unit "u": its idle watch, the session, the unit's
+    /// side of its link, and where why it ended is told.
+    fn opened() -> Opened {
+        let watch = std::sync::Arc::new(IdleWatch::default());
+        let (ended, why) = tokio::sync::oneshot::channel::<String>();
+        let (session, link) = Session::open(
+            "u",
+            "s",
+            &watch,
+            Box::new(move |why| {
+                let _ = ended.send(why.to_owned());
+            }),
+        );
+        let HostLink::Direct { read, deliver } = link else {
+            panic!("an HTTP session's link is direct");
+        };
+        (watch, session, read, deliver, why)
+    }
+
+    /// Nothing in flight and no GET stream for [`IDLE`]: the session ends
+    /// (by the endpoint's one sweep); never while a request waits for its
+    /// answer, however long. The request reaches the unit's side of the
+    /// link, the answer handed over there reaches the request's stream,
+    /// and the end reaches the unit as the end of what it reads.
     #[tokio::test(start_paused = true)]
     async fn a_session_ends_idle_for_its_bound_but_never_while_a_request_waits() {
-        use crate::mux::outbox::TryWrite;
-        let (mine, theirs) = crate::mux::memory::pair(1 << 16);
-        let (commands, rx) = mpsc::channel(4);
-        let (ended, why) = tokio::sync::oneshot::channel::<String>();
-        let session = tokio::spawn(run(
-            "u".into(),
-            "s".into(),
-            HostLink::Memory(mine),
-            rx,
-            std::sync::Arc::new(tokio::sync::Notify::new()),
-            move |why| {
-                let _ = ended.send(why.to_owned());
-            },
-        ));
+        use crate::mux::lines::Source;
+        let (watch, session, mut unit_reads, deliver, mut why) = opened();
+        let all = vec![std::sync::Arc::clone(&session)];
+        let sweep = tokio::spawn(idle_sweep(std::sync::Arc::clone(&watch), move || {
+            Some(all.clone())
+        }));
         let message =
             Message::parse(br#"{"jsonrpc":"2.0","id":1,"method":"ping"}"#).expect("message");
         let id = message.request_id().expect("id");
         let (sink, mut answers) = mpsc::channel(4);
-        commands
-            .send(Box::new(Command::Request {
-                message,
-                id,
-                sink,
-                json: false,
-            }))
-            .await
-            .expect("sent");
+        session
+            .request(&message, id, sink, false)
+            .expect("the session takes it");
+        let mut read = tokio_util::bytes::BytesMut::new();
+        unit_reads.fill(&mut read).await.expect("the unit reads");
+        assert_eq!(
+            &read[..],
+            b"{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"ping\"}\n"
+        );
         tokio::time::sleep(IDLE * 3).await;
-        assert!(!session.is_finished(), "a request waits: not idle");
-        theirs
-            .write
-            .try_write(b"{\"jsonrpc\":\"2.0\",\"id\":1,\"result\":{}}\n")
+        assert!(why.try_recv().is_err(), "a request waits: not idle");
+        deliver
+            .deliver(b"{\"jsonrpc\":\"2.0\",\"id\":1,\"result\":{}}\n")
             .expect("the unit answers");
         let Some(Item::Answer(answer)) = answers.recv().await else {
             panic!("the answer, first on its stream");
         };
-        assert!(answer.starts_with(b"{"), "{answer:?}");
+        assert_eq!(
+            &answer[..],
+            b"{\"jsonrpc\":\"2.0\",\"id\":1,\"result\":{}}\n"
+        );
         let idle_from = tokio::time::Instant::now();
         let why = why.await.expect("ended");
         assert_eq!(why, "idle for 30m");
@@ -672,7 +869,62 @@ mod tests {
             took >= IDLE && took < IDLE + Duration::from_secs(1),
             "{took:?}"
         );
-        drop(theirs);
+        assert_eq!(
+            unit_reads.fill(&mut read).await.expect("the end"),
+            0,
+            "the unit reads the end"
+        );
+        assert!(
+            deliver
+                .deliver(b"{\"jsonrpc\":\"2.0\",\"method\":\"x\"}\n")
+                .is_err(),
+            "an ended session takes nothing more"
+        );
+        sweep.abort();
+    }
+
+    /// The unit's side ending the session answers what is in flight with
+    /// the reason (the unit's refusal when it said one) and ends it; a
+    /// progress notification goes to the stream of the request it names,
+    /// which then becomes an SSE stream.
+    #[tokio::test]
+    async fn the_units_end_answers_what_is_in_flight_with_its_reason() {
+        let (_watch, session, _unit_reads, deliver, why) = opened();
+        let message = Message::parse(
+            br#"{"jsonrpc":"2.0","id":"a","method":"tools/call","params":{"_meta":{"progressToken":7}}}"#,
+        )
+        .expect("message");
+        let (sink, mut stream) = mpsc::channel(4);
+        session
+            .request(&message, message.request_id().expect("id"), sink, false)
+            .expect("taken");
+        deliver
+            .deliver(b"{\"jsonrpc\":\"2.0\",\"method\":\"notifications/progress\",\"params\":{\"progressToken\":7,\"progress\":1}}\n{\"jsonrpc\":\"2.0\",\"id\":null,\"error\":{\"code\":-32000,\"message\":\"too many\"}}\n")
+            .expect("delivered");
+        let Some(Item::Event(progress)) = stream.recv().await else {
+            panic!("the progress, as an event");
+        };
+        assert!(
+            progress.starts_with(b"id: 1-1\nevent: message\ndata: {\"jsonrpc\""),
+            "{progress:?}"
+        );
+        // As the unit's side does when it drops or shuts its writer.
+        deliver.end();
+        assert_eq!(why.await.expect("ended"), "u refused it: too many");
+        let Some(Item::Event(error)) = stream.recv().await else {
+            panic!("the error, as the stream's last event");
+        };
+        let text = String::from_utf8_lossy(&error);
+        assert!(
+            text.contains("the session ended: u refused it: too many"),
+            "{text}"
+        );
+        let ping = Message::parse(br#"{"jsonrpc":"2.0","id":2,"method":"ping"}"#).expect("ping");
+        let (sink, _rx) = mpsc::channel(1);
+        assert_eq!(
+            session.request(&ping, ping.request_id().expect("id"), sink, false),
+            Err(Ended)
+        );
     }
 
     #[test]

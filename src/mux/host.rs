@@ -18,6 +18,7 @@ use tokio::net::UnixStream;
 use tokio::net::unix::{OwnedReadHalf, OwnedWriteHalf, pipe};
 
 use super::ledger::Ledger;
+use super::outbox::TryWrite;
 use super::route::HostId;
 use super::wire::{Frame, Incoming, Lines, Outbox, Receiver, Refused, Source};
 
@@ -52,6 +53,50 @@ pub enum HostLink {
     /// One end of an in-memory pair ([`super::memory`]): another task of
     /// the daemon is the host (an aggregate's member session).
     Memory(super::memory::End),
+    /// A host in the daemon with no task of its own (an HTTP session,
+    /// `endpoint::session`): its messages are read from `read` (one
+    /// direction of [`super::memory`]), and what the session writes to
+    /// it is handed to `deliver` by the writing task, as it is written.
+    Direct {
+        read: super::memory::Reader,
+        deliver: Arc<dyn Deliver>,
+    },
+}
+
+/// A host that takes what its session writes on the writing task itself
+/// ([`HostLink::Direct`]): no buffer, reader or task wake-up between the
+/// unit's session and it.
+pub trait Deliver: Send + Sync + std::fmt::Debug + 'static {
+    /// Whole lines the session writes to the host, in order. An error:
+    /// the host is gone, as a closed socket's write fails.
+    fn deliver(&self, lines: &[u8]) -> std::io::Result<()>;
+    /// The session's writer was shut down or dropped: its session with
+    /// the host is over. Called at least once; more calls do nothing.
+    fn end(&self);
+}
+
+/// The writer of a [`Deliver`] host: takes everything at once.
+#[derive(Debug)]
+pub struct Direct(Arc<dyn Deliver>);
+
+impl TryWrite for Direct {
+    fn try_write(&self, bytes: &[u8]) -> std::io::Result<usize> {
+        self.0.deliver(bytes).map(|()| bytes.len())
+    }
+
+    async fn writable(&self) -> std::io::Result<()> {
+        Ok(())
+    }
+
+    fn shutdown(&self) {
+        self.0.end();
+    }
+}
+
+impl Drop for Direct {
+    fn drop(&mut self) {
+        self.0.end();
+    }
 }
 
 /// A host's link opened for its session: its reader (for the session
@@ -94,6 +139,15 @@ impl HostLink {
                 Vec::new(),
                 None,
                 HostOut::Memory(Outbox::new(end.write, queue, None).bounded_in_bytes(bytes)),
+                None,
+                None,
+                None,
+            ),
+            HostLink::Direct { read, deliver } => (
+                HostSource::Memory(read),
+                Vec::new(),
+                None,
+                HostOut::Direct(Outbox::new(Direct(deliver), queue, None)),
                 None,
                 None,
                 None,
@@ -170,6 +224,7 @@ pub enum HostOut {
     Socket(Outbox<UnixStream>),
     Pipe(Outbox<pipe::Sender>),
     Memory(Outbox<super::memory::Writer>),
+    Direct(Outbox<Direct>),
 }
 
 impl HostOut {
@@ -179,6 +234,7 @@ impl HostOut {
             HostOut::Socket(out) => out.send(bytes),
             HostOut::Pipe(out) => out.send(bytes),
             HostOut::Memory(out) => out.send(bytes),
+            HostOut::Direct(out) => out.send(bytes),
         }
     }
 
@@ -189,6 +245,7 @@ impl HostOut {
             HostOut::Socket(out) => out.send_slice(bytes),
             HostOut::Pipe(out) => out.send_slice(bytes),
             HostOut::Memory(out) => out.send_slice(bytes),
+            HostOut::Direct(out) => out.send_slice(bytes),
         }
     }
 
@@ -199,6 +256,7 @@ impl HostOut {
             HostOut::Socket(out) => out.backlog(),
             HostOut::Pipe(out) => out.backlog(),
             HostOut::Memory(out) => out.backlog(),
+            HostOut::Direct(out) => out.backlog(),
         }
     }
 
@@ -209,6 +267,7 @@ impl HostOut {
             HostOut::Socket(out) => out.take_writer(),
             HostOut::Pipe(out) => out.take_writer(),
             HostOut::Memory(out) => out.take_writer(),
+            HostOut::Direct(out) => out.take_writer(),
         }
     }
 
@@ -219,6 +278,7 @@ impl HostOut {
             HostOut::Half(out) => out.shutdown(),
             HostOut::Socket(out) => out.shutdown(),
             HostOut::Memory(out) => out.shutdown(),
+            HostOut::Direct(out) => out.shutdown(),
             HostOut::Pipe(_) => {}
         }
     }

@@ -53,27 +53,33 @@ pub struct End {
     pub write: Writer,
 }
 
+/// One direction: its writer and its reader, holding at most `limit`
+/// bytes (an HTTP session's requests to its unit, whose answers come
+/// back another way: [`super::host::HostLink::Direct`]).
+pub fn channel(limit: usize) -> (Writer, Reader) {
+    let channel = Arc::new(Channel {
+        buf: Mutex::new(BytesMut::new()),
+        limit: limit.max(1),
+        reader: AtomicWaker::new(),
+        room: tokio::sync::Notify::new(),
+        written: AtomicBool::new(false),
+        unread: AtomicBool::new(false),
+    });
+    (Writer(Arc::clone(&channel)), Reader(channel))
+}
+
 /// Two connected ends, each direction holding at most `limit` bytes.
 pub fn pair(limit: usize) -> (End, End) {
-    let channel = || {
-        Arc::new(Channel {
-            buf: Mutex::new(BytesMut::new()),
-            limit: limit.max(1),
-            reader: AtomicWaker::new(),
-            room: tokio::sync::Notify::new(),
-            written: AtomicBool::new(false),
-            unread: AtomicBool::new(false),
-        })
-    };
-    let (a_to_b, b_to_a) = (channel(), channel());
+    let (a_write, b_read) = channel(limit);
+    let (b_write, a_read) = channel(limit);
     (
         End {
-            read: Reader(Arc::clone(&b_to_a)),
-            write: Writer(Arc::clone(&a_to_b)),
+            read: a_read,
+            write: a_write,
         },
         End {
-            read: Reader(a_to_b),
-            write: Writer(b_to_a),
+            read: b_read,
+            write: b_write,
         },
     )
 }
