@@ -328,12 +328,21 @@ async fn latency(
     };
     let (mut direct_xs, mut http_xs, mut gateway_xs) = (Vec::new(), Vec::new(), Vec::new());
     let mut floor_xs = Vec::new();
-    for _ in 0..sizes.calls {
-        direct_xs.push(direct.call("echo", r#"{"text":"x"}"#).await?);
-        http_xs.push(http.echo().await?);
-        floor_xs.push(floor.echo().await?);
-        if let Ok((_, session)) = &mut gateway {
-            gateway_xs.push(session.echo().await?);
+    // The order turns with each round, so that each front follows each
+    // other equally often (what one leaves running after its call, Node's
+    // most of all, lands on whichever calls next).
+    for round in 0..sizes.calls {
+        for turn in 0..4 {
+            match (round + turn) % 4 {
+                0 => direct_xs.push(direct.call("echo", r#"{"text":"x"}"#).await?),
+                1 => http_xs.push(http.echo().await?),
+                2 => floor_xs.push(floor.echo().await?),
+                _ => {
+                    if let Ok((_, session)) = &mut gateway {
+                        gateway_xs.push(session.echo().await?);
+                    }
+                }
+            }
         }
     }
     http.close().await;
