@@ -1193,6 +1193,7 @@ async fn post(
     if open.request(&message, id, sink, json).is_err() {
         return missing_session(Some(&session_id));
     }
+    // Not kept while the answer is awaited (the body may be large).
     drop((open, message));
     let Some(mut response) = respond(rx).await else {
         return missing_session(Some(&session_id));

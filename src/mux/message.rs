@@ -382,10 +382,8 @@ impl Message {
         let Some(n) = with(&raw[start..end]) else {
             return Ok(false);
         };
-        let mut digits = [0u8; 20];
-        // At most 20 digits.
-        let len = write_digits(n, &mut digits) as u8;
-        let digits = digits_text(&digits, len);
+        let mut buf = [0u8; 20];
+        let digits = decimal(n, &mut buf);
         // The value's bounds are ASCII (a quote, a bracket, a digit...).
         let mut text = String::with_capacity(raw.len() - (end - start) + digits.len());
         text.push_str(&raw[..start]);

@@ -1027,21 +1027,26 @@ impl Router {
             // hold (`1e400`) leaves the request as it is, as a failed
             // parse of the params does below.
             let theirs: Value = serde_json::from_str(theirs).ok()?;
-            let ours = self.fresh_id();
-            self.tokens.insert(ours, (host, theirs));
-            token = Some(ours);
-            Some(ours)
+            token = Some(self.keep_token(host, theirs));
+            token
         });
         if set.is_ok() {
             return token;
         }
         let mut params = msg.params()?;
         let theirs = at(&params, &["_meta", "progressToken"]).cloned()?;
-        let ours = self.fresh_id();
-        self.tokens.insert(ours, (host, theirs));
+        let ours = self.keep_token(host, theirs);
         params["_meta"]["progressToken"] = json!(ours);
         msg.set("params", &params);
         Some(ours)
+    }
+
+    /// One of mcpd's own numbers for `host`'s progress token `theirs`,
+    /// kept to route the server's progress back.
+    fn keep_token(&mut self, host: HostId, theirs: Value) -> u64 {
+        let ours = self.fresh_id();
+        self.tokens.insert(ours, (host, theirs));
+        ours
     }
 
     /// Drops upstream request `up` and its progress token.
