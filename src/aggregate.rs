@@ -20,6 +20,7 @@ use futures_util::stream::SelectAll;
 use crate::model::Shared;
 use crate::mux::aggregate::{Aggregate, MemberId, Out, Target};
 use crate::mux::attach::Control;
+use crate::mux::error::ErrorCode;
 use crate::mux::host::{Event, HostOut, Opened, Reader, StopReading};
 use crate::mux::lines::Frame;
 use crate::mux::message::Message;
@@ -288,20 +289,16 @@ impl Task {
                 }
                 self.aggregate.on_host(message)
             }
-            Some(Frame::Garbage(why)) => vec![Out::Host(Message::from(serde_json::json!({
-                "jsonrpc": "2.0", "id": null,
-                "error": {"code": -32700, "message": format!("parse error: {why}")},
-            })))],
-            Some(Frame::TooLong(id)) => {
-                let mut m = Message::from(serde_json::json!({
-                    "jsonrpc": "2.0", "id": null,
-                    "error": {"code": -32600, "message": "message too long"},
-                }));
-                if let Some(id) = id {
-                    m.set_json("id", id.into_json());
-                }
-                vec![Out::Host(m)]
-            }
+            Some(Frame::Garbage(why)) => vec![Out::Host(
+                ErrorCode::ParseError
+                    .error(format!("parse error: {why}"))
+                    .to_message(None),
+            )],
+            Some(Frame::TooLong(id)) => vec![Out::Host(
+                ErrorCode::InvalidRequest
+                    .error("message too long")
+                    .to_message(id.as_ref()),
+            )],
         };
         self.deliver(outs);
     }

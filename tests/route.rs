@@ -1,7 +1,8 @@
 //! The pure routing core of host sessions (DESIGN §8), message by message.
 
+use mcpd::mux::error::ErrorCode;
 use mcpd::mux::message::Message;
-use mcpd::mux::route::{Caps, HostId, METHOD_NOT_FOUND, Out, Router};
+use mcpd::mux::route::{Caps, HostId, Out, Router};
 use serde_json::{Value, json};
 
 const A: HostId = 1;
@@ -290,7 +291,11 @@ fn server_requests_go_to_the_host_that_caused_them() {
             Err(why) => {
                 let msg = upstream(&out);
                 assert_eq!(msg["id"], "s1", "case {n}");
-                assert_eq!(msg["error"]["code"], METHOD_NOT_FOUND, "case {n}");
+                assert_eq!(
+                    msg["error"]["code"],
+                    ErrorCode::MethodNotFound.code(),
+                    "case {n}"
+                );
                 let text = msg["error"]["message"].as_str().unwrap_or_default();
                 assert!(text.contains(why), "case {n}: {text}");
             }

@@ -145,21 +145,18 @@ impl Session {
         Verdict::Pass
     }
 
-    /// The daemon is gone: every unanswered request fails now.
+    /// The daemon is gone: every unanswered request fails now, with the
+    /// outage error the daemon answers while a server is down.
     fn lost(&mut self, why: &str) -> Vec<u8> {
         let mut out = Vec::new();
         for id in self.pending.drain() {
-            out.extend_from_slice(error_line(&id, why).as_bytes());
+            ErrorCode::ServerDown
+                .error(why)
+                .write_line(Some(&id), &mut out);
         }
         self.swallow = None;
         out
     }
-}
-
-/// The outage error for request `id` (its JSON text), as the daemon
-/// answers it while a server is down.
-fn error_line(id: &str, message: &str) -> String {
-    ErrorCode::ServerDown.line(id, message)
 }
 
 /// Why attaching failed.
@@ -700,8 +697,14 @@ fn in_flight_failed(name: &str, ledger: &std::os::fd::OwnedFd) -> Vec<u8> {
             Ok(id @ (Value::Number(_) | Value::String(_))) => Some(id.to_string()),
             _ => None,
         })
-        .flat_map(|id| error_line(&id, &why).into_bytes())
-        .collect()
+        .fold(Vec::new(), |mut out, id| {
+            // The outage error, as the daemon answers it while a server
+            // is down.
+            ErrorCode::ServerDown
+                .error(why.as_str())
+                .write_line(Some(&id), &mut out);
+            out
+        })
 }
 
 /// The daemon came back without the server (its unit was removed while it
@@ -875,7 +878,7 @@ mod tests {
         let failed = String::from_utf8(s.lost("gone")).expect("utf-8");
         assert_eq!(
             failed,
-            "{\"jsonrpc\":\"2.0\",\"id\":\"a\",\"error\":{\"code\":-32000,\"message\":\"gone\"}}\n"
+            "{\"error\":{\"code\":-32000,\"message\":\"gone\"},\"id\":\"a\",\"jsonrpc\":\"2.0\"}\n"
         );
         assert!(s.pending.is_empty());
         assert!(s.initialize.is_some(), "kept for the replay");

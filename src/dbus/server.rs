@@ -10,14 +10,9 @@ use zbus::{Connection, interface};
 use crate::supervisor::{CallError, ListKind, Status};
 
 use crate::model::Shared;
-use crate::mux::error::{self, ErrorCode};
+use crate::mux::error::ErrorCode;
 
 use super::{Callers, Error, authorize, caller, server_path};
-
-// `CallError::Rejected` carries a server's code as an i32.
-const INVALID_PARAMS: i32 = ErrorCode::InvalidParams.code() as i32;
-const METHOD_NOT_FOUND: i32 = ErrorCode::MethodNotFound.code() as i32;
-const RESOURCE_NOT_FOUND: i32 = error::RESOURCE_NOT_FOUND as i32;
 
 /// A tool as published, `(sss)` on the wire.
 #[derive(
@@ -127,10 +122,18 @@ impl Server {
         }
         match supervisor.request(method, params, CALL_TIMEOUT).await {
             Ok(result) => Ok(result.to_string()),
-            Err(CallError::Rejected {
-                code: INVALID_PARAMS | METHOD_NOT_FOUND | RESOURCE_NOT_FOUND,
-                message,
-            }) => Err(Error::InvalidArguments(message)),
+            Err(CallError::Rejected { code, message })
+                if matches!(
+                    ErrorCode::from_i64(code.into()),
+                    Some(
+                        ErrorCode::InvalidParams
+                            | ErrorCode::MethodNotFound
+                            | ErrorCode::ResourceNotFound
+                    )
+                ) =>
+            {
+                Err(Error::InvalidArguments(message))
+            }
             Err(e) => Err(Error::ToolFailed(e.to_string())),
         }
     }
@@ -517,10 +520,14 @@ impl Server {
                 Err(Error::InvalidArguments(e.to_string()))
             }
             // invalid params, no such method/tool
-            Err(CallError::Rejected {
-                code: INVALID_PARAMS | METHOD_NOT_FOUND,
-                message,
-            }) => Err(Error::InvalidArguments(message)),
+            Err(CallError::Rejected { code, message })
+                if matches!(
+                    ErrorCode::from_i64(code.into()),
+                    Some(ErrorCode::InvalidParams | ErrorCode::MethodNotFound)
+                ) =>
+            {
+                Err(Error::InvalidArguments(message))
+            }
             Err(e) => Err(Error::ToolFailed(e.to_string())),
         }
     }

@@ -38,10 +38,11 @@ use tokio::task::JoinHandle;
 
 use crate::model::Shared;
 use crate::mux::aggregate::Target;
+use crate::mux::error::ErrorCode;
 use crate::mux::message::Message;
 use crate::supervisor::{Caller, HostLink};
 use crate::unit::settings::HttpSettings;
-use session::{IdleWatch, Item, Session, error_line};
+use session::{IdleWatch, Item, Session};
 
 /// The largest request body (as a unit's `max-request-size` default and
 /// the lines of host sessions).
@@ -438,9 +439,10 @@ fn refuse(status: StatusCode, why: &str) -> Response<Body> {
     full(status, "text/plain; charset=utf-8", format!("{why}\n"))
 }
 
-/// A JSON-RPC error with an HTTP status.
-fn rpc_error(status: StatusCode, code: i64, why: &str) -> Response<Body> {
-    full(status, "application/json", error_line(None, code, why))
+/// A JSON-RPC error (to no request id: `null`) as the body of a response
+/// with HTTP status `status`.
+fn rpc_error(status: StatusCode, code: ErrorCode, why: &str) -> Response<Body> {
+    full(status, "application/json", code.error(why).line(None))
 }
 
 /// Whether `origin` (an `Origin` header) may call: loopback, or listed
@@ -621,12 +623,12 @@ fn missing_session(id: Option<&str>) -> Response<Body> {
     match id {
         None => rpc_error(
             StatusCode::BAD_REQUEST,
-            -32600,
+            ErrorCode::InvalidRequest,
             "no Mcp-Session-Id: open a session with initialize",
         ),
         Some(_) => rpc_error(
             StatusCode::NOT_FOUND,
-            -32600,
+            ErrorCode::InvalidRequest,
             "no such session (it ended, or never was): initialize again",
         ),
     }
@@ -950,7 +952,7 @@ impl Inner {
         if self.count() >= max {
             return Err(Box::new(rpc_error(
                 StatusCode::SERVICE_UNAVAILABLE,
-                -32000,
+                ErrorCode::ServerDown,
                 &format!("more than {max} HTTP sessions (max-sessions)"),
             )));
         }
@@ -996,16 +998,21 @@ fn attach(
     theirs: HostLink,
     caller: &Caller,
 ) -> Result<(), Box<Response<Body>>> {
-    let target =
-        Target::parse(name).map_err(|e| Box::new(rpc_error(StatusCode::NOT_FOUND, -32600, &e)))?;
+    let unknown = |e: &str| {
+        Box::new(rpc_error(
+            StatusCode::NOT_FOUND,
+            ErrorCode::InvalidRequest,
+            e,
+        ))
+    };
+    let target = Target::parse(name).map_err(|e| unknown(&e))?;
     let caller = caller.clone();
     if target.is_aggregate() {
-        crate::aggregate::attach(shared, target, theirs, caller)
-            .map_err(|e| Box::new(rpc_error(StatusCode::NOT_FOUND, -32600, &e)))?;
+        crate::aggregate::attach(shared, target, theirs, caller).map_err(|e| unknown(&e))?;
     } else {
         shared
             .supervisor(name)
-            .map_err(|e| Box::new(rpc_error(StatusCode::NOT_FOUND, -32600, &e.to_string())))?
+            .map_err(|e| unknown(&e.to_string()))?
             .attach(theirs, caller);
     }
     Ok(())
@@ -1023,7 +1030,8 @@ fn modern_version(message: &Message) -> Option<String> {
 }
 
 /// A request of MCP 2026-07-28 checked against its headers (`Mcp-Method`,
-/// `MCP-Protocol-Version`, `Mcp-Name`): what does not match, for -32020.
+/// `MCP-Protocol-Version`, `Mcp-Name`): what does not match, for
+/// [`ErrorCode::HeaderMismatch`].
 fn header_mismatch(headers: &hyper::HeaderMap, message: &Message) -> Option<String> {
     let header = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
     let method = message.method()?.into_owned();
@@ -1205,7 +1213,8 @@ async fn post(
 }
 
 /// A request without a session (MCP 2026-07-28): its headers checked
-/// against it (-32020), then a host session of its own for it alone.
+/// against it ([`ErrorCode::HeaderMismatch`]), then a host session of its
+/// own for it alone.
 async fn stateless(
     inner: &Arc<Inner>,
     settings: &HttpSettings,
@@ -1223,7 +1232,9 @@ async fn stateless(
         return full(
             StatusCode::BAD_REQUEST,
             "application/json",
-            error_line(Some(&id), -32020, &why),
+            ErrorCode::HeaderMismatch
+                .error(why)
+                .line(Some(id.as_json())),
         );
     }
     let json = !sse_ok;
@@ -1249,7 +1260,7 @@ async fn stateless(
         }
         return rpc_error(
             StatusCode::NOT_FOUND,
-            -32602,
+            ErrorCode::InvalidParams,
             "the call this retry answers is gone",
         );
     }
@@ -1275,7 +1286,7 @@ async fn stateless(
     if inner.count() >= settings.max_sessions {
         return rpc_error(
             StatusCode::SERVICE_UNAVAILABLE,
-            -32000,
+            ErrorCode::ServerDown,
             &format!(
                 "more than {} HTTP sessions (max-sessions)",
                 settings.max_sessions
@@ -1331,9 +1342,10 @@ async fn stateless(
 /// runs an instance per host session (DESIGN §13). A stateless request
 /// (MCP 2026-07-28, no session) is not served there: an instance per
 /// request would start a process for each and keep no state between
-/// them, which is what such a unit is for. It gets `-32022` naming the
-/// 2025 versions, on which a client in the SDKs' `auto` mode opens a
-/// session (`initialize`), which gets an instance of its own.
+/// them, which is what such a unit is for. It gets
+/// [`ErrorCode::UnsupportedVersion`] naming the 2025 versions, on which a
+/// client in the SDKs' `auto` mode opens a session (`initialize`), which
+/// gets an instance of its own.
 fn per_host(shared: &Arc<Shared>, name: &str) -> Option<String> {
     let target = Target::parse(name).ok()?;
     if target.is_aggregate() {
@@ -1373,7 +1385,7 @@ fn parse(body: &[u8]) -> Result<Message, Box<Response<Body>>> {
         let value: serde_json::Value = serde_json::from_slice(body).map_err(|e| {
             rpc_error(
                 StatusCode::BAD_REQUEST,
-                -32700,
+                ErrorCode::ParseError,
                 &format!("parse error: {e}"),
             )
         })?;
@@ -1388,14 +1400,17 @@ fn parse(body: &[u8]) -> Result<Message, Box<Response<Body>>> {
             let text = why.to_string();
             let (code, text) = if line.first() == Some(&b'[') {
                 (
-                    -32600,
+                    ErrorCode::InvalidRequest,
                     "batches are not part of MCP 2025-11-25: send one message per request"
                         .to_owned(),
                 )
             } else if serde_json::from_slice::<serde_json::Value>(line).is_ok() {
-                (-32600, format!("invalid request: {text}"))
+                (
+                    ErrorCode::InvalidRequest,
+                    format!("invalid request: {text}"),
+                )
             } else {
-                (-32700, format!("parse error: {text}"))
+                (ErrorCode::ParseError, format!("parse error: {text}"))
             };
             Err(Box::new(rpc_error(StatusCode::BAD_REQUEST, code, &text)))
         }

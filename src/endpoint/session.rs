@@ -39,6 +39,7 @@ use futures_util::StreamExt;
 use serde_json::Value;
 use tokio::sync::mpsc;
 
+use crate::mux::error::ErrorCode;
 use crate::mux::host::{Deliver, Event, HostLink, HostOut};
 use crate::mux::lines::Frame;
 use crate::mux::message::{Message, RequestId};
@@ -346,17 +347,17 @@ impl Session {
             return Err(Ended);
         }
         if state.pending.iter().any(|p| p.id == id) {
-            let _ = sink.try_send(Item::Answer(error_line(
-                Some(&id),
-                -32600,
-                "a request with this id is already in flight",
-            )));
+            let _ = sink.try_send(Item::Answer(
+                ErrorCode::InvalidRequest
+                    .error("a request with this id is already in flight")
+                    .line(Some(id.as_json()))
+                    .into(),
+            ));
             return Ok(());
         }
         if state.pending.len() >= MAX_IN_FLIGHT {
-            let _ = sink.try_send(Item::Answer(error_line(
-                Some(&id),
-                -32000,
+            let _ = sink.try_send(Item::Answer(down(
+                &id,
                 &format!("more than {MAX_IN_FLIGHT} requests in flight in one session"),
             )));
             return Ok(());
@@ -462,11 +463,7 @@ impl Session {
             (std::mem::take(&mut state.pending), on_end)
         };
         for pending in pending {
-            let error = error_line(
-                Some(&pending.id),
-                -32000,
-                &format!("the session ended: {why}"),
-            );
+            let error = down(&pending.id, &format!("the session ended: {why}"));
             if let Some(sink) = pending.sink {
                 let _ = sink.try_send(Item::answer(pending.sent, error));
             }
@@ -636,22 +633,20 @@ pub async fn idle_sweep(
     }
 }
 
+/// [`ErrorCode::ServerDown`] to request `id`, as a line: the session or
+/// the unit behind it cannot answer.
+fn down(id: &RequestId, why: &str) -> Bytes {
+    ErrorCode::ServerDown
+        .error(why)
+        .line(Some(id.as_json()))
+        .into()
+}
+
 async fn sleep_until(at: Option<tokio::time::Instant>) {
     match at {
         Some(at) => tokio::time::sleep_until(at).await,
         None => std::future::pending().await,
     }
-}
-
-/// A JSON-RPC error as one line.
-pub fn error_line(id: Option<&RequestId>, code: i64, message: &str) -> Bytes {
-    let id = id.map_or(Value::Null, RequestId::to_value);
-    let error = serde_json::json!({
-        "jsonrpc": "2.0",
-        "id": id,
-        "error": {"code": code, "message": message},
-    });
-    Bytes::from(crate::mux::lines::line(&error))
 }
 
 /// A stateless request: the message, its id, where its answer goes and
@@ -707,7 +702,7 @@ pub async fn once(
             if let Some(sink) = &sink {
                 let _ = sink.try_send(Item::answer(
                     sent,
-                    error_line(Some(&id), -32000, "the unit does not read what it is sent"),
+                    down(&id, "the unit does not read what it is sent"),
                 ));
             }
             break;
@@ -739,7 +734,7 @@ pub async fn once(
                 Some(Event::Host(_, Some(_)) | Event::Server(..)) => {}
                 Some(Event::Host(_, None)) | None => {
                     if let Some(sink) = &sink {
-                        let _ = sink.try_send(Item::answer(sent, error_line(Some(&id), -32000, "the unit ended the session")));
+                        let _ = sink.try_send(Item::answer(sent, down(&id, "the unit ended the session")));
                     }
                     break;
                 }
@@ -760,7 +755,7 @@ pub async fn once(
             changed = epoch.changed() => {
                 if changed.is_err() || !valid() {
                     if let Some(sink) = &sink {
-                        let _ = sink.try_send(Item::answer(sent, error_line(Some(&id), -32000, "its token was revoked")));
+                        let _ = sink.try_send(Item::answer(sent, down(&id, "its token was revoked")));
                     }
                     break;
                 }

@@ -31,6 +31,7 @@ use std::collections::{BTreeSet, HashMap, HashSet};
 use serde_json::{Map, Value, json};
 
 use super::era;
+use super::error::ErrorCode;
 use super::message::{Message, RequestId};
 use super::session;
 pub use super::target::{
@@ -186,15 +187,6 @@ pub struct Aggregate {
     listens: HashMap<RequestId, Listen>,
     /// URIs two members list, each reported once.
     reported: HashSet<String>,
-}
-
-fn error(id: &RequestId, code: i64, message: impl Into<String>) -> Message {
-    let mut m = Message::from(json!({
-        "jsonrpc": "2.0",
-        "error": {"code": code, "message": message.into()},
-    }));
-    m.set_json("id", id.as_json().to_owned());
-    m
 }
 
 fn answer(id: &RequestId, result: Value) -> Message {
@@ -365,11 +357,11 @@ impl Aggregate {
                 match pending {
                     Pending::Forward { host } => {
                         self.by_host.remove(&host);
-                        out.push(Out::Host(error(
-                            &host,
-                            -32603,
-                            format!("server {}: {why}", member.unit),
-                        )));
+                        out.push(Out::Host(
+                            ErrorCode::InternalError
+                                .error(format!("server {}: {why}", member.unit))
+                                .to_message(Some(&host)),
+                        ));
                     }
                     Pending::Part { merge, .. } => {
                         out.extend(self.part(merge, id, Err(Value::Null)));
@@ -496,21 +488,21 @@ impl Aggregate {
 
     fn host_request(&mut self, method: &str, id: RequestId, message: Message) -> Vec<Out> {
         if self.pending.len() >= MAX_IN_FLIGHT {
-            return vec![Out::Host(error(
-                &id,
-                -32603,
-                format!(
-                    "{}: {MAX_IN_FLIGHT} requests are in flight already",
-                    self.label
-                ),
-            ))];
+            return vec![Out::Host(
+                ErrorCode::InternalError
+                    .error(format!(
+                        "{}: {MAX_IN_FLIGHT} requests are in flight already",
+                        self.label
+                    ))
+                    .to_message(Some(&id)),
+            )];
         }
         if self.by_host.contains_key(&id) || self.listens.contains_key(&id) {
-            return vec![Out::Host(error(
-                &id,
-                -32600,
-                "a request with this id is in flight already",
-            ))];
+            return vec![Out::Host(
+                ErrorCode::InvalidRequest
+                    .error("a request with this id is in flight already")
+                    .to_message(Some(&id)),
+            )];
         }
         let params = message.params();
         if let Some(meta) = params.as_ref().and_then(|p| p.get("_meta"))
@@ -563,13 +555,18 @@ impl Aggregate {
                         params["name"] = json!(inner);
                         Ok(member)
                     }
-                    None => Err((-32602, format!("{}: no {what} named {name:?}", self.label))),
+                    None => Err((
+                        ErrorCode::InvalidParams,
+                        format!("{}: no {what} named {name:?}", self.label),
+                    )),
                 }
             }
             "resources/read" | "resources/subscribe" | "resources/unsubscribe" => {
                 let uri = params["uri"].as_str().unwrap_or_default().to_owned();
-                self.route_uri(&uri)
-                    .ok_or((-32002, format!("{}: no resource {uri:?}", self.label)))
+                self.route_uri(&uri).ok_or((
+                    ErrorCode::ResourceNotFound,
+                    format!("{}: no resource {uri:?}", self.label),
+                ))
             }
             "completion/complete" => {
                 let reference = &params["ref"];
@@ -581,20 +578,23 @@ impl Aggregate {
                                 params["ref"]["name"] = json!(inner);
                                 Ok(member)
                             }
-                            None => {
-                                Err((-32602, format!("{}: no prompt named {name:?}", self.label)))
-                            }
+                            None => Err((
+                                ErrorCode::InvalidParams,
+                                format!("{}: no prompt named {name:?}", self.label),
+                            )),
                         }
                     }
                     _ => {
                         let uri = reference["uri"].as_str().unwrap_or_default().to_owned();
-                        self.route_uri(&uri)
-                            .ok_or((-32602, format!("{}: no resource {uri:?}", self.label)))
+                        self.route_uri(&uri).ok_or((
+                            ErrorCode::InvalidParams,
+                            format!("{}: no resource {uri:?}", self.label),
+                        ))
                     }
                 }
             }
             other => Err((
-                -32601,
+                ErrorCode::MethodNotFound,
                 format!("{}: method {other:?} is not served here", self.label),
             )),
         };
@@ -608,7 +608,7 @@ impl Aggregate {
                     .insert(rid, (member, Pending::Forward { host: id }));
                 vec![Out::Member(member, message)]
             }
-            Err((code, text)) => vec![Out::Host(error(&id, code, text))],
+            Err((code, text)) => vec![Out::Host(code.error(text).to_message(Some(&id)))],
         }
     }
 
@@ -939,11 +939,14 @@ impl Aggregate {
     /// member, with the URIs that member serves.
     fn listen(&mut self, id: RequestId, params: Option<Value>) -> Vec<Out> {
         if self.listens.len() >= era::MAX_LISTENS {
-            return vec![Out::Host(error(
-                &id,
-                -32602,
-                format!("at most {} listen streams per session", era::MAX_LISTENS),
-            ))];
+            return vec![Out::Host(
+                ErrorCode::InvalidParams
+                    .error(format!(
+                        "at most {} listen streams per session",
+                        era::MAX_LISTENS
+                    ))
+                    .to_message(Some(&id)),
+            )];
         }
         let params = params.unwrap_or_else(|| json!({}));
         let requested = &params["notifications"];
@@ -1023,7 +1026,9 @@ impl Aggregate {
                 if self.asked.len() >= MAX_ASKED {
                     return vec![Out::Member(
                         id,
-                        error(&rid, -32603, "too many requests wait for the host"),
+                        ErrorCode::InternalError
+                            .error("too many requests wait for the host")
+                            .to_message(Some(&rid)),
                     )];
                 }
                 let Some(theirs) = message.id() else {
@@ -1363,7 +1368,7 @@ mod tests {
             "params": {"name": "zz__echo"}}),
         ));
         let refused = to_host(&outs);
-        assert_eq!(refused[0]["error"]["code"], -32602);
+        assert_eq!(refused[0]["error"]["code"], ErrorCode::InvalidParams.code());
     }
 
     #[test]

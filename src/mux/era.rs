@@ -64,10 +64,6 @@ pub const HOST_VERSIONS: [&str; 4] = ["2024-11-05", "2025-03-26", "2025-06-18", 
 
 pub const TASKS_EXTENSION: &str = "io.modelcontextprotocol/tasks";
 
-/// JSON-RPC error codes of MCP 2026-07-28.
-pub const MISSING_CAPABILITY: i64 = -32021;
-pub const UNSUPPORTED_VERSION: i64 = -32022;
-
 /// Which era a host session speaks, fixed by its first request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Era {
@@ -128,25 +124,16 @@ pub struct RequestMeta {
     pub level: Option<Level>,
 }
 
-/// Error `code` (an MCP one, beside the JSON-RPC ones) with `data`, to
-/// request `id`.
-pub fn error_with(id: &Value, code: i64, message: impl Into<String>, data: Value) -> Value {
-    json!({
-        "jsonrpc": "2.0",
-        "id": id,
-        "error": {"code": code, "message": message.into(), "data": data},
-    })
-}
-
 /// The answer to request `id` that asked for version `requested`, which
-/// mcpd does not serve on this path: `-32022` with what it does serve.
+/// mcpd does not serve on this path: [`ErrorCode::UnsupportedVersion`]
+/// with what it does serve.
 pub fn unsupported(id: &Value, requested: &str, supported: &[&str]) -> Value {
-    error_with(
-        id,
-        UNSUPPORTED_VERSION,
-        format!("unsupported protocol version {requested:?} (mcpd serves {supported:?})"),
-        json!({"requested": requested, "supported": supported}),
-    )
+    ErrorCode::UnsupportedVersion
+        .error(format!(
+            "unsupported protocol version {requested:?} (mcpd serves {supported:?})"
+        ))
+        .with_data(json!({"requested": requested, "supported": supported}))
+        .to_value(id)
 }
 
 /// Whether mcpd can serve modern request `id` whose `_meta` is `meta`:
@@ -575,7 +562,7 @@ pub fn may_need_input(method: &str) -> bool {
 }
 
 /// The capability a server→client request needs of the client, as
-/// `-32021`'s `requiredCapabilities` names it.
+/// [`ErrorCode::MissingCapability`]'s `requiredCapabilities` names it.
 pub fn required_capability(method: &str) -> Option<&'static str> {
     match method {
         "sampling/createMessage" => Some("sampling"),
@@ -599,12 +586,12 @@ pub fn can_answer(caps: Caps, method: &str) -> bool {
 /// that did not declare the capability.
 pub fn missing_capability(id: &Value, method: &str) -> Value {
     let capability = required_capability(method).unwrap_or("experimental");
-    error_with(
-        id,
-        MISSING_CAPABILITY,
-        format!("the server needs the client capability {capability} ({method}) for this request"),
-        json!({"requiredCapabilities": {capability: {}}}),
-    )
+    ErrorCode::MissingCapability
+        .error(format!(
+            "the server needs the client capability {capability} ({method}) for this request"
+        ))
+        .with_data(json!({"requiredCapabilities": {capability: {}}}))
+        .to_value(id)
 }
 
 /// Server→client requests one call may have waiting for its host.

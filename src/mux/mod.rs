@@ -13,8 +13,8 @@
 //! (each host knows its own by ids of mcpd's); [`lists`], the list reader (paging
 //! bounded in cursors, pages, bytes and time). Then [`message`], a
 //! message kept as its members' JSON text (found by `scan`, a validating
-//! scan of an object's top level); [`error`], the JSON-RPC errors mcpd
-//! writes; [`lines`], the framing, [`outbox`], a descriptor's writer
+//! scan of an object's top level); [`error`], every JSON-RPC error code
+//! named and the one builder of error responses; [`lines`], the framing, [`outbox`], a descriptor's writer
 //! ([`memory`]: an in-memory stream pair for two tasks of the daemon), and
 //! [`wire`], a connection to a server; [`host`], a host's link, writer
 //! and readers; [`attach`], the attach socket's protocol, and [`ledger`],

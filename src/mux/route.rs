@@ -59,9 +59,6 @@ pub const MAX_URIS: usize = 16384;
 /// bound subscriptions only if each is small).
 pub const MAX_URI: usize = 8192;
 
-/// JSON-RPC: no such method (here: nobody can answer it).
-pub const METHOD_NOT_FOUND: i64 = ErrorCode::MethodNotFound.code();
-
 /// What a host declared it can answer, from its `initialize`.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Caps {
