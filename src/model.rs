@@ -4,9 +4,10 @@
 //! ([`Control`]) and the read model the daemon publishes after every
 //! reload ([`Shared`]), which the adapters read.
 //!
-//! Architecture Invariant: a leaf. It imports neither `crate::daemon` nor
-//! `crate::dbus`, so the daemon can wire the D-Bus adapter in while the
-//! adapter knows nothing of the daemon's internals (`tests/docs.rs` checks).
+//! Architecture Invariant: it imports neither `crate::daemon` nor
+//! `crate::dbus` (it does import `supervisor`, `mux` and `unit`), so the
+//! daemon can wire the D-Bus adapter in while the adapter knows nothing of
+//! the daemon's internals (`tests/docs.rs` checks).
 
 use std::collections::BTreeMap;
 use std::fmt;

@@ -5,6 +5,13 @@
 //! printed once, when it is made.
 //!
 //! A token is `mcpd_` and 64 hex digits: 256 bits of the OS's randomness.
+//!
+//! Every write goes through `update` (load, change, store under an
+//! exclusive `flock` of `tokens.json.lock` beside it), so writers at once
+//! lose nothing; the file is bounded (`MAX_FILE`, `MAX_TOKENS`). `Usage` is
+//! the daemon's record of when each token was last used, written to
+//! `tokens-used.json` at most once per `USED_EVERY` per token; `mcpctl token
+//! list` reads it, the daemon does not watch it.
 
 use std::path::{Path, PathBuf};
 

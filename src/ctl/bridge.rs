@@ -25,6 +25,11 @@
 //! that when the daemon goes away those requests fail at once and the
 //! `initialize` exchange is replayed on the next session (its answer not
 //! passed on).
+//!
+//! With no daemon at the start it tries again for up to `WAIT_FOR_DAEMON`,
+//! then answers the host's requests with an error naming the instance, the
+//! sockets and how to start the daemon, and exits when the host closes its
+//! end. A daemon back without the server ends the bridge with exit code 4.
 
 use std::borrow::Cow;
 use std::collections::HashSet;

@@ -10,6 +10,13 @@
 //! Reading order: [`registry`] (units and reload by diff), [`attach`] (the
 //! attach socket for host sessions), [`watch`],
 //! [`sdnotify`], [`lock`], [`fdlimit`], [`logging`].
+//!
+//! The settings file (`mcpd.kdl`) is read at start (one that does not load
+//! stops the start) and at every reload (a broken one keeps the last good
+//! settings, with a warning naming each problem); its directory is watched
+//! beside the unit directories. Directory events are debounced: the reload
+//! comes `DEBOUNCE` after the last event, at most `MAX_DEBOUNCE` after the
+//! first.
 
 pub mod activation;
 pub mod attach;

@@ -8,6 +8,10 @@
 //! so its objects, its fd and its place in the fan-out go with it at once,
 //! not at the next signal. A send that fails retires the peer too, with a
 //! warning naming it; nothing sent to a peer is dropped silently.
+//!
+//! The fan-out sends peer by peer, each send bounded by `SEND_TIMEOUT`: a
+//! slow peer can delay the others by up to that long (a per-peer queue would
+//! not).
 
 use std::collections::BTreeMap;
 use std::fmt;

@@ -1,4 +1,9 @@
 //! `org.mcpd1.Manager` at `/org/mcpd1`, and its client proxy.
+//!
+//! `Stop` and `Restart` also take an instance of a per-host unit: `NAME@N`
+//! for a host's (`Stop` answers once it is gone) and `NAME@uid-UID` for a
+//! D-Bus caller's (stopped and kept, started again by its next call).
+//! `AttachGroup` and `AttachUnits` attach an aggregate (`crate::aggregate`).
 
 use std::sync::Arc;
 

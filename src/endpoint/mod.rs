@@ -17,6 +17,22 @@
 //!
 //! Imports neither `daemon` nor `dbus`: the daemon starts it and hands it
 //! each reload's settings ([`Endpoint::apply`]).
+//!
+//! Tokens: with `auth "token"` the bearer token is looked up by its SHA-256
+//! among `tokens.json`'s (`crate::tokens`), else `401`; a connection keeps
+//! the `Authorization` header it last bore and its hash (`Seen`), so the same
+//! header is not hashed again. A token whose scope does not reach every unit
+//! of the path is `403`. Refusals are logged with the remote address, at most
+//! `AUDIT_LINES` per `AUDIT_WINDOW`. A session is its token's; the sessions
+//! of a token that went or expired are ended (`reload_tokens`, at every
+//! reload; `expiry_sweep`, which sleeps until the next expiry).
+//!
+//! A request of MCP 2026-07-28 without a session is checked against its
+//! `Mcp-Method`, `MCP-Protocol-Version` and `Mcp-Name` headers and served by
+//! a host session of its own, ended by its answer (not on a per-host unit:
+//! an error naming the 2025 versions, so a client in `auto` mode opens a
+//! session); an `input_required` answer keeps that session, parked by its
+//! `requestState` for the retry with the same token.
 
 pub mod session;
 

@@ -8,6 +8,15 @@
 //! every buffered line is handled (with one connection per server and one
 //! per host session, 8 KiB kept per idle connection would dominate the
 //! daemon's memory).
+//!
+//! A line over `MAX_LINE` is dropped and reported once it ends
+//! (`Frame::TooLong`), with the id `message::id_of_cut` reads from its
+//! first or last 4 KiB: a host's request is refused with its id, and the
+//! server side (`wire::Receiver`) replaces a too-long answer with an error to
+//! the request it answered, so nobody waits for it. A short read clears the
+//! descriptor's readiness, so a message costs one read; each message takes a
+//! unit of tokio's coop budget, so a peer that never stops sending cannot
+//! keep the thread.
 
 use std::io;
 use std::task::{Context, Poll};

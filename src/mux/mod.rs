@@ -18,9 +18,14 @@
 //! ([`memory`]: an in-memory stream pair for two tasks of the daemon), and
 //! [`wire`], a connection to a server; [`host`], a host's link, writer
 //! and readers; [`attach`], the attach socket's protocol, and [`ledger`],
-//! the requests in flight of a handed-over session, for its bridge. The
-//! task that runs them for a unit (its state, its timers, the actor's
-//! requests) is `supervisor::sessions`.
+//! the requests in flight of a handed-over session, for its bridge.
+//!
+//! Three places drive these parts: `supervisor::sessions`, the task of a
+//! unit's host sessions (its state, its timers, the actor's requests),
+//! which runs the router and the session core; `crate::aggregate`, the
+//! task of an aggregate, which runs [`aggregate`]; and
+//! `endpoint::session`, an HTTP session's requests and streams, which
+//! reaches its unit's sessions as a host through [`memory`] and [`host`].
 
 pub mod aggregate;
 pub mod attach;

@@ -1,6 +1,13 @@
 //! [`Outbox`], the writer of a descriptor that one task sends lines to
 //! without waiting (a child's stdin, a host's socket), and [`Refused`],
 //! why it would not take a message.
+//!
+//! What the descriptor takes now is written at once; the rest is queued in
+//! order for a writer task, up to a limit (`Refused::Full`, or
+//! `Refused::Closed` once a write failed). The writer task and its channel
+//! are made the first time a message has to wait, so an idle session's
+//! outboxes hold neither. `send_slice` takes bytes the caller keeps, copied
+//! only if they wait.
 
 use std::io;
 use std::sync::Arc;

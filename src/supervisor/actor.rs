@@ -7,6 +7,19 @@
 //! effects; and publishes the [`Status`] on a `watch` channel. Tool-list
 //! syncs are serialized here: one in flight at a time, a burst of
 //! `list_changed` coalesces into one more sync after it.
+//!
+//! Syncs begin at least `SYNC_SPACING` apart, so a `list_changed` storm costs
+//! a few reads a second. The machine's probes are sent through the unit's
+//! host sessions (`ping`, or `server/discover` to a server of 2026-07-28),
+//! bounded by `health.timeout`; an error answer counts as alive. The
+//! actor's own requests (tool syncs, D-Bus `CallTool`) go through the host
+//! sessions too. For an on-demand unit it reads the cache when armed, steps
+//! `Demand` for a D-Bus call that finds it idle (after the filter and "no
+//! such tool" checks, which never start it), and writes the cache, one
+//! write at a time and only when it changed, once an established
+//! generation's lists are all read. An instance's actor reports what its
+//! generation learned to its unit's actor (`Command::Learned`), which adopts
+//! the newest instance's lists as the unit's.
 
 use std::collections::{HashMap, VecDeque};
 use std::time::{Duration, Instant};

@@ -21,6 +21,14 @@
 //! over when its cgroup is empty (`cgroup.events` says `populated 0`,
 //! watched with inotify, no polling); helpers left behind by a main
 //! process that exited are killed first (`cgroup.kill`).
+//!
+//! A per-host unit's cgroup holds no process of its own: below it, its
+//! instances are `N`, a D-Bus caller's `uid-UID`, and its own server
+//! (learning its lists, serving D-Bus) `unit`, since
+//! cgroup v2 wants processes in leaves only and `cgroup.kill` and
+//! `populated` take a whole subtree. A `limits` block it cannot enforce (no
+//! controller delegated, no cgroups at all, a `nofile` above what the
+//! daemon may grant) fails the start.
 
 use std::os::fd::{AsFd, OwnedFd};
 use std::path::{Path, PathBuf};

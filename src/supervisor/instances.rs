@@ -13,6 +13,23 @@
 //! its host has left (SIGTERM at once, SIGKILL after `stop-timeout`), or
 //! when the unit stops, restarts or goes. `N` counts from 1 and is never
 //! reused while the daemon runs.
+//!
+//! An instance's machine begins `idle`; its host's `initialize` is held and
+//! demands the start, so the upstream declares the capabilities that
+//! `initialize` declared; a host of MCP 2026-07-28 declares them in its
+//! discovery or its first request's `_meta` instead. A host over
+//! `max-instances` is attached to the unit's own sessions refused, and has
+//! everything it asks refused naming the limit. The unit's published lists
+//! (D-Bus `Tools`, `mcpctl tools`, the cache) are its newest running
+//! instance's, reported by that instance's actor; with none running, what
+//! was adopted last stays.
+//!
+//! D-Bus `CallTool`, `ReadResource` and `GetPrompt` on a per-host unit go to
+//! an instance per caller uid, `NAME@uid-UID` (`UnitSpec::for_caller`: on
+//! demand with the unit's `idle-stop`), kept by the unit's handle, listed
+//! after the hosts' with number 0, not counted against `max-instances`, and
+//! not reporting lists (they are declared for no host). The unit's counters
+//! add its running instances' and keep those of gone ones.
 
 use std::collections::BTreeMap;
 use std::sync::Mutex;

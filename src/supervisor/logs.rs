@@ -1,6 +1,14 @@
 //! What a server writes to stderr: the last lines, kept in memory for
 //! `status`, and the rate limit of what reaches the log (DESIGN §3,
 //! invariant 10: journald's defaults, 10,000 lines per 30 s).
+//!
+//! `pump`, the stderr reader, makes a small first read (most wake-ups bring
+//! one line), then reads larger chunks split with memchr, and holds no
+//! buffer while the server is quiet. Over the limit it reads at intervals
+//! from a pipe shrunk to a page, so a flood of small writes costs a few
+//! reads and wake-ups, not one per line. `Limiter` is pure: a window opened
+//! by its first line, its first N lines logged, the rest counted and
+//! reported once.
 
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};

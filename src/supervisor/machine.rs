@@ -32,6 +32,22 @@
 //! sleeps until the earliest ([`Machine::deadline`]) and then sends
 //! [`Event::Deadline`] naming it; a timer that is no longer armed, or not
 //! yet due, changes nothing.
+//!
+//! On-demand units (DESIGN §9) and idleness are decided here too.
+//! `Event::Arm` (the daemon loaded the unit) starts an always unit, and
+//! makes an on-demand one `idle` with the lists of its cache or starts it
+//! to learn them; `Event::Demand` (a first use) starts an idle unit, or one
+//! being stopped for idleness once it is gone. An established on-demand
+//! generation arms `IdleStop` `idle-stop` after its last use; when it
+//! passes the machine asks for the last use (`Effect::Settle`, with its
+//! cutoff) and does not arm it again until `Event::Used` answers. `idle` is
+//! the one rule of idleness, which the machine applies to that answer.
+//! `will_serve` says whether a request may wait for the server instead of
+//! failing. A hang-up (stdout closed, the HTTP session gone) gets
+//! `stop-timeout` to exit on its own, so its exit status can become the
+//! reason. The published tools are the server's through the unit's `tools`
+//! filter, applied again in place when only the filter changes. `Timing` is
+//! taken from a spec in one place, for `Machine::new` and `Event::Apply`.
 
 use std::fmt;
 use std::time::{Duration, Instant};

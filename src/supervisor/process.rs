@@ -7,6 +7,16 @@
 //! execs. The child gets a clean environment (DESIGN §2): PATH, HOME and
 //! LANG from the daemon (HOME, USER, LOGNAME and SHELL of the target user
 //! when `user` is set), then the env-files, `pass-env` and `env`.
+//!
+//! A child with a cgroup is forked straight into it by
+//! `clone3(CLONE_INTO_CGROUP | CLONE_PIDFD)` (`clone3_into`, the one
+//! hand-written fork: only system calls on what was made before it, then
+//! `execve`; waited for on its pidfd), falling back to `std`'s fork with the
+//! child writing its `cgroup.procs` before exec when the kernel refuses (said
+//! once). A failing step in the child is named to the parent by one byte on
+//! a pipe. Every server is forked on one of a few long-lived `mcpd-forker`
+//! threads ([`spawn_on_forker`] says why neither the event loop nor the
+//! blocking pool).
 
 use std::ffi::OsString;
 use std::os::fd::{AsFd, OwnedFd};

@@ -6,6 +6,17 @@
 //! The upstream client declares `sampling`, `elicitation` and `roots`, so a
 //! server lists the tools that need them; hosts answer those requests
 //! through their sessions (DESIGN §8).
+//!
+//! With the unit's `protocol` other than `legacy` (stdio servers only),
+//! `server/discover` is asked first (within `PROBE_TIMEOUT` and half of
+//! `startup-timeout`; any other answer, or none, means `initialize`): a
+//! server that offers 2026-07-28 gets no `initialize`, and its discovery is
+//! kept as an `initialize` result would be (`era::init_of_discover`), which
+//! is how the host sessions and the cache know the era.
+//! A tool list whose answers pass `LARGE` is judged and made into the
+//! published `ToolList` on a blocking thread: the daemon's event loop is
+//! one thread, and a list of megabytes parsed on it would hold every other
+//! unit's hosts.
 
 use std::sync::Arc;
 use std::time::Duration;
