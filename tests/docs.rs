@@ -210,7 +210,7 @@ const LAYERS: &[Layer] = &[
         why: "the router is pure: no tasks, no I/O, no clock",
     },
     Layer {
-        under: "src/mux/session.rs",
+        under: "src/mux/session/",
         forbidden: NO_IO_NO_CLOCK,
         allowed: &[],
         why: "the host-session core is pure: no tasks, no I/O, no clock",

@@ -5,9 +5,10 @@
 //! Reading order: the three pure parts first — [`route`], the routing core
 //! (ids and progress tokens, who answers a server→client request,
 //! subscriptions, log levels, detach and outage cleanup), table-tested
-//! like the supervisor's machine; [`session`], what mcpd decides about a
-//! host's lines itself (`initialize` and its version, refusals, answers
-//! from kept lists, accounting); [`era`], what a host speaking MCP
+//! like the supervisor's machine; [`session`], the core of a unit's host
+//! sessions, which takes every decision about its hosts and its upstream
+//! (`initialize` and its version, refusals and bounds, answers from kept
+//! lists, accounting, eras) as outputs for its driver; [`era`], what a host speaking MCP
 //! 2026-07-28 gets over a 2025 server (discovery, per-request `_meta`,
 //! `input_required`, listen streams); [`tasks`], whose task a task id is
 //! (each host knows its own by ids of mcpd's); [`lists`], the list reader (paging
@@ -19,8 +20,8 @@
 //! [`wire`], a connection to a server; [`host`], a host's link, writer
 //! and readers; [`attach`], the attach socket's protocol, and [`ledger`],
 //! the requests in flight of a handed-over session, for its bridge. The
-//! task that runs them for a unit (its state, its timers, the actor's
-//! requests) is `supervisor::sessions`.
+//! task that feeds a unit's session core and carries out its outputs is
+//! `supervisor::sessions`.
 
 pub mod aggregate;
 pub mod attach;
