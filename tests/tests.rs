@@ -33,6 +33,7 @@ mod route;
 mod sandbox;
 mod search;
 mod session;
+mod session_core;
 mod sessions;
 mod supervisor;
 mod tokens;

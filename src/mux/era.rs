@@ -10,8 +10,8 @@
 //! and the unsolicited `list_changed` notifications.
 //!
 //! Pure, like the router: no I/O, no clock (instants are passed in), no
-//! randomness (the nonce of [`Inputs`] is). The session task
-//! (`supervisor::sessions::modern`) asks here:
+//! randomness (the nonce of [`Inputs`] is). The sessions' core
+//! (`mux::session`, its `modern` and `upstream` parts) asks here:
 //!
 //! - [`claims`], [`check`]: whether a host's request is of the modern
 //!   era, and whether mcpd can serve it (version, capabilities, level);

@@ -5,9 +5,10 @@
 //! Reading order: the three pure parts first — [`route`], the routing core
 //! (ids and progress tokens, who answers a server→client request,
 //! subscriptions, log levels, detach and outage cleanup), table-tested
-//! like the supervisor's machine; [`session`], what mcpd decides about a
-//! host's lines itself (`initialize` and its version, refusals, answers
-//! from kept lists, accounting); [`era`], what a host speaking MCP
+//! like the supervisor's machine; [`session`], the core of a unit's host
+//! sessions, which takes every decision about its hosts and its upstream
+//! (`initialize` and its version, refusals and bounds, answers from kept
+//! lists, accounting, eras) as outputs for its driver; [`era`], what a host speaking MCP
 //! 2026-07-28 gets over a 2025 server (discovery, per-request `_meta`,
 //! `input_required`, listen streams); [`tasks`], whose task a task id is
 //! (each host knows its own by ids of mcpd's); [`lists`], the list reader (paging
@@ -21,8 +22,8 @@
 //! the requests in flight of a handed-over session, for its bridge.
 //!
 //! Three places drive these parts: `supervisor::sessions`, the task of a
-//! unit's host sessions (its state, its timers, the actor's requests),
-//! which runs the router and the session core; `crate::aggregate`, the
+//! unit's host sessions, which feeds its [`session`] core (and the router
+//! within it) and carries out what it returns; `crate::aggregate`, the
 //! task of an aggregate, which runs [`aggregate`]; and
 //! `endpoint::session`, an HTTP session's requests and streams, which
 //! reaches its unit's sessions as a host through [`memory`] and [`host`].

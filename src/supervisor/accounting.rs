@@ -161,6 +161,25 @@ impl Record {
         }
     }
 
+    /// A call of `caller`'s that started at `started` (the host sessions'
+    /// core keeps its calls without their accounting).
+    pub(crate) fn started(
+        server: &Arc<str>,
+        tool: String,
+        counters: &Arc<Counters>,
+        caller: Caller,
+        started: Instant,
+    ) -> Self {
+        Self {
+            server: Arc::clone(server),
+            tool,
+            counters: Arc::clone(counters),
+            caller,
+            started,
+            done: false,
+        }
+    }
+
     pub(crate) fn finish(&mut self, outcome: Outcome) {
         self.done = true;
         self.counters.record(outcome == Outcome::Ok);

@@ -330,14 +330,9 @@ pub enum Effect {
     Settle { generation: Gen, cutoff: Instant },
 }
 
-/// Whether a server last used at `used`, with a request in flight or not
-/// (`busy`), is idle at `cutoff` (the instant its `idle-stop` deadline
-/// passed, less `idle-stop`): the one rule of idleness, which the
-/// machine applies to what the sessions report and the sessions apply as
-/// they report it.
-pub fn idle(used: Instant, busy: bool, cutoff: Instant) -> bool {
-    !busy && used <= cutoff
-}
+/// The one rule of idleness, which the machine applies to what the
+/// sessions report and the sessions apply as they report it.
+pub use crate::mux::session::idle;
 
 /// What the next generation after a failure will be.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -124,10 +124,9 @@ impl fmt::Display for CallError {
             CallError::NoSuchTool { server, tool } => {
                 write!(f, "server {server} has no tool {tool}")
             }
-            CallError::Filtered { server, tool, why } => write!(
-                f,
-                "tool {tool} of server {server} is filtered out by its unit's `tools` block: {why}"
-            ),
+            CallError::Filtered { server, tool, why } => {
+                f.write_str(&crate::mux::session::filtered(server, tool, why))
+            }
         }
     }
 }

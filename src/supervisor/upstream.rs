@@ -31,17 +31,11 @@ use crate::mux::error::ErrorCode;
 use crate::mux::lists::{List, ListError, ListRead, Next};
 use crate::mux::message::Message;
 use crate::mux::session::PROTOCOL_VERSION;
+pub use crate::mux::session::upstream::{
+    client_capabilities, mcpd_meta, roots_result, with_mcpd_meta,
+};
 use crate::mux::wire::Wire;
 use crate::unit::Protocol;
-
-/// The capabilities mcpd's upstream client declares.
-pub fn client_capabilities() -> Value {
-    json!({
-        "sampling": {},
-        "elicitation": {"form": {}, "url": {}},
-        "roots": {"listChanged": true},
-    })
-}
 
 /// A generation that completed its handshake.
 #[derive(Debug)]
@@ -57,12 +51,6 @@ pub struct Handshake {
     pub tools_hint: era::CacheHint,
 }
 
-/// Answers a `roots/list` from the unit's `roots` (or the empty list: no
-/// host is attached during the handshake).
-pub fn roots_result(roots: &[String]) -> Value {
-    json!({"roots": roots.iter().map(|uri| json!({"uri": uri})).collect::<Vec<_>>()})
-}
-
 struct Client<'a> {
     wire: &'a mut Wire,
     roots: &'a [String],
@@ -73,30 +61,6 @@ struct Client<'a> {
     modern: bool,
     /// The caching hints of the last list read.
     hint: era::CacheHint,
-}
-
-/// The `_meta` of mcpd's own requests to a server of MCP 2026-07-28.
-pub fn mcpd_meta() -> Value {
-    json!({
-        era::VERSION_KEY: era::MODERN,
-        era::CAPABILITIES_KEY: client_capabilities(),
-        era::CLIENT_INFO_KEY: {"name": "mcpd", "version": env!("CARGO_PKG_VERSION")},
-    })
-}
-
-/// `params` with mcpd's `_meta` (its own keys kept).
-pub fn with_mcpd_meta(mut params: Value) -> Value {
-    if !params.is_object() {
-        params = json!({});
-    }
-    let meta = &mut params["_meta"];
-    if !meta.is_object() {
-        *meta = json!({});
-    }
-    if let (Some(meta), Value::Object(ours)) = (meta.as_object_mut(), mcpd_meta()) {
-        meta.extend(ours);
-    }
-    params
 }
 
 impl Client<'_> {

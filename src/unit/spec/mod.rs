@@ -136,6 +136,12 @@ pub struct ToolFilter {
 }
 
 impl ToolFilter {
+    /// Tools matching a glob of `allow` (every tool, if none) and none of
+    /// `deny`.
+    pub fn new(allow: Vec<String>, deny: Vec<String>) -> Self {
+        Self { allow, deny }
+    }
+
     /// No filter: every tool.
     pub fn is_empty(&self) -> bool {
         self.allow.is_empty() && self.deny.is_empty()

@@ -14,22 +14,19 @@
 //! - `subscriptions/listen` streams are served from the hosts'
 //!   reference-counted subscriptions and mcpd's own `list_changed`.
 
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use foldhash::HashMap;
 use serde_json::{Map, Value, json};
 
-use crate::mux::era::{self, Filter, Inputs, Listens, Parked, RequestMeta, Settled};
-use crate::mux::error::ErrorCode;
-use crate::mux::lists::List;
-use crate::mux::message::{Message, RequestId};
-use crate::mux::route::HostId;
-use crate::mux::wire::line;
-
-use super::super::accounting::Record;
-use super::super::clock::now;
-use super::{Task, Waiting};
-use crate::mux::session::Outcome;
+use super::super::era::{self, Filter, Inputs, Listens, Parked, RequestMeta, Settled};
+use super::super::error::ErrorCode;
+use super::super::lists::List;
+use super::super::message::{Message, RequestId};
+use super::super::route::HostId;
+use super::super::wire::line;
+use super::classify::Outcome;
+use super::{Call, Core, Level, Out, Publish, Waiting};
 
 /// What mcpd keeps of a host session that speaks MCP 2026-07-28.
 #[derive(Debug)]
@@ -42,7 +39,7 @@ pub(super) struct Modern {
     /// server→client request).
     sent: u64,
     /// Its calls answered `input_required`, waiting for its retry.
-    inputs: Inputs<Option<Record>>,
+    inputs: Inputs<Option<Call>>,
     listens: Listens,
 }
 
@@ -53,37 +50,13 @@ struct Open {
     seq: u64,
 }
 
-/// How long a modern host has to retry a call answered `input_required`:
-/// [`era::INPUT_TIMEOUT`], or `MCPD_INPUT_TIMEOUT` (seconds) where the
-/// daemon's environment sets it.
-fn input_timeout() -> Duration {
-    std::env::var("MCPD_INPUT_TIMEOUT")
-        .ok()
-        .and_then(|s| s.parse::<f64>().ok())
-        .filter(|s| s.is_finite() && *s > 0.0)
-        .map_or(era::INPUT_TIMEOUT, Duration::from_secs_f64)
-}
-
-/// A random nonce for a session's `requestState`s.
-fn nonce() -> u128 {
-    let mut bytes = [0u8; 16];
-    if rustix::rand::getrandom(&mut bytes, rustix::rand::GetRandomFlags::empty()).is_err() {
-        // Still unique per session with the counter; only unguessability
-        // across sessions is lost, and states are looked up per session.
-        let seed = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_nanos());
-        return seed ^ u128::from(std::process::id());
-    }
-    u128::from_le_bytes(bytes)
-}
-
 impl Modern {
-    fn new() -> Self {
+    /// A session whose `requestState`s carry `nonce`.
+    fn new(nonce: u128) -> Self {
         Self {
             open: HashMap::default(),
             sent: 0,
-            inputs: Inputs::new(nonce()),
+            inputs: Inputs::new(nonce),
             listens: Listens::default(),
         }
     }
@@ -97,9 +70,19 @@ impl Modern {
     pub(super) fn deadline(&self) -> Option<Instant> {
         self.inputs.deadline()
     }
+
+    /// The session is gone: its parked calls, abandoned (the router
+    /// withdraws them upstream).
+    pub(super) fn gone(&mut self) -> Vec<Call> {
+        self.inputs
+            .drain()
+            .into_iter()
+            .filter_map(|parked| parked.call)
+            .collect()
+    }
 }
 
-impl Task {
+impl Core {
     /// Host `host` speaks MCP 2026-07-28 from now on (its first modern
     /// request was accepted).
     fn become_modern(&mut self, host: HostId) {
@@ -109,12 +92,17 @@ impl Task {
         if h.modern.is_some() {
             return;
         }
-        h.modern = Some(Box::new(Modern::new()));
+        let nonce = (self.nonces)();
+        let Some(h) = self.hosts.get_mut(&host) else {
+            return;
+        };
+        h.modern = Some(Box::new(Modern::new(nonce)));
         h.initialized = true;
         h.uninitialized = None;
         self.router.attach_by_request(host);
-        self.versions.attached(era::MODERN);
-        tracing::debug!(target: "mcpd::sessions", mcpd_server = %self.name, host, "host session speaks MCP {}", era::MODERN);
+        self.out(Out::Publish(Publish::Version(era::MODERN, true)));
+        let text = format!("host session speaks MCP {}", era::MODERN);
+        self.log(Level::Debug, Some(host), text);
         self.arm();
     }
 
@@ -138,10 +126,9 @@ impl Task {
         }
         if let Some(caps) =
             era::meta_of(message).and_then(|m| m.get(era::CAPABILITIES_KEY).cloned())
-            && let Ok(mut declared) = self.declared.lock()
         {
             // For an instance's upstream to declare (DESIGN §13).
-            *declared = Some(caps);
+            self.declare(caps);
         }
         let Some(init) = self.init.clone() else {
             self.open_later(host, Waiting::discover(id.to_value()));
@@ -165,14 +152,13 @@ impl Task {
         mut message: Message,
     ) {
         let meta = era::meta_of(&message);
-        if self.instance
+        if self.settings.instance
             && let Some(caps) = meta.as_ref().and_then(|m| m.get(era::CAPABILITIES_KEY))
-            && let Ok(mut declared) = self.declared.lock()
-            && declared.is_none()
+            && self.declared.is_none()
         {
             // A host with no discovery: its first request's capabilities
             // are what its instance's upstream declares (DESIGN §13).
-            *declared = Some(caps.clone());
+            self.declare(caps.clone());
         }
         let meta = match era::check(&id, meta.as_ref()) {
             Ok(meta) => meta,
@@ -224,13 +210,7 @@ impl Task {
         if method == "tools/list" {
             let info = self.server_info();
             let fresh = self.tools_asked();
-            let bytes = era::list_answer(
-                &id,
-                "tools",
-                self.status.borrow().tools.json(),
-                &info,
-                fresh,
-            );
+            let bytes = era::list_answer(&id, "tools", &self.facts.tools, &info, fresh);
             self.answered(host, &id);
             self.send_bytes(host, bytes);
             return;
@@ -345,7 +325,7 @@ impl Task {
         };
         let open = m.open.remove(&call).expect("found above");
         if !era::can_answer(caps, method) {
-            // -32021 to the host's call; the server's request fails, and
+            // ErrorCode::MissingCapability to the host's call; the server's request fails, and
             // the call it was made for is withdrawn.
             self.refuse_ask(
                 host,
@@ -358,14 +338,18 @@ impl Task {
                     .abandon(up, "the host lacks a capability the call needs");
                 self.deliver(outs, None);
             }
-            if let Some(mut record) = self
+            if let Some(ended) = self
                 .hosts
                 .get_mut(&host)
                 .and_then(|h| h.calls.remove(&call))
             {
-                record.finish(Outcome::Failed(format!(
-                    "the host did not declare the capability {method} needs"
-                )));
+                self.out(Out::Call {
+                    host,
+                    call: ended,
+                    outcome: Outcome::Failed(format!(
+                        "the host did not declare the capability {method} needs"
+                    )),
+                });
             }
             self.answered(host, &call);
             self.send_bytes(
@@ -391,7 +375,7 @@ impl Task {
         open: Open,
         asks: Vec<era::Ask>,
     ) {
-        let timeout = input_timeout();
+        let deadline = self.now + self.tunables.input_timeout;
         let info = self.server_info();
         let Some(h) = self.hosts.get_mut(&host) else {
             return;
@@ -406,7 +390,7 @@ impl Task {
             asks,
             settled: None,
             call: record,
-            deadline: now() + timeout,
+            deadline,
             meta: open.meta,
         });
         let parked = m.inputs.by_up(up).expect("parked above");
@@ -438,10 +422,11 @@ impl Task {
         state: &str,
         params: Option<&Value>,
     ) {
+        let now = self.now;
         let Some(m) = self.modern_mut(host) else {
             return;
         };
-        let parked = match m.inputs.take(state, method, now()) {
+        let parked = match m.inputs.take(state, method, now) {
             Ok(parked) => parked,
             Err(why) => {
                 self.send(host, ErrorCode::InvalidParams.response(&id.to_value(), why));
@@ -516,12 +501,12 @@ impl Task {
 
     /// Call `id` of host `host` is open again (its retry), with its
     /// accounting.
-    fn reopen(&mut self, host: HostId, id: &RequestId, open: Open, call: Option<Record>) {
+    fn reopen(&mut self, host: HostId, id: &RequestId, open: Open, call: Option<Call>) {
         let Some(h) = self.hosts.get_mut(&host) else {
             return;
         };
-        if let Some(record) = call {
-            h.calls.insert(id.clone(), record);
+        if let Some(call) = call {
+            h.calls.insert(id.clone(), call);
         }
         if let Some(m) = h.modern.as_deref_mut() {
             m.open.insert(id.clone(), open);
@@ -553,8 +538,8 @@ impl Task {
     /// Calls whose host did not retry in time: the server's requests get
     /// an error and the calls are withdrawn.
     pub(super) fn inputs_expired(&mut self) {
-        let at = now();
-        let hosts: Vec<HostId> = self
+        let at = self.now;
+        let mut hosts: Vec<HostId> = self
             .hosts
             .iter()
             .filter(|(_, h)| {
@@ -565,13 +550,18 @@ impl Task {
             })
             .map(|(host, _)| *host)
             .collect();
+        hosts.sort_unstable();
         for host in hosts {
             let expired = self
                 .modern_mut(host)
                 .map(|m| m.inputs.expired(at))
                 .unwrap_or_default();
             for parked in expired {
-                tracing::info!(target: "mcpd::sessions", mcpd_server = %self.name, host, "the input a {} of session {host} needs was not supplied within {:?}: the call is withdrawn", parked.method, input_timeout());
+                let text = format!(
+                    "the input a {} of session {host} needs was not supplied within {:?}: the call is withdrawn",
+                    parked.method, self.tunables.input_timeout
+                );
+                self.log(Level::Info, Some(host), text);
                 for ask in &parked.asks {
                     self.refuse_ask(host, ask.down, "the host did not supply the input in time");
                 }
@@ -581,21 +571,15 @@ impl Task {
                         .abandon(parked.up, "the host did not supply the input in time");
                     self.deliver(outs, None);
                 }
-                if let Some(mut record) = parked.call {
-                    record.finish(Outcome::Failed(
-                        "the host did not supply the input in time".into(),
-                    ));
+                if let Some(call) = parked.call {
+                    self.out(Out::Call {
+                        host,
+                        call,
+                        outcome: Outcome::Failed(
+                            "the host did not supply the input in time".into(),
+                        ),
+                    });
                 }
-            }
-        }
-    }
-
-    /// Modern host `host` is gone: its parked calls are abandoned (the
-    /// router withdraws them upstream).
-    pub(super) fn modern_gone(modern: &mut Modern) {
-        for parked in modern.inputs.drain() {
-            if let Some(mut record) = parked.call {
-                record.finish(Outcome::Abandoned);
             }
         }
     }

@@ -8,21 +8,17 @@
 //! again, at most once per TTL (`era::CacheHint`).
 
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 use std::time::Instant;
 
 use serde_json::Value;
 
-use crate::mux::era::{CacheHint, Fresh};
-use crate::mux::error::ErrorCode;
-use crate::mux::lists::{List, ListError, ListRead, Next};
-use crate::mux::message::{Message, RequestId};
-use crate::mux::route::HostId;
-use crate::mux::session;
-
-use super::super::clock::now;
-use super::super::events::Internal;
-use super::{Task, Waiter};
+use super::super::era::{CacheHint, Fresh};
+use super::super::error::ErrorCode;
+use super::super::lists::{List, ListError, ListRead, Next};
+use super::super::message::{Message, RequestId};
+use super::super::route::HostId;
+use super::classify;
+use super::{Core, Level, Notice, Out, Publish, Waiter};
 
 /// A kept list's reads.
 #[derive(Debug, Default)]
@@ -52,7 +48,7 @@ impl Cache {
     }
 }
 
-impl Task {
+impl Core {
     /// The page asked for will not be answered (the upstream ended): the
     /// list is read again on the next handshake.
     pub(super) fn page_unanswered(&mut self, kind: List) {
@@ -65,19 +61,15 @@ impl Task {
 
     /// Publishes list `kind`; returns the one it replaces.
     pub(super) fn set_list(&mut self, kind: List, list: Option<Arc<str>>) -> Option<Arc<str>> {
-        let old = match self.lists.lock() {
-            Ok(mut lists) => std::mem::replace(&mut lists[kind.index()], list.clone()),
-            Err(_) => None,
-        };
+        let old = std::mem::replace(&mut self.lists[kind.index()], list.clone());
         if old != list {
-            self.changes
-                .send_modify(|serials| serials[kind.index()] += 1);
+            self.out(Out::Publish(Publish::List(kind, list)));
         }
         old
     }
 
     pub(super) fn cached(&self, kind: List) -> Option<Arc<str>> {
-        self.lists.lock().ok()?[kind.index()].clone()
+        self.lists[kind.index()].clone()
     }
 
     /// Reads list `kind` from the server (again, once the read in flight
@@ -91,7 +83,7 @@ impl Task {
             cache.dirty = true;
             return;
         }
-        let read = ListRead::new(kind, now(), self.list_timeout);
+        let read = ListRead::new(kind, self.now, self.settings.list_timeout);
         let params = read.first();
         cache.reading = Some(read);
         self.request_page(kind, params);
@@ -111,14 +103,14 @@ impl Task {
             && self.caches.iter().all(|c| c.reading.is_none())
         {
             self.reading_for = None;
-            self.listed.send_replace(generation);
+            self.out(Out::Publish(Publish::Listed(generation)));
         }
     }
 
     /// The timer of the list reads fired: those past their deadline fail
     /// (their page in flight is cancelled upstream).
     pub(super) fn lists_expired(&mut self) {
-        let now = now();
+        let now = self.now;
         for kind in List::KEPT {
             let cache = &mut self.caches[kind.index()];
             let Some(error) = cache.reading.as_ref().and_then(|r| r.expired(now)) else {
@@ -152,7 +144,7 @@ impl Task {
         let Some(reading) = cache.reading.as_mut() else {
             return;
         };
-        let items = match reading.answer(answer, answer.received(), now()) {
+        let items = match reading.answer(answer, answer.received(), self.now) {
             Next::Page(params) => {
                 self.request_page(kind, params);
                 return;
@@ -167,7 +159,7 @@ impl Task {
             }
         };
         cache.reading = None;
-        cache.read_at = Some(now());
+        cache.read_at = Some(self.now);
         cache.failed = None;
         let dirty = std::mem::take(&mut cache.dirty);
         let notify = std::mem::take(&mut cache.notify);
@@ -198,17 +190,22 @@ impl Task {
         cache.asked = None;
         cache.notify = false;
         let error = error.to_string();
-        if cache.failed.as_deref() != Some(error.as_str()) {
-            tracing::warn!(target: "mcpd::sessions", mcpd_server = %self.name, "{error}; keeping the list read before");
-            if let Some(up) = &self.upstream {
-                let _ = self.events.send(Internal::ListFailed {
-                    generation: up.generation,
-                    error: error.clone(),
-                });
-            }
-            cache.failed = Some(error);
+        let warn = cache.failed.as_deref() != Some(error.as_str());
+        if warn {
+            cache.failed = Some(error.clone());
         }
-        if std::mem::take(&mut cache.dirty) {
+        let dirty = std::mem::take(&mut cache.dirty);
+        if warn {
+            self.log(
+                Level::Warn,
+                None,
+                format!("{error}; keeping the list read before"),
+            );
+            if let Some(generation) = self.upstream {
+                self.out(Out::Notice(Notice::ListFailed { generation, error }));
+            }
+        }
+        if dirty {
             // The server said it changed since: one more try.
             self.read_list(kind, true);
         }
@@ -227,7 +224,7 @@ impl Task {
                 .init
                 .as_ref()
                 .is_some_and(|init| init["capabilities"].get(kind.capability()).is_some());
-            if self.on_demand && self.upstream.is_none() && !offered {
+            if self.settings.on_demand && self.upstream.is_none() && !offered {
                 let text = format!("server {} does not offer {}", self.name, kind.capability());
                 self.send(
                     host,
@@ -246,9 +243,9 @@ impl Task {
             {
                 m.close(id);
             }
-            crate::mux::era::list_answer(id, kind.key(), &list, &self.server_info(), fresh)
+            super::super::era::list_answer(id, kind.key(), &list, &self.server_info(), fresh)
         } else {
-            session::list_answer(id, kind.key(), &list)
+            classify::list_answer(id, kind.key(), &list)
         };
         self.answered(host, id);
         self.send_bytes(host, bytes);
@@ -259,7 +256,7 @@ impl Task {
     /// server (of MCP 2026-07-28, running) said how long it stays good
     /// and that passed; what the host is told of it.
     fn list_asked(&mut self, kind: List) -> Fresh {
-        let now = now();
+        let now = self.now;
         let modern = self.modern_up && self.upstream.is_some();
         let cache = &mut self.caches[kind.index()];
         let Some(read) = cache.read_at else {
@@ -284,18 +281,14 @@ impl Task {
     /// said how long they stay good and that passed; what the host is
     /// told of them.
     pub(super) fn tools_asked(&mut self) -> Fresh {
-        let now = now();
+        let now = self.now;
         let modern = self.modern_up && self.upstream.is_some();
-        let Ok(mut fresh) = self.tools_fresh.lock() else {
-            return Fresh::default();
-        };
-        let Some((hint, read)) = *fresh else {
+        let Some((hint, read)) = self.tools_fresh else {
             return Fresh::default();
         };
         if modern && hint.stale_at(read).is_some_and(|at| now >= at) {
             // Once per TTL: the re-read sets the time again when done.
-            *fresh = Some((hint, now));
-            drop(fresh);
+            self.tools_fresh = Some((hint, now));
             self.tools_changed();
             return Fresh::default();
         }
@@ -304,16 +297,12 @@ impl Task {
 
     /// The tools are to be read again (the server said `list_changed`, or
     /// their TTL passed): hosts hear of it once mcpd has re-synced
-    /// (status_changed). One notice at a time: a storm wakes the actor
-    /// once per notice it takes, not once per notification.
+    /// (status_changed). The driver sends one notice at a time: a storm
+    /// wakes the actor once per notice it takes, not once per
+    /// notification.
     pub(super) fn tools_changed(&mut self) {
-        if let Some(up) = &self.upstream
-            && !self.list_changed.swap(true, Ordering::AcqRel)
-        {
-            let _ = self.events.send(Internal::ListChanged {
-                generation: up.generation,
-                pending: Arc::clone(&self.list_changed),
-            });
+        if let Some(generation) = self.upstream {
+            self.out(Out::Notice(Notice::ToolsChanged { generation }));
         }
     }
 }

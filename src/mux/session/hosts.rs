@@ -1,72 +1,57 @@
-//! A host's side of the sessions task: attaching and ending a host, what
-//! is sent to it (answers, notifications, the outage error; a host too
-//! far behind is detached), and what it sends (`on_host`: its requests
-//! routed, accounted, filtered and held while an on-demand server
-//! starts).
-
-use std::sync::Arc;
-use std::sync::atomic::Ordering;
+//! A host's side of the sessions: attaching and ending a host, what is
+//! sent to it (answers, notifications, the outage error), and what it
+//! sends (`on_host`: its requests routed, accounted, filtered and held
+//! while an on-demand server starts).
 
 use foldhash::HashMap;
 use serde_json::{Value, json};
 
-use crate::mux::attach::Control;
-use crate::mux::era::Era;
-use crate::mux::error::ErrorCode;
-use crate::mux::host::{HostLink, Opened};
-use crate::mux::message::{Message, RequestId};
-use crate::mux::route::{HostId, Level, Out};
-use crate::mux::session::{self, HostState, Outcome, Step};
-use crate::mux::wire::{Frame, Refused, line};
+use super::super::era::Era;
+use super::super::error::ErrorCode;
+use super::super::message::{Message, RequestId};
+use super::super::route::{HostId, Level as LogLevel, Out as RouteOut};
+use super::super::wire::{Frame, line};
+use super::classify::{self, HostState, Outcome, Step};
+use std::time::Instant;
 
-use super::super::CallError;
-use super::super::accounting::{Caller, Record};
-use super::super::clock::now;
-use super::super::machine::State;
 use super::{
-    Host, MAX_IN_FLIGHT, MAX_SESSIONS, MAX_UNIT_IN_FLIGHT, QUEUE, QUEUE_BYTES, Task, Waiter,
-    upstream_era,
+    Arrival, Call, Core, Host, Kind, Level, MAX_IN_FLIGHT, MAX_SESSIONS, MAX_UNIT_IN_FLIGHT, Out,
+    Publish, Purpose, UnitState, Waiter, upstream,
 };
 
-impl Task {
-    pub(super) fn attach(&mut self, link: HostLink, caller: Caller, refused: Option<Arc<str>>) {
-        let who = caller.to_string();
-        self.next_host += 1;
-        let host = self.next_host;
-        let Opened {
-            reader,
-            stop,
-            out,
-            control,
+impl Core {
+    /// Host session `host` (the id [`Core::next_host`] gave) attached, as
+    /// `arrival` says, at `now`.
+    pub fn attach(&mut self, host: HostId, arrival: Arrival, now: Instant) {
+        self.now = now;
+        self.next_host = self.next_host.max(host);
+        let Arrival {
             replay,
+            bridged,
             ledger,
-        } = link.open(host, QUEUE, QUEUE_BYTES);
-        self.readers.push(reader);
+            refused,
+        } = arrival;
         self.hosts.insert(
             host,
             Host {
-                out,
-                control,
                 swallow: None,
-                _reader: stop,
-                caller,
+                bridged,
+                ledger,
                 initialized: false,
                 held: Vec::new(),
                 calls: HashMap::default(),
-                ledger,
-                dropped: 0,
-                uninitialized: Some(now()),
+                uninitialized: Some(now),
                 modern: None,
                 translated: None,
                 version: None,
                 refused,
             },
         );
-        self.count.store(self.hosts.len(), Ordering::Relaxed);
         let attached = self.hosts.len();
-        self.presence
-            .send_modify(|(ever, now)| (*ever, *now) = (*ever + 1, attached));
-        tracing::debug!(target: "mcpd::sessions", mcpd_server = %self.name, host, "host session attached by {who}");
+        self.out(Out::Publish(Publish::Presence {
+            attached,
+            arrived: true,
+        }));
         if self.hosts.len() > MAX_SESSIONS {
             let why = format!(
                 "too many sessions on server {} (at most {MAX_SESSIONS})",
@@ -86,6 +71,23 @@ impl Task {
             }
             self.on_host(host, Frame::Message(replay.into()));
         }
+        self.settle_doomed();
+    }
+
+    /// Host `host` sent `frame` (read at `now`).
+    pub fn host_frame(&mut self, host: HostId, frame: Frame, now: Instant) {
+        self.now = now;
+        self.record(host, &frame);
+        self.on_host(host, frame);
+        self.settle_doomed();
+    }
+
+    /// Host session `host` ended: it left (`why` none), or its link
+    /// failed or fell behind (`why`).
+    pub fn detached(&mut self, host: HostId, why: Option<&str>, now: Instant) {
+        self.now = now;
+        self.detach(host, why);
+        self.settle_doomed();
     }
 
     /// Ends host session `host`: it left (`why` none), or misbehaved.
@@ -97,77 +99,83 @@ impl Task {
     /// doing, which is `counted` among the detached sessions if it
     /// misbehaved.
     pub(super) fn end(&mut self, host: HostId, why: Option<&str>, counted: bool) {
+        if !self.hosts.contains_key(&host) {
+            return;
+        }
+        // Its calls in flight are dropped (logged as abandoned).
+        self.abandon_calls(host);
         let Some(gone) = self.hosts.remove(&host) else {
             return;
         };
-        if let Some(why) = why {
-            tracing::warn!(target: "mcpd::sessions", mcpd_server = %self.name, host, pid = ?gone.caller.pid, "detaching host session {host}: {why}");
-            if counted {
-                self.counters.host_detached();
-            }
-        }
         self.waiting.retain(|w| w.host != host);
-        self.count.store(self.hosts.len(), Ordering::Relaxed);
         let attached = self.hosts.len();
-        self.presence.send_modify(|(_, now)| *now = attached);
+        self.out(Out::Publish(Publish::Presence {
+            attached,
+            arrived: false,
+        }));
         if let Some(version) = gone.version {
-            self.versions.detached(version);
+            self.out(Out::Publish(Publish::Version(version, false)));
         }
-        let mut gone = gone;
-        if let Some(modern) = gone.modern.as_deref_mut() {
-            Self::modern_gone(modern);
-        }
-        // The host sees its session end at once, whatever its writer task
-        // still waits to write; its calls in flight are dropped (logged as
-        // abandoned). A bridge is told why, and exits.
-        gone.out.shutdown();
-        if let Some(control) = &gone.control {
-            let _ = control.send(crate::mux::attach::line(&Control::End(
-                why.map(str::to_owned),
-            )));
-        }
-        drop(gone);
+        // The host sees its session end at once, whatever its writer
+        // still waits to write. A bridge is told why, and exits.
+        self.out(Out::Ended {
+            host,
+            why: why.map(str::to_owned),
+            counted: counted && why.is_some(),
+        });
         let outs = self.router.detach(host);
         self.deliver(outs, None);
     }
 
-    /// Queues `bytes` for `host`; a host whose queue is full is detached.
-    pub(super) fn send_bytes(&mut self, host: HostId, bytes: Vec<u8>) {
-        let Some(h) = self.hosts.get(&host) else {
+    /// Host `host`'s calls in flight (and parked) end unanswered.
+    pub(super) fn abandon_calls(&mut self, host: HostId) {
+        let Some(h) = self.hosts.get_mut(&host) else {
             return;
         };
-        let sent = h.out.send(bytes);
-        self.sent(host, sent);
-    }
-
-    /// Queues `message` for `host` as [`Task::send_bytes`] does, its line
-    /// made in the thread's buffer (copied only if it must wait).
-    pub(super) fn send_line(&mut self, host: HostId, message: &Message) {
-        let Some(h) = self.hosts.get(&host) else {
-            return;
-        };
-        let sent = message.with_line(|line| h.out.send_slice(line));
-        self.sent(host, sent);
-    }
-
-    /// A host whose queue refused a message is detached.
-    fn sent(&mut self, host: HostId, sent: Result<(), Refused>) {
-        match sent {
-            Ok(()) => {}
-            Err(Refused::Full) => {
-                self.doomed.push((host, "it stopped reading its messages"));
-            }
-            Err(Refused::Closed) => {
-                self.doomed.push((host, "its connection failed"));
-            }
+        let mut calls: Vec<Call> = h.calls.drain().map(|(_, call)| call).collect();
+        if let Some(modern) = h.modern.as_deref_mut() {
+            calls.extend(modern.gone());
         }
+        for call in calls {
+            self.out(Out::Call {
+                host,
+                call,
+                outcome: Outcome::Abandoned,
+            });
+        }
+    }
+
+    /// Queues `bytes` (a line mcpd made) for `host`.
+    pub(super) fn send_bytes(&mut self, host: HostId, bytes: Vec<u8>) {
+        if self.hosts.contains_key(&host) {
+            self.out(Out::Bytes(host, bytes));
+        }
+    }
+
+    /// Queues `message` for `host`, dropped while the host is behind if it
+    /// is a notification that may be.
+    fn send_line(&mut self, host: HostId, message: Message, kind: Kind) {
+        let Some(h) = self.hosts.get(&host) else {
+            return;
+        };
+        let modern = h.modern.is_some();
+        self.out(Out::Host {
+            host,
+            message,
+            kind,
+            modern,
+        });
     }
 
     /// `host`'s request `id` is answered by bytes mcpd made (the answer
     /// is sent after): its bridge need not answer it.
     pub(super) fn answered(&mut self, host: HostId, id: &RequestId) {
-        if let Some(ledger) = self.hosts.get_mut(&host).and_then(|h| h.ledger.as_mut()) {
-            ledger.clear(id.as_json());
+        if self.hosts.get(&host).is_some_and(|h| h.ledger) {
+            self.out(Out::Ledger {
+                host,
+                id: id.as_json().into(),
+                record: false,
+            });
         }
     }
 
@@ -189,7 +197,7 @@ impl Task {
                     .hosts
                     .get(&host)
                     .and_then(|h| h.translated.as_deref())
-                    .is_some_and(upstream_era::Translated::keeps_any))
+                    .is_some_and(upstream::Translated::keeps_any))
         {
             // Also after the server stopped speaking 2026-07-28: what was
             // kept for the request goes with its answer.
@@ -218,54 +226,38 @@ impl Task {
             self.replayed(host);
             return;
         }
-        if let Some(h) = self.hosts.get_mut(&host) {
-            let notification = !answer && !message.has("id");
-            if (notification || h.dropped > 0) && self.behind(host, notification, &message) {
-                return;
-            }
-        }
+        let notification = !answer && !message.has("id");
         // A response ends a call being accounted: logged once the host
         // has it, so the log write is not on the answer's way.
-        let mut record = None;
+        let mut ended = None;
         if answer
             && let Some(h) = self.hosts.get_mut(&host)
-            && (!h.calls.is_empty() || h.ledger.is_some())
+            && (!h.calls.is_empty() || h.ledger)
             && let Some(key) = message.id_text()
         {
-            record = h.calls.remove(key.as_ref());
-            if let Some(ledger) = &mut h.ledger {
-                ledger.clear(&key);
+            ended = h.calls.remove(key.as_ref());
+            if h.ledger {
+                self.outs.push(Out::Ledger {
+                    host,
+                    id: key.as_ref().into(),
+                    record: false,
+                });
             }
         }
-        self.send_line(host, &message);
-        if let Some(mut record) = record {
-            record.finish(session::outcome_of(&message));
-        }
-    }
-
-    /// Fan-out to a host that is behind (DESIGN §3, invariant 10): a
-    /// notification for a host whose queue is past `session::behind` is
-    /// dropped and counted (answers and requests never are); once it has
-    /// caught up, it is told how many before its next message. Returns
-    /// whether `message` was dropped.
-    pub(super) fn behind(&mut self, host: HostId, notification: bool, message: &Message) -> bool {
-        let Some(h) = self.hosts.get_mut(&host) else {
-            return false;
+        let outcome = ended.as_ref().map(|_| classify::outcome_of(&message));
+        let kind = if notification {
+            Kind::Notification
+        } else {
+            Kind::Kept
         };
-        let behind = session::behind(h.out.backlog());
-        if behind && notification && session::may_drop(message) {
-            h.dropped += 1;
-            self.counters.notification_dropped();
-            return true;
+        self.send_line(host, message, kind);
+        if let (Some(call), Some(outcome)) = (ended, outcome) {
+            self.out(Out::Call {
+                host,
+                call,
+                outcome,
+            });
         }
-        if !behind && h.dropped > 0 {
-            let notice = session::dropped_notice(std::mem::take(&mut h.dropped));
-            // A modern host gets log messages only for requests that ask.
-            if h.modern.is_none() {
-                self.send_bytes(host, line(&notice));
-            }
-        }
-        false
     }
 
     /// What a request gets while the upstream is not established.
@@ -273,18 +265,17 @@ impl Task {
         if let Some(why) = lost {
             return format!("server {}: connection lost: {why}", self.name);
         }
-        let s = self.status.borrow();
-        if s.state == State::Running {
+        if self.facts.state == UnitState::Running {
             return format!("server {} is reconnecting", self.name);
         }
-        CallError::not_running(&self.name, &s).to_string()
+        self.facts.not_running.clone()
     }
 
-    pub(super) fn deliver(&mut self, outs: Vec<Out>, lost: Option<&str>) {
+    pub(super) fn deliver(&mut self, outs: Vec<RouteOut>, lost: Option<&str>) {
         let mut outs = outs;
         for out in outs.drain(..) {
             match out {
-                Out::Server(message) => {
+                RouteOut::Server(message) => {
                     let message = if self.modern_upstream() {
                         match self.for_modern_server(message) {
                             Some(message) => message,
@@ -293,37 +284,35 @@ impl Task {
                     } else {
                         message
                     };
-                    if let Some(up) = &self.upstream {
-                        let _ = up.tx.send(message);
+                    if self.upstream.is_some() {
+                        self.out(Out::Server(message));
                     }
                 }
-                Out::Host(host, message) => self.send_message(host, message),
-                Out::Parked { host, up, answer } => self.parked_ended(host, up, answer),
-                Out::Down { host, id } => {
+                RouteOut::Host(host, message) => self.send_message(host, message),
+                RouteOut::Parked { host, up, answer } => self.parked_ended(host, up, answer),
+                RouteOut::Down { host, id } => {
                     let text = self.down_text(lost);
                     self.send(host, ErrorCode::ServerDown.response(&id, text));
                 }
-                Out::Answer(id, message) => match self.own.remove(&id) {
-                    Some(Waiter::Use(token, reply)) => {
-                        self.used = now();
+                RouteOut::Answer(id, message) => match self.own.remove(&id) {
+                    Some(Waiter::Own(purpose, token)) => {
+                        if purpose == Purpose::Use {
+                            self.used = self.now;
+                        }
                         self.tokens.remove(&token);
-                        let _ = reply.send(Ok(message));
-                    }
-                    Some(Waiter::Caller(token, reply) | Waiter::Probe(token, reply)) => {
-                        self.tokens.remove(&token);
-                        let _ = reply.send(Ok(message));
+                        self.out(Out::Reply {
+                            token,
+                            answer: Ok(message),
+                        });
                     }
                     Some(Waiter::Page(kind)) => self.page(kind, id, &message),
                     None => {}
                 },
-                Out::Unanswered(id) => match self.own.remove(&id) {
-                    Some(
-                        Waiter::Caller(token, reply)
-                        | Waiter::Use(token, reply)
-                        | Waiter::Probe(token, reply),
-                    ) => {
+                RouteOut::Unanswered(id) => match self.own.remove(&id) {
+                    Some(Waiter::Own(_, token)) => {
                         self.tokens.remove(&token);
-                        let _ = reply.send(Err(self.down_text(lost)));
+                        let answer = Err(self.down_text(lost));
+                        self.out(Out::Reply { token, answer });
                     }
                     Some(Waiter::Page(kind)) => self.page_unanswered(kind),
                     None => {}
@@ -336,28 +325,37 @@ impl Task {
     /// A request read from `host` is the daemon's to answer from now on
     /// (handled at once or held): if the daemon dies first, the host's
     /// bridge answers it from the ledger.
-    pub(super) fn record(&mut self, host: HostId, frame: &Frame) {
+    fn record(&mut self, host: HostId, frame: &Frame) {
         if let Frame::Message(message) = frame
-            && let Some(ledger) = self.hosts.get_mut(&host).and_then(|h| h.ledger.as_mut())
+            && self.hosts.get(&host).is_some_and(|h| h.ledger)
             && message.has("method")
             && let Some(id) = message.id_text()
         {
-            ledger.record(&id);
+            self.out(Out::Ledger {
+                host,
+                id: id.as_ref().into(),
+                record: true,
+            });
         }
     }
 
     pub(super) fn on_host(&mut self, host: HostId, mut frame: Frame) {
         if let Frame::Message(message) = &mut frame {
-            let dropped = session::strip(message);
+            let dropped = classify::strip(message);
             if !dropped.is_empty() {
-                tracing::debug!(target: "mcpd::sessions", mcpd_server = %self.name, host, "dropped members JSON-RPC does not have: {}", dropped.join(", "));
+                let text = format!(
+                    "dropped members JSON-RPC does not have: {}",
+                    dropped.join(", ")
+                );
+                self.log(Level::Debug, Some(host), text);
             }
             // max-request-size, for whatever a host sends the server.
             let size = u64::try_from(message.received()).unwrap_or(u64::MAX);
-            if size > self.max_request_size {
+            let max = self.settings.max_request_size;
+            if size > max {
                 let bound = format!(
-                    "over the max-request-size of server {} ({} bytes)",
-                    self.name, self.max_request_size
+                    "over the max-request-size of server {} ({max} bytes)",
+                    self.name
                 );
                 match (message.has("method"), message.request_id()) {
                     // A request: refused, never sent.
@@ -371,7 +369,8 @@ impl Task {
                     }
                     // A notification: dropped.
                     (true, None) => {
-                        tracing::debug!(target: "mcpd::sessions", mcpd_server = %self.name, host, "dropped a notification of {size} bytes, {bound}");
+                        let text = format!("dropped a notification of {size} bytes, {bound}");
+                        self.log(Level::Debug, Some(host), text);
                         return;
                     }
                     // An answer to the server's request: the server gets an
@@ -403,7 +402,7 @@ impl Task {
             waiting,
             held: h.held.len(),
         };
-        let step = session::classify(&frame, state);
+        let step = classify::classify(&frame, state);
         let Frame::Message(message) = frame else {
             match step {
                 Step::Refuse(refusal) => self.send(host, refusal),
@@ -449,7 +448,7 @@ impl Task {
             Step::Ignore => {}
             Step::ToolsList(id) => {
                 self.tools_asked();
-                let bytes = session::list_answer(&id, "tools", self.status.borrow().tools.json());
+                let bytes = classify::list_answer(&id, "tools", &self.facts.tools);
                 self.answered(host, &id);
                 self.send_bytes(host, bytes);
             }
@@ -468,17 +467,23 @@ impl Task {
                     && let Some(h) = self.hosts.get_mut(&host)
                 {
                     // A cancelled request gets no answer, from anyone.
-                    if let Some(ledger) = &mut h.ledger {
-                        ledger.clear(request.as_json());
-                    }
+                    let ledger = h.ledger;
                     if let Some(m) = h.modern.as_deref_mut() {
                         m.close(&request);
                     }
                     if let Some(t) = h.translated.as_deref_mut() {
                         t.cancelled(&request);
                     }
-                    if let Some(mut record) = h.calls.remove(&request) {
-                        record.finish(Outcome::Failed("cancelled by the host".into()));
+                    let ended = h.calls.remove(&request);
+                    if ledger {
+                        self.answered(host, &request);
+                    }
+                    if let Some(call) = ended {
+                        self.out(Out::Call {
+                            host,
+                            call,
+                            outcome: Outcome::Failed("cancelled by the host".into()),
+                        });
                     }
                 }
                 let outs = self.router.from_host(host, message);
@@ -500,7 +505,7 @@ impl Task {
         name: &str,
         id: RequestId,
         message: Message,
-        level: Option<Level>,
+        level: Option<LogLevel>,
     ) {
         if self.router.in_flight(host) >= MAX_IN_FLIGHT {
             self.send(
@@ -534,29 +539,23 @@ impl Task {
             return;
         }
         if name == "tools/call" {
-            let tool = session::tool_name(&message);
-            if let Some(why) = self.filter.why_not(&tool) {
-                let text = CallError::Filtered {
-                    server: self.name.to_string(),
-                    tool,
-                    why,
-                }
-                .to_string();
+            let tool = classify::tool_name(&message);
+            if let Some(why) = self.settings.filter.why_not(&tool) {
+                let text = classify::filtered(&self.name, &tool, &why);
                 self.send(
                     host,
                     ErrorCode::InvalidParams.response(&id.to_value(), text),
                 );
                 return;
             }
+            let started = self.now;
             let Some(h) = self.hosts.get_mut(&host) else {
                 return;
             };
-            let mut record = Record::new(&self.name, tool, &self.counters);
-            record.caller = h.caller.clone();
-            h.calls.insert(id.clone(), record);
+            h.calls.insert(id.clone(), Call { tool, started });
         }
-        if session::counts_as_use(name) {
-            self.used = now();
+        if classify::counts_as_use(name) {
+            self.used = self.now;
         }
         let mut message = message;
         let mut level = level;

@@ -1,8 +1,6 @@
-//! The pure core of a host session (DESIGN §8): what mcpd decides about a
-//! host's messages itself, beside what the router decides about sharing
-//! the upstream. No I/O, no tasks, no clock: the session task
-//! (`supervisor::sessions`) reads and writes, keeps the state, and asks
-//! here.
+//! What one line of a host is to its session, and the answers mcpd makes
+//! itself (DESIGN §8): the [`Core`](super::Core) asks here first, before
+//! it routes, holds or answers.
 //!
 //! - [`classify`]: what a host's line is to its session — held behind its
 //!   `initialize`, refused (garbage, too long, before `initialize`, a
@@ -22,10 +20,10 @@
 
 use serde_json::{Value, json};
 
-use super::era::{self, Era};
-use super::error::ErrorCode;
-use super::message::{Message, RequestId};
-use super::wire::{Frame, MAX_LINE};
+use super::super::era::{self, Era};
+use super::super::error::ErrorCode;
+use super::super::message::{Message, RequestId};
+use super::super::wire::{Frame, MAX_LINE};
 
 /// The revision mcpd asks servers for (the server may answer with an older
 /// one it speaks; mcpd accepts whatever it answers), and answers hosts
@@ -33,7 +31,7 @@ use super::wire::{Frame, MAX_LINE};
 pub const PROTOCOL_VERSION: &str = "2025-11-25";
 
 /// Revisions host sessions may negotiate (kept with the eras' versions).
-pub use super::era::HOST_VERSIONS;
+pub use super::super::era::HOST_VERSIONS;
 
 /// Messages one host may send while its `initialize` waits for the first
 /// generation: a host that sends more is detached.
@@ -243,7 +241,7 @@ pub fn strip(message: &mut Message) -> Vec<String> {
 }
 
 /// Why a host's message is not a valid JSON-RPC 2.0 message, as the
-/// `-32600 Invalid Request` answer to it: `jsonrpc` must be `"2.0"`, and
+/// [`ErrorCode::InvalidRequest`] answer to it: `jsonrpc` must be `"2.0"`, and
 /// an id a string or a number (MCP: a string or an integer; `null` is
 /// for error responses alone).
 fn invalid(message: &Message) -> Option<Value> {
@@ -400,7 +398,7 @@ fn first_name_alone(params: &str) -> Option<&str> {
     let (name, after) = rest.split_at(end);
     let after = after.as_bytes();
     (after[0] == b'"'
-        && !super::message::holds(after, b"\"name\"", 3, &NAME)
+        && !super::super::message::holds(after, b"\"name\"", 3, &NAME)
         && !memchr::memchr_iter(b'\\', after).any(|at| after.get(at + 1) == Some(&b'u')))
     .then_some(name)
 }
@@ -451,4 +449,10 @@ pub fn tool_name(message: &Message) -> String {
             .and_then(|p| p.get("name").and_then(Value::as_str).map(str::to_owned)),
     };
     name.unwrap_or_default()
+}
+
+/// Why a call of `tool` of server `server` is refused: the unit's
+/// `tools` block filters it out (`why`).
+pub fn filtered(server: &str, tool: &str, why: &str) -> String {
+    format!("tool {tool} of server {server} is filtered out by its unit's `tools` block: {why}")
 }

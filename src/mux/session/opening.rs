@@ -5,21 +5,13 @@
 //! handled in order, the deadline for a session that never opens, and
 //! the count of sessions per protocol version.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
-
 use serde_json::{Value, json};
 
-use crate::mux::attach::Control;
-use crate::mux::era;
-use crate::mux::error::ErrorCode;
-use crate::mux::message::{Message, RequestId};
-use crate::mux::route::{Caps, HostId};
-use crate::mux::session;
-
-use super::super::clock::now;
-use super::super::events::Internal;
-use super::super::machine::State;
-use super::{Task, initialize_timeout, upstream_era};
+use super::super::error::ErrorCode;
+use super::super::message::{Message, RequestId};
+use super::super::route::{Caps, HostId};
+use super::classify;
+use super::{Core, Notice, Out, Publish, UnitState, upstream};
 
 /// A host's `initialize` or `server/discover` waiting for the first
 /// generation (nothing to answer it from yet).
@@ -50,42 +42,7 @@ impl Waiting {
     }
 }
 
-/// Attached host sessions per protocol version (the modern one, then
-/// those of the handshake, newest first).
-#[derive(Debug, Default)]
-pub(super) struct Versions {
-    counts: [AtomicUsize; 1 + session::HOST_VERSIONS.len()],
-}
-
-impl Versions {
-    fn slot(version: &str) -> Option<usize> {
-        era::supported_versions().iter().position(|v| *v == version)
-    }
-
-    pub(super) fn attached(&self, version: &str) {
-        if let Some(at) = Self::slot(version) {
-            self.counts[at].fetch_add(1, Ordering::Relaxed);
-        }
-    }
-
-    pub(super) fn detached(&self, version: &str) {
-        if let Some(at) = Self::slot(version) {
-            let _ = self.counts[at]
-                .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1));
-        }
-    }
-
-    pub(super) fn counts(&self) -> Vec<(&'static str, usize)> {
-        era::supported_versions()
-            .into_iter()
-            .zip(&self.counts)
-            .map(|(v, n)| (v, n.load(Ordering::Relaxed)))
-            .filter(|(_, n)| *n > 0)
-            .collect()
-    }
-}
-
-impl Task {
+impl Core {
     /// The server is down with no `initialize` result known: a host's
     /// `initialize` gets the outage error. A replayed one (the host
     /// initialized with an earlier daemon) cannot be taken back: the
@@ -97,7 +54,7 @@ impl Task {
             if let Some(h) = self.hosts.get_mut(&host) {
                 h.swallow = None;
                 h.initialized = true;
-                h.translated = Some(Box::new(upstream_era::Translated::of_initialize(params)));
+                h.translated = Some(Box::new(upstream::Translated::of_initialize(params)));
             }
             self.router.attach(host, Caps::from_initialize(params));
         } else {
@@ -113,7 +70,7 @@ impl Task {
         let Some(init) = self.init.clone() else {
             return;
         };
-        for method in session::replay_notices(&init) {
+        for method in classify::replay_notices(&init) {
             self.send(host, json!({"jsonrpc": "2.0", "method": method}));
         }
     }
@@ -121,13 +78,14 @@ impl Task {
     /// Hosts that have not sent `initialize` within
     /// [`initialize_timeout`] of attaching are detached.
     pub(super) fn uninitialized_expired(&mut self) {
-        let cutoff = now().checked_sub(initialize_timeout());
-        let late: Vec<HostId> = self
+        let cutoff = self.now.checked_sub(self.tunables.initialize_timeout);
+        let mut late: Vec<HostId> = self
             .hosts
             .iter()
             .filter(|(_, h)| h.uninitialized.is_some_and(|since| Some(since) <= cutoff))
             .map(|(host, _)| *host)
             .collect();
+        late.sort_unstable();
         for host in late {
             self.detach(host, Some("it sent no initialize in time"));
         }
@@ -135,19 +93,20 @@ impl Task {
 
     /// Answers host `host`'s `initialize` with the server's own result.
     pub(super) fn initialize(&mut self, host: HostId, id: &Value, params: &Value) {
-        if let Ok(mut declared) = self.declared.lock() {
-            *declared = Some(params["capabilities"].clone());
-        }
+        self.declare(params["capabilities"].clone());
         let Some(init) = self.init.clone() else {
-            let state = self.status.borrow().state;
-            if matches!(state, State::Failed | State::Stopped | State::Stopping) {
+            let state = self.facts.state;
+            if matches!(
+                state,
+                UnitState::Failed | UnitState::Stopped | UnitState::Stopping
+            ) {
                 self.refuse_initialize(host, id, params);
             } else {
                 self.open_later(host, Waiting::initialize(id.clone(), params.clone()));
             }
             return;
         };
-        let result = session::initialize_result(&init, params);
+        let result = classify::initialize_result(&init, params);
         let held = match self.hosts.get_mut(&host) {
             Some(h) => {
                 h.initialized = true;
@@ -157,23 +116,23 @@ impl Task {
         };
         self.router.attach(host, Caps::from_initialize(params));
         if let Some(h) = self.hosts.get_mut(&host) {
-            h.translated = Some(Box::new(upstream_era::Translated::of_initialize(params)));
+            h.translated = Some(Box::new(upstream::Translated::of_initialize(params)));
         }
-        let version = session::negotiate(params["protocolVersion"].as_str().unwrap_or_default());
+        let version = classify::negotiate(params["protocolVersion"].as_str().unwrap_or_default());
         if let Some(h) = self.hosts.get_mut(&host)
             && h.version.is_none()
         {
             h.version = Some(version);
-            self.versions.attached(version);
+            self.out(Out::Publish(Publish::Version(version, true)));
         }
         if let Some(h) = self.hosts.get(&host)
-            && let Some(control) = &h.control
+            && h.bridged
             && h.swallow.is_none()
         {
             // The bridge keeps it, to replay if mcpd restarts.
-            let request =
+            let initialize =
                 json!({"jsonrpc": "2.0", "id": id, "method": "initialize", "params": params});
-            let _ = control.send(crate::mux::attach::line(&Control::Initialize(request)));
+            self.out(Out::Remember { host, initialize });
         }
         self.send(host, json!({"jsonrpc": "2.0", "id": id, "result": result}));
         // What it sent meanwhile, in order.
@@ -187,8 +146,8 @@ impl Task {
     /// is started for it (it has nothing to answer from yet).
     pub(super) fn open_later(&mut self, host: HostId, waiting: impl FnOnce(HostId) -> Waiting) {
         self.waiting.push(waiting(host));
-        if self.status.borrow().state == State::Idle {
-            let _ = self.events.send(Internal::Demand);
+        if self.facts.state == UnitState::Idle {
+            self.out(Out::Notice(Notice::Demand));
         }
     }
 

@@ -21,14 +21,51 @@ use std::collections::BTreeSet;
 use foldhash::HashMap;
 use serde_json::{Map, Value, json};
 
-use crate::mux::era;
-use crate::mux::error::ErrorCode;
-use crate::mux::message::{Message, RequestId};
-use crate::mux::route::{Caps, HostId, Level};
-use crate::mux::wire::line;
+use super::super::era;
+use super::super::error::ErrorCode;
+use super::super::message::{Message, RequestId};
+use super::super::route::{Caps, HostId, Level};
+use super::super::wire::line;
+use super::{Core, Out};
 
-use super::super::upstream::with_mcpd_meta;
-use super::Task;
+/// What mcpd declares it can answer to a server (its own requests'
+/// capabilities, and an upstream's handshake).
+pub fn client_capabilities() -> Value {
+    json!({
+        "sampling": {},
+        "elicitation": {"form": {}, "url": {}},
+        "roots": {"listChanged": true},
+    })
+}
+
+/// The `_meta` of mcpd's own requests to a server of MCP 2026-07-28.
+pub fn mcpd_meta() -> Value {
+    json!({
+        era::VERSION_KEY: era::MODERN,
+        era::CAPABILITIES_KEY: client_capabilities(),
+        era::CLIENT_INFO_KEY: {"name": "mcpd", "version": env!("CARGO_PKG_VERSION")},
+    })
+}
+
+/// `params` with mcpd's `_meta` (its own keys kept).
+pub fn with_mcpd_meta(mut params: Value) -> Value {
+    if !params.is_object() {
+        params = json!({});
+    }
+    let meta = &mut params["_meta"];
+    if !meta.is_object() {
+        *meta = json!({});
+    }
+    if let (Some(meta), Value::Object(ours)) = (meta.as_object_mut(), mcpd_meta()) {
+        meta.extend(ours);
+    }
+    params
+}
+
+/// The answer to a server's `roots/list` from the unit's `roots`.
+pub fn roots_result(roots: &[String]) -> Value {
+    json!({"roots": roots.iter().map(|uri| json!({"uri": uri})).collect::<Vec<_>>()})
+}
 
 /// What a 2025 host needs when its server speaks MCP 2026-07-28.
 #[derive(Debug, Default)]
@@ -121,7 +158,7 @@ fn with_meta(message: &mut Message, meta: &str, level: Option<Level>) {
     }
 }
 
-impl Task {
+impl Core {
     /// Whether the server of the current (or last) generation speaks MCP
     /// 2026-07-28.
     pub(super) fn modern_upstream(&self) -> bool {
@@ -224,15 +261,15 @@ impl Task {
         let Some(init) = self.init.clone() else {
             return;
         };
-        let Some(up) = &self.upstream else {
+        if self.upstream.is_none() {
             return;
-        };
+        }
         if let Some(old) = self.listen.take() {
-            let _ = up.tx.send(
+            self.out(Out::Server(
                 json!({"jsonrpc": "2.0", "method": "notifications/cancelled",
                        "params": {"requestId": old, "reason": "listening anew"}})
                 .into(),
-            );
+            ));
         }
         self.next_listen += 1;
         let id = format!("mcpd-listen-{}", self.next_listen);
@@ -250,7 +287,7 @@ impl Task {
         }
         let request = json!({"jsonrpc": "2.0", "id": id, "method": "subscriptions/listen",
             "params": with_mcpd_meta(json!({"notifications": filter}))});
-        let _ = up.tx.send(request.into());
+        self.out(Out::Server(request.into()));
         self.listen = Some(id);
     }
 
@@ -287,7 +324,7 @@ impl Task {
             .cloned()
             .unwrap_or_default();
         let state = result.get("requestState").cloned();
-        // A question it declared no capability for: -32021, as the server
+        // A question it declared no capability for: ErrorCode::MissingCapability, as the server
         // would have answered a modern host.
         if let Some(method) = requests
             .values()
