@@ -105,7 +105,7 @@ impl Server {
         header: &Header<'_>,
     ) -> Result<crate::supervisor::Supervisor, Error> {
         let supervisor = self.supervisor()?;
-        if supervisor.max_instances().is_none() {
+        if !supervisor.is_per_host() {
             return Ok(supervisor);
         }
         let who = caller(&self.callers, conn, header).await;
@@ -628,7 +628,7 @@ impl Server {
             .iter()
             .map(|i| {
                 serde_json::json!({
-                    "name": instance_name(&self.name, i),
+                    "name": i.of().name_in(&self.name),
                     "n": i.n,
                     "state": i.state.to_string(),
                     "pid": i.pid,
@@ -837,15 +837,6 @@ fn instance_row(i: &crate::supervisor::InstanceView) -> (u32, String, u32, u32, 
         host_pid.unwrap_or(u32::MAX),
         i.host.uid.unwrap_or(u32::MAX),
     )
-}
-
-/// An instance's name: `NAME@N`, or `NAME@uid-UID` for a D-Bus caller's.
-fn instance_name(unit: &str, i: &crate::supervisor::InstanceView) -> String {
-    if i.n == 0 {
-        format!("{unit}@uid-{}", i.host.uid.unwrap_or(u32::MAX))
-    } else {
-        format!("{unit}@{}", i.n)
-    }
 }
 
 /// Emits PropertiesChanged for what a reload may change.

@@ -23,6 +23,7 @@ use tokio::sync::{oneshot, watch};
 use tokio::task::JoinHandle;
 
 use super::{Caller, State, Supervisor};
+use crate::unit::InstanceOf;
 
 /// One instance as status and D-Bus show it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -42,6 +43,18 @@ pub struct InstanceView {
     pub calls: u64,
     /// Bytes its processes hold, where the containment tells.
     pub memory: Option<u64>,
+}
+
+impl InstanceView {
+    /// Which instance this is: a host's (`NAME@N`), or, numbered 0, a
+    /// D-Bus caller's (`NAME@uid-UID`; an unknown uid is `u32::MAX`).
+    pub fn of(&self) -> InstanceOf {
+        if self.n == 0 {
+            InstanceOf::Caller(self.host.uid.unwrap_or(u32::MAX))
+        } else {
+            InstanceOf::Host(self.n)
+        }
+    }
 }
 
 struct Running {

@@ -40,7 +40,7 @@ use rmcp::model::{CallToolResult, JsonObject};
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio::task::JoinHandle;
 
-use crate::unit::UnitSpec;
+use crate::unit::{InstanceOf, UnitSpec};
 
 pub use crate::mux::host::{HostInput, HostLink, HostOutput};
 pub use crate::mux::lists::List as ListKind;
@@ -332,7 +332,7 @@ impl Supervisor {
     pub fn restart(&self) {
         let _ = self.commands.send(Command::Restart);
         let spec = self.spec.lock().ok().map(|s| s.clone());
-        let spec = spec.filter(|s| s.sessions().max_instances().is_some());
+        let spec = spec.filter(|s| s.sessions().is_per_host());
         for instance in self.instances.all() {
             if let Some(spec) = &spec {
                 instance.apply(spec.for_instance(), false);
@@ -456,11 +456,12 @@ impl Supervisor {
             return;
         }
         let n = self.instances.next();
-        let Some(launcher) = self.launcher.instance(&n.to_string()) else {
+        let of = InstanceOf::Host(n);
+        let Some(launcher) = self.launcher.instance(of) else {
             self.sessions.attach(link, caller);
             return;
         };
-        let name = format!("{}@{n}", self.name);
+        let name = of.name_in(&self.name);
         let (instance, task) = Supervisor::spawn_reporting(
             &name,
             spec.for_instance(),
@@ -497,7 +498,7 @@ impl Supervisor {
     /// made or started just now.
     fn caller(&self, uid: Option<u32>) -> (Supervisor, bool) {
         let spec = self.spec.lock().ok().map(|s| s.clone());
-        let Some(spec) = spec.filter(|s| s.sessions().max_instances().is_some()) else {
+        let Some(spec) = spec.filter(|s| s.sessions().is_per_host()) else {
             return (self.clone(), false);
         };
         let uid = uid.unwrap_or(u32::MAX);
@@ -513,11 +514,11 @@ impl Supervisor {
             }
             return (instance.clone(), stopped);
         }
-        let label = format!("uid-{uid}");
-        let Some(launcher) = self.launcher.instance(&label) else {
+        let of = InstanceOf::Caller(uid);
+        let Some(launcher) = self.launcher.instance(of) else {
             return (self.clone(), false);
         };
-        let name = format!("{}@{label}", self.name);
+        let name = of.name_in(&self.name);
         let (instance, task) =
             Supervisor::spawn(&name, spec.for_caller(), launcher, self.logs.clone(), None);
         instance.arm();
@@ -562,7 +563,10 @@ impl Supervisor {
     /// so; None when there is no such instance. The instance is gone once
     /// the returned handle ends.
     pub fn stop_instance(&self, n: u32) -> Option<JoinHandle<()>> {
-        let why = format!("instance {}@{n} was stopped", self.name);
+        let why = format!(
+            "instance {} was stopped",
+            InstanceOf::Host(n).name_in(&self.name)
+        );
         self.instances.stop(n, why)
     }
 
@@ -587,6 +591,12 @@ impl Supervisor {
     /// `max-instances` of a per-host unit; None for a shared one.
     pub fn max_instances(&self) -> Option<u32> {
         self.spec.lock().ok()?.sessions().max_instances()
+    }
+
+    /// Whether the unit, as last applied, runs an instance per host
+    /// session ([`Sessions::is_per_host`](crate::unit::Sessions::is_per_host)).
+    pub fn is_per_host(&self) -> bool {
+        self.spec.lock().is_ok_and(|s| s.sessions().is_per_host())
     }
 
     /// The instances serving D-Bus callers.
