@@ -15,7 +15,9 @@ use crate::model::Shared;
 use crate::mux::aggregate::Target;
 use crate::unit::{InstanceName, InstanceOf};
 
-use super::{Callers, Error, authorize, caller, server_path};
+use super::access::{
+    Callers, Error, authorize, caller, invalid_reason, server_path, session_socket,
+};
 
 /// One row of `ListServers`, `(ssssuo)` on the wire.
 #[derive(
@@ -53,7 +55,7 @@ impl Manager {
     ) -> Result<zbus::OwnedFd, Error> {
         authorize(&self.shared, conn, header).await?;
         let who = caller(&self.callers, conn, header).await;
-        let (link, theirs) = super::session_socket()?;
+        let (link, theirs) = session_socket()?;
         crate::aggregate::attach(&self.shared, target, link, who).map_err(Error::NoSuchServer)?;
         Ok(theirs)
     }
@@ -91,7 +93,7 @@ impl Manager {
                             status.tools.len(),
                         )
                     }
-                    None => ("stopped".to_owned(), super::invalid_reason(&unit), 0),
+                    None => ("stopped".to_owned(), invalid_reason(&unit), 0),
                 };
                 let path = server_path(&name);
                 ServerRow {
@@ -275,7 +277,7 @@ impl Manager {
 /// Client side of `org.mcpd1.Manager` (mcpctl uses it); see
 /// [`super::client`] for connecting.
 pub mod client {
-    use crate::dbus::Error;
+    use crate::dbus::access::Error;
 
     #[zbus::proxy(
         interface = "org.mcpd1.Manager",

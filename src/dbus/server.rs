@@ -12,7 +12,9 @@ use crate::supervisor::{CallError, ListKind, Status};
 use crate::model::Shared;
 use crate::mux::error::{self, ErrorCode};
 
-use super::{Callers, Error, authorize, caller, server_path};
+use super::access::{
+    Callers, Error, authorize, caller, invalid_reason, server_path, session_socket,
+};
 
 // `CallError::Rejected` carries a server's code as an i32.
 const INVALID_PARAMS: i32 = ErrorCode::InvalidParams.code() as i32;
@@ -183,7 +185,7 @@ impl Server {
         match self.shared.unit(&self.name) {
             Ok(unit) => match &unit.supervisor {
                 Some(s) => s.status().reason,
-                None => super::invalid_reason(&unit),
+                None => invalid_reason(&unit),
             },
             Err(_) => String::new(),
         }
@@ -586,7 +588,7 @@ impl Server {
         authorize(&self.shared, conn, &header).await?;
         let supervisor = self.supervisor()?;
         let who = caller(&self.callers, conn, &header).await;
-        let (link, theirs) = super::session_socket()?;
+        let (link, theirs) = session_socket()?;
         supervisor.attach(link, who);
         Ok(theirs)
     }
@@ -853,7 +855,7 @@ pub(crate) async fn emit_unit_properties(conn: &Connection, name: &str) -> zbus:
 
 /// Client side of `org.mcpd1.Server`; see [`super::client`] for connecting.
 pub mod client {
-    use crate::dbus::Error;
+    use crate::dbus::access::Error;
 
     #[zbus::proxy(interface = "org.mcpd1.Server", default_service = "org.mcpd1")]
     pub trait Server {
