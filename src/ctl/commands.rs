@@ -494,7 +494,11 @@ fn instance_line(unit: &str, i: &Value) -> String {
     let number = |key: &str| i[key].as_u64();
     let name = match i["name"].as_str() {
         Some(name) => name.to_owned(),
-        None => format!("{unit}@{}", number("n").unwrap_or_default()),
+        // From a daemon that sends no name: numbers are u32 on the wire.
+        None => {
+            let n = number("n").and_then(|n| u32::try_from(n).ok());
+            crate::unit::InstanceOf::Host(n.unwrap_or_default()).name_in(unit)
+        }
     };
     let mut line = format!("{name} {}", i["state"].as_str().unwrap_or_default());
     if let Some(pid) = number("pid") {

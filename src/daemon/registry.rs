@@ -25,7 +25,7 @@ use crate::supervisor::process::Host;
 use crate::supervisor::{LogRing, State, Supervisor, system_launcher};
 use crate::unit::{self, LoadError, UnitFiles, UnitSpec};
 
-use super::Config;
+use super::config::Config;
 
 /// One unit the daemon knows.
 #[derive(Debug)]

@@ -7,7 +7,9 @@ use zbus::Connection;
 
 use crate::unit::Instance;
 
-use super::{Error, ManagerProxy, ServerProxy, private_socket, server_path};
+use super::access::{BUS_NAME, Error, bus_kind, private_socket, server_path};
+use super::manager::ManagerProxy;
+use super::server::ServerProxy;
 
 /// How long `mcpctl` waits for the daemon to finish the D-Bus handshake on
 /// its private socket (a daemon out of file descriptors leaves clients
@@ -65,13 +67,6 @@ async fn private(instance: Instance) -> Result<Connection, String> {
     }
 }
 
-fn bus_kind(instance: Instance) -> &'static str {
-    match instance {
-        Instance::System => "system",
-        Instance::User => "session",
-    }
-}
-
 /// When `instance` cannot be reached but the other instance of this user
 /// runs: say so (as root, `mcpctl` defaults to the system instance).
 async fn other_instance(instance: Instance) -> Option<String> {
@@ -125,7 +120,7 @@ impl Client {
                         "no daemon at {}",
                         private_socket(&instance.runtime_dir()).display()
                     ),
-                    bus: format!("the {} bus has no {}", bus_kind(instance), super::BUS_NAME),
+                    bus: format!("the {} bus has no {}", bus_kind(instance), BUS_NAME),
                     hint: Some(hint),
                 },
                 None => ConnectError::Manager(e),

@@ -32,7 +32,7 @@ use super::objects::{self, ObjectManager};
 use super::server::{self, Server};
 use crate::model::Shared;
 
-use super::{Callers, MANAGER_PATH, server_path};
+use super::access::{Callers, MANAGER_PATH, server_path};
 
 /// How long one send to one peer may take. A client that stops reading
 /// (a suspended `mcpctl bridge`) fills its socket and would hold up the

@@ -18,8 +18,11 @@ use crate::model::Control;
 use crate::model::Shared;
 
 use crate::mux::aggregate::Target;
+use crate::unit::{InstanceName, InstanceOf};
 
-use super::{Callers, Error, authorize, caller, server_path};
+use super::access::{
+    Callers, Error, authorize, caller, invalid_reason, server_path, session_socket,
+};
 
 /// One row of `ListServers`, `(ssssuo)` on the wire.
 #[derive(
@@ -57,7 +60,7 @@ impl Manager {
     ) -> Result<zbus::OwnedFd, Error> {
         authorize(&self.shared, conn, header).await?;
         let who = caller(&self.callers, conn, header).await;
-        let (link, theirs) = super::session_socket()?;
+        let (link, theirs) = session_socket()?;
         crate::aggregate::attach(&self.shared, target, link, who).map_err(Error::NoSuchServer)?;
         Ok(theirs)
     }
@@ -67,23 +70,10 @@ impl Manager {
     }
 }
 
-/// An instance of a per-host unit (DESIGN §13), by its name.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Instance {
-    /// `NAME@N`: the instance of a host.
-    Host(u32),
-    /// `NAME@uid-UID`: the instance of one user's D-Bus calls.
-    Caller(u32),
-}
-
-/// `NAME@N` or `NAME@uid-UID`: the unit and which of its instances.
-fn instance_of(name: &str) -> Option<(&str, Instance)> {
-    let (unit, which) = name.rsplit_once('@')?;
-    let which = match which.strip_prefix("uid-") {
-        Some(uid) => Instance::Caller(uid.parse().ok()?),
-        None => Instance::Host(which.parse().ok()?),
-    };
-    Some((unit, which))
+/// `NAME@N` or `NAME@uid-UID` (DESIGN §13): an instance of a per-host
+/// unit, by its name.
+fn instance_of(name: &str) -> Option<InstanceName> {
+    name.parse().ok()
 }
 
 #[interface(name = "org.mcpd1.Manager")]
@@ -108,7 +98,7 @@ impl Manager {
                             status.tools.len(),
                         )
                     }
-                    None => ("stopped".to_owned(), super::invalid_reason(&unit), 0),
+                    None => ("stopped".to_owned(), invalid_reason(&unit), 0),
                 };
                 let path = server_path(&name);
                 ServerRow {
@@ -136,7 +126,7 @@ impl Manager {
         #[zbus(connection)] conn: &Connection,
     ) -> Result<(), Error> {
         authorize(&self.shared, conn, &header).await?;
-        if let Some((unit, _)) = instance_of(name) {
+        if let Some(InstanceName { unit, .. }) = instance_of(name) {
             return Err(Error::InvalidArguments(format!(
                 "an instance of {unit} starts when a host attaches, not by itself"
             )));
@@ -152,11 +142,11 @@ impl Manager {
         #[zbus(connection)] conn: &Connection,
     ) -> Result<(), Error> {
         authorize(&self.shared, conn, &header).await?;
-        if let Some((unit, which)) = instance_of(name) {
-            let supervisor = self.supervisor(unit)?;
-            let stopped = match which {
-                Instance::Host(n) => supervisor.stop_instance(n),
-                Instance::Caller(uid) => supervisor.stop_caller(uid),
+        if let Some(InstanceName { unit, of }) = instance_of(name) {
+            let supervisor = self.supervisor(unit.as_str())?;
+            let stopped = match of {
+                InstanceOf::Host(n) => supervisor.stop_instance(n),
+                InstanceOf::Caller(uid) => supervisor.stop_caller(uid),
             };
             let stopped = stopped.ok_or_else(|| Error::NoSuchServer(name.to_owned()))?;
             // Answered once the instance is gone, as its host was told.
@@ -174,11 +164,11 @@ impl Manager {
         #[zbus(connection)] conn: &Connection,
     ) -> Result<(), Error> {
         authorize(&self.shared, conn, &header).await?;
-        if let Some((unit, which)) = instance_of(name) {
-            let supervisor = self.supervisor(unit)?;
-            let instance = match which {
-                Instance::Host(n) => supervisor.instance(n),
-                Instance::Caller(uid) => supervisor.caller_instance(uid),
+        if let Some(InstanceName { unit, of }) = instance_of(name) {
+            let supervisor = self.supervisor(unit.as_str())?;
+            let instance = match of {
+                InstanceOf::Host(n) => supervisor.instance(n),
+                InstanceOf::Caller(uid) => supervisor.caller_instance(uid),
             };
             instance
                 .ok_or_else(|| Error::NoSuchServer(name.to_owned()))?
@@ -292,7 +282,7 @@ impl Manager {
 /// Client side of `org.mcpd1.Manager` (mcpctl uses it); see
 /// [`super::client`] for connecting.
 pub mod client {
-    use crate::dbus::Error;
+    use crate::dbus::access::Error;
 
     #[zbus::proxy(
         interface = "org.mcpd1.Manager",

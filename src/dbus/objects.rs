@@ -20,8 +20,8 @@ use zbus::{Connection, ObjectPath, ObjectServer, OwnedVariant, interface};
 
 use crate::model::Shared;
 
+use super::access::{MANAGER_PATH, server_path};
 use super::server::Server;
-use super::{MANAGER_PATH, server_path};
 
 /// The object manager of one connection.
 #[derive(Debug)]

@@ -12,7 +12,9 @@ use crate::supervisor::{CallError, ListKind, Status};
 use crate::model::Shared;
 use crate::mux::error::ErrorCode;
 
-use super::{Callers, Error, authorize, caller, server_path};
+use super::access::{
+    Callers, Error, authorize, caller, invalid_reason, server_path, session_socket,
+};
 
 /// A tool as published, `(sss)` on the wire.
 #[derive(
@@ -100,7 +102,7 @@ impl Server {
         header: &Header<'_>,
     ) -> Result<crate::supervisor::Supervisor, Error> {
         let supervisor = self.supervisor()?;
-        if supervisor.max_instances().is_none() {
+        if !supervisor.is_per_host() {
             return Ok(supervisor);
         }
         let who = caller(&self.callers, conn, header).await;
@@ -186,7 +188,7 @@ impl Server {
         match self.shared.unit(&self.name) {
             Ok(unit) => match &unit.supervisor {
                 Some(s) => s.status().reason,
-                None => super::invalid_reason(&unit),
+                None => invalid_reason(&unit),
             },
             Err(_) => String::new(),
         }
@@ -593,7 +595,7 @@ impl Server {
         authorize(&self.shared, conn, &header).await?;
         let supervisor = self.supervisor()?;
         let who = caller(&self.callers, conn, &header).await;
-        let (link, theirs) = super::session_socket()?;
+        let (link, theirs) = session_socket()?;
         supervisor.attach(link, who);
         Ok(theirs)
     }
@@ -635,7 +637,7 @@ impl Server {
             .iter()
             .map(|i| {
                 serde_json::json!({
-                    "name": instance_name(&self.name, i),
+                    "name": i.of().name_in(&self.name),
                     "n": i.n,
                     "state": i.state.to_string(),
                     "pid": i.pid,
@@ -846,15 +848,6 @@ fn instance_row(i: &crate::supervisor::InstanceView) -> (u32, String, u32, u32, 
     )
 }
 
-/// An instance's name: `NAME@N`, or `NAME@uid-UID` for a D-Bus caller's.
-fn instance_name(unit: &str, i: &crate::supervisor::InstanceView) -> String {
-    if i.n == 0 {
-        format!("{unit}@uid-{}", i.host.uid.unwrap_or(u32::MAX))
-    } else {
-        format!("{unit}@{}", i.n)
-    }
-}
-
 /// Emits PropertiesChanged for what a reload may change.
 pub(crate) async fn emit_unit_properties(conn: &Connection, name: &str) -> zbus::Result<()> {
     let Some(iref) = served(conn, name).await else {
@@ -869,7 +862,7 @@ pub(crate) async fn emit_unit_properties(conn: &Connection, name: &str) -> zbus:
 
 /// Client side of `org.mcpd1.Server`; see [`super::client`] for connecting.
 pub mod client {
-    use crate::dbus::Error;
+    use crate::dbus::access::Error;
 
     #[zbus::proxy(interface = "org.mcpd1.Server", default_service = "org.mcpd1")]
     pub trait Server {

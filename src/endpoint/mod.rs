@@ -1368,11 +1368,11 @@ fn per_host(shared: &Arc<Shared>, name: &str) -> Option<String> {
         let members = shared.members(&target).ok()?;
         members
             .into_iter()
-            .find(|(_, _, s)| s.max_instances().is_some())
+            .find(|(_, _, s)| s.is_per_host())
             .map(|(unit, _, _)| unit)
     } else {
         let supervisor = shared.supervisor(name).ok()?;
-        supervisor.max_instances().map(|_| name.to_owned())
+        supervisor.is_per_host().then(|| name.to_owned())
     }
 }
 

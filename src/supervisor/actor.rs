@@ -40,8 +40,8 @@ use super::events::Internal;
 use super::launch::{ConnectError, SharedLauncher};
 use super::machine::{Effect, Event, Gen, Machine, State, Timer, View};
 use super::sessions::{Sessions, Settings};
+use super::status::{CallError, Status};
 use super::upstream::{self, Handshake};
-use super::{CallError, Status};
 use crate::mux::lists::List;
 
 /// What the handle asks of the actor.

@@ -4,7 +4,7 @@
 //! An instance is a whole supervisor (an actor, its machine, its host
 //! sessions), spawned by the unit's handle with the unit's spec made for
 //! one host ([`UnitSpec::for_instance`](crate::unit::UnitSpec::for_instance))
-//! and its own launcher ([`Launcher::instance`](super::Launcher::instance):
+//! and its own launcher ([`Launcher::instance`](super::launch::Launcher::instance):
 //! its cgroup `…/servers/NAME/N`). So generations, backoff, budget,
 //! health probes, limits, sandbox and containment are an instance's own
 //! by construction, and only the unit's handle knows its instances. The
@@ -39,7 +39,11 @@ use std::time::SystemTime;
 use tokio::sync::{oneshot, watch};
 use tokio::task::JoinHandle;
 
-use super::{Caller, State, Supervisor};
+use super::Supervisor;
+use super::accounting::{Caller, Counters};
+use super::machine::State;
+use super::status::Status;
+use crate::unit::InstanceOf;
 
 /// One instance as status and D-Bus show it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -59,6 +63,18 @@ pub struct InstanceView {
     pub calls: u64,
     /// Bytes its processes hold, where the containment tells.
     pub memory: Option<u64>,
+}
+
+impl InstanceView {
+    /// Which instance this is: a host's (`NAME@N`), or, numbered 0, a
+    /// D-Bus caller's (`NAME@uid-UID`; an unknown uid is `u32::MAX`).
+    pub fn of(&self) -> InstanceOf {
+        if self.n == 0 {
+            InstanceOf::Caller(self.host.uid.unwrap_or(u32::MAX))
+        } else {
+            InstanceOf::Host(self.n)
+        }
+    }
 }
 
 struct Running {
@@ -127,7 +143,7 @@ impl Instances {
         let mut status = instance.subscribe();
         let instances = std::sync::Arc::clone(self);
         tokio::spawn(async move {
-            let row = |s: &super::Status| (s.state, s.main_pid);
+            let row = |s: &Status| (s.state, s.main_pid);
             let mut last = row(&status.borrow_and_update());
             while status.changed().await.is_ok() {
                 let now = row(&status.borrow_and_update());
@@ -148,7 +164,7 @@ impl Instances {
         supervisor: Supervisor,
         task: JoinHandle<()>,
         host: Caller,
-        unit: std::sync::Arc<super::Counters>,
+        unit: std::sync::Arc<Counters>,
     ) {
         let (stop, stopped) = oneshot::channel::<String>();
         let mut presence = supervisor.sessions.presence();

@@ -11,7 +11,7 @@ use std::sync::Arc;
 use tokio::net::unix::pipe;
 
 use crate::mux::wire::Wire;
-use crate::unit::{HeaderValue, HttpSpec, Sandbox, StdioSpec, Transport, UnitSpec};
+use crate::unit::{HeaderValue, HttpSpec, InstanceOf, Sandbox, StdioSpec, Transport, UnitSpec};
 
 use super::cgroup::{Cgroup, Usage};
 use super::credentials;
@@ -93,12 +93,11 @@ pub trait Launcher: Send + Sync + 'static {
         String::new()
     }
 
-    /// The launcher of instance `label` of this per-host unit (DESIGN
-    /// §13: `N` for a host's, `uid-UID` for a D-Bus caller's), whose
-    /// processes are contained apart from the unit's and the other
+    /// The launcher of instance `of` of this per-host unit (DESIGN §13),
+    /// whose processes are contained apart from the unit's and the other
     /// instances'; None when this launcher cannot make one (the tests'
     /// in-process servers): its hosts share the unit's server.
-    fn instance(&self, _label: &str) -> Option<SharedLauncher> {
+    fn instance(&self, _of: InstanceOf) -> Option<SharedLauncher> {
         None
     }
 }
@@ -604,9 +603,10 @@ impl Launcher for SystemLauncher {
         {
             // The previous generation is gone (one process at a time):
             // nothing of it is signalled in the old place.
-            *place = match spec.sessions() {
-                crate::unit::Sessions::PerHost { .. } => format!("{}/unit", self.name),
-                _ => self.name.clone(),
+            *place = if spec.sessions().is_per_host() {
+                format!("{}/unit", self.name)
+            } else {
+                self.name.clone()
             };
         }
         match spec.transport() {
@@ -673,16 +673,16 @@ impl Launcher for SystemLauncher {
         self.delivered.lock().map(|s| s.clone()).unwrap_or_default()
     }
 
-    fn instance(&self, label: &str) -> Option<SharedLauncher> {
+    fn instance(&self, of: InstanceOf) -> Option<SharedLauncher> {
         Some(Arc::new(Self {
-            name: format!("{}@{label}", self.name),
+            name: of.name_in(&self.name),
             host: self.host.clone(),
             logs: self.logs.clone(),
             http: Arc::default(),
             enforced: Arc::default(),
             delivered: Arc::default(),
             usage: Arc::default(),
-            place: Arc::new(std::sync::Mutex::new(format!("{}/{label}", self.name))),
+            place: Arc::new(std::sync::Mutex::new(format!("{}/{of}", self.name))),
             instance: true,
         }))
     }

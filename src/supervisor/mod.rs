@@ -5,7 +5,8 @@
 //! published [`Status`]; only the actor changes a server's state.
 //!
 //! Reading order: [`machine`] (the pure state machine: every rule of DESIGN
-//! §3), `actor` (the task that runs it), [`launch`] (children and HTTP
+//! §3), `status` (what the handle reads: [`Status`], [`CallError`]),
+//! `actor` (the task that runs it), [`launch`] (children and HTTP
 //! sessions, as raw JSON-RPC wires; [`http`], rmcp's Streamable HTTP
 //! transport adapted to a wire), [`upstream`] (mcpd's handshake on a
 //! wire), `sessions` (the host sessions multiplexed onto the established
@@ -29,18 +30,19 @@ pub mod machine;
 pub mod process;
 pub mod sandbox;
 mod sessions;
+mod status;
 pub mod tools;
 pub mod upstream;
 
 use std::fmt;
 use std::sync::Arc;
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use rmcp::model::{CallToolResult, JsonObject};
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio::task::JoinHandle;
 
-use crate::unit::UnitSpec;
+use crate::unit::{InstanceOf, UnitSpec};
 
 pub use crate::mux::host::{HostInput, HostLink, HostOutput};
 pub use crate::mux::lists::List as ListKind;
@@ -52,118 +54,9 @@ pub use machine::{ExitStatus, Gen, State, Timer, Timing, ToolList};
 pub use sessions::{
     INITIALIZE_TIMEOUT, MAX_IN_FLIGHT, MAX_SESSIONS, MAX_UNIT_IN_FLIGHT, set_initialize_timeout,
 };
+pub use status::{CallError, Status};
 
 use actor::{Actor, Command};
-
-/// The read model of one server (DESIGN §3 "every state exposes"): the
-/// machine's [`View`](machine::View) with wall-clock times.
-pub type Status = machine::View<SystemTime>;
-
-/// Why a tool call did not produce a result.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum CallError {
-    /// The server has no established generation.
-    NotRunning {
-        server: String,
-        state: State,
-        reason: String,
-        attempt: u32,
-        max_attempts: u32,
-        next_retry: Option<SystemTime>,
-    },
-    /// No answer within the call's timeout.
-    Timeout(Duration),
-    /// The server answered with a JSON-RPC error (unknown tool, bad arguments).
-    Rejected { code: i32, message: String },
-    /// The connection failed during the call.
-    Failed(String),
-    /// The server lists no such tool.
-    NoSuchTool { server: String, tool: String },
-    /// The unit's `tools` block filters the tool out.
-    Filtered {
-        server: String,
-        tool: String,
-        why: String,
-    },
-}
-
-impl fmt::Display for CallError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            CallError::NotRunning {
-                server,
-                state,
-                reason,
-                attempt,
-                max_attempts,
-                next_retry,
-            } => {
-                write!(f, "server {server} is {state}")?;
-                if *attempt > 0 {
-                    write!(f, " (retry {attempt}/{max_attempts}")?;
-                    if let Some(at) = next_retry {
-                        let wait = at.duration_since(SystemTime::now()).unwrap_or_default();
-                        let wait = Duration::from_secs(wait.as_secs())
-                            + Duration::from_millis(u64::from(wait.subsec_millis()));
-                        write!(f, ", next in {}", humantime::format_duration(wait))?;
-                    }
-                    write!(f, ")")?;
-                }
-                if !reason.is_empty() {
-                    write!(f, ": {reason}")?;
-                }
-                Ok(())
-            }
-            CallError::Timeout(t) => {
-                write!(f, "no answer within {}", humantime::format_duration(*t))
-            }
-            CallError::Rejected { code, message } => {
-                write!(f, "the server rejected the call ({code}): {message}")
-            }
-            CallError::Failed(e) => write!(f, "the call failed: {e}"),
-            CallError::NoSuchTool { server, tool } => {
-                write!(f, "server {server} has no tool {tool}")
-            }
-            CallError::Filtered { server, tool, why } => {
-                f.write_str(&crate::mux::session::filtered(server, tool, why))
-            }
-        }
-    }
-}
-
-impl std::error::Error for CallError {}
-
-impl CallError {
-    /// The `result` of a server's answer, or the error it answered with.
-    pub(crate) fn result_of(mut answer: serde_json::Value) -> Result<serde_json::Value, Self> {
-        if let Some(result) = answer.get_mut("result") {
-            return Ok(result.take());
-        }
-        let error = &answer["error"];
-        Err(CallError::Rejected {
-            code: error["code"]
-                .as_i64()
-                .and_then(|c| i32::try_from(c).ok())
-                .unwrap_or(0),
-            message: error["message"]
-                .as_str()
-                .unwrap_or("an error without a message")
-                .to_owned(),
-        })
-    }
-
-    /// Why server `server` cannot answer now: its state and next retry.
-    pub fn not_running(server: &str, status: &Status) -> Self {
-        CallError::NotRunning {
-            server: server.to_owned(),
-            state: status.state,
-            reason: status.reason.clone(),
-            attempt: status.attempt,
-            max_attempts: status.max_attempts,
-            next_retry: status.next_retry,
-        }
-    }
-}
 
 /// How long a finished call waits for its caller's identity (for the log)
 /// before it answers anyway.
@@ -331,7 +224,7 @@ impl Supervisor {
     pub fn restart(&self) {
         let _ = self.commands.send(Command::Restart);
         let spec = self.spec.lock().ok().map(|s| s.clone());
-        let spec = spec.filter(|s| s.sessions().max_instances().is_some());
+        let spec = spec.filter(|s| s.sessions().is_per_host());
         for instance in self.instances.all() {
             if let Some(spec) = &spec {
                 instance.apply(spec.for_instance(), false);
@@ -455,11 +348,12 @@ impl Supervisor {
             return;
         }
         let n = self.instances.next();
-        let Some(launcher) = self.launcher.instance(&n.to_string()) else {
+        let of = InstanceOf::Host(n);
+        let Some(launcher) = self.launcher.instance(of) else {
             self.sessions.attach(link, caller);
             return;
         };
-        let name = format!("{}@{n}", self.name);
+        let name = of.name_in(&self.name);
         let (instance, task) = Supervisor::spawn_reporting(
             &name,
             spec.for_instance(),
@@ -496,7 +390,7 @@ impl Supervisor {
     /// made or started just now.
     fn caller(&self, uid: Option<u32>) -> (Supervisor, bool) {
         let spec = self.spec.lock().ok().map(|s| s.clone());
-        let Some(spec) = spec.filter(|s| s.sessions().max_instances().is_some()) else {
+        let Some(spec) = spec.filter(|s| s.sessions().is_per_host()) else {
             return (self.clone(), false);
         };
         let uid = uid.unwrap_or(u32::MAX);
@@ -512,11 +406,11 @@ impl Supervisor {
             }
             return (instance.clone(), stopped);
         }
-        let label = format!("uid-{uid}");
-        let Some(launcher) = self.launcher.instance(&label) else {
+        let of = InstanceOf::Caller(uid);
+        let Some(launcher) = self.launcher.instance(of) else {
             return (self.clone(), false);
         };
-        let name = format!("{}@{label}", self.name);
+        let name = of.name_in(&self.name);
         let (instance, task) =
             Supervisor::spawn(&name, spec.for_caller(), launcher, self.logs.clone(), None);
         instance.arm();
@@ -561,7 +455,10 @@ impl Supervisor {
     /// so; None when there is no such instance. The instance is gone once
     /// the returned handle ends.
     pub fn stop_instance(&self, n: u32) -> Option<JoinHandle<()>> {
-        let why = format!("instance {}@{n} was stopped", self.name);
+        let why = format!(
+            "instance {} was stopped",
+            InstanceOf::Host(n).name_in(&self.name)
+        );
         self.instances.stop(n, why)
     }
 
@@ -586,6 +483,12 @@ impl Supervisor {
     /// `max-instances` of a per-host unit; None for a shared one.
     pub fn max_instances(&self) -> Option<u32> {
         self.spec.lock().ok()?.sessions().max_instances()
+    }
+
+    /// Whether the unit, as last applied, runs an instance per host
+    /// session ([`Sessions::is_per_host`](crate::unit::Sessions::is_per_host)).
+    pub fn is_per_host(&self) -> bool {
+        self.spec.lock().is_ok_and(|s| s.sessions().is_per_host())
     }
 
     /// The instances serving D-Bus callers.

@@ -28,7 +28,7 @@ pub fn vocabulary() -> Vec<String> {
 pub use diag::{LoadError, Problem, Style};
 pub use instance::Instance;
 pub use load::{Context, Loader, UnitFiles, load, load_in, load_with};
-pub use name::UnitName;
+pub use name::{InstanceName, InstanceOf, UnitName};
 pub use search::{Found, discover, search_path};
 pub use spec::{
     Activation, Credential, CredentialsSpec, HeaderValue, HealthPolicy, HttpSpec, Limits, Network,

@@ -252,6 +252,14 @@ impl Sessions {
         }
     }
 
+    /// Whether the unit runs an instance per host session
+    /// (`sessions "per-host"`): true of the unit, false of one of its
+    /// instances ([`Sessions::Instance`]) and of a shared unit. Every
+    /// "is this unit per-host?" asks this.
+    pub fn is_per_host(self) -> bool {
+        matches!(self, Sessions::PerHost { .. })
+    }
+
     /// `max-instances` of a per-host unit.
     pub fn max_instances(self) -> Option<u32> {
         match self {
