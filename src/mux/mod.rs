@@ -7,7 +7,8 @@
 //! subscriptions, log levels, detach and outage cleanup), table-tested
 //! like the supervisor's machine; [`session`], what mcpd decides about a
 //! host's lines itself (`initialize` and its version, refusals, answers
-//! from kept lists, accounting); [`era`], what a host speaking MCP
+//! from kept lists, accounting); [`method`], the MCP methods mcpd treats
+//! specially, one documented row each; [`era`], what a host speaking MCP
 //! 2026-07-28 gets over a 2025 server (discovery, per-request `_meta`,
 //! `input_required`, listen streams); [`tasks`], whose task a task id is
 //! (each host knows its own by ids of mcpd's); [`lists`], the list reader (paging
@@ -32,6 +33,7 @@ pub mod lines;
 pub mod lists;
 pub mod memory;
 pub mod message;
+pub mod method;
 pub mod outbox;
 pub mod route;
 mod scan;
