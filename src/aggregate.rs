@@ -23,7 +23,9 @@ use crate::mux::attach::Control;
 use crate::mux::error::ErrorCode;
 use crate::mux::host::{Event, HostOut, Opened, Reader, StopReading};
 use crate::mux::lines::Frame;
+use crate::mux::lists::List;
 use crate::mux::message::Message;
+use crate::mux::method::Method;
 use crate::supervisor::{Caller, HostLink};
 
 /// Messages and bytes queued for the host, or for a member, behind the
@@ -267,12 +269,13 @@ impl Task {
                 return;
             }
             Some(Frame::Message(message)) => {
+                let method = message.method_kind();
                 if let Some(ledger) = &mut self.ledger {
                     if message.has("method")
                         && let Some(id) = message.id_text()
                     {
                         ledger.record(&id);
-                    } else if message.method().as_deref() == Some("notifications/cancelled")
+                    } else if method == Some(Method::Cancelled)
                         && let Some(params) = message.params()
                         && let Some(id) = params.get("requestId").filter(|id| !id.is_null())
                     {
@@ -280,7 +283,7 @@ impl Task {
                         ledger.clear(&crate::mux::message::id_key(id));
                     }
                 }
-                if message.method().as_deref() == Some("initialize")
+                if method == Some(Method::Initialize)
                     && let Some(control) = &self.control
                 {
                     let _ = control.send(crate::mux::attach::line(&Control::Initialize(
@@ -336,14 +339,10 @@ impl Task {
                     }
                     if self.swallow.is_some() && message.request_id() == self.swallow {
                         self.swallow = None;
-                        for method in [
-                            "notifications/tools/list_changed",
-                            "notifications/prompts/list_changed",
-                            "notifications/resources/list_changed",
-                        ] {
-                            let notice = Message::from(
-                                serde_json::json!({"jsonrpc": "2.0", "method": method}),
-                            );
+                        for list in [List::Tools, List::Prompts, List::Resources] {
+                            let notice = Message::from(serde_json::json!(
+                                {"jsonrpc": "2.0", "method": list.changed()}
+                            ));
                             let _ = self.host_out.send(notice.line());
                         }
                         continue;

@@ -45,6 +45,7 @@ use tokio::net::unix::{OwnedReadHalf, OwnedWriteHalf};
 use crate::dbus::Client;
 use crate::mux::attach::{self, Accepted, AttachError, Control, Request};
 use crate::mux::error::ErrorCode;
+use crate::mux::method::Method;
 use crate::unit::Instance;
 
 use super::client::CtlError;
@@ -106,12 +107,12 @@ impl Session {
         };
         match (head.method.as_deref(), head.id.and_then(id_key)) {
             (Some(method), Some(id)) => {
-                if method == "initialize" {
+                if method == Method::Initialize.as_str() {
                     self.initialize = Some(line.to_vec());
                 }
                 self.pending.insert(id);
             }
-            (Some("notifications/cancelled"), None) => {
+            (Some(method), None) if method == Method::Cancelled.as_str() => {
                 // A cancelled request gets no answer.
                 let cancelled = head
                     .params

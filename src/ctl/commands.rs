@@ -10,6 +10,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use serde_json::{Value, json};
 
 use crate::dbus::{Client, ServerProxy, ToolRow};
+use crate::mux::method::Method;
 use crate::supervisor::State;
 use crate::unit::{self, UnitFiles};
 
@@ -739,11 +740,11 @@ async fn aggregate_tools(
     let socket = tokio::net::UnixStream::from_std(socket).map_err(failed)?;
     let (read, mut write) = socket.into_split();
     let mut lines = tokio::io::BufReader::new(read).lines();
-    let hello = json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+    let hello = json!({"jsonrpc": "2.0", "id": 1, "method": Method::Initialize.as_str(), "params": {
         "protocolVersion": "2025-11-25", "capabilities": {},
         "clientInfo": {"name": "mcpctl", "version": env!("CARGO_PKG_VERSION")}}});
-    let initialized = json!({"jsonrpc": "2.0", "method": "notifications/initialized"});
-    let list = json!({"jsonrpc": "2.0", "id": 2, "method": "tools/list"});
+    let initialized = json!({"jsonrpc": "2.0", "method": Method::Initialized.as_str()});
+    let list = json!({"jsonrpc": "2.0", "id": 2, "method": Method::ToolsList.as_str()});
     let exchange = async {
         write
             .write_all(format!("{hello}\n{initialized}\n{list}\n").as_bytes())

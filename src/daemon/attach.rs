@@ -27,6 +27,7 @@ use crate::mux::attach::{
     self, Kind, MAX_HEADER, Refusal, Reply, Request, read_more, read_request, send_reply,
 };
 use crate::mux::ledger::Ledger;
+use crate::mux::method::Method;
 use crate::sockets::Log;
 use crate::supervisor::{Caller, HostInput, HostLink, HostOutput};
 
@@ -223,7 +224,7 @@ fn judge(
         })?)
     };
     if let Some(replay) = &request.replay
-        && (replay.get("method").and_then(|m| m.as_str()) != Some("initialize")
+        && (replay.get("method").and_then(|m| m.as_str()) != Some(Method::Initialize.as_str())
             || replay.get("id").is_none_or(serde_json::Value::is_null))
     {
         return Err(Reply::refused(

@@ -11,6 +11,7 @@ use crate::supervisor::{CallError, ListKind, Status};
 
 use crate::model::Shared;
 use crate::mux::error::ErrorCode;
+use crate::mux::method::Method;
 
 use super::access::{
     Callers, Error, authorize, caller, invalid_reason, server_path, session_socket,
@@ -558,7 +559,7 @@ impl Server {
     ) -> Result<String, Error> {
         authorize(&self.shared, conn, &header).await?;
         self.ask(
-            "resources/read",
+            Method::ResourcesRead.as_str(),
             serde_json::json!({"uri": uri}),
             conn,
             &header,
@@ -580,7 +581,8 @@ impl Server {
         if let Some(arguments) = arguments_object(arguments_json)? {
             params["arguments"] = serde_json::Value::Object(arguments);
         }
-        self.ask("prompts/get", params, conn, &header).await
+        self.ask(Method::PromptsGet.as_str(), params, conn, &header)
+            .await
     }
 
     /// A new host session (DESIGN §8): a connected stream socket on which

@@ -56,6 +56,7 @@ use crate::model::Shared;
 use crate::mux::aggregate::Target;
 use crate::mux::error::ErrorCode;
 use crate::mux::message::Message;
+use crate::mux::method::Method as McpMethod;
 use crate::supervisor::{Caller, HostLink};
 use crate::unit::settings::HttpSettings;
 use session::{IdleWatch, Item, Session};
@@ -1061,9 +1062,9 @@ fn header_mismatch(headers: &hyper::HeaderMap, message: &Message) -> Option<Stri
     if header("mcp-method") != Some(method.as_str()) {
         return Some("the Mcp-Method header does not match the request's method".into());
     }
-    let key = match method.as_str() {
-        "tools/call" | "prompts/get" => "name",
-        "resources/read" => "uri",
+    let key = match McpMethod::parse(&method) {
+        McpMethod::ToolsCall | McpMethod::PromptsGet => "name",
+        McpMethod::ResourcesRead => "uri",
         _ => return None,
     };
     let params = message.params()?;
@@ -1178,16 +1179,16 @@ async fn post(
         Ok(message) => message,
         Err(response) => return *response,
     };
-    let method = message.method().map(|m| m.into_owned());
+    let method = message.method_kind();
     let id = message.request_id();
-    let (session_id, open) = match (&session, method.as_deref()) {
-        (None, Some("initialize")) if id.is_some() => {
+    let (session_id, open) = match (&session, method) {
+        (None, Some(McpMethod::Initialize)) if id.is_some() => {
             match inner.open(name, settings.max_sessions, token, caller) {
                 Ok(opened) => opened,
                 Err(response) => return *response,
             }
         }
-        (None, Some(m)) if m == "server/discover" || modern_version(&message).is_some() => {
+        (None, Some(m)) if m == McpMethod::ServerDiscover || modern_version(&message).is_some() => {
             return stateless(
                 inner,
                 settings,

@@ -43,6 +43,7 @@ use crate::mux::error::ErrorCode;
 use crate::mux::host::{Deliver, Event, HostLink, HostOut};
 use crate::mux::lines::Frame;
 use crate::mux::message::{Message, RequestId};
+use crate::mux::method::Method;
 
 /// Messages queued for one HTTP response stream before it is dropped.
 pub const STREAM_QUEUE: usize = 64;
@@ -517,7 +518,7 @@ impl Session {
             }
             return Ok(());
         }
-        let concerns = (message.method().as_deref() == Some("notifications/progress"))
+        let concerns = (message.method_kind() == Some(Method::Progress))
             .then(|| {
                 message
                     .params()

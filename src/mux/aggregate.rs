@@ -32,7 +32,9 @@ use serde_json::{Map, Value, json};
 
 use super::era;
 use super::error::ErrorCode;
+use super::lists::List;
 use super::message::{Message, RequestId};
+use super::method::Method;
 use super::session;
 pub use super::target::{
     Candidate, LONG_NAME, SEPARATOR, Target, members_of, prefix_collisions, prefixed,
@@ -59,58 +61,31 @@ pub enum Out {
     Member(MemberId, Message),
 }
 
-/// The lists whose answers are merged.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Listed {
-    Tools,
-    Prompts,
-    Resources,
-    Templates,
-}
-
-impl Listed {
-    fn of(method: &str) -> Option<Self> {
-        Some(match method {
-            "tools/list" => Listed::Tools,
-            "prompts/list" => Listed::Prompts,
-            "resources/list" => Listed::Resources,
-            "resources/templates/list" => Listed::Templates,
-            _ => return None,
-        })
-    }
-
-    fn method(self) -> &'static str {
-        match self {
-            Listed::Tools => "tools/list",
-            Listed::Prompts => "prompts/list",
-            Listed::Resources => "resources/list",
-            Listed::Templates => "resources/templates/list",
-        }
-    }
-
-    /// The answer's array.
-    fn key(self) -> &'static str {
-        match self {
-            Listed::Tools => "tools",
-            Listed::Prompts => "prompts",
-            Listed::Resources => "resources",
-            Listed::Templates => "resourceTemplates",
-        }
-    }
-
-    /// Whether its items are named with the unit's prefix.
-    fn prefixed(self) -> bool {
-        matches!(self, Listed::Tools | Listed::Prompts)
-    }
-}
-
 /// What a merged request is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Fan {
     Initialize,
     Discover,
-    List(Listed),
+    List(List),
     SetLevel,
+}
+
+impl Fan {
+    /// The request each member gets.
+    fn method(self) -> Method {
+        match self {
+            Fan::Initialize => Method::Initialize,
+            Fan::Discover => Method::ServerDiscover,
+            Fan::List(list) => list.request(),
+            Fan::SetLevel => Method::LoggingSetLevel,
+        }
+    }
+}
+
+/// Whether the items of a merged list are named with the unit's prefix
+/// (tools and prompts; resources keep their URIs).
+fn named_by_prefix(list: List) -> bool {
+    matches!(list, List::Tools | List::Prompts)
 }
 
 /// A unit of the aggregate.
@@ -139,7 +114,7 @@ enum Pending {
     Join,
     /// The aggregate's own read of a unit's resources or templates (to
     /// route reads by URI), page `page`.
-    Learn { list: Listed, page: usize },
+    Learn { list: List, page: usize },
     /// A part of the host's listen stream `host`.
     Listen { host: RequestId },
 }
@@ -195,8 +170,8 @@ fn answer(id: &RequestId, result: Value) -> Message {
     m
 }
 
-fn request(id: &RequestId, method: &str, params: Option<Value>) -> Message {
-    let mut m = Message::from(json!({"jsonrpc": "2.0", "method": method}));
+fn request(id: &RequestId, method: Method, params: Option<Value>) -> Message {
+    let mut m = Message::from(json!({"jsonrpc": "2.0", "method": method.as_str()}));
     m.set_json("id", id.as_json().to_owned());
     if let Some(params) = params {
         m.set("params", &params);
@@ -204,8 +179,8 @@ fn request(id: &RequestId, method: &str, params: Option<Value>) -> Message {
     m
 }
 
-fn notification(method: &str) -> Message {
-    Message::from(json!({"jsonrpc": "2.0", "method": method}))
+fn notification(method: Method) -> Message {
+    Message::from(json!({"jsonrpc": "2.0", "method": method.as_str()}))
 }
 
 /// `a` with everything of `b` it lacks: objects merged key by key, `true`
@@ -306,8 +281,8 @@ impl Aggregate {
         if self.host_init.is_some() {
             out.extend(self.rejoin(id));
         } else if self.host_meta.is_some() {
-            out.extend(self.learn(id, Listed::Resources, None, 0));
-            out.extend(self.learn(id, Listed::Templates, None, 0));
+            out.extend(self.learn(id, List::Resources, None, 0));
+            out.extend(self.learn(id, List::Templates, None, 0));
             out.extend(self.changed_lists());
         }
         (id, out)
@@ -333,7 +308,10 @@ impl Aggregate {
         }
         let rid = self.fresh();
         self.pending.insert(rid.clone(), (id, Pending::Join));
-        vec![Out::Member(id, request(&rid, "initialize", Some(params)))]
+        vec![Out::Member(
+            id,
+            request(&rid, Method::Initialize, Some(params)),
+        )]
     }
 
     /// Removes member `id` (its session ended, or a reload took it out
@@ -385,12 +363,8 @@ impl Aggregate {
     /// listen stream that opted in.
     fn changed_lists(&self) -> Vec<Out> {
         let mut out = Vec::new();
-        for method in [
-            "notifications/tools/list_changed",
-            "notifications/prompts/list_changed",
-            "notifications/resources/list_changed",
-        ] {
-            out.extend(self.tell(notification(method)));
+        for list in [List::Tools, List::Prompts, List::Resources] {
+            out.extend(self.tell(notification(list.notification())));
         }
         out
     }
@@ -401,10 +375,10 @@ impl Aggregate {
         if self.host_meta.is_none() {
             return vec![Out::Host(message)];
         }
-        let method = message.method().unwrap_or_default().into_owned();
+        let method = message.method_kind().unwrap_or(Method::Other);
         self.listens
             .iter()
-            .filter(|(_, l)| l.filter.wants(&method, None))
+            .filter(|(_, l)| l.filter.wants(method, None))
             .map(|(id, _)| Out::Host(era::tagged(&message, id)))
             .collect()
     }
@@ -479,14 +453,19 @@ impl Aggregate {
         let method = message.method().map(|m| m.into_owned());
         let id = message.request_id();
         match (method, id) {
-            (Some(method), Some(id)) => self.host_request(&method, id, message),
-            (Some(method), None) => self.host_notification(&method, &message),
+            (Some(name), Some(id)) => self.host_request((&name, Method::parse(&name)), id, message),
+            (Some(name), None) => self.host_notification(Method::parse(&name), &message),
             (None, Some(id)) => self.host_answer(&id, message),
             (None, None) => Vec::new(),
         }
     }
 
-    fn host_request(&mut self, method: &str, id: RequestId, message: Message) -> Vec<Out> {
+    fn host_request(
+        &mut self,
+        (name, method): (&str, Method),
+        id: RequestId,
+        message: Message,
+    ) -> Vec<Out> {
         if self.pending.len() >= MAX_IN_FLIGHT {
             return vec![Out::Host(
                 ErrorCode::InternalError
@@ -511,24 +490,24 @@ impl Aggregate {
             self.host_meta = Some(meta.clone());
         }
         match method {
-            "initialize" => {
+            Method::Initialize => {
                 let params = params.unwrap_or_else(|| json!({}));
                 self.host_init = Some(params.clone());
-                self.fan(id, Fan::Initialize, "initialize", Some(params))
+                self.fan(id, Fan::Initialize, Some(params))
             }
-            "server/discover" => self.fan(id, Fan::Discover, method, params),
-            "logging/setLevel" => self.fan(id, Fan::SetLevel, method, params),
-            "ping" => vec![Out::Host(answer(&id, json!({})))],
-            "subscriptions/listen" => self.listen(id, params),
+            Method::ServerDiscover => self.fan(id, Fan::Discover, params),
+            Method::LoggingSetLevel => self.fan(id, Fan::SetLevel, params),
+            Method::Ping => vec![Out::Host(answer(&id, json!({})))],
+            Method::SubscriptionsListen => self.listen(id, params),
             _ => {
-                if let Some(list) = Listed::of(method) {
+                if let Some(list) = method.list() {
                     let mut params = params;
                     if let Some(Value::Object(p)) = &mut params {
                         p.remove("cursor");
                     }
-                    return self.fan(id, Fan::List(list), method, params);
+                    return self.fan(id, Fan::List(list), params);
                 }
-                self.route(method, id, message, params)
+                self.route((name, method), id, message, params)
             }
         }
     }
@@ -536,15 +515,15 @@ impl Aggregate {
     /// A request for one member: by name, by URI, by reference.
     fn route(
         &mut self,
-        method: &str,
+        (name, method): (&str, Method),
         id: RequestId,
         mut message: Message,
         params: Option<Value>,
     ) -> Vec<Out> {
         let mut params = params.unwrap_or_else(|| json!({}));
         let target = match method {
-            "tools/call" | "prompts/get" => {
-                let what = if method == "tools/call" {
+            Method::ToolsCall | Method::PromptsGet => {
+                let what = if method == Method::ToolsCall {
                     "tool"
                 } else {
                     "prompt"
@@ -561,14 +540,14 @@ impl Aggregate {
                     )),
                 }
             }
-            "resources/read" | "resources/subscribe" | "resources/unsubscribe" => {
+            Method::ResourcesRead | Method::ResourcesSubscribe | Method::ResourcesUnsubscribe => {
                 let uri = params["uri"].as_str().unwrap_or_default().to_owned();
                 self.route_uri(&uri).ok_or((
                     ErrorCode::ResourceNotFound,
                     format!("{}: no resource {uri:?}", self.label),
                 ))
             }
-            "completion/complete" => {
+            Method::CompletionComplete => {
                 let reference = &params["ref"];
                 match reference["type"].as_str() {
                     Some("ref/prompt") => {
@@ -593,9 +572,9 @@ impl Aggregate {
                     }
                 }
             }
-            other => Err((
+            _ => Err((
                 ErrorCode::MethodNotFound,
-                format!("{}: method {other:?} is not served here", self.label),
+                format!("{}: method {name:?} is not served here", self.label),
             )),
         };
         match target {
@@ -613,7 +592,7 @@ impl Aggregate {
     }
 
     /// Request `method` to every member, merged into one answer to `id`.
-    fn fan(&mut self, id: RequestId, fan: Fan, method: &str, params: Option<Value>) -> Vec<Out> {
+    fn fan(&mut self, id: RequestId, fan: Fan, params: Option<Value>) -> Vec<Out> {
         self.next_merge += 1;
         let merge = self.next_merge;
         let mut out = Vec::new();
@@ -622,7 +601,10 @@ impl Aggregate {
             let rid = self.fresh();
             self.pending
                 .insert(rid.clone(), (*member, Pending::Part { merge, page: 0 }));
-            out.push(Out::Member(*member, request(&rid, method, params.clone())));
+            out.push(Out::Member(
+                *member,
+                request(&rid, fan.method(), params.clone()),
+            ));
         }
         self.merges.insert(
             merge,
@@ -679,7 +661,7 @@ impl Aggregate {
                 if m.fan == Fan::Initialize {
                     for (id, part) in &parts {
                         if part.is_ok() {
-                            out.push(Out::Member(*id, notification("notifications/initialized")));
+                            out.push(Out::Member(*id, notification(Method::Initialized)));
                         }
                     }
                 }
@@ -690,8 +672,8 @@ impl Aggregate {
                     .collect();
                 out.push(Out::Host(answer(&m.host, result)));
                 for id in ids {
-                    out.extend(self.learn(id, Listed::Resources, None, 0));
-                    out.extend(self.learn(id, Listed::Templates, None, 0));
+                    out.extend(self.learn(id, List::Resources, None, 0));
+                    out.extend(self.learn(id, List::Templates, None, 0));
                 }
                 return out;
             }
@@ -796,7 +778,7 @@ impl Aggregate {
 
     /// One list from the members' pages: names prefixed, the URIs of
     /// resources learned.
-    fn merged_list(&mut self, list: Listed, parts: &[(MemberId, Result<Value, Value>)]) -> Value {
+    fn merged_list(&mut self, list: List, parts: &[(MemberId, Result<Value, Value>)]) -> Value {
         let mut items = Vec::new();
         let mut first: Option<Map<String, Value>> = None;
         for (id, part) in parts {
@@ -811,7 +793,7 @@ impl Aggregate {
             }
             let got = page[list.key()].as_array().cloned().unwrap_or_default();
             for mut item in got {
-                if list.prefixed()
+                if named_by_prefix(list)
                     && let Some(name) = item["name"].as_str()
                 {
                     item["name"] = json!(prefixed(&prefix, name));
@@ -830,13 +812,13 @@ impl Aggregate {
 
     /// What member `id` listed of its resources or templates (`fresh`: a
     /// first page, replacing what was known).
-    fn learned(&mut self, id: MemberId, list: Listed, page: &Value, fresh: bool) {
+    fn learned(&mut self, id: MemberId, list: List, page: &Value, fresh: bool) {
         let Some(member) = self.get_mut(id) else {
             return;
         };
         let items = page[list.key()].as_array();
         match list {
-            Listed::Resources => {
+            List::Resources => {
                 if fresh {
                     member.uris.clear();
                 }
@@ -846,7 +828,7 @@ impl Aggregate {
                     }
                 }
             }
-            Listed::Templates => {
+            List::Templates => {
                 if fresh {
                     member.templates.clear();
                 }
@@ -856,19 +838,13 @@ impl Aggregate {
                     }
                 }
             }
-            Listed::Tools | Listed::Prompts => {}
+            List::Tools | List::Prompts => {}
         }
     }
 
     /// The aggregate's own read of member `id`'s resources or templates
     /// (from `cursor`), when the member offers resources.
-    fn learn(
-        &mut self,
-        id: MemberId,
-        list: Listed,
-        cursor: Option<Value>,
-        page: usize,
-    ) -> Vec<Out> {
+    fn learn(&mut self, id: MemberId, list: List, cursor: Option<Value>, page: usize) -> Vec<Out> {
         let offers = self
             .get(id)
             .and_then(|m| m.init.as_ref())
@@ -886,14 +862,14 @@ impl Aggregate {
         let rid = self.fresh();
         self.pending
             .insert(rid.clone(), (id, Pending::Learn { list, page }));
-        vec![Out::Member(id, request(&rid, list.method(), Some(params)))]
+        vec![Out::Member(id, request(&rid, list.request(), Some(params)))]
     }
 
-    fn host_notification(&mut self, method: &str, message: &Message) -> Vec<Out> {
+    fn host_notification(&mut self, method: Method, message: &Message) -> Vec<Out> {
         match method {
             // Each member had its own, after its `initialize` answer.
-            "notifications/initialized" => Vec::new(),
-            "notifications/cancelled" => {
+            Method::Initialized => Vec::new(),
+            Method::Cancelled => {
                 let Some(id) = message
                     .params()
                     .and_then(|p| RequestId::of(&p["requestId"]))
@@ -978,7 +954,7 @@ impl Aggregate {
             parts.push((member, rid.clone(), false));
             out.push(Out::Member(
                 member,
-                request(&rid, "subscriptions/listen", Some(theirs)),
+                request(&rid, Method::SubscriptionsListen, Some(theirs)),
             ));
         }
         let done = parts.is_empty();
@@ -1041,7 +1017,7 @@ impl Aggregate {
                 message.set_json("id", mine.as_json().to_owned());
                 vec![Out::Host(message)]
             }
-            (Some(method), None) => self.member_notification(id, &method, message),
+            (Some(method), None) => self.member_notification(id, Method::parse(&method), message),
             (None, None) => Vec::new(),
         }
     }
@@ -1099,7 +1075,10 @@ impl Aggregate {
                     if let Some(m) = self.merges.get_mut(&merge) {
                         m.parts.push((id, Ok(result.clone())));
                     }
-                    return vec![Out::Member(id, request(&next, list.method(), Some(params)))];
+                    return vec![Out::Member(
+                        id,
+                        request(&next, list.request(), Some(params)),
+                    )];
                 }
                 self.part(merge, id, result)
             }
@@ -1113,9 +1092,9 @@ impl Aggregate {
                 if let Some(member) = self.get_mut(id) {
                     member.init = Some(init);
                 }
-                let mut out = vec![Out::Member(id, notification("notifications/initialized"))];
-                out.extend(self.learn(id, Listed::Resources, None, 0));
-                out.extend(self.learn(id, Listed::Templates, None, 0));
+                let mut out = vec![Out::Member(id, notification(Method::Initialized))];
+                out.extend(self.learn(id, List::Resources, None, 0));
+                out.extend(self.learn(id, List::Templates, None, 0));
                 out.extend(self.changed_lists());
                 out
             }
@@ -1149,7 +1128,7 @@ impl Aggregate {
     fn member_notification(
         &mut self,
         id: MemberId,
-        method: &str,
+        method: Method,
         mut message: Message,
     ) -> Vec<Out> {
         // A listen stream's notification names the member's part: the
@@ -1161,7 +1140,7 @@ impl Aggregate {
             let Some((_, Pending::Listen { host })) = self.pending.get(&tag).cloned() else {
                 return Vec::new();
             };
-            if method == "notifications/subscriptions/acknowledged" {
+            if method == Method::SubscriptionsAcknowledged {
                 if let Some(listen) = self.listens.get_mut(&host) {
                     let honoured = message
                         .params()
@@ -1181,22 +1160,22 @@ impl Aggregate {
                 }
                 return self.acknowledge(&host);
             }
-            if method == "notifications/resources/list_changed" {
-                let mut out = self.learn(id, Listed::Resources, None, 0);
-                out.extend(self.learn(id, Listed::Templates, None, 0));
+            if method == Method::ResourcesListChanged {
+                let mut out = self.learn(id, List::Resources, None, 0);
+                out.extend(self.learn(id, List::Templates, None, 0));
                 out.push(Out::Host(era::tagged(&message, &host)));
                 return out;
             }
             return vec![Out::Host(era::tagged(&message, &host))];
         }
         match method {
-            "notifications/resources/list_changed" => {
-                let mut out = self.learn(id, Listed::Resources, None, 0);
-                out.extend(self.learn(id, Listed::Templates, None, 0));
+            Method::ResourcesListChanged => {
+                let mut out = self.learn(id, List::Resources, None, 0);
+                out.extend(self.learn(id, List::Templates, None, 0));
                 out.push(Out::Host(message));
                 out
             }
-            "notifications/cancelled" => {
+            Method::Cancelled => {
                 // The member gave up a request of its own to the host.
                 let theirs = message.params().map(|p| p["requestId"].clone());
                 let mine = self
@@ -1228,7 +1207,7 @@ impl Aggregate {
 fn cancelled(id: &RequestId) -> Message {
     Message::from(json!({
         "jsonrpc": "2.0",
-        "method": "notifications/cancelled",
+        "method": Method::Cancelled.as_str(),
         "params": {"requestId": id.to_value()},
     }))
 }
@@ -1445,16 +1424,16 @@ mod tests {
         // The aggregate learned nothing yet: only `a` offers resources.
         assert_eq!(agg.route_uri("file:///x"), Some(a));
         let page = json!({"resources": [{"uri": "mem://1"}, {"uri": "mem://both"}]});
-        agg.learned(a, Listed::Resources, &page, true);
+        agg.learned(a, List::Resources, &page, true);
         agg.learned(
             b,
-            Listed::Resources,
+            List::Resources,
             &json!({"resources": [{"uri": "mem://both"}, {"uri": "mem://2"}]}),
             true,
         );
         agg.learned(
             b,
-            Listed::Templates,
+            List::Templates,
             &json!({"resourceTemplates": [{"uriTemplate": "db://{table}"}]}),
             true,
         );

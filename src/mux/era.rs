@@ -34,6 +34,7 @@ use serde_json::{Map, Value, json};
 
 use super::error::ErrorCode;
 use super::message::{Message, RequestId};
+use super::method::Method;
 use super::route::{Caps, Level};
 use super::scan;
 
@@ -453,14 +454,8 @@ fn complete_parsed(message: &mut Message, info: &str, cacheable: bool) {
 
 /// Whether a request's answer carries caching hints (a list, a read).
 pub fn cacheable(method: &str) -> bool {
-    matches!(
-        method,
-        "tools/list"
-            | "resources/list"
-            | "resources/templates/list"
-            | "prompts/list"
-            | "resources/read"
-    )
+    let method = Method::parse(method);
+    method.list().is_some() || method == Method::ResourcesRead
 }
 
 /// The answer to modern list request `id` from a kept list (as
@@ -558,28 +553,21 @@ impl Fresh {
 
 /// The requests whose answer may be `input_required`.
 pub fn may_need_input(method: &str) -> bool {
-    matches!(method, "tools/call" | "prompts/get" | "resources/read")
+    matches!(
+        Method::parse(method),
+        Method::ToolsCall | Method::PromptsGet | Method::ResourcesRead
+    )
 }
 
 /// The capability a server→client request needs of the client, as
 /// [`ErrorCode::MissingCapability`]'s `requiredCapabilities` names it.
 pub fn required_capability(method: &str) -> Option<&'static str> {
-    match method {
-        "sampling/createMessage" => Some("sampling"),
-        "elicitation/create" => Some("elicitation"),
-        "roots/list" => Some("roots"),
-        _ => None,
-    }
+    Method::parse(method).capability()
 }
 
 /// Whether a client with `caps` can answer server→client request `method`.
 pub fn can_answer(caps: Caps, method: &str) -> bool {
-    match method {
-        "sampling/createMessage" => caps.sampling,
-        "elicitation/create" => caps.elicitation,
-        "roots/list" => caps.roots,
-        _ => false,
-    }
+    caps.answers(Method::parse(method)).unwrap_or(false)
 }
 
 /// The answer to request `id` whose server needs `method` of a client
@@ -870,12 +858,12 @@ impl Filter {
 
     /// Whether notification `method` (about `uri`, for an update) is one
     /// this stream opted in to.
-    pub fn wants(&self, method: &str, uri: Option<&str>) -> bool {
+    pub fn wants(&self, method: Method, uri: Option<&str>) -> bool {
         match method {
-            "notifications/tools/list_changed" => self.tools,
-            "notifications/resources/list_changed" => self.resources,
-            "notifications/prompts/list_changed" => self.prompts,
-            "notifications/resources/updated" => uri.is_some_and(|u| self.uris.contains(u)),
+            Method::ToolsListChanged => self.tools,
+            Method::ResourcesListChanged => self.resources,
+            Method::PromptsListChanged => self.prompts,
+            Method::ResourcesUpdated => uri.is_some_and(|u| self.uris.contains(u)),
             _ => false,
         }
     }
@@ -884,11 +872,11 @@ impl Filter {
 /// The notifications only a listen stream carries to a modern host.
 pub fn streamed(method: &str) -> bool {
     matches!(
-        method,
-        "notifications/tools/list_changed"
-            | "notifications/resources/list_changed"
-            | "notifications/prompts/list_changed"
-            | "notifications/resources/updated"
+        Method::parse(method),
+        Method::ToolsListChanged
+            | Method::ResourcesListChanged
+            | Method::PromptsListChanged
+            | Method::ResourcesUpdated
     )
 }
 
@@ -912,7 +900,7 @@ pub fn tagged(message: &Message, id: &RequestId) -> Message {
 pub fn acknowledged(id: &RequestId, filter: &Filter) -> Value {
     json!({
         "jsonrpc": "2.0",
-        "method": "notifications/subscriptions/acknowledged",
+        "method": Method::SubscriptionsAcknowledged.as_str(),
         "params": {
             "notifications": filter.to_value(),
             "_meta": {SUBSCRIPTION_ID_KEY: id.to_value()},
@@ -973,8 +961,8 @@ impl Listens {
     /// What notification `message` becomes for this session: one copy per
     /// stream that opted in to it, tagged with the stream's id.
     pub fn fan_out(&self, message: &Message) -> Vec<Message> {
-        let method = message.method().unwrap_or_default();
-        let uri = (method == "notifications/resources/updated")
+        let method = message.method_kind().unwrap_or(Method::Other);
+        let uri = (method == Method::ResourcesUpdated)
             .then(|| {
                 message
                     .params()
@@ -983,7 +971,7 @@ impl Listens {
             .flatten();
         self.streams
             .iter()
-            .filter(|(_, f)| f.wants(&method, uri.as_deref()))
+            .filter(|(_, f)| f.wants(method, uri.as_deref()))
             .map(|(id, _)| tagged(message, id))
             .collect()
     }

@@ -24,6 +24,7 @@ use serde_json::{Value, json};
 
 use super::era::CacheHint;
 use super::message::Message;
+use super::method::Method;
 
 /// Pages one list may take: a server with more is refused.
 pub const MAX_PAGES: u32 = 1000;
@@ -49,14 +50,19 @@ impl List {
     /// machine's), in the order their serials and caches are indexed.
     pub const KEPT: [List; 3] = [List::Resources, List::Templates, List::Prompts];
 
-    /// The request that reads it.
-    pub fn method(self) -> &'static str {
+    /// The request that reads it (its inverse: [`Method::list`]).
+    pub const fn request(self) -> Method {
         match self {
-            List::Tools => "tools/list",
-            List::Resources => "resources/list",
-            List::Templates => "resources/templates/list",
-            List::Prompts => "prompts/list",
+            List::Tools => Method::ToolsList,
+            List::Resources => Method::ResourcesList,
+            List::Templates => Method::ResourcesTemplatesList,
+            List::Prompts => Method::PromptsList,
         }
+    }
+
+    /// The name of [`List::request`].
+    pub const fn method(self) -> &'static str {
+        self.request().as_str()
     }
 
     /// The member of a page's result holding the items.
@@ -84,12 +90,17 @@ impl List {
     }
 
     /// The notification a server sends when it changed.
-    pub fn changed(self) -> &'static str {
+    pub const fn notification(self) -> Method {
         match self {
-            List::Tools => "notifications/tools/list_changed",
-            List::Resources | List::Templates => "notifications/resources/list_changed",
-            List::Prompts => "notifications/prompts/list_changed",
+            List::Tools => Method::ToolsListChanged,
+            List::Resources | List::Templates => Method::ResourcesListChanged,
+            List::Prompts => Method::PromptsListChanged,
         }
+    }
+
+    /// The name of [`List::notification`].
+    pub const fn changed(self) -> &'static str {
+        self.notification().as_str()
     }
 
     /// Its place among [`List::KEPT`]; the tools, which the machine

@@ -22,6 +22,8 @@ use std::fmt;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+use super::method::Method;
+
 /// A JSON-RPC message: a JSON object, its members as text (`{}` by
 /// default).
 #[derive(Clone)]
@@ -298,6 +300,12 @@ impl Message {
             Some(plain) if !plain.contains('\\') => Some(Cow::Borrowed(plain)),
             _ => self.get::<String>("method").map(Cow::Owned),
         }
+    }
+
+    /// The `method`, if it is a string, as a [`Method`] ([`Method::Other`]
+    /// for one mcpd does not treat specially): read once, then matched.
+    pub fn method_kind(&self) -> Option<Method> {
+        self.method().map(|name| Method::parse(&name))
     }
 
     /// The `params`, parsed.

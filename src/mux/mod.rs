@@ -8,7 +8,8 @@
 //! like the supervisor's machine; [`session`], the core of a unit's host
 //! sessions, which takes every decision about its hosts and its upstream
 //! (`initialize` and its version, refusals and bounds, answers from kept
-//! lists, accounting, eras) as outputs for its driver; [`era`], what a host speaking MCP
+//! lists, accounting, eras) as outputs for its driver; [`method`], the MCP methods mcpd treats
+//! specially, one documented row each; [`era`], what a host speaking MCP
 //! 2026-07-28 gets over a 2025 server (discovery, per-request `_meta`,
 //! `input_required`, listen streams); [`tasks`], whose task a task id is
 //! (each host knows its own by ids of mcpd's); [`lists`], the list reader (paging
@@ -38,6 +39,7 @@ pub mod lines;
 pub mod lists;
 pub mod memory;
 pub mod message;
+pub mod method;
 pub mod outbox;
 pub mod route;
 mod scan;

@@ -44,6 +44,7 @@ use serde_json::{Value, json};
 
 use super::error::ErrorCode;
 use super::message::{Message, RequestId};
+use super::method::Method;
 use super::tasks::{Tasks, rename_tasks};
 
 /// A host session, numbered by the session layer.
@@ -102,12 +103,12 @@ impl Caps {
     }
 
     /// Whether a host with these capabilities can answer `method`; `None`
-    /// for a method no capability gates (`ping`).
-    fn answers(self, method: &str) -> Option<bool> {
+    /// for a method no capability gates (`ping`; [`Method::capability`]).
+    pub fn answers(self, method: Method) -> Option<bool> {
         match method {
-            "sampling/createMessage" => Some(self.sampling),
-            "elicitation/create" => Some(self.elicitation),
-            "roots/list" => Some(self.roots),
+            Method::SamplingCreateMessage => Some(self.sampling),
+            Method::ElicitationCreate => Some(self.elicitation),
+            Method::RootsList => Some(self.roots),
             _ => None,
         }
     }
@@ -303,7 +304,7 @@ fn cancelled(up: u64, reason: &str) -> Out {
     Out::Server(
         json!({
             "jsonrpc": "2.0",
-            "method": "notifications/cancelled",
+            "method": Method::Cancelled.as_str(),
             "params": {"requestId": up, "reason": reason},
         })
         .into(),
@@ -429,7 +430,7 @@ impl Router {
     }
 
     /// Sends mcpd's own request upstream (its answer is dropped).
-    fn own_request(&mut self, method: &str, params: Value, out: &mut Vec<Out>) {
+    fn own_request(&mut self, method: Method, params: Value, out: &mut Vec<Out>) {
         let id = self.fresh_id();
         self.pending.insert(
             id,
@@ -441,7 +442,7 @@ impl Router {
             },
         );
         out.push(Out::Server(
-            json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params}).into(),
+            json!({"jsonrpc": "2.0", "id": id, "method": method.as_str(), "params": params}).into(),
         ));
     }
 
@@ -612,7 +613,11 @@ impl Router {
             if self.up
                 && let Some(level) = wanted
             {
-                self.own_request("logging/setLevel", json!({"level": level.as_str()}), out);
+                self.own_request(
+                    Method::LoggingSetLevel,
+                    json!({"level": level.as_str()}),
+                    out,
+                );
             }
         }
     }
@@ -734,7 +739,7 @@ impl Router {
                 h.subscribed += 1;
             }
             if first && self.up {
-                self.own_request("resources/subscribe", json!({"uri": uri}), &mut out);
+                self.own_request(Method::ResourcesSubscribe, json!({"uri": uri}), &mut out);
             }
         }
         Ok(out)
@@ -754,7 +759,7 @@ impl Router {
             if subscribers.is_empty() {
                 self.subscriptions.remove(uri);
                 if self.up {
-                    self.own_request("resources/unsubscribe", json!({"uri": uri}), &mut out);
+                    self.own_request(Method::ResourcesUnsubscribe, json!({"uri": uri}), &mut out);
                 }
             }
         }
@@ -845,12 +850,13 @@ impl Router {
         if let Some(h) = self.hosts.get_mut(&host) {
             h.last_call = self.calls;
         }
-        match name {
-            "ping" => {
+        let method = Method::parse(name);
+        match method {
+            Method::Ping => {
                 out.push(Out::Host(host, response(&id.to_value(), json!({}))));
                 return;
             }
-            "logging/setLevel" => {
+            Method::LoggingSetLevel => {
                 let (_, level) = param(msg, "level");
                 let level = level.as_str().map(Level::from_str);
                 match level {
@@ -872,7 +878,7 @@ impl Router {
                 }
                 return;
             }
-            "resources/subscribe" | "resources/unsubscribe" => {
+            Method::ResourcesSubscribe | Method::ResourcesUnsubscribe => {
                 let (_, uri) = param(msg, "uri");
                 let Some(uri) = uri.as_str().map(str::to_owned) else {
                     out.push(Out::Host(
@@ -885,7 +891,7 @@ impl Router {
                     ));
                     return;
                 };
-                let subscribing = name == "resources/subscribe";
+                let subscribing = method == Method::ResourcesSubscribe;
                 if subscribing && let Some(why) = self.refuse_subscription(host, &uri) {
                     let refusal = error(&id.to_value(), ErrorCode::InvalidRequest, why);
                     out.push(Out::Host(host, refusal));
@@ -974,7 +980,7 @@ impl Router {
                 owner: Owner::Host { host, id },
                 token,
                 level,
-                lists_tasks: name == "tasks/list",
+                lists_tasks: method == Method::TasksList,
             },
         );
         msg.set_number("id", up_id);
@@ -989,10 +995,10 @@ impl Router {
         msg: &mut Message,
         out: &mut Vec<Out>,
     ) {
-        match name {
+        match Method::parse(name) {
             // The upstream was initialized by mcpd.
-            "notifications/initialized" => {}
-            "notifications/cancelled" => {
+            Method::Initialized => {}
+            Method::Cancelled => {
                 let (params, theirs) = param(msg, "requestId");
                 let theirs = RequestId::of(&theirs);
                 if let Some(up) = theirs.and_then(|id| self.inflight.get(&(host, id)).copied()) {
@@ -1116,14 +1122,14 @@ impl Router {
             }
             Some(name) => match msg.request_id() {
                 Some(id) => self.server_request(&name, id, msg, &mut out),
-                None => self.server_notification(&name, msg, &mut out),
+                None => self.server_notification(Method::parse(&name), msg, &mut out),
             },
         }
         out
     }
 
     /// Who answers a server→client request `method`: see the module docs.
-    fn answerer(&self, method: &str) -> Result<HostId, String> {
+    fn answerer(&self, (name, method): (&str, Method)) -> Result<HostId, String> {
         let busy: BTreeSet<HostId> = self
             .pending
             .values()
@@ -1146,7 +1152,7 @@ impl Router {
                 latest(&mut busy.iter().copied().filter(capable))
                     .ok_or_else(|| {
                         format!(
-                            "none of the hosts with a request in flight declared the capability {method} needs"
+                            "none of the hosts with a request in flight declared the capability {name} needs"
                         )
                     })?,
             ),
@@ -1154,29 +1160,30 @@ impl Router {
         match cause {
             Some(host) if capable(&host) => Ok(host),
             Some(host) => Err(format!(
-                "the host whose request caused {method} (session {host}) did not declare the capability"
+                "the host whose request caused {name} (session {host}) did not declare the capability"
             )),
             None => latest(&mut self.hosts.keys().copied().filter(capable)).ok_or_else(|| {
                 if self.hosts.is_empty() {
-                    format!("no host is attached to answer {method}")
+                    format!("no host is attached to answer {name}")
                 } else {
-                    format!("no attached host declared the capability {method} needs")
+                    format!("no attached host declared the capability {name} needs")
                 }
             }),
         }
     }
 
     fn server_request(&mut self, name: &str, id: RequestId, mut msg: Message, out: &mut Vec<Out>) {
-        if name == "ping" {
+        let method = Method::parse(name);
+        if method == Method::Ping {
             out.push(Out::Server(response(&id.to_value(), json!({}))));
             return;
         }
         // A question about a task goes to the task's host, and to no
         // other when that host cannot answer it.
         let answerer = match self.task_owner(&mut msg) {
-            None => self.answerer(name),
+            None => self.answerer((name, method)),
             Some(Some(host)) => match self.hosts.get(&host) {
-                Some(h) if h.caps.answers(name) != Some(false) => Ok(host),
+                Some(h) if h.caps.answers(method) != Some(false) => Ok(host),
                 _ => Err(format!(
                     "the host whose task {name} is about (session {host}) did not declare the capability"
                 )),
@@ -1204,10 +1211,10 @@ impl Router {
         }
     }
 
-    fn server_notification(&mut self, name: &str, mut msg: Message, out: &mut Vec<Out>) {
+    fn server_notification(&mut self, method: Method, mut msg: Message, out: &mut Vec<Out>) {
         // A task's status, or a log message about one: its host's alone
         // (progress and cancellations are routed by token and id).
-        if !matches!(name, "notifications/progress" | "notifications/cancelled")
+        if !matches!(method, Method::Progress | Method::Cancelled)
             && let Some(owner) = self.task_owner(&mut msg)
         {
             if let Some(host) = owner {
@@ -1215,8 +1222,8 @@ impl Router {
             }
             return;
         }
-        match name {
-            "notifications/progress" => {
+        match method {
+            Method::Progress => {
                 let (params, token) = param(&msg, "progressToken");
                 let owner = token.as_u64().and_then(|t| self.tokens.get(&t)).cloned();
                 if let Some((host, theirs)) = owner {
@@ -1224,7 +1231,7 @@ impl Router {
                     out.push(Out::Host(host, msg));
                 }
             }
-            "notifications/cancelled" => {
+            Method::Cancelled => {
                 // The server withdraws a request it handed a host.
                 let (params, theirs) = param(&msg, "requestId");
                 let theirs = RequestId::of(&theirs);
@@ -1238,7 +1245,7 @@ impl Router {
                     out.push(Out::Host(host, msg));
                 }
             }
-            "notifications/message" => {
+            Method::LogMessage => {
                 let (_, level) = param(&msg, "level");
                 let level = level.as_str().map(Level::from_str);
                 let floor_default = self.upstream_level.map(|_| DEFAULT_LEVEL);
@@ -1271,7 +1278,7 @@ impl Router {
                     }
                 }
             }
-            "notifications/resources/updated" => {
+            Method::ResourcesUpdated => {
                 let (_, uri) = param(&msg, "uri");
                 let uri = uri.as_str().unwrap_or_default();
                 for host in self.subscriptions.get(uri).into_iter().flatten() {
@@ -1385,7 +1392,7 @@ impl Router {
         for uri in released {
             self.subscriptions.remove(&uri);
             if self.up {
-                self.own_request("resources/unsubscribe", json!({"uri": uri}), &mut out);
+                self.own_request(Method::ResourcesUnsubscribe, json!({"uri": uri}), &mut out);
             }
         }
         // Nobody can read its tasks' results any more.
@@ -1393,7 +1400,7 @@ impl Router {
         tasks.sort_unstable();
         for up in tasks {
             if self.up {
-                self.own_request("tasks/cancel", json!({"taskId": up}), &mut out);
+                self.own_request(Method::TasksCancel, json!({"taskId": up}), &mut out);
             }
         }
         self.sync_level(&mut out);
@@ -1450,7 +1457,7 @@ impl Router {
                     host,
                     json!({
                         "jsonrpc": "2.0",
-                        "method": "notifications/cancelled",
+                        "method": Method::Cancelled.as_str(),
                         "params": {"requestId": down, "reason": "the server connection was lost"},
                     })
                     .into(),
@@ -1466,7 +1473,7 @@ impl Router {
         self.up = true;
         let uris: Vec<String> = self.subscriptions.keys().cloned().collect();
         for uri in uris {
-            self.own_request("resources/subscribe", json!({"uri": uri}), &mut out);
+            self.own_request(Method::ResourcesSubscribe, json!({"uri": uri}), &mut out);
         }
         self.upstream_level = None;
         self.sync_level(&mut out);

@@ -43,6 +43,7 @@ use super::sessions::{Sessions, Settings};
 use super::status::{CallError, Status};
 use super::upstream::{self, Handshake};
 use crate::mux::lists::List;
+use crate::mux::method::Method;
 
 /// What the handle asks of the actor.
 #[derive(Debug)]
@@ -499,7 +500,7 @@ impl Actor {
                 params["arguments"] = Value::Object(arguments);
             }
             let call = tokio::select! {
-                call = tokio::time::timeout(timeout, sessions.request("tools/call", params)) => call,
+                call = tokio::time::timeout(timeout, sessions.request(Method::ToolsCall.as_str(), params)) => call,
                 // The caller is gone (a D-Bus client that disconnected):
                 // dropping the call sends the server `notifications/cancelled`.
                 () = reply.closed() => return,
@@ -537,10 +538,11 @@ impl Actor {
                     let instructions = init["instructions"].as_str().map(str::to_owned);
                     self.cache.init = Some(Arc::clone(&init));
                     let probe = if crate::mux::era::is_modern(&init) {
-                        "server/discover"
+                        Method::ServerDiscover
                     } else {
-                        "ping"
-                    };
+                        Method::Ping
+                    }
+                    .as_str();
                     self.step(Event::Established {
                         generation,
                         tools,

@@ -30,6 +30,7 @@ use crate::mux::era;
 use crate::mux::error::ErrorCode;
 use crate::mux::lists::{List, ListError, ListRead, Next};
 use crate::mux::message::Message;
+use crate::mux::method::Method;
 use crate::mux::session::PROTOCOL_VERSION;
 pub use crate::mux::session::upstream::{
     client_capabilities, mcpd_meta, roots_result, with_mcpd_meta,
@@ -124,9 +125,9 @@ impl Client<'_> {
                     return Ok(message);
                 }
                 (Some(asked), Some(their_id)) => {
-                    let reply = match asked {
-                        "ping" => json!({"jsonrpc": "2.0", "id": their_id, "result": {}}),
-                        "roots/list" => {
+                    let reply = match Method::parse(asked) {
+                        Method::Ping => json!({"jsonrpc": "2.0", "id": their_id, "result": {}}),
+                        Method::RootsList => {
                             json!({"jsonrpc": "2.0", "id": their_id, "result": roots_result(self.roots)})
                         }
                         _ => ErrorCode::MethodNotFound.response(
@@ -136,7 +137,9 @@ impl Client<'_> {
                     };
                     let _ = self.wire.tx.send(reply.into());
                 }
-                (Some("notifications/tools/list_changed"), None) => self.dirty = true,
+                (Some(asked), None) if Method::parse(asked) == Method::ToolsListChanged => {
+                    self.dirty = true;
+                }
                 // Answers to nothing, log messages, progress: nobody waits.
                 _ => {}
             }
@@ -292,11 +295,8 @@ pub const PROBE_TIMEOUT: Duration = Duration::from_secs(10);
 /// What the probe found: the server's discovery result when it speaks MCP
 /// 2026-07-28, else why it is taken for a server of the handshake.
 async fn probe(client: &mut Client<'_>, bound: Duration) -> Result<Value, String> {
-    let answer = client.answer(
-        "server/discover",
-        json!({"_meta": mcpd_meta()}),
-        "server/discover",
-    );
+    let discover = Method::ServerDiscover.as_str();
+    let answer = client.answer(discover, json!({"_meta": mcpd_meta()}), discover);
     let message = match tokio::time::timeout(bound, answer).await {
         Err(_) => return Err(format!("no answer to server/discover within {bound:?}")),
         Ok(Err(ConnectError::Closed(why))) => return Err(why),
@@ -383,13 +383,13 @@ pub async fn handshake(
     }
     let init = client
         .request(
-            "initialize",
+            Method::Initialize.as_str(),
             json!({
                 "protocolVersion": PROTOCOL_VERSION,
                 "capabilities": capabilities.unwrap_or_else(client_capabilities),
                 "clientInfo": {"name": "mcpd", "version": env!("CARGO_PKG_VERSION")},
             }),
-            "initialize",
+            Method::Initialize.as_str(),
         )
         .await?;
     if !init.is_object() || !init["protocolVersion"].is_string() {
@@ -400,7 +400,7 @@ pub async fn handshake(
     client
         .wire
         .tx
-        .send(json!({"jsonrpc": "2.0", "method": "notifications/initialized"}).into())
+        .send(json!({"jsonrpc": "2.0", "method": Method::Initialized.as_str()}).into())
         .map_err(|_| {
             ConnectError::Closed("the server closed the connection during initialize".into())
         })?;
