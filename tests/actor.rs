@@ -241,10 +241,18 @@ async fn dispose_does_not_wait_on_a_hung_sync_and_nothing_follows_it() {
     assert_eq!(last.state, State::Stopped);
     assert!(last.tools.is_empty(), "withdrawn");
     assert!(fake.live().is_empty());
-    // the late answer changes nothing, and nothing restarts
+    // the late answer changes nothing, and nothing restarts: the actor is
+    // gone, so its status channel is closed with `last` its final value
+    // (`changed` fails only when no value came after the one seen, and no
+    // sender is left), and no second process was launched
     gate.notify_waiters();
     tokio::time::sleep(Duration::from_secs(60)).await;
-    assert!(!rx.has_changed().unwrap_or(false));
+    match tokio::time::timeout(BOUND, rx.changed()).await {
+        Ok(Err(_closed)) => {}
+        Ok(Ok(())) => panic!("a status followed the shutdown: {:#?}", *rx.borrow()),
+        Err(_) => panic!("the actor outlived its shutdown: its status channel is still open"),
+    }
+    assert_eq!(rx.borrow().state, State::Stopped);
     assert_eq!(fake.launches(), 1);
 }
 
