@@ -864,7 +864,7 @@ fn a_private_bus_leaves_no_socket_file_behind() {
 /// size, member name if a signal).
 fn messages_before_the_first_reply(socket: &Path) -> Vec<(u8, usize, String)> {
     use std::io::{Read, Write};
-    let mut s = crate::connections::handshaken(socket);
+    let mut s = crate::daemon::connections::handshaken(socket);
     let ping = zbus::message::Message::method_call("/org/mcpd1", "Ping")
         .interface("org.freedesktop.DBus.Peer")
         .build(&())

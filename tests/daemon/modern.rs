@@ -10,7 +10,7 @@ use rustix::process::Signal;
 use serde_json::{Value, json};
 
 use crate::helper::{Daemon, mcpctl_user};
-use crate::sessions::Raw;
+use crate::daemon::session::Raw;
 
 /// The `_meta` of a modern request: version 2026-07-28, `caps`, and a log
 /// level if `level` is one.

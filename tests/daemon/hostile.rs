@@ -54,7 +54,7 @@ fn what_is_not_json_rpc_2_0_is_refused_at_once_and_unknown_members_never_reach_t
     let rt = tokio::runtime::Runtime::new().expect("runtime");
     rt.block_on(async {
         tokio::time::timeout(std::time::Duration::from_secs(30), async {
-            let mut host = crate::sessions::Raw::new(&runtime, "strict");
+            let mut host = crate::daemon::session::Raw::new(&runtime, "strict");
             host.send(concat!(
                 r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"raw","version":"1"}}}"#, "\n",
                 r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#, "\n",
@@ -107,7 +107,7 @@ fn a_host_that_never_reads_large_answers_is_detached_and_the_daemon_stays_small(
     let mut peak = 0;
     rt.block_on(async {
         tokio::time::timeout(std::time::Duration::from_secs(60), async {
-            let mut sink = crate::sessions::Raw::new(&runtime, "big");
+            let mut sink = crate::daemon::session::Raw::new(&runtime, "big");
             sink.send(init.as_bytes()).await;
             assert_eq!(sink.answer().await["id"], 1);
             // 24 answers of 8 MiB asked for, none read
@@ -130,7 +130,7 @@ fn a_host_that_never_reads_large_answers_is_detached_and_the_daemon_stays_small(
                 d.read_for(std::time::Duration::from_millis(50));
             }
             // the daemon goes on serving a host that reads
-            let mut good = crate::sessions::Raw::new(&runtime, "big");
+            let mut good = crate::daemon::session::Raw::new(&runtime, "big");
             good.send(init.as_bytes()).await;
             assert_eq!(good.answer().await["id"], 1);
             good.send(b"{\"jsonrpc\":\"2.0\",\"id\":2,\"method\":\"tools/call\",\"params\":{\"name\":\"echo\",\"arguments\":{\"text\":\"here\"}}}\n").await;
@@ -280,7 +280,7 @@ fn session(
     runtime: &Path,
     name: &str,
 ) -> (String, std::io::BufReader<std::os::unix::net::UnixStream>) {
-    crate::bridge::attach_raw(
+    crate::daemon::bridge::attach_raw(
         runtime,
         format!("{{\"server\":\"{name}\"}}\n").as_bytes(),
         &[],
@@ -431,7 +431,7 @@ fn an_answer_over_the_line_limit_is_an_error_to_the_host_at_once() {
         tokio::time::timeout(std::time::Duration::from_secs(60), async {
             // the id first (most servers) or last (the TypeScript SDK)
             for name in ["first", "last"] {
-                let mut host = crate::sessions::Raw::new(&runtime, name);
+                let mut host = crate::daemon::session::Raw::new(&runtime, name);
                 host.send(INITIALIZE.as_bytes()).await;
                 assert_eq!(host.answer().await["id"], 1);
                 host.send(format!("{{\"jsonrpc\":\"2.0\",\"id\":\"big\",\"method\":\"tools/call\",\"params\":{{\"name\":\"big\",\"arguments\":{{\"n\":{}}}}}}}\n", 17 << 20).as_bytes()).await;

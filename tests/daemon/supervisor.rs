@@ -958,7 +958,7 @@ async fn probed_fixture(
 /// A server spoken to in `version`, SIGSTOPped, is noticed by its probes
 /// (each a `probe` request) after `interval` + `failures` x `timeout` of
 /// silence (the bound itself is the machine's, tested in
-/// tests/machine.rs), killed and replaced.
+/// tests/pure/machine.rs), killed and replaced.
 async fn a_stopped_server_is_replaced(name: &str, version: &str, probe: &str) {
     let (mut r, first) = probed_fixture(name, &[], version, health(300, 200, 2)).await;
     let pid = first.main_pid.expect("pid");

@@ -70,7 +70,7 @@ fn sigkill_of_the_daemon_leaves_no_child_alive() {
     wait_gone(first);
     wait_gone(second);
     // (what a next daemon of this runtime directory would clean up:
-    // tests/containment.rs)
+    // tests/daemon/containment.rs)
     crate::helper::remove_cgroup_tree(&subtree);
 }
 

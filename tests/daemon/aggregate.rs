@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 
-use crate::fidelity::everything;
+use crate::daemon::fidelity::everything;
 use crate::helper::{Daemon, mcpctl, root, run};
 
 /// A host: the Python SDK behind `mcpctl bridge ARGS`, one JSON command
