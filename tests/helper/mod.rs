@@ -171,22 +171,52 @@ pub fn run(cmd: &mut Command) -> Output {
         .unwrap_or_else(|e| panic!("cannot run {cmd:?}: {e}"))
 }
 
-/// Compares `actual` with the snapshot file `expected`; with UPDATE_EXPECT=1
-/// in the environment, writes it instead. Returns a description of the
-/// difference, if any.
-pub fn check_snapshot(expected: &Path, actual: &str) -> Option<String> {
-    if std::env::var_os("UPDATE_EXPECT").is_some() {
-        std::fs::write(expected, actual).expect("write snapshot");
+/// What [`check_snapshot`] does with a snapshot file.
+///
+/// Every test compares. Only a test named `update_snapshots` (one beside
+/// each snapshot test, `#[ignore]`d) writes, so snapshots are rewritten
+/// only by asking for it in the test command:
+///
+/// ```sh
+/// cargo test --test tests update_snapshots -- --ignored
+/// ```
+///
+/// (narrowed as any run: `pure::unit_files::update_snapshots`). No
+/// environment variable turns a snapshot test green, and the updaters
+/// refuse to run where `CI` is set.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Snapshot {
+    Compare,
+    Update,
+}
+
+/// How a snapshot is rewritten, for the messages that say so.
+pub const UPDATE_SNAPSHOTS: &str = "cargo test --test tests update_snapshots -- --ignored";
+
+/// Compares `actual` with the snapshot file `expected` (or, in
+/// [`Snapshot::Update`], writes it if it differs). Returns a description
+/// of the difference, if any.
+pub fn check_snapshot(mode: Snapshot, expected: &Path, actual: &str) -> Option<String> {
+    let want = std::fs::read_to_string(expected);
+    if mode == Snapshot::Update {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "snapshots are never rewritten in CI"
+        );
+        if want.as_deref().ok() != Some(actual) {
+            std::fs::write(expected, actual).expect("write snapshot");
+            eprintln!("rewrote {}", expected.display());
+        }
         return None;
     }
-    match std::fs::read_to_string(expected) {
+    match want {
         Ok(want) if want == actual => None,
         Ok(want) => Some(format!(
-            "{} differs (UPDATE_EXPECT=1 rewrites it)\n--- expected\n{want}\n--- actual\n{actual}",
+            "{} differs (`{UPDATE_SNAPSHOTS}` rewrites it)\n--- expected\n{want}\n--- actual\n{actual}",
             expected.display()
         )),
         Err(e) => Some(format!(
-            "{}: {e} (UPDATE_EXPECT=1 writes it)\n--- actual\n{actual}",
+            "{}: {e} (`{UPDATE_SNAPSHOTS}` writes it)\n--- actual\n{actual}",
             expected.display()
         )),
     }
