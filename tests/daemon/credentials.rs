@@ -1130,10 +1130,9 @@ fn an_unprivileged_user_instance_asks_systemd_creds_in_user_scope_and_delivers_i
         )
         .expect("chown");
     }
-    let path = std::env::join_paths(
-        std::iter::once(bin.path().to_owned())
-            .chain(std::env::split_paths(&std::env::var_os("PATH").unwrap_or_default())),
-    )
+    let path = std::env::join_paths(std::iter::once(bin.path().to_owned()).chain(
+        std::env::split_paths(&std::env::var_os("PATH").unwrap_or_default()),
+    ))
     .expect("PATH");
     let mcpd = env!("CARGO_BIN_EXE_mcpd");
     let args: Vec<&std::ffi::OsStr> = vec![

@@ -9,8 +9,8 @@ use std::time::Duration;
 use rustix::process::Signal;
 use serde_json::{Value, json};
 
-use crate::helper::{Daemon, mcpctl_user};
 use crate::daemon::session::Raw;
+use crate::helper::{Daemon, mcpctl_user};
 
 /// The `_meta` of a modern request: version 2026-07-28, `caps`, and a log
 /// level if `level` is one.

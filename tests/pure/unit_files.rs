@@ -83,7 +83,8 @@ fn bad_units(mode: Snapshot) {
                         problem.path().display()
                     );
                 }
-                if let Some(diff) = check_snapshot(mode, &path.with_extension("expected"), &report) {
+                if let Some(diff) = check_snapshot(mode, &path.with_extension("expected"), &report)
+                {
                     failures.push(diff);
                 }
             }
