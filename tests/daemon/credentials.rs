@@ -4,11 +4,10 @@
 //! HTTP headers from a credential, and that no value is ever shown.
 
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
 
-use crate::helper::{Daemon, alive, env_of, fixture_path, mcpctl_user, probe as call};
-
-const BOUND: Duration = Duration::from_secs(30);
+use crate::helper::{
+    BOUND, Daemon, alive, env_of, eventually, fixture_path, mcpctl_user, probe as call,
+};
 
 /// A value no other text of a test contains.
 const SECRET: &str = "tok-8f3a1c-credential-value";
@@ -37,14 +36,6 @@ fn credentials_dir(runtime: &Path, server: &str) -> PathBuf {
             .as_str()
             .expect("CREDENTIALS_DIRECTORY is set"),
     )
-}
-
-fn wait(what: &str, done: impl Fn() -> bool) {
-    let deadline = Instant::now() + BOUND;
-    while !done() {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(10));
-    }
 }
 
 /// Every file below `dir` (symlinks not followed), except below `skip`.
@@ -200,7 +191,7 @@ fn a_server_reads_its_credentials_as_files_and_only_env_puts_one_in_its_environm
     // Neither in any file of the runtime or state directories but the
     // credentials' own.
     let cache = state.path().join("cache/inenv.json");
-    wait("the on-demand cache", || cache.exists());
+    eventually("the on-demand cache", BOUND, || cache.exists());
     let mut found = Vec::new();
     files(rt, &rt.join("mcpd/credentials"), &mut found);
     files(state.path(), Path::new("/nonexistent"), &mut found);
@@ -252,7 +243,7 @@ fn the_directory_goes_with_its_generation_and_with_a_killed_daemon() {
     d.wait_until("gen restarted", |d| {
         d.latest_pid("gen").is_some_and(|p| p != pid)
     });
-    wait("the crashed generation's directory to go", || {
+    eventually("the crashed generation's directory to go", BOUND, || {
         !first.exists()
     });
     let second = credentials_dir(rt, "gen");
@@ -267,7 +258,7 @@ fn the_directory_goes_with_its_generation_and_with_a_killed_daemon() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    wait("the stopped generation's directory to go", || {
+    eventually("the stopped generation's directory to go", BOUND, || {
         !second.exists()
     });
     let out = mcpctl_user(rt, &["start", "gen"]);
@@ -276,7 +267,7 @@ fn the_directory_goes_with_its_generation_and_with_a_killed_daemon() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    wait("a third directory", || delivered(rt).len() == 1);
+    eventually("a third directory", BOUND, || delivered(rt).len() == 1);
     let third = delivered(rt).remove(0);
 
     // A SIGKILLed daemon leaves it; the next daemon removes it at start.
@@ -285,8 +276,10 @@ fn the_directory_goes_with_its_generation_and_with_a_killed_daemon() {
     assert!(third.exists(), "the killed daemon could not remove it");
     // The server dies with its daemon (PR_SET_PDEATHSIG); the instance
     // lock is free once every process that shared it is gone.
-    wait("the server to die with its daemon", || !alive(server));
-    wait("the instance lock to be free", || {
+    eventually("the server to die with its daemon", BOUND, || {
+        !alive(server)
+    });
+    eventually("the instance lock to be free", BOUND, || {
         std::fs::File::open(rt.join("mcpd/mcpd.lock")).is_ok_and(|f| {
             rustix::fs::flock(&f, rustix::fs::FlockOperation::NonBlockingLockExclusive).is_ok()
         })
@@ -558,7 +551,7 @@ fn a_systemd_creds_that_hangs_is_killed_at_startup_timeout_and_fails_the_start()
         .filter_map(|l| l.trim().parse().ok())
         .collect();
     assert!(!started.is_empty());
-    wait("every systemd-creds gone", || {
+    eventually("every systemd-creds gone", BOUND, || {
         started.iter().all(|p| !alive(*p))
     });
     // The unit beside it started, and the daemon answers.

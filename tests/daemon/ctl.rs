@@ -6,7 +6,7 @@ use std::process::{Command, Output, Stdio};
 
 use rustix::process::Signal;
 
-use crate::helper::{Daemon, Snapshot, mcpctl, mcpctl_user};
+use crate::helper::{BOUND, Daemon, Snapshot, holds_within, mcpctl, mcpctl_user, timed_out};
 
 /// Units in every state: running, retrying, invalid.
 fn units(dir: &Path) {
@@ -593,18 +593,12 @@ fn status_shows_health_and_a_flooding_server_is_rate_limited() {
         "{flood_lines} flood lines reached the log"
     );
 
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
-    let shown = loop {
-        let shown = text(&mcpctl_user(&runtime, &["status", "probed"]));
-        if shown.contains("\n     Health: ok, ping ") {
-            break shown;
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "never probed:\n{shown}"
-        );
-        std::thread::sleep(std::time::Duration::from_millis(50));
-    };
+    let mut shown = String::new();
+    let probed = holds_within(BOUND, || {
+        shown = text(&mcpctl_user(&runtime, &["status", "probed"]));
+        shown.contains("\n     Health: ok, ping ")
+    });
+    assert!(probed, "{}:\n{shown}", timed_out("a health probe", BOUND));
     let line = shown
         .lines()
         .find(|l| l.contains("Health:"))

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use rustix::process::Signal;
 
-use crate::helper::{Bus, Daemon, root, run};
+use crate::helper::{BOUND, Bus, Daemon, holds_within, root, run, timed_out};
 
 /// `gdbus monitor` on the bus, for signals from org.mcpd1.
 struct Monitor {
@@ -52,18 +52,23 @@ impl Monitor {
         monitor
     }
 
+    /// Reads signals until `done(self)` holds (bounded).
     fn wait_until(&mut self, what: &str, done: impl Fn(&Self) -> bool) {
-        let deadline = std::time::Instant::now() + Duration::from_secs(30);
-        while !done(self) {
-            assert!(
-                std::time::Instant::now() < deadline,
-                "timed out waiting for {what}; signals seen:\n{}",
-                self.seen.join("\n")
-            );
+        let met = holds_within(BOUND, || {
+            if done(self) {
+                return true;
+            }
             if let Ok(line) = self.lines.recv_timeout(Duration::from_millis(50)) {
                 self.seen.push(line);
             }
-        }
+            false
+        });
+        assert!(
+            met,
+            "{}; signals seen:\n{}",
+            timed_out(what, BOUND),
+            self.seen.join("\n")
+        );
     }
 
     fn count(&self, needle: &str) -> usize {

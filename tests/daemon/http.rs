@@ -437,6 +437,7 @@ fn a_client_that_sends_its_headers_slowly_is_cut_off_at_the_deadline() {
             cut = true;
             break;
         }
+        // (scenario: a client that sends a byte every 100 ms)
         std::thread::sleep(std::time::Duration::from_millis(100));
         // Closed by the daemon: a read returns at once.
         stream.set_nonblocking(true).expect("nonblocking");
