@@ -58,10 +58,14 @@ impl Monitor {
             if done(self) {
                 return true;
             }
-            if let Ok(line) = self.lines.recv_timeout(Duration::from_millis(50)) {
-                self.seen.push(line);
-            }
-            false
+            // what came by now (a few at a time: the bound is checked between)
+            let first = self
+                .lines
+                .recv_timeout(Duration::from_millis(50))
+                .into_iter();
+            let lines: Vec<String> = first.chain(self.lines.try_iter().take(1000)).collect();
+            self.seen.extend(lines);
+            done(self)
         });
         assert!(
             met,

@@ -23,7 +23,7 @@ pub fn ms(n: u64) -> std::time::Duration {
 
 // Bounded waits: the tests' one way of waiting for something to happen.
 // Each polls its condition (in sync code first after 10 ms, then less
-// often, up to every 100 ms: quick to see what comes soon, cheap when the
+// often, up to every 50 ms: quick to see what comes soon, cheap when the
 // condition runs a command) or awaits an event, for at most `timeout`; a wait that
 // runs out panics with "timed out after TIMEOUT waiting for WHAT". A test
 // sleeps only as part of its scenario (a slow peer, time that must pass),
@@ -31,7 +31,7 @@ pub fn ms(n: u64) -> std::time::Duration {
 
 /// The first pause of a polled wait, and the longest.
 const POLL: std::time::Duration = std::time::Duration::from_millis(10);
-const POLL_MAX: std::time::Duration = std::time::Duration::from_millis(100);
+const POLL_MAX: std::time::Duration = std::time::Duration::from_millis(50);
 
 /// The pause after `pause`.
 fn next_pause(pause: std::time::Duration) -> std::time::Duration {
@@ -432,17 +432,15 @@ impl Daemon {
         found.expect("the line")
     }
 
-    /// Reads lines until `done(self)` holds (bounded), checking after each
-    /// line and at least every 50 ms.
+    /// Reads lines until `done(self)` holds (bounded), checking after
+    /// each batch of lines that came and at least every 50 ms.
     pub fn wait_until(&mut self, what: &str, done: impl Fn(&Self) -> bool) {
         let met = holds_within(BOUND, || {
             if done(self) {
                 return true;
             }
-            if let Ok(line) = self.lines.recv_timeout(ms(50)) {
-                self.seen.push(line);
-            }
-            false
+            self.read_for(ms(50));
+            done(self)
         });
         assert!(
             met,
@@ -452,12 +450,12 @@ impl Daemon {
         );
     }
 
-    /// Reads what the daemon logs for at most `wait` (the first line
-    /// ends it).
+    /// Reads what the daemon logs: waits at most `wait` for a line, then
+    /// takes what else has come by then (a thousand lines at most).
     pub fn read_for(&mut self, wait: std::time::Duration) {
-        if let Ok(line) = self.lines.recv_timeout(wait) {
-            self.seen.push(line);
-        }
+        let first = self.lines.recv_timeout(wait).into_iter();
+        let lines: Vec<String> = first.chain(self.lines.try_iter().take(1000)).collect();
+        self.seen.extend(lines);
     }
 
     /// Lines logged about unit `name` (its `mcpd_server` field).
