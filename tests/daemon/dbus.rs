@@ -58,14 +58,18 @@ impl Monitor {
             if done(self) {
                 return true;
             }
-            // what came by now (a few at a time: the bound is checked between)
-            let first = self
-                .lines
-                .recv_timeout(Duration::from_millis(50))
-                .into_iter();
-            let lines: Vec<String> = first.chain(self.lines.try_iter().take(1000)).collect();
-            self.seen.extend(lines);
-            done(self)
+            // the signals that have come, one by one: none after the one
+            // that made `done` hold is read
+            let mut next = self.lines.recv_timeout(Duration::from_millis(50)).ok();
+            for _ in 0..1000 {
+                let Some(line) = next else { break };
+                self.seen.push(line);
+                if done(self) {
+                    return true;
+                }
+                next = self.lines.try_recv().ok();
+            }
+            false
         });
         assert!(
             met,

@@ -119,13 +119,13 @@ fn a_host_that_never_reads_large_answers_is_detached_and_the_daemon_stays_small(
                 ));
             }
             sink.send(calls.as_bytes()).await;
+            let detaching = |d: &Daemon| d.seen.iter().any(|l| l.contains("detaching host session"));
             let detached = holds_within(BOUND, || {
-                if d.seen.iter().any(|l| l.contains("detaching host session")) {
+                if detaching(&d) {
                     return true;
                 }
                 peak = peak.max(crate::helper::rss_kib(pid));
-                d.read_for(std::time::Duration::from_millis(50));
-                false
+                d.read_until(std::time::Duration::from_millis(50), detaching)
             });
             assert!(
                 detached,

@@ -432,16 +432,10 @@ impl Daemon {
         found.expect("the line")
     }
 
-    /// Reads lines until `done(self)` holds (bounded), checking after
-    /// each batch of lines that came and at least every 50 ms.
+    /// Reads lines until `done(self)` holds (bounded), checking after each
+    /// line and at least every 50 ms.
     pub fn wait_until(&mut self, what: &str, done: impl Fn(&Self) -> bool) {
-        let met = holds_within(BOUND, || {
-            if done(self) {
-                return true;
-            }
-            self.read_for(ms(50));
-            done(self)
-        });
+        let met = holds_within(BOUND, || done(self) || self.read_until(ms(50), &done));
         assert!(
             met,
             "{}; mcpd logged:\n{}",
@@ -450,12 +444,29 @@ impl Daemon {
         );
     }
 
-    /// Reads what the daemon logs: waits at most `wait` for a line, then
-    /// takes what else has come by then (a thousand lines at most).
+    /// Reads what the daemon logs for at most `wait` (the first line
+    /// ends it).
     pub fn read_for(&mut self, wait: std::time::Duration) {
-        let first = self.lines.recv_timeout(wait).into_iter();
-        let lines: Vec<String> = first.chain(self.lines.try_iter().take(1000)).collect();
-        self.seen.extend(lines);
+        if let Ok(line) = self.lines.recv_timeout(wait) {
+            self.seen.push(line);
+        }
+    }
+
+    /// Reads the lines that have come (waiting at most `wait` for a first;
+    /// a thousand at most), one by one, until `done(self)` holds: whether
+    /// it does. The lines after the one that made it hold stay unread, for
+    /// a next [`Daemon::wait_for`].
+    pub fn read_until(&mut self, wait: std::time::Duration, done: impl Fn(&Self) -> bool) -> bool {
+        let mut next = self.lines.recv_timeout(wait).ok();
+        for _ in 0..1000 {
+            let Some(line) = next else { break };
+            self.seen.push(line);
+            if done(self) {
+                return true;
+            }
+            next = self.lines.try_recv().ok();
+        }
+        false
     }
 
     /// Lines logged about unit `name` (its `mcpd_server` field).
