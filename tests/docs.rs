@@ -1,6 +1,8 @@
-//! Documentation stays true: man pages lint clean and list every key, and
-//! the code keeps the layering ARCHITECTURE.md states and writes JSON-RPC
-//! error codes as numbers only in `src/mux/error.rs`.
+//! Documentation stays true: man pages lint clean and list every key, the
+//! code keeps the layering ARCHITECTURE.md states and names JSON-RPC error
+//! codes and MCP methods in one place each, and the tests are what
+//! tests/tests.rs says (every file a module of the one binary; `pure/`
+//! starts no process).
 
 use crate::helper::{root, run};
 
@@ -558,4 +560,133 @@ fn mcp_method_names_are_written_in_the_method_table_only() {
         }
     }
     assert!(offenders.is_empty(), "{}", offenders.join("\n"));
+}
+
+/// The `.rs` files `file` declares as modules, resolved as rustc does
+/// (no `#[path]`): `mod NAME;` at the top or inside inline `mod NAME { … }`
+/// blocks (rustfmt's layout: a block ends at a `}` of its own indent).
+/// `owns_dir`: `file` is a crate root or a `mod.rs`, whose children live
+/// beside it rather than in a folder named after it.
+fn declared_modules(file: &std::path::Path, owns_dir: bool) -> Vec<std::path::PathBuf> {
+    let text = std::fs::read_to_string(file).expect("read");
+    let base = if owns_dir {
+        file.parent().expect("a parent").to_owned()
+    } else {
+        file.with_extension("")
+    };
+    let mut open: Vec<(usize, String)> = Vec::new();
+    let mut out = Vec::new();
+    for (_, line) in code_lines(&text) {
+        let indent = line.len() - line.trim_start().len();
+        let code = line.trim();
+        if code == "}" {
+            if open.last().is_some_and(|(at, _)| *at == indent) {
+                open.pop();
+            }
+            continue;
+        }
+        let code = ["pub(crate) ", "pub(super) ", "pub "]
+            .iter()
+            .fold(code, |c, vis| c.strip_prefix(vis).unwrap_or(c));
+        let Some(rest) = code.strip_prefix("mod ") else {
+            continue;
+        };
+        if let Some(name) = rest.strip_suffix(';') {
+            let dir = open.iter().fold(base.clone(), |d, (_, m)| d.join(m));
+            let flat = dir.join(format!("{name}.rs"));
+            out.push(if flat.exists() {
+                flat
+            } else {
+                dir.join(name).join("mod.rs")
+            });
+        } else if let Some(name) = rest.strip_suffix(" {") {
+            open.push((indent, name.to_owned()));
+        }
+    }
+    out
+}
+
+/// Every `.rs` file of the test binary, from `tests/tests.rs` down.
+fn test_modules() -> std::collections::BTreeSet<std::path::PathBuf> {
+    let crate_root = root().join("tests/tests.rs");
+    let mut seen = std::collections::BTreeSet::new();
+    let mut todo = vec![(crate_root, true)];
+    while let Some((file, owns_dir)) = todo.pop() {
+        if !seen.insert(file.clone()) {
+            continue;
+        }
+        for child in declared_modules(&file, owns_dir) {
+            let owns = child.file_name().is_some_and(|n| n == "mod.rs");
+            todo.push((child, owns));
+        }
+    }
+    seen
+}
+
+#[test]
+fn every_test_file_is_a_module_of_the_test_binary() {
+    // `autotests = false` (Cargo.toml): cargo builds tests/tests.rs alone,
+    // so a file it does not reach is never compiled and never runs.
+    let listed = test_modules();
+    let mut files = Vec::new();
+    let mut todo = vec![root().join("tests")];
+    while let Some(dir) = todo.pop() {
+        for entry in std::fs::read_dir(&dir).expect("read_dir") {
+            let path = entry.expect("entry").path();
+            let top = dir == root().join("tests");
+            if path.is_dir() {
+                // data and npm packages, not test code
+                if !(top && path.file_name().is_some_and(|n| n == "data" || n == "npm")) {
+                    todo.push(path);
+                }
+            } else if path.extension().is_some_and(|e| e == "rs") {
+                files.push(path);
+            }
+        }
+    }
+    files.sort();
+    assert!(
+        files.len() > 30 && files.iter().all(|f| listed.contains(f)),
+        "not modules of the test binary, so never run: {:?} (list each in tests/tests.rs)",
+        files
+            .iter()
+            .filter(|f| !listed.contains(*f))
+            .map(|f| f.strip_prefix(root()).unwrap_or(f))
+            .collect::<Vec<_>>()
+    );
+    for file in &listed {
+        assert!(file.is_file(), "{} is listed but missing", file.display());
+    }
+}
+
+#[test]
+fn the_pure_tests_start_no_process() {
+    // `cargo test --test tests pure::` is the fast suite: no daemon, no
+    // server, no command.
+    let mut offenders = Vec::new();
+    for (path, text) in sources("tests/pure") {
+        for (n, line) in code_lines(&text) {
+            // the code outside string literals (escaped quotes are rare
+            // enough here not to matter)
+            let code: String = line.split('"').step_by(2).collect();
+            for word in [
+                "Daemon",
+                "Command",
+                "fixture_path",
+                "mcpctl",
+                "tokio::process",
+                "Bus::",
+            ] {
+                if code.contains(word) {
+                    let file = path.strip_prefix(root()).unwrap_or(&path).display();
+                    offenders.push(format!("{file}:{n}: {}", line.trim()));
+                }
+            }
+        }
+    }
+    assert!(
+        offenders.is_empty(),
+        "a pure test starts a process (move it to tests/daemon/):\n{}",
+        offenders.join("\n")
+    );
 }

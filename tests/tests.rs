@@ -1,41 +1,61 @@
-//! The integration tests: one binary, a module per area (ripgrep's layout).
+//! The integration tests: one binary (ripgrep's layout), in two module
+//! folders that say what a test needs:
+//!
+//! - `pure/`: no process, no daemon: table tests of the pure cores (the
+//!   state machine, the router, the eras, the session core, the list
+//!   reader, unit files) and the supervisor actor on a fake launcher.
+//!   `cargo test --test tests pure::` is the fast suite.
+//! - `daemon/`: real processes: the `mcpd` daemon and `mcpctl`, the
+//!   fixture and reference servers, the SDK clients, D-Bus. A name in both
+//!   folders is one subject, tested both ways (`pure::era` and
+//!   `daemon::era`).
+//! - `docs`: the documentation and the code's layering stay true, and
+//!   this list stays complete (`autotests = false`: a file not listed
+//!   here would never run).
+//! - `helper`: what the tests share (binaries, snapshots, bounded waits).
 
 mod helper;
 
-mod actor;
-mod adopt;
-mod aggregate;
-mod bridge;
-mod connections;
-mod containment;
-mod credentials;
-mod ctl;
-mod daemon;
-mod dbus;
-mod era;
-
 mod docs;
-mod eras;
-mod fidelity;
-mod fixture;
-mod fuzz;
-mod hostile;
-mod http;
-mod interop;
-mod lists;
-mod machine;
-mod modern;
-mod ondemand;
-mod packaging;
-mod perhost;
-mod reload;
-mod route;
-mod sandbox;
-mod search;
-mod session;
-mod session_core;
-mod sessions;
-mod supervisor;
-mod tokens;
-mod unit_files;
-mod verify;
+
+mod pure {
+    mod actor;
+    mod era;
+    mod fuzz;
+    mod lists;
+    mod machine;
+    mod route;
+    mod session;
+    mod session_core;
+    mod unit_files;
+}
+
+mod daemon {
+    mod adopt;
+    mod aggregate;
+    mod bridge;
+    mod connections;
+    mod containment;
+    mod credentials;
+    mod ctl;
+    mod dbus;
+    mod era;
+    mod fidelity;
+    mod fixture;
+    mod hostile;
+    mod http;
+    mod interop;
+    mod lists;
+    mod mcpd;
+    mod modern;
+    mod ondemand;
+    mod packaging;
+    mod perhost;
+    mod reload;
+    mod sandbox;
+    mod search;
+    mod session;
+    mod supervisor;
+    mod tokens;
+    mod verify;
+}

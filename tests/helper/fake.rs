@@ -114,6 +114,7 @@ impl ServerHandler for Server {
             gate.notified().await;
         }
         let delay = *self.list_delay.lock().expect("lock");
+        // (scenario: a slow server, in virtual time)
         tokio::time::sleep(delay).await;
         // The list as it is when the answer is sent: the newest.
         let names = self.tools.lock().expect("lock").clone();

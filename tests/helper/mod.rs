@@ -8,6 +8,9 @@ pub use bus::Bus;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
+/// How long a test waits for what should happen soon, unless it says.
+pub const BOUND: std::time::Duration = std::time::Duration::from_secs(30);
+
 /// The package root (tests run with it as the working directory).
 pub fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -16,6 +19,97 @@ pub fn root() -> PathBuf {
 /// `n` milliseconds.
 pub fn ms(n: u64) -> std::time::Duration {
     std::time::Duration::from_millis(n)
+}
+
+// Bounded waits: the tests' one way of waiting for something to happen.
+// Each polls its condition (in sync code first after 10 ms, then less
+// often, up to every 50 ms: quick to see what comes soon, cheap when the
+// condition runs a command) or awaits an event, for at most `timeout`; a wait that
+// runs out panics with "timed out after TIMEOUT waiting for WHAT". A test
+// sleeps only as part of its scenario (a slow peer, time that must pass),
+// and says so.
+
+/// The first pause of a polled wait, and the longest.
+const POLL: std::time::Duration = std::time::Duration::from_millis(10);
+const POLL_MAX: std::time::Duration = std::time::Duration::from_millis(50);
+
+/// The pause after `pause`.
+fn next_pause(pause: std::time::Duration) -> std::time::Duration {
+    (pause * 3 / 2).min(POLL_MAX)
+}
+
+/// The panic message of a bounded wait that ran out.
+pub fn timed_out(what: impl std::fmt::Display, timeout: std::time::Duration) -> String {
+    format!("timed out after {timeout:?} waiting for {what}")
+}
+
+/// Waits until `pred` holds, polling, for at most `timeout`; panics
+/// naming `what` and `timeout` if it never does.
+#[track_caller]
+pub fn eventually(
+    what: impl std::fmt::Display,
+    timeout: std::time::Duration,
+    pred: impl FnMut() -> bool,
+) {
+    assert!(holds_within(timeout, pred), "{}", timed_out(what, timeout));
+}
+
+/// [`eventually`] for a caller whose panic message shows more (what it
+/// saw last): whether `pred` came to hold within `timeout`.
+pub fn holds_within(timeout: std::time::Duration, mut pred: impl FnMut() -> bool) -> bool {
+    let deadline = std::time::Instant::now() + timeout;
+    let mut pause = POLL;
+    loop {
+        if pred() {
+            return true;
+        }
+        let now = std::time::Instant::now();
+        if now >= deadline {
+            return false;
+        }
+        std::thread::sleep(pause.min(deadline - now));
+        pause = next_pause(pause);
+    }
+}
+
+/// [`eventually`] in async code, for a condition that may await (a call,
+/// a read): `async || …`.
+pub async fn eventually_async(
+    what: impl std::fmt::Display,
+    timeout: std::time::Duration,
+    pred: impl AsyncFnMut() -> bool,
+) {
+    assert!(
+        holds_within_async(timeout, pred).await,
+        "{}",
+        timed_out(what, timeout)
+    );
+}
+
+/// [`holds_within`] in async code: polls every 10 ms (its conditions are
+/// in-process or a call away, and some tests time what they see) with
+/// tokio's sleep (virtual time in a paused runtime).
+pub async fn holds_within_async(
+    timeout: std::time::Duration,
+    mut pred: impl AsyncFnMut() -> bool,
+) -> bool {
+    within(timeout, async {
+        while !pred().await {
+            tokio::time::sleep(POLL).await;
+        }
+    })
+    .await
+    .is_some()
+}
+
+/// Awaits `event` (a wait woken by what it waits for, not polled) for at
+/// most `timeout`; `None` if it ran out (the caller panics with
+/// [`timed_out`] and what it saw).
+pub async fn within<T>(
+    timeout: std::time::Duration,
+    event: impl std::future::Future<Output = T>,
+) -> Option<T> {
+    tokio::time::timeout(timeout, event).await.ok()
 }
 
 /// A `reconnect` block: delays in milliseconds, retries per outage.
@@ -171,22 +265,52 @@ pub fn run(cmd: &mut Command) -> Output {
         .unwrap_or_else(|e| panic!("cannot run {cmd:?}: {e}"))
 }
 
-/// Compares `actual` with the snapshot file `expected`; with UPDATE_EXPECT=1
-/// in the environment, writes it instead. Returns a description of the
-/// difference, if any.
-pub fn check_snapshot(expected: &Path, actual: &str) -> Option<String> {
-    if std::env::var_os("UPDATE_EXPECT").is_some() {
-        std::fs::write(expected, actual).expect("write snapshot");
+/// What [`check_snapshot`] does with a snapshot file.
+///
+/// Every test compares. Only a test named `update_snapshots` (one beside
+/// each snapshot test, `#[ignore]`d) writes, so snapshots are rewritten
+/// only by asking for it in the test command:
+///
+/// ```sh
+/// cargo test --test tests update_snapshots -- --ignored
+/// ```
+///
+/// (narrowed as any run: `pure::unit_files::update_snapshots`). No
+/// environment variable turns a snapshot test green, and the updaters
+/// refuse to run where `CI` is set.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Snapshot {
+    Compare,
+    Update,
+}
+
+/// How a snapshot is rewritten, for the messages that say so.
+pub const UPDATE_SNAPSHOTS: &str = "cargo test --test tests update_snapshots -- --ignored";
+
+/// Compares `actual` with the snapshot file `expected` (or, in
+/// [`Snapshot::Update`], writes it if it differs). Returns a description
+/// of the difference, if any.
+pub fn check_snapshot(mode: Snapshot, expected: &Path, actual: &str) -> Option<String> {
+    let want = std::fs::read_to_string(expected);
+    if mode == Snapshot::Update {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "snapshots are never rewritten in CI"
+        );
+        if want.as_deref().ok() != Some(actual) {
+            std::fs::write(expected, actual).expect("write snapshot");
+            eprintln!("rewrote {}", expected.display());
+        }
         return None;
     }
-    match std::fs::read_to_string(expected) {
+    match want {
         Ok(want) if want == actual => None,
         Ok(want) => Some(format!(
-            "{} differs (UPDATE_EXPECT=1 rewrites it)\n--- expected\n{want}\n--- actual\n{actual}",
+            "{} differs (`{UPDATE_SNAPSHOTS}` rewrites it)\n--- expected\n{want}\n--- actual\n{actual}",
             expected.display()
         )),
         Err(e) => Some(format!(
-            "{}: {e} (UPDATE_EXPECT=1 writes it)\n--- actual\n{actual}",
+            "{}: {e} (`{UPDATE_SNAPSHOTS}` writes it)\n--- actual\n{actual}",
             expected.display()
         )),
     }
@@ -286,41 +410,38 @@ impl Daemon {
 
     /// Reads lines until one contains `needle` (bounded); returns it.
     pub fn wait_for(&mut self, needle: &str) -> String {
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
-        loop {
-            let left = deadline.saturating_duration_since(std::time::Instant::now());
-            match self.lines.recv_timeout(left) {
-                Ok(line) => {
-                    self.seen.push(line.clone());
-                    if line.contains(needle) {
-                        return line;
-                    }
+        let mut found = None;
+        let seen = holds_within(BOUND, || {
+            // what came by now (a few at a time: the bound is checked between)
+            let first = self.lines.recv_timeout(POLL).into_iter();
+            for line in first.chain(self.lines.try_iter().take(1000)) {
+                self.seen.push(line.clone());
+                if line.contains(needle) {
+                    found = Some(line);
+                    return true;
                 }
-                Err(_) => panic!(
-                    "mcpd never logged {needle:?}; it logged:\n{}",
-                    self.seen.join("\n")
-                ),
             }
-        }
+            false
+        });
+        assert!(
+            seen,
+            "{}; mcpd logged:\n{}",
+            timed_out(format_args!("mcpd to log {needle:?}"), BOUND),
+            self.seen.join("\n")
+        );
+        found.expect("the line")
     }
 
     /// Reads lines until `done(self)` holds (bounded), checking after each
     /// line and at least every 50 ms.
     pub fn wait_until(&mut self, what: &str, done: impl Fn(&Self) -> bool) {
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
-        while !done(self) {
-            assert!(
-                std::time::Instant::now() < deadline,
-                "timed out waiting for {what}; mcpd logged:\n{}",
-                self.seen.join("\n")
-            );
-            if let Ok(line) = self
-                .lines
-                .recv_timeout(std::time::Duration::from_millis(50))
-            {
-                self.seen.push(line);
-            }
-        }
+        let met = holds_within(BOUND, || done(self) || self.read_until(ms(50), &done));
+        assert!(
+            met,
+            "{}; mcpd logged:\n{}",
+            timed_out(what, BOUND),
+            self.seen.join("\n")
+        );
     }
 
     /// Reads what the daemon logs for at most `wait` (the first line
@@ -329,6 +450,23 @@ impl Daemon {
         if let Ok(line) = self.lines.recv_timeout(wait) {
             self.seen.push(line);
         }
+    }
+
+    /// Reads the lines that have come (waiting at most `wait` for a first;
+    /// a thousand at most), one by one, until `done(self)` holds: whether
+    /// it does. The lines after the one that made it hold stay unread, for
+    /// a next [`Daemon::wait_for`].
+    pub fn read_until(&mut self, wait: std::time::Duration, done: impl Fn(&Self) -> bool) -> bool {
+        let mut next = self.lines.recv_timeout(wait).ok();
+        for _ in 0..1000 {
+            let Some(line) = next else { break };
+            self.seen.push(line);
+            if done(self) {
+                return true;
+            }
+            next = self.lines.try_recv().ok();
+        }
+        false
     }
 
     /// Lines logged about unit `name` (its `mcpd_server` field).
@@ -394,21 +532,21 @@ impl Daemon {
     }
 
     fn exit_logged(mut self) -> (std::process::ExitStatus, Vec<String>) {
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
-        loop {
-            if let Some(status) = self.child.try_wait().expect("wait") {
-                while let Ok(line) = self.lines.recv_timeout(std::time::Duration::from_secs(5)) {
-                    self.seen.push(line);
-                }
-                return (status, std::mem::take(&mut self.seen));
-            }
-            assert!(
-                std::time::Instant::now() < deadline,
-                "mcpd did not exit:\n{}",
-                self.seen.join("\n")
-            );
-            std::thread::sleep(std::time::Duration::from_millis(10));
+        let mut status = None;
+        let exited = holds_within(BOUND, || {
+            status = self.child.try_wait().expect("wait");
+            status.is_some()
+        });
+        assert!(
+            exited,
+            "{}; it logged:\n{}",
+            timed_out("mcpd to exit", BOUND),
+            self.seen.join("\n")
+        );
+        while let Ok(line) = self.lines.recv_timeout(std::time::Duration::from_secs(5)) {
+            self.seen.push(line);
         }
+        (status.expect("exited"), std::mem::take(&mut self.seen))
     }
 }
 
@@ -419,11 +557,10 @@ impl Drop for Daemon {
     fn drop(&mut self) {
         if matches!(self.child.try_wait(), Ok(None)) {
             self.signal(rustix::process::Signal::TERM);
-            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-            while matches!(self.child.try_wait(), Ok(None)) && std::time::Instant::now() < deadline
-            {
-                std::thread::sleep(std::time::Duration::from_millis(10));
-            }
+            // (no panic in a drop: SIGKILL below if it did not exit)
+            holds_within(std::time::Duration::from_secs(10), || {
+                !matches!(self.child.try_wait(), Ok(None))
+            });
         }
         let _ = self.child.kill();
         let _ = self.child.wait();

@@ -2,13 +2,14 @@
 //!
 //! Each good file has `NAME.spec`, the debug form of the loaded spec; each bad
 //! file has `NAME.expected`, the full diagnostic report `mcpctl verify`
-//! prints. Adding a case is adding a file (UPDATE_EXPECT=1 writes snapshots).
+//! prints. Adding a case is adding a file (`update_snapshots`, run by hand,
+//! writes its snapshot: see [`Snapshot`]).
 
 use std::path::{Path, PathBuf};
 
 use mcpd::unit::{self, Style, UnitFiles};
 
-use crate::helper::check_snapshot;
+use crate::helper::{Snapshot, check_snapshot};
 
 fn cases(dir: &str) -> Vec<PathBuf> {
     let dir = Path::new("tests/data/units").join(dir);
@@ -23,6 +24,22 @@ fn cases(dir: &str) -> Vec<PathBuf> {
 
 #[test]
 fn good_units_load_to_their_snapshot() {
+    good_units(Snapshot::Compare);
+}
+
+#[test]
+fn bad_units_report_their_snapshot() {
+    bad_units(Snapshot::Compare);
+}
+
+#[test]
+#[ignore = "rewrites snapshots; run by hand: cargo test --test tests update_snapshots -- --ignored"]
+fn update_snapshots() {
+    good_units(Snapshot::Update);
+    bad_units(Snapshot::Update);
+}
+
+fn good_units(mode: Snapshot) {
     let mut failures = Vec::new();
     let good = cases("good");
     assert!(good.len() >= 5, "good cases missing");
@@ -30,7 +47,7 @@ fn good_units_load_to_their_snapshot() {
         match unit::load(&UnitFiles::beside(&path)) {
             Ok(spec) => {
                 if let Some(diff) =
-                    check_snapshot(&path.with_extension("spec"), &format!("{spec:#?}\n"))
+                    check_snapshot(mode, &path.with_extension("spec"), &format!("{spec:#?}\n"))
                 {
                     failures.push(diff);
                 }
@@ -45,8 +62,7 @@ fn good_units_load_to_their_snapshot() {
     assert!(failures.is_empty(), "{}", failures.join("\n\n"));
 }
 
-#[test]
-fn bad_units_report_their_snapshot() {
+fn bad_units(mode: Snapshot) {
     let mut failures = Vec::new();
     let bad = cases("bad");
     assert!(bad.len() >= 30, "only {} bad cases", bad.len());
@@ -67,7 +83,8 @@ fn bad_units_report_their_snapshot() {
                         problem.path().display()
                     );
                 }
-                if let Some(diff) = check_snapshot(&path.with_extension("expected"), &report) {
+                if let Some(diff) = check_snapshot(mode, &path.with_extension("expected"), &report)
+                {
                     failures.push(diff);
                 }
             }

@@ -5,6 +5,8 @@
 use std::path::Path;
 
 use super::http::{INITIALIZE, JSON, endpoint_with, get_stream, header, request, stream_ends};
+use crate::helper::{eventually, holds_within, timed_out};
+
 /// `mcpctl --user token ARGS` on the state directory `state`: its
 /// standard output (a new token, trimmed), or a panic naming its failure.
 pub(crate) fn token(state: &Path, args: &[&str]) -> String {
@@ -237,15 +239,12 @@ fn an_http_sessions_calls_and_instance_are_its_tokens() {
     assert!(line.contains("mcpd_server=a"), "{line}");
     // `token list` says when each was last used (written by the daemon
     // on its first use).
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    let rows = loop {
-        let rows: serde_json::Value =
-            serde_json::from_str(&token(state.path(), &["--json", "list"])).expect("json");
-        if rows[0]["last_used"].is_string() || std::time::Instant::now() > deadline {
-            break rows;
-        }
-        std::thread::sleep(std::time::Duration::from_millis(50));
-    };
+    let mut rows = serde_json::Value::Null;
+    let within = std::time::Duration::from_secs(10);
+    eventually("the token's last use in `token list`", within, || {
+        rows = serde_json::from_str(&token(state.path(), &["--json", "list"])).expect("json");
+        rows[0]["last_used"].is_string()
+    });
     assert_eq!(rows[0]["name"], "laptop", "{rows}");
     let used = rows[0]["last_used"]
         .as_str()
@@ -348,18 +347,23 @@ type Answer = (u16, Vec<(String, String)>, String);
 /// Waits (at most 10 s) until `post(path, auth)` is refused `401`: a
 /// revocation applies when the daemon's watch reads the token file.
 fn refused(post: &dyn Fn(&str, &str) -> Answer, path: &str, auth: &str) {
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    loop {
+    let within = std::time::Duration::from_secs(10);
+    let mut last = (0, String::new());
+    let refused = holds_within(within, || {
         let (status, _, body) = post(path, auth);
-        if status == 401 {
-            return;
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "{path} still {status} after revocation: {body}"
-        );
-        std::thread::sleep(std::time::Duration::from_millis(50));
-    }
+        last = (status, body);
+        status == 401
+    });
+    assert!(
+        refused,
+        "{}: still {} {}",
+        timed_out(
+            format_args!("{path} to be refused after revocation"),
+            within
+        ),
+        last.0,
+        last.1
+    );
 }
 
 /// A loopback port nobody listens on now (for a `listen` a host's URL

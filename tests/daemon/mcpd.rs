@@ -5,7 +5,9 @@ use std::time::Duration;
 
 use rustix::process::Signal;
 
-use crate::helper::{Daemon, alive, mcpctl_user, root, running_pid};
+use crate::helper::{
+    BOUND, Daemon, alive, eventually, holds_within, mcpctl_user, root, running_pid, timed_out,
+};
 
 /// The PID in a "running (pid N, …)" log line.
 fn pid_in(line: &str) -> u32 {
@@ -14,17 +16,6 @@ fn pid_in(line: &str) -> u32 {
         .and_then(|rest| rest.split(',').next())
         .and_then(|pid| pid.parse().ok())
         .unwrap_or_else(|| panic!("no pid in {line:?}"))
-}
-
-fn wait_gone(pid: u32) {
-    let deadline = std::time::Instant::now() + Duration::from_secs(30);
-    while alive(pid) {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "process {pid} outlived the daemon"
-        );
-        std::thread::sleep(Duration::from_millis(10));
-    }
 }
 
 #[test]
@@ -67,10 +58,15 @@ fn sigkill_of_the_daemon_leaves_no_child_alive() {
         .to_owned();
     let status = d.stop(Signal::KILL);
     assert!(!status.success());
-    wait_gone(first);
-    wait_gone(second);
+    for pid in [first, second] {
+        eventually(
+            format_args!("server {pid} to die with the daemon"),
+            BOUND,
+            || !alive(pid),
+        );
+    }
     // (what a next daemon of this runtime directory would clean up:
-    // tests/containment.rs)
+    // tests/daemon/containment.rs)
     crate::helper::remove_cgroup_tree(&subtree);
 }
 
@@ -409,16 +405,16 @@ fn a_daemon_whose_log_pipe_closed_keeps_serving_and_stops_on_sigterm() {
     .stdout(std::process::Stdio::piped())
     .spawn()
     .expect("mcpctl");
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    while call.try_wait().expect("wait").is_none() {
-        if std::time::Instant::now() > deadline {
-            let _ = call.kill();
-            let _ = child.kill();
-            let _ = call.wait();
-            let _ = child.wait();
-            panic!("a call got no answer within 10 s once the log pipe closed");
-        }
-        std::thread::sleep(Duration::from_millis(10));
+    let within = Duration::from_secs(10);
+    if !holds_within(within, || call.try_wait().expect("wait").is_some()) {
+        let _ = call.kill();
+        let _ = child.kill();
+        let _ = call.wait();
+        let _ = child.wait();
+        panic!(
+            "{}",
+            timed_out("an answer to a call once the log pipe closed", within)
+        );
     }
     let out = call.wait_with_output().expect("mcpctl");
     assert!(
@@ -430,17 +426,15 @@ fn a_daemon_whose_log_pipe_closed_keeps_serving_and_stops_on_sigterm() {
         Signal::TERM,
     )
     .expect("SIGTERM");
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    let status = loop {
-        if let Some(status) = child.try_wait().expect("wait") {
-            break status;
-        }
-        if std::time::Instant::now() > deadline {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("mcpd did not stop within 10 s of SIGTERM");
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    };
+    let mut status = None;
+    if !holds_within(within, || {
+        status = child.try_wait().expect("wait");
+        status.is_some()
+    }) {
+        let _ = child.kill();
+        let _ = child.wait();
+        panic!("{}", timed_out("mcpd to stop on SIGTERM", within));
+    }
+    let status = status.expect("exited");
     assert!(status.success(), "{status:?}");
 }

@@ -10,7 +10,10 @@ use rmcp::ServiceExt;
 use rmcp::model::CallToolRequestParams;
 use serde_json::json;
 
-use crate::helper::{Daemon, alive, mcpctl_user, mcpctl_user_command};
+use crate::helper::{
+    BOUND, Daemon, alive, eventually, eventually_async, holds_within, mcpctl_user,
+    mcpctl_user_command, timed_out,
+};
 
 /// A unit directory with `lazy.kdl`: the fixture on demand, idling
 /// `idle` after its last use, each spawn counted in `count`.
@@ -93,33 +96,25 @@ fn active(runtime: &Path) -> String {
         .to_owned()
 }
 
-/// Waits (bounded: 20 s) until `lazy`'s `Active:` line contains `what`.
+/// Waits (bounded) until `lazy`'s `Active:` line contains `what`.
 fn wait_active(runtime: &Path, what: &str) -> String {
-    let deadline = std::time::Instant::now() + Duration::from_secs(20);
-    loop {
-        let line = active(runtime);
-        if line.contains(what) {
-            return line;
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "lazy never became {what:?}; last: {line}"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    let mut line = String::new();
+    let became = holds_within(BOUND, || {
+        line = active(runtime);
+        line.contains(what)
+    });
+    assert!(
+        became,
+        "{}; last: {line}",
+        timed_out(format_args!("lazy to become {what:?}"), BOUND)
+    );
+    line
 }
 
-/// Waits until every spawned process is gone (the last one is what an
-/// idle stop stops).
-fn wait_gone(setup: &Setup) {
-    let deadline = std::time::Instant::now() + Duration::from_secs(20);
-    while setup.spawns().into_iter().any(alive) {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "a server process lingers"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+/// Whether every spawned process is gone (the last one is what an idle
+/// stop stops).
+fn none_alive(setup: &Setup) -> bool {
+    !setup.spawns().into_iter().any(alive)
 }
 
 #[test]
@@ -132,7 +127,7 @@ fn an_idle_server_answers_lists_without_a_process_and_first_uses_start_it_once()
     // No cache yet: it starts once to learn its lists, then idles.
     let line = wait_active(&runtime, "idle (stopped after 1s idle)");
     assert!(line.contains("idle"), "{line}");
-    wait_gone(&setup);
+    eventually("every server process to exit", BOUND, || none_alive(&setup));
     assert_eq!(setup.spawns().len(), 1, "one discovery start");
     use std::os::unix::fs::PermissionsExt;
     let mode = std::fs::metadata(setup.cache())
@@ -201,7 +196,7 @@ fn an_idle_server_answers_lists_without_a_process_and_first_uses_start_it_once()
             // The host stays attached through the idle stop, and its next
             // call starts the server again.
             wait_active(&runtime, "idle (stopped after 1s idle)");
-            wait_gone(&setup);
+            eventually("every server process to exit", BOUND, || none_alive(&setup));
             let (_, status) = ctl(&runtime, &["status", "lazy"]);
             assert!(
                 status.contains("   Sessions: 1 (1 on 2025-11-25)"),
@@ -228,7 +223,7 @@ fn an_idle_server_answers_lists_without_a_process_and_first_uses_start_it_once()
     // 20 concurrent first calls from mcpctl (all within the 300 ms the
     // start takes): one process.
     wait_active(&runtime, "idle (stopped after 1s idle)");
-    wait_gone(&setup);
+    eventually("every server process to exit", BOUND, || none_alive(&setup));
     let before = setup.spawns().len();
     let calls: Vec<std::process::Child> = (0..20)
         .map(|i| {
@@ -253,7 +248,7 @@ fn an_idle_server_answers_lists_without_a_process_and_first_uses_start_it_once()
 
     // After idle-stop the process is gone and the state is idle.
     wait_active(&runtime, "idle (stopped after 1s idle)");
-    wait_gone(&setup);
+    eventually("every server process to exit", BOUND, || none_alive(&setup));
 
     // D-Bus ReadResource is a use too: it starts the server and gets the
     // server's own answer (the fixture reads no resources), not the
@@ -271,7 +266,7 @@ fn an_idle_server_answers_lists_without_a_process_and_first_uses_start_it_once()
     });
     assert_eq!(setup.spawns().len(), spawned + 1);
     wait_active(&runtime, "idle (stopped after 1s idle)");
-    wait_gone(&setup);
+    eventually("every server process to exit", BOUND, || none_alive(&setup));
 
     // Stop is final: no activation until start.
     let before = setup.spawns().len();
@@ -288,7 +283,7 @@ fn an_idle_server_answers_lists_without_a_process_and_first_uses_start_it_once()
     wait_active(&runtime, "running");
     assert_eq!(setup.spawns().len(), before + 1, "start runs it now");
     wait_active(&runtime, "idle (stopped after 1s idle)");
-    wait_gone(&setup);
+    eventually("every server process to exit", BOUND, || none_alive(&setup));
     drop(d);
 }
 
@@ -299,7 +294,7 @@ fn the_cache_outlives_the_daemon_and_a_changed_command_or_a_corrupt_file_relearn
         let d = setup.daemon();
         let runtime = d.runtime_dir().expect("runtime").to_owned();
         wait_active(&runtime, "idle (stopped after 500ms idle)");
-        wait_gone(&setup);
+        eventually("every server process to exit", BOUND, || none_alive(&setup));
     }
     assert_eq!(setup.spawns().len(), 1);
 
@@ -342,7 +337,7 @@ fn the_cache_outlives_the_daemon_and_a_changed_command_or_a_corrupt_file_relearn
         assert!(ok, "{out}");
         d.wait_until("the changed unit started", |_| setup.spawns().len() == 3);
         wait_active(&runtime, "idle (stopped after 500ms idle)");
-        wait_gone(&setup);
+        eventually("every server process to exit", BOUND, || none_alive(&setup));
     }
     // ... and across a restart too: the old cache was replaced.
     {
@@ -357,7 +352,7 @@ fn the_cache_outlives_the_daemon_and_a_changed_command_or_a_corrupt_file_relearn
         let d = setup.daemon();
         let runtime = d.runtime_dir().expect("runtime").to_owned();
         wait_active(&runtime, "idle (stopped after 500ms idle)");
-        wait_gone(&setup);
+        eventually("every server process to exit", BOUND, || none_alive(&setup));
         assert_eq!(setup.spawns().len(), 4, "started to learn its lists");
     }
 
@@ -371,7 +366,7 @@ fn the_cache_outlives_the_daemon_and_a_changed_command_or_a_corrupt_file_relearn
         "{warning}"
     );
     wait_active(&runtime, "idle (stopped after 500ms idle)");
-    wait_gone(&setup);
+    eventually("every server process to exit", BOUND, || none_alive(&setup));
     assert_eq!(setup.spawns().len(), 5);
     let cache: serde_json::Value =
         serde_json::from_slice(&std::fs::read(setup.cache()).expect("read")).expect("rewritten");
@@ -446,15 +441,6 @@ fn a_start_whose_tools_differ_from_the_cache_updates_it_and_tells_hosts() {
             let (_bridge, io) = crate::helper::bridge(&runtime, "lazy");
             let client = host.serve(io).await.expect("initialize");
             let seen = || changes.load(std::sync::atomic::Ordering::SeqCst);
-            let until = async |what: &str, done: &dyn Fn() -> bool| {
-                for _ in 0..2000 {
-                    if done() {
-                        return;
-                    }
-                    tokio::time::sleep(Duration::from_millis(10)).await;
-                }
-                panic!("{what} did not happen within 20 s");
-            };
             // The server changes its list while it runs (a cold call):
             // the cache follows, hosts are told.
             client
@@ -468,13 +454,16 @@ fn a_start_whose_tools_differ_from_the_cache_updates_it_and_tells_hosts() {
                 )
                 .await
                 .expect("set_tools");
-            until("list_changed after set_tools", &|| seen() == 1).await;
-            until("the cache lists extra", &|| {
+            eventually_async("list_changed after set_tools", BOUND, async || seen() == 1).await;
+            eventually_async("the cache lists extra", BOUND, async || {
                 cached_tools().contains(&"extra".to_owned())
             })
             .await;
             // Idle: the changed list is what is answered.
-            until("idle again", &|| active(&runtime).contains("idle (stopped")).await;
+            eventually_async("idle again", BOUND, async || {
+                active(&runtime).contains("idle (stopped")
+            })
+            .await;
             let tools = client.list_all_tools().await.expect("tools/list");
             assert!(tools.iter().any(|t| t.name == "extra"), "from the cache");
             assert_eq!(
@@ -491,10 +480,10 @@ fn a_start_whose_tools_differ_from_the_cache_updates_it_and_tells_hosts() {
                 )
                 .await
                 .expect("cold echo");
-            until("list_changed after the start", &|| seen() == 2).await;
+            eventually_async("list_changed after the start", BOUND, async || seen() == 2).await;
             let tools = client.list_all_tools().await.expect("tools/list");
             assert!(!tools.iter().any(|t| t.name == "extra"), "{tools:?}");
-            until("the cache is rewritten", &|| {
+            eventually_async("the cache is rewritten", BOUND, async || {
                 !cached_tools().contains(&"extra".to_owned())
             })
             .await;
@@ -504,7 +493,7 @@ fn a_start_whose_tools_differ_from_the_cache_updates_it_and_tells_hosts() {
         .expect("within 60 s");
     });
     wait_active(&runtime, "idle (stopped after 1s idle)");
-    wait_gone(&setup);
+    eventually("every server process to exit", BOUND, || none_alive(&setup));
     drop(d);
 }
 
@@ -607,13 +596,11 @@ fn a_host_that_only_pings_does_not_keep_an_idle_server_running() {
     assert_eq!(setup.spawns().len(), 2);
     // Pings and the session's log level, every 100 ms: answered by mcpd,
     // no use of the server; it idles on time anyway.
-    let deadline = std::time::Instant::now() + Duration::from_secs(20);
     let mut id = 10;
-    while !active(&runtime).contains("idle (stopped") {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "pings kept it running"
-        );
+    eventually("lazy to idle under pings", BOUND, || {
+        if active(&runtime).contains("idle (stopped") {
+            return true;
+        }
         id += 1;
         let pong = ask(&format!(r#"{{"jsonrpc":"2.0","id":{id},"method":"ping"}}"#));
         assert!(pong.contains("\"result\""), "{pong}");
@@ -622,9 +609,11 @@ fn a_host_that_only_pings_does_not_keep_an_idle_server_running() {
             r#"{{"jsonrpc":"2.0","id":{id},"method":"logging/setLevel","params":{{"level":"info"}}}}"#
         ));
         assert!(level.contains("\"result\""), "{level}");
+        // (scenario: a host that pings every 100 ms)
         std::thread::sleep(Duration::from_millis(100));
-    }
-    wait_gone(&setup);
+        false
+    });
+    eventually("every server process to exit", BOUND, || none_alive(&setup));
     drop(to);
     let _ = bridge.wait();
     drop(d);

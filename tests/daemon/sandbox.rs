@@ -6,11 +6,10 @@
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::time::{Duration, Instant};
 
-use crate::helper::{Daemon, env_of, fixture_path, mcpctl, mcpctl_user, probe, root, session_of};
-
-const BOUND: Duration = Duration::from_secs(30);
+use crate::helper::{
+    BOUND, Daemon, env_of, eventually, fixture_path, mcpctl, mcpctl_user, probe, root, session_of,
+};
 
 /// A unit running the fixture with the probe tools, and `extra` lines.
 fn unit(dir: &Path, name: &str, extra: &str) {
@@ -31,14 +30,6 @@ fn unit_as(dir: &Path, name: &str, stdio: &str, extra: &str) {
 
 fn status(runtime: &Path, server: &str) -> String {
     String::from_utf8_lossy(&mcpctl_user(runtime, &["status", server]).stdout).into_owned()
-}
-
-fn wait(what: &str, done: impl Fn() -> bool) {
-    let deadline = Instant::now() + BOUND;
-    while !done() {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(10));
-    }
 }
 
 fn denied(answer: &str) -> bool {
@@ -203,7 +194,7 @@ fn a_sandboxed_server_reaches_only_what_it_is_granted_and_keeps_it_across_restar
     d.wait_until("none running again", |d| {
         d.latest_pid("none").is_some_and(|p| p != pid)
     });
-    wait("the first temp directory removed", || {
+    eventually("the first temp directory removed", BOUND, || {
         !Path::new(&first).exists()
     });
     let second = env_of(rt, "none")["TMPDIR"]
@@ -217,7 +208,7 @@ fn a_sandboxed_server_reaches_only_what_it_is_granted_and_keeps_it_across_restar
 
     // A stop removes the temp directory too.
     assert!(mcpctl_user(rt, &["stop", "none"]).status.success());
-    wait("the temp directory removed at stop", || {
+    eventually("the temp directory removed at stop", BOUND, || {
         !Path::new(&second).exists()
     });
     // A daemon that exits leaves no temp directories behind.

@@ -150,12 +150,12 @@ pub(crate) fn endpoint_with(
 /// Runs `tests/data/fidelity.py` with `args`: every check's outcome.
 fn fidelity(args: &[&str], token: Option<&str>) -> serde_json::Value {
     let env: Vec<(&str, &str)> = token.map(|t| ("MCPD_TOKEN", t)).into_iter().collect();
-    crate::fidelity::fidelity_with(args, None, &env)
+    crate::daemon::fidelity::fidelity_with(args, None, &env)
 }
 
 /// A unit file for the reference server.
 fn everything_unit(units: &Path) {
-    let server = crate::fidelity::everything();
+    let server = crate::daemon::fidelity::everything();
     std::fs::write(
         units.join("everything.kdl"),
         format!(
@@ -182,7 +182,7 @@ fn the_official_sdks_streamable_http_clients_get_what_they_get_directly_and_thro
         let out = crate::helper::mcpctl_user(runtime, &["tools", "everything"]);
         String::from_utf8_lossy(&out.stdout).lines().count() >= 17
     });
-    let server = crate::fidelity::everything();
+    let server = crate::daemon::fidelity::everything();
     let server = server.to_str().expect("utf-8");
     let direct = fidelity(&["node", server, "stdio"], None);
     for (check, outcome) in direct.as_object().expect("object") {
@@ -437,6 +437,7 @@ fn a_client_that_sends_its_headers_slowly_is_cut_off_at_the_deadline() {
             cut = true;
             break;
         }
+        // (scenario: a client that sends a byte every 100 ms)
         std::thread::sleep(std::time::Duration::from_millis(100));
         // Closed by the daemon: a read returns at once.
         stream.set_nonblocking(true).expect("nonblocking");

@@ -582,7 +582,7 @@ fn list_changed_and_other_notifications_reach_every_host() {
 fn garbage_from_a_host_gets_an_error_and_touches_nothing() {
     let mut r = router(&[(A, Caps::default())]);
     // What is not an object never reaches the router: the framing answers
-    // it (as a parse error, tests/fuzz.rs).
+    // it (as a parse error, tests/pure/fuzz.rs).
     for bad in [&b"[1, 2]"[..], b"\"text\"", b"{\"a\":"] {
         assert!(Message::parse(bad).is_err());
     }

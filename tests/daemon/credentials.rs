@@ -4,11 +4,10 @@
 //! HTTP headers from a credential, and that no value is ever shown.
 
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
 
-use crate::helper::{Daemon, alive, env_of, fixture_path, mcpctl_user, probe as call};
-
-const BOUND: Duration = Duration::from_secs(30);
+use crate::helper::{
+    BOUND, Daemon, alive, env_of, eventually, fixture_path, mcpctl_user, probe as call,
+};
 
 /// A value no other text of a test contains.
 const SECRET: &str = "tok-8f3a1c-credential-value";
@@ -37,14 +36,6 @@ fn credentials_dir(runtime: &Path, server: &str) -> PathBuf {
             .as_str()
             .expect("CREDENTIALS_DIRECTORY is set"),
     )
-}
-
-fn wait(what: &str, done: impl Fn() -> bool) {
-    let deadline = Instant::now() + BOUND;
-    while !done() {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(10));
-    }
 }
 
 /// Every file below `dir` (symlinks not followed), except below `skip`.
@@ -200,7 +191,7 @@ fn a_server_reads_its_credentials_as_files_and_only_env_puts_one_in_its_environm
     // Neither in any file of the runtime or state directories but the
     // credentials' own.
     let cache = state.path().join("cache/inenv.json");
-    wait("the on-demand cache", || cache.exists());
+    eventually("the on-demand cache", BOUND, || cache.exists());
     let mut found = Vec::new();
     files(rt, &rt.join("mcpd/credentials"), &mut found);
     files(state.path(), Path::new("/nonexistent"), &mut found);
@@ -252,7 +243,7 @@ fn the_directory_goes_with_its_generation_and_with_a_killed_daemon() {
     d.wait_until("gen restarted", |d| {
         d.latest_pid("gen").is_some_and(|p| p != pid)
     });
-    wait("the crashed generation's directory to go", || {
+    eventually("the crashed generation's directory to go", BOUND, || {
         !first.exists()
     });
     let second = credentials_dir(rt, "gen");
@@ -267,7 +258,7 @@ fn the_directory_goes_with_its_generation_and_with_a_killed_daemon() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    wait("the stopped generation's directory to go", || {
+    eventually("the stopped generation's directory to go", BOUND, || {
         !second.exists()
     });
     let out = mcpctl_user(rt, &["start", "gen"]);
@@ -276,7 +267,7 @@ fn the_directory_goes_with_its_generation_and_with_a_killed_daemon() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    wait("a third directory", || delivered(rt).len() == 1);
+    eventually("a third directory", BOUND, || delivered(rt).len() == 1);
     let third = delivered(rt).remove(0);
 
     // A SIGKILLed daemon leaves it; the next daemon removes it at start.
@@ -285,8 +276,10 @@ fn the_directory_goes_with_its_generation_and_with_a_killed_daemon() {
     assert!(third.exists(), "the killed daemon could not remove it");
     // The server dies with its daemon (PR_SET_PDEATHSIG); the instance
     // lock is free once every process that shared it is gone.
-    wait("the server to die with its daemon", || !alive(server));
-    wait("the instance lock to be free", || {
+    eventually("the server to die with its daemon", BOUND, || {
+        !alive(server)
+    });
+    eventually("the instance lock to be free", BOUND, || {
         std::fs::File::open(rt.join("mcpd/mcpd.lock")).is_ok_and(|f| {
             rustix::fs::flock(&f, rustix::fs::FlockOperation::NonBlockingLockExclusive).is_ok()
         })
@@ -396,44 +389,68 @@ fn a_credential_that_cannot_be_read_fails_the_start_naming_it_and_its_path() {
     d.stop(rustix::process::Signal::TERM);
 }
 
-/// Whether `systemd-creds` can encrypt here (as root, with a host key it
-/// makes on first use, as `systemd-creds setup` does).
-fn encrypt(name: &str, value: &str, out: &Path) -> bool {
+/// A host key of the test's own for `systemd-creds`: the environment
+/// (`SYSTEMD_CREDENTIAL_SECRET`, systemd's override of
+/// `/var/lib/systemd/credential.secret`) that makes both the test's
+/// `systemd-creds encrypt` and the daemon's `systemd-creds decrypt` use a
+/// secret file in `dir` (made on first use), never the machine's. No TPM
+/// needed; reading the key needs root, as CI runs.
+fn host_key(dir: &Path) -> (&'static str, std::ffi::OsString) {
+    (
+        "SYSTEMD_CREDENTIAL_SECRET",
+        dir.join("credential.secret").into_os_string(),
+    )
+}
+
+/// Seals `value` as credential `name` into `out` with the host key `key`
+/// ([`host_key`]), as an operator's `systemd-creds encrypt` does; panics
+/// (with systemd-creds' reason) if it cannot: the tests that use it do not
+/// skip.
+fn encrypt(key: &(&str, std::ffi::OsString), name: &str, value: &str, out: &Path) {
     use std::io::Write as _;
-    let Ok(mut child) = std::process::Command::new("systemd-creds")
-        .args(["encrypt", &format!("--name={name}"), "-"])
+    let mut child = std::process::Command::new("systemd-creds")
+        .args(["encrypt", "--with-key=host", &format!("--name={name}"), "-"])
         .arg(out)
+        .env(key.0, &key.1)
         .stdin(std::process::Stdio::piped())
         .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
         .spawn()
-    else {
-        return false;
-    };
-    if let Some(mut stdin) = child.stdin.take() {
-        let _ = stdin.write_all(value.as_bytes());
-    }
-    child.wait().is_ok_and(|s| s.success())
+        .expect("systemd-creds (CI installs systemd)");
+    child
+        .stdin
+        .take()
+        .expect("stdin")
+        .write_all(value.as_bytes())
+        .expect("write to systemd-creds");
+    let done = child.wait_with_output().expect("systemd-creds encrypt");
+    assert!(
+        done.status.success(),
+        "systemd-creds encrypt --with-key=host failed ({}): {}",
+        done.status,
+        String::from_utf8_lossy(&done.stderr)
+    );
 }
 
 #[test]
 fn an_encrypted_credential_is_decrypted_at_start_and_a_corrupted_one_fails_it() {
+    assert!(
+        rustix::process::geteuid().is_root(),
+        "systemd-creds reads the host key as root only (CI runs as root)"
+    );
     let secrets = tempfile::tempdir().expect("secrets");
+    let key = host_key(secrets.path());
     let good = secrets.path().join("api.cred");
     let corrupt = secrets.path().join("bad.cred");
-    let works = encrypt("api", SECRET, &good) && encrypt("bad", SECRET, &corrupt);
-    if works {
-        // Flip bytes in the middle: the authentication tag no longer holds.
-        let mut bytes = std::fs::read(&corrupt).expect("cred");
-        let mid = bytes.len() / 2;
-        for b in &mut bytes[mid..mid + 8] {
-            *b = if *b == b'A' { b'B' } else { b'A' };
-        }
-        std::fs::write(&corrupt, bytes).expect("corrupt");
-    } else {
-        // Without a working systemd-creds, both must fail closed.
-        std::fs::write(&corrupt, "not an encrypted credential").expect("corrupt");
+    encrypt(&key, "api", SECRET, &good);
+    encrypt(&key, "bad", SECRET, &corrupt);
+    // Flip bytes in the middle: the authentication tag no longer holds.
+    let mut bytes = std::fs::read(&corrupt).expect("cred");
+    let mid = bytes.len() / 2;
+    for b in &mut bytes[mid..mid + 8] {
+        *b = if *b == b'A' { b'B' } else { b'A' };
     }
+    std::fs::write(&corrupt, bytes).expect("corrupt");
     let units = tempfile::tempdir().expect("units");
     let runtime = tempfile::tempdir().expect("runtime");
     let rt = runtime.path();
@@ -444,10 +461,11 @@ fn an_encrypted_credential_is_decrypted_at_start_and_a_corrupted_one_fails_it() 
         )
     };
     unit(units.path(), "corrupt", &load("bad", &corrupt));
-    if works {
-        unit(units.path(), "sealed", &load("api", &good));
-    }
-    let mut d = Daemon::user_no_bus(units.path(), &[("XDG_RUNTIME_DIR", rt.as_os_str())]);
+    unit(units.path(), "sealed", &load("api", &good));
+    let mut d = Daemon::user_no_bus(
+        units.path(),
+        &[("XDG_RUNTIME_DIR", rt.as_os_str()), (key.0, &key.1)],
+    );
     let reason = failed(&mut d, rt, "corrupt");
     assert!(
         reason.contains(&format!(
@@ -456,20 +474,18 @@ fn an_encrypted_credential_is_decrypted_at_start_and_a_corrupted_one_fails_it() 
         )),
         "{reason}"
     );
-    if works {
-        d.wait_until("sealed running", |d| d.latest_pid("sealed").is_some());
-        let dir = credentials_dir(rt, "sealed");
-        assert_eq!(
-            call(
-                rt,
-                "sealed",
-                "exec",
-                &format!("cat {}", dir.join("api").display())
-            ),
-            format!("exit status: 0 {SECRET}")
-        );
-        assert_eq!(env_of(rt, "sealed")["API"], SECRET);
-    }
+    d.wait_until("sealed running", |d| d.latest_pid("sealed").is_some());
+    let dir = credentials_dir(rt, "sealed");
+    assert_eq!(
+        call(
+            rt,
+            "sealed",
+            "exec",
+            &format!("cat {}", dir.join("api").display())
+        ),
+        format!("exit status: 0 {SECRET}")
+    );
+    assert_eq!(env_of(rt, "sealed")["API"], SECRET);
     d.stop(rustix::process::Signal::TERM);
 }
 
@@ -535,7 +551,7 @@ fn a_systemd_creds_that_hangs_is_killed_at_startup_timeout_and_fails_the_start()
         .filter_map(|l| l.trim().parse().ok())
         .collect();
     assert!(!started.is_empty());
-    wait("every systemd-creds gone", || {
+    eventually("every systemd-creds gone", BOUND, || {
         started.iter().all(|p| !alive(*p))
     });
     // The unit beside it started, and the daemon answers.
@@ -983,7 +999,7 @@ fn mcpctl_verify_locates_a_credentials_mistake() {
 }
 
 #[test]
-fn an_unprivileged_user_instance_removes_its_own_credentials_and_decrypts_in_user_scope() {
+fn an_unprivileged_user_instance_removes_its_own_credentials_and_a_host_sealed_one_fails_closed() {
     assert!(
         rustix::process::geteuid().is_root(),
         "this test runs the daemon as nobody and needs root (CI runs as root)"
@@ -993,12 +1009,13 @@ fn an_unprivileged_user_instance_removes_its_own_credentials_and_decrypts_in_use
     let secrets = tempfile::tempdir().expect("secrets");
     let tok = secrets.path().join("tok");
     std::fs::write(&tok, SECRET).expect("tok");
-    // Encrypted with the host's key when systemd-creds works here: a user
-    // scope cannot decrypt it either way.
+    // Sealed with a host key (root's, 0400): an unprivileged instance asks
+    // `systemd-creds --user`, which cannot decrypt it (systemd 252 has no
+    // `--user` at all; later ones use the user's key, not the host's).
+    let keys = tempfile::tempdir().expect("keys");
+    let key = host_key(keys.path());
     let sealed = secrets.path().join("api.cred");
-    if !encrypt("api", SECRET, &sealed) {
-        std::fs::write(&sealed, "not an encrypted credential").expect("sealed");
-    }
+    encrypt(&key, "api", SECRET, &sealed);
     unit(
         units.path(),
         "mine",
@@ -1038,6 +1055,7 @@ fn an_unprivileged_user_instance_removes_its_own_credentials_and_decrypts_in_use
         &[
             ("XDG_RUNTIME_DIR", rt.as_os_str()),
             ("HOME", secrets.path().as_os_str()),
+            (key.0, &key.1),
         ],
     );
     d.wait_until("mine running", |d| d.latest_pid("mine").is_some());
@@ -1057,4 +1075,89 @@ fn an_unprivileged_user_instance_removes_its_own_credentials_and_decrypts_in_use
     assert!(d.stop(rustix::process::Signal::TERM).success());
     assert!(!dir.exists(), "{} is left", dir.display());
     assert!(!rt.join("mcpd/credentials").exists());
+}
+
+#[test]
+fn an_unprivileged_user_instance_asks_systemd_creds_in_user_scope_and_delivers_its_plaintext() {
+    use std::os::unix::fs::PermissionsExt;
+    assert!(
+        rustix::process::geteuid().is_root(),
+        "this test runs the daemon as nobody and needs root (CI runs as root)"
+    );
+    // The success path of user scope, mcpd's side of it: the systemd-creds
+    // CI has (252) cannot decrypt in user scope, so a stand-in on the
+    // daemon's PATH records how it is asked and "decrypts" by dropping a
+    // prefix. What mcpd must do is ask `--user decrypt --name=NAME PATH -`
+    // and hand the server exactly what comes out.
+    let bin = tempfile::tempdir().expect("bin");
+    let secrets = tempfile::tempdir().expect("secrets");
+    let asked = secrets.path().join("asked");
+    let fake = bin.path().join("systemd-creds");
+    std::fs::write(
+        &fake,
+        format!(
+            "#!/bin/sh\nprintf '%s\\n' \"$@\" > {}\nexec sed 's/^sealed://' \"$4\"\n",
+            asked.display()
+        ),
+    )
+    .expect("fake");
+    std::fs::set_permissions(bin.path(), std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    std::fs::set_permissions(&fake, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    let sealed = secrets.path().join("api.cred");
+    std::fs::write(&sealed, format!("sealed:{SECRET}")).expect("sealed");
+    let units = tempfile::tempdir().expect("units");
+    let runtime = tempfile::tempdir().expect("runtime");
+    unit(
+        units.path(),
+        "sealed",
+        &format!(
+            "credentials {{\n    load-encrypted \"api\" \"{}\"\n}}",
+            sealed.display()
+        ),
+    );
+    for path in [units.path(), runtime.path(), secrets.path(), &sealed] {
+        rustix::fs::chown(
+            path,
+            Some(rustix::fs::Uid::from_raw(65534)),
+            Some(rustix::fs::Gid::from_raw(65534)),
+        )
+        .expect("chown");
+    }
+    let path = std::env::join_paths(std::iter::once(bin.path().to_owned()).chain(
+        std::env::split_paths(&std::env::var_os("PATH").unwrap_or_default()),
+    ))
+    .expect("PATH");
+    let mcpd = env!("CARGO_BIN_EXE_mcpd");
+    let args: Vec<&std::ffi::OsStr> = vec![
+        "--reuid=65534".as_ref(),
+        "--regid=65534".as_ref(),
+        "--clear-groups".as_ref(),
+        mcpd.as_ref(),
+        "--user".as_ref(),
+        "--no-bus".as_ref(),
+        "--units".as_ref(),
+        units.path().as_os_str(),
+    ];
+    let rt = runtime.path();
+    let mut d = Daemon::start_binary(
+        Path::new("setpriv"),
+        &args,
+        &[
+            ("XDG_RUNTIME_DIR", rt.as_os_str()),
+            ("HOME", secrets.path().as_os_str()),
+            ("PATH", &path),
+        ],
+    );
+    d.wait_until("sealed running", |d| d.latest_pid("sealed").is_some());
+    assert_eq!(
+        std::fs::read_to_string(&asked).expect("systemd-creds was asked"),
+        format!("--user\ndecrypt\n--name=api\n{}\n-\n", sealed.display())
+    );
+    let dirs = delivered(rt);
+    assert_eq!(dirs.len(), 1, "{dirs:?}");
+    assert_eq!(
+        std::fs::read_to_string(dirs[0].join("api")).expect("api"),
+        SECRET
+    );
+    assert!(d.stop(rustix::process::Signal::TERM).success());
 }

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use rustix::process::Signal;
 
-use crate::helper::{Bus, Daemon, root, run};
+use crate::helper::{BOUND, Bus, Daemon, holds_within, root, run, timed_out};
 
 /// `gdbus monitor` on the bus, for signals from org.mcpd1.
 struct Monitor {
@@ -52,18 +52,31 @@ impl Monitor {
         monitor
     }
 
+    /// Reads signals until `done(self)` holds (bounded).
     fn wait_until(&mut self, what: &str, done: impl Fn(&Self) -> bool) {
-        let deadline = std::time::Instant::now() + Duration::from_secs(30);
-        while !done(self) {
-            assert!(
-                std::time::Instant::now() < deadline,
-                "timed out waiting for {what}; signals seen:\n{}",
-                self.seen.join("\n")
-            );
-            if let Ok(line) = self.lines.recv_timeout(Duration::from_millis(50)) {
-                self.seen.push(line);
+        let met = holds_within(BOUND, || {
+            if done(self) {
+                return true;
             }
-        }
+            // the signals that have come, one by one: none after the one
+            // that made `done` hold is read
+            let mut next = self.lines.recv_timeout(Duration::from_millis(50)).ok();
+            for _ in 0..1000 {
+                let Some(line) = next else { break };
+                self.seen.push(line);
+                if done(self) {
+                    return true;
+                }
+                next = self.lines.try_recv().ok();
+            }
+            false
+        });
+        assert!(
+            met,
+            "{}; signals seen:\n{}",
+            timed_out(what, BOUND),
+            self.seen.join("\n")
+        );
     }
 
     fn count(&self, needle: &str) -> usize {
@@ -864,7 +877,7 @@ fn a_private_bus_leaves_no_socket_file_behind() {
 /// size, member name if a signal).
 fn messages_before_the_first_reply(socket: &Path) -> Vec<(u8, usize, String)> {
     use std::io::{Read, Write};
-    let mut s = crate::connections::handshaken(socket);
+    let mut s = crate::daemon::connections::handshaken(socket);
     let ping = zbus::message::Message::method_call("/org/mcpd1", "Ping")
         .interface("org.freedesktop.DBus.Peer")
         .build(&())

@@ -7,7 +7,7 @@ use std::path::Path;
 
 use rustix::process::Signal;
 
-use crate::helper::{Daemon, root};
+use crate::helper::{BOUND, Daemon, holds_within, root, timed_out};
 
 /// Unit `name` running the hostile server in `mode` (with `arg`), and
 /// `extra` unit text.
@@ -54,7 +54,7 @@ fn what_is_not_json_rpc_2_0_is_refused_at_once_and_unknown_members_never_reach_t
     let rt = tokio::runtime::Runtime::new().expect("runtime");
     rt.block_on(async {
         tokio::time::timeout(std::time::Duration::from_secs(30), async {
-            let mut host = crate::sessions::Raw::new(&runtime, "strict");
+            let mut host = crate::daemon::session::Raw::new(&runtime, "strict");
             host.send(concat!(
                 r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"raw","version":"1"}}}"#, "\n",
                 r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#, "\n",
@@ -107,7 +107,7 @@ fn a_host_that_never_reads_large_answers_is_detached_and_the_daemon_stays_small(
     let mut peak = 0;
     rt.block_on(async {
         tokio::time::timeout(std::time::Duration::from_secs(60), async {
-            let mut sink = crate::sessions::Raw::new(&runtime, "big");
+            let mut sink = crate::daemon::session::Raw::new(&runtime, "big");
             sink.send(init.as_bytes()).await;
             assert_eq!(sink.answer().await["id"], 1);
             // 24 answers of 8 MiB asked for, none read
@@ -119,18 +119,22 @@ fn a_host_that_never_reads_large_answers_is_detached_and_the_daemon_stays_small(
                 ));
             }
             sink.send(calls.as_bytes()).await;
-            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
-            while !d.seen.iter().any(|l| l.contains("detaching host session")) {
-                assert!(
-                    std::time::Instant::now() < deadline,
-                    "the host was never detached; mcpd logged:\n{}",
-                    d.seen.join("\n")
-                );
+            let detaching = |d: &Daemon| d.seen.iter().any(|l| l.contains("detaching host session"));
+            let detached = holds_within(BOUND, || {
+                if detaching(&d) {
+                    return true;
+                }
                 peak = peak.max(crate::helper::rss_kib(pid));
-                d.read_for(std::time::Duration::from_millis(50));
-            }
+                d.read_until(std::time::Duration::from_millis(50), detaching)
+            });
+            assert!(
+                detached,
+                "{}; mcpd logged:\n{}",
+                timed_out("the host to be detached", BOUND),
+                d.seen.join("\n")
+            );
             // the daemon goes on serving a host that reads
-            let mut good = crate::sessions::Raw::new(&runtime, "big");
+            let mut good = crate::daemon::session::Raw::new(&runtime, "big");
             good.send(init.as_bytes()).await;
             assert_eq!(good.answer().await["id"], 1);
             good.send(b"{\"jsonrpc\":\"2.0\",\"id\":2,\"method\":\"tools/call\",\"params\":{\"name\":\"echo\",\"arguments\":{\"text\":\"here\"}}}\n").await;
@@ -154,18 +158,21 @@ fn a_host_that_never_reads_large_answers_is_detached_and_the_daemon_stays_small(
     assert!(peak < 256 * 1024, "daemon RSS peaked at {peak} KiB");
     // once the peer is gone, the daemon gives the memory back (within
     // 16 MiB of where it started)
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
-    loop {
-        let now = crate::helper::rss_kib(pid);
+    let mut now = 0;
+    let within = std::time::Duration::from_secs(20);
+    let given_back = holds_within(within, || {
+        now = crate::helper::rss_kib(pid);
         if now <= baseline + 16 * 1024 {
-            break;
+            return true;
         }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "daemon RSS {now} KiB, {baseline} KiB at the start"
-        );
         d.read_for(std::time::Duration::from_millis(100));
-    }
+        false
+    });
+    assert!(
+        given_back,
+        "{}: {now} KiB, {baseline} KiB at the start",
+        timed_out("the daemon's RSS to come down", within)
+    );
     assert!(d.stop(Signal::TERM).success());
 }
 
@@ -223,6 +230,7 @@ fn a_log_flood_is_rate_limited_and_a_slow_reading_host_keeps_its_session_and_eve
                     pinged = true;
                     next_ping += 1;
                 }
+                // (scenario: the slow reader's millisecond per line)
                 tokio::time::sleep(std::time::Duration::from_millis(1)).await;
             }
             (answers, notices)
@@ -280,7 +288,7 @@ fn session(
     runtime: &Path,
     name: &str,
 ) -> (String, std::io::BufReader<std::os::unix::net::UnixStream>) {
-    crate::bridge::attach_raw(
+    crate::daemon::bridge::attach_raw(
         runtime,
         format!("{{\"server\":\"{name}\"}}\n").as_bytes(),
         &[],
@@ -431,7 +439,7 @@ fn an_answer_over_the_line_limit_is_an_error_to_the_host_at_once() {
         tokio::time::timeout(std::time::Duration::from_secs(60), async {
             // the id first (most servers) or last (the TypeScript SDK)
             for name in ["first", "last"] {
-                let mut host = crate::sessions::Raw::new(&runtime, name);
+                let mut host = crate::daemon::session::Raw::new(&runtime, name);
                 host.send(INITIALIZE.as_bytes()).await;
                 assert_eq!(host.answer().await["id"], 1);
                 host.send(format!("{{\"jsonrpc\":\"2.0\",\"id\":\"big\",\"method\":\"tools/call\",\"params\":{{\"name\":\"big\",\"arguments\":{{\"n\":{}}}}}}}\n", 17 << 20).as_bytes()).await;

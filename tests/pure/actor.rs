@@ -14,7 +14,7 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 use crate::helper::fake::{Fake, Plan};
-use crate::helper::ms;
+use crate::helper::{ms, timed_out, within};
 
 /// Virtual time: generous, costs nothing.
 const BOUND: Duration = Duration::from_secs(3600);
@@ -59,20 +59,29 @@ fn rig(fake: &Fake, spec: UnitSpec) -> Rig {
 }
 
 impl Rig {
+    /// Waits (bounded, woken by each change of the status) until the
+    /// status satisfies `pred`.
     async fn until(&mut self, what: &str, pred: impl Fn(&Status) -> bool) -> Status {
-        let result = tokio::time::timeout(BOUND, async {
+        let rx = &mut self.rx;
+        let result = within(BOUND, async {
             loop {
                 {
-                    let s = self.rx.borrow_and_update();
+                    let s = rx.borrow_and_update();
                     if pred(&s) {
                         return s.clone();
                     }
                 }
-                self.rx.changed().await.expect("actor alive");
+                rx.changed().await.expect("actor alive");
             }
         })
         .await;
-        result.unwrap_or_else(|_| panic!("never reached {what}: {:#?}", self.sup.status()))
+        result.unwrap_or_else(|| {
+            panic!(
+                "{}; last status: {:#?}",
+                timed_out(what, BOUND),
+                self.sup.status()
+            )
+        })
     }
 
     async fn running(&mut self, generation: u64) -> Status {
@@ -83,9 +92,9 @@ impl Rig {
     }
 
     async fn shutdown(self) {
-        tokio::time::timeout(BOUND, self.sup.shutdown(self.task))
+        within(BOUND, self.sup.shutdown(self.task))
             .await
-            .expect("shutdown");
+            .unwrap_or_else(|| panic!("{}", timed_out("shutdown", BOUND)));
     }
 }
 
@@ -162,14 +171,14 @@ async fn a_list_changed_storm_is_serialized_and_ends_on_the_newest_list() {
     // at most the sync spacing after the previous one began) has run by then.
     let probe = &fake.server.probe;
     let pings = probe.pings.load(Ordering::SeqCst);
-    tokio::time::timeout(
+    within(
         BOUND,
         probe.until(|p| {
             p.pings.load(Ordering::SeqCst) > pings && p.in_flight.load(Ordering::SeqCst) == 0
         }),
     )
     .await
-    .expect("the actor settles and probes");
+    .unwrap_or_else(|| panic!("{}", timed_out("the actor to settle and probe", BOUND)));
     assert_eq!(
         probe.max_in_flight.load(Ordering::SeqCst),
         1,
@@ -196,13 +205,14 @@ async fn an_early_list_changed_is_synced_after_establishment() {
     let gate = Arc::new(Notify::new());
     *fake.server.gate.lock().expect("lock") = Some(Arc::clone(&gate));
     let mut r = rig(&fake, spec(policy(100, 1000, 3)));
-    tokio::time::timeout(BOUND, async {
-        while fake.server.probe.in_flight.load(Ordering::SeqCst) == 0 {
-            tokio::time::sleep(ms(1)).await;
-        }
-    })
+    within(
+        BOUND,
+        fake.server
+            .probe
+            .until(|p| p.in_flight.load(Ordering::SeqCst) > 0),
+    )
     .await
-    .expect("initial list started");
+    .unwrap_or_else(|| panic!("{}", timed_out("initial list to start", BOUND)));
     let pid = fake.live()[0];
     fake.set_tools(&["new"]);
     fake.notify_list_changed(pid).await;
@@ -226,25 +236,40 @@ async fn dispose_does_not_wait_on_a_hung_sync_and_nothing_follows_it() {
     *fake.server.gate.lock().expect("lock") = Some(Arc::clone(&gate));
     fake.set_tools(&["b"]);
     fake.notify_list_changed(pid).await;
-    tokio::time::timeout(BOUND, async {
-        while fake.server.probe.in_flight.load(Ordering::SeqCst) == 0 {
-            tokio::time::sleep(ms(1)).await;
-        }
-    })
+    within(
+        BOUND,
+        fake.server
+            .probe
+            .until(|p| p.in_flight.load(Ordering::SeqCst) > 0),
+    )
     .await
-    .expect("sync in flight");
+    .unwrap_or_else(|| panic!("{}", timed_out("a sync in flight", BOUND)));
     let mut rx = r.sup.subscribe();
-    tokio::time::timeout(BOUND, r.sup.shutdown(r.task))
+    within(BOUND, r.sup.shutdown(r.task))
         .await
-        .expect("shutdown completes with the sync cancelled");
+        .unwrap_or_else(|| {
+            panic!(
+                "{}",
+                timed_out("shutdown to complete with the sync cancelled", BOUND)
+            )
+        });
     let last = rx.borrow_and_update().clone();
     assert_eq!(last.state, State::Stopped);
     assert!(last.tools.is_empty(), "withdrawn");
     assert!(fake.live().is_empty());
-    // the late answer changes nothing, and nothing restarts
+    // the late answer changes nothing, and nothing restarts: the actor is
+    // gone, so its status channel is closed with `last` its final value
+    // (`changed` fails only when no value came after the one seen, and no
+    // sender is left), and no second process was launched
     gate.notify_waiters();
+    // (scenario: a minute of virtual time for anything that would follow)
     tokio::time::sleep(Duration::from_secs(60)).await;
-    assert!(!rx.has_changed().unwrap_or(false));
+    match within(BOUND, rx.changed()).await {
+        Some(Err(_closed)) => {}
+        Some(Ok(())) => panic!("a status followed the shutdown: {:#?}", *rx.borrow()),
+        None => panic!("the actor outlived its shutdown: its status channel is still open"),
+    }
+    assert_eq!(rx.borrow().state, State::Stopped);
     assert_eq!(fake.launches(), 1);
 }
 
@@ -258,6 +283,7 @@ async fn stop_during_backoff_cancels_the_pending_retry() {
     r.sup.stop();
     let stopped = r.until("stopped", |s| s.state == State::Stopped).await;
     assert!(stopped.tools.is_empty());
+    // (scenario: the retry's time passes, virtual, and it must not come)
     tokio::time::sleep(Duration::from_secs(10)).await;
     assert_eq!(fake.launches(), 1, "the retry never happened");
     r.shutdown().await;

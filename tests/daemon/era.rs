@@ -20,7 +20,7 @@ use std::path::{Path, PathBuf};
 use rustix::process::Signal;
 use serde_json::Value;
 
-use crate::fidelity::everything;
+use crate::daemon::fidelity::everything;
 use crate::helper::{Daemon, mcpctl_user, root};
 
 const MODERN: &str = "2026-07-28";
@@ -563,7 +563,7 @@ fn hosts_of_both_eras_get_an_aggregate_of_both_servers() {
 /// Runs `tests/data/ts_era_client.mjs` (the TypeScript SDK's client, a
 /// host of the 2025 era) against `command`: each check's outcome.
 fn ts_era(command: &[&str], runtime: Option<&Path>) -> Value {
-    crate::fidelity::ts_client("ts_era_client.mjs", command, runtime)
+    crate::daemon::fidelity::ts_client("ts_era_client.mjs", command, runtime)
 }
 
 #[test]

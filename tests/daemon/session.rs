@@ -17,7 +17,7 @@ use rmcp::{ClientHandler, ErrorData, RoleClient, ServiceExt};
 use rustix::process::Signal;
 use serde_json::{Value, json};
 
-use crate::helper::{Daemon, mcpctl_user};
+use crate::helper::{BOUND, Daemon, eventually_async, mcpctl_user};
 
 /// What a host received.
 #[derive(Debug, Default)]
@@ -134,21 +134,10 @@ async fn text(client: &Client, name: &str, arguments: Value) -> String {
         .to_owned()
 }
 
-/// Waits (bounded: 5 s) until `done` holds.
-async fn eventually(what: &str, done: impl Fn() -> bool) {
-    for _ in 0..500 {
-        if done() {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    panic!("{what} did not happen within 5 s");
-}
-
-/// Waits until `done` holds for what `host` received.
-async fn until(host: &Host, what: &str, done: impl Fn(&Seen) -> bool) {
+/// Waits (bounded) until `done` holds for what `host` received.
+async fn host_sees(host: &Host, what: &str, done: impl Fn(&Seen) -> bool) {
     let what = format!("{}: {what}", host.label);
-    eventually(&what, || host.seen(&done)).await;
+    eventually_async(&what, BOUND, async || host.seen(&done)).await;
 }
 
 fn recent_logs(runtime: &std::path::Path) -> String {
@@ -209,8 +198,8 @@ fn three_hosts_share_one_server_and_each_gets_only_its_own() {
             let (ra, rb) = tokio::join!(ca.call_tool(progress(3)), cb.call_tool(progress(2)));
             ra.expect("A's progress call");
             rb.expect("B's progress call");
-            until(&a, "3 progress", |s| s.progress.len() == 3).await;
-            until(&b, "2 progress", |s| s.progress.len() == 2).await;
+            host_sees(&a, "3 progress", |s| s.progress.len() == 3).await;
+            host_sees(&b, "2 progress", |s| s.progress.len() == 2).await;
             // (rmcp numbers its requests' progress tokens itself: both
             // hosts used the same token at once.)
             let tokens = |h: &Host| {
@@ -255,7 +244,7 @@ fn three_hosts_share_one_server_and_each_gets_only_its_own() {
                 .await
                 .expect("subscribe");
             text(&cc, "touch", json!({"uri": "fixture://a"})).await;
-            until(&a, "the update", |s| s.updated == ["fixture://a"]).await;
+            host_sees(&a, "the update", |s| s.updated == ["fixture://a"]).await;
             // B and C would have it queued before this answer.
             text(&cb, "echo", json!({"text": "sync"})).await;
             text(&cc, "echo", json!({"text": "sync"})).await;
@@ -271,8 +260,8 @@ fn three_hosts_share_one_server_and_each_gets_only_its_own() {
             ca.set_level(level("debug")).await.expect("A's level");
             cc.set_level(level("error")).await.expect("C's level");
             text(&cb, "levels", json!({})).await;
-            until(&a, "8 levels", |s| s.levels.len() == 8).await;
-            until(&c, "4 levels", |s| s.levels.len() == 4).await;
+            host_sees(&a, "8 levels", |s| s.levels.len() == 8).await;
+            host_sees(&c, "4 levels", |s| s.levels.len() == 4).await;
             text(&cc, "echo", json!({"text": "sync"})).await;
             // (rmcp hands notifications to the handler concurrently.)
             let mut levels = c.seen(|s| s.levels.clone());
@@ -311,20 +300,20 @@ fn three_hosts_share_one_server_and_each_gets_only_its_own() {
                 let peer = cc.peer().clone();
                 async move { peer.call_tool(call("hang", json!({}))).await }
             });
-            eventually("two hangs", || {
+            eventually_async("two hangs", BOUND, async || {
                 recent_logs(&runtime).matches("call hang").count() == 2
             })
             .await;
             cc.cancel().await.expect("C leaves");
             let _ = dropped.await;
-            eventually("both hangs cancelled upstream", || {
+            eventually_async("both hangs cancelled upstream", BOUND, async || {
                 recent_logs(&runtime).matches("hang cancelled").count() == 2
             })
             .await;
 
             // A and B still work; C's session is gone.
             assert_eq!(text(&ca, "echo", json!({"text": "still"})).await, "still");
-            eventually("C's session gone", || {
+            eventually_async("C's session gone", BOUND, async || {
                 status_of(&runtime, "shared").contains("   Sessions: 2")
             })
             .await;
@@ -392,7 +381,7 @@ fn hosts_stay_attached_through_an_outage_and_get_their_state_back() {
                 serde_json::from_value(json!("debug")).expect("level"),
             );
             ca.set_level(level).await.expect("level");
-            eventually("subscribed and level set", || {
+            eventually_async("subscribed and level set", BOUND, async || {
                 logs("subscribe fixture://a") == 1 && logs("log level Debug") == 1
             })
             .await;
@@ -402,14 +391,17 @@ fn hosts_stay_attached_through_an_outage_and_get_their_state_back() {
                 let peer = ca.peer().clone();
                 async move { peer.call_tool(call("hang", json!({}))).await }
             });
-            eventually("the hang started", || logs("call hang") == 1).await;
+            eventually_async("the hang started", BOUND, async || logs("call hang") == 1).await;
             text(cb, "crash", json!({"code": 3})).await;
             let failed = hang.await.expect("task").expect_err("the server died");
             assert!(failed.to_string().contains("connection lost"), "{failed}");
 
             // During the outage lists are answered, other requests get the
             // state and the next retry.
-            eventually("reconnecting", || state().contains("reconnecting")).await;
+            eventually_async("reconnecting", BOUND, async || {
+                state().contains("reconnecting")
+            })
+            .await;
             assert_eq!(ca.list_all_tools().await.expect("tools kept").len(), tools);
             let resources = cb.list_all_resources().await.expect("resources kept");
             assert_eq!(resources[0].uri, "fixture://a");
@@ -428,15 +420,18 @@ fn hosts_stay_attached_through_an_outage_and_get_their_state_back() {
                     .status
                     .success()
             );
-            eventually("running again", || state().contains("Active: running")).await;
+            eventually_async("running again", BOUND, async || {
+                state().contains("Active: running")
+            })
+            .await;
             assert_eq!(text(ca, "echo", json!({"text": "a"})).await, "a");
             assert_eq!(text(cb, "echo", json!({"text": "b"})).await, "b");
-            eventually("replayed", || {
+            eventually_async("replayed", BOUND, async || {
                 logs("subscribe fixture://a") == 2 && logs("log level Debug") == 2
             })
             .await;
             text(cb, "touch", json!({"uri": "fixture://a"})).await;
-            until(&a, "the update after the outage", |s| s.updated.len() == 1).await;
+            host_sees(&a, "the update after the outage", |s| s.updated.len() == 1).await;
             text(ca, "echo", json!({"text": "sync"})).await;
             text(cb, "echo", json!({"text": "sync"})).await;
             let changed = |h: &Host| h.seen(|s| s.tools_changed);
@@ -449,13 +444,19 @@ fn hosts_stay_attached_through_an_outage_and_get_their_state_back() {
             // Back with another list: each host is told once.
             std::fs::write(&env, "MCP_FIXTURE_TOOLS=touch,extra\n").expect("write");
             text(cb, "crash", json!({"code": 3})).await;
-            eventually("reconnecting again", || state().contains("reconnecting")).await;
+            eventually_async("reconnecting again", BOUND, async || {
+                state().contains("reconnecting")
+            })
+            .await;
             assert!(
                 mcpctl_user(&runtime, &["restart", "outage"])
                     .status
                     .success()
             );
-            eventually("both told", || changed(&a) == 1 && changed(&b) == 1).await;
+            eventually_async("both told", BOUND, async || {
+                changed(&a) == 1 && changed(&b) == 1
+            })
+            .await;
             let listed = cb.list_all_tools().await.expect("tools");
             assert!(listed.iter().any(|t| t.name == "extra"), "{listed:?}");
             for client in clients {
@@ -506,7 +507,7 @@ fn a_call_in_flight_when_the_server_exits_gets_connection_lost_with_the_exit() {
                 let peer = client.peer().clone();
                 async move { peer.call_tool(call("hang", json!({}))).await }
             });
-            eventually("the hang started", || logs("call hang") == 1).await;
+            eventually_async("the hang started", BOUND, async || logs("call hang") == 1).await;
             text(&client, "crash", json!({"code": 3})).await;
             let failed = hang.await.expect("task").expect_err("the server died");
             assert!(
@@ -656,7 +657,7 @@ fn a_host_sending_garbage_or_a_flood_gets_errors_and_disturbs_nobody() {
             // The flooding host leaves: its calls are cancelled upstream,
             // the server and the other host carry on.
             drop(bad);
-            eventually("the flood's session gone", || status_of(&runtime, "robust").contains("   Sessions: 1")).await;
+            eventually_async("the flood's session gone", BOUND, async || status_of(&runtime, "robust").contains("   Sessions: 1")).await;
             assert_eq!(text(&good, "echo", json!({"text": "still"})).await, "still");
             good.cancel().await.expect("close");
         })
@@ -835,7 +836,7 @@ fn a_tool_filter_shapes_what_hosts_see_and_a_reload_lifts_it_in_place() {
             );
             // Lifting the filter: hosts are told, the server is not restarted.
             write("");
-            until(&host, "tools list_changed", |s| s.tools_changed >= 1).await;
+            host_sees(&host, "tools list_changed", |s| s.tools_changed >= 1).await;
             let listed = names(client.list_all_tools().await.expect("tools/list"));
             assert!(listed.contains(&"add".to_owned()), "{listed:?}");
             assert_eq!(text(&client, "add", json!({"a": 1, "b": 2})).await, "3");

@@ -9,7 +9,7 @@ use rmcp::{ClientHandler, RoleClient, ServiceExt};
 use rustix::process::Signal;
 use tokio::sync::mpsc;
 
-use crate::helper::Daemon;
+use crate::helper::{BOUND, Daemon, eventually, eventually_async, holds_within_async, timed_out};
 
 struct Watcher(mpsc::UnboundedSender<()>);
 
@@ -106,7 +106,7 @@ fn an_mcp_client_uses_a_managed_server_through_the_bridge() {
             // and next retry.
             let expected = "server demo is reconnecting (retry 1/10, next in ";
             let mut last = String::new();
-            for _ in 0..200 {
+            let told = holds_within_async(BOUND, async || {
                 let r = client
                     .call_tool(
                         CallToolRequestParams::new("echo")
@@ -119,12 +119,14 @@ fn an_mcp_client_uses_a_managed_server_through_the_bridge() {
                     Err(rmcp::service::ServiceError::McpError(e)) => e.message.into_owned(),
                     other => format!("{other:?}"),
                 };
-                if last.starts_with(expected) {
-                    break;
-                }
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
-            assert!(last.starts_with(expected), "last answer: {last}");
+                last.starts_with(expected)
+            })
+            .await;
+            assert!(
+                told,
+                "{}; last answer: {last}",
+                timed_out("the outage's error", BOUND)
+            );
             assert_eq!(client.list_all_tools().await.expect("tools kept").len(), 10);
 
             // the daemon restarts: the bridge reconnects to the new one
@@ -339,17 +341,10 @@ fn the_bridge_hands_the_hosts_stdio_to_mcpd_and_copies_nothing() {
             rustix::process::kill_process(pid, Signal::CONT).expect("SIGCONT");
             // A bridge killed outright ends its session in the daemon.
             rustix::process::kill_process(pid, Signal::KILL).expect("SIGKILL");
-            for _ in 0..500 {
-                if demo.sessions().await.expect("Sessions") == 0 {
-                    break;
-                }
-                tokio::time::sleep(Duration::from_millis(10)).await;
-            }
-            assert_eq!(
-                demo.sessions().await.expect("Sessions"),
-                0,
-                "the session is gone with its bridge"
-            );
+            eventually_async("the session to go with its bridge", BOUND, async || {
+                demo.sessions().await.expect("Sessions") == 0
+            })
+            .await;
             drop(client);
             drop(bridge);
         })
@@ -509,14 +504,12 @@ fn bad_attach_requests_get_named_refusals_and_a_file_is_copied() {
         .expect("bridge");
     let mut stdin = bridge.stdin.take().expect("stdin");
     let answered = |n: usize| {
-        for _ in 0..1000 {
-            let text = std::fs::read_to_string(answers.path()).expect("read");
-            if text.lines().count() >= n {
-                return text;
-            }
-            std::thread::sleep(Duration::from_millis(10));
-        }
-        panic!("no answer {n} within 10 s");
+        let mut text = String::new();
+        eventually(format_args!("answer {n} in the file"), BOUND, || {
+            text = std::fs::read_to_string(answers.path()).expect("read");
+            text.lines().count() >= n
+        });
+        text
     };
     stdin.write_all(b"{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"initialize\",\"params\":{\"protocolVersion\":\"2025-11-25\",\"capabilities\":{},\"clientInfo\":{\"name\":\"t\",\"version\":\"1\"}}}\n").expect("write");
     assert!(answered(1).contains("mcp-fixture"));
@@ -839,9 +832,11 @@ fn a_killed_daemons_requests_in_flight_fail_at_once_and_the_bridge_attaches_to_t
             // The bridge attaches to the next daemon, replays the host's
             // initialize, and the session works without the host doing
             // anything.
-            let mut answered = None;
-            for n in 0..200 {
-                let id = json!(100 + n);
+            let (mut answered, mut n) = (None, 100);
+            eventually_async("an answer from the next daemon", BOUND, async || {
+                // (refused while the bridge is not attached yet)
+                let id = json!(n);
+                n += 1;
                 send_line(
                     &mut stdin,
                     json!({"jsonrpc": "2.0", "id": id, "method": "tools/call",
@@ -849,14 +844,14 @@ fn a_killed_daemons_requests_in_flight_fail_at_once_and_the_bridge_attaches_to_t
                 )
                 .await;
                 let answer = answer_to(&mut out, &id).await;
-                if answer.get("result").is_some() {
-                    answered = Some(answer);
-                    break;
+                if answer.get("result").is_none() {
+                    return false;
                 }
-                // Refused while the bridge is not attached yet.
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
-            let answered = answered.expect("an answer from the next daemon");
+                answered = Some(answer);
+                true
+            })
+            .await;
+            let answered = answered.expect("answered");
             assert_eq!(answered["result"]["content"][0]["text"], json!("back"));
             drop(stdin);
             let status = bridge.wait().await.expect("bridge exits");
@@ -883,14 +878,12 @@ fn line_within(from: std::process::ChildStdout, within: Duration) -> String {
 
 /// Waits for `child` to exit, or panics after `within`.
 fn exit_within(child: &mut std::process::Child, within: Duration) -> std::process::ExitStatus {
-    let deadline = std::time::Instant::now() + within;
-    loop {
-        if let Some(status) = child.try_wait().expect("try_wait") {
-            return status;
-        }
-        assert!(std::time::Instant::now() < deadline, "still running");
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    let mut status = None;
+    eventually("the bridge to exit", within, || {
+        status = child.try_wait().expect("try_wait");
+        status.is_some()
+    });
+    status.expect("exited")
 }
 
 /// `mcpctl bridge demo` in `runtime`, sent an `initialize` request.

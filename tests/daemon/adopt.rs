@@ -6,7 +6,7 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 use std::process::{Command, Output};
 
-use crate::helper::{Daemon, check_snapshot, fixture_path, mcpctl, mcpctl_user, root};
+use crate::helper::{Daemon, Snapshot, check_snapshot, fixture_path, mcpctl, mcpctl_user, root};
 
 fn copy_tree(from: &Path, to: &Path) {
     for entry in std::fs::read_dir(from).expect("read_dir") {
@@ -86,6 +86,17 @@ fn listing(dir: &Path) -> String {
 
 #[test]
 fn every_hosts_documented_format_imports_to_its_snapshot() {
+    imports(Snapshot::Compare);
+}
+
+#[test]
+#[ignore = "rewrites snapshots; run by hand: cargo test --test tests update_snapshots -- --ignored"]
+fn update_snapshots() {
+    imports(Snapshot::Update);
+}
+
+/// Each case of `tests/data/hosts/` imported, against its snapshot.
+fn imports(mode: Snapshot) {
     let cases = root().join("tests/data/hosts");
     let mut failures = Vec::new();
     let mut dirs: Vec<_> = std::fs::read_dir(&cases)
@@ -159,7 +170,7 @@ fn every_hosts_documented_format_imports_to_its_snapshot() {
                 String::from_utf8_lossy(&verify.stderr)
             );
         }
-        if let Some(why) = check_snapshot(&case.join("expected"), &actual) {
+        if let Some(why) = check_snapshot(mode, &case.join("expected"), &actual) {
             failures.push(why);
         }
     }

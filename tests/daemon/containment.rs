@@ -4,13 +4,12 @@
 //! CI runs as root on a machine with a writable cgroup v2 hierarchy.
 
 use std::path::Path;
-use std::time::{Duration, Instant};
 
 use rustix::process::Signal;
 
-use crate::helper::{Daemon, alive, cgroup_of, mcpctl_user, session_of};
-
-const BOUND: Duration = Duration::from_secs(30);
+use crate::helper::{
+    BOUND, Daemon, alive, cgroup_of, eventually, holds_within, mcpctl_user, session_of, timed_out,
+};
 
 /// A unit running the fixture with `args`.
 fn unit(dir: &Path, name: &str, args: &[&str]) {
@@ -31,32 +30,14 @@ fn daemon(units: &Path, runtime: &Path) -> Daemon {
 
 /// Waits (bounded) for `path` to hold a PID.
 fn pid_in(path: &Path) -> u32 {
-    let deadline = Instant::now() + BOUND;
-    loop {
-        if let Some(pid) = std::fs::read_to_string(path)
+    let mut pid = None;
+    eventually(format_args!("a PID in {}", path.display()), BOUND, || {
+        pid = std::fs::read_to_string(path)
             .ok()
-            .and_then(|s| s.trim().parse().ok())
-        {
-            return pid;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "{} never got a PID",
-            path.display()
-        );
-        std::thread::sleep(Duration::from_millis(10));
-    }
-}
-
-fn wait_gone(pid: u32, what: &str) {
-    let deadline = Instant::now() + BOUND;
-    while alive(pid) {
-        assert!(
-            Instant::now() < deadline,
-            "{what} (pid {pid}) is still alive"
-        );
-        std::thread::sleep(Duration::from_millis(10));
-    }
+            .and_then(|s| s.trim().parse().ok());
+        pid.is_some()
+    });
+    pid.expect("a PID")
 }
 
 /// A daemon's directories, kept for the test's length.
@@ -136,15 +117,14 @@ fn a_detached_helper_dies_with_stop_and_with_a_crash_of_its_server() {
     // A stop: the helper goes with it.
     let stop = mcpctl_user(runtime.path(), &["stop", "spawner"]);
     assert!(stop.status.success());
-    wait_gone(second, "the second helper after stop");
-    let deadline = Instant::now() + BOUND;
-    while cgroup.exists() {
-        assert!(
-            Instant::now() < deadline,
-            "the server's cgroup is not removed"
-        );
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    eventually(
+        format_args!("the second helper after stop (pid {second}) to exit"),
+        BOUND,
+        || !alive(second),
+    );
+    eventually("the server's cgroup to be removed", BOUND, || {
+        !cgroup.exists()
+    });
     let subtree = cgroup.parent().expect("subtree").to_owned();
     assert!(d.stop(Signal::TERM).success());
     assert!(
@@ -160,13 +140,15 @@ fn a_server_that_daemonizes_a_child_and_exits_ends_only_when_the_child_is_gone()
     // The main process exited 0 at once: that is the reason, and its
     // daemonized child was killed before the retry.
     d.wait_for("connection failed: process exited with status 0");
-    wait_gone(helper_pid, "the daemonized helper");
+    eventually(
+        format_args!("the daemonized helper (pid {helper_pid}) to exit"),
+        BOUND,
+        || !alive(helper_pid),
+    );
     // each retry starts only once the last one's cgroup is empty: never two
     // helpers alive at once
     let mut seen = vec![helper_pid];
-    let deadline = Instant::now() + BOUND;
-    while seen.len() < 3 {
-        assert!(Instant::now() < deadline, "no more retries");
+    eventually("two more retries' helpers", BOUND, || {
         if let Some(pid) = std::fs::read_to_string(&helper)
             .ok()
             .and_then(|s| s.trim().parse::<u32>().ok())
@@ -177,11 +159,15 @@ fn a_server_that_daemonizes_a_child_and_exits_ends_only_when_the_child_is_gone()
             }
             seen.push(pid);
         }
-        std::thread::sleep(Duration::from_millis(5));
-    }
+        seen.len() >= 3
+    });
     assert!(d.stop(Signal::TERM).success());
     for pid in seen {
-        wait_gone(pid, "a helper after the daemon stopped");
+        eventually(
+            format_args!("a helper after the daemon stopped (pid {pid}) to exit"),
+            BOUND,
+            || !alive(pid),
+        );
     }
 }
 
@@ -221,17 +207,29 @@ fn a_killed_daemons_leftovers_are_killed_by_the_next_and_never_anothers() {
     std::fs::remove_file(&my_helper).expect("rm");
     let mut again = daemon(units.path(), mine.path());
     again.wait_for("killed 1 leftover process of server same");
-    wait_gone(orphan, "the leftover helper");
+    eventually(
+        format_args!("the leftover helper (pid {orphan}) to exit"),
+        BOUND,
+        || !alive(orphan),
+    );
     again.wait_until("my server running again", |d| {
         d.latest_pid("same").is_some()
     });
     let new = pid_in(&my_helper);
     assert!(alive(theirs_pid), "the other daemon's server was touched");
     assert!(again.stop(Signal::TERM).success());
-    wait_gone(new, "my new helper");
+    eventually(
+        format_args!("my new helper (pid {new}) to exit"),
+        BOUND,
+        || !alive(new),
+    );
     assert!(alive(theirs_pid), "the other daemon's server was touched");
     assert!(other.stop(Signal::TERM).success());
-    wait_gone(theirs_pid, "their helper");
+    eventually(
+        format_args!("their helper (pid {theirs_pid}) to exit"),
+        BOUND,
+        || !alive(theirs_pid),
+    );
 }
 
 #[test]
@@ -289,7 +287,11 @@ fn without_a_writable_cgroup_hierarchy_servers_run_in_process_groups_and_it_says
     assert!(!shown.contains("Tasks:"), "{shown}");
     let main = d.latest_pid("plain").expect("pid");
     assert!(d.stop(Signal::TERM).success());
-    wait_gone(main, "the server");
+    eventually(
+        format_args!("the server (pid {main}) to exit"),
+        BOUND,
+        || !alive(main),
+    );
 }
 
 #[test]
@@ -390,8 +392,8 @@ fn status_shows_what_the_servers_processes_use_as_proc_counts_it() {
     let main = d.latest_pid("pair").expect("pid");
     let _ = pid_in(&helper);
     let cgroup = cgroup_of(main);
-    let deadline = Instant::now() + BOUND;
-    loop {
+    let mut last = String::new();
+    let agreed = holds_within(BOUND, || {
         let out = mcpctl_user(dirs.runtime.path(), &["--json", "status", "pair"]);
         let json: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
         let (threads, rss) = from_proc(&cgroup);
@@ -414,13 +416,17 @@ fn status_shows_what_the_servers_processes_use_as_proc_counts_it() {
                 format!("cgroup {}", cgroup.display()),
                 "{shown}"
             );
-            break;
+            return true;
         }
-        assert!(
-            Instant::now() < deadline,
+        last = format!(
             "status says {tasks:?} tasks and {memory} bytes, /proc {threads} threads and {rss} bytes"
         );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+        false
+    });
+    assert!(
+        agreed,
+        "{}: {last}",
+        timed_out("status and /proc to agree", BOUND)
+    );
     assert!(d.stop(Signal::TERM).success());
 }

@@ -9,8 +9,8 @@ use std::time::Duration;
 use rustix::process::Signal;
 use serde_json::{Value, json};
 
-use crate::helper::{Daemon, mcpctl_user};
-use crate::sessions::Raw;
+use crate::daemon::session::Raw;
+use crate::helper::{BOUND, Daemon, eventually_async, mcpctl_user};
 
 /// The `_meta` of a modern request: version 2026-07-28, `caps`, and a log
 /// level if `level` is one.
@@ -664,6 +664,7 @@ fn a_list_whose_ttl_passed_is_read_again_on_the_next_request_at_most_once_per_tt
                 list(&mut host, 3, "tools/list").await["result"]["tools"][0]["name"].clone(),
                 list(&mut host, 4, "resources/list").await["result"]["resources"][0]["uri"].clone(),
             ];
+            // (scenario: the TTL passes)
             tokio::time::sleep(Duration::from_millis(1600)).await;
             let mut changed = std::collections::BTreeSet::new();
             host.send(&line(
@@ -780,18 +781,20 @@ fn a_task_on_a_2026_07_28_server_is_its_hosts_alone_and_ends_with_it() {
             let (refused, _) = until_answer(&mut b, &json!(1)).await;
             assert_eq!(refused["error"]["code"], -32602, "{refused}");
             // A polls it to its end under its own id.
-            let mut n = 2;
-            let done = loop {
+            let (mut n, mut done) = (2, Value::Null);
+            eventually_async("A's task to complete", BOUND, async || {
                 a.send(&about_task(n, "tasks/get", &mine)).await;
                 let (got, _) = until_answer(&mut a, &json!(n)).await;
+                n += 1;
                 assert_eq!(got["result"]["taskId"], json!(mine), "{got}");
                 if got["result"]["status"] == "completed" {
-                    break got;
+                    done = got;
+                    return true;
                 }
                 assert_eq!(got["result"]["status"], "working", "{got}");
-                n += 1;
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            };
+                false
+            })
+            .await;
             assert_eq!(
                 done["result"]["result"]["content"][0]["text"], "done later",
                 "{done}"

@@ -15,7 +15,7 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use crate::helper::fixture_path;
-use crate::helper::{alive, ms};
+use crate::helper::{alive, eventually_async, ms, timed_out, within};
 
 /// Bound for every wait: generous, so a loaded CI machine does not flake.
 const BOUND: Duration = Duration::from_secs(30);
@@ -73,24 +73,27 @@ fn spawn_on(host: Host, name: &str, spec: UnitSpec) -> Running {
 impl Running {
     /// Waits until the status satisfies `pred`, failing with the last status.
     async fn until(&mut self, what: &str, pred: impl Fn(&Status) -> bool) -> Status {
-        let waited = tokio::time::timeout(BOUND, async {
+        // woken by each change of the status, not polled
+        let rx = &mut self.rx;
+        let waited = within(BOUND, async {
             loop {
                 {
-                    let status = self.rx.borrow_and_update();
+                    let status = rx.borrow_and_update();
                     if pred(&status) {
                         return status.clone();
                     }
                 }
-                if self.rx.changed().await.is_err() {
-                    return self.rx.borrow().clone();
+                if rx.changed().await.is_err() {
+                    return rx.borrow().clone();
                 }
             }
         })
         .await;
         match waited {
-            Ok(status) if pred(&status) => status,
+            Some(status) if pred(&status) => status,
             _ => panic!(
-                "timed out waiting for {what}; last status: {:#?}",
+                "{}; last status: {:#?}",
+                timed_out(what, BOUND),
                 self.sup.status()
             ),
         }
@@ -130,21 +133,18 @@ impl Running {
     }
 
     async fn shutdown(self) {
-        tokio::time::timeout(BOUND, self.sup.shutdown(self.task))
+        within(BOUND, self.sup.shutdown(self.task))
             .await
-            .expect("shutdown within bound");
+            .unwrap_or_else(|| panic!("{}", timed_out("shutdown", BOUND)));
     }
 }
 
 /// Waits (bounded) until `pid` is gone.
 async fn gone(pid: u32) {
-    let waited = tokio::time::timeout(BOUND, async {
-        while alive(pid) {
-            tokio::time::sleep(ms(10)).await;
-        }
+    eventually_async(format_args!("process {pid} to go"), BOUND, async || {
+        !alive(pid)
     })
     .await;
-    assert!(waited.is_ok(), "process {pid} is still alive");
 }
 
 fn lines(path: &Path) -> Vec<String> {
@@ -611,17 +611,12 @@ async fn stderr_lines_are_kept_for_status() {
     r.running(1).await;
     r.text("log", serde_json::json!({"text": "a line for the ring"}))
         .await;
-    let waited = tokio::time::timeout(BOUND, async {
-        loop {
-            let tail = r.sup.logs().tail(10);
-            if tail.iter().any(|l| l.ends_with("a line for the ring")) {
-                return tail;
-            }
-            tokio::time::sleep(ms(10)).await;
-        }
+    let mut waited = Vec::new();
+    eventually_async("the log line in the ring", BOUND, async || {
+        waited = r.sup.logs().tail(10);
+        waited.iter().any(|l| l.ends_with("a line for the ring"))
     })
-    .await
-    .expect("log line arrives");
+    .await;
     assert!(
         waited.iter().any(|l| l.ends_with("chatter line 3")),
         "{waited:?}"
@@ -793,7 +788,7 @@ async fn a_dead_http_server_is_noticed_on_the_next_call_and_reconnected() {
     // machine a late list read could, and the call would find the
     // connection already lost).
     let mut lists = r.sup.subscribe_lists();
-    tokio::time::timeout(BOUND, async {
+    within(BOUND, async {
         while [ListKind::Resources, ListKind::Templates]
             .into_iter()
             .any(|kind| r.sup.list(kind).is_none())
@@ -802,7 +797,7 @@ async fn a_dead_http_server_is_noticed_on_the_next_call_and_reconnected() {
         }
     })
     .await
-    .expect("the resource lists read in time");
+    .unwrap_or_else(|| panic!("{}", timed_out("the resource lists read", BOUND)));
     let _ = server.kill().await;
     let _ = server.wait().await;
     let err = r
@@ -920,13 +915,12 @@ async fn freeze_until_lost(r: &mut Running, pid: u32, probe: &str) -> Status {
 /// Waits until the server's sessions say it speaks `version` (they learn
 /// it just after the generation is published as running).
 async fn speaks(r: &Running, version: &str) {
-    tokio::time::timeout(BOUND, async {
-        while r.sup.protocol_version() != version {
-            tokio::time::sleep(ms(5)).await;
-        }
-    })
-    .await
-    .unwrap_or_else(|_| panic!("never spoke {version}: {}", r.sup.protocol_version()));
+    eventually_async(
+        format_args!("the server to speak {version}"),
+        BOUND,
+        async || r.sup.protocol_version() == version,
+    )
+    .await;
 }
 
 /// The fixture as unit `name` spoken to in `version` (`protocol` pinned),
@@ -958,7 +952,7 @@ async fn probed_fixture(
 /// A server spoken to in `version`, SIGSTOPped, is noticed by its probes
 /// (each a `probe` request) after `interval` + `failures` x `timeout` of
 /// silence (the bound itself is the machine's, tested in
-/// tests/machine.rs), killed and replaced.
+/// tests/pure/machine.rs), killed and replaced.
 async fn a_stopped_server_is_replaced(name: &str, version: &str, probe: &str) {
     let (mut r, first) = probed_fixture(name, &[], version, health(300, 200, 2)).await;
     let pid = first.main_pid.expect("pid");
@@ -1079,19 +1073,18 @@ async fn a_list_changed_storm_is_read_at_most_every_100ms() {
         let logs = r.sup.logs().clone();
         async move {
             let needle = format!("listed {n}");
-            tokio::time::timeout(BOUND, async {
-                while !logs.tail(usize::MAX).iter().any(|l| l.ends_with(&needle)) {
-                    tokio::time::sleep(ms(5)).await;
-                }
-                std::time::Instant::now()
-            })
-            .await
-            .unwrap_or_else(|_| panic!("the server was never listed {n} times"))
+            eventually_async(
+                format_args!("the server listed {n} times"),
+                BOUND,
+                async || logs.tail(usize::MAX).iter().any(|l| l.ends_with(&needle)),
+            )
+            .await;
+            std::time::Instant::now()
         }
     };
     // reads 2 to 7 are re-syncs, begun at least 100 ms apart however fast
     // the notifications come: 500 ms for 5, seen here through the server's
-    // stderr and a 5 ms poll, so with 100 ms of slack for when each line
+    // stderr and a 10 ms poll, so with 100 ms of slack for when each line
     // is seen (without the spacing, 5 take a few ms)
     let second = listed(2).await;
     let seventh = listed(7).await;

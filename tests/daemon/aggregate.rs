@@ -13,8 +13,8 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 
-use crate::fidelity::everything;
-use crate::helper::{Daemon, mcpctl, root, run};
+use crate::daemon::fidelity::everything;
+use crate::helper::{BOUND, Daemon, eventually, mcpctl, root, run};
 
 /// A host: the Python SDK behind `mcpctl bridge ARGS`, one JSON command
 /// and one JSON answer per line.
@@ -411,11 +411,7 @@ fn verify_warns_of_names_over_64_characters_an_aggregate_would_make_and_still_pa
 
     let cache = state.path().join("cache/a.json");
     let daemon = Daemon::user_no_bus(dir.path(), &[("MCPD_STATE_DIR", state.path().as_os_str())]);
-    let deadline = std::time::Instant::now() + Duration::from_secs(30);
-    while !cache.exists() {
-        assert!(std::time::Instant::now() < deadline, "no cache in 30 s");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    eventually("the aggregate's cache", BOUND, || cache.exists());
     drop(daemon);
     let after = verify();
     assert!(

@@ -12,9 +12,9 @@ use std::time::{Duration, Instant};
 use rustix::process::Signal;
 use serde_json::{Value, json};
 
-use crate::helper::{Daemon, alive, cgroup_of, root};
-
-const BOUND: Duration = Duration::from_secs(30);
+use crate::helper::{
+    BOUND, Daemon, alive, cgroup_of, eventually, holds_within, root, timed_out, within,
+};
 
 /// A host: the Python SDK behind `mcpctl bridge NAME`.
 struct Host {
@@ -94,25 +94,26 @@ impl Host {
 
     /// The fixture's next `whoami` that is answered (bounded).
     fn next_whoami(&mut self) -> Value {
-        let deadline = Instant::now() + BOUND;
-        loop {
-            let answer = self.call("whoami", json!({}));
-            if let Ok(who) = serde_json::from_str::<Value>(answer["text"].as_str().unwrap_or("")) {
-                return who;
-            }
-            assert!(Instant::now() < deadline, "no server answers: {answer}");
-            std::thread::sleep(Duration::from_millis(50));
-        }
+        let (mut answer, mut who) = (Value::Null, None);
+        let answered = holds_within(BOUND, || {
+            answer = self.call("whoami", json!({}));
+            who = serde_json::from_str::<Value>(answer["text"].as_str().unwrap_or("")).ok();
+            who.is_some()
+        });
+        assert!(
+            answered,
+            "{}; last: {answer}",
+            timed_out("a server to answer whoami", BOUND)
+        );
+        who.expect("answered")
     }
 
     /// The host leaves: end of its input, and it exits (closing its bridge).
     fn leave(mut self) {
         drop(self.stdin.take());
-        let deadline = Instant::now() + BOUND;
-        while self.child.try_wait().expect("wait").is_none() {
-            assert!(Instant::now() < deadline, "the host did not exit");
-            std::thread::sleep(Duration::from_millis(10));
-        }
+        eventually("the host to exit", BOUND, || {
+            self.child.try_wait().expect("wait").is_some()
+        });
     }
 }
 
@@ -176,15 +177,6 @@ fn daemon(units: &Path) -> (Daemon, PathBuf) {
     let d = Daemon::user_no_bus(units, &[]);
     let runtime = d.runtime_dir().expect("runtime").to_owned();
     (d, runtime)
-}
-
-/// Waits (bounded) until `done`.
-fn until(what: &str, done: impl Fn() -> bool) {
-    let deadline = Instant::now() + BOUND;
-    while !done() {
-        assert!(Instant::now() < deadline, "never: {what}");
-        std::thread::sleep(Duration::from_millis(20));
-    }
 }
 
 /// SIGKILL to `pid`.
@@ -263,8 +255,8 @@ fn a_host_that_leaves_takes_its_instance_along_and_only_its_own() {
     let left = Instant::now();
     a.leave();
     // stop-timeout (1 s) + 1 s.
-    until("a's server is gone", || !alive(pa));
-    until("a's cgroup is gone", || !cgroup.exists());
+    eventually("a's server is gone", BOUND, || !alive(pa));
+    eventually("a's cgroup is gone", BOUND, || !cgroup.exists());
     assert!(
         left.elapsed() < Duration::from_secs(2) + Duration::from_millis(500),
         "{:?}",
@@ -273,7 +265,7 @@ fn a_host_that_leaves_takes_its_instance_along_and_only_its_own() {
     assert!(alive(pb));
     assert_eq!(b.server_pid(), pb, "the other host's instance is untouched");
     b.leave();
-    until("b's server is gone", || !alive(pb));
+    eventually("b's server is gone", BOUND, || !alive(pb));
     d.wait_for("instance mine@2");
     assert!(d.stop(Signal::TERM).success());
 }
@@ -288,7 +280,7 @@ fn a_crashed_instance_restarts_for_its_host_alone() {
         b: (mut b, pb),
     } = Two::start("sessions \"per-host\"\n");
     kill(pa);
-    until("a's server is gone", || !alive(pa));
+    eventually("a's server is gone", BOUND, || !alive(pa));
     // After the backoff, a's next call is answered by a new server.
     let again = a.next_server_pid();
     assert_ne!(again, pa);
@@ -350,7 +342,7 @@ fn one_host_over_max_instances_is_refused_naming_the_limit() {
     assert_eq!(b.server_pid(), pb);
     // A place freed is a place taken.
     a.leave();
-    until("a's server is gone", || !alive(pa));
+    eventually("a's server is gone", BOUND, || !alive(pa));
     c.leave();
     let mut e = Host::start(&runtime, "mine", &[]);
     e.init();
@@ -402,16 +394,14 @@ fn each_host_of_a_per_host_filesystem_server_sees_its_own_roots() {
     // changed; until it has, it may still list none.
     let allowed = |h: &mut Host, want: &Path| {
         let want = want.canonicalize().expect("path").display().to_string();
-        let deadline = Instant::now() + BOUND;
-        loop {
-            let answer = h.call("list_allowed_directories", json!({}));
-            let text = answer["text"].as_str().unwrap_or_default().to_owned();
-            if text.contains(&want) {
-                return text;
-            }
-            assert!(Instant::now() < deadline, "never allowed {want}: {answer}");
-            std::thread::sleep(Duration::from_millis(50));
-        }
+        let mut answer = Value::Null;
+        let allowed = holds_within(BOUND, || {
+            answer = h.call("list_allowed_directories", json!({}));
+            answer["text"].as_str().unwrap_or_default().contains(&want)
+        });
+        let what = format!("the server to allow {want}");
+        assert!(allowed, "{}; last: {answer}", timed_out(what, BOUND));
+        answer["text"].as_str().unwrap_or_default().to_owned()
     };
     let seen_a = allowed(&mut a, one.path());
     let seen_b = allowed(&mut b, two.path());
@@ -511,7 +501,7 @@ fn a_hundred_hosts_come_and_go_and_leave_nothing_behind() {
     for _ in 0..5 {
         raw_host(&runtime, "mine");
     }
-    until("the warm-up's instances are gone", || {
+    eventually("the warm-up's instances are gone", BOUND, || {
         instance_cgroups(&unit).is_empty()
     });
     let (fds_before, rss_before) = (fds(daemon_pid), crate::helper::rss_kib(daemon_pid));
@@ -521,10 +511,10 @@ fn a_hundred_hosts_come_and_go_and_leave_nothing_behind() {
     }
     let distinct: std::collections::HashSet<_> = pids.iter().collect();
     assert_eq!(distinct.len(), 100, "each host had a server of its own");
-    until("every instance's cgroup is gone", || {
+    eventually("every instance's cgroup is gone", BOUND, || {
         instance_cgroups(&unit).is_empty()
     });
-    until("every instance's process is gone", || {
+    eventually("every instance's process is gone", BOUND, || {
         pids.iter().all(|p| !alive(*p))
     });
     d.wait_until("the daemon's fds are back", |_| {
@@ -609,7 +599,7 @@ fn status_dbus_stop_and_restart_name_each_instance() {
                 String::from_utf8_lossy(&out.stderr)
             );
             assert!(!alive(pa));
-            tokio::time::timeout(BOUND, async {
+            within(BOUND, async {
                 loop {
                     let change = changes.next().await.expect("a change");
                     if change.get().await.expect("Instances").len() == 1 {
@@ -618,7 +608,7 @@ fn status_dbus_stop_and_restart_name_each_instance() {
                 }
             })
             .await
-            .expect("PropertiesChanged for Instances");
+            .unwrap_or_else(|| panic!("{}", timed_out("PropertiesChanged for Instances", BOUND)));
         });
     let after = a.call("whoami", json!({}));
     assert!(after.get("raised").is_some(), "{after}");
@@ -632,7 +622,7 @@ fn status_dbus_stop_and_restart_name_each_instance() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    until("b's old server is gone", || !alive(pb));
+    eventually("b's old server is gone", BOUND, || !alive(pb));
     let again = b.next_server_pid();
     assert_ne!(again, pb, "the instance restarted for its host");
     let out = ctl(&["status", "mine"]);
@@ -693,7 +683,7 @@ fn hosts_of_mcp_2026_07_28_get_an_instance_each_too() {
     let _ = a.kill();
     let _ = b.kill();
     let _ = (a.wait(), b.wait());
-    until("their servers are gone", || !alive(pa) && !alive(pb));
+    eventually("their servers are gone", BOUND, || !alive(pa) && !alive(pb));
     assert!(d.stop(Signal::TERM).success());
 }
 
@@ -723,7 +713,7 @@ fn a_reload_switches_sessions_and_moves_the_limit_for_the_next_hosts() {
     let diff = reload();
     assert!(diff.contains("mine") && diff.contains("changed"), "{diff}");
     // The shared server is gone; the unit now gives each host its own.
-    until("the shared server is gone", || !alive(shared));
+    eventually("the shared server is gone", BOUND, || !alive(shared));
     let mut a = Host::start(&runtime, "mine", &[]);
     a.init();
     let pa = a.server_pid();
@@ -860,7 +850,7 @@ fn dbus_calls_get_an_instance_per_caller_uid_never_a_hosts() {
     );
     assert_eq!(call(), first, "the same uid, the same instance");
     // Stopped after idle-stop; the next call starts it again.
-    until("the caller's instance idles", || !alive(first));
+    eventually("the caller's instance idles", BOUND, || !alive(first));
     let again = call();
     assert!(again != first && again != pa);
     assert_eq!(a.server_pid(), pa);
@@ -962,7 +952,7 @@ where
     Fut: Future<Output = T>,
 {
     use futures_util::StreamExt;
-    tokio::time::timeout(BOUND, async {
+    within(BOUND, async {
         loop {
             let now = read(changes.next().await.expect(what)).await;
             if done(&now) {
@@ -971,7 +961,7 @@ where
         }
     })
     .await
-    .unwrap_or_else(|_| panic!("no {what}"))
+    .unwrap_or_else(|| panic!("{}", timed_out(what, BOUND)))
 }
 
 #[test]
@@ -995,7 +985,7 @@ fn published_lists_are_the_newest_instances_then_the_cache() {
     a.init();
     let set = a.call("set_tools", json!({"tools": ["alpha"]}));
     assert_eq!(set["error"], false, "{set}");
-    until("a's list is the unit's", || has("alpha"));
+    eventually("a's list is the unit's", BOUND, || has("alpha"));
 
     let socket = runtime.join("mcpd/private");
     let has_name = |names: &[String], name: &str| names.iter().any(|n| n == name);
@@ -1050,11 +1040,11 @@ fn published_lists_are_the_newest_instances_then_the_cache() {
     assert!(has("beta") && !has("alpha"));
     // The newest instance leaves: the newest left is a's.
     b.leave();
-    until("a's list is back", || has("alpha") && !has("beta"));
+    eventually("a's list is back", BOUND, || has("alpha") && !has("beta"));
     // None runs: the cache's, which is a's.
     let pa = a.server_pid();
     a.leave();
-    until("a's server is gone", || !alive(pa));
+    eventually("a's server is gone", BOUND, || !alive(pa));
     assert!(has("alpha"));
     let cache: Value = serde_json::from_slice(
         &std::fs::read(state.path().join("cache/mine.json")).expect("the cache"),
@@ -1249,7 +1239,9 @@ fn a_reload_reaches_running_instances_at_the_units_restart() {
     assert_ne!(a.next_whoami()["cwd"], cwd);
     // `mcpctl restart NAME` restarts every instance, under the new spec.
     ctl(&["restart", "mine"]);
-    until("the old servers are gone", || !alive(pa) && !alive(pb));
+    eventually("the old servers are gone", BOUND, || {
+        !alive(pa) && !alive(pb)
+    });
     for (h, old) in [(&mut a, pa), (&mut b, pb)] {
         let who = h.next_whoami();
         assert_ne!(who["pid"], old, "{who}");
@@ -1276,10 +1268,10 @@ fn an_instance_that_fails_for_good_fails_its_host_alone_with_the_reason() {
     } = Two::on(units);
     // The retry's server crashes too: the budget is spent.
     a.call("crash", json!({"code": 3}));
-    until("a's server is gone", || !alive(pa));
+    eventually("a's server is gone", BOUND, || !alive(pa));
     let again = a.next_server_pid();
     a.call("crash", json!({"code": 3}));
-    until("a's second server is gone", || !alive(again));
+    eventually("a's second server is gone", BOUND, || !alive(again));
     let failed = || {
         let out = crate::helper::mcpctl_user(&runtime, &["--json", "status", "mine"]);
         let json: Value = serde_json::from_slice(&out.stdout).expect("json");
@@ -1289,7 +1281,7 @@ fn an_instance_that_fails_for_good_fails_its_host_alone_with_the_reason() {
             json
         }
     };
-    until("a's instance failed", || {
+    eventually("a's instance failed", BOUND, || {
         failed()["instances"]
             .as_array()
             .is_some_and(|i| i.iter().any(|i| i["state"] == "failed"))
