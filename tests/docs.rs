@@ -506,20 +506,6 @@ fn json_rpc_error_codes_are_named_only_in_mux_error() {
     assert!(offenders.is_empty(), "{}", offenders.join("\n"));
 }
 
-/// Files that still spell MCP method names: TEMPORARY, for the host
-/// sessions' core (issue 48 moved it to `src/mux/session/`; its literals
-/// are next), and each entry goes when its file stops.
-const METHOD_NAMES_ALLOWED: &[&str] = &[
-    "src/mux/session/classify.rs",
-    "src/mux/session/hosts.rs",
-    "src/mux/session/mod.rs",
-    "src/mux/session/modern.rs",
-    "src/mux/session/opening.rs",
-    "src/mux/session/server.rs",
-    "src/mux/session/upstream.rs",
-    "src/supervisor/sessions.rs",
-];
-
 #[test]
 fn mcp_method_names_are_written_in_the_method_table_only() {
     use mcpd::mux::method::Method;
@@ -528,7 +514,6 @@ fn mcp_method_names_are_written_in_the_method_table_only() {
         .map(|m| format!("\"{}\"", m.as_str()))
         .collect();
     let mut offenders = Vec::new();
-    let mut used = std::collections::HashSet::new();
     for (path, text) in sources("src") {
         let file = path
             .strip_prefix(root())
@@ -542,20 +527,9 @@ fn mcp_method_names_are_written_in_the_method_table_only() {
             let Some(name) = quoted.iter().find(|q| line.contains(q.as_str())) else {
                 continue;
             };
-            if METHOD_NAMES_ALLOWED.contains(&file.as_str()) {
-                used.insert(file.clone());
-                continue;
-            }
             offenders.push(format!(
                 "{file}:{n}: {} (spells {name}: use mcpd::mux::method::Method)",
                 line.trim()
-            ));
-        }
-    }
-    for file in METHOD_NAMES_ALLOWED {
-        if !used.contains(*file) {
-            offenders.push(format!(
-                "{file}: allowed to spell MCP method names but does not: drop the exception"
             ));
         }
     }

@@ -36,6 +36,7 @@ use crate::mux::host::{Event, HostLink, HostOut, Reader, Readers, StopReading};
 use crate::mux::ledger::Ledger;
 use crate::mux::lists::{List, ListError, Why};
 use crate::mux::message::Message;
+use crate::mux::method::Method;
 use crate::mux::route::HostId;
 use crate::mux::session::{
     self, Arrival, Core, Facts, Kind, Level, Notice, Out, Publish, Purpose, Tunables, UnitState,
@@ -393,7 +394,7 @@ impl Sessions {
     /// A liveness probe: MCP `ping`, its whole answer. The caller bounds
     /// the wait; dropping it cancels the ping.
     pub(crate) async fn probe(&self) -> Result<Value, String> {
-        self.send_request("ping", json!({}), Purpose::Probe)
+        self.send_request(Method::Ping.as_str(), json!({}), Purpose::Probe)
             .await
             .map(|answer| answer.to_value())
     }

@@ -23,6 +23,7 @@ use serde_json::{Value, json};
 use super::super::era::{self, Era};
 use super::super::error::ErrorCode;
 use super::super::message::{Message, RequestId};
+use super::super::method::Method;
 use super::super::wire::{Frame, MAX_LINE};
 
 /// The revision mcpd asks servers for (the server may answer with an older
@@ -114,32 +115,33 @@ pub fn classify(frame: &Frame, state: HostState) -> Step {
     if let Some(refusal) = invalid(message) {
         return Step::Refuse(refusal);
     }
-    let method = message.method();
+    let name = message.method();
+    let method = name.as_deref().map(|name| (name, Method::parse(name)));
     let id = message.request_id();
     let legacy = state.era == Some(Era::Legacy);
     let modern = state.era == Some(Era::Modern);
-    match (method.as_deref(), id) {
-        (Some("initialize"), Some(id)) if modern => {
+    match (method, id) {
+        (Some((_, Method::Initialize)), Some(id)) if modern => {
             let params = message.params().unwrap_or(Value::Null);
             let asked = params["protocolVersion"].as_str().unwrap_or_default();
             Step::Refuse(era::unsupported(&id.to_value(), asked, &era::MODERN_VERSIONS))
         }
-        (Some("initialize"), Some(id)) if state.initialized => Step::Refuse(
+        (Some((_, Method::Initialize)), Some(id)) if state.initialized => Step::Refuse(
             ErrorCode::InvalidRequest
                 .response(&id.to_value(), "the session is already initialized"),
         ),
-        (Some("initialize"), Some(id)) => Step::Initialize(id),
-        (Some(method), Some(id)) if legacy && (method == "server/discover" || era::claims(message)) => {
+        (Some((_, Method::Initialize)), Some(id)) => Step::Initialize(id),
+        (Some((_, method)), Some(id)) if legacy && (method == Method::ServerDiscover || era::claims(message)) => {
             Step::Refuse(ErrorCode::InvalidRequest.response(
                 &id.to_value(),
                 format!("this session began with initialize (MCP 2025): a request of MCP {} cannot join it; open a new session without initialize", era::MODERN),
             ))
         }
-        (Some("server/discover"), Some(id)) => Step::Discover(id),
-        (Some("ping"), Some(id)) if !state.initialized || modern => Step::Pong(id),
-        (Some(method), Some(id)) if modern || (!legacy && era::claims(message)) => Step::Modern {
+        (Some((_, Method::ServerDiscover)), Some(id)) => Step::Discover(id),
+        (Some((_, Method::Ping)), Some(id)) if !state.initialized || modern => Step::Pong(id),
+        (Some((name, _)), Some(id)) if modern || (!legacy && era::claims(message)) => Step::Modern {
             id,
-            method: method.to_owned(),
+            method: name.to_owned(),
         },
         (Some(_), Some(id)) if !state.initialized => Step::Refuse(
             ErrorCode::InvalidRequest.response(&id.to_value(), format!(
@@ -148,12 +150,12 @@ pub fn classify(frame: &Frame, state: HostState) -> Step {
             )),
         ),
         (Some(_), None) if !state.initialized => Step::Ignore,
-        (Some("tools/list"), Some(id)) => Step::ToolsList(id),
-        (Some(method), Some(id)) => Step::Request {
+        (Some((_, Method::ToolsList)), Some(id)) => Step::ToolsList(id),
+        (Some((name, method)), Some(id)) => Step::Request {
             id,
-            method: known_method(method),
+            method: known_method(name, method),
         },
-        (Some("notifications/cancelled"), None) => Step::Cancelled {
+        (Some((_, Method::Cancelled)), None) => Step::Cancelled {
             request: message
                 .params()
                 .and_then(|p| p.get("requestId").and_then(RequestId::of)),
@@ -162,29 +164,12 @@ pub fn classify(frame: &Frame, state: HostState) -> Step {
     }
 }
 
-/// `method`, as the name of an MCP request borrowed (the most usual),
-/// or copied.
-fn known_method(method: &str) -> std::borrow::Cow<'static, str> {
-    const KNOWN: [&str; 15] = [
-        "tools/call",
-        "resources/read",
-        "prompts/get",
-        "completion/complete",
-        "resources/list",
-        "resources/templates/list",
-        "prompts/list",
-        "resources/subscribe",
-        "resources/unsubscribe",
-        "logging/setLevel",
-        "ping",
-        "tasks/get",
-        "tasks/list",
-        "tasks/cancel",
-        "tasks/result",
-    ];
-    match KNOWN.iter().find(|known| **known == method) {
-        Some(known) => std::borrow::Cow::Borrowed(known),
-        None => std::borrow::Cow::Owned(method.to_owned()),
+/// `name` (parsed: `method`), borrowed from the method table if it is
+/// there (the most usual), else copied.
+fn known_method(name: &str, method: Method) -> std::borrow::Cow<'static, str> {
+    match method {
+        Method::Other => std::borrow::Cow::Owned(name.to_owned()),
+        known => std::borrow::Cow::Borrowed(known.as_str()),
     }
 }
 
@@ -204,7 +189,7 @@ pub fn behind(backlog: (usize, usize)) -> bool {
 /// behind: any but `notifications/cancelled` (the server withdrawing a
 /// request it made of the host, which the host must hear of).
 pub fn may_drop(message: &Message) -> bool {
-    message.method().as_deref() != Some("notifications/cancelled")
+    message.method_kind() != Some(Method::Cancelled)
 }
 
 /// What a host that was behind is told once it caught up: how many
@@ -217,7 +202,7 @@ pub fn dropped_notice(dropped: u64) -> Value {
     };
     json!({
         "jsonrpc": "2.0",
-        "method": "notifications/message",
+        "method": Method::LogMessage.as_str(),
         "params": {
             "level": "warning",
             "logger": "mcpd",
@@ -296,13 +281,13 @@ pub fn initialize_result(init: &Value, params: &Value) -> Value {
 /// was attached) is told instead of its answer: every list it may hold
 /// could have changed.
 pub fn replay_notices(init: &Value) -> Vec<&'static str> {
-    let mut notices = vec!["notifications/tools/list_changed"];
+    let mut notices = vec![Method::ToolsListChanged.as_str()];
     for (capability, method) in [
-        ("resources", "notifications/resources/list_changed"),
-        ("prompts", "notifications/prompts/list_changed"),
+        ("resources", Method::ResourcesListChanged),
+        ("prompts", Method::PromptsListChanged),
     ] {
         if init["capabilities"][capability]["listChanged"] == json!(true) {
-            notices.push(method);
+            notices.push(method.as_str());
         }
     }
     notices
@@ -319,9 +304,17 @@ pub fn list_answer(id: &RequestId, key: &str, list: &str) -> Vec<u8> {
 /// postpones its `idle-stop`): anything but pings and the session's own
 /// settings.
 pub fn counts_as_use(method: &str) -> bool {
+    uses_server(Method::parse(method))
+}
+
+/// [`counts_as_use`], of a method parsed.
+pub(super) fn uses_server(method: Method) -> bool {
     !matches!(
         method,
-        "ping" | "logging/setLevel" | "resources/subscribe" | "resources/unsubscribe"
+        Method::Ping
+            | Method::LoggingSetLevel
+            | Method::ResourcesSubscribe
+            | Method::ResourcesUnsubscribe
     )
 }
 

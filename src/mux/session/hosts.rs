@@ -9,6 +9,7 @@ use serde_json::{Value, json};
 use super::super::era::Era;
 use super::super::error::ErrorCode;
 use super::super::message::{Message, RequestId};
+use super::super::method::Method;
 use super::super::route::{HostId, Level as LogLevel, Out as RouteOut};
 use super::super::wire::{Frame, line};
 use super::classify::{self, HostState, Outcome, Step};
@@ -452,9 +453,10 @@ impl Core {
                 self.answered(host, &id);
                 self.send_bytes(host, bytes);
             }
-            Step::Request { id, method } => {
-                if !self.answer_list(host, &id, &method) {
-                    self.host_request(host, &method, id, message, None);
+            Step::Request { id, method: name } => {
+                let method = Method::parse(&name);
+                if !self.answer_list(host, &id, method) {
+                    self.host_request(host, (&name, method), id, message, None);
                 }
             }
             Step::Cancelled { request } => {
@@ -502,7 +504,7 @@ impl Core {
     pub(super) fn host_request(
         &mut self,
         host: HostId,
-        name: &str,
+        (name, method): (&str, Method),
         id: RequestId,
         message: Message,
         level: Option<LogLevel>,
@@ -538,7 +540,7 @@ impl Core {
             self.send_bytes(host, line(&refusal));
             return;
         }
-        if name == "tools/call" {
+        if method == Method::ToolsCall {
             let tool = classify::tool_name(&message);
             if let Some(why) = self.settings.filter.why_not(&tool) {
                 let text = classify::filtered(&self.name, &tool, &why);
@@ -554,7 +556,7 @@ impl Core {
             };
             h.calls.insert(id.clone(), Call { tool, started });
         }
-        if classify::counts_as_use(name) {
+        if classify::uses_server(method) {
             self.used = self.now;
         }
         let mut message = message;

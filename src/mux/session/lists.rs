@@ -16,6 +16,7 @@ use super::super::era::{CacheHint, Fresh};
 use super::super::error::ErrorCode;
 use super::super::lists::{List, ListError, ListRead, Next};
 use super::super::message::{Message, RequestId};
+use super::super::method::Method;
 use super::super::route::HostId;
 use super::classify;
 use super::{Core, Level, Notice, Out, Publish, Waiter};
@@ -173,7 +174,7 @@ impl Core {
             None => notify,
         };
         if changed {
-            self.broadcast(kind.changed());
+            self.broadcast(kind.notification());
         }
         if dirty {
             self.read_list(kind, true);
@@ -214,8 +215,8 @@ impl Core {
     /// Answers a host's list request from the cache, if the list is kept
     /// (or, while an on-demand server does not run, with the error it
     /// would give if it does not offer the list: listing never starts it).
-    pub(super) fn answer_list(&mut self, host: HostId, id: &RequestId, method: &str) -> bool {
-        let Some(kind) = List::KEPT.into_iter().find(|k| k.method() == method) else {
+    pub(super) fn answer_list(&mut self, host: HostId, id: &RequestId, method: Method) -> bool {
+        let Some(kind) = method.list().filter(|k| List::KEPT.contains(k)) else {
             return false;
         };
         let fresh = self.list_asked(kind);

@@ -54,6 +54,7 @@ use super::era;
 use super::error::ErrorCode;
 use super::lists::List;
 use super::message::{Message, RequestId};
+use super::method::Method;
 use super::route::{HostId, Router};
 use super::wire::Frame;
 use crate::unit::ToolFilter;
@@ -574,7 +575,7 @@ impl Core {
         let serial = self.facts.tools_serial;
         if serial != self.serial {
             self.serial = serial;
-            self.broadcast("notifications/tools/list_changed");
+            self.broadcast(Method::ToolsListChanged);
         }
         let modern = self.modern_upstream();
         self.router.logs_by_request(modern);
@@ -594,7 +595,7 @@ impl Core {
                 self.read_list(kind, false);
             } else if self.set_list(kind, None).is_some_and(|old| &*old != "[]") {
                 // This generation offers it no more.
-                self.broadcast(kind.changed());
+                self.broadcast(kind.notification());
             }
         }
         self.reading_for = Some(generation);
@@ -791,7 +792,7 @@ impl Core {
             return;
         }
         if self.upstream.is_some() {
-            let notice = json!({"jsonrpc": "2.0", "method": "notifications/roots/list_changed"});
+            let notice = json!({"jsonrpc": "2.0", "method": Method::RootsListChanged.as_str()});
             self.out(Out::Server(notice.into()));
         }
     }
@@ -816,7 +817,7 @@ impl Core {
         self.update_hold();
         if serial != self.serial {
             self.serial = serial;
-            self.broadcast("notifications/tools/list_changed");
+            self.broadcast(Method::ToolsListChanged);
         }
         if matches!(state, UnitState::Failed | UnitState::Stopped) {
             // Withdrawn with the tools.
@@ -824,7 +825,7 @@ impl Core {
                 self.caches[kind.index()] = Cache::default();
                 let old = self.set_list(kind, None);
                 if old.is_some_and(|l| &*l != "[]") {
-                    self.broadcast(kind.changed());
+                    self.broadcast(kind.notification());
                 }
             }
         }
@@ -844,7 +845,8 @@ impl Core {
 
     /// Sends notification `method` to every initialized host (a modern
     /// host: on each of its listen streams that opted in to it).
-    fn broadcast(&mut self, method: &str) {
+    fn broadcast(&mut self, method: Method) {
+        let method = method.as_str();
         let bytes = super::wire::line(&json!({"jsonrpc": "2.0", "method": method}));
         let mut ready: Vec<(HostId, bool)> = self
             .hosts

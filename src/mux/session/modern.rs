@@ -23,6 +23,7 @@ use super::super::era::{self, Filter, Inputs, Listens, Parked, RequestMeta, Sett
 use super::super::error::ErrorCode;
 use super::super::lists::List;
 use super::super::message::{Message, RequestId};
+use super::super::method::Method;
 use super::super::route::HostId;
 use super::super::wire::line;
 use super::classify::Outcome;
@@ -168,19 +169,23 @@ impl Core {
             }
         };
         self.become_modern(host);
-        match method.as_str() {
-            "ping" => {
+        let kind = Method::parse(&method);
+        match kind {
+            Method::Ping => {
                 self.send(
                     host,
                     json!({"jsonrpc": "2.0", "id": id.to_value(), "result": {}}),
                 );
                 return;
             }
-            "subscriptions/listen" => {
+            Method::SubscriptionsListen => {
                 self.listen(host, id, &message);
                 return;
             }
-            "initialize" | "logging/setLevel" | "resources/subscribe" | "resources/unsubscribe" => {
+            Method::Initialize
+            | Method::LoggingSetLevel
+            | Method::ResourcesSubscribe
+            | Method::ResourcesUnsubscribe => {
                 let why = format!("{method} is not a method of MCP {}", era::MODERN);
                 self.send(
                     host,
@@ -207,7 +212,7 @@ impl Core {
             // A server of MCP 2026-07-28 gets the host's own _meta.
             era::strip_reserved(&mut message);
         }
-        if method == "tools/list" {
+        if kind == Method::ToolsList {
             let info = self.server_info();
             let fresh = self.tools_asked();
             let bytes = era::list_answer(&id, "tools", &self.facts.tools, &info, fresh);
@@ -228,8 +233,8 @@ impl Core {
                 },
             );
         }
-        if !self.answer_list(host, &id, &method) {
-            self.host_request(host, &method, id, message, level);
+        if !self.answer_list(host, &id, kind) {
+            self.host_request(host, (&method, kind), id, message, level);
         }
     }
 
@@ -270,7 +275,7 @@ impl Core {
                 }
                 None
             }
-            Some(method) if method == "notifications/cancelled" => {
+            Some(method) if Method::parse(&method) == Method::Cancelled => {
                 // The server withdraws a request it made: the host was
                 // shown it in an `input_required` result at most, and its
                 // retry's answer to it is dropped.

@@ -9,6 +9,7 @@ use serde_json::{Value, json};
 
 use super::super::error::ErrorCode;
 use super::super::message::{Message, RequestId};
+use super::super::method::Method;
 use super::super::route::{Caps, HostId};
 use super::classify;
 use super::{Core, Notice, Out, Publish, UnitState, upstream};
@@ -130,8 +131,7 @@ impl Core {
             && h.swallow.is_none()
         {
             // The bridge keeps it, to replay if mcpd restarts.
-            let initialize =
-                json!({"jsonrpc": "2.0", "id": id, "method": "initialize", "params": params});
+            let initialize = json!({"jsonrpc": "2.0", "id": id, "method": Method::Initialize.as_str(), "params": params});
             self.out(Out::Remember { host, initialize });
         }
         self.send(host, json!({"jsonrpc": "2.0", "id": id, "result": result}));

@@ -9,6 +9,7 @@ use serde_json::json;
 
 use super::super::lists::List;
 use super::super::message::Message;
+use super::super::method::Method;
 use super::super::route::{HostId, Out as RouteOut};
 use super::upstream::roots_result;
 use super::{Core, Out, Purpose, Waiter};
@@ -23,45 +24,42 @@ impl Core {
     }
 
     fn on_server(&mut self, message: Message) {
-        let name = message.method();
-        let method = name.as_deref();
+        let method = message.method_kind();
         let has_id = message.raw("id").is_some_and(|id| id != "null");
         if method.is_some() {
             self.out(Out::Heard(self.now));
         }
         match method {
             // mcpd's listen stream opened (a server of MCP 2026-07-28).
-            Some("notifications/subscriptions/acknowledged") if !has_id => return,
-            Some("notifications/tools/list_changed") if !has_id => {
+            Some(Method::SubscriptionsAcknowledged) if !has_id => return,
+            Some(Method::ToolsListChanged) if !has_id => {
                 self.tools_changed();
                 return;
             }
-            Some(
-                changed @ ("notifications/resources/list_changed"
-                | "notifications/prompts/list_changed"),
-            ) if !has_id => {
+            Some(changed @ (Method::ResourcesListChanged | Method::PromptsListChanged))
+                if !has_id =>
+            {
                 // Read again first; hosts hear of it if the list differs.
                 let kinds: Vec<List> = List::KEPT
                     .into_iter()
-                    .filter(|k| k.changed() == changed)
+                    .filter(|k| k.notification() == changed)
                     .collect();
                 for kind in kinds {
                     self.read_list(kind, true);
                 }
                 return;
             }
-            Some("roots/list") if has_id && !self.settings.roots.is_empty() => {
+            Some(Method::RootsList) if has_id && !self.settings.roots.is_empty() => {
                 let answer = json!({"jsonrpc": "2.0", "id": message.id(), "result": roots_result(&self.settings.roots)});
                 if self.upstream.is_some() {
                     self.out(Out::Server(answer.into()));
                 }
                 return;
             }
-            Some("notifications/message") => self.out(Out::ServerLog(message.clone())),
+            Some(Method::LogMessage) => self.out(Out::ServerLog(message.clone())),
             _ => {}
         }
         let answer = method.is_none();
-        drop(name);
         let outs = self.router.from_server(message);
         if answer {
             // The server answered a host: a use (mcpd's own answers to

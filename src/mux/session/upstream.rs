@@ -24,6 +24,7 @@ use serde_json::{Map, Value, json};
 use super::super::era;
 use super::super::error::ErrorCode;
 use super::super::message::{Message, RequestId};
+use super::super::method::Method;
 use super::super::route::{Caps, HostId, Level};
 use super::super::wire::line;
 use super::{Core, Out};
@@ -207,17 +208,19 @@ impl Core {
         let (Some(method), Some(id)) = (method, id) else {
             // Notifications and answers pass (there is no
             // roots/list_changed any more).
-            let gone = message.method().as_deref() == Some("notifications/roots/list_changed");
+            let gone = message.method_kind() == Some(Method::RootsListChanged);
             return (!gone).then_some(message);
         };
-        match method.as_str() {
-            "resources/subscribe" | "resources/unsubscribe" | "logging/setLevel" => {
-                if method != "logging/setLevel"
+        match Method::parse(&method) {
+            kind @ (Method::ResourcesSubscribe
+            | Method::ResourcesUnsubscribe
+            | Method::LoggingSetLevel) => {
+                if kind != Method::LoggingSetLevel
                     && let Some(uri) = message
                         .params()
                         .and_then(|p| p.get("uri").and_then(Value::as_str).map(str::to_owned))
                 {
-                    let changed = if method == "resources/subscribe" {
+                    let changed = if kind == Method::ResourcesSubscribe {
                         self.listened.insert(uri)
                     } else {
                         self.listened.remove(&uri)
@@ -232,8 +235,8 @@ impl Core {
                 self.deliver(outs, None);
                 None
             }
-            "ping" => {
-                message.set_json("method", "\"server/discover\"".into());
+            Method::Ping => {
+                message.set("method", &Method::ServerDiscover.as_str());
                 message.set("params", &with_mcpd_meta(json!({})));
                 Some(message)
             }
@@ -266,7 +269,7 @@ impl Core {
         }
         if let Some(old) = self.listen.take() {
             self.out(Out::Server(
-                json!({"jsonrpc": "2.0", "method": "notifications/cancelled",
+                json!({"jsonrpc": "2.0", "method": Method::Cancelled.as_str(),
                        "params": {"requestId": old, "reason": "listening anew"}})
                 .into(),
             ));
@@ -285,7 +288,7 @@ impl Core {
         if offers("resources", "subscribe") && !self.listened.is_empty() {
             filter["resourceSubscriptions"] = json!(self.listened.iter().collect::<Vec<_>>());
         }
-        let request = json!({"jsonrpc": "2.0", "id": id, "method": "subscriptions/listen",
+        let request = json!({"jsonrpc": "2.0", "id": id, "method": Method::SubscriptionsListen.as_str(),
             "params": with_mcpd_meta(json!({"notifications": filter}))});
         self.out(Out::Server(request.into()));
         self.listen = Some(id);
