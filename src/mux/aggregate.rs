@@ -500,7 +500,7 @@ impl Aggregate {
             Method::Ping => vec![Out::Host(answer(&id, json!({})))],
             Method::SubscriptionsListen => self.listen(id, params),
             _ => {
-                if let Some(list) = method.list() {
+                if let Some(list) = List::of(method) {
                     let mut params = params;
                     if let Some(Value::Object(p)) = &mut params {
                         p.remove("cursor");

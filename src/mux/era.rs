@@ -455,7 +455,7 @@ fn complete_parsed(message: &mut Message, info: &str, cacheable: bool) {
 /// Whether a request's answer carries caching hints (a list, a read).
 pub fn cacheable(method: &str) -> bool {
     let method = Method::parse(method);
-    method.list().is_some() || method == Method::ResourcesRead
+    method.is_list() || method == Method::ResourcesRead
 }
 
 /// The answer to modern list request `id` from a kept list (as

@@ -50,7 +50,19 @@ impl List {
     /// machine's), in the order their serials and caches are indexed.
     pub const KEPT: [List; 3] = [List::Resources, List::Templates, List::Prompts];
 
-    /// The request that reads it (its inverse: [`Method::list`]).
+    /// The list request `method` reads, if it reads one (the inverse of
+    /// [`List::request`]).
+    pub const fn of(method: Method) -> Option<List> {
+        match method {
+            Method::ToolsList => Some(List::Tools),
+            Method::ResourcesList => Some(List::Resources),
+            Method::ResourcesTemplatesList => Some(List::Templates),
+            Method::PromptsList => Some(List::Prompts),
+            _ => None,
+        }
+    }
+
+    /// The request that reads it.
     pub const fn request(self) -> Method {
         match self {
             List::Tools => Method::ToolsList,

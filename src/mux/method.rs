@@ -20,8 +20,6 @@
 
 use std::fmt;
 
-use super::lists::List;
-
 /// An MCP method, as mcpd knows it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Method {
@@ -36,7 +34,7 @@ pub enum Method {
     /// server's itself; it pings a handshake server to probe it.
     Ping,
     /// `tools/list` (both eras): answered from the tools mcpd keeps; read
-    /// by mcpd page by page ([`List::Tools`]); merged by the aggregate.
+    /// by mcpd page by page (`List::Tools`); merged by the aggregate.
     ToolsList,
     /// `tools/call` (both eras): passed to the server with the host's id
     /// and progress token rewritten; counted per unit; routed by the
@@ -44,10 +42,10 @@ pub enum Method {
     /// to a modern host. D-Bus `CallTool` sends one.
     ToolsCall,
     /// `resources/list` (both eras): kept and answered like the tools
-    /// ([`List::Resources`]).
+    /// (`List::Resources`).
     ResourcesList,
     /// `resources/templates/list` (both eras): kept and answered like the
-    /// tools ([`List::Templates`]).
+    /// tools (`List::Templates`).
     ResourcesTemplatesList,
     /// `resources/read` (both eras): passed on; routed by URI in the
     /// aggregate; may be answered `input_required`; its answer carries
@@ -61,7 +59,7 @@ pub enum Method {
     /// the server when the last host let go of the URI.
     ResourcesUnsubscribe,
     /// `prompts/list` (both eras): kept and answered like the tools
-    /// ([`List::Prompts`]).
+    /// (`List::Prompts`).
     PromptsList,
     /// `prompts/get` (both eras): passed on; routed by the prompt's prefix
     /// in the aggregate; may be answered `input_required`. D-Bus
@@ -263,15 +261,16 @@ impl Method {
         }
     }
 
-    /// The list this request reads, for the four paginated lists.
-    pub const fn list(self) -> Option<List> {
-        match self {
-            Method::ToolsList => Some(List::Tools),
-            Method::ResourcesList => Some(List::Resources),
-            Method::ResourcesTemplatesList => Some(List::Templates),
-            Method::PromptsList => Some(List::Prompts),
-            _ => None,
-        }
+    /// Whether this request reads one of the four paginated lists
+    /// (`mux::lists::List::of` says which).
+    pub const fn is_list(self) -> bool {
+        matches!(
+            self,
+            Method::ToolsList
+                | Method::ResourcesList
+                | Method::ResourcesTemplatesList
+                | Method::PromptsList
+        )
     }
 
     /// The client capability a server→client request needs (as `-32021`'s
@@ -330,9 +329,12 @@ mod tests {
 
     #[test]
     fn the_lists_name_their_requests() {
+        use crate::mux::lists::List;
         for list in [List::Tools, List::Resources, List::Templates, List::Prompts] {
-            assert_eq!(list.request().list(), Some(list));
+            assert!(list.request().is_list());
+            assert_eq!(List::of(list.request()), Some(list));
         }
-        assert_eq!(Method::ToolsCall.list(), None);
+        assert!(!Method::ToolsCall.is_list());
+        assert_eq!(List::of(Method::ToolsCall), None);
     }
 }

@@ -216,7 +216,7 @@ impl Core {
     /// (or, while an on-demand server does not run, with the error it
     /// would give if it does not offer the list: listing never starts it).
     pub(super) fn answer_list(&mut self, host: HostId, id: &RequestId, method: Method) -> bool {
-        let Some(kind) = method.list().filter(|k| List::KEPT.contains(k)) else {
+        let Some(kind) = List::of(method).filter(|k| List::KEPT.contains(k)) else {
             return false;
         };
         let fresh = self.list_asked(kind);
