@@ -537,11 +537,16 @@ pub fn connect(
     mint(instance, env, &planned.tokens)?;
     // The original is the file before the first connect; a backup without
     // a record is left from a connect that did not finish.
+    // Both are mcpd's private copies (the original may hold the secrets
+    // `import` moved into the credstore): 0600 whatever the host file's
+    // mode, and a looser one left by an earlier mcpd is tightened.
     if planned.backup {
-        write_atomically(&backup, text.as_bytes(), mode_of(&file)).map_err(CtlError::failure)?;
+        write_atomically(&backup, text.as_bytes(), PRIVATE).map_err(CtlError::failure)?;
+    } else {
+        keep_private(&backup)?;
     }
     let record_text = serde_json::to_string_pretty(&planned.record).expect("a record serializes");
-    write_atomically(&record_path, record_text.as_bytes(), 0o600).map_err(CtlError::failure)?;
+    write_atomically(&record_path, record_text.as_bytes(), PRIVATE).map_err(CtlError::failure)?;
     write_atomically(&file, connected.as_bytes(), mode_of(&file)).map_err(CtlError::failure)?;
     for (entry, unit, why) in &planned.servers {
         match planned.urls.iter().find(|(e, _)| e == entry) {
@@ -722,6 +727,23 @@ pub fn disconnect(
 fn user_file(host: Host, dirs: &Dirs) -> PathBuf {
     let file = host.files(dirs).into_iter().next().expect("a user file");
     std::fs::canonicalize(&file).unwrap_or(file)
+}
+
+/// The mode of the files `connect` keeps for itself beside a host's file.
+const PRIVATE: u32 = 0o600;
+
+/// Makes `path`, if it exists and others may read it, readable by its
+/// owner alone.
+fn keep_private(path: &Path) -> Result<(), CtlError> {
+    use std::os::unix::fs::PermissionsExt;
+    let Ok(meta) = std::fs::metadata(path) else {
+        return Ok(());
+    };
+    if meta.permissions().mode() & 0o077 == 0 {
+        return Ok(());
+    }
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(PRIVATE))
+        .map_err(|e| CtlError::failure(format!("cannot make {} private: {e}", path.display())))
 }
 
 fn mode_of(path: &Path) -> u32 {

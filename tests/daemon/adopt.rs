@@ -568,6 +568,29 @@ fn connect_keeps_the_hosts_own_settings_and_import_its_tool_filter() {
 }
 
 #[test]
+fn connect_keeps_its_backup_and_record_private_whatever_the_hosts_file_mode() {
+    let case = Case::new("two-times");
+    let h = case.home();
+    let settings = h.join(".gemini/settings.json");
+    // Gemini writes its settings 0644; the original may hold secrets.
+    std::fs::set_permissions(&settings, std::fs::Permissions::from_mode(0o644)).expect("chmod");
+    assert!(case.run(&["import", "--env-file"]).status.success());
+    succeeded(&case.run(&["connect", "gemini"]));
+    let mode = |p: &Path| std::fs::metadata(p).expect("metadata").permissions().mode() & 0o777;
+    let backup = h.join(".gemini/settings.json.mcpd-backup");
+    let record = h.join(".gemini/settings.json.mcpd-connect.json");
+    assert_eq!(mode(&backup), 0o600);
+    assert_eq!(mode(&record), 0o600);
+    assert_eq!(mode(&settings), 0o644, "the host's own file keeps its mode");
+    // A backup an earlier mcpd left readable is tightened by the next
+    // connect.
+    std::fs::set_permissions(&backup, std::fs::Permissions::from_mode(0o644)).expect("chmod");
+    succeeded(&case.run(&["connect", "gemini"]));
+    assert_eq!(mode(&backup), 0o600);
+    assert_eq!(mode(&record), 0o600);
+}
+
+#[test]
 fn disconnect_after_the_host_removed_an_entry_puts_back_the_rest() {
     let case = Case::new("two-times");
     let h = case.home();
