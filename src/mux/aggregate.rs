@@ -24,7 +24,9 @@
 //!
 //! Everything kept is bounded: requests in flight ([`MAX_IN_FLIGHT`]),
 //! requests of units to the host ([`MAX_ASKED`]), listen streams
-//! ([`era::MAX_LISTENS`]), pages followed per list ([`MAX_PAGES`]).
+//! ([`era::MAX_LISTENS`]), pages followed per list ([`MAX_PAGES`]), and,
+//! as the unit's own reader (`mux::lists`), no cursor followed twice and
+//! at most `lists::MAX_BYTES` of one member's pages.
 
 use std::collections::{BTreeSet, HashMap, HashSet};
 
@@ -126,6 +128,9 @@ struct Merge {
     /// Members whose part has not come yet.
     waiting: BTreeSet<MemberId>,
     parts: Vec<(MemberId, Result<Value, Value>)>,
+    /// A list's paging per member: the cursors it gave, and the bytes of
+    /// its pages (the unit reader's bounds, `mux::lists`).
+    paging: HashMap<MemberId, (HashSet<String>, usize)>,
 }
 
 #[derive(Debug)]
@@ -151,6 +156,9 @@ pub struct Aggregate {
     /// The host's requests forwarded: the member and the aggregate's id.
     by_host: HashMap<RequestId, (MemberId, RequestId)>,
     merges: HashMap<u64, Merge>,
+    /// The aggregate's own reads of a member's resources or templates:
+    /// the cursors each gave and the bytes of its pages, as a merge's.
+    learning: HashMap<(MemberId, List), (HashSet<String>, usize)>,
     next_merge: u64,
     /// Requests of members to the host: the member and its own id.
     asked: HashMap<RequestId, (MemberId, Value)>,
@@ -213,6 +221,7 @@ impl Aggregate {
             pending: HashMap::new(),
             by_host: HashMap::new(),
             merges: HashMap::new(),
+            learning: HashMap::new(),
             next_merge: 0,
             asked: HashMap::new(),
             host_init: None,
@@ -323,6 +332,7 @@ impl Aggregate {
             return Vec::new();
         };
         let (_, member) = self.members.remove(at);
+        self.learning.retain(|(m, _), _| *m != id);
         let mut out = Vec::new();
         let gone: Vec<RequestId> = self
             .pending
@@ -613,6 +623,7 @@ impl Aggregate {
                 fan,
                 waiting: members.into_iter().collect(),
                 parts: Vec::new(),
+                paging: HashMap::new(),
             },
         );
         out.extend(self.finish(merge));
@@ -628,6 +639,42 @@ impl Aggregate {
         m.waiting.remove(&member);
         m.parts.push((member, result));
         self.finish(merge)
+    }
+
+    /// Member `member` gave `cursor` after page `page` (of `bytes`) of
+    /// merge `merge`'s list: why it is read no further, past the unit
+    /// reader's bounds (a cursor given before, more than `MAX_BYTES`).
+    fn paged(
+        &mut self,
+        merge: u64,
+        member: MemberId,
+        cursor: &Value,
+        bytes: usize,
+        page: usize,
+    ) -> Option<crate::mux::lists::Why> {
+        use crate::mux::lists::{MAX_BYTES, Why};
+        let m = self.merges.get_mut(&merge)?;
+        let (cursors, total) = m.paging.entry(member).or_default();
+        *total = total.saturating_add(bytes);
+        let pages = u32::try_from(page + 1).unwrap_or(u32::MAX);
+        let text = cursor.to_string();
+        if cursors.contains(&text) {
+            return Some(Why::Repeated {
+                cursor: text,
+                pages,
+            });
+        }
+        if *total > MAX_BYTES {
+            return Some(Why::TooLarge { pages });
+        }
+        cursors.insert(text);
+        None
+    }
+
+    /// The unit member `member` is, for messages.
+    fn unit_of(&self, member: MemberId) -> String {
+        self.get(member)
+            .map_or_else(|| format!("member {member}"), |m| m.unit.clone())
     }
 
     /// Merge `merge`'s answer, once no part is missing.
@@ -1056,6 +1103,19 @@ impl Aggregate {
                     && let Some(cursor) = result.get("nextCursor").filter(|c| !c.is_null())
                     && page + 1 < MAX_PAGES
                 {
+                    if let Some(why) = self.paged(merge, id, cursor, message.received(), page) {
+                        // Within the bounds of the unit's own reader: a
+                        // member that cycles its cursors or pages without
+                        // end is left out of the answer, and says why.
+                        let error = crate::mux::lists::ListError { list, why };
+                        let error = ErrorCode::InternalError
+                            .error(format!("{}: {error}", self.unit_of(id)))
+                            .to_value(&Value::Null);
+                        if let Some(m) = self.merges.get_mut(&merge) {
+                            m.parts.retain(|(member, _)| *member != id);
+                        }
+                        return self.part(merge, id, Err(error["error"].clone()));
+                    }
                     // Keep this page and ask for the next; the merge waits.
                     let mut params = json!({"cursor": cursor});
                     if let Some(meta) = &self.host_meta {
@@ -1103,10 +1163,22 @@ impl Aggregate {
                     return Vec::new();
                 };
                 self.learned(id, list, &result, page == 0);
-                match result.get("nextCursor").filter(|c| !c.is_null()) {
-                    Some(cursor) => self.learn(id, list, Some(cursor.clone()), page + 1),
-                    None => Vec::new(),
+                if page == 0 {
+                    self.learning.remove(&(id, list));
                 }
+                let Some(cursor) = result.get("nextCursor").filter(|c| !c.is_null()) else {
+                    self.learning.remove(&(id, list));
+                    return Vec::new();
+                };
+                let (cursors, total) = self.learning.entry((id, list)).or_default();
+                *total = total.saturating_add(message.received());
+                // The unit reader's bounds: a cursor given before, or more
+                // than `MAX_BYTES`, ends the read with what it learnt.
+                if !cursors.insert(cursor.to_string()) || *total > crate::mux::lists::MAX_BYTES {
+                    self.learning.remove(&(id, list));
+                    return Vec::new();
+                }
+                self.learn(id, list, Some(cursor.clone()), page + 1)
             }
             Pending::Listen { host } => {
                 // A listen stream ends with its answer: the host's ends
@@ -1348,6 +1420,44 @@ mod tests {
         ));
         let refused = to_host(&outs);
         assert_eq!(refused[0]["error"]["code"], ErrorCode::InvalidParams.code());
+    }
+
+    #[test]
+    fn a_member_that_cycles_its_cursors_is_read_no_further_than_the_units_reader_reads() {
+        let (mut agg, a, b) = initialized();
+        let outs = agg.on_host(msg(
+            json!({"jsonrpc": "2.0", "id": "t", "method": "tools/list"}),
+        ));
+        let mut asked_a = 0;
+        let mut host = Vec::new();
+        let mut queue = to_member(&outs);
+        // a answers A, B, A, B, …; b answers one page.
+        while let Some((member, request)) = queue.pop() {
+            let result = if member == a {
+                asked_a += 1;
+                assert!(asked_a <= 3, "a was asked past its repeated cursor");
+                let next = if asked_a % 2 == 1 { "A" } else { "B" };
+                json!({"tools": [{"name": format!("t{asked_a}")}], "nextCursor": next})
+            } else {
+                assert_eq!(member, b);
+                json!({"tools": [{"name": "add"}]})
+            };
+            let outs = agg.on_member(
+                member,
+                msg(json!({"jsonrpc": "2.0", "id": request["id"], "result": result})),
+            );
+            queue.extend(to_member(&outs));
+            host.extend(to_host(&outs));
+        }
+        assert_eq!(asked_a, 3, "the third page repeats the first cursor");
+        assert_eq!(host.len(), 1, "{host:?}");
+        let names: Vec<&str> = host[0]["result"]["tools"]
+            .as_array()
+            .expect("tools")
+            .iter()
+            .filter_map(|t| t["name"].as_str())
+            .collect();
+        assert_eq!(names, ["b__add"], "a's pages are left out, b's kept");
     }
 
     #[test]
