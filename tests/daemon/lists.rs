@@ -5,7 +5,7 @@
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use crate::helper::{Daemon, mcpctl_user, root, rss_kib};
+use crate::helper::{Daemon, mcpctl_user, mcpctl_user_command, root, rss_kib};
 
 /// Unit `name` running the hostile server in `mode`.
 fn hostile(dir: &Path, name: &str, mode: &str, extra: &str) {
@@ -139,5 +139,68 @@ fn servers_with_endless_cycling_or_huge_lists_cost_the_daemon_little_and_say_why
         "{text}"
     );
     assert_eq!(pid, d.pid());
+    assert!(d.stop(rustix::process::Signal::TERM).success());
+}
+
+/// An aggregate pages its members within the unit reader's bounds: over a
+/// member whose `resources/list` cursors cycle, a host's `resources/list`
+/// is answered at once, without that member's pages (1,000 of them
+/// before), and with the healthy member's.
+#[test]
+fn an_aggregate_over_a_member_whose_cursors_cycle_answers_within_the_readers_bounds() {
+    use std::io::{BufRead, BufReader, Write};
+    use std::process::Stdio;
+    let units = tempfile::tempdir().expect("tempdir");
+    let runtime = tempfile::tempdir().expect("tempdir");
+    hostile(units.path(), "cycle", "cycle-resources", "");
+    hostile(units.path(), "healthy", "plain", "");
+    let mut d = Daemon::user_no_bus(
+        units.path(),
+        &[("XDG_RUNTIME_DIR", runtime.path().as_os_str())],
+    );
+    d.wait_for(r#"resources/list: cursor "A" repeated after 3 pages"#);
+    let mut bridge = mcpctl_user_command(runtime.path(), &["bridge", "cycle+healthy"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("mcpctl bridge");
+    let mut stdin = bridge.stdin.take().expect("stdin");
+    let mut lines = BufReader::new(bridge.stdout.take().expect("stdout")).lines();
+    let mut answer = |stdin: &mut std::process::ChildStdin, request: serde_json::Value| {
+        writeln!(stdin, "{request}").expect("write");
+        loop {
+            let line = lines.next().expect("an answer").expect("a line");
+            let message: serde_json::Value = serde_json::from_str(&line).expect("json");
+            if message["id"] == request["id"] {
+                return (line.len(), message);
+            }
+        }
+    };
+    let (_, init) = answer(
+        &mut stdin,
+        serde_json::json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+            "protocolVersion": "2025-11-25", "capabilities": {},
+            "clientInfo": {"name": "t", "version": "1"}}}),
+    );
+    assert!(init["result"].is_object(), "{init}");
+    writeln!(
+        stdin,
+        "{}",
+        serde_json::json!({"jsonrpc": "2.0", "method": "notifications/initialized"})
+    )
+    .expect("write");
+    let (size, listed) = answer(
+        &mut stdin,
+        serde_json::json!({"jsonrpc": "2.0", "id": 2, "method": "resources/list"}),
+    );
+    let resources = listed["result"]["resources"].as_array().expect("resources");
+    assert_eq!(
+        resources.len(),
+        1,
+        "the healthy member's one resource, not the cycling member's pages ({size} bytes): {listed}"
+    );
+    drop(stdin);
+    assert!(bridge.wait().expect("wait").success());
     assert!(d.stop(rustix::process::Signal::TERM).success());
 }
