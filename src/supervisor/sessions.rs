@@ -905,6 +905,8 @@ impl Task {
         loop {
             let mut outs = self.core.take();
             if outs.is_empty() {
+                // Its room goes back: a message's outputs allocate nothing.
+                self.core.recycle(outs);
                 break;
             }
             for out in outs.drain(..) {
