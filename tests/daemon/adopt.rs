@@ -6,7 +6,9 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 use std::process::{Command, Output};
 
-use crate::helper::{Daemon, Snapshot, check_snapshot, fixture_path, mcpctl, mcpctl_user, root};
+use crate::helper::{
+    Daemon, Snapshot, check_snapshot, fixture_path, mcpctl, mcpctl_user, root, snapshot_mode,
+};
 
 fn copy_tree(from: &Path, to: &Path) {
     for entry in std::fs::read_dir(from).expect("read_dir") {
@@ -86,13 +88,7 @@ fn listing(dir: &Path) -> String {
 
 #[test]
 fn every_hosts_documented_format_imports_to_its_snapshot() {
-    imports(Snapshot::Compare);
-}
-
-#[test]
-#[ignore = "rewrites snapshots; run by hand: cargo test --test tests update_snapshots -- --ignored"]
-fn update_snapshots() {
-    imports(Snapshot::Update);
+    imports(snapshot_mode());
 }
 
 /// Each case of `tests/data/hosts/` imported, against its snapshot.

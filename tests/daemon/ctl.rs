@@ -6,7 +6,9 @@ use std::process::{Command, Output, Stdio};
 
 use rustix::process::Signal;
 
-use crate::helper::{BOUND, Daemon, Snapshot, holds_within, mcpctl, mcpctl_user, timed_out};
+use crate::helper::{
+    BOUND, Daemon, Snapshot, holds_within, mcpctl, mcpctl_user, snapshot_mode, timed_out,
+};
 
 /// Units in every state: running, retrying, invalid.
 fn units(dir: &Path) {
@@ -140,13 +142,7 @@ fn err(out: &Output) -> String {
 
 #[test]
 fn every_command_against_a_live_daemon() {
-    every_command(Snapshot::Compare);
-}
-
-#[test]
-#[ignore = "rewrites snapshots; run by hand: cargo test --test tests update_snapshots -- --ignored"]
-fn update_snapshots() {
-    every_command(Snapshot::Update);
+    every_command(snapshot_mode());
 }
 
 fn every_command(mode: Snapshot) {

@@ -267,17 +267,17 @@ pub fn run(cmd: &mut Command) -> Output {
 
 /// What [`check_snapshot`] does with a snapshot file.
 ///
-/// Every test compares. Only a test named `update_snapshots` (one beside
-/// each snapshot test, `#[ignore]`d) writes, so snapshots are rewritten
-/// only by asking for it in the test command:
+/// Every test compares, unless the test binary was built with the
+/// `update-snapshots` feature: snapshots are rewritten only by asking for
+/// it in the test command ([`snapshot_mode`]):
 ///
 /// ```sh
-/// cargo test --test tests update_snapshots -- --ignored
+/// cargo test --test tests --features update-snapshots
 /// ```
 ///
-/// (narrowed as any run: `pure::unit_files::update_snapshots`). No
-/// environment variable turns a snapshot test green, and the updaters
-/// refuse to run where `CI` is set.
+/// (narrowed as any run: `… -- unit_files`). No environment variable
+/// turns a snapshot test green, and rewriting is refused where `CI` is
+/// set.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Snapshot {
     Compare,
@@ -285,7 +285,17 @@ pub enum Snapshot {
 }
 
 /// How a snapshot is rewritten, for the messages that say so.
-pub const UPDATE_SNAPSHOTS: &str = "cargo test --test tests update_snapshots -- --ignored";
+pub const UPDATE_SNAPSHOTS: &str = "cargo test --test tests --features update-snapshots";
+
+/// Whether this run compares snapshots or rewrites them (the
+/// `update-snapshots` feature, asked for in the test command).
+pub fn snapshot_mode() -> Snapshot {
+    if cfg!(feature = "update-snapshots") {
+        Snapshot::Update
+    } else {
+        Snapshot::Compare
+    }
+}
 
 /// Compares `actual` with the snapshot file `expected` (or, in
 /// [`Snapshot::Update`], writes it if it differs). Returns a description

@@ -2,14 +2,14 @@
 //!
 //! Each good file has `NAME.spec`, the debug form of the loaded spec; each bad
 //! file has `NAME.expected`, the full diagnostic report `mcpctl verify`
-//! prints. Adding a case is adding a file (`update_snapshots`, run by hand,
+//! prints. Adding a case is adding a file (`--features update-snapshots`
 //! writes its snapshot: see [`Snapshot`]).
 
 use std::path::{Path, PathBuf};
 
 use mcpd::unit::{self, Style, UnitFiles};
 
-use crate::helper::{Snapshot, check_snapshot};
+use crate::helper::{Snapshot, check_snapshot, snapshot_mode};
 
 fn cases(dir: &str) -> Vec<PathBuf> {
     let dir = Path::new("tests/data/units").join(dir);
@@ -24,19 +24,12 @@ fn cases(dir: &str) -> Vec<PathBuf> {
 
 #[test]
 fn good_units_load_to_their_snapshot() {
-    good_units(Snapshot::Compare);
+    good_units(snapshot_mode());
 }
 
 #[test]
 fn bad_units_report_their_snapshot() {
-    bad_units(Snapshot::Compare);
-}
-
-#[test]
-#[ignore = "rewrites snapshots; run by hand: cargo test --test tests update_snapshots -- --ignored"]
-fn update_snapshots() {
-    good_units(Snapshot::Update);
-    bad_units(Snapshot::Update);
+    bad_units(snapshot_mode());
 }
 
 fn good_units(mode: Snapshot) {
