@@ -42,7 +42,7 @@ use crate::mux::session::{
     self, Arrival, Core, Facts, Kind, Level, Notice, Out, Publish, Purpose, Tunables, UnitState,
 };
 use crate::mux::wire::{Outbox, Refused, Wire, line};
-use crate::unit::{RateLimit, ToolFilter};
+use crate::unit::RateLimit;
 
 use super::Status;
 use super::accounting::{Caller, Counters, Record};
@@ -156,50 +156,30 @@ enum Input {
     EndAll(String),
 }
 
-/// What the host sessions take from the unit's spec.
+/// What the host sessions take from the unit's spec: the core's settings,
+/// and the `log-rate-limit` the driver applies to the server's log
+/// messages and garbage.
 #[derive(Debug, Clone)]
 pub(crate) struct Settings {
-    /// `tools { allow …; deny …; }`.
-    pub filter: ToolFilter,
-    /// `roots`, answered to the server's `roots/list`.
-    pub roots: Vec<String>,
-    /// `start "on-demand"`: requests wait for the server to start.
-    pub on_demand: bool,
-    /// `startup-timeout`: how long a read of a list may take.
-    pub list_timeout: Duration,
-    /// `log-rate-limit`, for the server's `notifications/message`.
-    pub log_rate_limit: Option<RateLimit>,
-    /// `max-request-size`: the largest request a host may send.
-    pub max_request_size: u64,
-    /// The sessions of one instance of a per-host unit (DESIGN §13).
-    pub instance: bool,
+    core: session::Settings,
+    log_rate_limit: Option<RateLimit>,
 }
 
 impl Settings {
     pub(crate) fn of(spec: &crate::unit::UnitSpec) -> Self {
+        let instance = spec.sessions() == crate::unit::Sessions::Instance;
         Self {
-            filter: spec.tool_filter().clone(),
-            roots: spec.roots().to_vec(),
-            // An instance starts for its host's first request, as an
-            // on-demand unit does for anyone's.
-            on_demand: spec.activation().idle_stop().is_some()
-                || spec.sessions() == crate::unit::Sessions::Instance,
-            list_timeout: spec.startup_timeout(),
+            core: session::Settings {
+                filter: spec.tool_filter().clone(),
+                roots: spec.roots().to_vec(),
+                // An instance starts for its host's first request, as an
+                // on-demand unit does for anyone's.
+                on_demand: spec.activation().idle_stop().is_some() || instance,
+                list_timeout: spec.startup_timeout(),
+                max_request_size: spec.max_request_size(),
+                instance,
+            },
             log_rate_limit: spec.log_rate_limit(),
-            max_request_size: spec.max_request_size(),
-            instance: spec.sessions() == crate::unit::Sessions::Instance,
-        }
-    }
-
-    /// What the core takes of them.
-    fn core(&self) -> session::Settings {
-        session::Settings {
-            filter: self.filter.clone(),
-            roots: self.roots.clone(),
-            on_demand: self.on_demand,
-            list_timeout: self.list_timeout,
-            max_request_size: self.max_request_size,
-            instance: self.instance,
         }
     }
 }
@@ -330,7 +310,7 @@ impl Sessions {
         let facts = facts_of(&name, &status.borrow(), &mut tools);
         let core = Core::new(
             &name,
-            settings.core(),
+            settings.core,
             tunables(),
             facts,
             Box::new(nonce),
@@ -835,7 +815,7 @@ impl Task {
             Input::Down { generation, lost } => self.core.down(generation, lost, at),
             Input::Configure(settings) => {
                 self.log_limit.set(settings.log_rate_limit);
-                self.core.configure(settings.core(), at);
+                self.core.configure(settings.core, at);
             }
             Input::Request {
                 token,
