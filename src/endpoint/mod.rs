@@ -600,10 +600,10 @@ async fn route(
             };
             // A resumed stream's queue holds what is replayed, and more.
             let (sink, rx) = mpsc::channel(session::STREAM_QUEUE + session::REPLAY_EVENTS);
-            if open.listen(sink, resume).is_err() {
+            let Ok(from) = open.listen(sink, resume) else {
                 return missing_session(session.as_deref());
-            }
-            sse(None, rx)
+            };
+            sse(Some(from), None, rx)
         }
         Method::DELETE => {
             let Some(open) = inner.session(&name, session.as_deref(), token) else {
@@ -688,10 +688,19 @@ fn percent_decode(text: &str) -> Option<String> {
     String::from_utf8(out).ok()
 }
 
-/// An SSE response of `first` and then the events `rx` brings.
-fn sse(mut first: Option<Bytes>, mut rx: mpsc::Receiver<Item>) -> Response<Body> {
+/// An SSE response of `first` and then the events `rx` brings; with
+/// `prime`, a session's stream resumable from there, which starts with a
+/// priming event ([`modern::priming`]: its id, empty data, `retry:`).
+fn sse(
+    prime: Option<session::Resume>,
+    first: Option<Bytes>,
+    mut rx: mpsc::Receiver<Item>,
+) -> Response<Body> {
+    // Each its own chunk, as every event.
+    let mut prime = prime.map(|from| Bytes::from(modern::priming(from)));
+    let mut first = first;
     let events = futures_util::stream::poll_fn(move |cx| {
-        if let Some(event) = first.take() {
+        if let Some(event) = prime.take().or_else(|| first.take()) {
             return std::task::Poll::Ready(Some(Ok::<_, Infallible>(Frame::data(event))));
         }
         rx.poll_recv(cx)
@@ -1407,7 +1416,12 @@ async fn respond(mut rx: mpsc::Receiver<Item>) -> Option<(Response<Body>, Option
             full(StatusCode::OK, "application/json", line.clone()),
             Some(line),
         ),
-        Item::Event(first) => (sse(Some(first), rx), None),
+        Item::Event(first) => {
+            // A session's stream: its first event has an id, and the
+            // stream is resumable from before it.
+            let prime = modern::event_id(&first).map(|(stream, _)| (stream, 0));
+            (sse(prime, Some(first), rx), None)
+        }
     })
 }
 

@@ -384,3 +384,242 @@ pub fn event_id(event: &[u8]) -> Option<(u64, u64)> {
     let text = std::str::from_utf8(&rest[..end]).ok()?;
     super::session::parse_event_id(text)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    const META: &str = r#""_meta":{"io.modelcontextprotocol/protocolVersion":"2026-07-28","io.modelcontextprotocol/clientCapabilities":{}}"#;
+
+    fn message(text: &str) -> Message {
+        Message::parse(text.as_bytes()).expect("a message")
+    }
+
+    fn headers<'a>(pairs: &'a [(&'a str, &'a str)]) -> Vec<(&'a str, &'a [u8])> {
+        pairs.iter().map(|(n, v)| (*n, v.as_bytes())).collect()
+    }
+
+    #[test]
+    fn what_is_sent_as_2026_07_28() {
+        let modern =
+            format!(r#"{{"jsonrpc":"2.0","id":1,"method":"tools/list","params":{{{META}}}}}"#);
+        let plain = r#"{"jsonrpc":"2.0","id":1,"method":"tools/list"}"#;
+        let discover = r#"{"jsonrpc":"2.0","id":1,"method":"server/discover","params":{}}"#;
+        let cases: [(&str, &[(&str, &str)], bool); 6] = [
+            (&modern, &[], true),
+            (discover, &[], true),
+            (plain, &[], false),
+            (plain, &[("mcp-protocol-version", "2025-11-25")], false),
+            (plain, &[("mcp-protocol-version", "2026-07-28")], true),
+            (plain, &[("mcp-protocol-version", "v999.0.0")], true),
+        ];
+        for (text, pairs, expected) in cases {
+            assert_eq!(
+                sent_as_modern(&headers(pairs), &message(text)),
+                expected,
+                "{text} {pairs:?}"
+            );
+        }
+    }
+
+    /// Each refusal of the ladder, in its order: (body, headers, status,
+    /// code); `None`: it goes on.
+    #[test]
+    fn the_ladder_refuses_with_the_status_and_code_of_the_spec() {
+        let good = [
+            ("mcp-protocol-version", "2026-07-28"),
+            ("mcp-method", "tools/call"),
+            ("mcp-name", "echo"),
+        ];
+        let call = |params: &str| {
+            format!(r#"{{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{params}}}"#)
+        };
+        let ok = call(&format!(r#"{{"name":"echo",{META}}}"#));
+        let no_meta = call(r#"{"name":"echo"}"#);
+        let no_caps = call(
+            r#"{"name":"echo","_meta":{"io.modelcontextprotocol/protocolVersion":"2026-07-28"}}"#,
+        );
+        let v999 = call(
+            r#"{"name":"echo","_meta":{"io.modelcontextprotocol/protocolVersion":"v999","io.modelcontextprotocol/clientCapabilities":{}}}"#,
+        );
+        let ping = format!(r#"{{"jsonrpc":"2.0","id":7,"method":"ping","params":{{{META}}}}}"#);
+        let v999_headers = [
+            ("mcp-protocol-version", "v999"),
+            ("mcp-method", "tools/call"),
+            ("mcp-name", "echo"),
+        ];
+        let twice = [
+            ("mcp-protocol-version", "2026-07-28"),
+            ("mcp-method", "tools/call"),
+            ("mcp-method", "tools/call"),
+            ("mcp-name", "echo"),
+        ];
+        let other_name = [
+            ("mcp-protocol-version", "2026-07-28"),
+            ("mcp-method", "tools/call"),
+            ("mcp-name", "get-env"),
+        ];
+        let base64_name = [
+            ("mcp-protocol-version", "2026-07-28"),
+            ("mcp-method", "tools/call"),
+            ("mcp-name", "=?base64?ZWNobw==?="),
+        ];
+        let unpadded_name = [
+            ("mcp-protocol-version", "2026-07-28"),
+            ("mcp-method", "tools/call"),
+            ("mcp-name", "=?base64?ZWNobw?="),
+        ];
+        let cases: [(&str, &[(&str, &str)], Option<(u16, i64)>); 10] = [
+            (&ok, &good, None),
+            (&ok, &base64_name, None),
+            (&ping, &good, Some((404, -32601))),
+            (&no_meta, &good, Some((400, -32602))),
+            (&no_caps, &good, Some((400, -32602))),
+            (&ok, &twice, Some((400, -32020))),
+            (&ok, &other_name, Some((400, -32020))),
+            (&ok, &unpadded_name, Some((400, -32020))),
+            // The version the headers and the body agree on is not served.
+            (&v999, &v999_headers, Some((400, -32022))),
+            // They disagree: told first.
+            (&v999, &good, Some((400, -32020))),
+        ];
+        for (body, pairs, expected) in cases {
+            let got = refusal(&headers(pairs), &message(body)).map(|r| (r.status, r.code.code()));
+            assert_eq!(got, expected, "{body} {pairs:?}");
+        }
+        for removed in REMOVED {
+            let body =
+                format!(r#"{{"jsonrpc":"2.0","id":1,"method":"{removed}","params":{{{META}}}}}"#);
+            let got = refusal(&headers(&[]), &message(&body)).map(|r| (r.status, r.code.code()));
+            assert_eq!(got, Some((404, -32601)), "{removed}");
+        }
+    }
+
+    #[test]
+    fn header_values_may_come_in_base64_strictly() {
+        let cases = [
+            ("echo", Some("echo")),
+            ("=?base64?aMOpbGxv?=", Some("héllo")),
+            ("=?base64?SGVsbG8=?=", Some("Hello")),
+            // Padding missing, characters outside the alphabet, bits left.
+            ("=?base64?SGVsbG8?=", None),
+            ("=?base64?SGVs!!!bG8=?=", None),
+            ("=?base64?a*b?=", None),
+            ("=?base64?SGVsbG9=?=", None),
+            // Without both ends it is the text itself.
+            ("=?base64?SGVsbG8=", Some("=?base64?SGVsbG8=")),
+        ];
+        for (value, expected) in cases {
+            assert_eq!(decode_header_value(value).as_deref(), expected, "{value}");
+        }
+    }
+
+    #[test]
+    fn mcp_param_headers_are_checked_against_the_arguments_they_mirror() {
+        let schema = json!({"type": "object", "properties": {
+            "region": {"type": "string", "x-mcp-header": "Region"},
+            "count": {"type": "integer", "x-mcp-header": "Count"},
+            "dry": {"type": "boolean", "x-mcp-header": "Dry"},
+            "text": {"type": "string"}
+        }});
+        let args = json!({"region": "eu-west", "count": 42, "dry": true, "text": "x"});
+        let all = [
+            ("mcp-param-region", "eu-west"),
+            ("mcp-param-count", "42"),
+            ("mcp-param-dry", "true"),
+        ];
+        let cases: [(&Value, &[(&str, &str)], bool); 8] = [
+            (&args, &all, true),
+            (
+                &args,
+                &[
+                    ("mcp-param-region", "=?base64?ZXUtd2VzdA==?="),
+                    ("mcp-param-count", "42.0"),
+                    ("mcp-param-dry", "true"),
+                ],
+                true,
+            ),
+            // Missing, different, malformed, sent twice.
+            (&args, &all[1..], false),
+            (
+                &args,
+                &[
+                    ("mcp-param-region", "us-east"),
+                    ("mcp-param-count", "42"),
+                    ("mcp-param-dry", "true"),
+                ],
+                false,
+            ),
+            (
+                &args,
+                &[
+                    ("mcp-param-region", "=?base64?ZXUtd2VzdA?="),
+                    ("mcp-param-count", "42"),
+                    ("mcp-param-dry", "true"),
+                ],
+                false,
+            ),
+            (
+                &args,
+                &[
+                    ("mcp-param-region", "eu-west"),
+                    ("mcp-param-region", "eu-west"),
+                    ("mcp-param-count", "42"),
+                    ("mcp-param-dry", "true"),
+                ],
+                false,
+            ),
+            // A header with no argument to mirror.
+            (&json!({}), &all[..1], false),
+            (&json!({}), &[], true),
+        ];
+        for (arguments, pairs, passes) in cases {
+            let got = param_mismatch(&schema, Some(arguments), &headers(pairs));
+            assert_eq!(got.is_none(), passes, "{arguments} {pairs:?}: {got:?}");
+        }
+        // An annotation that is not valid: nothing is checked.
+        let bad = json!({"properties": {"n": {"type": "number", "x-mcp-header": "N"}}});
+        assert_eq!(param_mismatch(&bad, Some(&json!({"n": 1})), &[]), None);
+        let not_a_header = &[("mcp-param-region", "\u{e9}")];
+        assert!(param_mismatch(&schema, Some(&args), &headers(not_a_header)).is_some());
+    }
+
+    #[test]
+    fn an_answers_status_is_its_error_codes() {
+        let cases = [
+            (r#"{"jsonrpc":"2.0","id":1,"result":{}}"#, 200),
+            (
+                r#"{"jsonrpc":"2.0","id":1,"error":{"code":-32601,"message":"x"}}"#,
+                404,
+            ),
+            (
+                r#"{"jsonrpc":"2.0","id":1,"error":{"code":-32021,"message":"x"}}"#,
+                400,
+            ),
+            (
+                r#"{"jsonrpc":"2.0","id":1,"error":{"code":-32602,"message":"x"}}"#,
+                400,
+            ),
+            (
+                r#"{"jsonrpc":"2.0","id":1,"error":{"code":-32603,"message":"x"}}"#,
+                200,
+            ),
+            (
+                r#"{"jsonrpc":"2.0","id":1,"error":{"code":-32000,"message":"x"}}"#,
+                200,
+            ),
+        ];
+        for (line, status) in cases {
+            assert_eq!(status_of(format!("{line}\n").as_bytes()), status, "{line}");
+        }
+    }
+
+    #[test]
+    fn a_priming_event_names_the_place_to_resume_from() {
+        let event = priming((3, 0));
+        assert_eq!(event, b"id: 3-0\nretry: 1000\ndata: \n\n");
+        assert_eq!(event_id(&event), Some((3, 0)));
+        assert_eq!(event_id(b"event: message\ndata: {}\n\n"), None);
+    }
+}
