@@ -1109,7 +1109,12 @@ fn param_mismatch(
     } else {
         (shared.supervisor(name).ok()?, tool.to_owned())
     };
-    let listed = supervisor.status().tools.values();
+    let status = supervisor.status();
+    // Most lists mirror nothing: not parsed for them.
+    if !status.tools.json().contains(modern::X_MCP_HEADER) {
+        return None;
+    }
+    let listed = status.tools.values();
     let schema = listed
         .iter()
         .find(|t| t["name"].as_str() == Some(tool.as_str()))?

@@ -32,15 +32,16 @@ use serde_json::{Map, Value};
 use crate::mux::era;
 use crate::mux::error::ErrorCode;
 use crate::mux::message::Message;
+use crate::mux::method::Method;
 
 /// The methods MCP 2026-07-28 removed: sent as 2026-07-28, `404` with
 /// `-32601`.
-pub const REMOVED: [&str; 5] = [
-    "initialize",
-    "ping",
-    "logging/setLevel",
-    "resources/subscribe",
-    "resources/unsubscribe",
+pub const REMOVED: [Method; 5] = [
+    Method::Initialize,
+    Method::Ping,
+    Method::LoggingSetLevel,
+    Method::ResourcesSubscribe,
+    Method::ResourcesUnsubscribe,
 ];
 
 /// The headers a request of 2026-07-28 routes by, each at most once.
@@ -98,7 +99,7 @@ fn header<'a>(headers: &Headers<'a>, name: &str) -> Option<&'a [u8]> {
 /// Whether a request without a session is sent as MCP 2026-07-28 (module
 /// docs).
 pub fn sent_as_modern(headers: &Headers<'_>, message: &Message) -> bool {
-    if message.method().as_deref() == Some("server/discover") || era::claims(message) {
+    if message.method_kind() == Some(Method::ServerDiscover) || era::claims(message) {
         return true;
     }
     header(headers, "mcp-protocol-version").is_some_and(|v| {
@@ -112,7 +113,7 @@ pub fn sent_as_modern(headers: &Headers<'_>, message: &Message) -> bool {
 /// it goes on. Step 5 is [`param_mismatch`]'s (it needs the tool).
 pub fn refusal(headers: &Headers<'_>, message: &Message) -> Option<Refusal> {
     let method = message.method()?;
-    if REMOVED.contains(&method.as_ref()) {
+    if REMOVED.contains(&Method::parse(&method)) {
         return Some(Refusal::new(
             ErrorCode::MethodNotFound,
             format!("{method} is not a method of MCP {}", era::MODERN),
@@ -168,9 +169,9 @@ fn header_mismatch(
     if text("mcp-method").map(str::trim) != Some(method.as_ref()) {
         return Some("the Mcp-Method header does not match the request's method".into());
     }
-    let key = match method.as_ref() {
-        "tools/call" | "prompts/get" => "name",
-        "resources/read" => "uri",
+    let key = match Method::parse(&method) {
+        Method::ToolsCall | Method::PromptsGet => "name",
+        Method::ResourcesRead => "uri",
         _ => return None,
     };
     let params = message.params()?;
@@ -349,9 +350,16 @@ fn matches(kind: &str, value: &Value, rendered: &str, decoded: &str) -> bool {
 
 /// The HTTP status of a JSON-RPC error code on the 2026-07-28 wire.
 pub fn status_of_code(code: i64) -> u16 {
-    match code {
-        -32601 => 404,
-        -32700 | -32600 | -32602 | -32020 | -32021 | -32022 => 400,
+    match ErrorCode::from_i64(code) {
+        Some(ErrorCode::MethodNotFound) => 404,
+        Some(
+            ErrorCode::ParseError
+            | ErrorCode::InvalidRequest
+            | ErrorCode::InvalidParams
+            | ErrorCode::HeaderMismatch
+            | ErrorCode::MissingCapability
+            | ErrorCode::UnsupportedVersion,
+        ) => 400,
         _ => 200,
     }
 }
@@ -396,6 +404,11 @@ mod tests {
         Message::parse(text.as_bytes()).expect("a message")
     }
 
+    /// Header lines as a case sends them.
+    type Pairs<'a> = &'a [(&'a str, &'a str)];
+    /// A refusal's status and code, or none.
+    type Refused = Option<(u16, i64)>;
+
     fn headers<'a>(pairs: &'a [(&'a str, &'a str)]) -> Vec<(&'a str, &'a [u8])> {
         pairs.iter().map(|(n, v)| (*n, v.as_bytes())).collect()
     }
@@ -406,7 +419,7 @@ mod tests {
             format!(r#"{{"jsonrpc":"2.0","id":1,"method":"tools/list","params":{{{META}}}}}"#);
         let plain = r#"{"jsonrpc":"2.0","id":1,"method":"tools/list"}"#;
         let discover = r#"{"jsonrpc":"2.0","id":1,"method":"server/discover","params":{}}"#;
-        let cases: [(&str, &[(&str, &str)], bool); 6] = [
+        let cases: [(&str, Pairs, bool); 6] = [
             (&modern, &[], true),
             (discover, &[], true),
             (plain, &[], false),
@@ -470,7 +483,7 @@ mod tests {
             ("mcp-method", "tools/call"),
             ("mcp-name", "=?base64?ZWNobw?="),
         ];
-        let cases: [(&str, &[(&str, &str)], Option<(u16, i64)>); 10] = [
+        let cases: [(&str, Pairs, Refused); 10] = [
             (&ok, &good, None),
             (&ok, &base64_name, None),
             (&ping, &good, Some((404, -32601))),
@@ -488,7 +501,7 @@ mod tests {
             let got = refusal(&headers(pairs), &message(body)).map(|r| (r.status, r.code.code()));
             assert_eq!(got, expected, "{body} {pairs:?}");
         }
-        for removed in REMOVED {
+        for removed in REMOVED.map(Method::as_str) {
             let body =
                 format!(r#"{{"jsonrpc":"2.0","id":1,"method":"{removed}","params":{{{META}}}}}"#);
             let got = refusal(&headers(&[]), &message(&body)).map(|r| (r.status, r.code.code()));
@@ -529,7 +542,7 @@ mod tests {
             ("mcp-param-count", "42"),
             ("mcp-param-dry", "true"),
         ];
-        let cases: [(&Value, &[(&str, &str)], bool); 8] = [
+        let cases: [(&Value, Pairs, bool); 8] = [
             (&args, &all, true),
             (
                 &args,

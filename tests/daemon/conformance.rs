@@ -324,17 +324,25 @@ fn direct_server(port: u16) -> Reaped {
         "{} is missing: .ci/run installs the mcp 2.3.0 sdist's example server",
         bin.display()
     );
-    let child = Command::new(bin)
-        .args(["--port", &port.to_string()])
+    let mut server = Command::new(bin);
+    server.args(["--port", &port.to_string()]);
+    listening(server, port)
+}
+
+/// `server` started, quiet, once it listens on `port`.
+fn listening(mut server: Command, port: u16) -> Reaped {
+    let child = server
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
-        .expect("mcp-everything-server");
+        .unwrap_or_else(|e| panic!("cannot run {server:?}: {e}"));
     let server = Reaped(child);
-    crate::helper::eventually("the example server to listen", crate::helper::BOUND, || {
-        std::net::TcpStream::connect(("127.0.0.1", port)).is_ok()
-    });
+    crate::helper::eventually(
+        format!("port {port} to listen"),
+        crate::helper::BOUND,
+        || std::net::TcpStream::connect(("127.0.0.1", port)).is_ok(),
+    );
     server
 }
 
@@ -350,23 +358,15 @@ fn free_port() -> u16 {
 /// (one bridge per HTTP session), once it listens. Ended with SIGTERM, so
 /// it ends its bridges; they end with their stdin anyway.
 fn bridge_front(port: u16, runtime: &Path) -> Reaped {
-    let child = Command::new(root().join("target/py-everything/bin/python"))
+    let mut front = Command::new(root().join("target/py-everything/bin/python"));
+    front
         .arg(root().join("tests/data/http_front.py"))
         .arg(port.to_string())
         .args([env!("CARGO_BIN_EXE_mcpctl"), "--user", "bridge", "py"])
         .env("XDG_RUNTIME_DIR", runtime)
         .env_remove("DBUS_SESSION_BUS_ADDRESS")
-        .env_remove("MCPD_RUNTIME_DIR")
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("http_front.py");
-    let front = Reaped(child);
-    crate::helper::eventually("the front to listen", crate::helper::BOUND, || {
-        std::net::TcpStream::connect(("127.0.0.1", port)).is_ok()
-    });
-    front
+        .env_remove("MCPD_RUNTIME_DIR");
+    listening(front, port)
 }
 
 /// What one comparison found: checks fewer times passed through mcpd

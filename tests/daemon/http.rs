@@ -1108,6 +1108,11 @@ fn a_request_whose_stream_broke_gets_the_rest_and_its_answer_on_a_resuming_get()
     stream_ends(stream);
 }
 
+/// A request of [`requests_sent_as_2026_07_28_get_the_status_and_code_the_spec_gives`]:
+/// its method, params, `MCP-Protocol-Version`, `Mcp-Param-Region`, and the
+/// status and error code it gets.
+type Case<'a> = (&'a str, String, &'a str, Option<&'a str>, u16, Option<i64>);
+
 /// The 2026-07-28 wire to the letter (DESIGN §15), on a unit's path and
 /// an aggregate's: each refusal with the HTTP status and JSON-RPC code
 /// the spec gives it, before the unit sees the request; a unit's own
@@ -1121,7 +1126,7 @@ fn requests_sent_as_2026_07_28_get_the_status_and_code_the_spec_gives() {
         let call =
             format!(r#"{{"name":"{tool}","arguments":{{"region":"eu-west","text":"x"}},{meta}}}"#);
         // (method, params, version header, Mcp-Param-Region, status, code)
-        let cases: Vec<(&str, String, &str, Option<&str>, u16, Option<i64>)> = vec![
+        let cases: Vec<Case> = vec![
             (
                 "ping",
                 format!("{{{meta}}}"),
