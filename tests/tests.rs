@@ -34,6 +34,7 @@ mod daemon {
     mod adopt;
     mod aggregate;
     mod bridge;
+    mod conformance;
     mod connections;
     mod containment;
     mod credentials;

