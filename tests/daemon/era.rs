@@ -367,6 +367,17 @@ fn a_2026_07_28_host_answers_elicitation_and_sampling_through_mcpd() {
             "{check}: {run:#}"
         );
     };
+    // Directly on 2025-11-25 the server also asks the host for its roots
+    // when it likes (a count that lands on whichever call is running);
+    // through mcpd a shared unit is answered from the unit's roots
+    // (DESIGN §8), so the roots count is not compared.
+    let but_roots = |outcome: &Value| {
+        let mut outcome = outcome.clone();
+        if let Some(callbacks) = outcome["callbacks"].as_object_mut() {
+            callbacks.remove("roots");
+        }
+        outcome
+    };
     for run in [&e_legacy, &p_legacy] {
         assert_eq!(run["protocol"], LEGACY, "{run:#}");
         asked(run, "elicit", "elicitation", "elicited by the host");
@@ -377,7 +388,8 @@ fn a_2026_07_28_host_answers_elicitation_and_sampling_through_mcpd() {
     assert_eq!(p_legacy_bridged["protocol"], LEGACY, "{p_legacy_bridged:#}");
     for check in ["elicit", "sample"] {
         assert_eq!(
-            p_legacy_bridged[check], p_legacy[check],
+            but_roots(&p_legacy_bridged[check]),
+            but_roots(&p_legacy[check]),
             "{check}: {p_legacy_bridged:#}"
         );
     }
@@ -405,7 +417,11 @@ fn a_2026_07_28_host_answers_elicitation_and_sampling_through_mcpd() {
     for (bridged, legacy) in [(&e_bridged, &e_legacy), (&p_bridged, &p_legacy)] {
         assert_eq!(bridged["protocol"], MODERN, "{bridged:#}");
         for check in ["elicit", "sample"] {
-            assert_eq!(bridged[check], legacy[check], "{check}: {bridged:#}");
+            assert_eq!(
+                but_roots(&bridged[check]),
+                but_roots(&legacy[check]),
+                "{check}: {bridged:#}"
+            );
         }
     }
     servers.stop();

@@ -63,8 +63,9 @@ fn servers_with_endless_cycling_or_huge_lists_cost_the_daemon_little_and_say_why
     let runtime = tempfile::tempdir().expect("tempdir");
     // the oversized page is dropped at the line limit, and its read
     // ends at once with the error that stands for it (or at the
-    // deadline, were its id not found)
-    let quick = "startup-timeout \"3s\"\n";
+    // deadline, were its id not found: far enough that a loaded machine
+    // writing 16 MiB does not reach it first)
+    let quick = "startup-timeout \"15s\"\n";
     hostile(units.path(), "cycle", "cycle-resources", "");
     hostile(units.path(), "endless", "endless-resources", "");
     hostile(units.path(), "huge", "huge-resources", quick);
