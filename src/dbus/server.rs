@@ -412,6 +412,35 @@ impl Server {
             .map_or(0, |s| s.totals().dropped())
     }
 
+    /// Times a host session was read no more for a while because the
+    /// server had not read enough of what it sent (back-pressure: the
+    /// host's own writes waited). Not signalled.
+    #[zbus(property(emits_changed_signal = "false"))]
+    fn slowed_sessions(&self) -> u64 {
+        self.shared
+            .supervisor(&self.name)
+            .map_or(0, |s| s.totals().slowed())
+    }
+
+    /// Notifications of host sessions dropped, not sent to a server that
+    /// was not reading, past the session's share of what may wait for it.
+    /// Not signalled.
+    #[zbus(property(emits_changed_signal = "false"))]
+    fn dropped_host_notifications(&self) -> u64 {
+        self.shared
+            .supervisor(&self.name)
+            .map_or(0, |s| s.totals().shed())
+    }
+
+    /// Requests of host sessions refused for the same reason. Not
+    /// signalled.
+    #[zbus(property(emits_changed_signal = "false"))]
+    fn refused_host_requests(&self) -> u64 {
+        self.shared
+            .supervisor(&self.name)
+            .map_or(0, |s| s.totals().refused())
+    }
+
     /// Lines the server wrote to its standard output that were not
     /// JSON-RPC messages. Not signalled.
     #[zbus(property(emits_changed_signal = "false"))]
@@ -965,6 +994,12 @@ pub mod client {
         fn detached_sessions(&self) -> Result<u64, Error>;
         #[zbus(property(emits_changed_signal = "false"))]
         fn dropped_notifications(&self) -> Result<u64, Error>;
+        #[zbus(property(emits_changed_signal = "false"))]
+        fn slowed_sessions(&self) -> Result<u64, Error>;
+        #[zbus(property(emits_changed_signal = "false"))]
+        fn dropped_host_notifications(&self) -> Result<u64, Error>;
+        #[zbus(property(emits_changed_signal = "false"))]
+        fn refused_host_requests(&self) -> Result<u64, Error>;
         #[zbus(property(emits_changed_signal = "false"))]
         fn garbage_lines(&self) -> Result<u64, Error>;
         #[zbus(property)]
