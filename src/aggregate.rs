@@ -73,6 +73,7 @@ async fn run(shared: Arc<Shared>, target: Target, link: HostLink, caller: Caller
     let Opened {
         reader,
         stop: _host_stop,
+        hold: _hold,
         out: host_out,
         control,
         replay,

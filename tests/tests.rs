@@ -43,6 +43,7 @@ mod daemon {
     mod era;
     mod fidelity;
     mod fixture;
+    mod flood;
     mod hostile;
     mod http;
     mod interop;

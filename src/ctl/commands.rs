@@ -78,6 +78,9 @@ struct Props {
     failed_calls: u64,
     detached: u64,
     dropped: u64,
+    slowed: u64,
+    shed: u64,
+    refused: u64,
     garbage: u64,
     sessions: u32,
     /// `max-instances` of a per-host unit; 0 for a shared one.
@@ -125,6 +128,9 @@ async fn props(server: &ServerProxy<'_>) -> Result<Props> {
         failed_calls: server.failed_calls().await.map_err(e)?,
         detached: server.detached_sessions().await.map_err(e)?,
         dropped: server.dropped_notifications().await.map_err(e)?,
+        slowed: server.slowed_sessions().await.map_err(e)?,
+        shed: server.dropped_host_notifications().await.map_err(e)?,
+        refused: server.refused_host_requests().await.map_err(e)?,
         garbage: server.garbage_lines().await.map_err(e)?,
         sessions: server.sessions().await.map_err(e)?,
         max_instances: server.max_instances().await.map_err(e)?,
@@ -144,6 +150,21 @@ async fn props(server: &ServerProxy<'_>) -> Result<Props> {
 
 impl Props {
     fn json(&self) -> Value {
+        let mut value = self.json_main();
+        // Apart: one json! of every member passes its recursion limit.
+        if let Some(object) = value.as_object_mut() {
+            for (key, n) in [
+                ("slowed_sessions", self.slowed),
+                ("dropped_host_notifications", self.shed),
+                ("refused_host_requests", self.refused),
+            ] {
+                object.insert(key.into(), n.into());
+            }
+        }
+        value
+    }
+
+    fn json_main(&self) -> Value {
         json!({
             "name": self.name,
             "description": self.description,
@@ -465,6 +486,26 @@ fn write_block(
         (
             p.dropped,
             plural(p.dropped, "notification dropped", "notifications dropped"),
+        ),
+        (
+            p.slowed,
+            plural(p.slowed, "session slowed", "sessions slowed"),
+        ),
+        (
+            p.shed,
+            plural(
+                p.shed,
+                "notification from a host dropped",
+                "notifications from hosts dropped",
+            ),
+        ),
+        (
+            p.refused,
+            plural(
+                p.refused,
+                "request from a host refused",
+                "requests from hosts refused",
+            ),
         ),
         (
             p.garbage,

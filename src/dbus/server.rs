@@ -78,8 +78,26 @@ impl Server {
             .map(|s| s.status())
     }
 
-    fn usage(&self) -> Option<crate::supervisor::cgroup::Usage> {
-        self.shared.supervisor(&self.name).ok()?.usage()
+    /// What the server's processes use now: read on the blocking pool
+    /// (a `/proc` read per process of its cgroup), off the daemon's one
+    /// runtime thread.
+    async fn usage(&self) -> Option<crate::supervisor::cgroup::Usage> {
+        let supervisor = self.shared.supervisor(&self.name).ok()?;
+        tokio::task::spawn_blocking(move || supervisor.usage())
+            .await
+            .ok()
+            .flatten()
+    }
+
+    /// A per-host unit's instances, each with what its processes use:
+    /// read on the blocking pool, as [`Self::usage`].
+    async fn instance_views(&self) -> Vec<crate::supervisor::InstanceView> {
+        let Ok(supervisor) = self.shared.supervisor(&self.name) else {
+            return Vec::new();
+        };
+        tokio::task::spawn_blocking(move || supervisor.instances())
+            .await
+            .unwrap_or_default()
     }
 
     fn supervisor(&self) -> Result<crate::supervisor::Supervisor, Error> {
@@ -355,24 +373,27 @@ impl Server {
     /// Threads of the server's processes now (its cgroup's); `u64::MAX`
     /// when not known (not running, or no cgroup). Not signalled.
     #[zbus(property(emits_changed_signal = "false"))]
-    fn tasks_current(&self) -> u64 {
-        self.usage().map_or(u64::MAX, |u| u.tasks)
+    async fn tasks_current(&self) -> u64 {
+        self.usage().await.map_or(u64::MAX, |u| u.tasks)
     }
 
     /// Bytes resident in the server's processes now (the sum of their
     /// RSS); `u64::MAX` when not known. Not signalled.
     #[zbus(property(emits_changed_signal = "false"))]
-    fn memory_current(&self) -> u64 {
-        self.usage().map_or(u64::MAX, |u| u.memory)
+    async fn memory_current(&self) -> u64 {
+        self.usage().await.map_or(u64::MAX, |u| u.memory)
     }
 
     /// CPU time of everything that ran in the server's cgroup this
     /// generation, in ns; `u64::MAX` when not known. Not signalled.
     #[zbus(property(emits_changed_signal = "false"), name = "CPUUsageNSec")]
-    fn cpu_usage_nsec(&self) -> u64 {
-        self.usage().and_then(|u| u.cpu).map_or(u64::MAX, |d| {
-            u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
-        })
+    async fn cpu_usage_nsec(&self) -> u64 {
+        self.usage()
+            .await
+            .and_then(|u| u.cpu)
+            .map_or(u64::MAX, |d| {
+                u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
+            })
     }
 
     /// Tool calls made (from D-Bus and bridges) since the daemon loaded the
@@ -410,6 +431,35 @@ impl Server {
         self.shared
             .supervisor(&self.name)
             .map_or(0, |s| s.totals().dropped())
+    }
+
+    /// Times a host session was read no more for a while because the
+    /// server had not read enough of what it sent (back-pressure: the
+    /// host's own writes waited). Not signalled.
+    #[zbus(property(emits_changed_signal = "false"))]
+    fn slowed_sessions(&self) -> u64 {
+        self.shared
+            .supervisor(&self.name)
+            .map_or(0, |s| s.totals().slowed())
+    }
+
+    /// Notifications of host sessions dropped, not sent to a server that
+    /// was not reading, past the session's share of what may wait for it.
+    /// Not signalled.
+    #[zbus(property(emits_changed_signal = "false"))]
+    fn dropped_host_notifications(&self) -> u64 {
+        self.shared
+            .supervisor(&self.name)
+            .map_or(0, |s| s.totals().shed())
+    }
+
+    /// Requests of host sessions refused for the same reason. Not
+    /// signalled.
+    #[zbus(property(emits_changed_signal = "false"))]
+    fn refused_host_requests(&self) -> u64 {
+        self.shared
+            .supervisor(&self.name)
+            .map_or(0, |s| s.totals().refused())
     }
 
     /// Lines the server wrote to its standard output that were not
@@ -608,11 +658,12 @@ impl Server {
     /// D-Bus calls (`NAME@uid-UID`) is numbered 0, with host PID 0 and
     /// that uid.
     #[zbus(property)]
-    fn instances(&self) -> Vec<(u32, String, u32, u32, u32)> {
-        self.shared
-            .supervisor(&self.name)
-            .map(|s| s.instances().iter().map(instance_row).collect())
-            .unwrap_or_default()
+    async fn instances(&self) -> Vec<(u32, String, u32, u32, u32)> {
+        self.instance_views()
+            .await
+            .iter()
+            .map(instance_row)
+            .collect()
     }
 
     /// `max-instances` of a per-host unit; 0 for a shared one.
@@ -629,12 +680,8 @@ impl Server {
     /// objects (`name`, `n`, `state`, `pid`, `host_pid`, `host_uid`,
     /// `since_usec`, `calls`, `memory`; absent values null; a D-Bus
     /// caller's instance has `n` 0 and no `host_pid`).
-    fn list_instances(&self) -> String {
-        let instances = self
-            .shared
-            .supervisor(&self.name)
-            .map(|s| s.instances())
-            .unwrap_or_default();
+    async fn list_instances(&self) -> String {
+        let instances = self.instance_views().await;
         let rows: Vec<serde_json::Value> = instances
             .iter()
             .map(|i| {
@@ -965,6 +1012,12 @@ pub mod client {
         fn detached_sessions(&self) -> Result<u64, Error>;
         #[zbus(property(emits_changed_signal = "false"))]
         fn dropped_notifications(&self) -> Result<u64, Error>;
+        #[zbus(property(emits_changed_signal = "false"))]
+        fn slowed_sessions(&self) -> Result<u64, Error>;
+        #[zbus(property(emits_changed_signal = "false"))]
+        fn dropped_host_notifications(&self) -> Result<u64, Error>;
+        #[zbus(property(emits_changed_signal = "false"))]
+        fn refused_host_requests(&self) -> Result<u64, Error>;
         #[zbus(property(emits_changed_signal = "false"))]
         fn garbage_lines(&self) -> Result<u64, Error>;
         #[zbus(property)]

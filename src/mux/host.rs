@@ -107,6 +107,8 @@ pub struct Opened {
     pub reader: Reader,
     /// Dropped with the host: stops its reader.
     pub stop: StopReading,
+    /// Holds its reader back, and lets it go ([`HoldReading::hold`]).
+    pub hold: HoldReading,
     pub out: HostOut,
     /// The bridge's socket, for a host whose stdio was handed over: what
     /// the session tells the bridge (`Control` lines) is written here.
@@ -117,6 +119,15 @@ pub struct Opened {
 }
 
 impl HostLink {
+    /// Whether the host can be made to wait by reading it no more: its
+    /// link is a descriptor, whose writer then blocks (a socket, a
+    /// bridge's stdio). An in-memory host (an aggregate's member
+    /// session, an HTTP session) is not held back: what it sends past its
+    /// share is shed (`mux::session::toward`).
+    pub fn pausable(&self) -> bool {
+        matches!(self, HostLink::Socket { .. } | HostLink::Stdio { .. })
+    }
+
     /// Opens the link for host session `host`: what is written to the
     /// host is queued up to `queue` messages and `bytes` bytes behind the
     /// one being written (to its bridge, up to `queue` messages).
@@ -185,16 +196,19 @@ impl HostLink {
             }
         };
         let stop = Arc::new(Stop::default());
+        let held = Arc::new(Stop::default());
         let reader = Reader::Host(HostReader {
             host,
             lines: Lines::with_pending(source, pending),
             control: watch.map(Watched::new),
             stop: Arc::clone(&stop),
+            held: Arc::clone(&held),
             ended: false,
         });
         Opened {
             reader,
             stop: StopReading(stop),
+            hold: HoldReading(held),
             out,
             control,
             replay,
@@ -296,6 +310,22 @@ impl Drop for StopReading {
     }
 }
 
+/// Holds a host's reader back: while held, what the host sends is not
+/// read (it waits in the descriptor, and then in the host's own writes),
+/// though its end and its bridge's are still seen.
+#[derive(Debug)]
+pub struct HoldReading(Arc<Stop>);
+
+impl HoldReading {
+    /// Holds the reader back (`true`), or lets it go (and wakes it).
+    pub fn hold(&self, on: bool) {
+        self.0.stopped.store(on, Ordering::Release);
+        if !on {
+            self.0.waker.wake();
+        }
+    }
+}
+
 #[derive(Debug, Default)]
 pub struct Stop {
     stopped: std::sync::atomic::AtomicBool,
@@ -345,6 +375,8 @@ pub struct HostReader {
     /// only listens, so anything read on it (its end) ends the session.
     control: Option<Watched>,
     stop: Arc<Stop>,
+    /// Held back while set ([`HoldReading`]).
+    held: Arc<Stop>,
     ended: bool,
 }
 
@@ -397,6 +429,10 @@ impl HostReader {
         if self.poll_bridge_gone(cx) {
             self.ended = true;
             return Poll::Ready(Some(Event::Host(self.host, None)));
+        }
+        if self.held.stopped(cx) {
+            // Woken when let go.
+            return Poll::Pending;
         }
         let frame = std::task::ready!(self.lines.poll_next(cx));
         self.ended = frame.is_none();

@@ -102,6 +102,9 @@ pub struct Outbox<W> {
     /// The writer task, once there is one: it ends once the outbox is
     /// dropped and its queue written (or a write failed).
     writer: std::sync::OnceLock<tokio::task::JoinHandle<()>>,
+    /// Woken each time the writer task wrote a message
+    /// ([`Outbox::notify_drained`]).
+    drained: Option<Arc<tokio::sync::Notify>>,
 }
 
 impl<W: TryWrite> Outbox<W> {
@@ -124,7 +127,15 @@ impl<W: TryWrite> Outbox<W> {
             limit,
             byte_limit: usize::MAX,
             writer: std::sync::OnceLock::new(),
+            drained: None,
         }
+    }
+
+    /// Wakes `drained` each time a message that waited has been written
+    /// (whoever held back a peer until the queue drains).
+    pub fn notify_drained(mut self, drained: Arc<tokio::sync::Notify>) -> Self {
+        self.drained = Some(drained);
+        self
     }
 
     /// The writer task's queue, the task started the first time.
@@ -137,6 +148,7 @@ impl<W: TryWrite> Outbox<W> {
                 Arc::clone(&self.queued),
                 Arc::clone(&self.bytes),
                 self.failed.clone(),
+                self.drained.clone(),
             ));
             let _ = self.writer.set(writer);
             queue
@@ -248,6 +260,7 @@ async fn write_queue<W: TryWrite>(
     count: Arc<AtomicUsize>,
     size: Arc<AtomicUsize>,
     failed: Option<mpsc::WeakUnboundedSender<Result<Message, String>>>,
+    drained: Option<Arc<tokio::sync::Notify>>,
 ) {
     while let Some(bytes) = rx.recv().await {
         // Being written now: no longer waiting behind it.
@@ -262,9 +275,15 @@ async fn write_queue<W: TryWrite>(
             }
             // Further sends are refused as closed.
             count.store(usize::MAX / 2, Ordering::Relaxed);
+            if let Some(drained) = &drained {
+                drained.notify_one();
+            }
             return;
         }
         count.fetch_sub(1, Ordering::Relaxed);
+        if let Some(drained) = &drained {
+            drained.notify_one();
+        }
     }
 }
 

@@ -11,10 +11,11 @@
 
 use std::io;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::task::{Context, Poll};
 
 use tokio::io::{AsyncWrite, AsyncWriteExt};
-use tokio::sync::mpsc;
+use tokio::sync::{Notify, mpsc};
 
 use super::error::ErrorCode;
 pub use super::lines::{Drain, Frame, Lines, MAX_LINE, Source, Stream, line};
@@ -43,9 +44,9 @@ pub struct Sender(SenderKind);
 #[derive(Debug, Clone)]
 enum SenderKind {
     /// To a task that serializes and writes them.
-    Values(mpsc::UnboundedSender<Message>),
+    Values(mpsc::UnboundedSender<Message>, Arc<Queued>),
     /// Written at once where possible (the child's stdin).
-    Pipe(Arc<Outbox<tokio::net::unix::pipe::Sender>>),
+    Pipe(Arc<Outbox<tokio::net::unix::pipe::Sender>>, Arc<Notify>),
 }
 
 /// The connection is closed.
@@ -55,11 +56,74 @@ pub struct Closed;
 impl Sender {
     pub fn send(&self, message: Message) -> Result<(), Closed> {
         match &self.0 {
-            SenderKind::Values(tx) => tx.send(message).map_err(|_| Closed),
-            SenderKind::Pipe(outbox) => message
+            SenderKind::Values(tx, queued) => {
+                queued.messages.fetch_add(1, Ordering::Relaxed);
+                tx.send(message).map_err(|_| {
+                    queued.messages.fetch_sub(1, Ordering::Relaxed);
+                    Closed
+                })
+            }
+            SenderKind::Pipe(outbox, _) => message
                 .with_line(|line| outbox.send_slice(line))
                 .map_err(|_| Closed),
         }
+    }
+
+    /// Messages sent and not written yet (the one being written
+    /// included), in the order sent: what a server that reads slowly has
+    /// not taken. The session core bounds it (`mux::session::toward`).
+    pub fn waiting(&self) -> usize {
+        match &self.0 {
+            SenderKind::Values(_, queued) => queued.messages.load(Ordering::Relaxed),
+            SenderKind::Pipe(outbox, _) => outbox.backlog().0,
+        }
+    }
+
+    /// Woken each time a message that waited has been written.
+    pub fn drained(&self) -> Arc<Notify> {
+        match &self.0 {
+            SenderKind::Values(_, queued) => Arc::clone(&queued.drained),
+            SenderKind::Pipe(_, drained) => Arc::clone(drained),
+        }
+    }
+}
+
+/// The count of a channel-fed connection's messages not written yet,
+/// shared by its [`Sender`]s and its [`Outgoing`].
+#[derive(Debug, Default)]
+struct Queued {
+    messages: AtomicUsize,
+    drained: Arc<Notify>,
+}
+
+/// The transport's end of a channel-fed connection ([`Wire::channel`]):
+/// the messages sent on the wire, each with the [`Written`] that says,
+/// when dropped, that it has left the daemon.
+#[derive(Debug)]
+pub struct Outgoing {
+    rx: mpsc::UnboundedReceiver<Message>,
+    queued: Arc<Queued>,
+}
+
+impl Outgoing {
+    /// The next message sent on the wire; `None` once every sender is
+    /// gone.
+    pub async fn recv(&mut self) -> Option<(Message, Written)> {
+        let message = self.rx.recv().await?;
+        Some((message, Written(Arc::clone(&self.queued))))
+    }
+}
+
+/// A message taken off a channel-fed connection: counted as waiting
+/// ([`Sender::waiting`]) until this is dropped (once it was written, or
+/// its send failed).
+#[derive(Debug)]
+pub struct Written(Arc<Queued>);
+
+impl Drop for Written {
+    fn drop(&mut self) {
+        self.0.messages.fetch_sub(1, Ordering::Relaxed);
+        self.0.drained.notify_one();
     }
 }
 
@@ -225,7 +289,7 @@ impl Wire {
         S: Source,
         W: AsyncWrite + Unpin + Send + 'static,
     {
-        let (tx, mut outgoing) = mpsc::unbounded_channel::<Message>();
+        let (tx, mut outgoing) = Self::outgoing();
         let (rx, incoming) = Receiver::lines(source);
         // The writer reports a failed write without keeping the channel
         // open once the receiver is gone.
@@ -233,7 +297,7 @@ impl Wire {
         drop(incoming);
         tokio::spawn(async move {
             let mut sink = sink;
-            while let Some(message) = outgoing.recv().await {
+            while let Some((message, _written)) = outgoing.recv().await {
                 let bytes = message.line();
                 let written = async {
                     sink.write_all(&bytes).await?;
@@ -253,10 +317,15 @@ impl Wire {
             // Closing the sink (the child's stdin) tells the server to go.
             let _ = sink.shutdown().await;
         });
-        Self {
-            tx: Sender(SenderKind::Values(tx)),
-            rx,
-        }
+        Self { tx, rx }
+    }
+
+    /// A channel-fed connection's sender and the transport's end.
+    fn outgoing() -> (Sender, Outgoing) {
+        let (tx, rx) = mpsc::unbounded_channel::<Message>();
+        let queued = Arc::new(Queued::default());
+        let sender = Sender(SenderKind::Values(tx, Arc::clone(&queued)));
+        (sender, Outgoing { rx, queued })
     }
 
     /// Over a child's pipes: as [`Wire::lines`], but a message the pipe
@@ -266,25 +335,30 @@ impl Wire {
         sink: tokio::net::unix::pipe::Sender,
     ) -> Self {
         let (rx, incoming) = Receiver::lines(source);
-        let outbox = Outbox::new(sink, usize::MAX / 8, Some(incoming.downgrade()));
+        let drained = Arc::new(Notify::new());
+        // Unbounded here: what may wait for the server is bounded by the
+        // session core, by host (`mux::session::toward`).
+        let outbox = Outbox::new(sink, usize::MAX / 8, Some(incoming.downgrade()))
+            .notify_drained(Arc::clone(&drained));
         Self {
-            tx: Sender(SenderKind::Pipe(Arc::new(outbox))),
+            tx: Sender(SenderKind::Pipe(Arc::new(outbox), drained)),
             rx,
         }
     }
+
     /// Over channels, for a transport that runs its own task (the
     /// launcher's Streamable HTTP adapter): the messages sent on the wire
-    /// come out of the receiver of `to_server`, and the transport sends
-    /// what the server says, or why the connection failed, to the sender
-    /// of `from_server`. The connection ends when that sender is dropped.
-    pub fn channel(
-        to_server: mpsc::UnboundedSender<Message>,
-        from_server: mpsc::UnboundedReceiver<Incoming>,
-    ) -> Self {
-        Self {
-            tx: Sender(SenderKind::Values(to_server)),
+    /// come out of the [`Outgoing`] returned (each counted as waiting
+    /// until its [`Written`] is dropped), and the transport sends what the
+    /// server says, or why the connection failed, to the sender of
+    /// `from_server`. The connection ends when that sender is dropped.
+    pub fn channel(from_server: mpsc::UnboundedReceiver<Incoming>) -> (Self, Outgoing) {
+        let (tx, outgoing) = Self::outgoing();
+        let wire = Self {
+            tx,
             rx: Receiver::channel(from_server),
-        }
+        };
+        (wire, outgoing)
     }
 }
 

@@ -65,6 +65,9 @@ pub struct Counters {
     detached: AtomicU64,
     dropped: AtomicU64,
     garbage: AtomicU64,
+    slowed: AtomicU64,
+    shed: AtomicU64,
+    refused: AtomicU64,
 }
 
 impl Counters {
@@ -77,6 +80,9 @@ impl Counters {
             (&self.detached, &other.detached),
             (&self.dropped, &other.dropped),
             (&self.garbage, &other.garbage),
+            (&self.slowed, &other.slowed),
+            (&self.shed, &other.shed),
+            (&self.refused, &other.refused),
         ] {
             mine.fetch_add(theirs.load(Ordering::Relaxed), Ordering::Relaxed);
         }
@@ -105,6 +111,32 @@ impl Counters {
 
     pub(crate) fn host_detached(&self) {
         self.detached.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Times a host session was read no more for a while, because the
+    /// server had not read enough of what it sent (back-pressure).
+    pub fn slowed(&self) -> u64 {
+        self.slowed.load(Ordering::Relaxed)
+    }
+
+    /// Notifications of host sessions dropped, not sent to a server that
+    /// was not reading (past the session's share of its queue).
+    pub fn shed(&self) -> u64 {
+        self.shed.load(Ordering::Relaxed)
+    }
+
+    /// Requests of host sessions refused, for the same reason.
+    pub fn refused(&self) -> u64 {
+        self.refused.load(Ordering::Relaxed)
+    }
+
+    pub(crate) fn host_slowed(&self) {
+        self.slowed.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub(crate) fn host_shed(&self, request: bool) {
+        let counter = if request { &self.refused } else { &self.shed };
+        counter.fetch_add(1, Ordering::Relaxed);
     }
 
     pub(crate) fn notification_dropped(&self) {

@@ -343,7 +343,7 @@ impl Actor {
     async fn command(&mut self, command: Command) {
         match command {
             Command::Arm => {
-                let cached = self.restore();
+                let cached = self.restore().await;
                 self.step(Event::Arm { cached }).await;
             }
             Command::Start => self.step(Event::Start).await,
@@ -654,11 +654,14 @@ impl Actor {
 
     /// An on-demand unit's cached lists, handed to its sessions; a cache
     /// that cannot be read is warned about and the lists learnt again.
-    /// (Read in place: a few KiB from local disk, once per unit, costs
-    /// less than a thread of the blocking pool for each.)
-    fn restore(&mut self) -> Option<super::machine::Cached> {
-        let file = self.cache.file.as_ref()?;
-        match file.load() {
+    /// Read and parsed on the blocking pool: a large catalog's cache is
+    /// megabytes, and the daemon's one runtime thread serves every unit.
+    async fn restore(&mut self) -> Option<super::machine::Cached> {
+        let file = self.cache.file.clone()?;
+        let loaded = tokio::task::spawn_blocking(move || file.load())
+            .await
+            .unwrap_or_else(|e| Err(format!("reading the cache failed: {e}")));
+        match loaded {
             Ok(Some(restored)) => {
                 self.cache.written = Some(restored.digest);
                 self.sessions.restore(restored.init, restored.lists);

@@ -1,5 +1,6 @@
 //! Streamable HTTP sessions: rmcp's client transport, adapted to a
-//! [`Wire`] that carries mcpd's own [`Message`]s. The only place that knows
+//! [`Wire`] that carries mcpd's own
+//! [`Message`](crate::mux::message::Message)s. The only place that knows
 //! rmcp's HTTP transport (the launcher's, see [`super::launch`]): `mux`
 //! sees a channel-fed wire and nothing of rmcp.
 
@@ -12,7 +13,6 @@ use rmcp::transport::streamable_http_client::{
 use tokio::sync::mpsc;
 
 use crate::mux::error::ErrorCode;
-use crate::mux::message::Message;
 use crate::mux::wire::{Wire, error_chain};
 
 /// A session with the Streamable HTTP server at `url`, sending `headers`
@@ -43,14 +43,17 @@ where
     T: rmcp::transport::Transport<rmcp::RoleClient> + Send + 'static,
 {
     use rmcp::model::ClientJsonRpcMessage;
-    let (tx, mut outgoing) = mpsc::unbounded_channel::<Message>();
     let (incoming, rx) = mpsc::unbounded_channel();
+    // Each message counts as waiting for the server (which the session
+    // core bounds) until its HTTP request is over: a server that answers
+    // slowly holds back the hosts that send it most.
+    let (wire, mut outgoing) = Wire::channel(rx);
     tokio::spawn(async move {
         let mut transport = transport;
         loop {
             tokio::select! {
                 message = outgoing.recv() => {
-                    let Some(message) = message else { break };
+                    let Some((message, written)) = message else { break };
                     let message = message.to_value();
                     let typed = match serde_json::from_value::<ClientJsonRpcMessage>(message.clone()) {
                         Ok(typed) => typed,
@@ -78,6 +81,7 @@ where
                     .await;
                     let failed = incoming.clone();
                     let report = move |sent: Result<(), T::Error>| {
+                        drop(written);
                         if let Err(e) = sent {
                             let _ = failed.send(Err(describe(&e)));
                         }
@@ -104,7 +108,7 @@ where
         }
         let _ = transport.close().await;
     });
-    Wire::channel(tx, rx)
+    wire
 }
 
 #[cfg(test)]

@@ -32,7 +32,7 @@ use tokio::sync::{mpsc, oneshot, watch};
 
 use crate::mux::attach::Control;
 use crate::mux::era;
-use crate::mux::host::{Event, HostLink, HostOut, Reader, Readers, StopReading};
+use crate::mux::host::{Event, HoldReading, HostLink, HostOut, Reader, Readers, StopReading};
 use crate::mux::ledger::Ledger;
 use crate::mux::lists::{List, ListError, Why};
 use crate::mux::message::Message;
@@ -603,6 +603,9 @@ struct HostIo {
     ledger: Option<Box<Ledger>>,
     /// Dropped with the host: stops its reader.
     _reader: StopReading,
+    /// Holds its reader back while the server has not read enough of
+    /// what it sent (`Out::Slow`).
+    hold: HoldReading,
     caller: Caller,
     /// Notifications not sent to it while it was behind, not told yet.
     dropped: u64,
@@ -637,6 +640,8 @@ impl Drop for HostIo {
 struct Upstream {
     generation: Gen,
     tx: crate::mux::wire::Sender,
+    /// Woken as what waits for the server is written.
+    drained: Arc<tokio::sync::Notify>,
     /// Dropped with the upstream: stops its reader.
     _reader: StopReading,
 }
@@ -701,7 +706,21 @@ impl Task {
         self.core.status(facts, now());
         self.perform();
         loop {
+            // While a host is held back, the upstream's queue is watched
+            // as it drains.
+            let drained = self
+                .upstream
+                .as_ref()
+                .filter(|_| self.core.slowed())
+                .map(|u| Arc::clone(&u.drained));
             tokio::select! {
+                () = async {
+                    if let Some(drained) = &drained {
+                        drained.notified().await;
+                    }
+                }, if drained.is_some() => {
+                    self.waiting();
+                }
                 input = rx.recv() => match input {
                     Some(input) => {
                         self.refresh();
@@ -775,12 +794,20 @@ impl Task {
     /// the unit's handle shows it, whether or not its change has been
     /// handled.
     fn refresh(&mut self) {
+        self.waiting();
         if self.fresh.has_changed().unwrap_or(false) {
             let facts = {
                 let status = self.fresh.borrow_and_update();
                 facts_of(&self.name, &status, &mut self.tools)
             };
             self.core.refresh(facts);
+        }
+    }
+
+    /// Tells the core how much of what it sent the server still waits.
+    fn waiting(&mut self) {
+        if let Some(up) = &self.upstream {
+            self.core.server_waiting(up.tx.waiting());
         }
     }
 
@@ -807,6 +834,7 @@ impl Task {
                 self.readers.push(reader);
                 self.upstream = Some(Upstream {
                     generation,
+                    drained: wire.tx.drained(),
                     tx: wire.tx,
                     _reader: stop,
                 });
@@ -856,6 +884,7 @@ impl Task {
     fn attach(&mut self, link: HostLink, caller: Caller, refused: Option<Arc<str>>) {
         let host = self.core.next_host();
         let who = caller.to_string();
+        let pausable = link.pausable();
         let opened = link.open(host, QUEUE, QUEUE_BYTES);
         self.readers.push(opened.reader);
         let arrival = Arrival {
@@ -863,6 +892,7 @@ impl Task {
             bridged: opened.control.is_some(),
             ledger: opened.ledger.is_some(),
             refused,
+            pausable,
         };
         self.io.insert(
             host,
@@ -871,6 +901,7 @@ impl Task {
                 control: opened.control,
                 ledger: opened.ledger,
                 _reader: opened.stop,
+                hold: opened.hold,
                 caller,
                 dropped: 0,
             },
@@ -893,6 +924,8 @@ impl Task {
                 self.carry_out(out);
             }
             self.core.recycle(outs);
+            // What was written at once is no longer waiting.
+            self.waiting();
             if !self.doomed.is_empty() {
                 let at = now();
                 for (host, why) in std::mem::take(&mut self.doomed) {
@@ -994,6 +1027,15 @@ impl Task {
             Out::ServerLog(message) => self.journal(&message),
             Out::Blame { why, whose } => self.blame(&why, &whose),
             Out::Publish(publish) => self.publish(publish),
+            Out::Slow { host, slow } => {
+                if let Some(io) = self.io.get(&host) {
+                    io.hold.hold(slow);
+                    if slow {
+                        self.counters.host_slowed();
+                    }
+                }
+            }
+            Out::Shed { request, .. } => self.counters.host_shed(request),
         }
     }
 

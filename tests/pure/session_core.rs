@@ -8,8 +8,9 @@ use std::time::{Duration, Instant};
 use mcpd::mux::error::ErrorCode;
 use mcpd::mux::message::Message;
 use mcpd::mux::route::HostId;
+use mcpd::mux::session::toward::{SERVER_QUEUE, SLOW};
 use mcpd::mux::session::{
-    Arrival, Core, Facts, Kind, MAX_IN_FLIGHT, MAX_SESSIONS, Notice, Out, Outcome, Publish,
+    Arrival, Core, Facts, Kind, Level, MAX_IN_FLIGHT, MAX_SESSIONS, Notice, Out, Outcome, Publish,
     Purpose, Settings, Tunables, UnitState,
 };
 use mcpd::mux::wire::Frame;
@@ -814,4 +815,199 @@ fn ending_a_host_abandons_its_calls_and_closing_answers_what_was_waiting() {
         sent.iter()
             .all(|m| m["error"]["code"] == ErrorCode::ServerDown.code())
     );
+}
+
+// What waits toward the server (`mux::session::toward`), by host.
+
+/// A notification from a host, as its reader parses it.
+fn notification(n: usize) -> Frame {
+    frame(
+        json!({"jsonrpc": "2.0", "method": "notifications/roots/list_changed", "params": {"n": n}}),
+    )
+}
+
+/// Attaches a host that can be held back (a socket, a bridge's stdio)
+/// and answers its `initialize`; its id.
+fn pausable(core: &mut Core) -> HostId {
+    let host = core.next_host();
+    let arrival = Arrival {
+        pausable: true,
+        ..Arrival::default()
+    };
+    core.attach(host, arrival, at(0));
+    core.host_frame(host, initialize(json!(0)), at(0));
+    core.take();
+    host
+}
+
+/// Host `host`'s sheds among `outs`: (notifications, requests).
+fn shed_of(outs: &[Out], to: HostId) -> (usize, usize) {
+    let mut shed = (0, 0);
+    for out in outs {
+        if let Out::Shed { host, request } = out
+            && *host == to
+        {
+            if *request {
+                shed.1 += 1;
+            } else {
+                shed.0 += 1;
+            }
+        }
+    }
+    shed
+}
+
+#[test]
+fn a_host_past_its_share_of_the_servers_queue_is_shed_and_told_then_let_through_once_it_drains() {
+    let mut core = running();
+    let host = initialized(&mut core);
+    // The server reads nothing: everything sent waits.
+    for n in 0..SERVER_QUEUE {
+        core.host_frame(host, notification(n), at(1));
+    }
+    let outs = core.take();
+    assert_eq!(
+        to_server(&outs).len(),
+        SERVER_QUEUE,
+        "its share: the whole queue"
+    );
+    assert_eq!(shed_of(&outs, host), (0, 0));
+    assert_eq!(core.toward_server().0, SERVER_QUEUE);
+    // Past it: its notification dropped, its request refused, counted,
+    // and the first of the run said in the journal.
+    core.host_frame(host, notification(0), at(2));
+    core.host_frame(
+        host,
+        request(json!(7), "tools/call", json!({"name": "echo"})),
+        at(2),
+    );
+    core.host_frame(host, notification(1), at(2));
+    let outs = core.take();
+    assert!(to_server(&outs).is_empty(), "nothing more for the server");
+    assert_eq!(shed_of(&outs, host), (2, 1));
+    let (code, why) = error_of(&outs, host);
+    assert_eq!(code, ErrorCode::ServerDown as i64);
+    assert!(why.contains("not reading"), "{why}");
+    let warnings = outs
+        .iter()
+        .filter(|o| {
+            matches!(
+                o,
+                Out::Log {
+                    level: Level::Warn,
+                    ..
+                }
+            )
+        })
+        .count();
+    assert_eq!(warnings, 1, "one line for the run, not one per message");
+    assert!(
+        !outs.iter().any(|o| matches!(o, Out::Call { .. })),
+        "a refused call is no call"
+    );
+    // The server read it all: the host's next message goes, and the
+    // journal says what the run cost.
+    core.server_waiting(0);
+    assert_eq!(core.toward_server(), (0, 0));
+    core.host_frame(host, notification(2), at(3));
+    let outs = core.take();
+    assert_eq!(to_server(&outs).len(), 1);
+    let said = outs.iter().find_map(|o| match o {
+        Out::Log {
+            level: Level::Info,
+            text,
+            ..
+        } => Some(text.clone()),
+        _ => None,
+    });
+    let said = said.expect("the run's cost said");
+    assert!(
+        said.contains("2 of its notifications were dropped and 1 of its requests refused"),
+        "{said}"
+    );
+}
+
+#[test]
+fn one_hosts_flood_leaves_another_host_its_share_of_the_servers_queue() {
+    let mut core = running();
+    let flood = initialized(&mut core);
+    let calm = initialized(&mut core);
+    for n in 0..SERVER_QUEUE {
+        core.host_frame(flood, notification(n), at(1));
+    }
+    let outs = core.take();
+    assert_eq!(to_server(&outs).len(), SERVER_QUEUE / 2, "half each");
+    assert_eq!(shed_of(&outs, flood), (SERVER_QUEUE / 2, 0));
+    core.host_frame(
+        calm,
+        request(json!(1), "tools/call", json!({"name": "echo"})),
+        at(2),
+    );
+    let outs = core.take();
+    assert_eq!(to_server(&outs).len(), 1, "the calm host's request goes");
+    assert_eq!(shed_of(&outs, calm), (0, 0));
+    // The queue drains from the oldest: the flood's first messages are
+    // written, and it may send as many again.
+    core.server_waiting(1);
+    core.host_frame(flood, notification(0), at(3));
+    assert_eq!(to_server(&core.take()).len(), 1);
+}
+
+#[test]
+fn a_host_that_can_wait_is_held_back_past_slow_and_let_go_once_half_is_written() {
+    let mut core = running();
+    let host = pausable(&mut core);
+    let held = |outs: &[Out]| -> Vec<bool> {
+        outs.iter()
+            .filter_map(|o| match o {
+                Out::Slow { host: h, slow } if *h == host => Some(*slow),
+                _ => None,
+            })
+            .collect()
+    };
+    for n in 0..SLOW - 1 {
+        core.host_frame(host, notification(n), at(1));
+    }
+    assert!(held(&core.take()).is_empty(), "below SLOW: read on");
+    core.host_frame(host, notification(0), at(1));
+    assert_eq!(held(&core.take()), [true], "at SLOW: held back");
+    assert!(core.slowed());
+    // Its reader may still yield a line it had read: taken, and not held
+    // again.
+    core.host_frame(host, notification(1), at(1));
+    assert!(held(&core.take()).is_empty());
+    core.server_waiting(SLOW / 2);
+    assert!(held(&core.take()).is_empty(), "half of it still waits");
+    core.server_waiting(SLOW / 2 - 1);
+    assert_eq!(held(&core.take()), [false], "let go");
+    assert!(!core.slowed());
+    // Held again, and let go when the upstream goes (nothing waits for
+    // the next one).
+    for n in 0..SLOW {
+        core.host_frame(host, notification(n), at(2));
+    }
+    assert_eq!(held(&core.take()), [true]);
+    core.down(1, Some("gone".into()), at(3));
+    let outs = core.take();
+    assert_eq!(held(&outs), [false]);
+    assert_eq!(core.toward_server(), (0, 0));
+}
+
+#[test]
+fn a_host_that_cannot_wait_is_never_held_back_and_mcpds_own_messages_are_never_shed() {
+    let mut core = running();
+    let host = initialized(&mut core);
+    for n in 0..SLOW * 2 {
+        core.host_frame(host, notification(n), at(1));
+    }
+    let outs = core.take();
+    assert!(!outs.iter().any(|o| matches!(o, Out::Slow { .. })));
+    assert!(!core.slowed());
+    for n in 0..SERVER_QUEUE {
+        core.host_frame(host, notification(n), at(1));
+    }
+    core.take();
+    // The queue is full; mcpd's own request still goes.
+    core.request(1, "ping", json!({}), Purpose::Sync, at(2));
+    assert_eq!(to_server(&core.take()).len(), 1);
 }

@@ -31,6 +31,7 @@ impl Core {
             bridged,
             ledger,
             refused,
+            pausable,
         } = arrival;
         self.hosts.insert(
             host,
@@ -46,6 +47,8 @@ impl Core {
                 translated: None,
                 version: None,
                 refused,
+                pausable,
+                shed: None,
             },
         );
         let attached = self.hosts.len();
@@ -70,7 +73,9 @@ impl Core {
             if let Some(h) = self.hosts.get_mut(&host) {
                 h.swallow = Some(replay.get("id").cloned().unwrap_or(Value::Null));
             }
+            self.sender = host;
             self.on_host(host, Frame::Message(replay.into()));
+            self.sender = super::toward::MCPD;
         }
         self.settle_doomed();
     }
@@ -79,8 +84,53 @@ impl Core {
     pub fn host_frame(&mut self, host: HostId, frame: Frame, now: Instant) {
         self.now = now;
         self.record(host, &frame);
+        self.sender = host;
         self.on_host(host, frame);
+        self.sender = super::toward::MCPD;
+        if self.hosts.get(&host).is_some_and(|h| h.pausable) && self.toward.slow(host) {
+            // Back-pressure: its own writes wait until the server has
+            // read what it sent.
+            self.out(Out::Slow { host, slow: true });
+        }
         self.settle_doomed();
+    }
+
+    /// Whether `host`'s `message` may go to the server now; if not, it is
+    /// counted ([`Out::Shed`]), and the first of a run said in the
+    /// journal.
+    fn admitted(&mut self, host: HostId, message: &Message, request: bool) -> bool {
+        let admit = self
+            .toward
+            .admit(host, message.received(), self.hosts.len());
+        let (waiting, bytes) = self.toward.total();
+        let name = self.name.clone();
+        let Some(h) = self.hosts.get_mut(&host) else {
+            return false;
+        };
+        if admit == super::toward::Admit::Pass {
+            if let Some((dropped, refused)) = h.shed.take() {
+                let text = format!(
+                    "server {name} reads again what this session sends: {dropped} of its notifications were dropped and {refused} of its requests refused meanwhile"
+                );
+                self.log(Level::Info, Some(host), text);
+            }
+            return true;
+        }
+        let first = h.shed.is_none();
+        let shed = h.shed.get_or_insert((0, 0));
+        if request {
+            shed.1 += 1;
+        } else {
+            shed.0 += 1;
+        }
+        if first {
+            let text = format!(
+                "server {name} is not reading what it is sent ({waiting} messages, {bytes} bytes wait for it): dropping this session's notifications and refusing its requests past its share until it does"
+            );
+            self.log(Level::Warn, Some(host), text);
+        }
+        self.out(Out::Shed { host, request });
+        false
     }
 
     /// Host session `host` ended: it left (`why` none), or its link
@@ -103,6 +153,7 @@ impl Core {
         if !self.hosts.contains_key(&host) {
             return;
         }
+        self.toward.left(host);
         // Its calls in flight are dropped (logged as abandoned).
         self.abandon_calls(host);
         let Some(gone) = self.hosts.remove(&host) else {
@@ -495,6 +546,12 @@ impl Core {
                 if !message.has("method") && self.answered_input(host, &message) {
                     return;
                 }
+                if message.has("method")
+                    && self.upstream.is_some()
+                    && !self.admitted(host, &message, false)
+                {
+                    return;
+                }
                 let outs = self.router.from_host(host, message);
                 self.deliver(outs, None);
             }
@@ -538,6 +595,15 @@ impl Core {
                 .response(&id.to_value(), format!("request id {id} is already in use"));
             self.answered(host, &id);
             self.send_bytes(host, line(&refusal));
+            return;
+        }
+        if self.upstream.is_some() && !self.admitted(host, &message, true) {
+            let (waiting, bytes) = self.toward.total();
+            let why = format!(
+                "server {} is not reading what it is sent ({waiting} messages, {bytes} bytes wait for it): this session's request is refused past its share",
+                self.name
+            );
+            self.send(host, ErrorCode::ServerDown.response(&id.to_value(), why));
             return;
         }
         if method == Method::ToolsCall {

@@ -28,7 +28,9 @@
 //!   ([`upstream`]) each get their era;
 //! - bounds: [`MAX_SESSIONS`] per unit, [`MAX_IN_FLIGHT`] requests per
 //!   host and [`MAX_UNIT_IN_FLIGHT`] per unit, `max-request-size`, the
-//!   `initialize` deadline, [`BACKLOG`] lines held per host.
+//!   `initialize` deadline, [`BACKLOG`] lines held per host, and what
+//!   waits toward the server ([`toward`]: a host slowed, then shed, past
+//!   its share).
 //!
 //! mcpd's own requests (tool syncs, D-Bus `CallTool`, probes) go through
 //! the same router ([`Core::request`]), so their ids never collide with
@@ -40,6 +42,7 @@ mod lists;
 mod modern;
 mod opening;
 mod server;
+pub mod toward;
 pub mod upstream;
 
 pub use classify::*;
@@ -219,6 +222,9 @@ pub struct Arrival {
     /// Its `initialize` is refused with this (a per-host unit at its
     /// `max-instances`): nothing else happens.
     pub refused: Option<Arc<str>>,
+    /// It can be made to wait ([`Out::Slow`]): its link is a descriptor
+    /// whose writer blocks once the daemon stops reading it.
+    pub pausable: bool,
 }
 
 /// How a message to a host is sent.
@@ -342,6 +348,18 @@ pub enum Out {
         whose: Vec<(HostId, usize)>,
     },
     Publish(Publish),
+    /// Host `host` is to be read no more (`true`) until told otherwise:
+    /// enough of what it sent waits toward the server ([`toward`]).
+    Slow {
+        host: HostId,
+        slow: bool,
+    },
+    /// Host `host`'s notification was dropped (`request` false), or its
+    /// request refused, past its share of what may wait toward the server.
+    Shed {
+        host: HostId,
+        request: bool,
+    },
 }
 
 /// One attached host, without its I/O.
@@ -370,6 +388,11 @@ struct Host {
     version: Option<&'static str>,
     /// Its `initialize` is refused with this.
     refused: Option<Arc<str>>,
+    /// It can be made to wait ([`Out::Slow`]).
+    pausable: bool,
+    /// Notifications dropped and requests refused since it was last let
+    /// through ([`toward`]): said in the journal once it is.
+    shed: Option<(u64, u64)>,
 }
 
 /// The decision state of a unit's host sessions.
@@ -424,6 +447,11 @@ pub struct Core {
     now: Instant,
     /// Hosts to detach once the current message is handled.
     doomed: Vec<(HostId, &'static str)>,
+    /// What waits toward the server, by host.
+    toward: toward::Toward,
+    /// The host whose message is being handled ([`toward::MCPD`] for
+    /// mcpd's own): what is sent the server meanwhile is counted as its.
+    sender: HostId,
     /// The earliest deadline of the list reads under way, of the hosts
     /// that have not sent `initialize` yet and of parked calls.
     deadline: Option<Instant>,
@@ -479,6 +507,8 @@ impl Core {
             used: now,
             now,
             doomed: Vec::new(),
+            toward: toward::Toward::default(),
+            sender: toward::MCPD,
             deadline: None,
             outs: Vec::new(),
         }
@@ -498,7 +528,51 @@ impl Core {
     }
 
     fn out(&mut self, out: Out) {
+        match &out {
+            Out::Server(message) => self.toward.sent(self.sender, message.received()),
+            Out::Release => {
+                // Nothing waits for a new upstream: every slowed host is
+                // read again.
+                self.outs.push(out);
+                self.toward.clear();
+                self.resume_slowed();
+                return;
+            }
+            _ => {}
+        }
         self.outs.push(out);
+    }
+
+    /// The upstream's queue holds `messages` (the one being written
+    /// included), as the driver reads it before each input and after
+    /// carrying out outputs: hosts slowed until then are read again once
+    /// half of theirs is written.
+    pub fn server_waiting(&mut self, messages: usize) {
+        if self.toward.waiting(messages) {
+            self.resume_slowed();
+        }
+    }
+
+    /// Whether a host is slowed, waiting for the upstream's queue to
+    /// drain (the driver then tells the core as it drains).
+    pub fn slowed(&self) -> bool {
+        self.toward.any_slowed()
+    }
+
+    /// Messages and bytes waiting toward the server, as the core counts
+    /// them.
+    pub fn toward_server(&self) -> (usize, usize) {
+        self.toward.total()
+    }
+
+    fn resume_slowed(&mut self) {
+        let mut go = Vec::new();
+        self.toward.resume(&mut go);
+        for host in go {
+            if self.hosts.contains_key(&host) {
+                self.outs.push(Out::Slow { host, slow: false });
+            }
+        }
     }
 
     fn log(&mut self, level: Level, host: Option<HostId>, text: String) {
