@@ -376,3 +376,87 @@ fn a_hosts_trace_goes_through_mcpd_to_the_server_and_reaches_the_collector_in_bo
     drop(host);
     drop(modern);
 }
+
+/// The daemon's `Telemetry:` line of `mcpctl status`, if any.
+fn status_line(runtime: &std::path::Path) -> Option<String> {
+    let out = crate::helper::mcpctl_user(runtime, &["status"]);
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .find(|l| l.starts_with("Telemetry: "))
+        .map(str::to_owned)
+}
+
+/// (exported, dropped) of a `Telemetry:` line.
+fn counts(line: &str) -> (u64, u64) {
+    let words: Vec<&str> = line.split_whitespace().collect();
+    let exported = words.get(1).and_then(|w| w.parse().ok()).expect("exported");
+    let dropped = words.get(4).and_then(|w| w.parse().ok()).expect("dropped");
+    (exported, dropped)
+}
+
+#[test]
+fn a_collector_that_refuses_is_slow_or_away_never_delays_a_call_and_drops_are_counted() {
+    // A port nobody listens on: bound, then let go.
+    let away = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .port();
+    for mode in ["refuse", "slow", "away"] {
+        let mut receiver = Receiver::start(if mode == "away" { "ok" } else { mode });
+        if mode == "away" {
+            receiver.port = away;
+        }
+        let (d, _units, _dir, _addr) = daemon(&receiver, "");
+        let runtime = d.runtime_dir().expect("runtime").to_owned();
+        let mut host = Host::start(&runtime);
+        host.send(&json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+            "protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}}));
+        host.answer(1);
+        host.send(&json!({"jsonrpc": "2.0", "method": "notifications/initialized"}));
+        for id in 2..6u64 {
+            let parent = traceparent("4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7");
+            let started = std::time::Instant::now();
+            host.send(&call(id, "unaffected", json!({"traceparent": parent})));
+            let answer = host.answer(id);
+            assert!(
+                answer.to_string().contains("unaffected"),
+                "{mode}: {answer}"
+            );
+            // An export waits up to 5 s (10 s for the slow collector to
+            // answer): a call held by it would take that long.
+            assert!(
+                started.elapsed() < Duration::from_secs(4),
+                "{mode}: call {id} took {:?}",
+                started.elapsed()
+            );
+            if id == 3 {
+                // The first calls' batch is being exported now.
+                std::thread::sleep(Duration::from_millis(1500));
+            }
+        }
+        let deadline = std::time::Instant::now() + BOUND;
+        let line = loop {
+            let line = status_line(&runtime).expect("a Telemetry line while it is on");
+            if counts(&line).1 >= 1 || std::time::Instant::now() > deadline {
+                break line;
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        };
+        let (exported, dropped) = counts(&line);
+        assert!(dropped >= 1, "{mode}: {line}");
+        assert_eq!(exported, 0, "{mode}: {line}");
+        drop(host);
+        drop(d);
+    }
+
+    // Off by default: no line.
+    let units = tempfile::tempdir().expect("tempdir");
+    let mut d = Daemon::user_no_bus(units.path(), &[]);
+    d.wait_for("started 0 units");
+    assert!(
+        !d.seen.iter().any(|l| l.contains("telemetry to")),
+        "{:#?}",
+        d.seen
+    );
+    assert_eq!(status_line(d.runtime_dir().expect("runtime")), None);
+}
