@@ -1072,6 +1072,12 @@ impl Task {
             if behind && notification && session::may_drop(&message) {
                 io.dropped += 1;
                 self.counters.notification_dropped();
+                if telemetry::on() {
+                    telemetry::count(
+                        telemetry::metrics::Counter::DroppedNotifications,
+                        vec![("mcpd.unit", self.name.to_string())],
+                    );
+                }
                 return;
             }
             if !behind && io.dropped > 0 {

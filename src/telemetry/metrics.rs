@@ -49,7 +49,8 @@ impl Histogram {
 /// mcpd's own counters.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Counter {
-    /// A server's process or session started again after it ended.
+    /// A server running again after it failed (its unit was retrying or
+    /// reconnecting).
     Restarts,
     /// A unit changed state.
     StateChanges,

@@ -227,7 +227,10 @@ fn daemon(
 #[test]
 fn a_hosts_trace_goes_through_mcpd_to_the_server_and_reaches_the_collector_in_both_eras() {
     let mut receiver = Receiver::start("ok");
-    let (mut d, _units, dir, addr) = daemon(&receiver, "    service-name \"mcpd-test\"\n");
+    let (mut d, _units, dir, addr) = daemon(
+        &receiver,
+        "    service-name \"mcpd-test\"\n    header \"x-api-key\" \"k1\"\n",
+    );
     let runtime = d.runtime_dir().expect("runtime").to_owned();
 
     // A 2025 host through the bridge, its call in trace A.
@@ -343,6 +346,21 @@ fn a_hosts_trace_goes_through_mcpd_to_the_server_and_reaches_the_collector_in_bo
         "{server_a}"
     );
     assert_eq!(server_a["trace_state"], "vendor=x", "{server_a}");
+    // Every export carries the configured header, as protobuf.
+    let exports: Vec<&Value> = seen.iter().filter(|v| v.get("request").is_some()).collect();
+    assert!(
+        exports.iter().all(|r| r["headers"]["x-api-key"] == "k1"
+            && r["headers"]["content-type"] == "application/x-protobuf"),
+        "{exports:?}"
+    );
+    assert!(
+        exports.iter().any(|r| r["request"] == "/v1/traces"),
+        "{exports:?}"
+    );
+    assert!(
+        exports.iter().any(|r| r["request"] == "/v1/metrics"),
+        "{exports:?}"
+    );
     let histogram = seen
         .iter()
         .filter_map(|v| v.get("metric"))
@@ -364,6 +382,23 @@ fn a_hosts_trace_goes_through_mcpd_to_the_server_and_reaches_the_collector_in_bo
     let (server, _) = pair(&receiver.seen, "22222222222222223333333333333333").expect("spans");
     assert!(server["attributes"]["error.type"].is_string(), "{server}");
     assert_eq!(server["status"], 2, "an error status: {server}");
+
+    // mcpd's own counters: the unit's changes of state, and its server
+    // running again after it crashed.
+    host.send(&json!({"jsonrpc": "2.0", "id": 4, "method": "tools/call",
+        "params": {"name": "crash", "arguments": {"code": 3}}}));
+    host.answer(4);
+    d.wait_for("running again");
+    let counter = |seen: &[Value], name: &str| {
+        seen.iter().filter_map(|v| v.get("metric")).any(|m| {
+            m["name"] == name
+                && m["attributes"]["mcpd.unit"] == "demo"
+                && m["value"].as_i64().is_some_and(|n| n >= 1)
+        })
+    };
+    receiver.until("mcpd's counters", |seen| {
+        counter(seen, "mcpd.server.state_changes") && counter(seen, "mcpd.server.restarts")
+    });
 
     // Hot reload: without the section, telemetry stops.
     let settings = dir.path().join("mcpd.kdl");
