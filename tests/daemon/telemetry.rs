@@ -210,7 +210,7 @@ fn daemon(
     let units = tempfile::tempdir().expect("tempdir");
     std::fs::write(
         units.path().join("demo.kdl"),
-        "stdio {\n    command \"mcp-fixture\" \"--chatter\" \"0\"\n}\n",
+        "stdio {\n    command \"mcp-fixture\" \"--chatter\" \"0\" \"--tools\" \"sleep\"\n}\n",
     )
     .expect("write");
     let settings = format!(
@@ -382,6 +382,25 @@ fn a_hosts_trace_goes_through_mcpd_to_the_server_and_reaches_the_collector_in_bo
     let (server, _) = pair(&receiver.seen, "22222222222222223333333333333333").expect("spans");
     assert!(server["attributes"]["error.type"].is_string(), "{server}");
     assert_eq!(server["status"], 2, "an error status: {server}");
+
+    // A call the host cancels ends both spans, as cancelled.
+    let trace_d = "33333333333333334444444444444444";
+    host.send(&json!({"jsonrpc": "2.0", "id": 6, "method": "tools/call",
+        "params": {"name": "sleep", "arguments": {"ms": 60000},
+                   "_meta": {"traceparent": traceparent(trace_d, "5555555555555555")}}}));
+    d.wait_for("call sleep");
+    host.send(
+        &json!({"jsonrpc": "2.0", "method": "notifications/cancelled",
+        "params": {"requestId": 6, "reason": "the user gave up"}}),
+    );
+    receiver.until("the cancelled call's spans", |seen| {
+        pair(seen, trace_d).is_some()
+    });
+    let (server, client) = pair(&receiver.seen, trace_d).expect("spans");
+    for span in [server, client] {
+        assert_eq!(span["attributes"]["error.type"], "cancelled", "{span}");
+        assert_eq!(span["name"], "tools/call sleep", "{span}");
+    }
 
     // mcpd's own counters: the unit's changes of state, and its server
     // running again after it crashed.
