@@ -460,6 +460,11 @@ impl ServerHandler for Fixture {
         context: RequestContext<RoleServer>,
     ) -> Result<CallToolResponse, ErrorData> {
         say(&format!("call {}", request.name));
+        // W3C trace context (SEP-414) as its client sent it: the tests
+        // of mcpd's telemetry read it in the log.
+        if let Some(parent) = context.meta.get("traceparent").and_then(Value::as_str) {
+            say(&format!("traceparent {parent}"));
+        }
         let get_text = || {
             arg(&request, "text")
                 .and_then(Value::as_str)

@@ -15,5 +15,6 @@ pub mod model;
 pub mod mux;
 pub mod sockets;
 pub mod supervisor;
+pub mod telemetry;
 pub mod tokens;
 pub mod unit;

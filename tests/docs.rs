@@ -46,7 +46,8 @@ fn settings_man_page_documents_every_section_and_key() {
     let page = std::fs::read_to_string(root().join("man/mcpd.kdl.5")).expect("man/mcpd.kdl.5");
     let keys = mcpd::unit::settings::SECTIONS
         .iter()
-        .chain(mcpd::unit::settings::HTTP_KEYS);
+        .chain(mcpd::unit::settings::HTTP_KEYS)
+        .chain(mcpd::unit::settings::TELEMETRY_KEYS);
     for key in keys {
         let escaped = key.replace('-', "\\-");
         assert!(

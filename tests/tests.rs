@@ -58,6 +58,7 @@ mod daemon {
     mod search;
     mod session;
     mod supervisor;
+    mod telemetry;
     mod tokens;
     mod verify;
 }

@@ -99,7 +99,8 @@ enum Command {
     },
     /// Print a completion script for SHELL (bash, zsh, fish, elvish, powershell).
     Completions { shell: clap_complete::Shell },
-    /// Check unit files (or directories of them) without a running daemon.
+    /// Check unit files (or directories of them), or the daemon's
+    /// settings file (a file named mcpd.kdl), without a running daemon.
     ///
     /// Exit status is 0 when every unit is valid, 1 otherwise; diagnostics
     /// go to standard error.

@@ -657,6 +657,13 @@ async fn overview(client: &Client, output: Output, out: &mut dyn Write) -> Resul
         let noun = if sessions == 1 { "session" } else { "sessions" };
         writeln!(out, "HTTP: {}, {sessions} {noun}", listen.join(" ")).map_err(io)?;
     }
+    if let Ok((true, exported, dropped)) = client.manager.telemetry().await {
+        writeln!(
+            out,
+            "Telemetry: {exported} spans exported, {dropped} dropped"
+        )
+        .map_err(io)?;
+    }
     Ok(exit::OK)
 }
 

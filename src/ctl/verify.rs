@@ -15,6 +15,10 @@ use crate::unit::{self, Context, Style, UnitFiles};
 
 use super::exit;
 
+/// A file of this name is the daemon's settings file (`mcpd.kdl`, DESIGN
+/// §15, §18), not a unit.
+pub const SETTINGS_FILE: &str = "mcpd.kdl";
+
 /// What one `verify` run found.
 #[derive(Debug, Default, PartialEq, Eq)]
 pub struct Summary {
@@ -58,6 +62,15 @@ pub fn run(
         };
         if meta.is_dir() {
             checker.dir(path, err, &mut summary)?;
+        } else if path.file_name().is_some_and(|n| n == SETTINGS_FILE) {
+            // The daemon's own settings, judged as the daemon reads them.
+            match unit::settings::read(path, true) {
+                Ok(_) => summary.valid += 1,
+                Err(e) => {
+                    summary.invalid += 1;
+                    err.write_all(e.render(style).as_bytes())?;
+                }
+            }
         } else {
             checker.check(&UnitFiles::beside(path), err, &mut summary)?;
         }

@@ -87,6 +87,7 @@ pub async fn run(
     let tokens_file = crate::tokens::path(&config.state_dir);
     let mut settings = read_settings(&settings_file).map_err(RunError::Settings)?;
     log_settings(&settings_file, &settings);
+    crate::telemetry::apply(settings.telemetry.clone());
     memory::give_large_buffers_back();
     let dirs: Vec<String> = config
         .unit_dirs
@@ -230,6 +231,7 @@ pub async fn run(
                         log_settings(&settings_file, &settings);
                         apply_http(&shared, &mut endpoint, settings.http.clone(), &tokens_file)
                             .await;
+                        crate::telemetry::apply(settings.telemetry.clone());
                     }
                 }
                 Ok(Err(e)) => {
@@ -269,6 +271,7 @@ pub async fn run(
     let _ = std::fs::remove_dir(&scratch_dir);
     crate::supervisor::credentials::close(&credentials_dir);
     crate::supervisor::accounting::flush_log();
+    crate::telemetry::apply(None);
     tracing::info!(target: "mcpd::daemon", "stopped");
     drop(lock);
     Ok(())

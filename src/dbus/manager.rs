@@ -240,6 +240,14 @@ impl Manager {
         )
     }
 
+    /// Telemetry (DESIGN §18): whether it is on, and the spans exported
+    /// and dropped (a full queue, a failed or slow export) since the
+    /// daemon started.
+    async fn telemetry(&self) -> (bool, u64, u64) {
+        let stats = crate::telemetry::stats();
+        (stats.on, stats.exported, stats.dropped)
+    }
+
     #[zbus(signal)]
     pub async fn server_added(
         emitter: &SignalEmitter<'_>,
@@ -299,6 +307,7 @@ pub mod client {
         fn attach_group(&self, group: &str) -> Result<zbus::OwnedFd, Error>;
         fn attach_units(&self, names: &[&str]) -> Result<zbus::OwnedFd, Error>;
         fn http_endpoint(&self) -> Result<(Vec<String>, u32), Error>;
+        fn telemetry(&self) -> Result<(bool, u64, u64), Error>;
         #[zbus(signal)]
         fn server_added(&self, name: String, path: zbus::OwnedObjectPath) -> zbus::Result<()>;
         #[zbus(signal)]

@@ -538,6 +538,14 @@ impl Router {
         self.logs_by_request = on;
     }
 
+    /// Whose request upstream request `up` is: a host's, and its own id.
+    pub fn owner(&self, up: u64) -> Option<(HostId, &RequestId)> {
+        match &self.pending.get(&up)?.owner {
+            Owner::Host { host, id } => Some((*host, id)),
+            _ => None,
+        }
+    }
+
     /// How many requests of host `host` are in flight upstream.
     pub fn in_flight(&self, host: HostId) -> usize {
         self.hosts.get(&host).map_or(0, |h| h.busy)

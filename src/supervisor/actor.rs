@@ -935,6 +935,19 @@ impl Actor {
         }
         let name = &self.name;
         let generation = view.generation;
+        if crate::telemetry::on() && previous != Some(view.state) {
+            use crate::telemetry::metrics::Counter;
+            let unit = || ("mcpd.unit", name.to_string());
+            crate::telemetry::count(
+                Counter::StateChanges,
+                vec![unit(), ("mcpd.state", view.state.as_str().to_owned())],
+            );
+            if view.state == State::Running
+                && matches!(previous, Some(State::Retrying | State::Reconnecting))
+            {
+                crate::telemetry::count(Counter::Restarts, vec![unit()]);
+            }
+        }
         match view.state {
             State::Running => {
                 let tools = view.tools.len();

@@ -587,8 +587,9 @@ fn encrypted(unit: &UnitSpec) -> bool {
     unit.credentials().sources().iter().any(|c| c.encrypted)
 }
 
-/// rustls needs a process-wide crypto provider; we build with ring only.
-fn install_crypto_provider() {
+/// rustls needs a process-wide crypto provider; we build with ring only
+/// (telemetry's exporter installs it too).
+pub(crate) fn install_crypto_provider() {
     static ONCE: std::sync::Once = std::sync::Once::new();
     ONCE.call_once(|| {
         let _ = rustls::crypto::ring::default_provider().install_default();

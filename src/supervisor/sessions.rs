@@ -41,7 +41,9 @@ use crate::mux::route::HostId;
 use crate::mux::session::{
     self, Arrival, Core, Facts, Kind, Level, Notice, Out, Publish, Purpose, Tunables, UnitState,
 };
+use crate::mux::wire::Frame;
 use crate::mux::wire::{Outbox, Refused, Wire, line};
+use crate::telemetry::{self, Tracer, Transport};
 use crate::unit::RateLimit;
 
 use super::Status;
@@ -163,6 +165,8 @@ enum Input {
 pub(crate) struct Settings {
     core: session::Settings,
     log_rate_limit: Option<RateLimit>,
+    /// How the server is reached, for telemetry's `network.transport`.
+    upstream: Transport,
 }
 
 impl Settings {
@@ -180,6 +184,10 @@ impl Settings {
                 instance,
             },
             log_rate_limit: spec.log_rate_limit(),
+            upstream: match spec.transport() {
+                crate::unit::Transport::Stdio(_) => Transport::Pipe,
+                crate::unit::Transport::Http(_) => Transport::Tcp,
+            },
         }
     }
 }
@@ -318,6 +326,7 @@ impl Sessions {
         );
         let task = Task {
             core,
+            tracer: Tracer::new(Arc::clone(&name), settings.upstream),
             name,
             readers: Readers::new(),
             io: HashMap::default(),
@@ -648,6 +657,9 @@ struct Upstream {
 
 struct Task {
     core: Core,
+    /// The unit's spans in flight (DESIGN §18): fed only while
+    /// `telemetry::on()`.
+    tracer: Tracer,
     name: Arc<str>,
     /// Every host's reader and the upstream's: each polled only once
     /// woken, so a message costs a poll of its own reader alone.
@@ -761,7 +773,15 @@ impl Task {
 
     fn event(&mut self, event: Event) {
         match event {
-            Event::Host(host, Some(frame)) => self.core.host_frame(host, frame, now()),
+            Event::Host(host, Some(frame)) => {
+                if telemetry::on()
+                    && let Frame::Message(message) = &frame
+                {
+                    let version = self.core.host_version(host);
+                    self.tracer.from_host(host, message, version);
+                }
+                self.core.host_frame(host, frame, now())
+            }
             Event::Host(host, None) => self.core.detached(host, None, now()),
             Event::Server(generation, incoming, garbage) => {
                 if let Some((lines, why)) = garbage {
@@ -775,7 +795,12 @@ impl Task {
                     return;
                 }
                 match incoming {
-                    Some(Ok(message)) => self.core.server_message(message, now()),
+                    Some(Ok(message)) => {
+                        if telemetry::on() {
+                            self.tracer.from_server(&message);
+                        }
+                        self.core.server_message(message, now())
+                    }
                     Some(Err(why)) => {
                         let why = format!("request failed: {why}");
                         self.core.lost(generation, why, now());
@@ -885,6 +910,17 @@ impl Task {
         let host = self.core.next_host();
         let who = caller.to_string();
         let pausable = link.pausable();
+        self.tracer.attach(
+            host,
+            match &link {
+                HostLink::Stdio { .. } => Transport::Pipe,
+                HostLink::Socket { .. } => Transport::Unix,
+                // An HTTP client's request without a session.
+                HostLink::Memory(_) if caller.peer.is_some() => Transport::Tcp,
+                HostLink::Memory(_) => Transport::Inproc,
+                HostLink::Direct { .. } => Transport::Tcp,
+            },
+        );
         let opened = link.open(host, QUEUE, QUEUE_BYTES);
         self.readers.push(opened.reader);
         let arrival = Arrival {
@@ -951,25 +987,50 @@ impl Task {
                 message,
                 kind,
                 modern,
-            } => self.send_host(host, message, kind, modern),
+            } => {
+                if telemetry::on() {
+                    self.tracer.to_host(host, &message);
+                }
+                self.send_host(host, message, kind, modern)
+            }
             Out::Bytes(host, bytes) => {
+                if telemetry::on() {
+                    self.tracer.bytes_to_host(host, &bytes);
+                }
                 if let Some(io) = self.io.get(&host) {
                     let sent = io.out.send(bytes);
                     self.sent(host, sent);
                 }
             }
-            Out::Server(message) => {
+            Out::Server(mut message) => {
                 if let Some(up) = &self.upstream {
+                    if telemetry::on() {
+                        let owner = message
+                            .request_id()
+                            .and_then(|id| id.as_u64())
+                            .and_then(|id| self.core.owner(id));
+                        let version = self.protocol.lock().ok().and_then(|p| p.clone());
+                        self.tracer
+                            .to_server(&mut message, owner, version.as_deref());
+                    }
                     let _ = up.tx.send(message);
                 }
             }
-            Out::Release => self.upstream = None,
+            Out::Release => {
+                self.upstream = None;
+                if telemetry::on() {
+                    self.tracer.released();
+                }
+            }
             Out::Reply { token, answer } => {
                 if let Some(reply) = self.replies.remove(&token) {
                     let _ = reply.send(answer);
                 }
             }
-            Out::Ended { host, why, counted } => self.ended(host, why, counted),
+            Out::Ended { host, why, counted } => {
+                self.tracer.detach(host);
+                self.ended(host, why, counted)
+            }
             Out::Remember { host, initialize } => {
                 if let Some(control) = self.io.get(&host).and_then(|io| io.control.as_ref()) {
                     let _ =
@@ -1053,6 +1114,12 @@ impl Task {
             if behind && notification && session::may_drop(&message) {
                 io.dropped += 1;
                 self.counters.notification_dropped();
+                if telemetry::on() {
+                    telemetry::count(
+                        telemetry::metrics::Counter::DroppedNotifications,
+                        vec![("mcpd.unit", self.name.to_string())],
+                    );
+                }
                 return;
             }
             if !behind && io.dropped > 0 {

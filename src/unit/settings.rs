@@ -2,7 +2,8 @@
 //! with the unit files' diagnostics (`path:line:col`, a caret, "did you
 //! mean"). Pure but for [`read`], which reads the file.
 //!
-//! Its one section so far is `http { }`, the HTTP endpoint:
+//! Its sections are `http { }`, the HTTP endpoint, and `telemetry { }`,
+//! OpenTelemetry export (DESIGN §18):
 //!
 //! ```kdl
 //! http {
@@ -12,9 +13,16 @@
 //!     max-sessions 256
 //!     allow-origin "https://app.example"
 //! }
+//! telemetry {
+//!     otlp "http://127.0.0.1:4318"   // OTLP over HTTP/protobuf
+//!     header "x-api-key" "…"         // sent with every export
+//!     sample-ratio 1.0
+//!     service-name "mcpd"
+//! }
 //! ```
 //!
-//! No file, or no `http` section: no endpoint. Every rule is judged here,
+//! No file, or no `http` section: no endpoint; no `telemetry` section: no
+//! telemetry (no socket, no cost). Every rule is judged here,
 //! so a [`Settings`] that exists is valid; `auth "none"` with a listen
 //! that is not loopback is refused naming that listen's line (fail
 //! closed).
@@ -42,14 +50,53 @@ pub const MAX_ORIGINS: usize = 256;
 pub const MAX_FILE: usize = 1 << 20;
 
 /// The keys of the file, for "did you mean" and the man-page test.
-pub const SECTIONS: &[&str] = &["http"];
+pub const SECTIONS: &[&str] = &["http", "telemetry"];
 pub const HTTP_KEYS: &[&str] = &["listen", "auth", "max-sessions", "allow-origin"];
+pub const TELEMETRY_KEYS: &[&str] = &["otlp", "header", "sample-ratio", "service-name"];
+
+/// Where `otlp` is when the `telemetry` section names none: the
+/// OpenTelemetry default for OTLP over HTTP.
+pub const DEFAULT_OTLP: &str = "http://127.0.0.1:4318";
+/// `service-name` when not given.
+pub const DEFAULT_SERVICE_NAME: &str = "mcpd";
+/// The most `header` lines, and the longest `service-name`.
+pub const MAX_HEADERS: usize = 64;
+pub const MAX_SERVICE_NAME: usize = 255;
 
 /// What `mcpd.kdl` says (valid: every rule was judged when it was read).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Settings {
     /// The HTTP endpoint; `None`: no endpoint.
     pub http: Option<HttpSettings>,
+    /// OpenTelemetry export; `None`: none.
+    pub telemetry: Option<TelemetrySettings>,
+}
+
+/// The `telemetry { }` section (DESIGN §18).
+#[derive(Debug, Clone, PartialEq)]
+pub struct TelemetrySettings {
+    /// The collector's OTLP/HTTP base URL (`/v1/traces` and `/v1/metrics`
+    /// are appended), http or https.
+    pub otlp: url::Url,
+    /// Sent with every export (an API key): never logged.
+    pub headers: Vec<(http::HeaderName, http::HeaderValue)>,
+    /// The share of traces started by mcpd that are recorded, 0 to 1 (a
+    /// host's sampled flag decides for its own traces).
+    pub sample_ratio: f64,
+    pub service_name: String,
+}
+
+impl Eq for TelemetrySettings {}
+
+impl Default for TelemetrySettings {
+    fn default() -> Self {
+        Self {
+            otlp: url::Url::parse(DEFAULT_OTLP).expect("a valid URL"),
+            headers: Vec::new(),
+            sample_ratio: 1.0,
+            service_name: DEFAULT_SERVICE_NAME.into(),
+        }
+    }
 }
 
 /// The `http { }` section.
@@ -175,9 +222,35 @@ pub fn parse(path: &Path, text: &Arc<str>) -> Result<Settings, LoadError> {
     };
     let mut settings = Settings::default();
     let mut http_at: Option<SourceSpan> = None;
+    let mut telemetry_at: Option<SourceSpan> = None;
     for node in doc.nodes() {
         let name = node.name().value();
         match name {
+            "telemetry" => {
+                if let Some(first) = telemetry_at {
+                    judge.push(
+                        Problem::at(
+                            path,
+                            text,
+                            node.name().span(),
+                            "`telemetry` is given twice",
+                            "second `telemetry` section",
+                        )
+                        .with_related(first, "first given here"),
+                    );
+                    continue;
+                }
+                telemetry_at = Some(node.name().span());
+                if !node.entries().is_empty() {
+                    judge.at(
+                        node.entries()[0].span(),
+                        "`telemetry` takes no arguments, only a block",
+                        "unexpected argument",
+                        Some("write `telemetry { otlp \"http://127.0.0.1:4318\" }`"),
+                    );
+                }
+                settings.telemetry = judge.telemetry(node);
+            }
             "http" => {
                 if let Some(first) = http_at {
                     judge.push(
@@ -206,7 +279,9 @@ pub fn parse(path: &Path, text: &Arc<str>) -> Result<Settings, LoadError> {
             other => {
                 let help = super::syntax::did_you_mean(other, SECTIONS)
                     .map(|s| format!("did you mean `{s}`?"))
-                    .unwrap_or_else(|| "the settings file has one section: `http { }`".into());
+                    .unwrap_or_else(|| {
+                        "the settings file has two sections: `http { }` and `telemetry { }`".into()
+                    });
                 judge.at(
                     node.name().span(),
                     &format!("unknown section `{other}`"),
@@ -290,6 +365,162 @@ impl Judge<'_> {
                 None
             }
         }
+    }
+
+    fn telemetry(&mut self, node: &KdlNode) -> Option<TelemetrySettings> {
+        let before = self.problems.len();
+        let mut settings = TelemetrySettings::default();
+        let mut seen: Vec<(&str, SourceSpan)> = Vec::new();
+        let empty = KdlDocument::new();
+        for child in node.children().unwrap_or(&empty).nodes() {
+            let key = child.name().value();
+            let span = child.name().span();
+            if key != "header" && TELEMETRY_KEYS.contains(&key) {
+                if let Some((_, first)) = seen.iter().find(|(k, _)| *k == key) {
+                    let first = *first;
+                    self.push(
+                        Problem::at(
+                            self.path,
+                            self.text,
+                            span,
+                            format!("`{key}` is given twice"),
+                            "second value",
+                        )
+                        .with_related(first, "first given here"),
+                    );
+                    continue;
+                }
+                seen.push((key, span));
+            }
+            match key {
+                "otlp" => {
+                    let Some(value) = self.argument(child, key, "\"http://127.0.0.1:4318\"") else {
+                        continue;
+                    };
+                    let at = child.entries()[0].span();
+                    match value.as_string().map(otlp_url) {
+                        Some(Ok(url)) => settings.otlp = url,
+                        Some(Err(why)) => self.at(
+                            at,
+                            &format!("`otlp` {why}"),
+                            "not an OTLP/HTTP URL",
+                            Some("write the collector's OTLP/HTTP address, without /v1/traces: `otlp \"http://127.0.0.1:4318\"`"),
+                        ),
+                        None => self.at(at, "`otlp` takes a string", "not a string", Some("write `otlp \"http://127.0.0.1:4318\"`")),
+                    }
+                }
+                "header" => {
+                    let example = "\"x-api-key\" \"VALUE\"";
+                    if child.children().is_some()
+                        || child.entries().len() != 2
+                        || child.entries().iter().any(|e| e.name().is_some())
+                    {
+                        self.at(
+                            span,
+                            "`header` takes two strings: a name and a value",
+                            "not NAME VALUE",
+                            Some(&format!("write `header {example}`")),
+                        );
+                        continue;
+                    }
+                    let (name, value) = (&child.entries()[0], &child.entries()[1]);
+                    let parsed_name = name
+                        .value()
+                        .as_string()
+                        .and_then(|n| http::HeaderName::from_bytes(n.as_bytes()).ok());
+                    let Some(parsed_name) = parsed_name else {
+                        self.at(
+                            name.span(),
+                            "`header` name is not an HTTP header name",
+                            "not a header name",
+                            Some(&format!("write `header {example}`")),
+                        );
+                        continue;
+                    };
+                    let parsed_value = value
+                        .value()
+                        .as_string()
+                        .and_then(|v| http::HeaderValue::from_str(v).ok());
+                    // The value is not quoted back: it may be a secret.
+                    let Some(mut parsed_value) = parsed_value else {
+                        self.at(
+                            value.span(),
+                            "`header` value is not a string an HTTP header can carry (visible ASCII and spaces)",
+                            "not a header value",
+                            None,
+                        );
+                        continue;
+                    };
+                    parsed_value.set_sensitive(true);
+                    if settings.headers.len() == MAX_HEADERS {
+                        self.at(
+                            span,
+                            &format!("more than {MAX_HEADERS} `header` lines"),
+                            "one too many",
+                            None,
+                        );
+                        continue;
+                    }
+                    settings.headers.push((parsed_name, parsed_value));
+                }
+                "sample-ratio" => {
+                    let Some(value) = self.argument(child, key, "1.0") else {
+                        continue;
+                    };
+                    let at = child.entries()[0].span();
+                    let ratio = value
+                        .as_float()
+                        .or_else(|| value.as_integer().map(|n| n as f64));
+                    match ratio {
+                        Some(r) if (0.0..=1.0).contains(&r) => settings.sample_ratio = r,
+                        _ => self.at(
+                            at,
+                            "`sample-ratio` is a number from 0 to 1",
+                            "out of range",
+                            Some("write `sample-ratio 1.0` (every trace) or `sample-ratio 0.1` (one in ten)"),
+                        ),
+                    }
+                }
+                "service-name" => {
+                    let Some(value) = self.argument(child, key, "\"mcpd\"") else {
+                        continue;
+                    };
+                    let at = child.entries()[0].span();
+                    match value.as_string() {
+                        Some(name)
+                            if !name.trim().is_empty()
+                                && name.len() <= MAX_SERVICE_NAME
+                                && !name.chars().any(char::is_control) =>
+                        {
+                            settings.service_name = name.to_owned();
+                        }
+                        _ => self.at(
+                            at,
+                            &format!("`service-name` is a string of 1 to {MAX_SERVICE_NAME} bytes, no control characters"),
+                            "not a service name",
+                            Some("write `service-name \"mcpd\"`"),
+                        ),
+                    }
+                }
+                other => {
+                    let help = super::syntax::did_you_mean(other, TELEMETRY_KEYS)
+                        .map(|s| format!("did you mean `{s}`?"))
+                        .unwrap_or_else(|| {
+                            format!(
+                                "the `telemetry` section knows {}",
+                                TELEMETRY_KEYS.join(", ")
+                            )
+                        });
+                    self.at(
+                        span,
+                        &format!("unknown key `{other}` in `telemetry`"),
+                        "unknown key",
+                        Some(&help),
+                    );
+                }
+            }
+        }
+        (self.problems.len() == before).then_some(settings)
     }
 
     fn http(&mut self, node: &KdlNode) -> Option<HttpSettings> {
@@ -467,6 +698,33 @@ impl Judge<'_> {
     }
 }
 
+/// An OTLP/HTTP base URL: http or https, a host, no query, fragment or
+/// user; or why `text` is not one.
+pub fn otlp_url(text: &str) -> Result<url::Url, String> {
+    let url = url::Url::parse(text).map_err(|e| format!("{text:?} is not a URL: {e}"))?;
+    if !matches!(url.scheme(), "http" | "https") {
+        return Err(format!("{text:?} is not an http or https URL"));
+    }
+    if url.host_str().is_none_or(str::is_empty) {
+        return Err(format!("{text:?} has no host"));
+    }
+    if url.query().is_some()
+        || url.fragment().is_some()
+        || !url.username().is_empty()
+        || url.password().is_some()
+    {
+        return Err(format!("{text:?} has a query, a fragment or a user"));
+    }
+    if url.path().trim_end_matches('/').ends_with("/v1/traces")
+        || url.path().trim_end_matches('/').ends_with("/v1/metrics")
+    {
+        return Err(format!(
+            "{text:?} names a signal's path: give the base address, mcpd appends /v1/traces and /v1/metrics"
+        ));
+    }
+    Ok(url)
+}
+
 /// A browser origin as it is compared: `scheme://host[:port]`, lowercase,
 /// no default port; or why `text` is not one.
 pub fn origin(text: &str) -> Result<String, String> {
@@ -503,7 +761,13 @@ mod tests {
 
     #[test]
     fn no_http_section_is_no_endpoint_and_an_empty_one_the_defaults() {
-        assert_eq!(judge(""), Ok(Settings { http: None }));
+        assert_eq!(
+            judge(""),
+            Ok(Settings {
+                http: None,
+                telemetry: None
+            })
+        );
         let http = judge("http {}\n").expect("valid").http.expect("http");
         assert_eq!(
             http.listen,
@@ -579,6 +843,79 @@ mod tests {
         );
         assert!(e.contains(":4:5: `auth` is given twice"), "{e}");
         assert!(e.contains(":6:1: `http` is given twice"), "{e}");
+    }
+
+    #[test]
+    fn telemetry_is_off_unless_given_and_every_key_is_read() {
+        assert_eq!(judge("http {}\n").expect("valid").telemetry, None);
+        let empty = judge("telemetry {}\n")
+            .expect("valid")
+            .telemetry
+            .expect("on");
+        assert_eq!(empty, TelemetrySettings::default());
+        assert_eq!(empty.otlp.as_str(), "http://127.0.0.1:4318/");
+        let t = judge("telemetry {\n    otlp \"https://otel.example:4318/base\"\n    header \"x-api-key\" \"s3cret\"\n    header \"x-b\" \"2\"\n    sample-ratio 0.25\n    service-name \"mcpd-a\"\n}\n")
+            .expect("valid")
+            .telemetry
+            .expect("on");
+        assert_eq!(t.otlp.as_str(), "https://otel.example:4318/base");
+        assert_eq!(t.headers.len(), 2);
+        assert_eq!(t.headers[0].0.as_str(), "x-api-key");
+        assert_eq!(t.sample_ratio, 0.25);
+        assert_eq!(t.service_name, "mcpd-a");
+        assert_eq!(
+            judge("telemetry {\n    sample-ratio 0\n}\n")
+                .expect("valid")
+                .telemetry
+                .expect("on")
+                .sample_ratio,
+            0.0
+        );
+    }
+
+    #[test]
+    fn telemetry_problems_are_located_and_secrets_not_repeated() {
+        let e = judge("telemetry {\n    otlp \"ftp://x\"\n    sample-ratio 1.5\n    header \"bad name\" \"v\"\n    header \"k\" \"sec\\nret\"\n    header \"only\"\n    service-name \"\"\n    sampel-ratio 1\n    otlp \"http://127.0.0.1:4318/v1/traces\"\n}\ntelemetry {}\n")
+            .expect_err("invalid");
+        let lines: Vec<&str> = e.lines().collect();
+        assert!(
+            lines[0].contains(":2:10: `otlp` \"ftp://x\" is not an http or https URL"),
+            "{e}"
+        );
+        assert!(
+            lines[1].contains(":3:18: `sample-ratio` is a number from 0 to 1"),
+            "{e}"
+        );
+        assert!(
+            lines[2].contains(":4:12: `header` name is not an HTTP header name"),
+            "{e}"
+        );
+        assert!(
+            lines[3].contains(":5:16: `header` value is not a string"),
+            "{e}"
+        );
+        assert!(lines[4].contains(":6:5: `header` takes two strings"), "{e}");
+        assert!(
+            lines[5].contains(":7:18: `service-name` is a string"),
+            "{e}"
+        );
+        assert!(
+            lines[6].contains(":8:5: unknown key `sampel-ratio` in `telemetry`"),
+            "{e}"
+        );
+        assert!(lines[7].contains(":9:5: `otlp` is given twice"), "{e}");
+        assert!(
+            lines[8].contains(":11:1: `telemetry` is given twice"),
+            "{e}"
+        );
+        assert_eq!(lines.len(), 9, "{e}");
+        assert!(
+            !e.contains("sec"),
+            "a header's value is never repeated: {e}"
+        );
+        let e = judge("telemetry {\n    otlp \"http://c:4318/v1/traces\"\n}\n")
+            .expect_err("a signal's path");
+        assert!(e.contains("give the base address"), "{e}");
     }
 
     #[test]

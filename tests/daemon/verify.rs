@@ -173,3 +173,35 @@ fn user_and_system_add_that_instances_rules() {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+#[test]
+fn a_file_named_mcpd_kdl_is_verified_as_the_daemons_settings() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let file = tmp.path().join("mcpd.kdl");
+    fs::write(
+        &file,
+        "telemetry {\n    otlp \"http://127.0.0.1:4318\"\n    sample-ratio 0.5\n}\n",
+    )
+    .expect("write");
+    let out = run(mcpctl().arg("verify").arg(&file));
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    fs::write(
+        &file,
+        "telemetry {\n    otlp \"http://127.0.0.1:4318\"\n    sample-ratio 2\n    header \"k\" \"s3cret\\n\"\n}\n",
+    )
+    .expect("write");
+    let out = run(mcpctl().arg("verify").arg(&file));
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains(&format!("{}:3:18", file.display()))
+            && stderr.contains("`sample-ratio` is a number from 0 to 1"),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("`header` value is not a string"),
+        "{stderr}"
+    );
+    // (The report quotes the file's own lines, as for a unit file; the
+    // daemon's one-line warning does not: `unit::settings` tests.)
+}

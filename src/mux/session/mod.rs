@@ -599,6 +599,17 @@ impl Core {
         self.upstream
     }
 
+    /// Whose request upstream request `up` is: a host's, and the id it
+    /// gave it (for the driver's telemetry).
+    pub fn owner(&self, up: u64) -> Option<(HostId, &RequestId)> {
+        self.router.owner(up)
+    }
+
+    /// The protocol version host `host`'s session speaks, once fixed.
+    pub fn host_version(&self, host: HostId) -> Option<&'static str> {
+        self.hosts.get(&host).and_then(|h| h.version)
+    }
+
     /// The id the next host will have.
     pub fn next_host(&self) -> HostId {
         self.next_host + 1
