@@ -1189,6 +1189,19 @@ async fn post(
         Ok(message) => message,
         Err(response) => return *response,
     };
+    drop(body);
+    // What the unit would refuse is answered here, never counted in
+    // flight, and never forwarded (`mux::shape`).
+    if let Some(flaw) = crate::mux::shape::check(&message) {
+        let id = flaw.keeps_id().then(|| message.request_id()).flatten();
+        return full(
+            StatusCode::BAD_REQUEST,
+            "application/json",
+            flaw.code()
+                .error(flaw.why())
+                .line(id.as_ref().map(|id| id.as_json())),
+        );
+    }
     let method = message.method_kind();
     let id = message.request_id();
     if session.is_none() && modern::sent_as_modern(&header_view(&headers), &message) {

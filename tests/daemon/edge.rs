@@ -1,0 +1,220 @@
+//! The HTTP endpoint against hostile and hurried clients (issue 55), each
+//! attack beside a well-behaved client whose calls must still succeed.
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::path::Path;
+use std::time::Duration;
+
+use super::http::{INITIALIZE, JSON, endpoint_with, header, request};
+
+/// A unit `name` of the test fixture whose stdin is also appended to
+/// `seen` (what reached the server).
+fn teed_unit(units: &Path, name: &str, seen: &Path) {
+    std::fs::write(
+        units.join(format!("{name}.kdl")),
+        format!(
+            "stdio {{\n    command \"sh\" \"-c\" \"tee -a '{}' | exec mcp-fixture\"\n}}\n",
+            seen.display()
+        ),
+    )
+    .expect("write");
+}
+
+/// A keep-alive connection to the endpoint.
+fn connect(addr: SocketAddr) -> TcpStream {
+    let stream = TcpStream::connect(addr).expect("connect");
+    stream
+        .set_read_timeout(Some(Duration::from_secs(30)))
+        .expect("timeout");
+    stream
+}
+
+/// One POST on an open keep-alive connection (JSON answers only): its
+/// status and body.
+fn post_on(
+    stream: &mut TcpStream,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &[u8],
+) -> (u16, String) {
+    let mut head = format!(
+        "POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nAccept: application/json\r\nContent-Length: {}\r\n",
+        body.len()
+    );
+    for (name, value) in headers {
+        head.push_str(&format!("{name}: {value}\r\n"));
+    }
+    head.push_str("\r\n");
+    stream.write_all(head.as_bytes()).expect("write");
+    stream.write_all(body).expect("write body");
+    read_answer(stream)
+}
+
+/// One answer with a `Content-Length` from `stream`.
+fn read_answer(stream: &mut TcpStream) -> (u16, String) {
+    let mut head = Vec::new();
+    let mut byte = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") {
+        let n = stream
+            .read(&mut byte)
+            .unwrap_or_else(|e| panic!("no answer ({e}) after {head:?}"));
+        assert_eq!(n, 1, "closed: {head:?}");
+        head.push(byte[0]);
+    }
+    let head = String::from_utf8_lossy(&head).to_ascii_lowercase();
+    let status = head[9..12].parse().expect("status");
+    let length: usize = head
+        .lines()
+        .find_map(|l| l.strip_prefix("content-length:"))
+        .and_then(|n| n.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no length: {head}"));
+    let mut body = vec![0u8; length];
+    stream.read_exact(&mut body).expect("body");
+    (status, String::from_utf8_lossy(&body).into_owned())
+}
+
+/// A session on `path` opened with `auth` (if any): its id.
+fn open_session(addr: SocketAddr, path: &str, auth: Option<&str>) -> String {
+    let bearer = auth.map(|t| format!("Bearer {t}"));
+    let mut headers: Vec<(&str, &str)> = JSON.to_vec();
+    if let Some(b) = &bearer {
+        headers.push(("Authorization", b));
+    }
+    let (status, h, body) = request(addr, "POST", path, &headers, INITIALIZE.as_bytes());
+    assert_eq!(status, 200, "{body}");
+    let id = header(&h, "mcp-session-id").expect("session id").to_owned();
+    headers.push(("Mcp-Session-Id", &id));
+    let (status, _, _) = request(
+        addr,
+        "POST",
+        path,
+        &headers,
+        br#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#,
+    );
+    assert_eq!(status, 202);
+    id
+}
+
+const ECHO: &str = r#"{"jsonrpc":"2.0","id":9,"method":"tools/call","params":{"name":"echo","arguments":{"text":"still here"}}}"#;
+
+/// The messages a unit would refuse or a server choke on: the body, the
+/// code it is answered with, and whether the answer's id is `null`.
+fn misshapen() -> Vec<(String, i64, bool)> {
+    let deep = |n: usize| {
+        format!(
+            r#"{{"jsonrpc":"2.0","id":5,"method":"tools/call","params":{{"name":"echo","arguments":{{"text":{}1{}}}}}}}"#,
+            "[".repeat(n),
+            "]".repeat(n)
+        )
+    };
+    vec![
+        (r#"{"jsonrpc":"2.0","id":true,"method":"tools/list"}"#.into(), -32600, true),
+        (r#"{"jsonrpc":"2.0","id":{},"method":"tools/list"}"#.into(), -32600, true),
+        (r#"{"jsonrpc":"2.0","id":[],"method":"tools/list"}"#.into(), -32600, true),
+        (
+            r#"{"jsonrpc":"2.0","id":1606938044258990275541962092341162602522202993782792835301376,"method":"tools/list"}"#.into(),
+            -32600,
+            true,
+        ),
+        (r#"{"jsonrpc":"2.0","id":3,"id":4,"method":"tools/list"}"#.into(), -32600, true),
+        (r#"{"jsonrpc":"2.0","id":5,"method":"tools/call","params":[1]}"#.into(), -32602, false),
+        (deep(200), -32600, false),
+        (deep(100_000), -32600, false),
+    ]
+}
+
+/// D6, D7: over HTTP a message whose id cannot be answered, whose params
+/// are not an object or that nests too deep is answered at once (400) and
+/// never reaches the server; 1,100 of them leave the session serving (none
+/// is counted in flight: a session takes 1,024); the attach socket (the
+/// bridge's and D-Bus `Attach`'s path) answers them the same.
+#[test]
+fn misshapen_messages_are_answered_at_the_edge_and_never_reach_the_server() {
+    let units = tempfile::tempdir().expect("tempdir");
+    let seen = units.path().join("seen");
+    teed_unit(units.path(), "fixture", &seen);
+    let (mut d, _dir, addr) = endpoint_with(
+        units.path(),
+        "http {\n    listen \"127.0.0.1:0\"\n    auth \"none\"\n}\n",
+        &[],
+    );
+    d.wait_for("running (pid");
+    let pid = d.latest_pid("fixture").expect("pid");
+    let session = open_session(addr, "/mcp/fixture", None);
+    let with = [("Mcp-Session-Id", session.as_str())];
+    let mut stream = connect(addr);
+    for (body, code, null) in misshapen() {
+        let (status, answer) = post_on(&mut stream, "/mcp/fixture", &with, body.as_bytes());
+        assert_eq!(status, 400, "{body:.100}: {answer}");
+        let answer: serde_json::Value = serde_json::from_str(&answer).expect("json");
+        assert_eq!(answer["error"]["code"], code, "{body:.100}: {answer}");
+        assert_eq!(answer["id"].is_null(), null, "{body:.100}: {answer}");
+    }
+    // More than a session's requests in flight: none was kept.
+    let bad = br#"{"jsonrpc":"2.0","id":true,"method":"tools/list"}"#;
+    for _ in 0..1100 {
+        let (status, _) = post_on(&mut stream, "/mcp/fixture", &with, bad);
+        assert_eq!(status, 400);
+    }
+    let (status, answer) = post_on(&mut stream, "/mcp/fixture", &with, ECHO.as_bytes());
+    assert_eq!(status, 200, "{answer}");
+    assert!(answer.contains("still here"), "{answer}");
+    // Without a session (sent as 2026-07-28) the same.
+    let modern = r#"{"jsonrpc":"2.0","id":true,"method":"tools/list","params":{"_meta":{"io.modelcontextprotocol/protocolVersion":"2026-07-28"}}}"#;
+    let (status, answer) = post_on(
+        &mut stream,
+        "/mcp/fixture",
+        &[
+            ("Mcp-Method", "tools/list"),
+            ("MCP-Protocol-Version", "2026-07-28"),
+        ],
+        modern.as_bytes(),
+    );
+    assert_eq!(status, 400, "{answer}");
+    assert!(answer.contains("-32600"), "{answer}");
+
+    // The attach socket: each answered, the session goes on.
+    let runtime = d.runtime_dir().expect("runtime").to_owned();
+    let (reply, mut host) =
+        crate::daemon::bridge::attach_raw(&runtime, b"{\"server\":\"fixture\"}\n", &[]);
+    assert!(reply.contains("attached"), "{reply}");
+    let mut line = INITIALIZE.to_owned();
+    line.push_str("\n{\"jsonrpc\":\"2.0\",\"method\":\"notifications/initialized\"}\n");
+    host.get_mut().write_all(line.as_bytes()).expect("write");
+    let next = |host: &mut std::io::BufReader<std::os::unix::net::UnixStream>| {
+        use std::io::BufRead;
+        let mut line = String::new();
+        host.read_line(&mut line).expect("read");
+        serde_json::from_str::<serde_json::Value>(&line).expect("json")
+    };
+    assert_eq!(next(&mut host)["id"], 1);
+    for (body, code, null) in misshapen() {
+        host.get_mut()
+            .write_all(format!("{body}\n").as_bytes())
+            .expect("write");
+        let answer = next(&mut host);
+        assert_eq!(answer["error"]["code"], code, "{body:.100}: {answer}");
+        assert_eq!(answer["id"].is_null(), null, "{body:.100}: {answer}");
+    }
+    host.get_mut()
+        .write_all(format!("{ECHO}\n").as_bytes())
+        .expect("write");
+    let answer = next(&mut host);
+    assert!(answer.to_string().contains("still here"), "{answer}");
+
+    // Nothing of them reached the server, which never restarted.
+    let reached = std::fs::read_to_string(&seen).expect("seen");
+    assert!(reached.contains("still here"), "{reached:.2000}");
+    for needle in [
+        "\"id\":true",
+        "\"params\":[1]",
+        "[[[[",
+        "\"id\":{}",
+        "\"id\":[]",
+    ] {
+        assert!(!reached.contains(needle), "{needle} reached the server");
+    }
+    assert_eq!(d.latest_pid("fixture"), Some(pid));
+    assert_eq!(d.starts("fixture"), 1);
+}
