@@ -12,8 +12,12 @@
 //! `404`. Bad input is refused before it reaches a unit: an `Origin` that
 //! is neither loopback nor allowed (`403`), a body over [`MAX_BODY`]
 //! (`413`), headers or a body slower than [`read_timeout`] (the
-//! connection is closed, `408`), more than `max-sessions` (`503`), JSON
-//! that does not parse (`400` with a JSON-RPC parse error).
+//! connection is closed, `408`), more than `max-sessions` or a token's
+//! `max-sessions-per-token` (`503`; a token at its share first gives up
+//! its longest-idle session: [`Inner::make_room`]), JSON that does not
+//! parse (`400` with a JSON-RPC parse error), a message of a shape the
+//! unit would refuse or a server choke on (`400`, `mux::shape`: answered
+//! here, never counted in flight).
 //!
 //! Imports neither `daemon` nor `dbus`: the daemon starts it and hands it
 //! each reload's settings ([`Endpoint::apply`]).
@@ -126,6 +130,9 @@ struct Inner {
     epoch: tokio::sync::watch::Sender<u64>,
     /// Stateless requests in flight (counted against `max-sessions`).
     stateless: Arc<std::sync::atomic::AtomicUsize>,
+    /// Of those, each token's (counted against its share,
+    /// `max-sessions-per-token`); a token with none is not kept.
+    stateless_of: Mutex<HashMap<String, usize>>,
     /// Stateless requests answered `input_required`, by `requestState`:
     /// their sessions, waiting for the retry, and the token they came with.
     parked: Mutex<HashMap<String, Parked>>,
@@ -213,6 +220,7 @@ impl Endpoint {
             addrs: RwLock::new(Vec::new()),
             epoch: tokio::sync::watch::Sender::new(0),
             stateless: Arc::new(std::sync::atomic::AtomicUsize::new(0)),
+            stateless_of: Mutex::new(HashMap::new()),
             parked: Mutex::new(HashMap::new()),
             audit: Mutex::new(crate::supervisor::logs::Limiter::new(Some(
                 crate::unit::RateLimit {
@@ -811,6 +819,35 @@ impl Inner {
         }
     }
 
+    /// Counts a stateless request of token `hash` in (`true`) or out.
+    fn note_stateless(&self, hash: Option<&str>, starts: bool) {
+        let (Some(hash), Ok(mut of)) = (hash, self.stateless_of.lock()) else {
+            return;
+        };
+        if starts {
+            *of.entry(hash.to_owned()).or_default() += 1;
+        } else if let Some(n) = of.get_mut(hash) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                of.remove(hash);
+            }
+        }
+    }
+
+    /// The sessions and stateless requests in flight of token `hash`.
+    fn held_by(&self, hash: &str) -> usize {
+        let sessions = self.sessions.lock().map_or(0, |s| {
+            s.values()
+                .filter(|h| h.token.as_deref() == Some(hash))
+                .count()
+        });
+        sessions
+            + self
+                .stateless_of
+                .lock()
+                .map_or(0, |of| of.get(hash).copied().unwrap_or(0))
+    }
+
     /// Sessions and stateless requests under way.
     fn count(&self) -> usize {
         self.sessions.lock().map_or(0, |s| s.len())
@@ -963,12 +1000,65 @@ impl Inner {
             .then(|| Arc::clone(&handle.session))
     }
 
+    /// Holds the token whose hash is `hash` to its share of the sessions
+    /// (`max-sessions-per-token`): when it holds its share, or every
+    /// session is taken, its own longest-idle session ends to make room;
+    /// with none of its own idle it is refused (`503`). One token cannot
+    /// take the sessions of every other.
+    fn make_room(&self, hash: &str, settings: &HttpSettings) -> Result<(), Box<Response<Body>>> {
+        let share = settings.per_token();
+        let mine: Vec<Arc<Session>> = match self.sessions.lock() {
+            Ok(sessions) => sessions
+                .values()
+                .filter(|h| h.token.as_deref() == Some(hash))
+                .map(|h| Arc::clone(&h.session))
+                .collect(),
+            Err(_) => Vec::new(),
+        };
+        let stateless = self
+            .stateless_of
+            .lock()
+            .map_or(0, |of| of.get(hash).copied().unwrap_or(0));
+        let held = mine.len() + stateless >= share;
+        if !held && self.count() < settings.max_sessions {
+            return Ok(());
+        }
+        let oldest = mine
+            .iter()
+            .filter_map(|s| Some((s.idle_since()?, s)))
+            .min_by_key(|(since, _)| *since);
+        let name = self
+            .token(hash)
+            .map_or_else(|| "?".to_owned(), |e| e.name.clone());
+        match oldest {
+            Some((_, session)) => {
+                session.end(&format!(
+                    "token {name} opened another session past {} (its longest idle ends first)",
+                    if held {
+                        format!("its {share} (max-sessions-per-token)")
+                    } else {
+                        format!("{} (max-sessions)", settings.max_sessions)
+                    }
+                ));
+                Ok(())
+            }
+            None if held => Err(Box::new(rpc_error(
+                StatusCode::SERVICE_UNAVAILABLE,
+                ErrorCode::ServerDown,
+                &format!(
+                    "token {name} holds {share} HTTP sessions, none idle (max-sessions-per-token)"
+                ),
+            ))),
+            None => Ok(()),
+        }
+    }
+
     /// Opens a session on `name`: attaches a host session of the unit (or
     /// aggregate) and starts its task; its id, or the refusal.
     fn open(
         self: &Arc<Self>,
         name: &str,
-        max: usize,
+        settings: &HttpSettings,
         token: Option<&str>,
         caller: &Caller,
     ) -> Result<(String, Arc<Session>), Box<Response<Body>>> {
@@ -976,6 +1066,10 @@ impl Inner {
             .shared
             .upgrade()
             .ok_or_else(|| refuse(StatusCode::SERVICE_UNAVAILABLE, "the daemon is stopping"))?;
+        let max = settings.max_sessions;
+        if let Some(hash) = token {
+            self.make_room(hash, settings)?;
+        }
         if self.count() >= max {
             return Err(Box::new(rpc_error(
                 StatusCode::SERVICE_UNAVAILABLE,
@@ -1218,7 +1312,7 @@ async fn post(
     }
     let (session_id, open) = match (&session, method) {
         (None, Some(McpMethod::Initialize)) if id.is_some() => {
-            match inner.open(name, settings.max_sessions, token, caller) {
+            match inner.open(name, settings, token, caller) {
                 Ok(opened) => opened,
                 Err(response) => return *response,
             }
@@ -1341,6 +1435,18 @@ async fn stateless(
             ),
         );
     }
+    if let Some(hash) = token
+        && inner.held_by(hash) >= settings.per_token()
+    {
+        return rpc_error(
+            StatusCode::SERVICE_UNAVAILABLE,
+            ErrorCode::ServerDown,
+            &format!(
+                "this token holds {} HTTP sessions and requests in flight (max-sessions-per-token)",
+                settings.per_token()
+            ),
+        );
+    }
     let (mine, theirs) = crate::mux::memory::pair(session::PAIR_BUFFER);
     if let Err(response) = attach(&shared, name, HostLink::Memory(theirs), caller) {
         return *response;
@@ -1348,8 +1454,10 @@ async fn stateless(
     let (sink, rx) = mpsc::channel(session::STREAM_QUEUE);
     let counted = Arc::clone(&inner.stateless);
     counted.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    inner.note_stateless(token, true);
     let weak = Arc::downgrade(inner);
     let token = token.map(str::to_owned);
+    let (done_inner, done_token) = (weak.clone(), token.clone());
     let epoch = inner.epoch.subscribe();
     tokio::spawn(async move {
         let (valid_inner, valid_token) = (weak.clone(), token.clone());
@@ -1382,6 +1490,9 @@ async fn stateless(
         };
         session::once(link, first, epoch, valid, park, unpark).await;
         counted.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+        if let Some(inner) = done_inner.upgrade() {
+            inner.note_stateless(done_token.as_deref(), false);
+        }
     });
     answer(rx).await
 }
@@ -1492,6 +1603,7 @@ mod tests {
             listen: Vec::new(),
             auth: crate::unit::settings::Auth::Token,
             max_sessions: 1,
+            max_sessions_per_token: None,
             allow_origin: origins.iter().map(|o| (*o).to_owned()).collect(),
         }
     }

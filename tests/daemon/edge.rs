@@ -218,3 +218,114 @@ fn misshapen_messages_are_answered_at_the_edge_and_never_reach_the_server() {
     assert_eq!(d.latest_pid("fixture"), Some(pid));
     assert_eq!(d.starts("fixture"), 1);
 }
+
+/// A unit `name` of the test fixture.
+fn fixture_unit(units: &Path, name: &str) {
+    std::fs::write(
+        units.join(format!("{name}.kdl")),
+        "stdio {\n    command \"mcp-fixture\"\n}\n",
+    )
+    .expect("write");
+}
+
+/// `initialize` on `path` with token `auth`: the status and the session id.
+fn initialize(addr: SocketAddr, path: &str, auth: &str) -> (u16, Option<String>, String) {
+    let bearer = format!("Bearer {auth}");
+    let mut headers: Vec<(&str, &str)> = JSON.to_vec();
+    headers.push(("Authorization", &bearer));
+    let (status, h, body) = request(addr, "POST", path, &headers, INITIALIZE.as_bytes());
+    (
+        status,
+        header(&h, "mcp-session-id").map(str::to_owned),
+        body,
+    )
+}
+
+/// A request sent as 2026-07-28 without a session, with token `auth`.
+fn stateless_tools_list(addr: SocketAddr, path: &str, auth: &str) -> (u16, String) {
+    let bearer = format!("Bearer {auth}");
+    let mut headers: Vec<(&str, &str)> = JSON.to_vec();
+    headers.push(("Authorization", &bearer));
+    headers.push(("Mcp-Method", "tools/list"));
+    headers.push(("MCP-Protocol-Version", "2026-07-28"));
+    let body = r#"{"jsonrpc":"2.0","id":1,"method":"tools/list","params":{"_meta":{"io.modelcontextprotocol/protocolVersion":"2026-07-28","io.modelcontextprotocol/clientCapabilities":{}}}}"#;
+    let (status, _, body) = request(addr, "POST", path, &headers, body.as_bytes());
+    (status, body)
+}
+
+/// D2: a token scoped to one unit that opens sessions as fast as it can
+/// holds its share (`max-sessions-per-token`), its longest-idle session
+/// ending for each new one, and is refused once none of its own is idle;
+/// another token's sessions, calls and stateless requests go on.
+#[test]
+fn one_token_holds_its_share_of_the_sessions_and_no_more() {
+    let units = tempfile::tempdir().expect("tempdir");
+    fixture_unit(units.path(), "a");
+    fixture_unit(units.path(), "b");
+    let state = tempfile::tempdir().expect("tempdir");
+    let hog = super::tokens::token(state.path(), &["new", "hog", "--units", "a"]);
+    let good = super::tokens::token(state.path(), &["new", "good"]);
+    let (mut d, _dir, addr) = endpoint_with(
+        units.path(),
+        "http {\n    listen \"127.0.0.1:0\"\n    max-sessions 8\n    max-sessions-per-token 2\n}\n",
+        &[("MCPD_STATE_DIR", state.path().as_os_str())],
+    );
+    d.wait_until("both running", |d| d.starts("a") == 1 && d.starts("b") == 1);
+    // The attack: far more initializes than max-sessions, each served.
+    let mut ids = Vec::new();
+    for _ in 0..40 {
+        let (status, id, body) = initialize(addr, "/mcp/a", &hog);
+        assert_eq!(status, 200, "{body}");
+        ids.push(id.expect("session id"));
+    }
+    let runtime = d.runtime_dir().expect("runtime").to_owned();
+    let status = crate::helper::mcpctl_user(&runtime, &["status"]);
+    let status = String::from_utf8_lossy(&status.stdout);
+    assert!(
+        status.contains(&format!("\nHTTP: {addr}, 2 sessions\n")),
+        "{status}"
+    );
+    // Its oldest session ended for the newer ones, saying why.
+    let bearer = format!("Bearer {hog}");
+    let mut old: Vec<(&str, &str)> = JSON.to_vec();
+    old.push(("Authorization", &bearer));
+    old.push(("Mcp-Session-Id", &ids[0]));
+    let list = br#"{"jsonrpc":"2.0","id":2,"method":"tools/list"}"#;
+    let (status, _, _) = request(addr, "POST", "/mcp/a", &old, list);
+    assert_eq!(status, 404);
+    assert!(
+        d.wait_for("opened another session past its 2 (max-sessions-per-token)")
+            .contains("token hog")
+    );
+    // The other token (its share is 2 too): a session on the hog's
+    // unit, calls there, stateless requests on the other unit.
+    let path = "/mcp/a";
+    let (status, id, body) = initialize(addr, path, &good);
+    assert_eq!(status, 200, "{body}");
+    let id = id.expect("id");
+    let mut stream = connect(addr);
+    let bearer = format!("Bearer {good}");
+    let with = [
+        ("Authorization", bearer.as_str()),
+        ("Mcp-Session-Id", id.as_str()),
+    ];
+    let (status, answer) = post_on(&mut stream, path, &with, ECHO.as_bytes());
+    assert_eq!(status, 200, "{answer}");
+    assert!(answer.contains("still here"), "{answer}");
+    let (status, body) = stateless_tools_list(addr, "/mcp/b", &good);
+    assert_eq!(status, 200, "{body}");
+    // With both its sessions busy (a GET stream each), the hog is refused.
+    let auth = format!("Authorization: Bearer {hog}\r\n");
+    let _busy: Vec<TcpStream> = ids[ids.len() - 2..]
+        .iter()
+        .map(|id| super::http::get_stream(addr, "/mcp/a", id, &auth))
+        .collect();
+    let (status, _, body) = initialize(addr, "/mcp/a", &hog);
+    assert_eq!(status, 503, "{body}");
+    assert!(body.contains("max-sessions-per-token"), "{body}");
+    let (status, body) = stateless_tools_list(addr, "/mcp/a", &hog);
+    assert_eq!(status, 503, "{body}");
+    // The other token is still served.
+    let (status, body) = stateless_tools_list(addr, "/mcp/a", &good);
+    assert_eq!(status, 200, "{body}");
+}
