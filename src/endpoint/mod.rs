@@ -49,7 +49,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http_body_util::combinators::UnsyncBoxBody;
-use http_body_util::{BodyExt, Full, Limited, StreamBody};
+use http_body_util::{BodyExt, Full, StreamBody};
 use hyper::body::{Frame, Incoming};
 use hyper::header::{self, HeaderValue};
 use hyper::{Method, Request, Response, StatusCode};
@@ -71,6 +71,9 @@ use session::{IdleWatch, Item, Session};
 pub const MAX_BODY: usize = 16 << 20;
 /// Connections served at once; more are closed as they are accepted.
 pub const MAX_CONNECTIONS: usize = 1024;
+/// The bytes of request bodies being read and of answers being written,
+/// over every connection: past it a request is `503` (issue 55, D4).
+pub const BUDGET: usize = 256 << 20;
 /// The session header.
 pub const SESSION_HEADER: &str = "mcp-session-id";
 
@@ -114,6 +117,8 @@ struct Inner {
     settings: RwLock<Arc<HttpSettings>>,
     sessions: Mutex<HashMap<String, Handle>>,
     connections: Arc<tokio::sync::Semaphore>,
+    /// [`BUDGET`], in bytes.
+    budget: Arc<tokio::sync::Semaphore>,
     /// The token file (`tokens::path` of the state directory) and its
     /// tokens by hash, as last read.
     tokens_file: std::path::PathBuf,
@@ -213,6 +218,7 @@ impl Endpoint {
             settings: RwLock::new(Arc::new(settings)),
             sessions: Mutex::new(HashMap::new()),
             connections: Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS)),
+            budget: Arc::new(tokio::sync::Semaphore::new(BUDGET)),
             usage: Arc::new(crate::tokens::Usage::open(&tokens_file)),
             tokens_file,
             tokens: RwLock::new(HashMap::new()),
@@ -410,6 +416,7 @@ async fn accept_loop(listener: TcpListener, inner: Arc<Inner>) {
         };
         let _ = stream.set_nodelay(true);
         let inner = Arc::clone(&inner);
+        let inner_log = Arc::clone(&inner);
         tokio::spawn(async move {
             let _permit = permit;
             let seen = Arc::new(Seen::default());
@@ -427,12 +434,122 @@ async fn accept_loop(listener: TcpListener, inner: Arc<Inner>) {
                 .timer(hyper_util::rt::TokioTimer::new())
                 .header_read_timeout(read_timeout())
                 .max_buf_size(64 << 10)
-                .serve_connection(hyper_util::rt::TokioIo::new(stream), service)
+                .serve_connection(hyper_util::rt::TokioIo::new(Stalled::new(stream)), service)
                 .await;
             if let Err(e) = served {
-                tracing::debug!(target: "mcpd::http", %peer, "connection ended: {e}");
+                if stalled(&e) {
+                    inner_log.audit(|| tracing::info!(target: "mcpd::http", %peer, "closed a connection that read nothing of its answer for {}", humantime::format_duration(read_timeout())));
+                } else {
+                    tracing::debug!(target: "mcpd::http", %peer, "connection ended: {e}");
+                }
             }
         });
+    }
+}
+
+/// Whether a connection ended because a write made no progress
+/// ([`Stalled`]).
+fn stalled(error: &hyper::Error) -> bool {
+    let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(error);
+    while let Some(e) = cause {
+        if let Some(io) = e.downcast_ref::<std::io::Error>()
+            && io.kind() == std::io::ErrorKind::TimedOut
+        {
+            return true;
+        }
+        cause = e.source();
+    }
+    false
+}
+
+/// A connection whose writes fail once one has made no progress for
+/// [`read_timeout`]: a client that stops reading an answer or a stream
+/// loses its connection, and the answer's memory goes with it (issue 55,
+/// D4). Reads are hyper's (its header deadline) and the body's.
+struct Stalled {
+    stream: tokio::net::TcpStream,
+    /// Armed when a write could not proceed; disarmed by progress.
+    since: Option<std::pin::Pin<Box<tokio::time::Sleep>>>,
+}
+
+impl Stalled {
+    fn new(stream: tokio::net::TcpStream) -> Self {
+        Self {
+            stream,
+            since: None,
+        }
+    }
+
+    /// `polled`, a write's outcome: progress disarms the deadline; no
+    /// progress arms it, and past it the write fails.
+    fn deadline<T>(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+        polled: std::task::Poll<std::io::Result<T>>,
+    ) -> std::task::Poll<std::io::Result<T>> {
+        if polled.is_ready() {
+            self.since = None;
+            return polled;
+        }
+        let since = self
+            .since
+            .get_or_insert_with(|| Box::pin(tokio::time::sleep(read_timeout())));
+        if since.as_mut().poll(cx).is_ready() {
+            return std::task::Poll::Ready(Err(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                "the client read nothing of an answer in time",
+            )));
+        }
+        std::task::Poll::Pending
+    }
+}
+
+impl tokio::io::AsyncRead for Stalled {
+    fn poll_read(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.stream).poll_read(cx, buf)
+    }
+}
+
+impl tokio::io::AsyncWrite for Stalled {
+    fn poll_write(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        let polled = std::pin::Pin::new(&mut self.stream).poll_write(cx, buf);
+        self.deadline(cx, polled)
+    }
+
+    fn poll_write_vectored(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        let polled = std::pin::Pin::new(&mut self.stream).poll_write_vectored(cx, bufs);
+        self.deadline(cx, polled)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.stream.is_write_vectored()
+    }
+
+    fn poll_flush(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        let polled = std::pin::Pin::new(&mut self.stream).poll_flush(cx);
+        self.deadline(cx, polled)
+    }
+
+    fn poll_shutdown(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.stream).poll_shutdown(cx)
     }
 }
 
@@ -458,6 +575,81 @@ fn full(status: StatusCode, content_type: &'static str, body: impl Into<Bytes>) 
         .headers_mut()
         .insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
     response
+}
+
+/// Why a request body was not read.
+enum BodyError {
+    /// Past [`MAX_BODY`].
+    TooLarge,
+    /// Past the daemon's [`BUDGET`].
+    Busy,
+    Read(hyper::Error),
+}
+
+/// Reads a request body into one buffer as its frames arrive, whatever
+/// their size (a body sent one byte per chunk takes its length, not a
+/// `Bytes` per byte), within [`MAX_BODY`] and the daemon's [`BUDGET`]
+/// (the permits returned hold its share until dropped).
+async fn read_body(
+    mut body: Incoming,
+    announced: Option<usize>,
+    budget: &Arc<tokio::sync::Semaphore>,
+) -> Result<(Vec<u8>, Option<tokio::sync::OwnedSemaphorePermit>), BodyError> {
+    let mut buf = Vec::with_capacity(announced.unwrap_or(0).min(1 << 20));
+    let mut held: Option<tokio::sync::OwnedSemaphorePermit> = None;
+    while let Some(frame) = body.frame().await {
+        let frame = frame.map_err(BodyError::Read)?;
+        let Ok(data) = frame.into_data() else {
+            continue;
+        };
+        if buf.len() + data.len() > MAX_BODY {
+            return Err(BodyError::TooLarge);
+        }
+        // The buffer's room, as it grows, is what is taken.
+        let room = (buf.len() + data.len()).max(buf.capacity());
+        let taken = held.as_ref().map_or(0, |p| p.num_permits());
+        if room > taken {
+            let more = Arc::clone(budget)
+                .try_acquire_many_owned(
+                    u32::try_from(room - taken).map_err(|_| BodyError::TooLarge)?,
+                )
+                .map_err(|_| BodyError::Busy)?;
+            match &mut held {
+                Some(permit) => permit.merge(more),
+                None => held = Some(more),
+            }
+        }
+        buf.extend_from_slice(&data);
+    }
+    Ok((buf, held))
+}
+
+/// `503`: the daemon's [`BUDGET`] of bytes in flight is spent.
+fn busy() -> Response<Body> {
+    let mut response = rpc_error(
+        StatusCode::SERVICE_UNAVAILABLE,
+        ErrorCode::ServerDown,
+        &format!(
+            "the endpoint holds {} MiB of requests and answers in flight: try again",
+            BUDGET >> 20
+        ),
+    );
+    response
+        .headers_mut()
+        .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+    response
+}
+
+/// `bytes` as a body whose memory holds `permit` of the daemon's
+/// [`BUDGET`] until the last of it is written (or the connection goes).
+fn budgeted(bytes: Bytes, permit: tokio::sync::OwnedSemaphorePermit) -> Bytes {
+    struct Owned(Bytes, #[allow(dead_code)] tokio::sync::OwnedSemaphorePermit);
+    impl AsRef<[u8]> for Owned {
+        fn as_ref(&self) -> &[u8] {
+            &self.0
+        }
+    }
+    Bytes::from_owner(Owned(bytes, permit))
 }
 
 /// A refusal: plain text naming why.
@@ -1257,33 +1449,38 @@ async fn post(
     } else {
         Vec::new()
     };
-    let body = Limited::new(request.into_body(), MAX_BODY);
-    let body = match tokio::time::timeout(read_timeout(), body.collect()).await {
+    let announced = request
+        .headers()
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok()?.parse::<usize>().ok());
+    let read = read_body(request.into_body(), announced, &inner.budget);
+    let (body, held) = match tokio::time::timeout(read_timeout(), read).await {
         Err(_) => {
             tracing::debug!(target: "mcpd::http", "a request body did not come within {}", humantime::format_duration(read_timeout()));
             return refuse(StatusCode::REQUEST_TIMEOUT, "the body did not come in time");
         }
-        Ok(Err(e)) => {
-            if e.downcast_ref::<http_body_util::LengthLimitError>()
-                .is_some()
-            {
-                return refuse(
-                    StatusCode::PAYLOAD_TOO_LARGE,
-                    &format!("a request body is at most {} MiB", MAX_BODY >> 20),
-                );
-            }
+        Ok(Err(BodyError::TooLarge)) => {
+            return refuse(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                &format!("a request body is at most {} MiB", MAX_BODY >> 20),
+            );
+        }
+        Ok(Err(BodyError::Busy)) => return busy(),
+        Ok(Err(BodyError::Read(e))) => {
             return refuse(
                 StatusCode::BAD_REQUEST,
                 &format!("cannot read the body: {e}"),
             );
         }
-        Ok(Ok(collected)) => collected.to_bytes(),
+        Ok(Ok(read)) => read,
     };
     let message = match parse(&body) {
         Ok(message) => message,
         Err(response) => return *response,
     };
     drop(body);
+    // The message (a copy) is held until it is forwarded below.
+    let _held = held;
     // What the unit would refuse is answered here, never counted in
     // flight, and never forwarded (`mux::shape`).
     if let Some(flaw) = crate::mux::shape::check(&message) {
@@ -1337,7 +1534,7 @@ async fn post(
     }
     // Not kept while the answer is awaited (the body may be large).
     drop((open, message));
-    let Some((mut response, _)) = respond(rx).await else {
+    let Some((mut response, _)) = respond(rx, &inner.budget).await else {
         return missing_session(Some(&session_id));
     };
     if let Ok(value) = HeaderValue::from_str(&session_id) {
@@ -1398,7 +1595,7 @@ async fn stateless(
             json,
         };
         if to.send(retry).await.is_ok() {
-            return answer(rx).await;
+            return answer(rx, &inner.budget).await;
         }
         return rpc_error(
             StatusCode::NOT_FOUND,
@@ -1494,7 +1691,7 @@ async fn stateless(
             inner.note_stateless(done_token.as_deref(), false);
         }
     });
-    answer(rx).await
+    answer(rx, &inner.budget).await
 }
 
 /// The first unit of `name` (a unit, or an aggregate's members) that
@@ -1522,8 +1719,8 @@ fn per_host(shared: &Arc<Shared>, name: &str) -> Option<String> {
 /// A stateless request's response ([`respond`]); one JSON body goes with
 /// the status its error code has on the 2026-07-28 wire
 /// ([`modern::status_of`]).
-async fn answer(rx: mpsc::Receiver<Item>) -> Response<Body> {
-    respond(rx).await.map_or_else(
+async fn answer(rx: mpsc::Receiver<Item>, budget: &Arc<tokio::sync::Semaphore>) -> Response<Body> {
+    respond(rx, budget).await.map_or_else(
         || refuse(StatusCode::SERVICE_UNAVAILABLE, "no answer"),
         |(mut response, json)| {
             if let Some(line) = json {
@@ -1539,12 +1736,28 @@ async fn answer(rx: mpsc::Receiver<Item>) -> Response<Body> {
 /// `application/json` body when nothing came before it, else an SSE
 /// stream from the first event on; `None` if the stream ended empty.
 /// With the response, the answer line when it is one JSON body.
-async fn respond(mut rx: mpsc::Receiver<Item>) -> Option<(Response<Body>, Option<Bytes>)> {
+async fn respond(
+    mut rx: mpsc::Receiver<Item>,
+    budget: &Arc<tokio::sync::Semaphore>,
+) -> Option<(Response<Body>, Option<Bytes>)> {
     Some(match rx.recv().await? {
-        Item::Answer(line) => (
-            full(StatusCode::OK, "application/json", line.clone()),
-            Some(line),
-        ),
+        Item::Answer(line) => {
+            // Held until written: within the daemon's budget.
+            let permit = u32::try_from(line.len())
+                .ok()
+                .and_then(|n| Arc::clone(budget).try_acquire_many_owned(n).ok());
+            match permit {
+                Some(permit) => (
+                    full(
+                        StatusCode::OK,
+                        "application/json",
+                        budgeted(line.clone(), permit),
+                    ),
+                    Some(line),
+                ),
+                None => (busy(), None),
+            }
+        }
         Item::Event(first) => {
             // A session's stream: its first event has an id, and the
             // stream is resumable from before it.

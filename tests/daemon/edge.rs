@@ -329,3 +329,113 @@ fn one_token_holds_its_share_of_the_sessions_and_no_more() {
     let (status, body) = stateless_tools_list(addr, "/mcp/a", &good);
     assert_eq!(status, 200, "{body}");
 }
+
+/// A field of `/proc/PID/status` in KiB (`VmHWM`: the peak resident set).
+fn status_kib(pid: u32, field: &str) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("status");
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap_or_else(|| panic!("no {field}"))
+}
+
+/// D3: a body sent one byte per chunk is read into one buffer: the
+/// daemon's peak resident set grows by about the body, not by a buffer
+/// per byte (before: +160 MB for 4 MiB, measured as 623–650 MB for 16 MiB).
+#[test]
+fn a_body_in_one_byte_chunks_costs_its_length() {
+    let units = tempfile::tempdir().expect("tempdir");
+    fixture_unit(units.path(), "a");
+    let (mut d, _dir, addr) = endpoint_with(
+        units.path(),
+        "http {\n    listen \"127.0.0.1:0\"\n    auth \"none\"\n}\n",
+        // Time for a debug build to read 2 Mi chunks.
+        &[("MCPD_HTTP_READ_TIMEOUT", "120s".as_ref())],
+    );
+    d.wait_for("running (pid");
+    let session = open_session(addr, "/mcp/a", None);
+    let before = status_kib(d.pid(), "VmHWM");
+    let mut stream = connect(addr);
+    stream
+        .set_read_timeout(Some(Duration::from_secs(120)))
+        .expect("timeout");
+    write!(
+        stream,
+        "POST /mcp/a HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nAccept: application/json\r\nMcp-Session-Id: {session}\r\nTransfer-Encoding: chunked\r\n\r\n"
+    )
+    .expect("write");
+    let size = 2 << 20;
+    let chunks = b"1\r\nx\r\n".repeat(size);
+    stream.write_all(&chunks).expect("chunks");
+    stream.write_all(b"0\r\n\r\n").expect("end");
+    let (status, body) = read_answer(&mut stream);
+    assert_eq!(status, 400, "not JSON: {body}");
+    assert!(body.contains("-32700"), "{body}");
+    let grew = status_kib(d.pid(), "VmHWM").saturating_sub(before);
+    assert!(
+        grew < 32 << 10,
+        "a 2 MiB body in 1-byte chunks grew the daemon's peak by {grew} KiB"
+    );
+    // The session is served as before.
+    let mut stream = connect(addr);
+    let with = [("Mcp-Session-Id", session.as_str())];
+    let (status, answer) = post_on(&mut stream, "/mcp/a", &with, ECHO.as_bytes());
+    assert_eq!(status, 200, "{answer}");
+}
+
+/// D4: a client that asks for a large answer and never reads it loses
+/// its connection once the write has made no progress for the deadline
+/// (`MCPD_HTTP_READ_TIMEOUT`), and the answer's memory and descriptor go
+/// with it; another client's calls are answered meanwhile.
+#[test]
+fn a_client_that_never_reads_its_answer_is_cut_off() {
+    let units = tempfile::tempdir().expect("tempdir");
+    fixture_unit(units.path(), "a");
+    let (mut d, _dir, addr) = endpoint_with(
+        units.path(),
+        "http {\n    listen \"127.0.0.1:0\"\n    auth \"none\"\n}\n",
+        &[("MCPD_HTTP_READ_TIMEOUT", "5s".as_ref())],
+    );
+    d.wait_for("running (pid");
+    let session = open_session(addr, "/mcp/a", None);
+    let with = [("Mcp-Session-Id", session.as_str())];
+    // (A fresh connection each: an idle one is closed at the deadline.)
+    let good = || post_on(&mut connect(addr), "/mcp/a", &with, ECHO.as_bytes());
+    let (status, answer) = good();
+    assert_eq!(status, 200, "{answer}");
+    let text = "y".repeat(8 << 20);
+    let stalled: Vec<TcpStream> = (0..2)
+        .map(|n| {
+            let call = format!(
+                r#"{{"jsonrpc":"2.0","id":{n},"method":"tools/call","params":{{"name":"echo","arguments":{{"text":"{text}"}}}}}}"#
+            );
+            let mut stream = connect(addr);
+            write!(
+                stream,
+                "POST /mcp/a HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nAccept: application/json\r\nMcp-Session-Id: {session}\r\nContent-Length: {}\r\n\r\n",
+                call.len()
+            )
+            .expect("write");
+            stream.write_all(call.as_bytes()).expect("body");
+            stream
+        })
+        .collect();
+    let (status, answer) = good();
+    assert_eq!(status, 200, "{answer}");
+    d.wait_until("the two stalled connections closed", |d| {
+        d.count("closed a connection that read nothing of its answer for 5s") == 2
+    });
+    // What each got is less than its answer.
+    for mut stream in stalled {
+        let mut got = Vec::new();
+        let _ = stream.read_to_end(&mut got);
+        assert!(
+            got.len() < text.len(),
+            "a stalled client got its whole answer ({} bytes)",
+            got.len()
+        );
+    }
+    let (status, answer) = good();
+    assert_eq!(status, 200, "{answer}");
+}
