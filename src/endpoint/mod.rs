@@ -700,17 +700,30 @@ async fn handle(
             Some(true) => Some(o.clone()),
             Some(false) => None,
             None => {
-                inner.audit(|| tracing::warn!(target: "mcpd::http", %peer, "refused a request from origin {o:?} (not loopback, not in allow-origin)"));
+                inner.audit(|| tracing::warn!(target: "mcpd::http", %peer, "refused a request from origin {:?} (not loopback, not in allow-origin)", clip(o)));
                 return refuse(StatusCode::FORBIDDEN, "origin not allowed");
             }
         },
     };
+    // A browser's preflight carries no token: answered once its origin
+    // passed, before authorization.
+    if *request.method() == Method::OPTIONS {
+        let mut response = preflight(&request);
+        if let Some(origin) = cors
+            && let Ok(value) = HeaderValue::from_str(&origin)
+        {
+            let headers = response.headers_mut();
+            headers.insert(header::ACCESS_CONTROL_ALLOW_ORIGIN, value);
+            headers.insert(header::VARY, HeaderValue::from_static("Origin"));
+        }
+        return response;
+    }
     let token = match settings.auth {
         crate::unit::settings::Auth::None => None,
         crate::unit::settings::Auth::Token => match inner.authorize(&request, seen) {
             Ok(entry) => Some(entry),
             Err(why) => {
-                inner.audit(|| tracing::warn!(target: "mcpd::http", %peer, "refused a request to {}: {why}", request.uri().path()));
+                inner.audit(|| tracing::warn!(target: "mcpd::http", %peer, "refused a request to {}: {why}", clip(request.uri().path())));
                 let mut response = refuse(StatusCode::UNAUTHORIZED, &why);
                 response.headers_mut().insert(
                     header::WWW_AUTHENTICATE,
@@ -761,7 +774,7 @@ async fn route(
         && *request.method() != Method::OPTIONS
         && !inner.reaches(entry, &name)
     {
-        inner.audit(|| tracing::warn!(target: "mcpd::http", %peer, "refused token {} on /mcp/{name}: outside its units ({})", entry.name, entry.scope.label()));
+        inner.audit(|| tracing::warn!(target: "mcpd::http", %peer, "refused token {} on /mcp/{}: outside its units ({})", entry.name, clip(&name), entry.scope.label()));
         return refuse(
             StatusCode::FORBIDDEN,
             &format!("token {} does not reach {name}", entry.name),
@@ -812,21 +825,6 @@ async fn route(
             open.end("ended by the client (DELETE)");
             full(StatusCode::OK, "text/plain", "")
         }
-        Method::OPTIONS => {
-            let mut response = full(StatusCode::NO_CONTENT, "text/plain", "");
-            let headers = response.headers_mut();
-            headers.insert(
-                header::ACCESS_CONTROL_ALLOW_METHODS,
-                HeaderValue::from_static("GET, POST, DELETE"),
-            );
-            headers.insert(
-                header::ACCESS_CONTROL_ALLOW_HEADERS,
-                HeaderValue::from_static(
-                    "Authorization, Content-Type, Accept, Mcp-Session-Id, Mcp-Protocol-Version, Last-Event-ID",
-                ),
-            );
-            response
-        }
         _ => {
             let mut response = refuse(StatusCode::METHOD_NOT_ALLOWED, "use POST, GET or DELETE");
             response
@@ -836,6 +834,59 @@ async fn route(
         }
     }
 }
+
+/// The headers a browser may send: MCP's own (the 2026-07-28 routing
+/// headers included), and any `Mcp-Param-*` it asks for.
+const ALLOW_HEADERS: &str = "Authorization, Content-Type, Accept, Mcp-Session-Id, Mcp-Protocol-Version, Mcp-Method, Mcp-Name, Last-Event-ID";
+
+/// The answer to a CORS preflight (`OPTIONS`): the methods, and the
+/// headers of [`ALLOW_HEADERS`] with the `Mcp-Param-*` ones it asked for.
+fn preflight(request: &Request<Incoming>) -> Response<Body> {
+    let mut response = full(StatusCode::NO_CONTENT, "text/plain", "");
+    let mut allowed = ALLOW_HEADERS.to_owned();
+    for asked in request
+        .headers()
+        .get_all(header::ACCESS_CONTROL_REQUEST_HEADERS)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .map(str::trim)
+    {
+        let param = asked
+            .get(..modern::PARAM_PREFIX.len())
+            .is_some_and(|p| p.eq_ignore_ascii_case(modern::PARAM_PREFIX));
+        // Header names only (a token), within hyper's header limits.
+        if param && hyper::header::HeaderName::from_bytes(asked.as_bytes()).is_ok() {
+            allowed.push_str(", ");
+            allowed.push_str(asked);
+        }
+    }
+    let headers = response.headers_mut();
+    headers.insert(
+        header::ACCESS_CONTROL_ALLOW_METHODS,
+        HeaderValue::from_static("GET, POST, DELETE"),
+    );
+    if let Ok(value) = HeaderValue::from_str(&allowed) {
+        headers.insert(header::ACCESS_CONTROL_ALLOW_HEADERS, value);
+    }
+    response
+}
+
+/// What a peer sent, as a log line shows it: at most [`CLIP`] bytes,
+/// with the size it had (a 60 KiB `Origin` is not logged whole).
+fn clip(text: &str) -> std::borrow::Cow<'_, str> {
+    if text.len() <= CLIP {
+        return text.into();
+    }
+    let mut end = CLIP;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}… ({} bytes)", &text[..end], text.len()).into()
+}
+
+/// The most of a peer's text a refusal line shows.
+pub const CLIP: usize = 256;
 
 fn missing_session(id: Option<&str>) -> Response<Body> {
     match id {

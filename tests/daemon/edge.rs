@@ -439,3 +439,84 @@ fn a_client_that_never_reads_its_answer_is_cut_off() {
     let (status, answer) = good();
     assert_eq!(status, 200, "{answer}");
 }
+
+/// D11, D10: a browser's preflight (no `Authorization`, as browsers send
+/// it) from an allowed origin is answered before authorization, allowing
+/// MCP's headers; a refusal line shows at most 256 bytes of the origin.
+#[test]
+fn a_preflight_is_answered_before_authorization_and_refusals_are_clipped() {
+    let units = tempfile::tempdir().expect("tempdir");
+    fixture_unit(units.path(), "a");
+    let state = tempfile::tempdir().expect("tempdir");
+    let good = super::tokens::token(state.path(), &["new", "good"]);
+    let (mut d, _dir, addr) = endpoint_with(
+        units.path(),
+        "http {\n    listen \"127.0.0.1:0\"\n    allow-origin \"https://app.example\"\n}\n",
+        &[("MCPD_STATE_DIR", state.path().as_os_str())],
+    );
+    d.wait_for("running (pid");
+    let (status, headers, body) = request(
+        addr,
+        "OPTIONS",
+        "/mcp/a",
+        &[
+            ("Origin", "https://app.example"),
+            ("Access-Control-Request-Method", "POST"),
+            (
+                "Access-Control-Request-Headers",
+                "authorization, content-type, mcp-method, mcp-name, mcp-param-region",
+            ),
+        ],
+        b"",
+    );
+    assert_eq!(status, 204, "{body}");
+    assert_eq!(
+        header(&headers, "access-control-allow-origin"),
+        Some("https://app.example")
+    );
+    let allowed = header(&headers, "access-control-allow-headers")
+        .expect("allowed headers")
+        .to_ascii_lowercase();
+    for name in [
+        "authorization",
+        "mcp-method",
+        "mcp-name",
+        "mcp-param-region",
+        "last-event-id",
+        "mcp-session-id",
+    ] {
+        assert!(allowed.contains(name), "{name} not in {allowed}");
+    }
+    // A foreign origin's preflight is refused; a request without a token too.
+    let (status, _, _) = request(
+        addr,
+        "OPTIONS",
+        "/mcp/a",
+        &[("Origin", "https://evil.example")],
+        b"",
+    );
+    assert_eq!(status, 403);
+    let (status, _, _) = request(addr, "POST", "/mcp/a", &JSON, INITIALIZE.as_bytes());
+    assert_eq!(status, 401);
+    // A 30 KiB origin: its refusal line is clipped, saying its size.
+    let origin = format!("https://{}.example", "e".repeat(30 << 10));
+    let (status, _, _) = request(addr, "POST", "/mcp/a", &[("Origin", &origin)], b"{}");
+    assert_eq!(status, 403);
+    let line = d.wait_for("refused a request from origin \"https://eeee");
+    assert!(line.len() < 1024, "{} bytes logged", line.len());
+    assert!(
+        line.contains(&format!("({} bytes)", origin.len())),
+        "{line}"
+    );
+    // The token's client is served.
+    let bearer = format!("Bearer {good}");
+    let mut h: Vec<(&str, &str)> = JSON.to_vec();
+    h.push(("Authorization", &bearer));
+    h.push(("Origin", "https://app.example"));
+    let (status, headers, body) = request(addr, "POST", "/mcp/a", &h, INITIALIZE.as_bytes());
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(
+        header(&headers, "access-control-allow-origin"),
+        Some("https://app.example")
+    );
+}
