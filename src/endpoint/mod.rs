@@ -411,7 +411,7 @@ async fn accept_loop(listener: TcpListener, inner: Arc<Inner>) {
             }
         };
         let Ok(permit) = Arc::clone(&inner.connections).try_acquire_owned() else {
-            tracing::debug!(target: "mcpd::http", %peer, "more than {MAX_CONNECTIONS} connections: closed");
+            inner.audit(|| tracing::warn!(target: "mcpd::http", %peer, "more than {MAX_CONNECTIONS} connections: closed"));
             continue;
         };
         let _ = stream.set_nodelay(true);
@@ -701,7 +701,11 @@ async fn handle(
             Some(false) => None,
             None => {
                 inner.audit(|| tracing::warn!(target: "mcpd::http", %peer, "refused a request from origin {:?} (not loopback, not in allow-origin)", clip(o)));
-                return refuse(StatusCode::FORBIDDEN, "origin not allowed");
+                let mut response = refuse(StatusCode::FORBIDDEN, "origin not allowed");
+                response
+                    .headers_mut()
+                    .insert(header::CONNECTION, HeaderValue::from_static("close"));
+                return response;
             }
         },
     };
@@ -729,6 +733,11 @@ async fn handle(
                     header::WWW_AUTHENTICATE,
                     HeaderValue::from_static("Bearer realm=\"mcpd\""),
                 );
+                // A connection without a valid token holds no slot past
+                // its refusal (issue 55, D1).
+                response
+                    .headers_mut()
+                    .insert(header::CONNECTION, HeaderValue::from_static("close"));
                 return response;
             }
         },

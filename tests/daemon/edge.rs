@@ -520,3 +520,52 @@ fn a_preflight_is_answered_before_authorization_and_refusals_are_clipped() {
         Some("https://app.example")
     );
 }
+
+/// D1: connections that send requests without a valid token are closed
+/// with their refusal, so 1,100 of them (more than the 1,024 slots) hold
+/// none, and a client with a token connects and is served beside them.
+#[test]
+fn connections_without_a_valid_token_hold_no_slot() {
+    let units = tempfile::tempdir().expect("tempdir");
+    fixture_unit(units.path(), "a");
+    let state = tempfile::tempdir().expect("tempdir");
+    let good = super::tokens::token(state.path(), &["new", "good"]);
+    let (mut d, _dir, addr) = endpoint_with(
+        units.path(),
+        "http {\n    listen \"127.0.0.1:0\"\n}\n",
+        // Longer than the test: only the refusal may close them.
+        &[
+            ("MCPD_STATE_DIR", state.path().as_os_str()),
+            ("MCPD_HTTP_READ_TIMEOUT", "300s".as_ref()),
+        ],
+    );
+    d.wait_for("running (pid");
+    let mut held = Vec::new();
+    for _ in 0..(mcpd::endpoint::MAX_CONNECTIONS + 76) {
+        let mut stream = connect(addr);
+        write!(
+            stream,
+            "POST /mcp/a HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{{}}"
+        )
+        .expect("write");
+        held.push(stream);
+    }
+    // Each is answered 401 and then closed (the client keeps its end).
+    for stream in &mut held {
+        let mut got = Vec::new();
+        stream
+            .read_to_end(&mut got)
+            .expect("closed after its refusal, not left open");
+        assert!(
+            got.starts_with(b"HTTP/1.1 401"),
+            "{:?}",
+            String::from_utf8_lossy(&got)
+        );
+    }
+    let bearer = format!("Bearer {good}");
+    let mut h: Vec<(&str, &str)> = JSON.to_vec();
+    h.push(("Authorization", &bearer));
+    let (status, _, body) = request(addr, "POST", "/mcp/a", &h, INITIALIZE.as_bytes());
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(d.count("connections: closed"), 0);
+}
