@@ -273,6 +273,12 @@ const LAYERS: &[Layer] = &[
         why: "whose task a task id is, is pure: no tasks, no I/O, no clock",
     },
     Layer {
+        under: "src/mux/shape.rs",
+        forbidden: NO_IO_NO_CLOCK,
+        allowed: &[],
+        why: "what a host's message must look like is pure: no tasks, no I/O, no clock",
+    },
+    Layer {
         under: "src/mux/lists.rs",
         forbidden: NO_IO_NO_CLOCK,
         allowed: &[],

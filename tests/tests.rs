@@ -40,6 +40,7 @@ mod daemon {
     mod credentials;
     mod ctl;
     mod dbus;
+    mod edge;
     mod era;
     mod fidelity;
     mod fixture;

@@ -12,8 +12,12 @@
 //! `404`. Bad input is refused before it reaches a unit: an `Origin` that
 //! is neither loopback nor allowed (`403`), a body over [`MAX_BODY`]
 //! (`413`), headers or a body slower than [`read_timeout`] (the
-//! connection is closed, `408`), more than `max-sessions` (`503`), JSON
-//! that does not parse (`400` with a JSON-RPC parse error).
+//! connection is closed, `408`), more than `max-sessions` or a token's
+//! `max-sessions-per-token` (`503`; a token at its share first gives up
+//! its longest-idle session: [`Inner::make_room`]), JSON that does not
+//! parse (`400` with a JSON-RPC parse error), a message of a shape the
+//! unit would refuse or a server choke on (`400`, `mux::shape`: answered
+//! here, never counted in flight).
 //!
 //! Imports neither `daemon` nor `dbus`: the daemon starts it and hands it
 //! each reload's settings ([`Endpoint::apply`]).
@@ -45,7 +49,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http_body_util::combinators::UnsyncBoxBody;
-use http_body_util::{BodyExt, Full, Limited, StreamBody};
+use http_body_util::{BodyExt, Full, StreamBody};
 use hyper::body::{Frame, Incoming};
 use hyper::header::{self, HeaderValue};
 use hyper::{Method, Request, Response, StatusCode};
@@ -67,6 +71,9 @@ use session::{IdleWatch, Item, Session};
 pub const MAX_BODY: usize = 16 << 20;
 /// Connections served at once; more are closed as they are accepted.
 pub const MAX_CONNECTIONS: usize = 1024;
+/// The bytes of request bodies being read and of answers being written,
+/// over every connection: past it a request is `503` (issue 55, D4).
+pub const BUDGET: usize = 256 << 20;
 /// The session header.
 pub const SESSION_HEADER: &str = "mcp-session-id";
 
@@ -110,6 +117,8 @@ struct Inner {
     settings: RwLock<Arc<HttpSettings>>,
     sessions: Mutex<HashMap<String, Handle>>,
     connections: Arc<tokio::sync::Semaphore>,
+    /// [`BUDGET`], in bytes.
+    budget: Arc<tokio::sync::Semaphore>,
     /// The token file (`tokens::path` of the state directory) and its
     /// tokens by hash, as last read.
     tokens_file: std::path::PathBuf,
@@ -126,6 +135,9 @@ struct Inner {
     epoch: tokio::sync::watch::Sender<u64>,
     /// Stateless requests in flight (counted against `max-sessions`).
     stateless: Arc<std::sync::atomic::AtomicUsize>,
+    /// Of those, each token's (counted against its share,
+    /// `max-sessions-per-token`); a token with none is not kept.
+    stateless_of: Mutex<HashMap<String, usize>>,
     /// Stateless requests answered `input_required`, by `requestState`:
     /// their sessions, waiting for the retry, and the token they came with.
     parked: Mutex<HashMap<String, Parked>>,
@@ -206,6 +218,7 @@ impl Endpoint {
             settings: RwLock::new(Arc::new(settings)),
             sessions: Mutex::new(HashMap::new()),
             connections: Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS)),
+            budget: Arc::new(tokio::sync::Semaphore::new(BUDGET)),
             usage: Arc::new(crate::tokens::Usage::open(&tokens_file)),
             tokens_file,
             tokens: RwLock::new(HashMap::new()),
@@ -213,6 +226,7 @@ impl Endpoint {
             addrs: RwLock::new(Vec::new()),
             epoch: tokio::sync::watch::Sender::new(0),
             stateless: Arc::new(std::sync::atomic::AtomicUsize::new(0)),
+            stateless_of: Mutex::new(HashMap::new()),
             parked: Mutex::new(HashMap::new()),
             audit: Mutex::new(crate::supervisor::logs::Limiter::new(Some(
                 crate::unit::RateLimit {
@@ -397,11 +411,12 @@ async fn accept_loop(listener: TcpListener, inner: Arc<Inner>) {
             }
         };
         let Ok(permit) = Arc::clone(&inner.connections).try_acquire_owned() else {
-            tracing::debug!(target: "mcpd::http", %peer, "more than {MAX_CONNECTIONS} connections: closed");
+            inner.audit(|| tracing::warn!(target: "mcpd::http", %peer, "more than {MAX_CONNECTIONS} connections: closed"));
             continue;
         };
         let _ = stream.set_nodelay(true);
         let inner = Arc::clone(&inner);
+        let inner_log = Arc::clone(&inner);
         tokio::spawn(async move {
             let _permit = permit;
             let seen = Arc::new(Seen::default());
@@ -419,12 +434,122 @@ async fn accept_loop(listener: TcpListener, inner: Arc<Inner>) {
                 .timer(hyper_util::rt::TokioTimer::new())
                 .header_read_timeout(read_timeout())
                 .max_buf_size(64 << 10)
-                .serve_connection(hyper_util::rt::TokioIo::new(stream), service)
+                .serve_connection(hyper_util::rt::TokioIo::new(Stalled::new(stream)), service)
                 .await;
             if let Err(e) = served {
-                tracing::debug!(target: "mcpd::http", %peer, "connection ended: {e}");
+                if stalled(&e) {
+                    inner_log.audit(|| tracing::info!(target: "mcpd::http", %peer, "closed a connection that read nothing of its answer for {}", humantime::format_duration(read_timeout())));
+                } else {
+                    tracing::debug!(target: "mcpd::http", %peer, "connection ended: {e}");
+                }
             }
         });
+    }
+}
+
+/// Whether a connection ended because a write made no progress
+/// ([`Stalled`]).
+fn stalled(error: &hyper::Error) -> bool {
+    let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(error);
+    while let Some(e) = cause {
+        if let Some(io) = e.downcast_ref::<std::io::Error>()
+            && io.kind() == std::io::ErrorKind::TimedOut
+        {
+            return true;
+        }
+        cause = e.source();
+    }
+    false
+}
+
+/// A connection whose writes fail once one has made no progress for
+/// [`read_timeout`]: a client that stops reading an answer or a stream
+/// loses its connection, and the answer's memory goes with it (issue 55,
+/// D4). Reads are hyper's (its header deadline) and the body's.
+struct Stalled {
+    stream: tokio::net::TcpStream,
+    /// Armed when a write could not proceed; disarmed by progress.
+    since: Option<std::pin::Pin<Box<tokio::time::Sleep>>>,
+}
+
+impl Stalled {
+    fn new(stream: tokio::net::TcpStream) -> Self {
+        Self {
+            stream,
+            since: None,
+        }
+    }
+
+    /// `polled`, a write's outcome: progress disarms the deadline; no
+    /// progress arms it, and past it the write fails.
+    fn deadline<T>(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+        polled: std::task::Poll<std::io::Result<T>>,
+    ) -> std::task::Poll<std::io::Result<T>> {
+        if polled.is_ready() {
+            self.since = None;
+            return polled;
+        }
+        let since = self
+            .since
+            .get_or_insert_with(|| Box::pin(tokio::time::sleep(read_timeout())));
+        if since.as_mut().poll(cx).is_ready() {
+            return std::task::Poll::Ready(Err(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                "the client read nothing of an answer in time",
+            )));
+        }
+        std::task::Poll::Pending
+    }
+}
+
+impl tokio::io::AsyncRead for Stalled {
+    fn poll_read(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.stream).poll_read(cx, buf)
+    }
+}
+
+impl tokio::io::AsyncWrite for Stalled {
+    fn poll_write(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        let polled = std::pin::Pin::new(&mut self.stream).poll_write(cx, buf);
+        self.deadline(cx, polled)
+    }
+
+    fn poll_write_vectored(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        let polled = std::pin::Pin::new(&mut self.stream).poll_write_vectored(cx, bufs);
+        self.deadline(cx, polled)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.stream.is_write_vectored()
+    }
+
+    fn poll_flush(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        let polled = std::pin::Pin::new(&mut self.stream).poll_flush(cx);
+        self.deadline(cx, polled)
+    }
+
+    fn poll_shutdown(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.stream).poll_shutdown(cx)
     }
 }
 
@@ -450,6 +575,81 @@ fn full(status: StatusCode, content_type: &'static str, body: impl Into<Bytes>) 
         .headers_mut()
         .insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
     response
+}
+
+/// Why a request body was not read.
+enum BodyError {
+    /// Past [`MAX_BODY`].
+    TooLarge,
+    /// Past the daemon's [`BUDGET`].
+    Busy,
+    Read(hyper::Error),
+}
+
+/// Reads a request body into one buffer as its frames arrive, whatever
+/// their size (a body sent one byte per chunk takes its length, not a
+/// `Bytes` per byte), within [`MAX_BODY`] and the daemon's [`BUDGET`]
+/// (the permits returned hold its share until dropped).
+async fn read_body(
+    mut body: Incoming,
+    announced: Option<usize>,
+    budget: &Arc<tokio::sync::Semaphore>,
+) -> Result<(Vec<u8>, Option<tokio::sync::OwnedSemaphorePermit>), BodyError> {
+    let mut buf = Vec::with_capacity(announced.unwrap_or(0).min(1 << 20));
+    let mut held: Option<tokio::sync::OwnedSemaphorePermit> = None;
+    while let Some(frame) = body.frame().await {
+        let frame = frame.map_err(BodyError::Read)?;
+        let Ok(data) = frame.into_data() else {
+            continue;
+        };
+        if buf.len() + data.len() > MAX_BODY {
+            return Err(BodyError::TooLarge);
+        }
+        // The buffer's room, as it grows, is what is taken.
+        let room = (buf.len() + data.len()).max(buf.capacity());
+        let taken = held.as_ref().map_or(0, |p| p.num_permits());
+        if room > taken {
+            let more = Arc::clone(budget)
+                .try_acquire_many_owned(
+                    u32::try_from(room - taken).map_err(|_| BodyError::TooLarge)?,
+                )
+                .map_err(|_| BodyError::Busy)?;
+            match &mut held {
+                Some(permit) => permit.merge(more),
+                None => held = Some(more),
+            }
+        }
+        buf.extend_from_slice(&data);
+    }
+    Ok((buf, held))
+}
+
+/// `503`: the daemon's [`BUDGET`] of bytes in flight is spent.
+fn busy() -> Response<Body> {
+    let mut response = rpc_error(
+        StatusCode::SERVICE_UNAVAILABLE,
+        ErrorCode::ServerDown,
+        &format!(
+            "the endpoint holds {} MiB of requests and answers in flight: try again",
+            BUDGET >> 20
+        ),
+    );
+    response
+        .headers_mut()
+        .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+    response
+}
+
+/// `bytes` as a body whose memory holds `permit` of the daemon's
+/// [`BUDGET`] until the last of it is written (or the connection goes).
+fn budgeted(bytes: Bytes, permit: tokio::sync::OwnedSemaphorePermit) -> Bytes {
+    struct Owned(Bytes, #[allow(dead_code)] tokio::sync::OwnedSemaphorePermit);
+    impl AsRef<[u8]> for Owned {
+        fn as_ref(&self) -> &[u8] {
+            &self.0
+        }
+    }
+    Bytes::from_owner(Owned(bytes, permit))
 }
 
 /// A refusal: plain text naming why.
@@ -500,22 +700,44 @@ async fn handle(
             Some(true) => Some(o.clone()),
             Some(false) => None,
             None => {
-                inner.audit(|| tracing::warn!(target: "mcpd::http", %peer, "refused a request from origin {o:?} (not loopback, not in allow-origin)"));
-                return refuse(StatusCode::FORBIDDEN, "origin not allowed");
+                inner.audit(|| tracing::warn!(target: "mcpd::http", %peer, "refused a request from origin {:?} (not loopback, not in allow-origin)", clip(o)));
+                let mut response = refuse(StatusCode::FORBIDDEN, "origin not allowed");
+                response
+                    .headers_mut()
+                    .insert(header::CONNECTION, HeaderValue::from_static("close"));
+                return response;
             }
         },
     };
+    // A browser's preflight carries no token: answered once its origin
+    // passed, before authorization.
+    if *request.method() == Method::OPTIONS {
+        let mut response = preflight(&request);
+        if let Some(origin) = cors
+            && let Ok(value) = HeaderValue::from_str(&origin)
+        {
+            let headers = response.headers_mut();
+            headers.insert(header::ACCESS_CONTROL_ALLOW_ORIGIN, value);
+            headers.insert(header::VARY, HeaderValue::from_static("Origin"));
+        }
+        return response;
+    }
     let token = match settings.auth {
         crate::unit::settings::Auth::None => None,
         crate::unit::settings::Auth::Token => match inner.authorize(&request, seen) {
             Ok(entry) => Some(entry),
             Err(why) => {
-                inner.audit(|| tracing::warn!(target: "mcpd::http", %peer, "refused a request to {}: {why}", request.uri().path()));
+                inner.audit(|| tracing::warn!(target: "mcpd::http", %peer, "refused a request to {}: {why}", clip(request.uri().path())));
                 let mut response = refuse(StatusCode::UNAUTHORIZED, &why);
                 response.headers_mut().insert(
                     header::WWW_AUTHENTICATE,
                     HeaderValue::from_static("Bearer realm=\"mcpd\""),
                 );
+                // A connection without a valid token holds no slot past
+                // its refusal (issue 55, D1).
+                response
+                    .headers_mut()
+                    .insert(header::CONNECTION, HeaderValue::from_static("close"));
                 return response;
             }
         },
@@ -561,7 +783,7 @@ async fn route(
         && *request.method() != Method::OPTIONS
         && !inner.reaches(entry, &name)
     {
-        inner.audit(|| tracing::warn!(target: "mcpd::http", %peer, "refused token {} on /mcp/{name}: outside its units ({})", entry.name, entry.scope.label()));
+        inner.audit(|| tracing::warn!(target: "mcpd::http", %peer, "refused token {} on /mcp/{}: outside its units ({})", entry.name, clip(&name), entry.scope.label()));
         return refuse(
             StatusCode::FORBIDDEN,
             &format!("token {} does not reach {name}", entry.name),
@@ -612,21 +834,6 @@ async fn route(
             open.end("ended by the client (DELETE)");
             full(StatusCode::OK, "text/plain", "")
         }
-        Method::OPTIONS => {
-            let mut response = full(StatusCode::NO_CONTENT, "text/plain", "");
-            let headers = response.headers_mut();
-            headers.insert(
-                header::ACCESS_CONTROL_ALLOW_METHODS,
-                HeaderValue::from_static("GET, POST, DELETE"),
-            );
-            headers.insert(
-                header::ACCESS_CONTROL_ALLOW_HEADERS,
-                HeaderValue::from_static(
-                    "Authorization, Content-Type, Accept, Mcp-Session-Id, Mcp-Protocol-Version, Last-Event-ID",
-                ),
-            );
-            response
-        }
         _ => {
             let mut response = refuse(StatusCode::METHOD_NOT_ALLOWED, "use POST, GET or DELETE");
             response
@@ -636,6 +843,59 @@ async fn route(
         }
     }
 }
+
+/// The headers a browser may send: MCP's own (the 2026-07-28 routing
+/// headers included), and any `Mcp-Param-*` it asks for.
+const ALLOW_HEADERS: &str = "Authorization, Content-Type, Accept, Mcp-Session-Id, Mcp-Protocol-Version, Mcp-Method, Mcp-Name, Last-Event-ID";
+
+/// The answer to a CORS preflight (`OPTIONS`): the methods, and the
+/// headers of [`ALLOW_HEADERS`] with the `Mcp-Param-*` ones it asked for.
+fn preflight(request: &Request<Incoming>) -> Response<Body> {
+    let mut response = full(StatusCode::NO_CONTENT, "text/plain", "");
+    let mut allowed = ALLOW_HEADERS.to_owned();
+    for asked in request
+        .headers()
+        .get_all(header::ACCESS_CONTROL_REQUEST_HEADERS)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .map(str::trim)
+    {
+        let param = asked
+            .get(..modern::PARAM_PREFIX.len())
+            .is_some_and(|p| p.eq_ignore_ascii_case(modern::PARAM_PREFIX));
+        // Header names only (a token), within hyper's header limits.
+        if param && hyper::header::HeaderName::from_bytes(asked.as_bytes()).is_ok() {
+            allowed.push_str(", ");
+            allowed.push_str(asked);
+        }
+    }
+    let headers = response.headers_mut();
+    headers.insert(
+        header::ACCESS_CONTROL_ALLOW_METHODS,
+        HeaderValue::from_static("GET, POST, DELETE"),
+    );
+    if let Ok(value) = HeaderValue::from_str(&allowed) {
+        headers.insert(header::ACCESS_CONTROL_ALLOW_HEADERS, value);
+    }
+    response
+}
+
+/// What a peer sent, as a log line shows it: at most [`CLIP`] bytes,
+/// with the size it had (a 60 KiB `Origin` is not logged whole).
+fn clip(text: &str) -> std::borrow::Cow<'_, str> {
+    if text.len() <= CLIP {
+        return text.into();
+    }
+    let mut end = CLIP;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}… ({} bytes)", &text[..end], text.len()).into()
+}
+
+/// The most of a peer's text a refusal line shows.
+pub const CLIP: usize = 256;
 
 fn missing_session(id: Option<&str>) -> Response<Body> {
     match id {
@@ -811,6 +1071,35 @@ impl Inner {
         }
     }
 
+    /// Counts a stateless request of token `hash` in (`true`) or out.
+    fn note_stateless(&self, hash: Option<&str>, starts: bool) {
+        let (Some(hash), Ok(mut of)) = (hash, self.stateless_of.lock()) else {
+            return;
+        };
+        if starts {
+            *of.entry(hash.to_owned()).or_default() += 1;
+        } else if let Some(n) = of.get_mut(hash) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                of.remove(hash);
+            }
+        }
+    }
+
+    /// The sessions and stateless requests in flight of token `hash`.
+    fn held_by(&self, hash: &str) -> usize {
+        let sessions = self.sessions.lock().map_or(0, |s| {
+            s.values()
+                .filter(|h| h.token.as_deref() == Some(hash))
+                .count()
+        });
+        sessions
+            + self
+                .stateless_of
+                .lock()
+                .map_or(0, |of| of.get(hash).copied().unwrap_or(0))
+    }
+
     /// Sessions and stateless requests under way.
     fn count(&self) -> usize {
         self.sessions.lock().map_or(0, |s| s.len())
@@ -963,12 +1252,65 @@ impl Inner {
             .then(|| Arc::clone(&handle.session))
     }
 
+    /// Holds the token whose hash is `hash` to its share of the sessions
+    /// (`max-sessions-per-token`): when it holds its share, or every
+    /// session is taken, its own longest-idle session ends to make room;
+    /// with none of its own idle it is refused (`503`). One token cannot
+    /// take the sessions of every other.
+    fn make_room(&self, hash: &str, settings: &HttpSettings) -> Result<(), Box<Response<Body>>> {
+        let share = settings.per_token();
+        let mine: Vec<Arc<Session>> = match self.sessions.lock() {
+            Ok(sessions) => sessions
+                .values()
+                .filter(|h| h.token.as_deref() == Some(hash))
+                .map(|h| Arc::clone(&h.session))
+                .collect(),
+            Err(_) => Vec::new(),
+        };
+        let stateless = self
+            .stateless_of
+            .lock()
+            .map_or(0, |of| of.get(hash).copied().unwrap_or(0));
+        let held = mine.len() + stateless >= share;
+        if !held && self.count() < settings.max_sessions {
+            return Ok(());
+        }
+        let oldest = mine
+            .iter()
+            .filter_map(|s| Some((s.idle_since()?, s)))
+            .min_by_key(|(since, _)| *since);
+        let name = self
+            .token(hash)
+            .map_or_else(|| "?".to_owned(), |e| e.name.clone());
+        match oldest {
+            Some((_, session)) => {
+                session.end(&format!(
+                    "token {name} opened another session past {} (its longest idle ends first)",
+                    if held {
+                        format!("its {share} (max-sessions-per-token)")
+                    } else {
+                        format!("{} (max-sessions)", settings.max_sessions)
+                    }
+                ));
+                Ok(())
+            }
+            None if held => Err(Box::new(rpc_error(
+                StatusCode::SERVICE_UNAVAILABLE,
+                ErrorCode::ServerDown,
+                &format!(
+                    "token {name} holds {share} HTTP sessions, none idle (max-sessions-per-token)"
+                ),
+            ))),
+            None => Ok(()),
+        }
+    }
+
     /// Opens a session on `name`: attaches a host session of the unit (or
     /// aggregate) and starts its task; its id, or the refusal.
     fn open(
         self: &Arc<Self>,
         name: &str,
-        max: usize,
+        settings: &HttpSettings,
         token: Option<&str>,
         caller: &Caller,
     ) -> Result<(String, Arc<Session>), Box<Response<Body>>> {
@@ -976,6 +1318,10 @@ impl Inner {
             .shared
             .upgrade()
             .ok_or_else(|| refuse(StatusCode::SERVICE_UNAVAILABLE, "the daemon is stopping"))?;
+        let max = settings.max_sessions;
+        if let Some(hash) = token {
+            self.make_room(hash, settings)?;
+        }
         if self.count() >= max {
             return Err(Box::new(rpc_error(
                 StatusCode::SERVICE_UNAVAILABLE,
@@ -1163,32 +1509,50 @@ async fn post(
     } else {
         Vec::new()
     };
-    let body = Limited::new(request.into_body(), MAX_BODY);
-    let body = match tokio::time::timeout(read_timeout(), body.collect()).await {
+    let announced = request
+        .headers()
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok()?.parse::<usize>().ok());
+    let read = read_body(request.into_body(), announced, &inner.budget);
+    let (body, held) = match tokio::time::timeout(read_timeout(), read).await {
         Err(_) => {
             tracing::debug!(target: "mcpd::http", "a request body did not come within {}", humantime::format_duration(read_timeout()));
             return refuse(StatusCode::REQUEST_TIMEOUT, "the body did not come in time");
         }
-        Ok(Err(e)) => {
-            if e.downcast_ref::<http_body_util::LengthLimitError>()
-                .is_some()
-            {
-                return refuse(
-                    StatusCode::PAYLOAD_TOO_LARGE,
-                    &format!("a request body is at most {} MiB", MAX_BODY >> 20),
-                );
-            }
+        Ok(Err(BodyError::TooLarge)) => {
+            return refuse(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                &format!("a request body is at most {} MiB", MAX_BODY >> 20),
+            );
+        }
+        Ok(Err(BodyError::Busy)) => return busy(),
+        Ok(Err(BodyError::Read(e))) => {
             return refuse(
                 StatusCode::BAD_REQUEST,
                 &format!("cannot read the body: {e}"),
             );
         }
-        Ok(Ok(collected)) => collected.to_bytes(),
+        Ok(Ok(read)) => read,
     };
     let message = match parse(&body) {
         Ok(message) => message,
         Err(response) => return *response,
     };
+    drop(body);
+    // The message (a copy) is held until it is forwarded below.
+    let _held = held;
+    // What the unit would refuse is answered here, never counted in
+    // flight, and never forwarded (`mux::shape`).
+    if let Some(flaw) = crate::mux::shape::check(&message) {
+        let id = flaw.keeps_id().then(|| message.request_id()).flatten();
+        return full(
+            StatusCode::BAD_REQUEST,
+            "application/json",
+            flaw.code()
+                .error(flaw.why())
+                .line(id.as_ref().map(|id| id.as_json())),
+        );
+    }
     let method = message.method_kind();
     let id = message.request_id();
     if session.is_none() && modern::sent_as_modern(&header_view(&headers), &message) {
@@ -1205,7 +1569,7 @@ async fn post(
     }
     let (session_id, open) = match (&session, method) {
         (None, Some(McpMethod::Initialize)) if id.is_some() => {
-            match inner.open(name, settings.max_sessions, token, caller) {
+            match inner.open(name, settings, token, caller) {
                 Ok(opened) => opened,
                 Err(response) => return *response,
             }
@@ -1230,7 +1594,7 @@ async fn post(
     }
     // Not kept while the answer is awaited (the body may be large).
     drop((open, message));
-    let Some((mut response, _)) = respond(rx).await else {
+    let Some((mut response, _)) = respond(rx, &inner.budget).await else {
         return missing_session(Some(&session_id));
     };
     if let Ok(value) = HeaderValue::from_str(&session_id) {
@@ -1291,7 +1655,7 @@ async fn stateless(
             json,
         };
         if to.send(retry).await.is_ok() {
-            return answer(rx).await;
+            return answer(rx, &inner.budget).await;
         }
         return rpc_error(
             StatusCode::NOT_FOUND,
@@ -1328,6 +1692,18 @@ async fn stateless(
             ),
         );
     }
+    if let Some(hash) = token
+        && inner.held_by(hash) >= settings.per_token()
+    {
+        return rpc_error(
+            StatusCode::SERVICE_UNAVAILABLE,
+            ErrorCode::ServerDown,
+            &format!(
+                "this token holds {} HTTP sessions and requests in flight (max-sessions-per-token)",
+                settings.per_token()
+            ),
+        );
+    }
     let (mine, theirs) = crate::mux::memory::pair(session::PAIR_BUFFER);
     if let Err(response) = attach(&shared, name, HostLink::Memory(theirs), caller) {
         return *response;
@@ -1335,8 +1711,10 @@ async fn stateless(
     let (sink, rx) = mpsc::channel(session::STREAM_QUEUE);
     let counted = Arc::clone(&inner.stateless);
     counted.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    inner.note_stateless(token, true);
     let weak = Arc::downgrade(inner);
     let token = token.map(str::to_owned);
+    let (done_inner, done_token) = (weak.clone(), token.clone());
     let epoch = inner.epoch.subscribe();
     tokio::spawn(async move {
         let (valid_inner, valid_token) = (weak.clone(), token.clone());
@@ -1369,8 +1747,11 @@ async fn stateless(
         };
         session::once(link, first, epoch, valid, park, unpark).await;
         counted.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+        if let Some(inner) = done_inner.upgrade() {
+            inner.note_stateless(done_token.as_deref(), false);
+        }
     });
-    answer(rx).await
+    answer(rx, &inner.budget).await
 }
 
 /// The first unit of `name` (a unit, or an aggregate's members) that
@@ -1398,8 +1779,8 @@ fn per_host(shared: &Arc<Shared>, name: &str) -> Option<String> {
 /// A stateless request's response ([`respond`]); one JSON body goes with
 /// the status its error code has on the 2026-07-28 wire
 /// ([`modern::status_of`]).
-async fn answer(rx: mpsc::Receiver<Item>) -> Response<Body> {
-    respond(rx).await.map_or_else(
+async fn answer(rx: mpsc::Receiver<Item>, budget: &Arc<tokio::sync::Semaphore>) -> Response<Body> {
+    respond(rx, budget).await.map_or_else(
         || refuse(StatusCode::SERVICE_UNAVAILABLE, "no answer"),
         |(mut response, json)| {
             if let Some(line) = json {
@@ -1415,12 +1796,28 @@ async fn answer(rx: mpsc::Receiver<Item>) -> Response<Body> {
 /// `application/json` body when nothing came before it, else an SSE
 /// stream from the first event on; `None` if the stream ended empty.
 /// With the response, the answer line when it is one JSON body.
-async fn respond(mut rx: mpsc::Receiver<Item>) -> Option<(Response<Body>, Option<Bytes>)> {
+async fn respond(
+    mut rx: mpsc::Receiver<Item>,
+    budget: &Arc<tokio::sync::Semaphore>,
+) -> Option<(Response<Body>, Option<Bytes>)> {
     Some(match rx.recv().await? {
-        Item::Answer(line) => (
-            full(StatusCode::OK, "application/json", line.clone()),
-            Some(line),
-        ),
+        Item::Answer(line) => {
+            // Held until written: within the daemon's budget.
+            let permit = u32::try_from(line.len())
+                .ok()
+                .and_then(|n| Arc::clone(budget).try_acquire_many_owned(n).ok());
+            match permit {
+                Some(permit) => (
+                    full(
+                        StatusCode::OK,
+                        "application/json",
+                        budgeted(line.clone(), permit),
+                    ),
+                    Some(line),
+                ),
+                None => (busy(), None),
+            }
+        }
         Item::Event(first) => {
             // A session's stream: its first event has an id, and the
             // stream is resumable from before it.
@@ -1479,6 +1876,7 @@ mod tests {
             listen: Vec::new(),
             auth: crate::unit::settings::Auth::Token,
             max_sessions: 1,
+            max_sessions_per_token: None,
             allow_origin: origins.iter().map(|o| (*o).to_owned()).collect(),
         }
     }

@@ -482,6 +482,12 @@ impl Session {
     }
 
     /// When it will have been idle for [`IDLE`], if it is idle.
+    /// Since when it is idle (nothing in flight, no GET stream's client);
+    /// `None` while busy.
+    pub fn idle_since(&self) -> Option<tokio::time::Instant> {
+        self.lock().idle_since
+    }
+
     fn idle_deadline(&self) -> Option<tokio::time::Instant> {
         self.lock().idle_since.map(|at| at + IDLE)
     }

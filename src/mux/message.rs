@@ -35,6 +35,9 @@ pub struct Message {
     /// Where the members routing asks for are ([`KNOWN`]): their index
     /// in `members`, [`ABSENT`] if there is none.
     known: [u8; KNOWN.len()],
+    /// A key came more than once in the text read (only its last value
+    /// is kept): `mux::shape` refuses such a message from a host.
+    repeated: bool,
 }
 
 /// The members looked up on every message, many times over.
@@ -140,16 +143,18 @@ impl Default for Message {
             text: String::new(),
             members: Vec::new(),
             known: [ABSENT; KNOWN.len()],
+            repeated: false,
         }
     }
 }
 
 impl Message {
-    fn new(text: String, members: Vec<Member>) -> Self {
+    fn new(text: String, (members, repeated): (Vec<Member>, bool)) -> Self {
         let mut message = Self {
             text,
             members,
             known: [ABSENT; KNOWN.len()],
+            repeated,
         };
         message.index();
         message
@@ -240,6 +245,24 @@ impl Message {
     /// message made here).
     pub fn received(&self) -> usize {
         self.text.len()
+    }
+
+    /// Whether a key came more than once in the text it was read from
+    /// (only the last of its values is kept).
+    pub fn repeated(&self) -> bool {
+        self.repeated
+    }
+
+    /// The text it was read from (empty for one made here).
+    pub fn source(&self) -> &str {
+        &self.text
+    }
+
+    /// Its members' keys and JSON text, in order.
+    pub fn members(&self) -> impl Iterator<Item = (&str, &str)> {
+        self.members
+            .iter()
+            .map(|m| (self.text(&m.key), self.text(&m.value)))
     }
 
     /// Whether the message has a member `key`.
@@ -870,7 +893,7 @@ impl From<Value> for Message {
                 .collect(),
             _ => Vec::new(),
         };
-        Self::new(String::new(), members)
+        Self::new(String::new(), (members, false))
     }
 }
 
@@ -943,7 +966,7 @@ fn only_member(raw: &str, name: &str) -> Result<Option<(usize, usize)>, Unsure> 
     Ok(found)
 }
 
-fn members(text: &str) -> Option<Vec<Member>> {
+fn members(text: &str) -> Option<(Vec<Member>, bool)> {
     let mut members: Vec<Member> = Vec::with_capacity(5);
     let mut bad_key = false;
     super::scan::each_checked(text.as_bytes(), |span| {
@@ -969,15 +992,15 @@ fn members(text: &str) -> Option<Vec<Member>> {
     if bad_key {
         return None;
     }
-    last_of_each(&mut members, text);
-    Some(members)
+    let repeated = last_of_each(&mut members, text);
+    Some((members, repeated))
 }
 
 /// Of a repeated key, keeps only the last member, where it is (the others
 /// are dropped): what a `Value` reads, in the order of what is kept. In
 /// time linear in the members, whatever a line holds (a 16 MiB line of
-/// distinct keys is read on the session task).
-fn last_of_each(members: &mut Vec<Member>, text: &str) {
+/// distinct keys is read on the session task). Whether a key was repeated.
+fn last_of_each(members: &mut Vec<Member>, text: &str) -> bool {
     let n = members.len();
     // Members all JSON-RPC's, each once (as most messages are): none is
     // repeated, and no key is compared with another.
@@ -990,7 +1013,7 @@ fn last_of_each(members: &mut Vec<Member>, text: &str) {
         })
     });
     if distinct {
-        return;
+        return false;
     }
     // Messages have a handful of members: compared pairwise, no set.
     let repeated = if n <= 8 {
@@ -999,7 +1022,7 @@ fn last_of_each(members: &mut Vec<Member>, text: &str) {
         true
     };
     if !repeated {
-        return;
+        return false;
     }
     let mut seen = foldhash::HashSet::default();
     let mut keep = vec![false; n];
@@ -1008,6 +1031,7 @@ fn last_of_each(members: &mut Vec<Member>, text: &str) {
     }
     let mut keep = keep.into_iter();
     members.retain(|_| keep.next().unwrap_or(true));
+    members.len() < n
 }
 
 #[cfg(test)]

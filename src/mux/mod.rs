@@ -44,6 +44,7 @@ pub mod outbox;
 pub mod route;
 mod scan;
 pub mod session;
+pub mod shape;
 pub mod target;
 pub mod tasks;
 pub mod wire;

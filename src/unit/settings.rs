@@ -11,6 +11,7 @@
 //!     listen "[::1]:8737"
 //!     auth "token"            // or "none": only when every listen is loopback
 //!     max-sessions 256
+//!     max-sessions-per-token 64  // a quarter of max-sessions by default
 //!     allow-origin "https://app.example"
 //! }
 //! telemetry {
@@ -43,6 +44,9 @@ pub const DEFAULT_LISTEN: &str = "127.0.0.1:8737";
 pub const DEFAULT_MAX_SESSIONS: usize = 256;
 /// The most `max-sessions` may say.
 pub const MAX_MAX_SESSIONS: usize = 65_536;
+/// The share of `max-sessions` one token may hold when
+/// `max-sessions-per-token` is not given: one in this many (at least 1).
+pub const DEFAULT_TOKEN_SHARE: usize = 4;
 /// The most `listen` and `allow-origin` lines.
 pub const MAX_LISTEN: usize = 64;
 pub const MAX_ORIGINS: usize = 256;
@@ -51,7 +55,13 @@ pub const MAX_FILE: usize = 1 << 20;
 
 /// The keys of the file, for "did you mean" and the man-page test.
 pub const SECTIONS: &[&str] = &["http", "telemetry"];
-pub const HTTP_KEYS: &[&str] = &["listen", "auth", "max-sessions", "allow-origin"];
+pub const HTTP_KEYS: &[&str] = &[
+    "listen",
+    "auth",
+    "max-sessions",
+    "max-sessions-per-token",
+    "allow-origin",
+];
 pub const TELEMETRY_KEYS: &[&str] = &["otlp", "header", "sample-ratio", "service-name"];
 
 /// Where `otlp` is when the `telemetry` section names none: the
@@ -107,6 +117,9 @@ pub struct HttpSettings {
     pub auth: Auth,
     /// 1..=[`MAX_MAX_SESSIONS`].
     pub max_sessions: usize,
+    /// The sessions one token may hold (`auth "token"`); `None`: a
+    /// [`DEFAULT_TOKEN_SHARE`]th of `max_sessions` ([`HttpSettings::per_token`]).
+    pub max_sessions_per_token: Option<usize>,
     /// Origins (`scheme://host[:port]`, lowercase) a browser may call from
     /// besides loopback ones.
     pub allow_origin: Vec<String>,
@@ -119,8 +132,20 @@ impl Default for HttpSettings {
             listen: DEFAULT_LISTEN.parse().ok().into_iter().collect(),
             auth: Auth::Token,
             max_sessions: DEFAULT_MAX_SESSIONS,
+            max_sessions_per_token: None,
             allow_origin: Vec::new(),
         }
+    }
+}
+
+impl HttpSettings {
+    /// The sessions (and stateless requests in flight) one token may hold
+    /// at once: `max-sessions-per-token`, else a [`DEFAULT_TOKEN_SHARE`]th
+    /// of `max-sessions`; never more than `max-sessions`.
+    pub fn per_token(&self) -> usize {
+        self.max_sessions_per_token
+            .unwrap_or((self.max_sessions / DEFAULT_TOKEN_SHARE).max(1))
+            .min(self.max_sessions)
     }
 }
 
@@ -528,6 +553,7 @@ impl Judge<'_> {
         let mut listen: Vec<(SocketAddr, SourceSpan)> = Vec::new();
         let mut auth: Option<(Auth, SourceSpan)> = None;
         let mut max_sessions: Option<(usize, SourceSpan)> = None;
+        let mut per_token: Option<(usize, SourceSpan)> = None;
         let mut allow_origin: Vec<String> = Vec::new();
         let empty = KdlDocument::new();
         for child in node.children().unwrap_or(&empty).nodes() {
@@ -627,6 +653,28 @@ impl Judge<'_> {
                         ),
                     }
                 }
+                "max-sessions-per-token" => {
+                    if !single(self, per_token.map(|(_, s)| s)) {
+                        continue;
+                    }
+                    let Some(value) = self.argument(child, key, "64") else {
+                        continue;
+                    };
+                    let at = child.entries()[0].span();
+                    match value.as_integer() {
+                        Some(n) if (1..=MAX_MAX_SESSIONS as i128).contains(&n) => {
+                            per_token = Some((n as usize, at));
+                        }
+                        _ => self.at(
+                            at,
+                            &format!(
+                                "`max-sessions-per-token` is a whole number from 1 to {MAX_MAX_SESSIONS}"
+                            ),
+                            "out of range",
+                            Some("write `max-sessions-per-token 64`"),
+                        ),
+                    }
+                }
                 "allow-origin" => {
                     let Some(value) = self.argument(child, key, "\"https://app.example\"") else {
                         continue;
@@ -693,6 +741,7 @@ impl Judge<'_> {
             listen,
             auth: auth_value,
             max_sessions: max_sessions.map_or(DEFAULT_MAX_SESSIONS, |(n, _)| n),
+            max_sessions_per_token: per_token.map(|(n, _)| n),
             allow_origin,
         })
     }
@@ -775,13 +824,14 @@ mod tests {
         );
         assert_eq!(http.auth, Auth::Token);
         assert_eq!(http.max_sessions, DEFAULT_MAX_SESSIONS);
+        assert_eq!(http.per_token(), DEFAULT_MAX_SESSIONS / DEFAULT_TOKEN_SHARE);
         assert!(http.allow_origin.is_empty());
     }
 
     #[test]
     fn every_key_is_read() {
         let http = judge(
-            "http {\n    listen \"127.0.0.1:0\"\n    listen \"[::1]:8737\"\n    auth \"none\"\n    max-sessions 3\n    allow-origin \"HTTPS://App.Example:8443\"\n}\n",
+            "http {\n    listen \"127.0.0.1:0\"\n    listen \"[::1]:8737\"\n    auth \"none\"\n    max-sessions 3\n    max-sessions-per-token 2\n    allow-origin \"HTTPS://App.Example:8443\"\n}\n",
         )
         .expect("valid")
         .http
@@ -789,6 +839,7 @@ mod tests {
         assert_eq!(http.listen.len(), 2);
         assert_eq!(http.auth, Auth::None);
         assert_eq!(http.max_sessions, 3);
+        assert_eq!(http.per_token(), 2);
         assert_eq!(http.allow_origin, ["https://app.example:8443"]);
     }
 

@@ -64,8 +64,8 @@ fn what_is_not_json_rpc_2_0_is_refused_at_once_and_unknown_members_never_reach_t
             for (line, id, why) in [
                 (r#"{"jsonrpc":"1.0","id":2,"method":"tools/list"}"#, json!(2), "jsonrpc must be \"2.0\""),
                 (r#"{"id":3,"method":"ping"}"#, json!(3), "jsonrpc must be \"2.0\""),
-                (r#"{"jsonrpc":"2.0","id":true,"method":"ping"}"#, json!(null), "a request id must be a string or a number"),
-                (r#"{"jsonrpc":"2.0","id":{"x":1},"method":"tools/call","params":{"name":"echo"}}"#, json!(null), "a request id must be a string or a number"),
+                (r#"{"jsonrpc":"2.0","id":true,"method":"ping"}"#, json!(null), "a request id must be a string or an integer (64 bits)"),
+                (r#"{"jsonrpc":"2.0","id":{"x":1},"method":"tools/call","params":{"name":"echo"}}"#, json!(null), "a request id must be a string or an integer (64 bits)"),
             ] {
                 host.send(format!("{line}\n").as_bytes()).await;
                 let refused = host.answer().await;

@@ -704,6 +704,11 @@ fn each_request_of_a_keep_alive_connection_is_checked_and_a_revoked_token_fails_
     assert_eq!(status, 200, "{body}");
     let (status, body) = on_connection(&mut stream, "mcpd_wrong", "", INITIALIZE);
     assert_eq!(status, 401, "{body}");
+    // A refused request's connection is closed (issue 55, D1): a new one.
+    let mut stream = std::net::TcpStream::connect(addr).expect("connect");
+    stream
+        .set_read_timeout(Some(std::time::Duration::from_secs(30)))
+        .expect("timeout");
     let (status, body) = on_connection(&mut stream, &first, "", INITIALIZE);
     assert_eq!(status, 200, "{body}");
     token(state.path(), &["revoke", "first"]);
@@ -713,6 +718,10 @@ fn each_request_of_a_keep_alive_connection_is_checked_and_a_revoked_token_fails_
         status, 401,
         "revoked, on the connection that used it: {body}"
     );
+    let mut stream = std::net::TcpStream::connect(addr).expect("connect");
+    stream
+        .set_read_timeout(Some(std::time::Duration::from_secs(30)))
+        .expect("timeout");
     let (status, body) = on_connection(&mut stream, &second, "", INITIALIZE);
     assert_eq!(status, 200, "{body}");
 }

@@ -426,17 +426,27 @@ fn what_is_not_json_rpc_2_0_is_an_invalid_request_and_unknown_members_go() {
         (
             r#"{"jsonrpc":"2.0","id":true,"method":"ping"}"#,
             Value::Null,
-            "a request id must be a string or a number",
+            "a request id must be a string or an integer (64 bits)",
         ),
         (
             r#"{"jsonrpc":"2.0","id":{"a":1},"method":"ping"}"#,
             Value::Null,
-            "a request id must be a string or a number",
+            "a request id must be a string or an integer (64 bits)",
         ),
         (
             r#"{"jsonrpc":"2.0","id":[1],"result":{}}"#,
             Value::Null,
-            "a request id must be a string or a number",
+            "a request id must be a string or an integer (64 bits)",
+        ),
+        (
+            r#"{"jsonrpc":"2.0","id":1.5,"method":"ping"}"#,
+            Value::Null,
+            "a request id must be a string or an integer (64 bits)",
+        ),
+        (
+            r#"{"jsonrpc":"2.0","id":1,"id":2,"method":"ping"}"#,
+            Value::Null,
+            "a JSON-RPC member (id, method, params, …) is given twice",
         ),
     ];
     for state in [NEW, READY] {

@@ -24,6 +24,7 @@ use super::super::era::{self, Era};
 use super::super::error::ErrorCode;
 use super::super::message::{Message, RequestId};
 use super::super::method::Method;
+use super::super::shape;
 use super::super::wire::{Frame, MAX_LINE};
 
 /// The revision mcpd asks servers for (the server may answer with an older
@@ -226,30 +227,24 @@ pub fn strip(message: &mut Message) -> Vec<String> {
 }
 
 /// Why a host's message is not a valid JSON-RPC 2.0 message, as the
-/// [`ErrorCode::InvalidRequest`] answer to it: `jsonrpc` must be `"2.0"`, and
-/// an id a string or a number (MCP: a string or an integer; `null` is
-/// for error responses alone).
+/// error answer to it: `jsonrpc` must be `"2.0"`, and the message of the
+/// shape [`shape::check`] asks (an id that can be answered, no JSON-RPC
+/// member twice, `params` an object, nesting bounded).
 fn invalid(message: &Message) -> Option<Value> {
-    let id = message.raw("id");
-    let id_ok = id.is_none_or(|raw| {
-        raw.starts_with('"')
-            || raw.starts_with('-')
-            || raw.as_bytes().first().is_some_and(u8::is_ascii_digit)
-            || raw == "null"
-    });
-    let why = if message.raw("jsonrpc") != Some("\"2.0\"") {
-        "jsonrpc must be \"2.0\""
-    } else if !id_ok {
-        "a request id must be a string or a number"
-    } else {
-        return None;
-    };
-    let id = if id_ok {
+    if message.raw("jsonrpc") != Some("\"2.0\"") {
+        let id = shape::id_ok(message.raw("id").unwrap_or("null"))
+            .then(|| message.request_id())
+            .flatten()
+            .map_or(Value::Null, |id| id.to_value());
+        return Some(ErrorCode::InvalidRequest.response(&id, "jsonrpc must be \"2.0\""));
+    }
+    let flaw = shape::check(message)?;
+    let id = if flaw.keeps_id() {
         message.request_id().map_or(Value::Null, |id| id.to_value())
     } else {
         Value::Null
     };
-    Some(ErrorCode::InvalidRequest.response(&id, why))
+    Some(flaw.code().response(&id, flaw.why()))
 }
 
 /// The version a host asking for `asked` gets.
