@@ -52,6 +52,7 @@ mod daemon {
     mod ondemand;
     mod packaging;
     mod perhost;
+    mod reasons;
     mod reload;
     mod sandbox;
     mod search;
