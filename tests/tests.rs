@@ -31,6 +31,7 @@ mod pure {
 }
 
 mod daemon {
+    mod add;
     mod adopt;
     mod aggregate;
     mod bridge;
