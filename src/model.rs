@@ -127,6 +127,9 @@ pub struct HttpView {
     pub sessions: usize,
 }
 
+/// How many names [`Shared::choices`] lists.
+pub const NAMES_LISTED: usize = 20;
+
 /// Why the read model has no unit, or no supervisor, by a name. The
 /// messages are the ones the adapters pass on.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -198,6 +201,40 @@ impl Shared {
             .unwrap_or_default()
     }
 
+    /// What there is to choose from, for a refusal of a name that is not
+    /// there: the units' names (`units: a, b`), or with `groups` the
+    /// groups'; at most [`NAMES_LISTED`], then how many more.
+    pub fn choices(&self, groups: bool) -> String {
+        let Ok(units) = self.units.read() else {
+            return "the read model is poisoned".into();
+        };
+        let names: Vec<&str> = if groups {
+            let set: std::collections::BTreeSet<&str> = units
+                .values()
+                .flat_map(|v| v.groups.iter().map(String::as_str))
+                .collect();
+            set.into_iter().collect()
+        } else {
+            units.keys().map(String::as_str).collect()
+        };
+        let (what, none) = if groups {
+            ("groups", "no unit has a group")
+        } else {
+            ("units", "no unit is loaded")
+        };
+        if names.is_empty() {
+            return none.into();
+        }
+        let mut text = format!(
+            "{what}: {}",
+            names[..names.len().min(NAMES_LISTED)].join(", ")
+        );
+        if names.len() > NAMES_LISTED {
+            text.push_str(&format!(" and {} more", names.len() - NAMES_LISTED));
+        }
+        text
+    }
+
     /// The unit `name` as the daemon last loaded it.
     pub fn unit(&self, name: &str) -> Result<UnitView, UnitError> {
         self.units
@@ -251,5 +288,20 @@ mod tests {
             "unit bad is invalid and cannot run: /units/bad.kdl:1:1: oops"
         );
         assert!(shared.unit("bad").is_ok());
+        assert_eq!(shared.choices(false), "units: bad");
+        assert_eq!(shared.choices(true), "no unit has a group");
+        if let Ok(mut units) = shared.units.write() {
+            for n in 0..25 {
+                let mut view = units["bad"].clone();
+                view.groups = vec![format!("g{}", n % 2)];
+                units.insert(format!("u{n:02}"), view);
+            }
+        }
+        assert_eq!(shared.choices(true), "groups: g0, g1");
+        let listed = shared.choices(false);
+        assert!(
+            listed.starts_with("units: bad, u00, u01,") && listed.ends_with("u18 and 6 more"),
+            "{listed}"
+        );
     }
 }

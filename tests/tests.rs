@@ -31,6 +31,7 @@ mod pure {
 }
 
 mod daemon {
+    mod add;
     mod adopt;
     mod aggregate;
     mod bridge;
@@ -54,6 +55,7 @@ mod daemon {
     mod ondemand;
     mod packaging;
     mod perhost;
+    mod reasons;
     mod reload;
     mod sandbox;
     mod search;

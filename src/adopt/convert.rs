@@ -510,6 +510,29 @@ fn credentials_block(keep: Keep<'_>, secrets: &[(String, String)], env: bool) ->
 
 /// Converts `entry` into a unit whose secrets are kept as `keep` says.
 pub fn convert(entry: &Entry, keep: Keep<'_>, lookup: &Lookup<'_>) -> Result<Imported, String> {
+    let head = vec![
+        origin(entry.host, &entry.file, &entry.name),
+        format!(
+            "description {}",
+            kdl(&format!(
+                "{}, imported from {}",
+                entry.name,
+                entry.host.name()
+            ))
+        ),
+    ];
+    convert_as(entry, keep, lookup, head)
+}
+
+/// [`convert`], the unit's text beginning with `head` (what it is and
+/// where it came from) instead: `mcpctl add` writes an entry given on
+/// its command line so.
+pub fn convert_as(
+    entry: &Entry,
+    keep: Keep<'_>,
+    lookup: &Lookup<'_>,
+    head: Vec<String>,
+) -> Result<Imported, String> {
     let syntax = entry.host.syntax();
     let split = |value: &str| pieces(syntax, value, &entry.base, lookup.home);
     let place = |what: &'static str| Place {
@@ -527,17 +550,7 @@ pub fn convert(entry: &Entry, keep: Keep<'_>, lookup: &Lookup<'_>) -> Result<Imp
     };
     let mut secrets: Vec<(String, String)> = Vec::new();
     let mut because = Vec::new();
-    let mut lines = vec![
-        origin(entry.host, &entry.file, &entry.name),
-        format!(
-            "description {}",
-            kdl(&format!(
-                "{}, imported from {}",
-                entry.name,
-                entry.host.name()
-            ))
-        ),
-    ];
+    let mut lines = head;
     match &entry.server {
         Server::Unusable(why) => return Err(why.clone()),
         Server::Stdio {

@@ -45,6 +45,12 @@ pub struct Source {
     pub text: Result<String, String>,
     /// Where its relative paths are relative to ([`hosts::base_of`]).
     pub base: PathBuf,
+    /// Read only to name units as importing every host would: another
+    /// host's file, whose entries take their names (the host first in
+    /// [`Host::ALL`] keeps a name two servers want) but are neither
+    /// written nor shown. Importing one host at a time then pairs entries
+    /// by server, whatever the order.
+    pub context: bool,
 }
 
 /// What is there now for a unit name.
@@ -132,8 +138,22 @@ pub fn import(input: ImportInput<'_>) -> ImportPlan {
     let mut rows = Vec::new();
     let mut writes = Vec::new();
     // Unit name → (entry, imported) of what is imported in this run.
-    let mut planned: BTreeMap<String, (Entry, Imported)> = BTreeMap::new();
-    for source in &input.sources {
+    // (and whether it is only read for naming: a context source's).
+    let mut planned: BTreeMap<String, (Entry, Imported, bool)> = BTreeMap::new();
+    let mut sources: Vec<&Source> = input.sources.iter().collect();
+    if sources.iter().any(|s| s.context) {
+        // Every host's entries named in one order, whichever is imported.
+        sources.sort_by_key(|s| Host::ALL.iter().position(|h| *h == s.host));
+    }
+    // What a context source's entries would show, never shown.
+    let mut unseen = Vec::new();
+    for source in sources {
+        let rows = if source.context {
+            unseen.clear();
+            &mut unseen
+        } else {
+            &mut rows
+        };
         let host = source.host;
         let text = match &source.text {
             Ok(text) => text,
@@ -216,37 +236,47 @@ pub fn import(input: ImportInput<'_>) -> ImportPlan {
                     continue;
                 }
             };
-            if let Some((other, before)) = planned.get(&name) {
-                if same(before, &converted) {
+            if let Some((other, before, only_named)) = planned.get(&name) {
+                let same_server = same(before, &converted);
+                if same_server && *only_named && !source.context {
+                    // The same server as another host's, not imported
+                    // now: this host's unit, of the name they share.
+                    row.result = format!("the same server as {}'s; ", other.host.name());
+                } else if same_server {
                     row.unit = format!("{name}.kdl");
                     row.result = format!("merged: the same server as {}'s", other.host.name());
                     rows.push(row);
                     continue;
-                }
-                let base = convert::unit_name(&format!("{name}-{}", host.name()))
-                    .unwrap_or_else(|| name.clone());
-                let mut renamed = base.clone();
-                let mut n = 2;
-                while planned.contains_key(&renamed) {
-                    renamed = format!("{base}-{n}");
-                    n += 1;
-                }
-                row.result = format!(
-                    "renamed: {name} is {}'s, a different server; ",
-                    other.host.name()
-                );
-                name = renamed;
-                converted = match imported(&name) {
-                    Ok(c) => c,
-                    Err(why) => {
-                        row.result = format!("failed: {why}");
-                        row.failed = true;
-                        rows.push(row);
-                        continue;
+                } else {
+                    let base = convert::unit_name(&format!("{name}-{}", host.name()))
+                        .unwrap_or_else(|| name.clone());
+                    let mut renamed = base.clone();
+                    let mut n = 2;
+                    while planned.contains_key(&renamed) {
+                        renamed = format!("{base}-{n}");
+                        n += 1;
                     }
-                };
+                    row.result = format!(
+                        "renamed: {name} is {}'s, a different server; ",
+                        other.host.name()
+                    );
+                    name = renamed;
+                    converted = match imported(&name) {
+                        Ok(c) => c,
+                        Err(why) => {
+                            row.result = format!("failed: {why}");
+                            row.failed = true;
+                            rows.push(row);
+                            continue;
+                        }
+                    };
+                }
             }
             row.unit = format!("{name}.kdl");
+            if source.context {
+                planned.insert(name, (entry, converted, true));
+                continue;
+            }
             match place(&input, &name, host, &converted) {
                 Ok(Placed::Said(said)) => row.result += &said,
                 Ok(Placed::Write(mut placement)) => {
@@ -261,7 +291,7 @@ pub fn import(input: ImportInput<'_>) -> ImportPlan {
                 }
             }
             rows.push(row);
-            planned.insert(name, (entry, converted));
+            planned.insert(name, (entry, converted, false));
         }
     }
     ImportPlan { rows, writes }
@@ -336,6 +366,23 @@ fn place(
     {
         return Ok(Placed::Said("unchanged".into()));
     }
+    if let Some(unit) = &existing.unit {
+        let same_server = if input.env_file {
+            convert::same_server(converted, unit, existing.env.as_deref())
+        } else {
+            let without = Imported {
+                secrets: Vec::new(),
+                ..converted.clone()
+            };
+            convert::same_server(&without, unit, None) && existing.holds(name, &converted.secrets)
+        };
+        if same_server {
+            // Another host's entry of the same server was imported.
+            return Ok(Placed::Said(
+                "merged: the same server as the unit there".into(),
+            ));
+        }
+    }
     if existing.unit.is_some() && !input.force {
         return Ok(Placed::Said(format!(
             "skipped: {} exists (--force replaces it)",
@@ -408,6 +455,7 @@ mod tests {
             path: PathBuf::from(format!("/home/u/{}.json", host.name())),
             text: Ok(text.to_owned()),
             base: PathBuf::from("/home/u"),
+            context: false,
         }
     }
 
@@ -434,6 +482,108 @@ mod tests {
 
     const PARIS: &str = r#"{"mcpServers": {"time": {"command": "uvx", "args": ["mcp-server-time", "--local-timezone", "Europe/Paris"]}}}"#;
     const TOKYO: &str = r#"{"mcpServers": {"time": {"command": "uvx", "args": ["mcp-server-time", "--local-timezone", "Asia/Tokyo"]}}}"#;
+
+    #[test]
+    fn one_host_at_a_time_names_units_as_every_host_at_once_whatever_the_order() {
+        let claude = r#"{"mcpServers": {"time": {"command": "uvx", "args": ["mcp-server-time", "--local-timezone", "Europe/Paris"]}, "both": {"command": "both-server"}}}"#;
+        let gemini = r#"{"mcpServers": {"time": {"command": "uvx", "args": ["mcp-server-time", "--local-timezone", "Asia/Tokyo"]}, "both": {"command": "both-server"}}}"#;
+        // One host imported, the other read for naming, with what earlier
+        // runs wrote on disk: its rows and what it wrote.
+        let one = |host: Host,
+                   text: &str,
+                   other: Host,
+                   other_text: &str,
+                   disk: &BTreeMap<String, String>| {
+            let mut context = source(other, other_text);
+            context.context = true;
+            let existing = |name: &str| Existing {
+                unit: disk.get(name).cloned(),
+                ..Existing::default()
+            };
+            let plan = run(vec![source(host, text), context], &existing, false);
+            let rows: Vec<(String, String, String)> = plan
+                .rows
+                .iter()
+                .map(|r| (r.host.clone(), r.entry.clone(), r.unit.clone()))
+                .collect();
+            let written: Vec<(String, String)> = plan
+                .writes
+                .iter()
+                .map(|w| {
+                    (
+                        w.unit
+                            .0
+                            .file_stem()
+                            .expect("a name")
+                            .to_string_lossy()
+                            .into_owned(),
+                        w.unit.1.clone(),
+                    )
+                })
+                .collect();
+            (rows, written)
+        };
+        let all = run(
+            vec![
+                source(Host::ClaudeCode, claude),
+                source(Host::Gemini, gemini),
+            ],
+            &|_| Existing::default(),
+            false,
+        );
+        let mut expected: Vec<(String, String, String)> = all
+            .rows
+            .iter()
+            .map(|r| (r.host.clone(), r.entry.clone(), r.unit.clone()))
+            .collect();
+        expected.sort();
+        let units: Vec<&str> = expected.iter().map(|r| r.2.as_str()).collect();
+        assert_eq!(
+            units,
+            ["both.kdl", "time.kdl", "both.kdl", "time-gemini.kdl"],
+            "{expected:?}"
+        );
+        // Claude Code then Gemini, and Gemini then Claude Code: the same
+        // units, each entry paired with the same one.
+        let hosts = [(Host::ClaudeCode, claude), (Host::Gemini, gemini)];
+        for order in [[0, 1], [1, 0]] {
+            let mut disk = BTreeMap::new();
+            let mut rows = Vec::new();
+            for i in order {
+                let ((host, text), (other, other_text)) = (hosts[i], hosts[1 - i]);
+                let (said, written) = one(host, text, other, other_text, &disk);
+                rows.extend(said);
+                disk.extend(written);
+            }
+            rows.sort();
+            assert_eq!(rows, expected, "order {order:?}");
+            let names: Vec<&str> = disk.keys().map(String::as_str).collect();
+            assert_eq!(names, ["both", "time", "time-gemini"], "order {order:?}");
+        }
+        // Only the host imported is written (its share of a server both
+        // have too).
+        let mut context = source(Host::ClaudeCode, claude);
+        context.context = true;
+        let plan = run(
+            vec![source(Host::Gemini, gemini), context],
+            &|_| Existing::default(),
+            false,
+        );
+        let written: Vec<String> = plan
+            .writes
+            .iter()
+            .map(|w| w.unit.0.display().to_string())
+            .collect();
+        assert_eq!(
+            written,
+            [
+                "/home/u/.config/mcpd/units/both.kdl",
+                "/home/u/.config/mcpd/units/time-gemini.kdl"
+            ],
+            "{:?}",
+            plan.rows
+        );
+    }
 
     #[test]
     fn the_same_server_twice_is_merged_and_a_different_one_renamed() {

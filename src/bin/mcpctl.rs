@@ -109,6 +109,45 @@ enum Command {
         #[arg(required = true, value_name = "PATH")]
         paths: Vec<PathBuf>,
     },
+    /// Write unit NAME for a server, as a host's `mcp add` takes one:
+    /// `mcpctl add NAME -- COMMAND ARG...` (stdio) or `mcpctl add
+    /// --transport http NAME URL`; verify it and tell the daemon to reload.
+    ///
+    /// Secret values (of --env and --header: tokens, keys, passwords) go to
+    /// the instance's credstore as NAME.VAR (mode 0600), referenced by the
+    /// unit, as `import` keeps them. Exit status 1 when the unit would not
+    /// load or exists (without --force).
+    Add {
+        name: String,
+        /// The command and its arguments (after `--`, so that theirs are not
+        /// read as mcpctl's options), or the server's URL.
+        #[arg(required = true, value_name = "COMMAND|URL")]
+        target: Vec<String>,
+        /// stdio or http (default: http for a lone http(s):// URL).
+        #[arg(long, short = 't')]
+        transport: Option<String>,
+        /// An environment variable of the server (stdio), KEY=VALUE.
+        #[arg(long, short = 'e', value_name = "KEY=VALUE")]
+        env: Vec<String>,
+        /// A header of the server's requests (http), "Name: value".
+        #[arg(long = "header", short = 'H', value_name = "NAME: VALUE")]
+        headers: Vec<String>,
+        /// The unit's description.
+        #[arg(long)]
+        description: Option<String>,
+        /// Replace unit NAME if it exists.
+        #[arg(long)]
+        force: bool,
+    },
+    /// Remove unit NAME (and its drop-ins and env-file) and tell the daemon
+    /// to reload, which stops it; with --purge its credentials and its
+    /// on-demand cache too. Exit status 4 when there is no such unit file.
+    Remove {
+        name: String,
+        /// Also remove its credentials (NAME.*) and cache.
+        #[arg(long)]
+        purge: bool,
+    },
     /// Turn the MCP servers configured in hosts into units: HOST is one of
     /// claude-desktop, claude-code, cursor, vscode, windsurf, gemini, codex
     /// (none: every host found), or a host's config FILE.
@@ -382,6 +421,38 @@ fn main() -> ExitCode {
                 TokenAction::Revoke { names } => token::revoke(&file, names),
             })
         }
+        Command::Add {
+            name,
+            target,
+            transport,
+            env: vars,
+            headers,
+            description,
+            force,
+        } => {
+            let options = mcpd::ctl::add::AddOptions {
+                name: name.clone(),
+                target: target.clone(),
+                transport: transport.clone(),
+                env: vars.clone(),
+                headers: headers.clone(),
+                description: description.clone(),
+                force: *force,
+            };
+            Some(mcpd::ctl::add::add(
+                instance,
+                &options,
+                &env,
+                &mut std::io::stdout().lock(),
+            ))
+        }
+        Command::Remove { name, purge } => Some(mcpd::ctl::add::remove(
+            instance,
+            name,
+            *purge,
+            &env,
+            &mut std::io::stdout().lock(),
+        )),
         Command::Credential { action } => {
             use mcpd::ctl::credential;
             let store = instance.credstore();
@@ -477,6 +548,8 @@ fn main() -> ExitCode {
             | Command::Verify { .. }
             | Command::Completions { .. }
             | Command::Import { .. }
+            | Command::Add { .. }
+            | Command::Remove { .. }
             | Command::Connect { .. }
             | Command::Disconnect { .. }
             | Command::Token { .. }

@@ -26,10 +26,13 @@
 //! `initialize` exchange is replayed on the next session (its answer not
 //! passed on).
 //!
-//! With no daemon at the start it tries again for up to `WAIT_FOR_DAEMON`,
-//! then answers the host's requests with an error naming the instance, the
-//! sockets and how to start the daemon, and exits when the host closes its
-//! end. A daemon back without the server ends the bridge with exit code 4.
+//! With no daemon at the start, or one that refuses the session (no such
+//! unit or group), it answers the host's requests at once with an error
+//! that says why (for no daemon: the instance, where it looked and how to
+//! start it), and exits when the host closes its end; it waits (up to
+//! `WAIT_FOR_STARTING`) only for a daemon that is starting: one that holds
+//! its instance's lock but does not answer yet. A daemon back without the
+//! server ends the bridge with exit code 4.
 
 use std::borrow::Cow;
 use std::collections::HashSet;
@@ -378,27 +381,74 @@ fn socket(fd: std::os::fd::OwnedFd) -> Option<UnixStream> {
 /// Serves `name` on stdin/stdout until the host closes stdin. While the
 /// daemon holds the host's stdio this blocks on one socket and needs no
 /// async runtime; one is made for copying, or when the daemon went away.
-/// No daemon at the start: it is waited for up to [`WAIT_FOR_DAEMON`],
-/// then the host is told why ([`not_running`]).
+/// No daemon, or one that refuses the session (no such unit or group):
+/// the host is told why at once ([`tell`]), with no wait it would sit
+/// through.
 pub fn run(instance: Instance, name: &str) -> Result<u8, CtlError> {
-    // Hosts often start before the user's mcpd (at login): wait a bounded
-    // moment for it, trying again.
-    let deadline = std::time::Instant::now() + WAIT_FOR_DAEMON;
+    // A daemon that holds its instance's lock is starting (its sockets
+    // come next): it is waited for, a bounded moment. With none, no wait.
+    let deadline = std::time::Instant::now() + WAIT_FOR_STARTING;
     let mut delay = FIRST_RETRY;
-    loop {
+    let started = loop {
         match start(instance, name) {
-            Ok(done) => return done,
-            Err(_) if std::time::Instant::now() + delay < deadline => {
+            Err(Unserved::Down(_))
+                if starting(instance) && std::time::Instant::now() + delay < deadline =>
+            {
                 std::thread::sleep(delay);
-                delay = (delay * 2).min(Duration::from_secs(1));
+                delay = (delay * 2).min(Duration::from_millis(500));
             }
-            Err(why) => return runtime()?.block_on(not_running(instance, name, &why)),
+            started => break started,
+        }
+    };
+    match started {
+        Ok(done) => done,
+        Err(Unserved::Down(why)) => {
+            let fix = match instance {
+                Instance::User => "systemctl --user start mcpd",
+                Instance::System => "systemctl start mcpd",
+            };
+            let message = format!(
+                "mcpd ({} instance) is not running: {why}, so server {name} cannot be reached; start it with `{fix}`",
+                instance.as_str()
+            );
+            runtime()?.block_on(tell(&message, exit::FAILURE))
+        }
+        Err(Unserved::Refused(e)) => {
+            let message = format!("mcpd cannot serve {name}: {}", e.message);
+            runtime()?.block_on(tell(&message, e.code))
         }
     }
 }
 
-/// One try of [`run`]: `Err` with why when no daemon answers.
-fn start(instance: Instance, name: &str) -> Result<Result<u8, CtlError>, String> {
+/// How long a bridge waits for a daemon that is starting.
+const WAIT_FOR_STARTING: Duration = Duration::from_secs(5);
+
+/// Whether a daemon of `instance` runs though its sockets do not answer
+/// yet: it is starting. The lock in its runtime directory names the pid
+/// of the last daemon that took it, and that process is an `mcpd` still.
+/// (The lock itself is not tried: a bridge holding it even for a moment
+/// would keep a daemon from starting.)
+fn starting(instance: Instance) -> bool {
+    let lock = instance.runtime_dir().join("mcpd.lock");
+    let Some(pid) = std::fs::read_to_string(lock)
+        .ok()
+        .and_then(|text| text.trim().parse::<u32>().ok())
+    else {
+        return false;
+    };
+    std::fs::read_to_string(format!("/proc/{pid}/comm")).is_ok_and(|comm| comm.trim() == "mcpd")
+}
+
+/// Why a bridge has no session to serve.
+enum Unserved {
+    /// No daemon answers: why.
+    Down(String),
+    /// The daemon said no (no such unit or group, access denied).
+    Refused(CtlError),
+}
+
+/// Attaches to `name` and serves the session; `Err` when there is none.
+fn start(instance: Instance, name: &str) -> Result<Result<u8, CtlError>, Unserved> {
     use std::os::fd::AsFd;
     let (stdin, stdout) = (std::io::stdin(), std::io::stdout());
     let handable = crate::mux::attach::kind(stdin.as_fd()).is_ok()
@@ -430,8 +480,7 @@ fn start(instance: Instance, name: &str) -> Result<Result<u8, CtlError>, String>
             }
             // Perhaps D-Bus reaches it.
             Err(AttachError::Unreachable(_)) => {}
-            // Fail early (exit 4) for a server that does not exist.
-            Err(refused) => return Ok(Err(refused.into())),
+            Err(refused) => return Err(Unserved::Refused(refused.into())),
         }
     }
     let rt = match runtime() {
@@ -440,27 +489,16 @@ fn start(instance: Instance, name: &str) -> Result<Result<u8, CtlError>, String>
     };
     match rt.block_on(try_attach(instance, name)) {
         Ok(socket) => Ok(rt.block_on(copy(instance, name, Attached::new(socket)))),
-        Err(Failed::Refused(e)) => Ok(Err(e)),
-        Err(Failed::Unreachable(why)) => Err(why),
+        Err(Failed::Refused(e)) => Err(Unserved::Refused(e)),
+        Err(Failed::Unreachable(why)) => Err(Unserved::Down(why)),
     }
 }
 
-/// How long a bridge started while no daemon runs waits for one.
-const WAIT_FOR_DAEMON: Duration = Duration::from_secs(5);
-
-/// No daemon came: the host's requests (its `initialize` first) are
-/// answered with an error that says why and what to do, so the host shows
-/// it; the bridge exits when the host closes its end, or [`LINGER`] after
-/// the first answer.
-async fn not_running(instance: Instance, name: &str, why: &str) -> Result<u8, CtlError> {
-    let fix = match instance {
-        Instance::User => "systemctl --user start mcpd",
-        Instance::System => "systemctl start mcpd",
-    };
-    let message = format!(
-        "mcpd ({} instance) is not running, so server {name} cannot be reached: {why}; start it with `{fix}`",
-        instance.as_str()
-    );
+/// There is no session: the host's requests (its `initialize` first, or
+/// a modern host's first request) are answered at once with `message`,
+/// so the host shows why; the bridge exits with `code` when the host
+/// closes its end, or [`LINGER`] after the first answer.
+async fn tell(message: &str, code: u8) -> Result<u8, CtlError> {
     say!("{message}");
     let (host_in, mut host_out) = host_stdio();
     let mut host_in = BufReader::new(host_in);
@@ -481,7 +519,7 @@ async fn not_running(instance: Instance, name: &str, why: &str) -> Result<u8, Ct
                 }
                 let mut session = Session::default();
                 session.host_line(&line);
-                let answers = session.lost(&message);
+                let answers = session.lost(message);
                 if !answers.is_empty() {
                     if !write(&mut host_out, &answers).await {
                         break;
@@ -492,7 +530,7 @@ async fn not_running(instance: Instance, name: &str, why: &str) -> Result<u8, Ct
             () = linger => break,
         }
     }
-    Ok(exit::FAILURE)
+    Ok(code)
 }
 
 /// How long the bridge stays after telling the host no daemon runs, for a

@@ -149,13 +149,31 @@ pub fn import(
         home: &dirs.home,
     };
     // Read before: the hosts' files, and what is there for a unit name.
-    let read: Vec<import::Source> = sources(options, &dirs, &mut rows)
+    let named = sources(options, &dirs, &mut rows);
+    // Hosts named: the other hosts' own files name units too, so that a
+    // unit is named as importing every host names it, whatever the order.
+    let context: Vec<Source> = if options.sources.is_empty() {
+        Vec::new()
+    } else {
+        let all = sources(&ImportOptions::default(), &dirs, &mut Vec::new());
+        let same = |a: &Path, b: &Path| {
+            std::fs::canonicalize(a).unwrap_or_else(|_| a.to_owned())
+                == std::fs::canonicalize(b).unwrap_or_else(|_| b.to_owned())
+        };
+        all.into_iter()
+            .filter(|s| !named.iter().any(|n| same(&n.path, &s.path)))
+            .collect()
+    };
+    let read: Vec<import::Source> = named
         .into_iter()
-        .map(|source| import::Source {
+        .map(|s| (s, false))
+        .chain(context.into_iter().map(|s| (s, true)))
+        .map(|(source, context)| import::Source {
             base: hosts::base_of(source.host, &source.path, &dirs),
             text: std::fs::read_to_string(&source.path).map_err(|e| e.to_string()),
             host: source.host,
             path: source.path,
+            context,
         })
         .collect();
     let existing = |name: &str| existing(&units, &store, name);

@@ -203,10 +203,13 @@ fn judge(
     })?;
     let target =
         Target::parse(&request.server).map_err(|e| Reply::refused(Refusal::InvalidRequest, e))?;
+    // A name that is not there is refused with what there is.
+    let groups = matches!(target, Target::Group(_));
     let destination = if target.is_aggregate() {
-        let members = shared
-            .members(&target)
-            .map_err(|e| Reply::refused(Refusal::NoSuchServer, e))?;
+        let members = shared.members(&target).map_err(|e| {
+            let choices = shared.choices(groups);
+            Reply::refused(Refusal::NoSuchServer, format!("{e}; {choices}"))
+        })?;
         if members.is_empty() {
             return Err(Reply::refused(
                 Refusal::NoSuchServer,
@@ -215,12 +218,14 @@ fn judge(
         }
         Destination::Aggregate(target)
     } else {
-        Destination::Unit(shared.supervisor(&request.server).map_err(|e| {
-            let code = match e {
-                UnitError::NoSuchServer(_) => Refusal::NoSuchServer,
-                UnitError::Invalid { .. } => Refusal::Failed,
-            };
-            Reply::refused(code, e.to_string())
+        Destination::Unit(shared.supervisor(&request.server).map_err(|e| match e {
+            UnitError::NoSuchServer(name) => Reply::refused(
+                Refusal::NoSuchServer,
+                format!("no unit {name}; {}", shared.choices(false)),
+            ),
+            invalid @ UnitError::Invalid { .. } => {
+                Reply::refused(Refusal::Failed, invalid.to_string())
+            }
         })?)
     };
     if let Some(replay) = &request.replay

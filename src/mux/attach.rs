@@ -271,8 +271,9 @@ pub fn attach(
     use std::io::Write;
     let socket = std::os::unix::net::UnixStream::connect(path).map_err(|e| {
         AttachError::Unreachable(match e.kind() {
-            io::ErrorKind::NotFound | io::ErrorKind::ConnectionRefused => {
-                format!("no daemon at {}", path.display())
+            io::ErrorKind::NotFound => format!("no socket at {}", path.display()),
+            io::ErrorKind::ConnectionRefused => {
+                format!("no daemon listens on {}", path.display())
             }
             _ => format!("cannot connect to {}: {e}", path.display()),
         })
@@ -561,7 +562,7 @@ mod tests {
         let dir = tempfile::tempdir().expect("tempdir");
         let nobody = attach(&socket(dir.path()), &Request::new("x"), None, b"");
         assert!(
-            matches!(&nobody, Err(AttachError::Unreachable(why)) if why.starts_with("no daemon at ")),
+            matches!(&nobody, Err(AttachError::Unreachable(why)) if why.starts_with("no socket at ")),
             "{nobody:?}"
         );
     }

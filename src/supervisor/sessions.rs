@@ -583,6 +583,10 @@ pub(crate) type Lists = Arc<std::sync::Mutex<[Option<Arc<str>>; 3]>>;
 /// only when they changed since `kept` (their serial and JSON).
 fn facts_of(name: &str, status: &Status, kept: &mut (u64, Arc<str>)) -> Facts {
     let state = match status.state {
+        // Not started yet: the daemon starts each unit as it loads it,
+        // after its sockets are up, so a host that came first waits for
+        // the start rather than hear the unit is stopped.
+        State::Stopped if status.generation == 0 => UnitState::Starting,
         State::Starting => UnitState::Starting,
         State::Running => UnitState::Running,
         State::Idle => UnitState::Idle,

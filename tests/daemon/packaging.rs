@@ -302,3 +302,32 @@ fn the_installed_daemon_obeys_the_shipped_bus_policy() {
     assert!(d.stop(Signal::TERM).success());
     drop(bus);
 }
+
+#[test]
+fn the_package_is_lintian_clean() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let bins = Path::new(env!("CARGO_BIN_EXE_mcpd"))
+        .parent()
+        .expect("bin dir");
+    let out = run(Command::new(root().join("packaging/debian/build-deb"))
+        .env("MCPD_BIN_DIR", bins)
+        .env("DEB_COMPRESS", "gzip")
+        .env("DEB_LEVEL", "1")
+        .env("DEB_MAINTAINER", "Jane Doe <jane@example.org>")
+        .env("OUT", tmp.path()));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let deb = String::from_utf8_lossy(&out.stdout).trim().to_owned();
+    // lintian is installed by .ci/run; every tag it prints is a finding.
+    let lint = run(Command::new("lintian").arg(&deb));
+    let said = String::from_utf8_lossy(&lint.stdout);
+    assert!(
+        lint.status.success(),
+        "{said}{}",
+        String::from_utf8_lossy(&lint.stderr)
+    );
+    assert!(said.trim().is_empty(), "{said}");
+}

@@ -176,6 +176,12 @@ fn fixture_unit(dir: &Path, name: &str, extra: &str) {
 fn daemon(units: &Path) -> (Daemon, PathBuf) {
     let d = Daemon::user_no_bus(units, &[]);
     let runtime = d.runtime_dir().expect("runtime").to_owned();
+    // A bridge with no daemon yet says so at once: hosts come once it
+    // listens.
+    let socket = runtime.join("mcpd/attach");
+    crate::helper::eventually("the attach socket", crate::helper::BOUND, || {
+        socket.exists()
+    });
     (d, runtime)
 }
 

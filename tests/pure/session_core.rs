@@ -309,6 +309,124 @@ fn initialize_while_the_unit_failed_gets_the_outage_error() {
     assert_eq!(message, "server demo is failed");
 }
 
+/// A modern host's `_meta`.
+fn modern_meta() -> Value {
+    json!({
+        "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+        "io.modelcontextprotocol/clientCapabilities": {},
+    })
+}
+
+/// The unit `state` whose generation 1 served and went down.
+fn down_after_serving(state: UnitState) -> Core {
+    let mut core = running();
+    core.down(1, None, at(1));
+    core.status(facts(state), at(1));
+    core.take();
+    core
+}
+
+#[test]
+fn a_unit_that_gave_up_or_was_stopped_refuses_initialize_though_it_served_before() {
+    for state in [UnitState::Failed, UnitState::Stopped] {
+        let mut core = down_after_serving(state);
+        let host = core.next_host();
+        core.attach(host, Arrival::default(), at(2));
+        core.host_frame(host, initialize(json!(1)), at(2));
+        let (code, message) = error_of(&core.take(), host);
+        assert_eq!(code, ErrorCode::ServerDown.code(), "{state:?}");
+        assert_eq!(message, "server demo is failed", "{state:?}");
+    }
+}
+
+#[test]
+fn a_unit_retrying_after_it_served_answers_initialize_from_its_last_result() {
+    for state in [UnitState::Retrying, UnitState::Reconnecting] {
+        let mut core = down_after_serving(state);
+        let host = core.next_host();
+        core.attach(host, Arrival::default(), at(2));
+        core.host_frame(host, initialize(json!(1)), at(2));
+        let sent = to_host(&core.take(), host);
+        assert_eq!(sent.len(), 1, "{sent:?}");
+        assert_eq!(sent[0]["result"]["serverInfo"]["name"], "fixture");
+    }
+}
+
+#[test]
+fn a_unit_never_established_whose_start_failed_refuses_initialize_at_once() {
+    // Attached while it starts: the initialize waits for the start.
+    let mut core = core_with(settings(), UnitState::Starting);
+    let early = core.next_host();
+    core.attach(early, Arrival::default(), at(0));
+    core.host_frame(early, initialize(json!(1)), at(0));
+    assert!(to_host(&core.take(), early).is_empty(), "waits");
+    // The start failed (its command is missing): it retries, and the
+    // waiting host is told why now, not after every retry.
+    core.status(facts(UnitState::Retrying), at(1));
+    let (code, message) = error_of(&core.take(), early);
+    assert_eq!(code, ErrorCode::ServerDown.code());
+    assert_eq!(message, "server demo is failed");
+    // A host attached while it retries is told at once.
+    let late = core.next_host();
+    core.attach(late, Arrival::default(), at(2));
+    core.host_frame(late, initialize(json!(1)), at(2));
+    let (_, message) = error_of(&core.take(), late);
+    assert_eq!(message, "server demo is failed");
+    // Neither is said to have sent no initialize.
+    core.tick(at(60));
+    assert!(ended(&core.take()).is_empty());
+}
+
+#[test]
+fn a_modern_hosts_discover_or_first_request_on_a_unit_that_cannot_serve_gets_why() {
+    let mut core = down_after_serving(UnitState::Failed);
+    let discovering = core.next_host();
+    core.attach(discovering, Arrival::default(), at(2));
+    core.host_frame(
+        discovering,
+        request(json!(1), "server/discover", json!({"_meta": modern_meta()})),
+        at(2),
+    );
+    let (code, message) = error_of(&core.take(), discovering);
+    assert_eq!(code, ErrorCode::ServerDown.code());
+    assert_eq!(message, "server demo is failed");
+
+    // A host with no discovery: its first request, a list that would be
+    // answered empty.
+    let direct = core.next_host();
+    core.attach(direct, Arrival::default(), at(2));
+    core.host_frame(
+        direct,
+        request(json!(7), "tools/list", json!({"_meta": modern_meta()})),
+        at(2),
+    );
+    let (code, message) = error_of(&core.take(), direct);
+    assert_eq!(code, ErrorCode::ServerDown.code());
+    assert_eq!(message, "server demo is failed");
+    // They opened their sessions: neither is said to have sent nothing.
+    core.tick(at(60));
+    assert!(ended(&core.take()).is_empty());
+}
+
+#[test]
+fn a_discover_waiting_for_the_first_start_is_no_session_that_says_nothing() {
+    let mut core = core_with(settings(), UnitState::Starting);
+    let host = core.next_host();
+    core.attach(host, Arrival::default(), at(0));
+    core.host_frame(
+        host,
+        request(json!(1), "server/discover", json!({"_meta": modern_meta()})),
+        at(0),
+    );
+    assert!(to_host(&core.take(), host).is_empty(), "waits");
+    core.tick(at(31));
+    assert!(ended(&core.take()).is_empty());
+    core.up(1, init(), at(32));
+    let sent = to_host(&core.take(), host);
+    assert_eq!(sent.len(), 1, "{sent:?}");
+    assert!(sent[0]["result"].is_object(), "{sent:?}");
+}
+
 #[test]
 fn a_replayed_initialize_is_answered_to_nobody_and_the_host_is_told_its_lists_may_have_changed() {
     let mut core = running();

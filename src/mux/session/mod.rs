@@ -914,11 +914,12 @@ impl Core {
                 }
             }
         }
-        if matches!(state, UnitState::Failed | UnitState::Stopped) && !self.waiting.is_empty() {
+        if let Some(text) = self.cannot_open().filter(|_| !self.waiting.is_empty()) {
+            // Their start failed or the unit gave up: told now, not after
+            // every retry.
             for w in std::mem::take(&mut self.waiting) {
                 if w.discover {
-                    let text = self.down_text(None);
-                    self.send(w.host, ErrorCode::ServerDown.response(&w.id, text));
+                    self.send(w.host, ErrorCode::ServerDown.response(&w.id, text.clone()));
                     self.release_held(w.host);
                 } else {
                     self.refuse_initialize(w.host, &w.id, &w.params);

@@ -131,6 +131,15 @@ impl Core {
             // For an instance's upstream to declare (DESIGN §13).
             self.declare(caps);
         }
+        if let Some(h) = self.hosts.get_mut(&host) {
+            // It opened its session: not one that says nothing.
+            h.uninitialized = None;
+        }
+        if let Some(text) = self.cannot_open() {
+            self.send(host, ErrorCode::ServerDown.response(&id.to_value(), text));
+            self.release_held(host);
+            return;
+        }
         let Some(init) = self.init.clone() else {
             self.open_later(host, Waiting::discover(id.to_value()));
             return;
@@ -168,6 +177,16 @@ impl Core {
                 return;
             }
         };
+        let opening = self.hosts.get(&host).is_some_and(|h| !h.initialized);
+        if opening && let Some(text) = self.cannot_open() {
+            // Its first request opens its session: on a unit that cannot
+            // serve, it gets why (not an empty tool list).
+            if let Some(h) = self.hosts.get_mut(&host) {
+                h.uninitialized = None;
+            }
+            self.send(host, ErrorCode::ServerDown.response(&id.to_value(), text));
+            return;
+        }
         self.become_modern(host);
         let kind = Method::parse(&method);
         match kind {

@@ -1,9 +1,10 @@
 //! How a host session opens (DESIGN §8, §12): its `initialize` answered
-//! from the server's own result (or refused while the server is down),
-//! its `server/discover` or `initialize` held until the first generation
-//! when there is nothing to answer it from yet, what it sent meanwhile
-//! handled in order, the deadline for a session that never opens, and
-//! the count of sessions per protocol version.
+//! from the server's own result, its `server/discover` or `initialize`
+//! held until the first generation when there is nothing to answer it
+//! from yet and the server is starting, refused at once with the reason
+//! when the unit cannot serve ([`Core::cannot_open`]), what it sent
+//! meanwhile handled in order, the deadline for a session that never
+//! opens, and the count of sessions per protocol version.
 
 use serde_json::{Value, json};
 
@@ -44,8 +45,29 @@ impl Waiting {
 }
 
 impl Core {
-    /// The server is down with no `initialize` result known: a host's
-    /// `initialize` gets the outage error. A replayed one (the host
+    /// Why a new host session cannot open now (the outage error's text),
+    /// or `None` when it can: answered from the server's result, or
+    /// waiting for a start under way. A unit that gave up (`failed`) or
+    /// was stopped cannot, whatever it served before: a host answered from
+    /// the last good result would show the server connected with tools it
+    /// cannot call, or none, and no reason. Nor can a unit never
+    /// established whose start failed (it retries: its first start's error
+    /// is the reason, told now rather than after every retry) or that is
+    /// stopping. A unit established before that is retrying is answered
+    /// from its last good result, as its outage may pass.
+    pub(super) fn cannot_open(&self) -> Option<String> {
+        let cannot = match self.facts.state {
+            UnitState::Failed | UnitState::Stopped => true,
+            UnitState::Retrying | UnitState::Reconnecting | UnitState::Stopping => {
+                self.init.is_none()
+            }
+            UnitState::Starting | UnitState::Running | UnitState::Idle => false,
+        };
+        cannot.then(|| self.down_text(None))
+    }
+
+    /// The unit cannot serve a new session ([`Core::cannot_open`]): a
+    /// host's `initialize` gets the outage error. A replayed one (the host
     /// initialized with an earlier daemon) cannot be taken back: the
     /// session counts as initialized, so the host's requests get the
     /// outage error too, and work once the server is back.
@@ -95,16 +117,12 @@ impl Core {
     /// Answers host `host`'s `initialize` with the server's own result.
     pub(super) fn initialize(&mut self, host: HostId, id: &Value, params: &Value) {
         self.declare(params["capabilities"].clone());
+        if self.cannot_open().is_some() {
+            self.refuse_initialize(host, id, params);
+            return;
+        }
         let Some(init) = self.init.clone() else {
-            let state = self.facts.state;
-            if matches!(
-                state,
-                UnitState::Failed | UnitState::Stopped | UnitState::Stopping
-            ) {
-                self.refuse_initialize(host, id, params);
-            } else {
-                self.open_later(host, Waiting::initialize(id.clone(), params.clone()));
-            }
+            self.open_later(host, Waiting::initialize(id.clone(), params.clone()));
             return;
         };
         let result = classify::initialize_result(&init, params);
