@@ -91,6 +91,9 @@ struct Props {
     unit_path: String,
     load_error: String,
     tools: Vec<ToolRow>,
+    /// The unit's login (DESIGN §17); empty without `oauth`.
+    auth: String,
+    auth_expires_usec: u64,
 }
 
 async fn props(server: &ServerProxy<'_>) -> Result<Props> {
@@ -139,12 +142,31 @@ async fn props(server: &ServerProxy<'_>) -> Result<Props> {
         unit_path: server.unit_path().await.map_err(e)?,
         load_error: server.load_error().await.map_err(e)?,
         tools: server.tools().await.map_err(e)?,
+        auth: server.auth().await.map_err(e)?,
+        auth_expires_usec: server.auth_expires_usec().await.map_err(e)?,
     })
+}
+
+/// The `Auth:` line's text: the login, and when its token expires.
+pub(crate) fn auth_line(auth: &str, expires_usec: u64) -> String {
+    if expires_usec == 0 || !auth.starts_with("OAuth") {
+        return auth.to_owned();
+    }
+    let at = time_of(expires_usec);
+    let when = match at.duration_since(SystemTime::now()) {
+        Ok(left) => format!("expires in {}", span(left)),
+        Err(_) => "expired (refreshed at the next request)".into(),
+    };
+    // "OAuth (issuer), logged in, expires in 41min, scopes …"
+    match auth.split_once(", scopes ") {
+        Some((head, scopes)) => format!("{head}, {when}, scopes {scopes}"),
+        None => format!("{auth}, {when}"),
+    }
 }
 
 impl Props {
     fn json(&self) -> Value {
-        json!({
+        let mut value = json!({
             "name": self.name,
             "description": self.description,
             "state": self.state,
@@ -185,7 +207,13 @@ impl Props {
             "unit_path": self.unit_path,
             "load_error": self.load_error,
             "tools": self.tools.iter().map(|t| t.name.clone()).collect::<Vec<_>>(),
-        })
+        });
+        // (Beside the macro: one more member reaches its recursion limit.)
+        if let Some(map) = value.as_object_mut() {
+            map.insert("auth".into(), json!(self.auth));
+            map.insert("auth_expires_usec".into(), json!(self.auth_expires_usec));
+        }
+        value
     }
 }
 
@@ -227,7 +255,7 @@ fn ago(usec: u64) -> String {
 /// The `Health:` line: what the liveness probes found, while there is
 /// something to probe.
 fn health(p: &Props) -> Option<String> {
-    if matches!(p.state.as_str(), "stopped" | "failed") {
+    if matches!(p.state.as_str(), "stopped" | "failed" | "needs-login") {
         return None;
     }
     if !p.health_enabled {
@@ -343,6 +371,13 @@ fn write_block(
     if let Some(health) = health(p) {
         writeln!(out, "     Health: {health}")?;
     }
+    if !p.auth.is_empty() {
+        writeln!(
+            out,
+            "       Auth: {}",
+            auth_line(&p.auth, p.auth_expires_usec)
+        )?;
+    }
     if p.tasks != u64::MAX {
         writeln!(out, "      Tasks: {}", p.tasks)?;
     }
@@ -353,7 +388,10 @@ fn write_block(
         writeln!(out, "        CPU: {}", cpu(p.cpu_nsec))?;
     }
     // (An idle server has no processes to contain.)
-    if !matches!(p.state.as_str(), "stopped" | "failed" | "idle") {
+    if !matches!(
+        p.state.as_str(),
+        "stopped" | "failed" | "idle" | "needs-login"
+    ) {
         if !p.containment.is_empty() {
             writeln!(out, "Containment: {}", p.containment)?;
         }

@@ -1,6 +1,7 @@
 //! `mcpctl`: the command-line client. Each subcommand lives in its own module
 //! and returns an exit code; `src/bin/mcpctl.rs` only dispatches.
 
+pub mod auth;
 pub mod bridge;
 pub mod client;
 pub mod commands;

@@ -110,6 +110,9 @@ pub enum UnitState {
     Failed,
     Stopping,
     Stopped,
+    /// No usable login (DESIGN §17): requests are answered at once with
+    /// the login hint; the kept lists stay.
+    NeedsLogin,
 }
 
 /// What the sessions know of their unit besides their own state,
@@ -829,7 +832,11 @@ impl Core {
                 }
             }
         }
-        if matches!(state, UnitState::Failed | UnitState::Stopped) && !self.waiting.is_empty() {
+        if matches!(
+            state,
+            UnitState::Failed | UnitState::Stopped | UnitState::NeedsLogin
+        ) && !self.waiting.is_empty()
+        {
             for w in std::mem::take(&mut self.waiting) {
                 if w.discover {
                     let text = self.down_text(None);

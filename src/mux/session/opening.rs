@@ -99,7 +99,10 @@ impl Core {
             let state = self.facts.state;
             if matches!(
                 state,
-                UnitState::Failed | UnitState::Stopped | UnitState::Stopping
+                UnitState::Failed
+                    | UnitState::Stopped
+                    | UnitState::Stopping
+                    | UnitState::NeedsLogin
             ) {
                 self.refuse_initialize(host, id, params);
             } else {
