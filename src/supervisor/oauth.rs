@@ -496,8 +496,12 @@ impl Login {
         secret: Option<String>,
     ) -> Result<AuthorizationSession, LoginError> {
         let mut manager = self.manager().await?;
+        // The spec's order: the 401's `resource_metadata` first (whose
+        // `resource` must be this server: a mismatch is refused, not
+        // passed by for the well-known URIs), then the well-known URIs.
+        let challenge = self.challenge().await;
         let resolution = manager
-            .resolve_metadata()
+            .resolve_metadata_from_challenge(challenge.as_deref())
             .await
             .map_err(|e| LoginError::Failed(describe(&e)))?;
         if !resolution.source.is_discovered() {
@@ -525,6 +529,29 @@ impl Login {
         AuthorizationSession::new(manager, request)
             .await
             .map_err(|(_, e)| LoginError::Failed(describe(&e)))
+    }
+
+    /// The server's `WWW-Authenticate` challenge to a request without a
+    /// token, if it answers 401 with one.
+    async fn challenge(&self) -> Option<String> {
+        let probe = reqwest::Client::new()
+            .post(self.url.as_str())
+            .header("content-type", "application/json")
+            .header("accept", "application/json, text/event-stream")
+            .body(r#"{"jsonrpc":"2.0","id":0,"method":"ping"}"#)
+            .timeout(REQUEST_TIMEOUT)
+            .send()
+            .await
+            .ok()?;
+        if probe.status() != reqwest::StatusCode::UNAUTHORIZED {
+            return None;
+        }
+        probe
+            .headers()
+            .get(reqwest::header::WWW_AUTHENTICATE)?
+            .to_str()
+            .ok()
+            .map(str::to_owned)
     }
 
     /// Completes the login begun by `uid` with the redirect mcpctl

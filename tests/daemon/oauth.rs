@@ -254,3 +254,170 @@ fn a_login_held_by_mcpd_serves_every_host_survives_a_restart_and_logout_forgets_
         "the token is in the log"
     );
 }
+
+/// `tests/data/oauth_fake.py` on `port` in `mode`, its stdout piped.
+fn fake(port: u16, mode: &str) -> Reaped {
+    let child = Command::new("python3")
+        .arg(root().join("tests/data/oauth_fake.py"))
+        .args([&port.to_string(), mode])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("python3 oauth_fake.py");
+    let child = Reaped(child);
+    eventually(format!("the fake to listen on {port}"), BOUND, || {
+        std::net::TcpStream::connect(("127.0.0.1", port)).is_ok()
+    });
+    child
+}
+
+/// A daemon with unit `fk` on the fake at `port`.
+fn fake_daemon(
+    port: u16,
+) -> (
+    Daemon,
+    tempfile::TempDir,
+    tempfile::TempDir,
+    tempfile::TempDir,
+) {
+    let units = tempfile::tempdir().expect("units");
+    std::fs::write(
+        units.path().join("fk.kdl"),
+        format!("http \"http://localhost:{port}/mcp\" {{\n    oauth\n}}\n"),
+    )
+    .expect("unit");
+    let runtime = tempfile::tempdir().expect("runtime");
+    let state = tempfile::tempdir().expect("state");
+    let mut daemon = Daemon::user_no_bus(
+        units.path(),
+        &[
+            ("XDG_RUNTIME_DIR", runtime.path().as_os_str()),
+            ("MCPD_STATE_DIR", state.path().as_os_str()),
+        ],
+    );
+    daemon.wait_for("server fk needs a login");
+    (daemon, units, runtime, state)
+}
+
+/// Opens `url` in a browser that follows every redirect (the fake's
+/// authorize endpoint redirects to mcpctl's listener at once); with
+/// `state`, the redirect's state is replaced by it.
+fn follow(url: &str, state: Option<&str>) {
+    let script = r#"
+import sys, urllib.request, urllib.parse
+class Stop(urllib.request.HTTPRedirectHandler):
+    def redirect_request(self, req, fp, code, msg, headers, newurl):
+        return None
+try:
+    urllib.request.build_opener(Stop).open(sys.argv[1], timeout=30)
+except urllib.error.HTTPError as e:
+    target = e.headers["location"]
+if len(sys.argv) > 2:
+    u = urllib.parse.urlparse(target)
+    q = dict(urllib.parse.parse_qsl(u.query)); q["state"] = sys.argv[2]
+    target = u._replace(query=urllib.parse.urlencode(q)).geturl()
+urllib.request.urlopen(target, timeout=30).read()
+"#;
+    let out = Command::new("python3")
+        .args(["-c", script, url])
+        .args(state)
+        .output()
+        .expect("python3");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// `mcpctl auth login fk --no-browser` with the browser `follow`; its
+/// output (exit status, stderr).
+fn login_fk(runtime: &Path, state: Option<&str>) -> (Option<i32>, String) {
+    let mut mcpctl = mcpctl_user_command(runtime, &["auth", "login", "fk", "--no-browser"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("mcpctl auth login");
+    let mut lines = std::io::BufReader::new(mcpctl.stdout.take().expect("stdout")).lines();
+    if let Some(Ok(first)) = lines.next()
+        && first == "Open this URL to log in:"
+    {
+        let url = lines.next().expect("the URL").expect("text");
+        follow(&url, state);
+    }
+    let out = mcpctl.wait_with_output().expect("mcpctl ends");
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn an_expired_access_token_is_refreshed_without_a_login() {
+    let port = free_port();
+    let mut fake = fake(port, "ok");
+    let (_daemon, _units, runtime, _state) = fake_daemon(port);
+    let rt = runtime.path();
+    assert_eq!(login_fk(rt, None), (Some(0), String::new()));
+    eventually("fk to run", BOUND, || state_of(rt, "fk") == "running");
+    // The fake's tokens live 3 s: calls go on past the first one's end,
+    // and none fails; a refreshed token answers.
+    let mut seen = Vec::new();
+    eventually("a call with a refreshed token", BOUND, || {
+        let out = mcpctl_user(rt, &["call", "fk", "whoami", "{}"]);
+        assert!(
+            out.status.success(),
+            "a call failed during the refresh: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        let refreshed = text.trim() != "token at-1";
+        seen.push(text);
+        refreshed
+    });
+    assert_eq!(state_of(rt, "fk"), "running");
+    drop(fake.0.stdin.take());
+    let _ = fake.0.kill();
+    let mut printed = String::new();
+    use std::io::Read;
+    fake.0
+        .stdout
+        .take()
+        .expect("stdout")
+        .read_to_string(&mut printed)
+        .expect("fake output");
+    assert!(
+        printed.contains("token refresh_token"),
+        "no refresh grant: {printed}; calls {seen:?}"
+    );
+    assert_eq!(printed.matches("token authorization_code").count(), 1);
+}
+
+#[test]
+fn each_check_of_a_login_is_refused_naming_it() {
+    let port = free_port();
+    let (_daemon, _units, runtime, state) = fake_daemon(port);
+    let rt = runtime.path();
+    for (mode, named) in [
+        ("no-s256", "PKCE code challenge method (S256)"),
+        ("wrong-issuer", "issuer check failed"),
+        ("wrong-resource", "resource mismatch"),
+        ("ok", "state check failed"),
+    ] {
+        let _fake = fake(port, mode);
+        let spoiled = (mode == "ok").then_some("not-the-state");
+        let (code, stderr) = login_fk(rt, spoiled);
+        assert_eq!(code, Some(1), "{mode}: {stderr}");
+        assert!(
+            stderr.contains("login to fk failed") && stderr.contains(named),
+            "{mode}: {stderr}"
+        );
+        assert!(
+            !state.path().join("oauth/fk.json").exists(),
+            "{mode}: a token was kept"
+        );
+        assert_eq!(state_of(rt, "fk"), "needs-login", "{mode}");
+    }
+}
