@@ -538,7 +538,14 @@ impl Login {
             .post(self.url.as_str())
             .header("content-type", "application/json")
             .header("accept", "application/json, text/event-stream")
-            .body(r#"{"jsonrpc":"2.0","id":0,"method":"ping"}"#)
+            .body(
+                serde_json::json!({
+                    "jsonrpc": "2.0",
+                    "id": 0,
+                    "method": crate::mux::method::Method::Ping.as_str(),
+                })
+                .to_string(),
+            )
             .timeout(REQUEST_TIMEOUT)
             .send()
             .await
