@@ -293,11 +293,12 @@ const LAYERS: &[Layer] = &[
         // rmcp's Tool.
         allowed: &[
             ("src/supervisor/http.rs", "rmcp::"),
+            ("src/supervisor/oauth.rs", "rmcp::"),
             ("src/supervisor/actor.rs", "rmcp::"),
             ("src/supervisor/mod.rs", "rmcp::"),
             ("src/supervisor/tools.rs", "rmcp::"),
         ],
-        why: "rmcp stays in the supervisor's launcher (its HTTP transport) and the \
+        why: "rmcp stays in the supervisor's launcher (its HTTP transport and OAuth) and the \
               types of the D-Bus CallTool and Tools answers: mcpd's own sessions speak \
               JSON-RPC as `Message`s",
     },

@@ -52,6 +52,7 @@ mod daemon {
     mod lists;
     mod mcpd;
     mod modern;
+    mod oauth;
     mod ondemand;
     mod packaging;
     mod perhost;

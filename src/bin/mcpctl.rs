@@ -197,6 +197,12 @@ enum Command {
         #[arg(long)]
         force: bool,
     },
+    /// Log in to servers that need it (units with `oauth`): the daemon
+    /// holds the login for every host.
+    Auth {
+        #[command(subcommand)]
+        action: AuthAction,
+    },
     /// Manage the HTTP endpoint's tokens (mcpd.kdl(5)): kept as hashes in
     /// the instance's state directory; the daemon applies a change at once.
     Token {
@@ -209,6 +215,22 @@ enum Command {
         #[command(subcommand)]
         action: CredentialAction,
     },
+}
+
+#[derive(Debug, Subcommand)]
+enum AuthAction {
+    /// Log in to server NAME: open the printed URL; mcpctl waits for the
+    /// redirect on 127.0.0.1 and the daemon keeps the tokens.
+    Login {
+        name: String,
+        /// Print the URL only (no browser is opened).
+        #[arg(long)]
+        no_browser: bool,
+    },
+    /// Forget server NAME's login (it then needs a login again).
+    Logout { name: String },
+    /// The login of each unit with `oauth` (or of NAME…).
+    Status { names: Vec<String> },
 }
 
 #[derive(Debug, Subcommand)]
@@ -510,6 +532,13 @@ fn main() -> ExitCode {
             Command::Stop { names } => commands::control(&client, Verb::Stop, &names).await,
             Command::Restart { names } => commands::control(&client, Verb::Restart, &names).await,
             Command::Reload => commands::reload(&client, output, &mut out).await,
+            Command::Auth { action } => match action {
+                AuthAction::Login { name, no_browser } => {
+                    mcpd::ctl::auth::login(&client, &name, no_browser, &mut out).await
+                }
+                AuthAction::Logout { name } => mcpd::ctl::auth::logout(&client, &name, &mut out).await,
+                AuthAction::Status { names } => mcpd::ctl::auth::status(&client, &names, &mut out).await,
+            },
             Command::Tools { name } => commands::tools(&client, &name, output, &mut out).await,
             Command::Resources { name, templates } => {
                 let listing = if templates {

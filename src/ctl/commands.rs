@@ -94,6 +94,9 @@ struct Props {
     unit_path: String,
     load_error: String,
     tools: Vec<ToolRow>,
+    /// The unit's login (DESIGN §17); empty without `oauth`.
+    auth: String,
+    auth_expires_usec: u64,
 }
 
 async fn props(server: &ServerProxy<'_>) -> Result<Props> {
@@ -145,7 +148,26 @@ async fn props(server: &ServerProxy<'_>) -> Result<Props> {
         unit_path: server.unit_path().await.map_err(e)?,
         load_error: server.load_error().await.map_err(e)?,
         tools: server.tools().await.map_err(e)?,
+        auth: server.auth().await.map_err(e)?,
+        auth_expires_usec: server.auth_expires_usec().await.map_err(e)?,
     })
+}
+
+/// The `Auth:` line's text: the login, and when its token expires.
+pub(crate) fn auth_line(auth: &str, expires_usec: u64) -> String {
+    if expires_usec == 0 || !auth.starts_with("OAuth") {
+        return auth.to_owned();
+    }
+    let at = time_of(expires_usec);
+    let when = match at.duration_since(SystemTime::now()) {
+        Ok(left) => format!("expires in {}", span(left)),
+        Err(_) => "expired (refreshed at the next request)".into(),
+    };
+    // "OAuth (issuer), logged in, expires in 41min, scopes …"
+    match auth.split_once(", scopes ") {
+        Some((head, scopes)) => format!("{head}, {when}, scopes {scopes}"),
+        None => format!("{auth}, {when}"),
+    }
 }
 
 impl Props {
@@ -160,6 +182,8 @@ impl Props {
             ] {
                 object.insert(key.into(), n.into());
             }
+            object.insert("auth".into(), json!(self.auth));
+            object.insert("auth_expires_usec".into(), json!(self.auth_expires_usec));
         }
         value
     }
@@ -248,7 +272,7 @@ fn ago(usec: u64) -> String {
 /// The `Health:` line: what the liveness probes found, while there is
 /// something to probe.
 fn health(p: &Props) -> Option<String> {
-    if matches!(p.state.as_str(), "stopped" | "failed") {
+    if matches!(p.state.as_str(), "stopped" | "failed" | "needs-login") {
         return None;
     }
     if !p.health_enabled {
@@ -364,6 +388,13 @@ fn write_block(
     if let Some(health) = health(p) {
         writeln!(out, "     Health: {health}")?;
     }
+    if !p.auth.is_empty() {
+        writeln!(
+            out,
+            "       Auth: {}",
+            auth_line(&p.auth, p.auth_expires_usec)
+        )?;
+    }
     if p.tasks != u64::MAX {
         writeln!(out, "      Tasks: {}", p.tasks)?;
     }
@@ -374,7 +405,10 @@ fn write_block(
         writeln!(out, "        CPU: {}", cpu(p.cpu_nsec))?;
     }
     // (An idle server has no processes to contain.)
-    if !matches!(p.state.as_str(), "stopped" | "failed" | "idle") {
+    if !matches!(
+        p.state.as_str(),
+        "stopped" | "failed" | "idle" | "needs-login"
+    ) {
         if !p.containment.is_empty() {
             writeln!(out, "Containment: {}", p.containment)?;
         }

@@ -2,6 +2,7 @@
 //! and returns an exit code; `src/bin/mcpctl.rs` only dispatches.
 
 pub mod add;
+pub mod auth;
 pub mod bridge;
 pub mod client;
 pub mod commands;

@@ -139,6 +139,11 @@ pub async fn run(
         crate::supervisor::credentials::prepare(&runtime_dir),
     );
     let credentials_dir = host.credentials.root.clone();
+    host.logins = crate::supervisor::oauth::dir(&config.state_dir);
+    host.client_metadata_url = settings
+        .oauth
+        .as_ref()
+        .map(|o| o.client_metadata_url.clone());
     let cgroups = host.cgroups.clone();
     let mut registry = Registry::new(config, host);
     let diff = registry.reload().await;

@@ -30,6 +30,9 @@ pub enum Error {
     NotRunning(String),
     ToolFailed(String),
     AccessDenied(String),
+    /// A login could not be begun or completed (DESIGN §17): the message
+    /// names the check or the request that failed.
+    AuthFailed(String),
 }
 
 impl Error {
@@ -41,7 +44,8 @@ impl Error {
             | Error::InvalidArguments(m)
             | Error::NotRunning(m)
             | Error::ToolFailed(m)
-            | Error::AccessDenied(m) => m.clone(),
+            | Error::AccessDenied(m)
+            | Error::AuthFailed(m) => m.clone(),
             Error::ZBus(zbus::Error::MethodError(name, message, _)) => {
                 message.clone().unwrap_or_else(|| name.to_string())
             }

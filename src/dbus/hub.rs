@@ -385,8 +385,28 @@ impl Hub {
             let mut last_lists = *lists.borrow_and_update();
             let mut instances = supervisor.subscribe_instances();
             instances.borrow_and_update();
+            // Without a login: a channel that never changes.
+            let (_never, never) = tokio::sync::watch::channel(Default::default());
+            let login_of = |s: &crate::supervisor::Supervisor| {
+                s.login().map_or_else(|| never.clone(), |l| l.subscribe())
+            };
+            let mut auth = login_of(&supervisor);
+            auth.borrow_and_update();
             loop {
                 tokio::select! {
+                    changed = auth.changed() => {
+                        if changed.is_err() {
+                            // The login was replaced (a changed unit):
+                            // follow the new one.
+                            auth = login_of(&supervisor);
+                        }
+                        auth.borrow_and_update();
+                        let Some(hub) = hub.upgrade() else { return };
+                        for (id, peer) in hub.snapshot() {
+                            let sent = bounded(server::emit_auth_changed(&peer.conn, &owned)).await;
+                            hub.sent(id, &peer, "auth changes", sent);
+                        }
+                    }
                     changed = instances.changed() => {
                         if changed.is_err() {
                             return;

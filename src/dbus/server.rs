@@ -104,6 +104,16 @@ impl Server {
         Ok(self.shared.supervisor(&self.name)?)
     }
 
+    /// The unit's login, or why it has none.
+    fn login(&self) -> Result<std::sync::Arc<crate::supervisor::oauth::Login>, Error> {
+        self.supervisor()?.login().ok_or_else(|| {
+            Error::InvalidArguments(format!(
+                "server {} has no login: its unit has no `oauth` block",
+                self.name
+            ))
+        })
+    }
+
     fn list(&self, kind: ListKind) -> String {
         self.shared
             .supervisor(&self.name)
@@ -515,6 +525,111 @@ impl Server {
         Ok(())
     }
 
+    /// Begins a login (DESIGN §17) whose redirect goes to `redirect_uri`
+    /// (mcpctl's loopback listener); returns the URL to open. The daemon
+    /// keeps the PKCE verifier and `state`; only this caller may complete
+    /// it. Access as `Restart`.
+    async fn auth_begin(
+        &self,
+        redirect_uri: &str,
+        #[zbus(header)] header: Header<'_>,
+        #[zbus(connection)] conn: &Connection,
+    ) -> Result<String, Error> {
+        authorize(&self.shared, conn, &header).await?;
+        let redirect = url::Url::parse(redirect_uri)
+            .ok()
+            .filter(|u| u.scheme() == "http" && crate::unit::spec::is_loopback_host(u));
+        if redirect.is_none() {
+            return Err(Error::InvalidArguments(format!(
+                "the redirect URI {redirect_uri:?} is not http:// on a loopback address"
+            )));
+        }
+        let login = self.login()?;
+        let uid = caller(&self.callers, conn, &header).await.uid;
+        let secret = self
+            .supervisor()?
+            .client_secret()
+            .map_err(|e| Error::AuthFailed(format!("login to {} failed: {e}", self.name)))?;
+        login
+            .begin(redirect_uri, uid.unwrap_or(u32::MAX), secret)
+            .await
+            .map_err(|e| Error::AuthFailed(format!("login to {} failed: {e}", self.name)))
+    }
+
+    /// Completes the login this caller began with the redirect its
+    /// listener received (the whole URL); the daemon checks it, exchanges
+    /// the code and keeps the tokens, and a unit in `needs-login` starts.
+    async fn auth_complete(
+        &self,
+        redirect_url: &str,
+        #[zbus(header)] header: Header<'_>,
+        #[zbus(connection)] conn: &Connection,
+    ) -> Result<(), Error> {
+        authorize(&self.shared, conn, &header).await?;
+        let login = self.login()?;
+        let uid = caller(&self.callers, conn, &header).await.uid;
+        login
+            .complete(redirect_url, uid.unwrap_or(u32::MAX))
+            .await
+            .map_err(|e| Error::AuthFailed(format!("login to {} failed: {e}", self.name)))?;
+        self.supervisor()?.logged_in();
+        Ok(())
+    }
+
+    /// Forgets the unit's login: its tokens are removed and the unit
+    /// restarts into `needs-login`.
+    async fn auth_logout(
+        &self,
+        #[zbus(header)] header: Header<'_>,
+        #[zbus(connection)] conn: &Connection,
+    ) -> Result<(), Error> {
+        authorize(&self.shared, conn, &header).await?;
+        let login = self.login()?;
+        login
+            .logout()
+            .await
+            .map_err(|e| Error::AuthFailed(format!("logout of {} failed: {e}", self.name)))?;
+        self.supervisor()?.restart();
+        Ok(())
+    }
+
+    /// The unit's login (DESIGN §17): empty for a unit without `oauth`,
+    /// `needs login`, or `OAuth (ISSUER), logged in, scopes …`. Never a
+    /// token.
+    #[zbus(property)]
+    fn auth(&self) -> String {
+        self.shared
+            .supervisor(&self.name)
+            .ok()
+            .and_then(|s| s.login())
+            .map(|l| l.summary().text())
+            .unwrap_or_default()
+    }
+
+    /// When the login's access token expires, µs since the epoch; 0 when
+    /// unknown or logged out. Signalled with `Auth`'s changes.
+    #[zbus(property, name = "AuthExpiresUSec")]
+    fn auth_expires_usec(&self) -> u64 {
+        self.shared
+            .supervisor(&self.name)
+            .ok()
+            .and_then(|s| s.login())
+            .and_then(|l| l.summary().expires)
+            .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+            .map_or(0, |d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX))
+    }
+
+    /// The port `mcpctl auth login` listens on for the redirect
+    /// (`oauth.redirect-port`; 0: any).
+    #[zbus(property(emits_changed_signal = "false"))]
+    fn auth_redirect_port(&self) -> u16 {
+        self.shared
+            .supervisor(&self.name)
+            .ok()
+            .and_then(|s| s.login())
+            .map_or(0, |l| l.redirect_port())
+    }
+
     /// The full MCP tool objects, as a JSON array.
     fn list_tools(&self) -> String {
         self.status()
@@ -876,6 +991,18 @@ pub(crate) async fn emit_list_changed(
 }
 
 /// Emits PropertiesChanged for `Instances`.
+/// Emits PropertiesChanged for `Auth` and `AuthExpiresUSec`.
+pub(crate) async fn emit_auth_changed(conn: &Connection, name: &str) -> zbus::Result<()> {
+    let Some(iref) = served(conn, name).await else {
+        return Ok(());
+    };
+    let iface = iref.get().await;
+    iface.auth_changed(iref.signal_emitter()).await?;
+    iface
+        .auth_expires_u_sec_changed(iref.signal_emitter())
+        .await
+}
+
 pub(crate) async fn emit_instances_changed(conn: &Connection, name: &str) -> zbus::Result<()> {
     let Some(iref) = served(conn, name).await else {
         return Ok(());
@@ -928,6 +1055,15 @@ pub mod client {
         fn recent_logs(&self, n: u32) -> Result<Vec<String>, Error>;
         fn attach(&self) -> Result<zbus::OwnedFd, Error>;
         fn list_instances(&self) -> Result<String, Error>;
+        fn auth_begin(&self, redirect_uri: &str) -> Result<String, Error>;
+        fn auth_complete(&self, redirect_url: &str) -> Result<(), Error>;
+        fn auth_logout(&self) -> Result<(), Error>;
+        #[zbus(property)]
+        fn auth(&self) -> Result<String, Error>;
+        #[zbus(property, name = "AuthExpiresUSec")]
+        fn auth_expires_usec(&self) -> Result<u64, Error>;
+        #[zbus(property(emits_changed_signal = "false"))]
+        fn auth_redirect_port(&self) -> Result<u16, Error>;
         #[zbus(property)]
         fn instances(&self) -> Result<Vec<(u32, String, u32, u32, u32)>, Error>;
         #[zbus(property(emits_changed_signal = "false"))]

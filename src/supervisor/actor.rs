@@ -53,6 +53,8 @@ pub(crate) enum Command {
     Start,
     Stop,
     Restart,
+    /// A login completed ([`Event::LoggedIn`]).
+    LoggedIn,
     Apply {
         spec: Box<UnitSpec>,
         restart: bool,
@@ -349,6 +351,7 @@ impl Actor {
             Command::Start => self.step(Event::Start).await,
             Command::Stop => self.step(Event::Stop).await,
             Command::Restart => self.step(Event::Restart).await,
+            Command::LoggedIn => self.step(Event::LoggedIn).await,
             Command::Apply { spec, restart } => {
                 self.spec = (*spec).clone();
                 self.launcher.configure(&spec);
@@ -565,6 +568,9 @@ impl Actor {
                 }
                 Err(ConnectError::Failed(error)) => {
                     self.step(Event::ConnectFailed { generation, error }).await;
+                }
+                Err(ConnectError::NeedsLogin) => {
+                    self.step(Event::NeedsLogin { generation }).await;
                 }
             },
             Internal::Closed { generation, error } => {
@@ -985,6 +991,9 @@ impl Actor {
             }
             State::Idle => {
                 tracing::info!(target: "mcpd::supervisor", mcpd_server = %name, generation, "idle ({})", view.reason);
+            }
+            State::NeedsLogin => {
+                tracing::warn!(target: "mcpd::supervisor", mcpd_server = %name, generation, "{}", view.reason);
             }
             state => {
                 tracing::info!(target: "mcpd::supervisor", mcpd_server = %name, generation, "{state}");

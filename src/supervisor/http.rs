@@ -7,6 +7,7 @@
 use std::collections::HashMap;
 
 use rmcp::transport::StreamableHttpClientTransport;
+use rmcp::transport::auth::AuthClient;
 use rmcp::transport::streamable_http_client::{
     StreamableHttpClientTransportConfig, StreamableHttpError,
 };
@@ -20,6 +21,19 @@ use crate::mux::wire::{Wire, error_chain};
 pub fn connect(url: &str, headers: HashMap<http::HeaderName, http::HeaderValue>) -> Wire {
     let config = StreamableHttpClientTransportConfig::with_uri(url).custom_headers(headers);
     let transport = StreamableHttpClientTransport::from_config(config);
+    wire(transport, http_error_text)
+}
+
+/// A session with `url` as [`connect`], authorized by a login's client
+/// (DESIGN §17): each request carries the unit's current token, and a
+/// `401` is met with one refresh (rmcp's [`AuthClient`]).
+pub fn connect_with(
+    url: &str,
+    headers: HashMap<http::HeaderName, http::HeaderValue>,
+    client: AuthClient<reqwest::Client>,
+) -> Wire {
+    let config = StreamableHttpClientTransportConfig::with_uri(url).custom_headers(headers);
+    let transport = StreamableHttpClientTransport::with_client(client, config);
     wire(transport, http_error_text)
 }
 

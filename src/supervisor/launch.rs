@@ -17,6 +17,7 @@ use super::cgroup::{Cgroup, Usage};
 use super::credentials;
 use super::logs::{self, LogRing};
 use super::machine::{ExitStatus, Gen, Signal};
+use super::oauth::{Login, LoginError};
 use super::process::{self, Host};
 use super::sandbox::{self, Confinement};
 
@@ -49,6 +50,8 @@ pub enum ConnectError {
     Closed(String),
     /// The server answered wrongly, or the request failed.
     Failed(String),
+    /// The unit has `oauth` and no usable login (DESIGN §17).
+    NeedsLogin,
 }
 
 impl ConnectError {
@@ -56,6 +59,7 @@ impl ConnectError {
     pub fn message(&self) -> &str {
         match self {
             ConnectError::Closed(m) | ConnectError::Failed(m) => m,
+            ConnectError::NeedsLogin => "it needs a login",
         }
     }
 }
@@ -99,6 +103,17 @@ pub trait Launcher: Send + Sync + 'static {
     /// in-process servers): its hosts share the unit's server.
     fn instance(&self, _of: InstanceOf) -> Option<SharedLauncher> {
         None
+    }
+
+    /// The unit's login (DESIGN §17), when it is an HTTP unit with
+    /// `oauth`.
+    fn login(&self) -> Option<Arc<Login>> {
+        None
+    }
+
+    /// The client secret `oauth.client-secret` names, read now.
+    fn oauth_secret(&self, _spec: &UnitSpec) -> Result<Option<String>, String> {
+        Ok(None)
     }
 }
 
@@ -148,6 +163,9 @@ pub struct SystemLauncher {
     place: Arc<std::sync::Mutex<String>>,
     /// An instance's launcher: its place never changes.
     instance: bool,
+    /// The unit's login, for an HTTP unit with `oauth` (as last
+    /// configured).
+    login: Arc<std::sync::Mutex<Option<Arc<Login>>>>,
 }
 
 /// How long a usage reading serves: one D-Bus `GetAll` (or
@@ -169,6 +187,7 @@ impl SystemLauncher {
             usage: Arc::default(),
             place: Arc::new(std::sync::Mutex::new(name.to_owned())),
             instance: false,
+            login: Arc::default(),
         }
     }
 
@@ -486,11 +505,26 @@ impl SystemLauncher {
             value.set_sensitive(true);
             headers.insert(name, value);
         }
-        let wire = super::http::connect(spec.url().as_str(), headers);
         if let Ok(mut shown) = self.delivered.lock() {
             *shown = credentials::Listing::of(&items).to_string();
         }
-        let connect: BoxFuture<Result<Wire, ConnectError>> = Box::pin(async move { Ok(wire) });
+        let connect: BoxFuture<Result<Wire, ConnectError>> = match (spec.oauth(), self.login()) {
+            (Some(oauth), Some(login)) => {
+                let secret = self.client_secret(&items, oauth)?;
+                let url = spec.url().as_str().to_owned();
+                Box::pin(async move {
+                    match login.client(secret).await {
+                        Ok(client) => Ok(super::http::connect_with(&url, headers, client)),
+                        Err(LoginError::Needed) => Err(ConnectError::NeedsLogin),
+                        Err(e) => Err(ConnectError::Failed(format!("login: {e}"))),
+                    }
+                })
+            }
+            _ => {
+                let wire = super::http::connect(spec.url().as_str(), headers);
+                Box::pin(async move { Ok(wire) })
+            }
+        };
         Ok(Launched {
             pid: None,
             connect,
@@ -500,6 +534,23 @@ impl SystemLauncher {
 }
 
 impl SystemLauncher {
+    /// The client secret `oauth.client-secret` names, from the unit's
+    /// credentials (DESIGN §16).
+    fn client_secret(
+        &self,
+        items: &[credentials::Item],
+        oauth: &crate::unit::OAuthSpec,
+    ) -> Result<Option<String>, String> {
+        let Some(name) = &oauth.client_secret else {
+            return Ok(None);
+        };
+        let bytes = credentials::value(items, name, &self.host.credentials)
+            .map_err(|e| format!("oauth.client-secret: {e}"))?;
+        let text = std::str::from_utf8(bytes)
+            .map_err(|_| format!("oauth.client-secret: credential {name} is not UTF-8 text"))?;
+        Ok(Some(text.strip_suffix('\n').unwrap_or(text).to_owned()))
+    }
+
     /// An HTTP unit's credentials, read at each connect (no directory:
     /// they go into headers only).
     fn http_credentials(&self, unit: &UnitSpec) -> Result<Vec<credentials::Item>, String> {
@@ -685,10 +736,51 @@ impl Launcher for SystemLauncher {
             usage: Arc::default(),
             place: Arc::new(std::sync::Mutex::new(format!("{}/{of}", self.name))),
             instance: true,
+            // An instance logs in as its unit does.
+            login: Arc::clone(&self.login),
         }))
     }
 
+    fn login(&self) -> Option<Arc<Login>> {
+        self.login.lock().ok().and_then(|l| l.clone())
+    }
+
+    fn oauth_secret(&self, spec: &UnitSpec) -> Result<Option<String>, String> {
+        let Transport::Http(http) = spec.transport() else {
+            return Ok(None);
+        };
+        match http.oauth() {
+            Some(oauth) if oauth.client_secret.is_some() => {
+                let items = self.http_credentials(spec)?;
+                self.client_secret(&items, oauth)
+            }
+            _ => Ok(None),
+        }
+    }
+
     fn configure(&self, spec: &UnitSpec) {
+        if !self.instance
+            && let Ok(mut login) = self.login.lock()
+        {
+            let wanted = match spec.transport() {
+                Transport::Http(http) => http.oauth().map(|o| (http.url(), o)),
+                Transport::Stdio(_) => None,
+            };
+            let metadata_url = self.host.client_metadata_url.as_deref();
+            *login = match (wanted, login.take()) {
+                (Some((url, oauth)), Some(kept)) if kept.serves(url, oauth, metadata_url) => {
+                    Some(kept)
+                }
+                (Some((url, oauth)), _) => Some(Login::new(
+                    &self.name,
+                    url,
+                    oauth,
+                    &self.host.logins,
+                    self.host.client_metadata_url.clone(),
+                )),
+                (None, _) => None,
+            };
+        }
         self.logs.set_limit(spec.log_rate_limit());
         self.http.store(
             matches!(spec.transport(), Transport::Http(_)),

@@ -72,16 +72,21 @@ pub enum State {
     Failed,
     Stopping,
     Stopped,
+    /// An HTTP unit with `oauth` and no usable token (DESIGN §17): no
+    /// generation runs, no retry budget is spent; a completed login
+    /// ([`Event::LoggedIn`]) starts it.
+    NeedsLogin,
 }
 
 impl State {
     /// Every state, in the order summaries list them (healthy first).
-    pub const ALL: [State; 8] = [
+    pub const ALL: [State; 9] = [
         State::Running,
         State::Idle,
         State::Starting,
         State::Retrying,
         State::Reconnecting,
+        State::NeedsLogin,
         State::Failed,
         State::Stopping,
         State::Stopped,
@@ -105,6 +110,7 @@ impl State {
             State::Failed => "failed",
             State::Stopping => "stopping",
             State::Stopped => "stopped",
+            State::NeedsLogin => "needs-login",
         }
     }
 }
@@ -277,6 +283,12 @@ pub enum Event {
     /// session gone), before or after `initialize`. A process is given
     /// `stop-timeout` to exit on its own before SIGTERM.
     Closed { generation: Gen, error: String },
+    /// The generation found no usable login (no token, or a refresh
+    /// token the authorization server rejected): the unit waits for one
+    /// in `needs-login`, spending no retry (DESIGN §17).
+    NeedsLogin { generation: Gen },
+    /// A login completed: a unit that needs one starts afresh.
+    LoggedIn,
     /// The generation's process was reaped.
     Exited { generation: Gen, status: ExitStatus },
     /// A `notifications/tools/list_changed` re-sync finished.
@@ -334,6 +346,12 @@ pub enum Effect {
 /// sessions report and the sessions apply as they report it.
 pub use crate::mux::session::idle;
 
+/// The reason of `needs-login`, and what every call is answered with
+/// (DESIGN §17).
+pub fn needs_login(name: &str) -> String {
+    format!("server {name} needs a login: run mcpctl auth login {name}")
+}
+
 /// What the next generation after a failure will be.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Verdict {
@@ -352,6 +370,8 @@ enum Then {
     Idle,
     /// Start afresh (restart, changed unit): a new generation, a fresh budget.
     Fresh,
+    /// Wait for a login (`needs-login`), lists kept.
+    Login,
 }
 
 /// How far taking a process down has gone.
@@ -857,6 +877,20 @@ impl Machine {
                     self.fail(error, true, now, &mut fx);
                 }
             }
+            Event::NeedsLogin { generation } => {
+                if self.is_active(generation) {
+                    let reason = needs_login(&self.name);
+                    self.last_error = Some(reason.clone());
+                    self.set_state(State::NeedsLogin, reason, now);
+                    self.end(Then::Login, false, None, now, &mut fx);
+                }
+            }
+            Event::LoggedIn => {
+                if self.state == State::NeedsLogin && self.phase == Phase::Idle {
+                    self.last_error = None;
+                    self.begin_fresh(now, &mut fx);
+                }
+            }
             Event::Exited { generation, status } => self.exited(generation, status, now, &mut fx),
             Event::ToolsSynced { generation, tools } => {
                 if self.established() == Some(generation) {
@@ -1140,6 +1174,10 @@ impl Machine {
                 );
             }
             Then::Fresh => self.begin_fresh(now, fx),
+            Then::Login => {
+                self.phase = Phase::Idle;
+                self.outage = None;
+            }
         }
     }
 

@@ -27,6 +27,7 @@ mod instances;
 pub mod launch;
 pub mod logs;
 pub mod machine;
+pub mod oauth;
 pub mod process;
 pub mod sandbox;
 mod sessions;
@@ -204,6 +205,27 @@ impl Supervisor {
     /// failed (an idle on-demand server too: now).
     pub fn start(&self) {
         let _ = self.commands.send(Command::Start);
+    }
+
+    /// The unit's login (DESIGN §17): an HTTP unit with `oauth`.
+    pub fn login(&self) -> Option<Arc<oauth::Login>> {
+        self.launcher.login()
+    }
+
+    /// The client secret the unit's `oauth.client-secret` names, read
+    /// from its credentials now (DESIGN §16).
+    pub fn client_secret(&self) -> Result<Option<String>, String> {
+        let spec = self
+            .spec
+            .lock()
+            .map(|s| s.clone())
+            .map_err(|e| e.to_string())?;
+        self.launcher.oauth_secret(&spec)
+    }
+
+    /// A login completed: a unit in `needs-login` starts.
+    pub fn logged_in(&self) {
+        let _ = self.commands.send(Command::LoggedIn);
     }
 
     /// Stops the server; its tools are withdrawn once its process is gone.

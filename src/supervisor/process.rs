@@ -51,6 +51,10 @@ pub struct Host {
     pub scratch: PathBuf,
     /// Where credentials come from and go (DESIGN §16).
     pub credentials: super::credentials::Stores,
+    /// Where logins are kept (DESIGN §17: `STATE/oauth`).
+    pub logins: PathBuf,
+    /// mcpd's Client ID Metadata Document (`mcpd.kdl` `oauth`).
+    pub client_metadata_url: Option<String>,
 }
 
 impl Host {
@@ -67,6 +71,8 @@ impl Host {
                 rustix::process::geteuid().as_raw(),
                 std::env::temp_dir(),
             ),
+            logins: super::oauth::dir(&instance.state_dir()),
+            client_metadata_url: None,
         }
     }
 }
@@ -1087,6 +1093,8 @@ mod tests {
                 0,
                 std::env::temp_dir(),
             ),
+            logins: std::env::temp_dir(),
+            client_metadata_url: None,
         }
     }
 

@@ -595,6 +595,7 @@ fn facts_of(name: &str, status: &Status, kept: &mut (u64, Arc<str>)) -> Facts {
         State::Failed => UnitState::Failed,
         State::Stopping => UnitState::Stopping,
         State::Stopped => UnitState::Stopped,
+        State::NeedsLogin => UnitState::NeedsLogin,
     };
     if kept.0 != status.tools_serial {
         *kept = (status.tools_serial, Arc::from(status.tools.json()));

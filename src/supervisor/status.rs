@@ -51,6 +51,10 @@ impl fmt::Display for CallError {
                 max_attempts,
                 next_retry,
             } => {
+                if *state == State::NeedsLogin {
+                    // The reason says it all: "server NAME needs a login: …".
+                    return f.write_str(reason);
+                }
                 write!(f, "server {server} is {state}")?;
                 if *attempt > 0 {
                     write!(f, " (retry {attempt}/{max_attempts}")?;

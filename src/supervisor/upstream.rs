@@ -301,6 +301,7 @@ async fn probe(client: &mut Client<'_>, bound: Duration) -> Result<Value, String
         Err(_) => return Err(format!("no answer to server/discover within {bound:?}")),
         Ok(Err(ConnectError::Closed(why))) => return Err(why),
         Ok(Err(ConnectError::Failed(why))) => return Err(why),
+        Ok(Err(e @ ConnectError::NeedsLogin)) => return Err(e.message().to_owned()),
         Ok(Ok(message)) => message.to_value(),
     };
     if let Some(error) = message.get("error") {

@@ -21,6 +21,8 @@ pub enum Block {
     Sandbox,
     Tools,
     Credentials,
+    /// `oauth { }`, inside `http` (DESIGN §17).
+    OAuth,
 }
 
 impl Block {
@@ -36,6 +38,7 @@ impl Block {
             Block::Sandbox => Some("sandbox"),
             Block::Tools => Some("tools"),
             Block::Credentials => Some("credentials"),
+            Block::OAuth => Some("oauth"),
         }
     }
 
@@ -89,6 +92,8 @@ pub enum Kind {
     Size,
     /// Two strings: a name and what it stands for (`load "NAME" "PATH"`).
     Pair,
+    /// `credential="NAME"`: one property naming a credential (§16).
+    CredentialRef,
 }
 
 /// How a later layer (a drop-in) combines with an earlier one.
@@ -160,6 +165,12 @@ pub enum Field {
     CredentialImport(usize),
     CredentialEncrypted(usize),
     CredentialEnv(usize),
+    OAuth,
+    OAuthClientId,
+    OAuthClientSecret,
+    OAuthScope,
+    OAuthRedirectPort,
+    OAuthGrant,
 }
 
 impl Field {
@@ -235,7 +246,7 @@ const fn key(
     }
 }
 
-use Block::{Credentials, Health, Http, Limits, Reconnect, Sandbox, Stdio, Tools, Top};
+use Block::{Credentials, Health, Http, Limits, OAuth, Reconnect, Sandbox, Stdio, Tools, Top};
 use Merge::{Append, AppendUnique, ByName, Replace};
 
 /// Every key, in the order the man page documents them.
@@ -542,6 +553,57 @@ pub const KEYS: &[Key] = &[
         "\"Authorization\" \"Bearer …\"",
     ),
     key(
+        Http,
+        "oauth",
+        Kind::Block {
+            inner: OAuth,
+            required: false,
+        },
+        Replace,
+        Some(Field::OAuth),
+        "{ client-id \"mcpd\"; }",
+    ),
+    key(
+        OAuth,
+        "client-id",
+        Kind::String,
+        Replace,
+        Some(Field::OAuthClientId),
+        "\"mcpd-client\"",
+    ),
+    key(
+        OAuth,
+        "client-secret",
+        Kind::CredentialRef,
+        Replace,
+        Some(Field::OAuthClientSecret),
+        "credential=\"NAME\"",
+    ),
+    key(
+        OAuth,
+        "scope",
+        Kind::String,
+        Replace,
+        Some(Field::OAuthScope),
+        "\"repo read:org\"",
+    ),
+    key(
+        OAuth,
+        "redirect-port",
+        Kind::Integer,
+        Replace,
+        Some(Field::OAuthRedirectPort),
+        "3118",
+    ),
+    key(
+        OAuth,
+        "grant",
+        Kind::String,
+        Replace,
+        Some(Field::OAuthGrant),
+        "\"authorization-code\"",
+    ),
+    key(
         Reconnect,
         "enabled",
         Kind::Bool,
@@ -706,9 +768,12 @@ mod tests {
             Sandbox,
             Tools,
             Credentials,
+            OAuth,
         ] {
             let name = block.name().expect("a nested block has a name");
-            let row = lookup(Top, name).expect("the block is a top-level key");
+            let row = lookup(Top, name)
+                .or_else(|| lookup(Http, name))
+                .expect("the block is a key of the top level or of `http`");
             assert!(matches!(
                 row.kind,
                 Kind::Block { inner, .. } | Kind::Endpoint { inner } if inner == block

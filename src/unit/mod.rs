@@ -31,7 +31,7 @@ pub use load::{Context, Loader, UnitFiles, load, load_in, load_with};
 pub use name::{InstanceName, InstanceOf, UnitName};
 pub use search::{Found, discover, search_path};
 pub use spec::{
-    Activation, Credential, CredentialsSpec, HeaderValue, HealthPolicy, HttpSpec, Limits, Network,
-    Protocol, RateLimit, ReconnectPolicy, Sandbox, Secret, Sessions, StdioSpec, ToolFilter,
-    Transport, UnitDraft, UnitSpec,
+    Activation, Credential, CredentialsSpec, Grant, HeaderValue, HealthPolicy, HttpSpec, Limits,
+    Network, OAuthSpec, Protocol, RateLimit, ReconnectPolicy, Sandbox, Secret, Sessions, StdioSpec,
+    ToolFilter, Transport, UnitDraft, UnitSpec,
 };

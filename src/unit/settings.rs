@@ -54,7 +54,7 @@ pub const MAX_ORIGINS: usize = 256;
 pub const MAX_FILE: usize = 1 << 20;
 
 /// The keys of the file, for "did you mean" and the man-page test.
-pub const SECTIONS: &[&str] = &["http", "telemetry"];
+pub const SECTIONS: &[&str] = &["http", "telemetry", "oauth"];
 pub const HTTP_KEYS: &[&str] = &[
     "listen",
     "auth",
@@ -72,6 +72,7 @@ pub const DEFAULT_SERVICE_NAME: &str = "mcpd";
 /// The most `header` lines, and the longest `service-name`.
 pub const MAX_HEADERS: usize = 64;
 pub const MAX_SERVICE_NAME: usize = 255;
+pub const OAUTH_KEYS: &[&str] = &["client-metadata-url"];
 
 /// What `mcpd.kdl` says (valid: every rule was judged when it was read).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -80,6 +81,15 @@ pub struct Settings {
     pub http: Option<HttpSettings>,
     /// OpenTelemetry export; `None`: none.
     pub telemetry: Option<TelemetrySettings>,
+    /// mcpd as an OAuth client (DESIGN §17).
+    pub oauth: Option<OAuthSettings>,
+}
+
+/// The `oauth { }` section.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OAuthSettings {
+    /// mcpd's Client ID Metadata Document: an https:// URL with a path.
+    pub client_metadata_url: String,
 }
 
 /// The `telemetry { }` section (DESIGN §18).
@@ -248,6 +258,7 @@ pub fn parse(path: &Path, text: &Arc<str>) -> Result<Settings, LoadError> {
     let mut settings = Settings::default();
     let mut http_at: Option<SourceSpan> = None;
     let mut telemetry_at: Option<SourceSpan> = None;
+    let mut oauth_at: Option<SourceSpan> = None;
     for node in doc.nodes() {
         let name = node.name().value();
         match name {
@@ -275,6 +286,23 @@ pub fn parse(path: &Path, text: &Arc<str>) -> Result<Settings, LoadError> {
                     );
                 }
                 settings.telemetry = judge.telemetry(node);
+            }
+            "oauth" => {
+                if let Some(first) = oauth_at {
+                    judge.push(
+                        Problem::at(
+                            path,
+                            text,
+                            node.name().span(),
+                            "`oauth` is given twice",
+                            "second `oauth` section",
+                        )
+                        .with_related(first, "first given here"),
+                    );
+                    continue;
+                }
+                oauth_at = Some(node.name().span());
+                settings.oauth = judge.oauth(node);
             }
             "http" => {
                 if let Some(first) = http_at {
@@ -305,7 +333,7 @@ pub fn parse(path: &Path, text: &Arc<str>) -> Result<Settings, LoadError> {
                 let help = super::syntax::did_you_mean(other, SECTIONS)
                     .map(|s| format!("did you mean `{s}`?"))
                     .unwrap_or_else(|| {
-                        "the settings file has two sections: `http { }` and `telemetry { }`".into()
+                        "the settings file has three sections: `http { }`, `telemetry { }` and `oauth { }`".into()
                     });
                 judge.at(
                     node.name().span(),
@@ -546,6 +574,63 @@ impl Judge<'_> {
             }
         }
         (self.problems.len() == before).then_some(settings)
+    }
+
+    /// `oauth { client-metadata-url "https://…" }`.
+    fn oauth(&mut self, node: &KdlNode) -> Option<OAuthSettings> {
+        let before = self.problems.len();
+        let mut url = None;
+        let empty = KdlDocument::new();
+        for child in node.children().unwrap_or(&empty).nodes() {
+            let key = child.name().value();
+            if key != "client-metadata-url" {
+                let help = super::syntax::did_you_mean(key, OAUTH_KEYS)
+                    .map(|s| format!("did you mean `{s}`?"))
+                    .unwrap_or_else(|| "the `oauth` section knows client-metadata-url".into());
+                self.at(
+                    child.name().span(),
+                    &format!("unknown key `{key}` in `oauth`"),
+                    "unknown key",
+                    Some(&help),
+                );
+                continue;
+            }
+            let example = "\"https://example.org/mcpd/client.json\"";
+            let Some(value) = self.argument(child, key, example) else {
+                continue;
+            };
+            let at = child.entries()[0].span();
+            let ok = value
+                .as_string()
+                .and_then(|t| url::Url::parse(t).ok())
+                .filter(|u| u.scheme() == "https" && u.has_host() && u.path() != "/");
+            match ok {
+                Some(u) => url = Some(u.to_string()),
+                None => self.at(
+                    at,
+                    "`client-metadata-url` is an https:// URL with a path (a Client ID Metadata Document)",
+                    "not an https:// URL with a path",
+                    Some(&format!("write `client-metadata-url {example}`")),
+                ),
+            }
+        }
+        if self.problems.len() > before {
+            return None;
+        }
+        match url {
+            Some(client_metadata_url) => Some(OAuthSettings {
+                client_metadata_url,
+            }),
+            None => {
+                self.at(
+                    node.name().span(),
+                    "`oauth` needs `client-metadata-url`",
+                    "no client-metadata-url",
+                    Some("write `oauth { client-metadata-url \"https://example.org/mcpd/client.json\" }`"),
+                );
+                None
+            }
+        }
     }
 
     fn http(&mut self, node: &KdlNode) -> Option<HttpSettings> {
@@ -814,7 +899,8 @@ mod tests {
             judge(""),
             Ok(Settings {
                 http: None,
-                telemetry: None
+                telemetry: None,
+                oauth: None,
             })
         );
         let http = judge("http {}\n").expect("valid").http.expect("http");
@@ -967,6 +1053,33 @@ mod tests {
         let e = judge("telemetry {\n    otlp \"http://c:4318/v1/traces\"\n}\n")
             .expect_err("a signal's path");
         assert!(e.contains("give the base address"), "{e}");
+    }
+
+    #[test]
+    fn the_oauth_section_names_an_https_client_metadata_document() {
+        let oauth = judge("oauth { client-metadata-url \"https://example.org/mcpd.json\"; }\n")
+            .expect("valid")
+            .oauth
+            .expect("oauth");
+        assert_eq!(oauth.client_metadata_url, "https://example.org/mcpd.json");
+        for (text, expected) in [
+            (
+                "oauth { client-metadata-url \"http://example.org/m.json\"; }",
+                "is an https:// URL with a path",
+            ),
+            (
+                "oauth { client-metadata-url \"https://example.org/\"; }",
+                "is an https:// URL with a path",
+            ),
+            (
+                "oauth { client-metadata-uri \"https://example.org/m\"; }",
+                "1:9: unknown key `client-metadata-uri` in `oauth`",
+            ),
+            ("oauth { }", "`oauth` needs `client-metadata-url`"),
+        ] {
+            let error = judge(text).expect_err(text);
+            assert!(error.contains(expected), "{text}: {error}");
+        }
     }
 
     #[test]

@@ -18,8 +18,8 @@ use miette::SourceSpan;
 
 use super::keys::{self, Block, Key, Kind, Merge};
 use super::spec::{
-    CredentialsDraft, Field, HeaderDraft, HealthDraft, HttpDraft, LimitsDraft, ReconnectDraft,
-    SandboxDraft, StdioDraft, UnitDraft,
+    CredentialsDraft, Field, HeaderDraft, HealthDraft, HttpDraft, LimitsDraft, OAuthDraft,
+    ReconnectDraft, SandboxDraft, StdioDraft, UnitDraft,
 };
 
 /// Where something was written: file index (into the unit's file list) and span.
@@ -185,6 +185,7 @@ impl Reader<'_> {
             Block::Sandbox,
             Block::Tools,
             Block::Credentials,
+            Block::OAuth,
             Block::Top,
         ]
         .into_iter()
@@ -623,6 +624,7 @@ impl Reader<'_> {
                 return self.pair(node, &path, field, key.example, pairs);
             }
             Kind::Header => return self.header(node, &mut layer.headers),
+            Kind::CredentialRef => at(self.credential_ref(node, &path, field), Value::String),
             Kind::String => at(
                 self.single_string(node, &path, field, key.example),
                 Value::String,
@@ -795,6 +797,43 @@ impl Reader<'_> {
             value: (name.value, value.value),
             loc: name.loc,
         });
+    }
+
+    /// `client-secret credential="NAME"`: one `credential` property.
+    fn credential_ref(&mut self, node: &KdlNode, key: &str, field: Field) -> Option<At<String>> {
+        self.no_children(node, key);
+        let help = Some(format!("write `{} credential=\"NAME\"`", leaf(key)));
+        match node.entries() {
+            [one] if one.name().is_some_and(|n| n.value() == "credential") => {
+                self.string(one, key, &field)
+            }
+            [] => {
+                self.bad(
+                    field,
+                    node.name().span(),
+                    format!("`{key}` needs `credential=\"NAME\"`"),
+                    "no credential",
+                    help,
+                );
+                None
+            }
+            [one, ..] => {
+                let found = match one.name() {
+                    Some(name) => format!("property `{}`", name.value()),
+                    None => describe(one.value()),
+                };
+                self.bad(
+                    field,
+                    one.span(),
+                    format!(
+                        "`{key}` takes only `credential=\"NAME\"` (a secret is never written in a unit), found {found}"
+                    ),
+                    "expected credential=\"NAME\"",
+                    help,
+                );
+                None
+            }
+        }
     }
 
     /// `http "URL"`: the block itself and its one URL argument.
@@ -1119,6 +1158,16 @@ impl Layer {
                         h.value
                     })
                     .collect(),
+                oauth: self.blocks.get(&Block::OAuth).copied().map(|loc| {
+                    d.locs.insert(Field::OAuth, loc);
+                    OAuthDraft {
+                        client_id: d.string(&mut self, "oauth.client-id"),
+                        client_secret: d.string(&mut self, "oauth.client-secret"),
+                        scope: d.string(&mut self, "oauth.scope"),
+                        redirect_port: d.integer(&mut self, "oauth.redirect-port"),
+                        grant: d.string(&mut self, "oauth.grant"),
+                    }
+                }),
             }
         });
         let reconnect = ReconnectDraft {

@@ -748,6 +748,7 @@ async fn a_header_from_an_env_file_is_read_at_connect_and_a_missing_one_named() 
                 url: url.clone(),
                 env_files: vec![env.clone()],
                 headers: vec![("Authorization".into(), HeaderDraft::Env(var.into()))],
+                oauth: None,
             }),
             reconnect: reconnect(20, 40, 1),
             startup_timeout: Some(Duration::from_secs(20)),

@@ -1777,3 +1777,67 @@ fn a_per_host_instance_begins_idle_and_its_hosts_first_use_starts_it() {
     );
     assert!(unit.activation().idle_stop().is_some());
 }
+
+#[test]
+fn needs_login_spends_no_retry_keeps_the_tools_and_a_login_starts_it() {
+    let http = UnitSpec::new(UnitDraft {
+        http: Some(HttpDraft {
+            url: "http://localhost:9/mcp".into(),
+            oauth: Some(Default::default()),
+            ..Default::default()
+        }),
+        reconnect: policy(100, 800, 2, true),
+        ..UnitDraft::default()
+    })
+    .expect("valid");
+    let mut r = Rig::new(&http);
+    r.step(Event::Start);
+    r.step(Event::Spawned {
+        generation: 1,
+        pid: None,
+    });
+    r.established(&tools(&["a"]));
+    r.step(Event::Closed {
+        generation: 1,
+        error: "session closed".into(),
+    });
+    r.advance(ms(100));
+    assert_eq!(r.fire(), spawn(2));
+    r.step(Event::Spawned {
+        generation: 2,
+        pid: None,
+    });
+    // The login is gone (a refresh token refused): no retry, no flapping.
+    let fx = r.step(Event::NeedsLogin { generation: 2 });
+    assert_eq!(
+        fx,
+        vec![Effect::Disconnect {
+            generation: 2,
+            lost: None
+        }]
+    );
+    assert_eq!(r.state(), State::NeedsLogin);
+    assert_eq!(
+        r.reason(),
+        "server srv needs a login: run mcpctl auth login srv"
+    );
+    let view = r.m.view();
+    assert_eq!((view.attempt, view.next_retry), (0, None));
+    assert_eq!(view.tools.len(), 1, "the tools are kept");
+    assert_eq!(r.m.deadline(), None, "nothing is armed: no retry");
+    // Stale events and deadlines change nothing.
+    assert!(r.step(Event::NeedsLogin { generation: 1 }).is_empty());
+    assert_eq!(r.state(), State::NeedsLogin);
+    // A completed login starts it with a fresh budget.
+    assert_eq!(r.step(Event::LoggedIn), spawn(3));
+    assert_eq!(r.state(), State::Starting);
+    assert!(r.m.view().last_error.is_none());
+    // A login while running changes nothing.
+    r.step(Event::Spawned {
+        generation: 3,
+        pid: None,
+    });
+    r.established(&tools(&["a"]));
+    assert!(r.step(Event::LoggedIn).is_empty());
+    assert_eq!(r.state(), State::Running);
+}

@@ -223,3 +223,28 @@ fn a_user_instance_only_runs_servers_as_its_own_user() {
         "without an instance only file rules apply"
     );
 }
+
+#[test]
+fn oauth_blocks_load_with_their_keys() {
+    use mcpd::unit::{Grant, OAuthSpec, Transport};
+    let load = |name: &str| {
+        let path = Path::new("tests/data/units/oauth").join(format!("{name}.kdl"));
+        let spec = unit::load(&UnitFiles::beside(&path))
+            .unwrap_or_else(|e| panic!("{name}: {}", e.render(Style::Plain)));
+        match spec.transport() {
+            Transport::Http(http) => http.oauth().cloned().expect("an oauth block"),
+            Transport::Stdio(_) => panic!("{name} is an http unit"),
+        }
+    };
+    assert_eq!(
+        load("oauth"),
+        OAuthSpec {
+            client_id: Some("mcpd-linear".into()),
+            client_secret: Some("linear".into()),
+            scope: Some("read write".into()),
+            redirect_port: Some(3118),
+            grant: Grant::AuthorizationCode,
+        }
+    );
+    assert_eq!(load("oauth-discovered"), OAuthSpec::default());
+}

@@ -113,6 +113,9 @@ pub enum UnitState {
     Failed,
     Stopping,
     Stopped,
+    /// No usable login (DESIGN §17): requests are answered at once with
+    /// the login hint; the kept lists stay.
+    NeedsLogin,
 }
 
 /// What the sessions know of their unit besides their own state,

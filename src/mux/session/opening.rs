@@ -58,9 +58,12 @@ impl Core {
     pub(super) fn cannot_open(&self) -> Option<String> {
         let cannot = match self.facts.state {
             UnitState::Failed | UnitState::Stopped => true,
-            UnitState::Retrying | UnitState::Reconnecting | UnitState::Stopping => {
-                self.init.is_none()
-            }
+            // A unit that needs a login serves what its cache holds (its
+            // calls get the login error); without a cache, nothing.
+            UnitState::Retrying
+            | UnitState::Reconnecting
+            | UnitState::Stopping
+            | UnitState::NeedsLogin => self.init.is_none(),
             UnitState::Starting | UnitState::Running | UnitState::Idle => false,
         };
         cannot.then(|| self.down_text(None))

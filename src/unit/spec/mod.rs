@@ -294,6 +294,164 @@ pub struct HttpSpec {
     url: url::Url,
     env_files: Vec<PathBuf>,
     headers: Vec<(String, HeaderValue)>,
+    oauth: Option<OAuthSpec>,
+}
+
+/// How mcpd logs in to a server that needs it (DESIGN §17): `oauth { }`.
+/// Everything left out is discovered from the server and its
+/// authorization server.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct OAuthSpec {
+    /// A pre-registered client (else CIMD, else dynamic registration).
+    pub client_id: Option<String>,
+    /// The credential (DESIGN §16) holding the client's secret: its name.
+    pub client_secret: Option<String>,
+    /// The scopes asked for, space-separated (else the server's hint, else
+    /// what it supports).
+    pub scope: Option<String>,
+    /// The loopback port `mcpctl auth login` listens on for the redirect
+    /// (else an ephemeral one).
+    pub redirect_port: Option<u16>,
+    pub grant: Grant,
+}
+
+/// `oauth.grant`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Grant {
+    /// A person logs in (`mcpctl auth login`).
+    #[default]
+    AuthorizationCode,
+    /// Machine to machine: the daemon fetches its tokens itself.
+    ClientCredentials,
+}
+
+impl Grant {
+    pub const WORDS: [&'static str; 2] = ["authorization-code", "client-credentials"];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Grant::AuthorizationCode => Self::WORDS[0],
+            Grant::ClientCredentials => Self::WORDS[1],
+        }
+    }
+}
+
+impl OAuthSpec {
+    fn judge(judge: &mut Judge, url: Option<&url::Url>, draft: OAuthDraft) -> Self {
+        let grant = match draft.grant.as_deref() {
+            None | Some("authorization-code") => Grant::AuthorizationCode,
+            Some("client-credentials") => Grant::ClientCredentials,
+            Some(other) => {
+                judge
+                    .fail(
+                        Field::OAuthGrant,
+                        format!("`oauth.grant`: unknown grant \"{other}\""),
+                    )
+                    .help = Some(format!(
+                    "write `grant \"{}\"` or `grant \"{}\"`",
+                    Grant::WORDS[0],
+                    Grant::WORDS[1]
+                ));
+                Grant::AuthorizationCode
+            }
+        };
+        if let Some(id) = &draft.client_id
+            && (id.is_empty() || id.chars().any(char::is_control))
+        {
+            judge.fail(
+                Field::OAuthClientId,
+                "`oauth.client-id`: a client id is a non-empty string without control characters",
+            );
+        }
+        if let Some(name) = &draft.client_secret {
+            if !is_credential_name(name) {
+                judge.fail(
+                    Field::OAuthClientSecret,
+                    format!("`oauth.client-secret`: \"{name}\" is not a credential name"),
+                );
+            } else if draft.client_id.is_none() {
+                judge
+                    .fail(
+                        Field::OAuthClientSecret,
+                        "`oauth.client-secret` belongs to a pre-registered client: it needs `client-id`",
+                    )
+                    .help = Some("add `client-id \"ID\"` to the `oauth` block".into());
+            }
+        }
+        if let Some(scope) = &draft.scope
+            && (scope.split_whitespace().next().is_none()
+                || scope
+                    .chars()
+                    .any(|c| c.is_control() || c == '"' || c == '\\'))
+        {
+            judge.fail(
+                Field::OAuthScope,
+                "`oauth.scope`: scopes are words separated by spaces (RFC 6749 §3.3)",
+            );
+        }
+        let redirect_port = draft.redirect_port.and_then(|port| {
+            let ok = u16::try_from(port).ok().filter(|p| *p > 0);
+            if ok.is_none() {
+                judge.fail(
+                    Field::OAuthRedirectPort,
+                    format!("`oauth.redirect-port`: {port} is not a port (1 to 65535)"),
+                );
+            }
+            ok
+        });
+        if grant == Grant::ClientCredentials
+            && (draft.client_id.is_none() || draft.client_secret.is_none())
+        {
+            judge
+                .fail(
+                    Field::OAuthGrant,
+                    "`oauth.grant \"client-credentials\"` needs `client-id` and `client-secret`",
+                )
+                .help = Some(
+                "add `client-id \"ID\"` and `client-secret credential=\"NAME\"` to the `oauth` block"
+                    .into(),
+            );
+        }
+        if grant == Grant::ClientCredentials && draft.redirect_port.is_some() {
+            judge.fail(
+                Field::OAuthRedirectPort,
+                "`oauth.redirect-port` is for a login in a browser; `grant \"client-credentials\"` has none",
+            );
+        }
+        if let Some(url) = url
+            && url.scheme() == "http"
+            && !is_loopback_host(url)
+        {
+            judge
+                .fail(
+                    Field::OAuth,
+                    format!(
+                        "`oauth`: tokens are never sent over plain http:// to a host that is not loopback ({})",
+                        url.host_str().unwrap_or_default()
+                    ),
+                )
+                .help = Some("use the server's https:// URL".into());
+        }
+        Self {
+            client_id: draft.client_id,
+            client_secret: draft.client_secret,
+            scope: draft.scope,
+            redirect_port,
+            grant,
+        }
+    }
+}
+
+/// Whether `url`'s host is loopback: `localhost`, 127.0.0.0/8, `::1`.
+pub fn is_loopback_host(url: &url::Url) -> bool {
+    match url.host() {
+        Some(url::Host::Domain(d)) => {
+            d.eq_ignore_ascii_case("localhost") || d.to_ascii_lowercase().ends_with(".localhost")
+        }
+        Some(url::Host::Ipv4(ip)) => ip.is_loopback(),
+        Some(url::Host::Ipv6(ip)) => ip.is_loopback(),
+        None => false,
+    }
 }
 
 /// A request header's value: written in the unit, a variable of the
@@ -476,6 +634,19 @@ pub struct HttpDraft {
     pub url: String,
     pub env_files: Vec<PathBuf>,
     pub headers: Vec<(String, HeaderDraft)>,
+    /// `oauth { }`: the server needs a login (DESIGN §17).
+    pub oauth: Option<OAuthDraft>,
+}
+
+/// An unchecked `oauth` block.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct OAuthDraft {
+    pub client_id: Option<String>,
+    /// The name of the credential holding the client secret.
+    pub client_secret: Option<String>,
+    pub scope: Option<String>,
+    pub redirect_port: Option<i128>,
+    pub grant: Option<String>,
 }
 
 /// An unchecked `reconnect` block.
@@ -1092,11 +1263,32 @@ impl HttpSpec {
         for (i, path) in draft.env_files.iter().enumerate() {
             judge.absolute_path(Field::HttpEnvFile(i), path);
         }
+        let oauth = draft
+            .oauth
+            .map(|o| OAuthSpec::judge(judge, url.as_ref(), o));
+        if oauth.is_some()
+            && let Some(i) = headers
+                .iter()
+                .position(|(name, _)| name.eq_ignore_ascii_case("authorization"))
+        {
+            judge
+                .fail(
+                    Field::Header(i),
+                    "`http.header \"Authorization\"` and `oauth` both say how to authenticate",
+                )
+                .help = Some("the login's token is the Authorization header: drop the header or the `oauth` block".into());
+        }
         Some(Self {
             url: url?,
             env_files: draft.env_files,
             headers,
+            oauth,
         })
+    }
+
+    /// `oauth { }`: the server needs a login (DESIGN §17).
+    pub fn oauth(&self) -> Option<&OAuthSpec> {
+        self.oauth.as_ref()
     }
 
     pub fn url(&self) -> &url::Url {
@@ -1429,6 +1621,7 @@ mod tests {
                 url: "https://mcp.example.com/mcp".into(),
                 headers: vec![("Authorization".into(), "Bearer hunter2".into())],
                 env_files: vec![],
+                oauth: None,
             }),
             ..UnitDraft::default()
         })
@@ -1441,6 +1634,7 @@ mod tests {
                 url: "https://mcp.example.com/mcp".into(),
                 headers: vec![("X-Token".into(), "hunter2\n".into())],
                 env_files: vec![],
+                oauth: None,
             }),
             ..UnitDraft::default()
         })

@@ -1,0 +1,665 @@
+//! Logins held by mcpd (DESIGN §17): one per HTTP unit with `oauth { }`,
+//! for every host, kept in the state directory and never handed out.
+//!
+//! rmcp's `auth` does the protocol (RFC 9728 and RFC 8414 discovery, the
+//! issuer checks, CIMD, pre-registered and dynamic clients, PKCE S256,
+//! RFC 8707 `resource`, the code exchange, refresh with rotation, and the
+//! refresh on a `401` of [`AuthClient`]); this module holds its state:
+//!
+//! - [`FileStore`]: the unit's tokens, one JSON file (0600) in
+//!   `STATE/oauth/NAME.json`, written atomically, read within
+//!   [`MAX_FILE`]; a refresh token the authorization server rejects
+//!   (`invalid_grant`) drops the tokens, nothing else does.
+//! - [`Login`]: the unit's [`AuthClient`] (one per unit, so one refresh at a
+//!   time: rmcp's manager is behind one mutex), the login under way (its
+//!   PKCE verifier and `state` stay here; `mcpctl auth login` gets only the
+//!   URL and hands back the redirect), and a [`Summary`] published on a
+//!   `watch` channel for status and D-Bus, which never holds a token.
+//!
+//! Every request to an authorization server is bounded
+//! ([`REQUEST_TIMEOUT`]), so a hung one fails its own unit's login or
+//! connect and nothing else.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use rmcp::transport::auth::{
+    AuthClient, AuthError, AuthorizationCallback, AuthorizationManager, AuthorizationRequest,
+    AuthorizationSession, CredentialStore, OAuthClientConfig, StoredCredentials,
+};
+use tokio::sync::{Mutex, watch};
+
+use crate::unit::{Grant, OAuthSpec};
+
+/// The most a token file may hold.
+pub const MAX_FILE: u64 = 1 << 20;
+/// The bound on one discovery, registration or token request (and on a
+/// login's start as a whole).
+pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long a login started by `mcpctl auth login` waits for its code.
+pub const LOGIN_TIMEOUT: Duration = Duration::from_secs(600);
+/// The client name mcpd registers as.
+pub const CLIENT_NAME: &str = "mcpd";
+
+/// The directory of the token files in the daemon's state directory.
+pub fn dir(state_dir: &Path) -> PathBuf {
+    state_dir.join("oauth")
+}
+
+/// What status and D-Bus show of a login: never a token.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Summary {
+    /// An access token is held.
+    pub logged_in: bool,
+    /// The authorization server that issued it.
+    pub issuer: Option<String>,
+    /// When the access token expires, if the server said.
+    pub expires: Option<SystemTime>,
+    pub scopes: Vec<String>,
+    /// The last thing that went wrong with the login (a refused check, a
+    /// failed exchange), until the next login.
+    pub error: Option<String>,
+}
+
+impl Summary {
+    /// The `Auth` property's text (the `Auth:` line without the expiry,
+    /// which mcpctl counts down from `AuthExpiresUSec`).
+    pub fn text(&self) -> String {
+        if !self.logged_in {
+            return match &self.error {
+                Some(e) => format!("needs login ({e})"),
+                None => "needs login".into(),
+            };
+        }
+        let mut text = match &self.issuer {
+            Some(issuer) => format!("OAuth ({issuer}), logged in"),
+            None => "OAuth, logged in".into(),
+        };
+        if !self.scopes.is_empty() {
+            text.push_str(", scopes ");
+            text.push_str(&self.scopes.join(" "));
+        }
+        text
+    }
+
+    /// Read from a token file's contents (tokens skipped).
+    fn of(stored: Option<&StoredCredentials>) -> Self {
+        let Some(stored) = stored else {
+            return Self::default();
+        };
+        let token = stored
+            .token_response
+            .as_ref()
+            .and_then(|t| serde_json::to_value(t).ok());
+        let Some(token) = token else {
+            return Self {
+                issuer: stored.issuer.clone(),
+                ..Self::default()
+            };
+        };
+        let expires = match (token["expires_in"].as_u64(), stored.token_received_at) {
+            (Some(lifetime), Some(at)) => {
+                Some(SystemTime::UNIX_EPOCH + Duration::from_secs(at.saturating_add(lifetime)))
+            }
+            _ => None,
+        };
+        let scopes = if stored.granted_scopes.is_empty() {
+            token["scope"]
+                .as_str()
+                .map(|s| s.split_whitespace().map(str::to_owned).collect())
+                .unwrap_or_default()
+        } else {
+            stored.granted_scopes.clone()
+        };
+        Self {
+            logged_in: true,
+            issuer: stored.issuer.clone(),
+            expires,
+            scopes,
+            error: None,
+        }
+    }
+}
+
+/// A unit's tokens on disk: `STATE/oauth/NAME.json`, 0600.
+#[derive(Clone)]
+pub struct FileStore {
+    path: PathBuf,
+    summary: watch::Sender<Summary>,
+}
+
+impl std::fmt::Debug for FileStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FileStore")
+            .field("path", &self.path)
+            .finish_non_exhaustive()
+    }
+}
+
+fn store_error(e: impl std::fmt::Display) -> AuthError {
+    AuthError::CredentialStoreError(e.to_string())
+}
+
+impl FileStore {
+    /// Reads the file (blocking; small).
+    fn read(path: &Path) -> Result<Option<StoredCredentials>, String> {
+        use std::io::Read as _;
+        let file = match std::fs::File::open(path) {
+            Ok(f) => f,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(format!("cannot read {}: {e}", path.display())),
+        };
+        let mut bytes = Vec::new();
+        file.take(MAX_FILE + 1)
+            .read_to_end(&mut bytes)
+            .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+        if bytes.len() as u64 > MAX_FILE {
+            return Err(format!(
+                "{} is larger than {MAX_FILE} bytes",
+                path.display()
+            ));
+        }
+        serde_json::from_slice(&bytes)
+            .map(Some)
+            .map_err(|e| format!("{} is not a token file: {e}", path.display()))
+    }
+
+    fn write(path: &Path, stored: &StoredCredentials) -> Result<(), String> {
+        if let Some(dir) = path.parent() {
+            use std::os::unix::fs::DirBuilderExt;
+            std::fs::DirBuilder::new()
+                .recursive(true)
+                .mode(0o700)
+                .create(dir)
+                .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+        }
+        let bytes = serde_json::to_vec(stored).map_err(|e| e.to_string())?;
+        crate::files::write_atomically(path, &bytes, 0o600)
+    }
+
+    fn publish(&self, stored: Option<&StoredCredentials>) {
+        let mut summary = Summary::of(stored);
+        // A failed login's error stays until a token is held again.
+        if !summary.logged_in {
+            summary.error = self.summary.borrow().error.clone();
+        }
+        self.summary.send_if_modified(|s| {
+            let changed = *s != summary;
+            *s = summary;
+            changed
+        });
+    }
+}
+
+#[async_trait::async_trait]
+impl CredentialStore for FileStore {
+    async fn load(&self) -> Result<Option<StoredCredentials>, AuthError> {
+        let path = self.path.clone();
+        tokio::task::spawn_blocking(move || Self::read(&path))
+            .await
+            .map_err(store_error)?
+            .map_err(store_error)
+    }
+
+    async fn save(&self, credentials: StoredCredentials) -> Result<(), AuthError> {
+        let path = self.path.clone();
+        let kept = credentials.clone();
+        tokio::task::spawn_blocking(move || Self::write(&path, &kept))
+            .await
+            .map_err(store_error)?
+            .map_err(store_error)?;
+        self.publish(Some(&credentials));
+        Ok(())
+    }
+
+    async fn clear(&self) -> Result<(), AuthError> {
+        let path = self.path.clone();
+        tokio::task::spawn_blocking(move || match std::fs::remove_file(&path) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                Err(format!("cannot remove {}: {e}", path.display()))
+            }
+            _ => Ok(()),
+        })
+        .await
+        .map_err(store_error)?
+        .map_err(store_error)?;
+        self.publish(None);
+        Ok(())
+    }
+
+    /// `invalid_grant`: the refresh token is gone for good, and with it
+    /// the login (the client id is kept for the next one).
+    async fn on_refresh_token_rejected(
+        &self,
+        credentials: &StoredCredentials,
+    ) -> Result<(), AuthError> {
+        let kept = StoredCredentials::new(credentials.client_id.clone(), None, Vec::new(), None)
+            .with_issuer(credentials.issuer.clone());
+        self.save(kept).await
+    }
+}
+
+/// Why a login (or the token a connect needs) failed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum LoginError {
+    /// No usable token: a person must log in.
+    #[error("it needs a login")]
+    Needed,
+    /// A check of DESIGN §17 refused, or a request failed.
+    #[error("{0}")]
+    Failed(String),
+    /// The login was begun by another caller.
+    #[error("this login was begun by another user")]
+    NotYours,
+    /// No login is under way (none begun, or it timed out).
+    #[error("no login is under way: run mcpctl auth login again")]
+    NotBegun,
+}
+
+/// A login begun and not finished.
+struct Pending {
+    session: AuthorizationSession,
+    /// Its `state` (the CSRF token), to compare with the redirect's.
+    state: String,
+    /// Who began it: only they may complete it.
+    uid: u32,
+    started: tokio::time::Instant,
+}
+
+/// One unit's login.
+pub struct Login {
+    name: String,
+    url: url::Url,
+    spec: OAuthSpec,
+    /// mcpd's Client ID Metadata Document (`mcpd.kdl`), if any.
+    metadata_url: Option<String>,
+    store: FileStore,
+    /// The unit's client, once a connect built it: shared by its
+    /// generations, so refreshes are one at a time.
+    client: Mutex<Option<AuthClient<reqwest::Client>>>,
+    pending: Mutex<Option<Pending>>,
+}
+
+impl std::fmt::Debug for Login {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Login")
+            .field("name", &self.name)
+            .field("url", &self.url.as_str())
+            .field("summary", &*self.store.summary.borrow())
+            .finish_non_exhaustive()
+    }
+}
+
+/// What went wrong in rmcp's words, named by the check of DESIGN §17 it
+/// is.
+fn describe(e: &AuthError) -> String {
+    match e {
+        AuthError::AuthorizationServerMismatch {
+            expected_issuer,
+            received_issuer,
+        } => format!(
+            "issuer check failed: expected {expected_issuer}, the authorization server said {received_issuer}"
+        ),
+        AuthError::AuthorizationServerMissingIssuer { expected_issuer } => {
+            format!("issuer check failed: no issuer in the answer, expected {expected_issuer}")
+        }
+        AuthError::PkceUnsupported => {
+            "the authorization server does not offer PKCE S256 (code_challenge_methods_supported)"
+                .into()
+        }
+        AuthError::ProtectedResourceMetadataInvalid { url, reason } => {
+            format!("protected resource metadata at {url} is refused: {reason}")
+        }
+        other => crate::mux::wire::error_chain(other)
+            .trim_end_matches([':', ' '])
+            .to_owned(),
+    }
+}
+
+impl Login {
+    /// The login of unit `name` at `url`, its tokens in `dir`.
+    pub fn new(
+        name: &str,
+        url: &url::Url,
+        spec: &OAuthSpec,
+        dir: &Path,
+        metadata_url: Option<String>,
+    ) -> Arc<Self> {
+        let path = dir.join(format!("{name}.json"));
+        // Small, and read once per unit and daemon start.
+        let stored = FileStore::read(&path).ok().flatten();
+        let (summary, _) = watch::channel(Summary::of(stored.as_ref()));
+        Arc::new(Self {
+            name: name.to_owned(),
+            url: url.clone(),
+            spec: spec.clone(),
+            metadata_url,
+            store: FileStore { path, summary },
+            client: Mutex::new(None),
+            pending: Mutex::new(None),
+        })
+    }
+
+    /// Whether this login serves `url` and `spec` (else a new one is made).
+    pub fn serves(&self, url: &url::Url, spec: &OAuthSpec, metadata_url: Option<&str>) -> bool {
+        self.url == *url && self.spec == *spec && self.metadata_url.as_deref() == metadata_url
+    }
+
+    pub fn summary(&self) -> Summary {
+        self.store.summary.borrow().clone()
+    }
+
+    pub fn subscribe(&self) -> watch::Receiver<Summary> {
+        self.store.summary.subscribe()
+    }
+
+    /// The port `mcpctl auth login` listens on (0: any).
+    pub fn redirect_port(&self) -> u16 {
+        self.spec.redirect_port.unwrap_or(0)
+    }
+
+    fn note(&self, error: Option<String>) {
+        self.store.summary.send_if_modified(|s| {
+            let changed = s.error != error;
+            s.error = error;
+            changed
+        });
+    }
+
+    /// A manager for the unit's server with this store, its requests
+    /// bounded.
+    async fn manager(&self) -> Result<AuthorizationManager, LoginError> {
+        let mut manager = tokio::time::timeout(
+            REQUEST_TIMEOUT,
+            AuthorizationManager::new(self.url.as_str()),
+        )
+        .await
+        .map_err(|_| LoginError::Failed(format!("no answer within {REQUEST_TIMEOUT:?}")))?
+        .map_err(|e| LoginError::Failed(describe(&e)))?;
+        manager.set_credential_store(self.store.clone());
+        Ok(manager)
+    }
+
+    /// The client a generation connects with: the unit's, holding a
+    /// token. [`LoginError::Needed`] when there is none to be had without
+    /// a person (no token, or the refresh token was refused); anything
+    /// else is transient (the network, `temporarily_unavailable`) and
+    /// retried with the unit's backoff.
+    pub async fn client(
+        &self,
+        secret: Option<String>,
+    ) -> Result<AuthClient<reqwest::Client>, LoginError> {
+        if self.spec.grant == Grant::ClientCredentials {
+            return Err(LoginError::Failed(
+                "grant \"client-credentials\" is not supported yet".into(),
+            ));
+        }
+        if !self.store.summary.borrow().logged_in {
+            return Err(LoginError::Needed);
+        }
+        let mut slot = self.client.lock().await;
+        let client = match slot.as_ref() {
+            Some(client) => client.clone(),
+            None => {
+                let mut manager = self.manager().await?;
+                let found = tokio::time::timeout(REQUEST_TIMEOUT, manager.initialize_from_store())
+                    .await
+                    .map_err(|_| {
+                        LoginError::Failed(format!(
+                            "discovery: no answer within {REQUEST_TIMEOUT:?}"
+                        ))
+                    })?
+                    .map_err(|e| LoginError::Failed(describe(&e)))?;
+                if !found {
+                    // Nothing stored, or another issuer's (DESIGN §17:
+                    // never the old issuer's tokens).
+                    return Err(LoginError::Needed);
+                }
+                if let (Some(id), Some(secret)) = (&self.spec.client_id, secret) {
+                    manager
+                        .configure_client(
+                            OAuthClientConfig::new(id.clone(), self.url.as_str())
+                                .with_client_secret(secret),
+                        )
+                        .map_err(|e| LoginError::Failed(describe(&e)))?;
+                }
+                let client = AuthClient::new(reqwest::Client::new(), manager);
+                *slot = Some(client.clone());
+                client
+            }
+        };
+        drop(slot);
+        match tokio::time::timeout(REQUEST_TIMEOUT, client.get_access_token()).await {
+            Err(_) => Err(LoginError::Failed(format!(
+                "token refresh: no answer within {REQUEST_TIMEOUT:?}"
+            ))),
+            Ok(Ok(_)) => Ok(client),
+            Ok(Err(AuthError::AuthorizationRequired)) => {
+                *self.client.lock().await = None;
+                Err(LoginError::Needed)
+            }
+            Ok(Err(e)) => Err(LoginError::Failed(describe(&e))),
+        }
+    }
+
+    /// Begins a login for caller `uid`, the redirect going to
+    /// `redirect_uri` (mcpctl's loopback listener): discovery, the
+    /// client's registration, and the authorization URL to open. A login
+    /// begun earlier is forgotten.
+    pub async fn begin(
+        &self,
+        redirect_uri: &str,
+        uid: u32,
+        secret: Option<String>,
+    ) -> Result<String, LoginError> {
+        if self.spec.grant == Grant::ClientCredentials {
+            return Err(LoginError::Failed(
+                "grant \"client-credentials\" needs no login".into(),
+            ));
+        }
+        let begun = tokio::time::timeout(REQUEST_TIMEOUT, self.start(redirect_uri, secret)).await;
+        let session = match begun {
+            Err(_) => Err(LoginError::Failed(format!(
+                "the authorization server did not answer within {REQUEST_TIMEOUT:?}"
+            ))),
+            Ok(result) => result,
+        };
+        let session = match session {
+            Ok(session) => session,
+            Err(e) => {
+                self.note(Some(e.to_string()));
+                return Err(e);
+            }
+        };
+        let url = session.get_authorization_url().to_owned();
+        let state = url::Url::parse(&url)
+            .ok()
+            .and_then(|u| {
+                u.query_pairs()
+                    .find(|(k, _)| k == "state")
+                    .map(|(_, v)| v.into_owned())
+            })
+            .unwrap_or_default();
+        *self.pending.lock().await = Some(Pending {
+            session,
+            state,
+            uid,
+            started: tokio::time::Instant::now(),
+        });
+        Ok(url)
+    }
+
+    async fn start(
+        &self,
+        redirect_uri: &str,
+        secret: Option<String>,
+    ) -> Result<AuthorizationSession, LoginError> {
+        let mut manager = self.manager().await?;
+        // The spec's order: the 401's `resource_metadata` first (whose
+        // `resource` must be this server: a mismatch is refused, not
+        // passed by for the well-known URIs), then the well-known URIs.
+        let challenge = self.challenge().await;
+        let resolution = manager
+            .resolve_metadata_from_challenge(challenge.as_deref())
+            .await
+            .map_err(|e| LoginError::Failed(describe(&e)))?;
+        if !resolution.source.is_discovered() {
+            return Err(LoginError::Failed(format!(
+                "malformed or missing metadata: {} publishes no OAuth protected resource or authorization server metadata",
+                self.url
+            )));
+        }
+        check_endpoints(&resolution.metadata)?;
+        manager.set_metadata(resolution.metadata);
+        let mut request = AuthorizationRequest::new(redirect_uri)
+            .with_client_name(CLIENT_NAME)
+            .with_initial_scope_selection();
+        if let Some(scope) = &self.spec.scope {
+            request = request.with_scopes(scope.split_whitespace());
+        }
+        if let Some(id) = &self.spec.client_id {
+            request = request.with_preregistered_client(id.clone());
+            if let Some(secret) = secret {
+                request = request.with_client_secret(secret);
+            }
+        } else if let Some(cimd) = &self.metadata_url {
+            request = request.with_client_metadata_url(cimd.clone());
+        }
+        AuthorizationSession::new(manager, request)
+            .await
+            .map_err(|(_, e)| LoginError::Failed(describe(&e)))
+    }
+
+    /// The server's `WWW-Authenticate` challenge to a request without a
+    /// token, if it answers 401 with one.
+    async fn challenge(&self) -> Option<String> {
+        let probe = reqwest::Client::new()
+            .post(self.url.as_str())
+            .header("content-type", "application/json")
+            .header("accept", "application/json, text/event-stream")
+            .body(
+                serde_json::json!({
+                    "jsonrpc": "2.0",
+                    "id": 0,
+                    "method": crate::mux::method::Method::Ping.as_str(),
+                })
+                .to_string(),
+            )
+            .timeout(REQUEST_TIMEOUT)
+            .send()
+            .await
+            .ok()?;
+        if probe.status() != reqwest::StatusCode::UNAUTHORIZED {
+            return None;
+        }
+        probe
+            .headers()
+            .get(reqwest::header::WWW_AUTHENTICATE)?
+            .to_str()
+            .ok()
+            .map(str::to_owned)
+    }
+
+    /// Completes the login begun by `uid` with the redirect mcpctl
+    /// received (`redirect` is its whole URL): checks its `state` and
+    /// `iss`, exchanges the code and keeps the tokens.
+    pub async fn complete(&self, redirect: &str, uid: u32) -> Result<(), LoginError> {
+        let mut slot = self.pending.lock().await;
+        let Some(pending) = slot.as_ref() else {
+            return Err(LoginError::NotBegun);
+        };
+        if pending.uid != uid {
+            return Err(LoginError::NotYours);
+        }
+        if pending.started.elapsed() > LOGIN_TIMEOUT {
+            *slot = None;
+            return Err(LoginError::NotBegun);
+        }
+        let result = self.exchange(pending, redirect).await;
+        if result.is_ok() {
+            *slot = None;
+            // The next connect builds a client with the new tokens.
+            *self.client.lock().await = None;
+        }
+        self.note(result.as_ref().err().map(ToString::to_string));
+        result
+    }
+
+    async fn exchange(&self, pending: &Pending, redirect: &str) -> Result<(), LoginError> {
+        let url = url::Url::parse(redirect)
+            .map_err(|e| LoginError::Failed(format!("the redirect is not a URL: {e}")))?;
+        if let Some((_, error)) = url.query_pairs().find(|(k, _)| k == "error") {
+            let detail = url
+                .query_pairs()
+                .find(|(k, _)| k == "error_description")
+                .map(|(_, v)| format!(": {v}"))
+                .unwrap_or_default();
+            return Err(LoginError::Failed(format!(
+                "the authorization server refused the login: {error}{detail}"
+            )));
+        }
+        let callback = AuthorizationCallback::from_redirect_url(redirect)
+            .map_err(|e| LoginError::Failed(describe(&e)))?;
+        if callback.csrf_token != pending.state {
+            return Err(LoginError::Failed(
+                "state check failed: the redirect's state is not this login's".into(),
+            ));
+        }
+        tokio::time::timeout(
+            REQUEST_TIMEOUT,
+            pending.session.handle_callback_with_issuer(
+                &callback.code,
+                &callback.csrf_token,
+                callback.issuer.as_deref(),
+            ),
+        )
+        .await
+        .map_err(|_| {
+            LoginError::Failed(format!(
+                "the token endpoint did not answer within {REQUEST_TIMEOUT:?}"
+            ))
+        })?
+        .map_err(|e| LoginError::Failed(describe(&e)))?;
+        Ok(())
+    }
+
+    /// Forgets the login: its tokens, its client, a login under way.
+    pub async fn logout(&self) -> Result<(), LoginError> {
+        *self.pending.lock().await = None;
+        *self.client.lock().await = None;
+        self.note(None);
+        self.store
+            .clear()
+            .await
+            .map_err(|e| LoginError::Failed(describe(&e)))
+    }
+}
+
+/// Plain `http://` goes only to a loopback authorization server (DESIGN
+/// §17): a code or a token must not cross a network in the clear.
+fn check_endpoints(
+    metadata: &rmcp::transport::auth::AuthorizationMetadata,
+) -> Result<(), LoginError> {
+    let endpoints = [
+        Some(&metadata.authorization_endpoint),
+        Some(&metadata.token_endpoint),
+        metadata.registration_endpoint.as_ref(),
+        metadata.issuer.as_ref(),
+    ];
+    for endpoint in endpoints.into_iter().flatten() {
+        let url = url::Url::parse(endpoint).map_err(|e| {
+            LoginError::Failed(format!("malformed metadata: {endpoint} is not a URL ({e})"))
+        })?;
+        match url.scheme() {
+            "https" => {}
+            "http" if crate::unit::spec::is_loopback_host(&url) => {}
+            _ => {
+                return Err(LoginError::Failed(format!(
+                    "the authorization server's {endpoint} is not https:// (plain http:// only to a loopback address)"
+                )));
+            }
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,423 @@
+//! Logins held by mcpd (DESIGN §17), against the Python SDK's own OAuth
+//! example (`examples/servers/simple-auth` of the mcp 2.3.0 sdist, which
+//! `.ci/run` installs into `target/py-simple-auth`): its authorization
+//! server and its protected MCP server, on free ports, reached as
+//! `localhost` (the resource its metadata names).
+
+use std::io::BufRead;
+use std::path::Path;
+use std::process::{Command, Stdio};
+
+use crate::helper::{BOUND, Daemon, eventually, mcpctl_user, mcpctl_user_command, root};
+
+/// A child killed and reaped when dropped.
+struct Reaped(std::process::Child);
+
+impl Drop for Reaped {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .expect("bind")
+        .local_addr()
+        .expect("addr")
+        .port()
+}
+
+fn simple_auth(program: &str, args: &[String], port: u16) -> Reaped {
+    let bin = root().join("target/py-simple-auth/bin").join(program);
+    assert!(
+        bin.is_file(),
+        "{} is missing: .ci/run installs the mcp 2.3.0 sdist's simple-auth example",
+        bin.display()
+    );
+    let child = Command::new(&bin)
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot run {}: {e}", bin.display()));
+    let child = Reaped(child);
+    eventually(format!("{program} to listen on {port}"), BOUND, || {
+        std::net::TcpStream::connect(("127.0.0.1", port)).is_ok()
+    });
+    child
+}
+
+/// `mcpctl status --json NAME`'s object (null while no daemon answers).
+fn status(runtime: &Path, name: &str) -> serde_json::Value {
+    let out = mcpctl_user(runtime, &["--json", "status", name]);
+    let value: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
+    value
+        .as_array()
+        .and_then(|a| a.first().cloned())
+        .unwrap_or(value)
+}
+
+fn state_of(runtime: &Path, name: &str) -> String {
+    status(runtime, name)["state"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned()
+}
+
+/// The SDK host through `mcpctl bridge NAME`: `expect` is `needs-login`
+/// or `ok`.
+fn host(runtime: &Path, name: &str, expect: &str) {
+    let python = root().join("target/py-simple-auth/bin/python");
+    let out = Command::new(python)
+        .arg(root().join("tests/data/oauth_client.py"))
+        .arg(env!("CARGO_BIN_EXE_mcpctl"))
+        .args([name, expect])
+        .env("XDG_RUNTIME_DIR", runtime)
+        .env_remove("DBUS_SESSION_BUS_ADDRESS")
+        .output()
+        .expect("python3 oauth_client.py");
+    assert!(
+        out.status.success() && String::from_utf8_lossy(&out.stdout).contains("OK"),
+        "host expecting {expect}: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// `mcpctl auth login NAME --no-browser`, completed by the test browser.
+fn login(runtime: &Path, name: &str) {
+    let mut mcpctl = mcpctl_user_command(runtime, &["auth", "login", name, "--no-browser"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("mcpctl auth login");
+    let mut lines = std::io::BufReader::new(mcpctl.stdout.take().expect("stdout")).lines();
+    let first = lines.next().expect("a line").expect("text");
+    assert_eq!(first, "Open this URL to log in:");
+    let url = lines.next().expect("the URL").expect("text");
+    assert!(url.starts_with("http://localhost:"), "{url}");
+    let browser = Command::new(root().join("target/py-simple-auth/bin/python"))
+        .arg(root().join("tests/data/oauth_browser.py"))
+        .arg(&url)
+        .output()
+        .expect("python3 oauth_browser.py");
+    assert!(
+        browser.status.success(),
+        "browser: {}",
+        String::from_utf8_lossy(&browser.stderr)
+    );
+    let rest: Vec<String> = lines.map_while(Result::ok).collect();
+    let out = mcpctl.wait_with_output().expect("mcpctl ends");
+    assert!(
+        out.status.success(),
+        "auth login: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(rest, [format!("Logged in to {name}.")]);
+}
+
+#[test]
+fn a_login_held_by_mcpd_serves_every_host_survives_a_restart_and_logout_forgets_it() {
+    let (as_port, rs_port) = (free_port(), free_port());
+    let _as = simple_auth(
+        "mcp-simple-auth-as",
+        &[format!("--port={as_port}")],
+        as_port,
+    );
+    let _rs = simple_auth(
+        "mcp-simple-auth-rs",
+        &[
+            format!("--port={rs_port}"),
+            format!("--auth-server=http://localhost:{as_port}"),
+            "--transport=streamable-http".into(),
+        ],
+        rs_port,
+    );
+    let units = tempfile::tempdir().expect("units");
+    std::fs::write(
+        units.path().join("sa.kdl"),
+        format!("http \"http://localhost:{rs_port}/mcp\" {{\n    oauth\n}}\n"),
+    )
+    .expect("unit");
+    let runtime = tempfile::tempdir().expect("runtime");
+    let state = tempfile::tempdir().expect("state");
+    let env = [
+        ("XDG_RUNTIME_DIR", runtime.path().as_os_str()),
+        ("MCPD_STATE_DIR", state.path().as_os_str()),
+    ];
+    let rt = runtime.path();
+    let mut daemon = Daemon::user_no_bus(units.path(), &env);
+
+    // No token: needs-login at once, no retry spent, calls answered at once.
+    daemon.wait_for("server sa needs a login: run mcpctl auth login sa");
+    let s = status(rt, "sa");
+    assert_eq!(s["state"], "needs-login", "{s}");
+    assert_eq!(
+        (s["attempt"].as_u64(), s["generation"].as_u64()),
+        (Some(0), Some(1)),
+        "{s}"
+    );
+    assert_eq!(s["auth"], "needs login", "{s}");
+    let call = mcpctl_user(rt, &["call", "sa", "get_time", "{}"]);
+    assert_eq!(
+        String::from_utf8_lossy(&call.stderr).trim(),
+        "mcpctl: server sa needs a login: run mcpctl auth login sa"
+    );
+    assert_eq!(mcpctl_user(rt, &["status", "sa"]).status.code(), Some(3));
+    host(rt, "sa", "needs-login");
+    daemon.read_for(std::time::Duration::from_millis(100));
+    assert_eq!(
+        daemon.count("starting mcpd_server=sa"),
+        1,
+        "no retries: {:#?}",
+        daemon.seen
+    );
+
+    // The login brings it up with no other command; every host can call.
+    login(rt, "sa");
+    eventually("sa to run after the login", BOUND, || {
+        state_of(rt, "sa") == "running"
+    });
+    host(rt, "sa", "ok");
+    let s = status(rt, "sa");
+    let auth = s["auth"].as_str().unwrap_or_default().to_owned();
+    assert!(
+        auth.starts_with(&format!("OAuth (http://localhost:{as_port}/), logged in")),
+        "{auth}"
+    );
+
+    // The token is kept 0600 and shown nowhere.
+    let file = state.path().join("oauth/sa.json");
+    use std::os::unix::fs::PermissionsExt;
+    let mode = std::fs::metadata(&file)
+        .expect("token file")
+        .permissions()
+        .mode();
+    assert_eq!(mode & 0o777, 0o600);
+    let stored: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&file).expect("read")).expect("json");
+    let token = stored["token_response"]["access_token"]
+        .as_str()
+        .expect("an access token")
+        .to_owned();
+    assert!(token.len() > 16);
+    let shown = [
+        mcpctl_user(rt, &["status", "sa"]).stdout,
+        mcpctl_user(rt, &["--json", "status", "sa"]).stdout,
+        mcpctl_user(rt, &["auth", "status"]).stdout,
+        mcpctl_user(rt, &["cat", "sa"]).stdout,
+    ];
+    for out in &shown {
+        assert!(!String::from_utf8_lossy(out).contains(&token));
+    }
+
+    daemon.read_for(std::time::Duration::from_millis(100));
+    assert!(
+        !daemon.seen.iter().any(|l| l.contains(&token)),
+        "the token is in the log"
+    );
+
+    // A daemon restart keeps the login.
+    daemon.stop(rustix::process::Signal::TERM);
+    let mut daemon = Daemon::user_no_bus(units.path(), &env);
+    eventually("sa to run after the restart", BOUND, || {
+        state_of(rt, "sa") == "running"
+    });
+    let call = mcpctl_user(rt, &["call", "sa", "get_time", "{}"]);
+    assert!(
+        call.status.success(),
+        "{}",
+        String::from_utf8_lossy(&call.stderr)
+    );
+
+    // Logout forgets it.
+    let out = mcpctl_user(rt, &["auth", "logout", "sa"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    eventually("sa to need a login again", BOUND, || {
+        state_of(rt, "sa") == "needs-login"
+    });
+    assert!(!file.exists(), "the token file is removed");
+    assert_eq!(
+        mcpctl_user(rt, &["auth", "status", "sa"]).status.code(),
+        Some(3)
+    );
+    daemon.read_for(std::time::Duration::from_millis(100));
+    assert!(
+        !daemon.seen.iter().any(|l| l.contains(&token)),
+        "the token is in the log"
+    );
+}
+
+/// `tests/data/oauth_fake.py` on `port` in `mode`, its stdout piped.
+fn fake(port: u16, mode: &str) -> Reaped {
+    let child = Command::new("python3")
+        .arg(root().join("tests/data/oauth_fake.py"))
+        .args([&port.to_string(), mode])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("python3 oauth_fake.py");
+    let child = Reaped(child);
+    eventually(format!("the fake to listen on {port}"), BOUND, || {
+        std::net::TcpStream::connect(("127.0.0.1", port)).is_ok()
+    });
+    child
+}
+
+/// A daemon with unit `fk` on the fake at `port`.
+fn fake_daemon(
+    port: u16,
+) -> (
+    Daemon,
+    tempfile::TempDir,
+    tempfile::TempDir,
+    tempfile::TempDir,
+) {
+    let units = tempfile::tempdir().expect("units");
+    std::fs::write(
+        units.path().join("fk.kdl"),
+        format!("http \"http://localhost:{port}/mcp\" {{\n    oauth\n}}\n"),
+    )
+    .expect("unit");
+    let runtime = tempfile::tempdir().expect("runtime");
+    let state = tempfile::tempdir().expect("state");
+    let mut daemon = Daemon::user_no_bus(
+        units.path(),
+        &[
+            ("XDG_RUNTIME_DIR", runtime.path().as_os_str()),
+            ("MCPD_STATE_DIR", state.path().as_os_str()),
+        ],
+    );
+    daemon.wait_for("server fk needs a login");
+    (daemon, units, runtime, state)
+}
+
+/// Opens `url` in a browser that follows every redirect (the fake's
+/// authorize endpoint redirects to mcpctl's listener at once); with
+/// `state`, the redirect's state is replaced by it.
+fn follow(url: &str, state: Option<&str>) {
+    let script = r#"
+import sys, urllib.request, urllib.parse
+class Stop(urllib.request.HTTPRedirectHandler):
+    def redirect_request(self, req, fp, code, msg, headers, newurl):
+        return None
+try:
+    urllib.request.build_opener(Stop).open(sys.argv[1], timeout=30)
+except urllib.error.HTTPError as e:
+    target = e.headers["location"]
+if len(sys.argv) > 2:
+    u = urllib.parse.urlparse(target)
+    q = dict(urllib.parse.parse_qsl(u.query)); q["state"] = sys.argv[2]
+    target = u._replace(query=urllib.parse.urlencode(q)).geturl()
+urllib.request.urlopen(target, timeout=30).read()
+"#;
+    let out = Command::new("python3")
+        .args(["-c", script, url])
+        .args(state)
+        .output()
+        .expect("python3");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// `mcpctl auth login fk --no-browser` with the browser `follow`; its
+/// output (exit status, stderr).
+fn login_fk(runtime: &Path, state: Option<&str>) -> (Option<i32>, String) {
+    let mut mcpctl = mcpctl_user_command(runtime, &["auth", "login", "fk", "--no-browser"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("mcpctl auth login");
+    let mut lines = std::io::BufReader::new(mcpctl.stdout.take().expect("stdout")).lines();
+    if let Some(Ok(first)) = lines.next()
+        && first == "Open this URL to log in:"
+    {
+        let url = lines.next().expect("the URL").expect("text");
+        follow(&url, state);
+    }
+    let out = mcpctl.wait_with_output().expect("mcpctl ends");
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn an_expired_access_token_is_refreshed_without_a_login() {
+    let port = free_port();
+    let mut fake = fake(port, "ok");
+    let (_daemon, _units, runtime, _state) = fake_daemon(port);
+    let rt = runtime.path();
+    assert_eq!(login_fk(rt, None), (Some(0), String::new()));
+    eventually("fk to run", BOUND, || state_of(rt, "fk") == "running");
+    // The fake's tokens live 3 s: calls go on past the first one's end,
+    // and none fails; a refreshed token answers.
+    let mut seen = Vec::new();
+    eventually("a call with a refreshed token", BOUND, || {
+        let out = mcpctl_user(rt, &["call", "fk", "whoami", "{}"]);
+        assert!(
+            out.status.success(),
+            "a call failed during the refresh: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        let refreshed = text.trim() != "token at-1";
+        seen.push(text);
+        refreshed
+    });
+    assert_eq!(state_of(rt, "fk"), "running");
+    drop(fake.0.stdin.take());
+    let _ = fake.0.kill();
+    let mut printed = String::new();
+    use std::io::Read;
+    fake.0
+        .stdout
+        .take()
+        .expect("stdout")
+        .read_to_string(&mut printed)
+        .expect("fake output");
+    assert!(
+        printed.contains("token refresh_token"),
+        "no refresh grant: {printed}; calls {seen:?}"
+    );
+    assert_eq!(printed.matches("token authorization_code").count(), 1);
+}
+
+#[test]
+fn each_check_of_a_login_is_refused_naming_it() {
+    let port = free_port();
+    let (_daemon, _units, runtime, state) = fake_daemon(port);
+    let rt = runtime.path();
+    for (mode, named) in [
+        ("no-s256", "PKCE code challenge method (S256)"),
+        ("wrong-issuer", "issuer check failed"),
+        ("wrong-resource", "resource mismatch"),
+        ("ok", "state check failed"),
+    ] {
+        let _fake = fake(port, mode);
+        let spoiled = (mode == "ok").then_some("not-the-state");
+        let (code, stderr) = login_fk(rt, spoiled);
+        assert_eq!(code, Some(1), "{mode}: {stderr}");
+        assert!(
+            stderr.contains("login to fk failed") && stderr.contains(named),
+            "{mode}: {stderr}"
+        );
+        assert!(
+            !state.path().join("oauth/fk.json").exists(),
+            "{mode}: a token was kept"
+        );
+        assert_eq!(state_of(rt, "fk"), "needs-login", "{mode}");
+    }
+}
