@@ -411,9 +411,14 @@ fn a_2026_07_28_host_answers_elicitation_and_sampling_through_mcpd() {
     servers.stop();
 }
 
+/// How long unit `py` of [`modern_python`] stays idle, and its 2025 lane
+/// after its last host left.
+const IDLE_STOP: std::time::Duration = std::time::Duration::from_secs(8);
+
 /// A daemon with the Python server as unit `py` under `protocol "auto"`
-/// (spoken to in 2026-07-28), its tools listed: the daemon, its runtime
-/// dir, and the units' directory (kept while the daemon runs).
+/// (spoken to in 2026-07-28; on demand, [`IDLE_STOP`]), its tools listed:
+/// the daemon, its runtime dir, and the units' directory (kept while the
+/// daemon runs).
 fn modern_python() -> (Daemon, PathBuf, tempfile::TempDir) {
     let units = tempfile::tempdir().expect("tempdir");
     let command: String = Server::Python
@@ -423,7 +428,10 @@ fn modern_python() -> (Daemon, PathBuf, tempfile::TempDir) {
         .collect();
     std::fs::write(
         units.path().join("py.kdl"),
-        format!("stdio {{\n    command{command}\n}}\nprotocol \"auto\"\nstartup-timeout \"60s\"\n"),
+        format!(
+            "stdio {{\n    command{command}\n}}\nprotocol \"auto\"\nstartup-timeout \"60s\"\nstart \"on-demand\"\nidle-stop \"{}s\"\n",
+            IDLE_STOP.as_secs()
+        ),
     )
     .expect("write unit");
     let mut daemon = Daemon::user_no_bus(units.path(), &[]);
@@ -444,26 +452,126 @@ fn modern_python() -> (Daemon, PathBuf, tempfile::TempDir) {
     (daemon, runtime, units)
 }
 
+/// The unit's upstreams as D-Bus `Lanes` shows them: (version, pid,
+/// hosts).
+fn lanes(runtime: &Path, unit: &str) -> Vec<(String, u32, u32)> {
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    rt.block_on(async {
+        let (_conn, server) =
+            crate::helper::private_server(&runtime.join("mcpd/private"), unit).await;
+        server.lanes().await.expect("Lanes")
+    })
+}
+
+/// A 2025 host held on unit `unit` through `mcpctl bridge`, its
+/// `initialize` answered; it leaves when dropped (its stdout is kept
+/// open meanwhile: the daemon writes it).
+struct Held {
+    child: std::process::Child,
+    _stdout: std::io::BufReader<std::process::ChildStdout>,
+}
+
+impl Held {
+    fn attach(runtime: &Path, unit: &str) -> Self {
+        use std::io::{BufRead, Write};
+        let mut child = crate::helper::mcpctl_user_command(runtime, &["bridge", unit])
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .expect("bridge");
+        let mut stdin = child.stdin.take().expect("stdin");
+        writeln!(
+            stdin,
+            r#"{{"jsonrpc":"2.0","id":1,"method":"initialize","params":{{"protocolVersion":"{LEGACY}","capabilities":{{}},"clientInfo":{{"name":"held","version":"1"}}}}}}"#
+        )
+        .expect("write initialize");
+        let mut line = String::new();
+        let mut stdout = std::io::BufReader::new(child.stdout.take().expect("stdout"));
+        stdout.read_line(&mut line).expect("read the answer");
+        let answer: Value = serde_json::from_str(&line).expect("an answer");
+        assert_eq!(answer["result"]["protocolVersion"], LEGACY, "{answer:#}");
+        // The bridge keeps its stdin: the host stays attached until then.
+        child.stdin = Some(stdin);
+        Self {
+            child,
+            _stdout: stdout,
+        }
+    }
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        drop(self.child.stdin.take());
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// DESIGN §12, lanes: a server that speaks both eras serves each host in
+/// its own era, by itself: the 2025 host's elicitation and sampling
+/// tools ask it in the middle of the call, as directly; the 2026-07-28
+/// host's input_required tools answer it, as directly; a second process
+/// serves the 2025 hosts, and stops `idle-stop` after the last left.
 #[test]
 fn a_2026_07_28_server_serves_hosts_of_both_eras_through_mcpd() {
     let (daemon, runtime, _units) = modern_python();
+    // One process, the 2026-07-28 one, until a 2025 host comes.
+    let first = lanes(&runtime, "py");
+    assert_eq!(first.len(), 1, "{first:?}");
+    assert_eq!(first[0].0, MODERN, "{first:?}");
+    let held = Held::attach(&runtime, "py");
     let through = Some(runtime.as_path());
-    let [legacy, modern, pinned_direct] = all([
+    let [legacy, modern, legacy_direct, pinned_direct] = all([
         Run::new("legacy", Server::Python, through).input(),
         Run::new(MODERN, Server::Python, through).input(),
+        Run::new("legacy", Server::Python, None).input(),
         Run::new(MODERN, Server::Python, None).input(),
     ]);
+    // Two processes, one per era (the held host on the 2025 one).
+    let both = lanes(&runtime, "py");
+    assert_eq!(both.len(), 2, "{both:?}");
+    assert_eq!((both[0].0.as_str(), both[1].0.as_str()), (MODERN, LEGACY));
+    let (own, lane) = (both[0].1, both[1].1);
+    assert!(own != 0 && lane != 0 && own != lane, "{both:?}");
+    assert_eq!(both[1].2, 1, "the held host: {both:?}");
+    for pid in [own, lane] {
+        assert!(
+            Path::new(&format!("/proc/{pid}")).exists(),
+            "{pid}: {both:?}"
+        );
+    }
+    let shown =
+        String::from_utf8_lossy(&mcpctl_user(&runtime, &["status", "py"]).stdout).into_owned();
+    assert!(
+        shown.contains(&format!(
+            "   Protocol: {MODERN} (pid {own}, 0 hosts), {LEGACY} (pid {lane}, 1 host)"
+        )),
+        "{shown}"
+    );
     for run in [&legacy, &modern] {
         passes(run, &[]);
     }
+    // Each host in its own era.
     assert_eq!(legacy["protocol"], LEGACY, "{legacy:#}");
     assert_eq!(modern["protocol"], MODERN, "{modern:#}");
-    // The server's input_required results: a 2026-07-28 host answers them
-    // as it does directly; a 2025 host gets their questions as ordinary
-    // requests, answered with the same callbacks, and the same result:
-    // several questions in one result, and round after round, the
-    // server's requestState given back unchanged (the server checks its
-    // seal: `ir_tampered` says "state-ok" only for an intact one).
+    // The 2025 host is asked in the middle of the call, as directly
+    // (through one 2026-07-28 upstream it was not: "no back-channel").
+    assert_eq!(
+        legacy_direct["elicit"]["callbacks"]["elicitation"], 1,
+        "{legacy_direct:#}"
+    );
+    assert_eq!(
+        legacy_direct["sample"]["callbacks"]["sampling"], 1,
+        "{legacy_direct:#}"
+    );
+    for check in ["elicit", "sample"] {
+        assert_eq!(legacy[check], legacy_direct[check], "{check}: {legacy:#}");
+    }
+    // The 2026-07-28 host answers the server's input_required results as
+    // it does directly: several questions in one result, and round after
+    // round, the server's requestState given back unchanged (the server
+    // checks its seal: `ir_tampered` says "state-ok" only for an intact
+    // one).
     assert_eq!(
         pinned_direct["ir_multi_round"]["callbacks"]["elicitation"], 2,
         "{pinned_direct:#}"
@@ -486,8 +594,28 @@ fn a_2026_07_28_server_serves_hosts_of_both_eras_through_mcpd() {
             "{check}: {pinned_direct:#}"
         );
         assert_eq!(modern[check], pinned_direct[check], "{check}: {modern:#}");
-        assert_eq!(legacy[check], pinned_direct[check], "{check}: {legacy:#}");
+        // The 2025 host gets what it gets directly from the same tools.
+        assert_eq!(legacy[check], legacy_direct[check], "{check}: {legacy:#}");
     }
+    // The last 2025 host leaves: its process stops idle-stop later, not
+    // before.
+    drop(held);
+    let left = std::time::Instant::now();
+    crate::helper::eventually(
+        "the 2025 lane to stop",
+        IDLE_STOP + std::time::Duration::from_secs(60),
+        || lanes(&runtime, "py").iter().all(|(v, _, _)| v != LEGACY),
+    );
+    assert!(
+        left.elapsed() >= IDLE_STOP - std::time::Duration::from_secs(1),
+        "stopped {:?} after its last host left",
+        left.elapsed()
+    );
+    crate::helper::eventually(
+        "its process to be gone",
+        std::time::Duration::from_secs(30),
+        || !Path::new(&format!("/proc/{lane}")).exists(),
+    );
     assert!(daemon.stop(Signal::TERM).success());
 }
 

@@ -834,6 +834,30 @@ impl UnitSpec {
         }
     }
 
+    /// The spec of a shared unit's 2025 lane (DESIGN §12): the unit's,
+    /// pinned to the handshake, started when its first host attaches (and
+    /// stopped `idle-stop` after its last one left: [`Self::lane_idle_stop`]).
+    pub fn for_lane(&self) -> UnitSpec {
+        UnitSpec {
+            activation: Activation::Always,
+            protocol: Protocol::Legacy,
+            ..self.clone()
+        }
+    }
+
+    /// How long a lane (DESIGN §12) stays after its last host left: the
+    /// unit's `idle-stop`, or its default for a unit that runs always.
+    pub fn lane_idle_stop(&self) -> Duration {
+        self.activation.idle_stop().unwrap_or(DEFAULT_IDLE_STOP)
+    }
+
+    /// This spec with `protocol` (an instance in its host's era, DESIGN
+    /// §12 and §13).
+    pub fn with_protocol(mut self, protocol: Protocol) -> UnitSpec {
+        self.protocol = protocol;
+        self
+    }
+
     /// Which tools are published and callable.
     pub fn tool_filter(&self) -> &ToolFilter {
         &self.tool_filter
