@@ -17,6 +17,7 @@
 //! `mux::session::lanes`; the unit's handle peeks at the host's first line
 //! and asks.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -44,6 +45,11 @@ struct Running {
 #[derive(Default)]
 pub(crate) struct Lanes {
     running: Mutex<Option<Running>>,
+    /// A lane was established once: the server speaks the handshake.
+    established: AtomicBool,
+    /// A lane could not establish its first generation: the server does
+    /// not speak the handshake; 2025 hosts are translated from now on.
+    refused: AtomicBool,
     /// Raised whenever the lane comes or goes.
     changed: watch::Sender<u64>,
 }
@@ -65,12 +71,52 @@ impl Lanes {
         self.changed.send_modify(|n| *n = n.wrapping_add(1));
     }
 
-    /// Whether the lane failed (its retries exhausted): the server does
-    /// not speak the handshake after all, and 2025 hosts are translated
-    /// on the unit's own upstream while it stays so.
+    /// Whether a lane could not establish its first generation, or failed
+    /// for good: the server does not speak the handshake after all, and
+    /// 2025 hosts are translated on the unit's own upstream.
     pub(crate) fn failed(&self) -> bool {
-        self.get()
-            .is_some_and(|lane| lane.state() == super::State::Failed)
+        self.refused.load(Ordering::Relaxed)
+            || self
+                .get()
+                .is_some_and(|lane| lane.state() == super::State::Failed)
+    }
+
+    /// Whether `lane` serves hosts: it is running, within `bound` (its
+    /// first start), or was established once (an outage of its own then
+    /// answers its hosts as any unit's does). One that never was is
+    /// stopped, and the unit refuses lanes from now on.
+    pub(crate) async fn serves(&self, lane: &Supervisor, bound: Duration) -> bool {
+        use super::State;
+        if self.established.load(Ordering::Relaxed) {
+            return true;
+        }
+        let mut status = lane.subscribe();
+        let settled =
+            status.wait_for(|s| !matches!(s.state, State::Stopped | State::Starting | State::Idle));
+        let running = matches!(
+            tokio::time::timeout(bound, settled).await,
+            Ok(Ok(s)) if s.state == State::Running
+        );
+        if running {
+            self.established.store(true, Ordering::Relaxed);
+            return true;
+        }
+        if self.established.load(Ordering::Relaxed) {
+            return true;
+        }
+        tracing::warn!(target: "mcpd::supervisor", mcpd_server = %lane.name(), "the server does not establish a session of MCP {LANE_VERSION} ({}); its 2025 hosts are translated on the unit's own upstream", lane.status().last_error.unwrap_or_default());
+        self.refused.store(true, Ordering::Relaxed);
+        let stopping = self.running.lock().ok().and_then(|mut r| {
+            let same = r
+                .as_ref()
+                .is_some_and(|r| r.supervisor.name() == lane.name());
+            if same { r.take() } else { None }
+        });
+        self.bump();
+        if let Some(r) = stopping {
+            let _ = r.stop.send(());
+        }
+        false
     }
 
     /// The lane of `unit` to attach a host to, made and started now if

@@ -402,15 +402,19 @@ impl Supervisor {
             match era_lanes::lane(spec.protocol(), stdio, self.upstream(), era) {
                 era_lanes::Lane::Legacy => match self.lanes.take(self, &spec) {
                     Some(lane) => {
-                        // A lane made now is attached to once its actor
-                        // took the start: its sessions hold the host's
-                        // `initialize` for its first generation then,
-                        // instead of refusing it as a stopped server's.
-                        let mut status = lane.subscribe();
+                        // The host waits for the lane's first generation
+                        // (bounded by `startup-timeout`); a lane that
+                        // cannot establish one says the server does not
+                        // speak the handshake after all: the host is
+                        // translated on the unit's own upstream instead.
+                        let this = self.clone();
+                        let bound = spec.startup_timeout() + Duration::from_secs(5);
                         tokio::spawn(async move {
-                            let started = status.wait_for(|s| s.state != State::Stopped);
-                            let _ = tokio::time::timeout(Duration::from_secs(5), started).await;
-                            lane.sessions.attach(link, caller);
+                            if this.lanes.serves(&lane, bound).await {
+                                lane.sessions.attach(link, caller);
+                            } else {
+                                this.sessions.attach(link, caller);
+                            }
                         });
                     }
                     None => self.sessions.attach(link, caller),

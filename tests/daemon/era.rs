@@ -420,36 +420,56 @@ const IDLE_STOP: std::time::Duration = std::time::Duration::from_secs(8);
 /// the daemon, its runtime dir, and the units' directory (kept while the
 /// daemon runs).
 fn modern_python() -> (Daemon, PathBuf, tempfile::TempDir) {
-    let units = tempfile::tempdir().expect("tempdir");
+    let idle = format!(
+        "protocol \"auto\"\nstart \"on-demand\"\nidle-stop \"{}s\"\n",
+        IDLE_STOP.as_secs()
+    );
+    python_units(&[("py", &idle)])
+}
+
+/// A daemon with the Python server as each of `units` (name, the unit's
+/// lines besides its command), each spoken to in 2026-07-28 and its tools
+/// listed.
+fn python_units(units: &[(&str, &str)]) -> (Daemon, PathBuf, tempfile::TempDir) {
+    let dir = tempfile::tempdir().expect("tempdir");
     let command: String = Server::Python
         .command()
         .iter()
         .map(|a| format!(" \"{a}\""))
         .collect();
-    std::fs::write(
-        units.path().join("py.kdl"),
-        format!(
-            "stdio {{\n    command{command}\n}}\nprotocol \"auto\"\nstartup-timeout \"60s\"\nstart \"on-demand\"\nidle-stop \"{}s\"\n",
-            IDLE_STOP.as_secs()
-        ),
-    )
-    .expect("write unit");
-    let mut daemon = Daemon::user_no_bus(units.path(), &[]);
+    for (name, lines) in units {
+        std::fs::write(
+            dir.path().join(format!("{name}.kdl")),
+            format!("stdio {{\n    command{command}\n}}\nstartup-timeout \"60s\"\n{lines}"),
+        )
+        .expect("write unit");
+    }
+    let mut daemon = Daemon::user_no_bus(dir.path(), &[]);
     let runtime = daemon.runtime_dir().expect("runtime").to_owned();
-    let status = || {
-        let out = mcpctl_user(&runtime, &["status", "py"]);
+    let status = |name: &str| {
+        let out = mcpctl_user(&runtime, &["status", name]);
         String::from_utf8_lossy(&out.stdout).into_owned()
     };
-    daemon.wait_until("the server's tools", |_| status().contains("Tools: 28"));
-    assert!(status().contains("   Protocol: 2026-07-28"), "{}", status());
-    let rt = tokio::runtime::Runtime::new().expect("runtime");
-    let version = rt.block_on(async {
-        let (_conn, server) =
-            crate::helper::private_server(&runtime.join("mcpd/private"), "py").await;
-        server.protocol_version().await.expect("ProtocolVersion")
+    daemon.wait_until("the server's tools", |_| {
+        units
+            .iter()
+            .all(|(name, _)| status(name).contains("Tools: 28"))
     });
-    assert_eq!(version, "2026-07-28", "D-Bus ProtocolVersion");
-    (daemon, runtime, units)
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    for (name, _) in units {
+        assert!(
+            status(name).contains("   Protocol: 2026-07-28"),
+            "{}",
+            status(name)
+        );
+        let version = rt.block_on(async {
+            let (_conn, server) =
+                crate::helper::private_server(&runtime.join("mcpd/private"), name).await;
+            server.protocol_version().await.expect("ProtocolVersion")
+        });
+        assert_eq!(version, "2026-07-28", "D-Bus ProtocolVersion");
+    }
+    (daemon, runtime, dir)
 }
 
 /// The unit's upstreams as D-Bus `Lanes` shows them: (version, pid,
