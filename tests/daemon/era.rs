@@ -716,14 +716,24 @@ fn ts_era(command: &[&str], runtime: Option<&Path>) -> Value {
 
 #[test]
 fn a_typescript_sdk_host_gets_a_2026_07_28_servers_questions_as_requests_through_mcpd() {
-    let (daemon, runtime, _units) = modern_python();
+    // `py` serves each host in its own era (a 2025 lane for this host);
+    // `pinned` is one process speaking 2026-07-28, and translates.
+    let (daemon, runtime, _units) = python_units(&[
+        ("py", "protocol \"auto\"\n"),
+        ("pinned", "protocol \"2026-07-28\"\n"),
+    ]);
     let command = Server::Python.command();
     let command: Vec<&str> = command.iter().map(String::as_str).collect();
     let mcpctl = env!("CARGO_BIN_EXE_mcpctl");
-    let (direct, bridged) = std::thread::scope(|s| {
+    let (direct, laned, bridged) = std::thread::scope(|s| {
         let direct = s.spawn(|| ts_era(&command, None));
-        let bridged = ts_era(&[mcpctl, "--user", "bridge", "py"], Some(&runtime));
-        (direct.join().expect("direct run"), bridged)
+        let laned = s.spawn(|| ts_era(&[mcpctl, "--user", "bridge", "py"], Some(&runtime)));
+        let bridged = ts_era(&[mcpctl, "--user", "bridge", "pinned"], Some(&runtime));
+        (
+            direct.join().expect("direct run"),
+            laned.join().expect("laned run"),
+            bridged,
+        )
     });
     // Lists, a read, a prompt and a call: the same either way.
     for check in ["tools", "resources", "read", "prompts", "prompt", "call"] {
@@ -732,12 +742,14 @@ fn a_typescript_sdk_host_gets_a_2026_07_28_servers_questions_as_requests_through
             "{check} fails directly: {direct:#}"
         );
         assert_eq!(bridged[check], direct[check], "{check}: {bridged:#}");
+        assert_eq!(laned[check], direct[check], "{check}: {laned:#}");
     }
     assert_eq!(direct["tools"], 28, "{direct:#}");
     assert_eq!(bridged["server"], direct["server"], "{bridged:#}");
     // Directly the SDK (2025 only) refuses the tools that answer with an
     // input_required result: the server speaks 2025 to it, and sends it
-    // what only 2026-07-28 has.
+    // what only 2026-07-28 has. So through a 2025 lane, where the server
+    // itself serves the host in its era (DESIGN §12).
     let inputs = [
         "elicitation",
         "sampling",
@@ -753,11 +765,18 @@ fn a_typescript_sdk_host_gets_a_2026_07_28_servers_questions_as_requests_through
                 .is_some_and(|e| e.contains("invalid result")),
             "{check}: {direct:#}"
         );
+        assert_eq!(laned[check], direct[check], "{check}: {laned:#}");
     }
-    // Through mcpd (2026-07-28 upstream) each completes, its questions
-    // arriving as ordinary requests to the host's handlers, as many rounds
-    // as the server asks, its requestState given back unchanged (the
-    // server checks its seal, and says "state-ok" only for an intact one).
+    let py = lanes(&runtime, "py");
+    assert_eq!(py.len(), 2, "a 2025 lane beside the unit's own: {py:?}");
+    // Through a unit pinned to 2026-07-28 (one process, translation) each
+    // completes, its questions arriving as ordinary requests to the
+    // host's handlers, as many rounds as the server asks, its
+    // requestState given back unchanged (the server checks its seal, and
+    // says "state-ok" only for an intact one).
+    let pinned = lanes(&runtime, "pinned");
+    assert_eq!(pinned.len(), 1, "one process: {pinned:?}");
+    assert_eq!(pinned[0].0, MODERN, "{pinned:?}");
     let expect = [
         ("elicitation", [1, 0, 0], "Hello, name from the ts host!"),
         ("sampling", [0, 1, 0], "Model said: sampled by the ts host"),
