@@ -21,7 +21,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use tokio::sync::{oneshot, watch};
+use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
 use super::Supervisor;
@@ -50,8 +50,6 @@ pub(crate) struct Lanes {
     /// A lane could not establish its first generation: the server does
     /// not speak the handshake; 2025 hosts are translated from now on.
     refused: AtomicBool,
-    /// Raised whenever the lane comes or goes.
-    changed: watch::Sender<u64>,
 }
 
 impl std::fmt::Debug for Lanes {
@@ -65,10 +63,6 @@ impl Lanes {
     pub(crate) fn get(&self) -> Option<Supervisor> {
         let running = self.running.lock().ok()?;
         running.as_ref().map(|r| r.supervisor.clone())
-    }
-
-    fn bump(&self) {
-        self.changed.send_modify(|n| *n = n.wrapping_add(1));
     }
 
     /// Whether a lane could not establish its first generation, or failed
@@ -112,7 +106,6 @@ impl Lanes {
                 .is_some_and(|r| r.supervisor.name() == lane.name());
             if same { r.take() } else { None }
         });
-        self.bump();
         if let Some(r) = stopping {
             let _ = r.stop.send(());
         }
@@ -149,7 +142,6 @@ impl Lanes {
             watcher,
         });
         drop(running);
-        self.bump();
         Some(lane)
     }
 
@@ -189,7 +181,6 @@ impl Lanes {
                     break;
                 }
             }
-            lanes.bump();
         };
         tokio::spawn(async move {
             tokio::select! {
@@ -226,7 +217,6 @@ impl Lanes {
     /// future ends once it has stopped.
     pub(crate) fn stop(&self) -> impl Future<Output = ()> + use<> {
         let running = self.running.lock().ok().and_then(|mut r| r.take());
-        self.bump();
         async move {
             if let Some(r) = running {
                 let _ = r.stop.send(());

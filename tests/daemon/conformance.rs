@@ -355,7 +355,7 @@ fn the_conformance_suite_fails_nothing_through_mcpd_that_passes_directly() {
         std::fs::write(
             units.path().join(format!("{unit}.kdl")),
             format!(
-                "stdio {{\n    command \"{}\" \"{}\"\n}}\nstartup-timeout \"60s\"\n",
+                "stdio {{\n    command \"{}\" \"{}\"\n}}\nstartup-timeout \"60s\"\nprotocol \"lanes\"\n",
                 python.display(),
                 root().join("tests/data/py_everything_stdio.py").display()
             ),

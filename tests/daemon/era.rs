@@ -421,7 +421,7 @@ const IDLE_STOP: std::time::Duration = std::time::Duration::from_secs(8);
 /// daemon runs).
 fn modern_python() -> (Daemon, PathBuf, tempfile::TempDir) {
     let idle = format!(
-        "protocol \"auto\"\nstart \"on-demand\"\nidle-stop \"{}s\"\n",
+        "protocol \"lanes\"\nstart \"on-demand\"\nidle-stop \"{}s\"\n",
         IDLE_STOP.as_secs()
     );
     python_units(&[("py", &idle)])
@@ -719,7 +719,7 @@ fn a_typescript_sdk_host_gets_a_2026_07_28_servers_questions_as_requests_through
     // `py` serves each host in its own era (a 2025 lane for this host);
     // `pinned` is one process speaking 2026-07-28, and translates.
     let (daemon, runtime, _units) = python_units(&[
-        ("py", "protocol \"auto\"\n"),
+        ("py", "protocol \"lanes\"\n"),
         ("pinned", "protocol \"2026-07-28\"\n"),
     ]);
     let command = Server::Python.command();

@@ -14,22 +14,24 @@ fn a_shared_units_host_gets_the_lane_of_its_era() {
         // A server of both eras, auto, over stdio: a 2025 host gets the
         // second process; a modern host and one that claimed no era the
         // unit's own.
-        (Protocol::Auto, true, Upstream::Both, Some(L), Legacy),
-        (Protocol::Auto, true, Upstream::Both, Some(M), Own),
-        (Protocol::Auto, true, Upstream::Both, None, Own),
+        (Protocol::Lanes, true, Upstream::Both, Some(L), Legacy),
+        (Protocol::Lanes, true, Upstream::Both, Some(M), Own),
+        (Protocol::Lanes, true, Upstream::Both, None, Own),
         // Not known yet: a 2025 host waits for it; a modern one need not.
-        (Protocol::Auto, true, Upstream::Unknown, Some(L), Wait),
-        (Protocol::Auto, true, Upstream::Unknown, Some(M), Own),
+        (Protocol::Lanes, true, Upstream::Unknown, Some(L), Wait),
+        (Protocol::Lanes, true, Upstream::Unknown, Some(M), Own),
         // One era only: translation on the unit's own.
-        (Protocol::Auto, true, Upstream::Legacy, Some(L), Own),
-        (Protocol::Auto, true, Upstream::Legacy, Some(M), Own),
-        (Protocol::Auto, true, Upstream::Modern, Some(L), Own),
+        (Protocol::Lanes, true, Upstream::Legacy, Some(L), Own),
+        (Protocol::Lanes, true, Upstream::Legacy, Some(M), Own),
+        (Protocol::Lanes, true, Upstream::Modern, Some(L), Own),
         // A pinned unit: one process, translation.
         (Protocol::Legacy, true, Upstream::Legacy, Some(M), Own),
         (Protocol::Modern, true, Upstream::Both, Some(L), Own),
         (Protocol::Modern, true, Upstream::Unknown, Some(L), Own),
+        // `auto`: one process, translation (lanes are asked for).
+        (Protocol::Auto, true, Upstream::Both, Some(L), Own),
         // An HTTP server: one session.
-        (Protocol::Auto, false, Upstream::Both, Some(L), Own),
+        (Protocol::Lanes, false, Upstream::Both, Some(L), Own),
     ];
     for &(protocol, stdio, upstream, host, expected) in cases {
         assert_eq!(

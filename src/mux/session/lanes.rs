@@ -72,13 +72,13 @@ pub enum Lane {
 /// is `protocol`, over stdio or not (`stdio`), whose own upstream speaks
 /// `upstream`.
 ///
-/// Only a stdio server of `protocol "auto"` that speaks both eras has a
+/// Only a stdio server of `protocol "lanes"` that speaks both eras has a
 /// second lane: a pinned unit is one process and translation; an HTTP
 /// server's upstream is one session (mcpd speaks it the handshake's era
 /// unless the unit pins 2026-07-28). A modern host always takes the own
 /// lane: with `auto`, a server of both eras is spoken 2026-07-28.
 pub fn lane(protocol: Protocol, stdio: bool, upstream: Upstream, host: Option<Era>) -> Lane {
-    if protocol != Protocol::Auto || !stdio || host != Some(Era::Legacy) {
+    if protocol != Protocol::Lanes || !stdio || host != Some(Era::Legacy) {
         return Lane::Own;
     }
     match upstream {
@@ -95,8 +95,8 @@ pub fn lane(protocol: Protocol, stdio: bool, upstream: Upstream, host: Option<Er
 /// unit's, keep the unit's.
 pub fn instance_protocol(protocol: Protocol, upstream: Upstream, host: Option<Era>) -> Protocol {
     match (protocol, host, upstream) {
-        (Protocol::Auto, Some(Era::Legacy), Upstream::Modern) => Protocol::Auto,
-        (Protocol::Auto, Some(Era::Legacy), _) => Protocol::Legacy,
+        (Protocol::Auto | Protocol::Lanes, Some(Era::Legacy), Upstream::Modern) => protocol,
+        (Protocol::Auto | Protocol::Lanes, Some(Era::Legacy), _) => Protocol::Legacy,
         (protocol, _, _) => protocol,
     }
 }

@@ -180,6 +180,10 @@ pub enum Protocol {
     /// `protocol "2026-07-28"`: a server that does not speak it fails to
     /// establish.
     Modern,
+    /// `protocol "lanes"`: as `auto`, and a stdio server of 2026-07-28
+    /// serves each host in its own era: a second process for the hosts of
+    /// the 2025 handshake (DESIGN §12, lanes).
+    Lanes,
 }
 
 impl Protocol {
@@ -189,13 +193,19 @@ impl Protocol {
             Protocol::Auto => "auto",
             Protocol::Legacy => "legacy",
             Protocol::Modern => "2026-07-28",
+            Protocol::Lanes => "lanes",
         }
     }
 
     fn from_word(word: &str) -> Option<Self> {
-        [Protocol::Auto, Protocol::Legacy, Protocol::Modern]
-            .into_iter()
-            .find(|p| p.word() == word)
+        [
+            Protocol::Auto,
+            Protocol::Legacy,
+            Protocol::Modern,
+            Protocol::Lanes,
+        ]
+        .into_iter()
+        .find(|p| p.word() == word)
     }
 }
 
@@ -698,7 +708,7 @@ impl UnitSpec {
                         Field::Protocol,
                         format!("`protocol`: \"{word}\" is not a protocol"),
                     )
-                    .help = Some("write \"auto\", \"legacy\" or \"2026-07-28\"".into());
+                    .help = Some("write \"auto\", \"lanes\", \"legacy\" or \"2026-07-28\"".into());
                 Protocol::default()
             }),
         };
