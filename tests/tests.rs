@@ -22,6 +22,7 @@ mod pure {
     mod actor;
     mod era;
     mod fuzz;
+    mod lanes;
     mod lists;
     mod machine;
     mod route;

@@ -89,6 +89,8 @@ struct Props {
     instances: Vec<Value>,
     versions: Vec<(String, u32)>,
     protocol: String,
+    /// (version, main pid or 0, hosts) per upstream (DESIGN §12).
+    lanes: Vec<(String, u32, u32)>,
     groups: Vec<String>,
     prefix: String,
     unit_path: String,
@@ -143,6 +145,7 @@ async fn props(server: &ServerProxy<'_>) -> Result<Props> {
         },
         versions: server.session_versions().await.map_err(e)?,
         protocol: server.protocol_version().await.map_err(e)?,
+        lanes: server.lanes().await.map_err(e)?,
         groups: server.groups().await.map_err(e)?,
         prefix: server.prefix().await.map_err(e)?,
         unit_path: server.unit_path().await.map_err(e)?,
@@ -224,6 +227,7 @@ impl Props {
             "max_instances": self.max_instances,
             "instances": self.instances,
             "protocol_version": self.protocol,
+            "lanes": self.lanes.iter().map(|(v, pid, hosts)| json!({"version": v, "pid": pid, "hosts": hosts})).collect::<Vec<_>>(),
             "groups": self.groups,
             "prefix": self.prefix,
             "session_versions": self.versions.iter().map(|(v, n)| (v.clone(), Value::from(*n))).collect::<serde_json::Map<String, Value>>(),
@@ -452,7 +456,20 @@ fn write_block(
     } else {
         writeln!(out, "      Tools: {} ({shown}{more})", names.len())?;
     }
-    if !p.protocol.is_empty() {
+    if p.lanes.len() > 1 {
+        let lanes: Vec<String> = p
+            .lanes
+            .iter()
+            .map(|(version, pid, hosts)| {
+                let s = if *hosts == 1 { "" } else { "s" };
+                match pid {
+                    0 => format!("{version} (not running, {hosts} host{s})"),
+                    pid => format!("{version} (pid {pid}, {hosts} host{s})"),
+                }
+            })
+            .collect();
+        writeln!(out, "   Protocol: {}", lanes.join(", "))?;
+    } else if !p.protocol.is_empty() {
         writeln!(out, "   Protocol: {}", p.protocol)?;
     }
     if !p.groups.is_empty() {

@@ -838,6 +838,26 @@ impl Server {
             .unwrap_or_default()
     }
 
+    /// The upstreams serving the unit's hosts (DESIGN §12): its own
+    /// generation's, then the second process a server of both eras runs
+    /// for hosts of the 2025 handshake while it has one; each as (protocol
+    /// version, main PID or 0, host sessions attached).
+    #[zbus(property(emits_changed_signal = "false"))]
+    fn lanes(&self) -> Vec<(String, u32, u32)> {
+        self.shared
+            .supervisor(&self.name)
+            .map(|s| {
+                s.lanes()
+                    .into_iter()
+                    .map(|l| {
+                        let hosts = u32::try_from(l.hosts).unwrap_or(u32::MAX);
+                        (l.version, l.pid.unwrap_or(0), hosts)
+                    })
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
     /// Host sessions attached now per protocol version they speak, newest
     /// version first (sessions that have not sent their first request
     /// yet are not counted).
@@ -1074,6 +1094,8 @@ pub mod client {
         fn session_versions(&self) -> Result<Vec<(String, u32)>, Error>;
         #[zbus(property(emits_changed_signal = "false"))]
         fn protocol_version(&self) -> Result<String, Error>;
+        #[zbus(property(emits_changed_signal = "false"))]
+        fn lanes(&self) -> Result<Vec<(String, u32, u32)>, Error>;
         #[zbus(property(emits_changed_signal = "false"))]
         fn groups(&self) -> Result<Vec<String>, Error>;
         #[zbus(property(emits_changed_signal = "false"))]

@@ -61,6 +61,9 @@ pub enum HostLink {
         read: super::memory::Reader,
         deliver: Arc<dyn Deliver>,
     },
+    /// A [`HostLink::Memory`] or [`HostLink::Direct`] whose first bytes
+    /// were read ahead ([`HostLink::peek`]): they come first.
+    Peeked(Box<HostLink>, Vec<u8>),
 }
 
 /// A host that takes what its session writes on the writing task itself
@@ -132,7 +135,13 @@ impl HostLink {
     /// host is queued up to `queue` messages and `bytes` bytes behind the
     /// one being written (to its bridge, up to `queue` messages).
     pub fn open(self, host: HostId, queue: usize, bytes: usize) -> Opened {
+        self.open_after(host, queue, bytes, Vec::new())
+    }
+
+    /// [`open`](Self::open), the host's bytes `before` read ahead.
+    fn open_after(self, host: HostId, queue: usize, bytes: usize, before: Vec<u8>) -> Opened {
         let (source, pending, watch, out, control, replay, ledger) = match self {
+            HostLink::Peeked(link, pending) => return link.open_after(host, queue, bytes, pending),
             HostLink::Socket { stream, pending } => {
                 let (read, write) = stream.into_split();
                 (
@@ -147,7 +156,7 @@ impl HostLink {
             }
             HostLink::Memory(end) => (
                 HostSource::Memory(end.read),
-                Vec::new(),
+                before,
                 None,
                 HostOut::Memory(Outbox::new(end.write, queue, None).bounded_in_bytes(bytes)),
                 None,
@@ -156,7 +165,7 @@ impl HostLink {
             ),
             HostLink::Direct { read, deliver } => (
                 HostSource::Memory(read),
-                Vec::new(),
+                before,
                 None,
                 HostOut::Direct(Outbox::new(Direct(deliver), queue, None)),
                 None,
@@ -215,6 +224,94 @@ impl HostLink {
             ledger,
         }
     }
+}
+
+impl HostLink {
+    /// The host's first line (its newline included; at most
+    /// [`MAX_LINE`](super::wire::MAX_LINE) bytes), read ahead within
+    /// `within`, and the link that still yields it first: how a unit
+    /// learns the era a host opens with before it picks the upstream that
+    /// serves it (DESIGN §12, lanes). Empty: the host sent no whole line
+    /// in time, or closed. A handed-over bridge's replayed `initialize`
+    /// is its first line.
+    pub async fn peek(self, within: std::time::Duration) -> (HostLink, Vec<u8>) {
+        let deadline = tokio::time::Instant::now() + within;
+        match self {
+            HostLink::Socket {
+                mut stream,
+                pending,
+            } => {
+                let (line, pending) = read_line(&mut stream, pending, deadline).await;
+                (HostLink::Socket { stream, pending }, line)
+            }
+            HostLink::Stdio {
+                mut input,
+                output,
+                control,
+                replay,
+                pending,
+                ledger,
+            } => {
+                let (line, pending) = match &replay {
+                    Some(replay) => (super::lines::line(replay), pending),
+                    None => match &mut input {
+                        HostInput::Pipe(p) => read_line(p, pending, deadline).await,
+                        HostInput::Socket(s) => read_line(s, pending, deadline).await,
+                    },
+                };
+                let link = HostLink::Stdio {
+                    input,
+                    output,
+                    control,
+                    replay,
+                    pending,
+                    ledger,
+                };
+                (link, line)
+            }
+            HostLink::Memory(mut end) => {
+                let (line, pending) = read_line(&mut end.read, Vec::new(), deadline).await;
+                (
+                    HostLink::Peeked(Box::new(HostLink::Memory(end)), pending),
+                    line,
+                )
+            }
+            HostLink::Direct { mut read, deliver } => {
+                let (line, pending) = read_line(&mut read, Vec::new(), deadline).await;
+                let link = HostLink::Direct { read, deliver };
+                (HostLink::Peeked(Box::new(link), pending), line)
+            }
+            HostLink::Peeked(link, pending) => {
+                let line = first_line(&pending).to_vec();
+                (HostLink::Peeked(link, pending), line)
+            }
+        }
+    }
+}
+
+/// The first whole line of `bytes` (empty: none).
+fn first_line(bytes: &[u8]) -> &[u8] {
+    memchr::memchr(b'\n', bytes).map_or(&[], |end| &bytes[..=end])
+}
+
+/// Reads `source` behind `pending` until a whole line is there, it holds
+/// [`MAX_LINE`](super::wire::MAX_LINE) bytes, the source ends or fails, or
+/// `deadline` passes: that first line (empty if none), and every byte read
+/// (`pending` first), to be read again.
+async fn read_line<S: Source>(
+    source: &mut S,
+    pending: Vec<u8>,
+    deadline: tokio::time::Instant,
+) -> (Vec<u8>, Vec<u8>) {
+    let mut buf = tokio_util::bytes::BytesMut::from(&pending[..]);
+    while memchr::memchr(b'\n', &buf).is_none() && buf.len() < super::wire::MAX_LINE {
+        match tokio::time::timeout_at(deadline, source.fill(&mut buf)).await {
+            Ok(Ok(n)) if n > 0 => {}
+            _ => break,
+        }
+    }
+    let line = first_line(&buf).to_vec();
+    (line, buf.to_vec())
 }
 
 /// The host's stdin as handed over.
@@ -757,6 +854,85 @@ mod tests {
             Some(Event::Server(generation, incoming, _)) => (generation, incoming.is_some()),
             other => panic!("not a server's event: {other:?}"),
         }
+    }
+
+    /// Every line host session `link` yields once opened, until `n`.
+    async fn lines_of(link: HostLink, n: usize) -> Vec<String> {
+        let mut readers = Readers::new();
+        let opened = link.open(7, 16, 1 << 20);
+        readers.push(opened.reader);
+        let mut lines = Vec::new();
+        while lines.len() < n {
+            match readers.next_event().await {
+                Some(Event::Host(7, Some(Frame::Message(m)))) => {
+                    lines.push(m.method().unwrap_or_default().into_owned());
+                }
+                other => panic!("not a host's line: {other:?}"),
+            }
+        }
+        lines
+    }
+
+    const A: &[u8] = b"{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"a\"}\n";
+    const B: &[u8] = b"{\"jsonrpc\":\"2.0\",\"id\":2,\"method\":\"b\"}\n";
+
+    #[tokio::test]
+    async fn peek_reads_the_first_line_ahead_and_the_session_still_reads_it_first() {
+        let within = std::time::Duration::from_secs(30);
+        // In memory: the first line, split over two writes, and one after.
+        let (host, theirs) = crate::mux::memory::pair(1 << 16);
+        host.write.try_write(&A[..10]).expect("write");
+        let written = tokio::spawn(async move {
+            tokio::task::yield_now().await;
+            host.write.try_write(&A[10..]).expect("write");
+            host.write.try_write(B).expect("write");
+            host
+        });
+        let (link, line) = HostLink::Memory(theirs).peek(within).await;
+        assert_eq!(line, A);
+        let _host = written.await.expect("writer");
+        assert_eq!(lines_of(link, 2).await, ["a", "b"]);
+        // A socket whose pending bytes hold the first line already: read
+        // from there, the rest after.
+        let (ours, mut host) = UnixStream::pair().expect("pair");
+        let mut pending = A.to_vec();
+        pending.extend_from_slice(&B[..5]);
+        host.write_all(&B[5..]).await.expect("write");
+        let link = HostLink::Socket {
+            stream: ours,
+            pending,
+        };
+        let (link, line) = link.peek(within).await;
+        assert_eq!(line, A);
+        // Peeked twice: the same line.
+        let (link, again) = match link {
+            HostLink::Socket { stream, pending } => {
+                HostLink::Socket { stream, pending }.peek(within).await
+            }
+            other => panic!("not a socket: {other:?}"),
+        };
+        assert_eq!(again, A);
+        assert_eq!(lines_of(link, 2).await, ["a", "b"]);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn peek_gives_up_at_its_deadline_or_the_hosts_end_and_loses_nothing() {
+        // Half a line, then nothing: no line within the bound.
+        let (host, theirs) = crate::mux::memory::pair(1 << 16);
+        host.write.try_write(&A[..10]).expect("write");
+        let (link, line) = HostLink::Memory(theirs)
+            .peek(std::time::Duration::from_secs(30))
+            .await;
+        assert!(line.is_empty());
+        host.write.try_write(&A[10..]).expect("write");
+        assert_eq!(lines_of(link, 1).await, ["a"]);
+        // A host that closes at once.
+        let (host, theirs) = crate::mux::memory::pair(1 << 16);
+        drop(host);
+        let (_link, line) = HostLink::Memory(theirs)
+            .peek(std::time::Duration::from_secs(30))
+            .await;
+        assert!(line.is_empty());
     }
 
     #[tokio::test]

@@ -115,6 +115,14 @@ pub trait Launcher: Send + Sync + 'static {
     fn oauth_secret(&self, _spec: &UnitSpec) -> Result<Option<String>, String> {
         Ok(None)
     }
+
+    /// The launcher of the unit's lane named `name` (`NAME@VERSION`, a
+    /// second process of a dual-era server, DESIGN §12), contained beside
+    /// the unit's own (cgroup v2 keeps processes in leaves); None when
+    /// this launcher cannot make one: its hosts are translated instead.
+    fn lane(&self, _name: &str) -> Option<SharedLauncher> {
+        None
+    }
 }
 
 /// Removes a generation's (empty) cgroup; `nested`: an instance's, whose
@@ -756,6 +764,22 @@ impl Launcher for SystemLauncher {
             }
             _ => Ok(None),
         }
+    }
+
+    fn lane(&self, name: &str) -> Option<SharedLauncher> {
+        Some(Arc::new(Self {
+            name: name.to_owned(),
+            host: self.host.clone(),
+            logs: self.logs.clone(),
+            http: Arc::default(),
+            enforced: Arc::default(),
+            delivered: Arc::default(),
+            usage: Arc::default(),
+            place: Arc::new(std::sync::Mutex::new(name.to_owned())),
+            instance: true,
+            // A lane is a second process of a stdio unit: no login.
+            login: Arc::default(),
+        }))
     }
 
     fn configure(&self, spec: &UnitSpec) {

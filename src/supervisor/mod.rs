@@ -24,6 +24,7 @@ pub mod envfile;
 mod events;
 pub mod http;
 mod instances;
+mod lanes;
 pub mod launch;
 pub mod logs;
 pub mod machine;
@@ -43,6 +44,8 @@ use rmcp::model::{CallToolResult, JsonObject};
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio::task::JoinHandle;
 
+use crate::mux::era::Era;
+use crate::mux::session::lanes as era_lanes;
 use crate::unit::{InstanceOf, UnitSpec};
 
 pub use crate::mux::host::{HostInput, HostLink, HostOutput};
@@ -86,6 +89,8 @@ pub struct Supervisor {
     instances: Arc<instances::Instances>,
     /// A per-host unit's instances for D-Bus callers, by uid (DESIGN §13).
     callers: Arc<std::sync::Mutex<CallerInstances>>,
+    /// A shared unit's 2025 lane, while it has one (DESIGN §12).
+    lanes: Arc<lanes::Lanes>,
 }
 
 impl fmt::Debug for Supervisor {
@@ -162,6 +167,7 @@ impl Supervisor {
                 spec: kept,
                 instances: Arc::default(),
                 callers: Arc::default(),
+                lanes: Arc::default(),
             },
             task,
         )
@@ -205,6 +211,9 @@ impl Supervisor {
     /// failed (an idle on-demand server too: now).
     pub fn start(&self) {
         let _ = self.commands.send(Command::Start);
+        if let Some(lane) = self.lanes.get() {
+            lane.start();
+        }
     }
 
     /// The unit's login (DESIGN §17): an HTTP unit with `oauth`.
@@ -237,6 +246,9 @@ impl Supervisor {
         for instance in self.callers_all() {
             instance.stop();
         }
+        if let Some(lane) = self.lanes.get() {
+            lane.stop();
+        }
     }
 
     /// Stops the server if it runs, then starts it with a fresh budget;
@@ -259,6 +271,12 @@ impl Supervisor {
             }
             instance.restart();
         }
+        if let Some(lane) = self.lanes.get() {
+            if let Ok(spec) = self.spec.lock() {
+                lane.apply(spec.for_lane(), false);
+            }
+            lane.restart();
+        }
     }
 
     /// Applies a changed unit. With `restart`, a running (or failed) server
@@ -272,6 +290,9 @@ impl Supervisor {
         // running keep theirs (DESIGN §13).
         if let Ok(mut kept) = self.spec.lock() {
             *kept = spec.clone();
+        }
+        if let Some(lane) = self.lanes.get() {
+            lane.apply(spec.for_lane(), restart);
         }
         let _ = self.commands.send(Command::Apply {
             spec: Box::new(spec),
@@ -352,12 +373,78 @@ impl Supervisor {
     /// JSON-RPC, made by `caller`.
     /// A host session of a per-host unit gets an instance of its own
     /// (DESIGN §13), or, with `max-instances` running, an error to its
-    /// `initialize`.
+    /// `initialize`. Where the era a host opens with decides which
+    /// upstream serves it (a stdio server of `protocol "auto"`: a lane
+    /// per era, DESIGN §12; an instance in its host's era), its first
+    /// line is read ahead first (within [`INITIALIZE_TIMEOUT`]).
     pub fn attach(&self, link: HostLink, caller: Caller) {
         let spec = self.spec.lock().ok().map(|s| s.clone());
-        let Some((spec, max)) = spec.and_then(|s| s.sessions().max_instances().map(|max| (s, max)))
-        else {
+        let Some(spec) = spec else {
             self.sessions.attach(link, caller);
+            return;
+        };
+        let eras = matches!(
+            spec.protocol(),
+            crate::unit::Protocol::Auto | crate::unit::Protocol::Lanes
+        ) && matches!(spec.transport(), crate::unit::Transport::Stdio(_));
+        if !eras {
+            self.attach_in(link, caller, spec, None);
+            return;
+        }
+        let this = self.clone();
+        tokio::spawn(async move {
+            let (link, first) = link.peek(sessions::initialize_timeout()).await;
+            let era = era_lanes::opening(&first);
+            let lane = era_lanes::lane(spec.protocol(), true, this.upstream(), era);
+            if lane == era_lanes::Lane::Wait && !spec.sessions().is_per_host() {
+                // Known once the unit's first generation is up (or its
+                // start failed): within `startup-timeout`.
+                let mut status = this.subscribe();
+                let known = status.wait_for(|s| {
+                    !matches!(s.state, State::Starting | State::Stopped)
+                        || this.upstream() != era_lanes::Upstream::Unknown
+                });
+                let _ = tokio::time::timeout(spec.startup_timeout(), known).await;
+            }
+            this.attach_in(link, caller, spec, era);
+        });
+    }
+
+    /// What the unit's own upstream speaks, as its sessions know it.
+    fn upstream(&self) -> era_lanes::Upstream {
+        match self.sessions.upstream() {
+            era_lanes::Upstream::Both if self.lanes.failed() => era_lanes::Upstream::Modern,
+            upstream => upstream,
+        }
+    }
+
+    /// [`attach`](Self::attach), the host's era known (`era`; None: its
+    /// first line claimed none, or it does not matter).
+    fn attach_in(&self, link: HostLink, caller: Caller, spec: UnitSpec, era: Option<Era>) {
+        let Some(max) = spec.sessions().max_instances() else {
+            let stdio = matches!(spec.transport(), crate::unit::Transport::Stdio(_));
+            match era_lanes::lane(spec.protocol(), stdio, self.upstream(), era) {
+                era_lanes::Lane::Legacy => match self.lanes.take(self, &spec) {
+                    Some(lane) => {
+                        // The host waits for the lane's first generation
+                        // (bounded by `startup-timeout`); a lane that
+                        // cannot establish one says the server does not
+                        // speak the handshake after all: the host is
+                        // translated on the unit's own upstream instead.
+                        let this = self.clone();
+                        let bound = spec.startup_timeout() + Duration::from_secs(5);
+                        tokio::spawn(async move {
+                            if this.lanes.serves(&lane, bound).await {
+                                lane.sessions.attach(link, caller);
+                            } else {
+                                this.sessions.attach(link, caller);
+                            }
+                        });
+                    }
+                    None => self.sessions.attach(link, caller),
+                },
+                era_lanes::Lane::Own | era_lanes::Lane::Wait => self.sessions.attach(link, caller),
+            }
             return;
         };
         if self.instances.len() >= max as usize {
@@ -376,9 +463,10 @@ impl Supervisor {
             return;
         };
         let name = of.name_in(&self.name);
+        let protocol = era_lanes::instance_protocol(spec.protocol(), self.upstream(), era);
         let (instance, task) = Supervisor::spawn_reporting(
             &name,
-            spec.for_instance(),
+            spec.for_instance().with_protocol(protocol),
             launcher,
             self.logs.clone(),
             None,
@@ -528,7 +616,9 @@ impl Supervisor {
 
     /// How many host sessions are attached.
     pub fn sessions(&self) -> usize {
-        self.sessions.count() + self.instances.sessions()
+        self.sessions.count()
+            + self.instances.sessions()
+            + self.lanes.get().map_or(0, |lane| lane.sessions())
     }
 
     /// The protocol version the server speaks (its last generation's, or
@@ -540,9 +630,46 @@ impl Supervisor {
             .unwrap_or_default()
     }
 
-    /// Host sessions attached per protocol version, newest first.
+    /// Host sessions attached per protocol version, newest first (its
+    /// lanes' too).
     pub fn session_versions(&self) -> Vec<(&'static str, usize)> {
-        self.sessions.versions()
+        let mut versions = self.sessions.versions();
+        if let Some(lane) = self.lanes.get() {
+            for (version, n) in lane.sessions.versions() {
+                match versions.iter_mut().find(|(v, _)| *v == version) {
+                    Some((_, m)) => *m += n,
+                    None => versions.push((version, n)),
+                }
+            }
+            let order = crate::mux::era::supported_versions();
+            versions.sort_by_key(|(v, _)| order.iter().position(|o| o == v));
+        }
+        versions
+    }
+
+    /// The upstreams serving the unit's hosts (DESIGN §12): its own
+    /// generation's, then its 2025 lane while it has one; each as the
+    /// protocol version spoken, the main PID (none while not running),
+    /// and the host sessions attached to it. Empty before the version is
+    /// known.
+    pub fn lanes(&self) -> Vec<LaneView> {
+        let own = LaneView {
+            version: self.protocol_version(),
+            pid: self.status.borrow().main_pid,
+            hosts: self.sessions.count(),
+        };
+        let mut lanes = Vec::new();
+        if !own.version.is_empty() {
+            lanes.push(own);
+        }
+        if let Some(lane) = self.lanes.get() {
+            lanes.push(LaneView {
+                version: lanes::LANE_VERSION.to_owned(),
+                pid: lane.status.borrow().main_pid,
+                hosts: lane.sessions.count(),
+            });
+        }
+        lanes
     }
 
     /// The server's resources, resource templates or prompts as a JSON
@@ -646,8 +773,21 @@ impl Supervisor {
             let _ = self.commands.send(Command::Shutdown);
             let _ = task.await;
         };
-        tokio::join!(unit, instances, callers);
+        let lanes = self.lanes.stop();
+        tokio::join!(unit, instances, callers, lanes);
     }
+}
+
+/// One upstream of a unit as status and D-Bus `Lanes` show it (DESIGN
+/// §12).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LaneView {
+    /// The protocol version spoken on it.
+    pub version: String,
+    /// Its process, while one runs.
+    pub pid: Option<u32>,
+    /// Host sessions attached to it.
+    pub hosts: usize,
 }
 
 /// A shared, ready-to-use system launcher for unit `name`.

@@ -77,6 +77,12 @@ pub fn set_initialize_timeout(timeout: Duration) -> Result<(), String> {
     Ok(())
 }
 
+/// How long a host session may take to send `initialize` (or its first
+/// request): [`INITIALIZE_TIMEOUT`], or what the daemon was told.
+pub(crate) fn initialize_timeout() -> Duration {
+    Duration::from_millis(INITIALIZE_TIMEOUT_MS.load(Ordering::Relaxed))
+}
+
 /// The tunables the daemon was given: [`set_initialize_timeout`], and
 /// `MCPD_INPUT_TIMEOUT` (seconds) for a modern host's retry of a call
 /// answered `input_required`.
@@ -204,7 +210,7 @@ pub(crate) struct Sessions {
     /// upstream to declare.
     declared: Declared,
     versions: Arc<Versions>,
-    protocol: Arc<std::sync::Mutex<Option<Arc<str>>>>,
+    protocol: Arc<std::sync::Mutex<(Option<Arc<str>>, session::lanes::Upstream)>>,
     lists: Lists,
     /// Serials of the three lists, raised when one changes.
     changes: watch::Receiver<[u64; 3]>,
@@ -306,7 +312,10 @@ impl Sessions {
         let (tx, rx) = mpsc::unbounded_channel();
         let count = Arc::new(AtomicUsize::new(0));
         let versions = Arc::new(Versions::default());
-        let protocol = Arc::new(std::sync::Mutex::new(None));
+        let protocol = Arc::new(std::sync::Mutex::new((
+            None,
+            session::lanes::Upstream::Unknown,
+        )));
         let lists = Lists::default();
         let (changes_tx, changes) = watch::channel([0; 3]);
         let (listed_tx, listed) = watch::channel(0);
@@ -474,7 +483,15 @@ impl Sessions {
     /// The protocol version the server speaks (its last generation's, or
     /// the on-demand cache's), if known.
     pub(crate) fn protocol(&self) -> Option<Arc<str>> {
-        self.protocol.lock().ok().and_then(|p| p.clone())
+        self.protocol.lock().ok().and_then(|p| p.0.clone())
+    }
+
+    /// Which eras the server speaks (its last generation's, or the
+    /// on-demand cache's), if known.
+    pub(crate) fn upstream(&self) -> session::lanes::Upstream {
+        self.protocol
+            .lock()
+            .map_or(session::lanes::Upstream::Unknown, |p| p.1)
     }
 
     pub(crate) fn count(&self) -> usize {
@@ -695,7 +712,7 @@ struct Task {
     presence: watch::Sender<(u64, usize)>,
     declared: Declared,
     versions: Arc<Versions>,
-    protocol: Arc<std::sync::Mutex<Option<Arc<str>>>>,
+    protocol: Arc<std::sync::Mutex<(Option<Arc<str>>, session::lanes::Upstream)>>,
     lists: Lists,
     changes: watch::Sender<[u64; 3]>,
     listed: watch::Sender<Gen>,
@@ -1208,9 +1225,9 @@ impl Task {
             Publish::Listed(generation) => {
                 self.listed.send_replace(generation);
             }
-            Publish::Protocol(protocol) => {
+            Publish::Protocol(protocol, upstream) => {
                 if let Ok(mut kept) = self.protocol.lock() {
-                    *kept = protocol;
+                    *kept = (protocol, upstream);
                 }
             }
             Publish::Declared(caps) => {

@@ -15,10 +15,10 @@
 //! bridge per HTTP session) and is compared with the direct run the same
 //! way.
 //!
-//! Exceptions, each named: the checks [`LANES`] lists (they fail
-//! through mcpd until a dual-era server gets one upstream per era, issue
-//! 51 part 1; the test fails when one of them passes, so the list goes
-//! when the lanes come), and a scenario the suite itself reports as not
+//! A server of both eras serves each host in its own era through mcpd
+//! too (DESIGN §12, lanes: a second process of the unit for the 2025
+//! hosts), so no check is excused for the era mcpd speaks to it.
+//! Exceptions, each named: a scenario the suite itself reports as not
 //! applicable because mcpd answered a request with one JSON body where
 //! the server streamed (an `INFO` check saying so), or a check it reports
 //! only as `INFO` through mcpd: printed, not failed. [`SAME_LIST`] names
@@ -36,85 +36,7 @@ use crate::helper::root;
 
 const WIRES: [&str; 2] = ["2025-11-25", "2026-07-28"];
 
-/// Checks that fail through mcpd only because one upstream process serves
-/// hosts of both eras (wire, scenario, check id): the Python SDK's server
-/// elicits and samples by request only in a 2025 session, and mcpd speaks
-/// 2026-07-28 to it (`protocol "auto"`), so a 2025 host's elicitation and
-/// sampling tools fail through mcpd ("Server did not request elicitation
-/// from client"), and the checks of what the host's answer would have
-/// carried are not reached. Issue 51 part 1 (era lanes: a second process
-/// per era) fixes them; then this list must be emptied: the test fails
-/// while a listed check passes.
-const LANES: [(&str, &str, &str); 14] = [
-    (
-        "2025-11-25",
-        "tools-call-elicitation",
-        "tools-call-elicitation",
-    ),
-    ("2025-11-25", "tools-call-sampling", "tools-call-sampling"),
-    (
-        "2025-11-25",
-        "elicitation-sep1034-defaults",
-        "elicitation-sep1034-general",
-    ),
-    (
-        "2025-11-25",
-        "elicitation-sep1034-defaults",
-        "elicitation-sep1034-string-default",
-    ),
-    (
-        "2025-11-25",
-        "elicitation-sep1034-defaults",
-        "elicitation-sep1034-integer-default",
-    ),
-    (
-        "2025-11-25",
-        "elicitation-sep1034-defaults",
-        "elicitation-sep1034-number-default",
-    ),
-    (
-        "2025-11-25",
-        "elicitation-sep1034-defaults",
-        "elicitation-sep1034-enum-default",
-    ),
-    (
-        "2025-11-25",
-        "elicitation-sep1034-defaults",
-        "elicitation-sep1034-boolean-default",
-    ),
-    (
-        "2025-11-25",
-        "elicitation-sep1330-enums",
-        "elicitation-sep1330-general",
-    ),
-    (
-        "2025-11-25",
-        "elicitation-sep1330-enums",
-        "elicitation-sep1330-untitled-single",
-    ),
-    (
-        "2025-11-25",
-        "elicitation-sep1330-enums",
-        "elicitation-sep1330-titled-single",
-    ),
-    (
-        "2025-11-25",
-        "elicitation-sep1330-enums",
-        "elicitation-sep1330-legacy-enumnames",
-    ),
-    (
-        "2025-11-25",
-        "elicitation-sep1330-enums",
-        "elicitation-sep1330-untitled-multi",
-    ),
-    (
-        "2025-11-25",
-        "elicitation-sep1330-enums",
-        "elicitation-sep1330-titled-multi",
-    ),
-];
-
-/// Not lanes, and not fixed yet (issue 51 part 2, left open): the
+/// Not fixed yet (issue 51 part 2, left open): the
 /// scenario's trigger tools add a tool (a prompt) and remove it again and
 /// say `list_changed`; the server tells its listen streams so, but mcpd
 /// re-reads the list, finds it the same as before, and tells hosts only
@@ -362,7 +284,7 @@ fn bridge_front(port: u16, runtime: &Path) -> Reaped {
     front
         .arg(root().join("tests/data/http_front.py"))
         .arg(port.to_string())
-        .args([env!("CARGO_BIN_EXE_mcpctl"), "--user", "bridge", "py"])
+        .args([env!("CARGO_BIN_EXE_mcpctl"), "--user", "bridge", "pyb"])
         .env("XDG_RUNTIME_DIR", runtime)
         .env_remove("DBUS_SESSION_BUS_ADDRESS")
         .env_remove("MCPD_RUNTIME_DIR");
@@ -381,7 +303,7 @@ struct Found {
 
 impl Found {
     fn compare(&mut self, wire: &str, path: &str, direct: &Outcome, through: &Outcome) {
-        for (listed_wire, scenario, check) in LANES.into_iter().chain(SAME_LIST) {
+        for (listed_wire, scenario, check) in SAME_LIST {
             if listed_wire == wire {
                 let statuses = through.get(scenario).and_then(|c| c.get(check));
                 let passes =
@@ -396,7 +318,7 @@ impl Found {
                 .get(&scenario)
                 .and_then(|c| c.get(&check))
                 .is_some_and(|s| s.iter().all(|(status, _)| status == "INFO"));
-            if LANES.contains(&known) || SAME_LIST.contains(&known) {
+            if SAME_LIST.contains(&known) {
                 continue;
             } else if json_not_sse(through, &scenario) || info_only {
                 self.not_applicable
@@ -423,20 +345,30 @@ fn the_conformance_suite_fails_nothing_through_mcpd_that_passes_directly() {
     let _server = direct_server(port);
     let units = tempfile::tempdir().expect("units");
     let python = root().join("target/py-everything/bin/python");
-    std::fs::write(
-        units.path().join("py.kdl"),
-        format!(
-            "stdio {{\n    command \"{}\" \"{}\"\n}}\nstartup-timeout \"60s\"\n",
-            python.display(),
-            root().join("tests/data/py_everything_stdio.py").display()
-        ),
-    )
-    .expect("unit");
+    // Two units of the same server: `py` for the endpoint's runs, `pyb`
+    // for the bridge's, which runs at the 2025 wire at the same time.
+    // On one unit both suites' 2025 hosts would share its 2025 lane, and
+    // the server's elicitation requests carry no related-request id: with
+    // two hosts' calls in flight mcpd could only guess whose they are
+    // (DESIGN §8), where directly each client has a server of its own.
+    for unit in ["py", "pyb"] {
+        std::fs::write(
+            units.path().join(format!("{unit}.kdl")),
+            format!(
+                "stdio {{\n    command \"{}\" \"{}\"\n}}\nstartup-timeout \"60s\"\nprotocol \"lanes\"\n",
+                python.display(),
+                root().join("tests/data/py_everything_stdio.py").display()
+            ),
+        )
+        .expect("unit");
+    }
     let (mut daemon, _settings, addr) = super::http::endpoint_with(
         units.path(),
         "http {\n    listen \"127.0.0.1:0\"\n    auth \"none\"\n}\n",
         &[],
     );
+    // Both units.
+    daemon.wait_for("running (");
     daemon.wait_for("running (");
     let runtime = daemon.runtime_dir().expect("runtime").to_owned();
     let front_port = free_port();
@@ -486,7 +418,7 @@ fn the_conformance_suite_fails_nothing_through_mcpd_that_passes_directly() {
     for (check, passes) in found.listed {
         assert_eq!(
             passes, 0,
-            "{check} passes through mcpd now: take it off LANES (SAME_LIST)"
+            "{check} passes through mcpd now: take it off SAME_LIST"
         );
     }
     drop(daemon);

@@ -427,59 +427,187 @@ fn a_2026_07_28_host_answers_elicitation_and_sampling_through_mcpd() {
     servers.stop();
 }
 
+/// How long unit `py` of [`modern_python`] stays idle, and its 2025 lane
+/// after its last host left.
+const IDLE_STOP: std::time::Duration = std::time::Duration::from_secs(8);
+
 /// A daemon with the Python server as unit `py` under `protocol "auto"`
-/// (spoken to in 2026-07-28), its tools listed: the daemon, its runtime
-/// dir, and the units' directory (kept while the daemon runs).
+/// (spoken to in 2026-07-28; on demand, [`IDLE_STOP`]), its tools listed:
+/// the daemon, its runtime dir, and the units' directory (kept while the
+/// daemon runs).
 fn modern_python() -> (Daemon, PathBuf, tempfile::TempDir) {
-    let units = tempfile::tempdir().expect("tempdir");
+    let idle = format!(
+        "protocol \"lanes\"\nstart \"on-demand\"\nidle-stop \"{}s\"\n",
+        IDLE_STOP.as_secs()
+    );
+    python_units(&[("py", &idle)])
+}
+
+/// A daemon with the Python server as each of `units` (name, the unit's
+/// lines besides its command), each spoken to in 2026-07-28 and its tools
+/// listed.
+fn python_units(units: &[(&str, &str)]) -> (Daemon, PathBuf, tempfile::TempDir) {
+    let dir = tempfile::tempdir().expect("tempdir");
     let command: String = Server::Python
         .command()
         .iter()
         .map(|a| format!(" \"{a}\""))
         .collect();
-    std::fs::write(
-        units.path().join("py.kdl"),
-        format!("stdio {{\n    command{command}\n}}\nprotocol \"auto\"\nstartup-timeout \"60s\"\n"),
-    )
-    .expect("write unit");
-    let mut daemon = Daemon::user_no_bus(units.path(), &[]);
+    for (name, lines) in units {
+        std::fs::write(
+            dir.path().join(format!("{name}.kdl")),
+            format!("stdio {{\n    command{command}\n}}\nstartup-timeout \"60s\"\n{lines}"),
+        )
+        .expect("write unit");
+    }
+    let mut daemon = Daemon::user_no_bus(dir.path(), &[]);
     let runtime = daemon.runtime_dir().expect("runtime").to_owned();
-    let status = || {
-        let out = mcpctl_user(&runtime, &["status", "py"]);
+    let status = |name: &str| {
+        let out = mcpctl_user(&runtime, &["status", name]);
         String::from_utf8_lossy(&out.stdout).into_owned()
     };
-    daemon.wait_until("the server's tools", |_| status().contains("Tools: 28"));
-    assert!(status().contains("   Protocol: 2026-07-28"), "{}", status());
-    let rt = tokio::runtime::Runtime::new().expect("runtime");
-    let version = rt.block_on(async {
-        let (_conn, server) =
-            crate::helper::private_server(&runtime.join("mcpd/private"), "py").await;
-        server.protocol_version().await.expect("ProtocolVersion")
+    daemon.wait_until("the server's tools", |_| {
+        units
+            .iter()
+            .all(|(name, _)| status(name).contains("Tools: 28"))
     });
-    assert_eq!(version, "2026-07-28", "D-Bus ProtocolVersion");
-    (daemon, runtime, units)
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    for (name, _) in units {
+        assert!(
+            status(name).contains("   Protocol: 2026-07-28"),
+            "{}",
+            status(name)
+        );
+        let version = rt.block_on(async {
+            let (_conn, server) =
+                crate::helper::private_server(&runtime.join("mcpd/private"), name).await;
+            server.protocol_version().await.expect("ProtocolVersion")
+        });
+        assert_eq!(version, "2026-07-28", "D-Bus ProtocolVersion");
+    }
+    (daemon, runtime, dir)
 }
 
+/// The unit's upstreams as D-Bus `Lanes` shows them: (version, pid,
+/// hosts).
+fn lanes(runtime: &Path, unit: &str) -> Vec<(String, u32, u32)> {
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    rt.block_on(async {
+        let (_conn, server) =
+            crate::helper::private_server(&runtime.join("mcpd/private"), unit).await;
+        server.lanes().await.expect("Lanes")
+    })
+}
+
+/// A 2025 host held on unit `unit` through `mcpctl bridge`, its
+/// `initialize` answered; it leaves when dropped (its stdout is kept
+/// open meanwhile: the daemon writes it).
+struct Held {
+    child: std::process::Child,
+    _stdout: std::io::BufReader<std::process::ChildStdout>,
+}
+
+impl Held {
+    fn attach(runtime: &Path, unit: &str) -> Self {
+        use std::io::{BufRead, Write};
+        let mut child = crate::helper::mcpctl_user_command(runtime, &["bridge", unit])
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .expect("bridge");
+        let mut stdin = child.stdin.take().expect("stdin");
+        writeln!(
+            stdin,
+            r#"{{"jsonrpc":"2.0","id":1,"method":"initialize","params":{{"protocolVersion":"{LEGACY}","capabilities":{{}},"clientInfo":{{"name":"held","version":"1"}}}}}}"#
+        )
+        .expect("write initialize");
+        let mut line = String::new();
+        let mut stdout = std::io::BufReader::new(child.stdout.take().expect("stdout"));
+        stdout.read_line(&mut line).expect("read the answer");
+        let answer: Value = serde_json::from_str(&line).expect("an answer");
+        assert_eq!(answer["result"]["protocolVersion"], LEGACY, "{answer:#}");
+        // The bridge keeps its stdin: the host stays attached until then.
+        child.stdin = Some(stdin);
+        Self {
+            child,
+            _stdout: stdout,
+        }
+    }
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        drop(self.child.stdin.take());
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// DESIGN §12, lanes: a server that speaks both eras serves each host in
+/// its own era, by itself: the 2025 host's elicitation and sampling
+/// tools ask it in the middle of the call, as directly; the 2026-07-28
+/// host's input_required tools answer it, as directly; a second process
+/// serves the 2025 hosts, and stops `idle-stop` after the last left.
 #[test]
 fn a_2026_07_28_server_serves_hosts_of_both_eras_through_mcpd() {
     let (daemon, runtime, _units) = modern_python();
+    // One process, the 2026-07-28 one, until a 2025 host comes.
+    let first = lanes(&runtime, "py");
+    assert_eq!(first.len(), 1, "{first:?}");
+    assert_eq!(first[0].0, MODERN, "{first:?}");
+    let held = Held::attach(&runtime, "py");
     let through = Some(runtime.as_path());
-    let [legacy, modern, pinned_direct] = all([
+    let [legacy, modern, legacy_direct, pinned_direct] = all([
         Run::new("legacy", Server::Python, through).input(),
         Run::new(MODERN, Server::Python, through).input(),
+        Run::new("legacy", Server::Python, None).input(),
         Run::new(MODERN, Server::Python, None).input(),
     ]);
+    // Two processes, one per era (the held host on the 2025 one).
+    let both = lanes(&runtime, "py");
+    assert_eq!(both.len(), 2, "{both:?}");
+    assert_eq!((both[0].0.as_str(), both[1].0.as_str()), (MODERN, LEGACY));
+    let (own, lane) = (both[0].1, both[1].1);
+    assert!(own != 0 && lane != 0 && own != lane, "{both:?}");
+    assert_eq!(both[1].2, 1, "the held host: {both:?}");
+    for pid in [own, lane] {
+        assert!(
+            Path::new(&format!("/proc/{pid}")).exists(),
+            "{pid}: {both:?}"
+        );
+    }
+    let shown =
+        String::from_utf8_lossy(&mcpctl_user(&runtime, &["status", "py"]).stdout).into_owned();
+    assert!(
+        shown.contains(&format!(
+            "   Protocol: {MODERN} (pid {own}, 0 hosts), {LEGACY} (pid {lane}, 1 host)"
+        )),
+        "{shown}"
+    );
     for run in [&legacy, &modern] {
         passes(run, &[]);
     }
+    // Each host in its own era.
     assert_eq!(legacy["protocol"], LEGACY, "{legacy:#}");
     assert_eq!(modern["protocol"], MODERN, "{modern:#}");
-    // The server's input_required results: a 2026-07-28 host answers them
-    // as it does directly; a 2025 host gets their questions as ordinary
-    // requests, answered with the same callbacks, and the same result:
-    // several questions in one result, and round after round, the
-    // server's requestState given back unchanged (the server checks its
-    // seal: `ir_tampered` says "state-ok" only for an intact one).
+    // The 2025 host is asked in the middle of the call, as directly
+    // (through one 2026-07-28 upstream it was not: "no back-channel").
+    assert_eq!(
+        legacy_direct["elicit"]["callbacks"]["elicitation"], 1,
+        "{legacy_direct:#}"
+    );
+    assert_eq!(
+        legacy_direct["sample"]["callbacks"]["sampling"], 1,
+        "{legacy_direct:#}"
+    );
+    for check in ["elicit", "sample"] {
+        assert_eq!(legacy[check], legacy_direct[check], "{check}: {legacy:#}");
+    }
+    // The 2026-07-28 host answers the server's input_required results as
+    // it does directly: several questions in one result, and round after
+    // round, the server's requestState given back unchanged (the server
+    // checks its seal: `ir_tampered` says "state-ok" only for an intact
+    // one).
     assert_eq!(
         pinned_direct["ir_multi_round"]["callbacks"]["elicitation"], 2,
         "{pinned_direct:#}"
@@ -502,8 +630,28 @@ fn a_2026_07_28_server_serves_hosts_of_both_eras_through_mcpd() {
             "{check}: {pinned_direct:#}"
         );
         assert_eq!(modern[check], pinned_direct[check], "{check}: {modern:#}");
-        assert_eq!(legacy[check], pinned_direct[check], "{check}: {legacy:#}");
+        // The 2025 host gets what it gets directly from the same tools.
+        assert_eq!(legacy[check], legacy_direct[check], "{check}: {legacy:#}");
     }
+    // The last 2025 host leaves: its process stops idle-stop later, not
+    // before.
+    drop(held);
+    let left = std::time::Instant::now();
+    crate::helper::eventually(
+        "the 2025 lane to stop",
+        IDLE_STOP + std::time::Duration::from_secs(60),
+        || lanes(&runtime, "py").iter().all(|(v, _, _)| v != LEGACY),
+    );
+    assert!(
+        left.elapsed() >= IDLE_STOP - std::time::Duration::from_secs(1),
+        "stopped {:?} after its last host left",
+        left.elapsed()
+    );
+    crate::helper::eventually(
+        "its process to be gone",
+        std::time::Duration::from_secs(30),
+        || !Path::new(&format!("/proc/{lane}")).exists(),
+    );
     assert!(daemon.stop(Signal::TERM).success());
 }
 
@@ -584,14 +732,24 @@ fn ts_era(command: &[&str], runtime: Option<&Path>) -> Value {
 
 #[test]
 fn a_typescript_sdk_host_gets_a_2026_07_28_servers_questions_as_requests_through_mcpd() {
-    let (daemon, runtime, _units) = modern_python();
+    // `py` serves each host in its own era (a 2025 lane for this host);
+    // `pinned` is one process speaking 2026-07-28, and translates.
+    let (daemon, runtime, _units) = python_units(&[
+        ("py", "protocol \"lanes\"\n"),
+        ("pinned", "protocol \"2026-07-28\"\n"),
+    ]);
     let command = Server::Python.command();
     let command: Vec<&str> = command.iter().map(String::as_str).collect();
     let mcpctl = env!("CARGO_BIN_EXE_mcpctl");
-    let (direct, bridged) = std::thread::scope(|s| {
+    let (direct, laned, bridged) = std::thread::scope(|s| {
         let direct = s.spawn(|| ts_era(&command, None));
-        let bridged = ts_era(&[mcpctl, "--user", "bridge", "py"], Some(&runtime));
-        (direct.join().expect("direct run"), bridged)
+        let laned = s.spawn(|| ts_era(&[mcpctl, "--user", "bridge", "py"], Some(&runtime)));
+        let bridged = ts_era(&[mcpctl, "--user", "bridge", "pinned"], Some(&runtime));
+        (
+            direct.join().expect("direct run"),
+            laned.join().expect("laned run"),
+            bridged,
+        )
     });
     // Lists, a read, a prompt and a call: the same either way.
     for check in ["tools", "resources", "read", "prompts", "prompt", "call"] {
@@ -600,12 +758,14 @@ fn a_typescript_sdk_host_gets_a_2026_07_28_servers_questions_as_requests_through
             "{check} fails directly: {direct:#}"
         );
         assert_eq!(bridged[check], direct[check], "{check}: {bridged:#}");
+        assert_eq!(laned[check], direct[check], "{check}: {laned:#}");
     }
     assert_eq!(direct["tools"], 28, "{direct:#}");
     assert_eq!(bridged["server"], direct["server"], "{bridged:#}");
     // Directly the SDK (2025 only) refuses the tools that answer with an
     // input_required result: the server speaks 2025 to it, and sends it
-    // what only 2026-07-28 has.
+    // what only 2026-07-28 has. So through a 2025 lane, where the server
+    // itself serves the host in its era (DESIGN §12).
     let inputs = [
         "elicitation",
         "sampling",
@@ -621,11 +781,18 @@ fn a_typescript_sdk_host_gets_a_2026_07_28_servers_questions_as_requests_through
                 .is_some_and(|e| e.contains("invalid result")),
             "{check}: {direct:#}"
         );
+        assert_eq!(laned[check], direct[check], "{check}: {laned:#}");
     }
-    // Through mcpd (2026-07-28 upstream) each completes, its questions
-    // arriving as ordinary requests to the host's handlers, as many rounds
-    // as the server asks, its requestState given back unchanged (the
-    // server checks its seal, and says "state-ok" only for an intact one).
+    let py = lanes(&runtime, "py");
+    assert_eq!(py.len(), 2, "a 2025 lane beside the unit's own: {py:?}");
+    // Through a unit pinned to 2026-07-28 (one process, translation) each
+    // completes, its questions arriving as ordinary requests to the
+    // host's handlers, as many rounds as the server asks, its
+    // requestState given back unchanged (the server checks its seal, and
+    // says "state-ok" only for an intact one).
+    let pinned = lanes(&runtime, "pinned");
+    assert_eq!(pinned.len(), 1, "one process: {pinned:?}");
+    assert_eq!(pinned[0].0, MODERN, "{pinned:?}");
     let expect = [
         ("elicitation", [1, 0, 0], "Hello, name from the ts host!"),
         ("sampling", [0, 1, 0], "Model said: sampled by the ts host"),

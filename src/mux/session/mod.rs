@@ -38,6 +38,7 @@
 
 mod classify;
 mod hosts;
+pub mod lanes;
 mod lists;
 mod modern;
 mod opening;
@@ -270,8 +271,9 @@ pub enum Publish {
     List(List, Option<Arc<str>>),
     /// Every list of generation `Gen` has been read (or failed to be).
     Listed(Gen),
-    /// The protocol version the server speaks.
-    Protocol(Option<Arc<str>>),
+    /// The protocol version the server speaks, and which eras
+    /// (DESIGN §12: whether it gets a lane per era).
+    Protocol(Option<Arc<str>>, lanes::Upstream),
     /// The capabilities a host declared (for an instance's upstream).
     Declared(Value),
     /// A host session fixed its protocol version (`true`) or ended with
@@ -889,7 +891,8 @@ impl Core {
     /// newest generation, and the version it speaks for `ProtocolVersion`.
     fn set_init(&mut self, init: Arc<Value>) {
         let protocol = init["protocolVersion"].as_str().map(Arc::from);
-        self.out(Out::Publish(Publish::Protocol(protocol)));
+        let upstream = lanes::Upstream::of(Some(&init));
+        self.out(Out::Publish(Publish::Protocol(protocol, upstream)));
         self.modern_up = era::is_modern(&init);
         self.init = Some(init);
     }

@@ -180,6 +180,10 @@ pub enum Protocol {
     /// `protocol "2026-07-28"`: a server that does not speak it fails to
     /// establish.
     Modern,
+    /// `protocol "lanes"`: as `auto`, and a stdio server of 2026-07-28
+    /// serves each host in its own era: a second process for the hosts of
+    /// the 2025 handshake (DESIGN §12, lanes).
+    Lanes,
 }
 
 impl Protocol {
@@ -189,13 +193,19 @@ impl Protocol {
             Protocol::Auto => "auto",
             Protocol::Legacy => "legacy",
             Protocol::Modern => "2026-07-28",
+            Protocol::Lanes => "lanes",
         }
     }
 
     fn from_word(word: &str) -> Option<Self> {
-        [Protocol::Auto, Protocol::Legacy, Protocol::Modern]
-            .into_iter()
-            .find(|p| p.word() == word)
+        [
+            Protocol::Auto,
+            Protocol::Legacy,
+            Protocol::Modern,
+            Protocol::Lanes,
+        ]
+        .into_iter()
+        .find(|p| p.word() == word)
     }
 }
 
@@ -869,7 +879,7 @@ impl UnitSpec {
                         Field::Protocol,
                         format!("`protocol`: \"{word}\" is not a protocol"),
                     )
-                    .help = Some("write \"auto\", \"legacy\" or \"2026-07-28\"".into());
+                    .help = Some("write \"auto\", \"lanes\", \"legacy\" or \"2026-07-28\"".into());
                 Protocol::default()
             }),
         };
@@ -1003,6 +1013,30 @@ impl UnitSpec {
             sessions: Sessions::Shared,
             ..self.clone()
         }
+    }
+
+    /// The spec of a shared unit's 2025 lane (DESIGN §12): the unit's,
+    /// pinned to the handshake, started when its first host attaches (and
+    /// stopped `idle-stop` after its last one left: [`Self::lane_idle_stop`]).
+    pub fn for_lane(&self) -> UnitSpec {
+        UnitSpec {
+            activation: Activation::Always,
+            protocol: Protocol::Legacy,
+            ..self.clone()
+        }
+    }
+
+    /// How long a lane (DESIGN §12) stays after its last host left: the
+    /// unit's `idle-stop`, or its default for a unit that runs always.
+    pub fn lane_idle_stop(&self) -> Duration {
+        self.activation.idle_stop().unwrap_or(DEFAULT_IDLE_STOP)
+    }
+
+    /// This spec with `protocol` (an instance in its host's era, DESIGN
+    /// §12 and §13).
+    pub fn with_protocol(mut self, protocol: Protocol) -> UnitSpec {
+        self.protocol = protocol;
+        self
     }
 
     /// Which tools are published and callable.
