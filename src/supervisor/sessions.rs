@@ -932,17 +932,7 @@ impl Task {
         let host = self.core.next_host();
         let who = caller.to_string();
         let pausable = link.pausable();
-        self.tracer.attach(
-            host,
-            match &link {
-                HostLink::Stdio { .. } => Transport::Pipe,
-                HostLink::Socket { .. } => Transport::Unix,
-                // An HTTP client's request without a session.
-                HostLink::Memory(_) if caller.peer.is_some() => Transport::Tcp,
-                HostLink::Memory(_) => Transport::Inproc,
-                HostLink::Direct { .. } => Transport::Tcp,
-            },
-        );
+        self.tracer.attach(host, transport(&link, &caller));
         let opened = link.open(host, QUEUE, QUEUE_BYTES);
         self.readers.push(opened.reader);
         let arrival = Arrival {
@@ -1031,7 +1021,7 @@ impl Task {
                             .request_id()
                             .and_then(|id| id.as_u64())
                             .and_then(|id| self.core.owner(id));
-                        let version = self.protocol.lock().ok().and_then(|p| p.clone());
+                        let version = self.protocol.lock().ok().and_then(|p| p.0.clone());
                         self.tracer
                             .to_server(&mut message, owner, version.as_deref());
                     }
@@ -1341,5 +1331,18 @@ impl Task {
             .collect();
         whose.sort();
         tracing::warn!(target: "mcpd::sessions", mcpd_server = %self.name, "the server failed ({why}) with requests in flight from {}", whose.join("; "));
+    }
+}
+
+/// The `network.transport` of a host's spans (telemetry), by its link.
+fn transport(link: &HostLink, caller: &Caller) -> Transport {
+    match link {
+        HostLink::Stdio { .. } => Transport::Pipe,
+        HostLink::Socket { .. } => Transport::Unix,
+        // An HTTP client's request without a session.
+        HostLink::Memory(_) if caller.peer.is_some() => Transport::Tcp,
+        HostLink::Memory(_) => Transport::Inproc,
+        HostLink::Direct { .. } => Transport::Tcp,
+        HostLink::Peeked(inner, _) => transport(inner, caller),
     }
 }
