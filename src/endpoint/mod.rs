@@ -110,6 +110,11 @@ pub struct Endpoint {
     activated: bool,
 }
 
+/// The token file is looked at for an unknown token at most this often
+/// ([`Inner::minted_since`]): requests with made-up tokens cost no system
+/// call each.
+const TOKENS_LOOK_EVERY: std::time::Duration = std::time::Duration::from_millis(10);
+
 #[derive(Debug)]
 struct Inner {
     shared: std::sync::Weak<Shared>,
@@ -126,6 +131,11 @@ struct Inner {
     /// The token file's modification time when it was last read: a token
     /// not known is looked for in the file only when it changed since.
     tokens_read: Mutex<Option<std::time::SystemTime>>,
+    /// One look at the token file at a time for unknown tokens
+    /// ([`Inner::minted_since`]).
+    tokens_check: tokio::sync::Mutex<()>,
+    /// When the file was last looked at for an unknown token.
+    tokens_looked: Mutex<Option<std::time::Instant>>,
     /// When each token was last used (`mcpctl token list`).
     usage: Arc<crate::tokens::Usage>,
     /// The addresses served, for the read model's `HttpView`.
@@ -223,6 +233,8 @@ impl Endpoint {
             tokens_file,
             tokens: RwLock::new(HashMap::new()),
             tokens_read: Mutex::new(None),
+            tokens_check: tokio::sync::Mutex::new(()),
+            tokens_looked: Mutex::new(None),
             addrs: RwLock::new(Vec::new()),
             epoch: tokio::sync::watch::Sender::new(0),
             stateless: Arc::new(std::sync::atomic::AtomicUsize::new(0)),
@@ -724,7 +736,7 @@ async fn handle(
     }
     let token = match settings.auth {
         crate::unit::settings::Auth::None => None,
-        crate::unit::settings::Auth::Token => match inner.authorize(&request, seen) {
+        crate::unit::settings::Auth::Token => match inner.authorize(&request, seen).await {
             Ok(entry) => Some(entry),
             Err(why) => {
                 inner.audit(|| tracing::warn!(target: "mcpd::http", %peer, "refused a request to {}: {why}", clip(request.uri().path())));
@@ -1136,37 +1148,19 @@ impl Inner {
 
     /// The token the request bears, if it is one of the token file's and
     /// has not expired.
-    fn authorize(
-        &self,
+    async fn authorize(
+        self: &Arc<Self>,
         request: &Request<Incoming>,
         seen: &Seen,
     ) -> Result<Arc<crate::tokens::Entry>, String> {
         let Some(value) = request.headers().get(header::AUTHORIZATION) else {
             return Err("no token (Authorization: Bearer TOKEN)".into());
         };
-        let mut seen = seen.0.lock().map_err(|_| "poisoned")?;
-        let hash = match &*seen {
-            Some((before, hash)) if **before == *value.as_bytes() => hash,
-            _ => {
-                let bearer = value
-                    .to_str()
-                    .ok()
-                    .and_then(|v| {
-                        v.strip_prefix("Bearer ")
-                            .or_else(|| v.strip_prefix("bearer "))
-                    })
-                    .map(str::trim)
-                    .ok_or("not a bearer token")?;
-                &seen
-                    .insert((value.as_bytes().into(), crate::tokens::hash(bearer)))
-                    .1
-            }
+        let hash = self.bearer_hash(value, seen)?;
+        let entry = match self.token(&hash) {
+            Some(entry) => entry,
+            None => self.minted_since(hash).await.ok_or("not a valid token")?,
         };
-        let hash = hash.as_str();
-        let entry = self
-            .token(hash)
-            .or_else(|| self.minted_since(hash))
-            .ok_or("not a valid token")?;
         let now = now();
         if entry.expired(now) {
             return Err(format!("token {} has expired", entry.name));
@@ -1187,6 +1181,29 @@ impl Inner {
         Ok(entry)
     }
 
+    /// The hash of the bearer token `value` carries (the connection
+    /// remembers the last one: a keep-alive client hashes once).
+    fn bearer_hash(&self, value: &HeaderValue, seen: &Seen) -> Result<String, String> {
+        let mut seen = seen.0.lock().map_err(|_| "poisoned")?;
+        if let Some((before, hash)) = &*seen
+            && **before == *value.as_bytes()
+        {
+            return Ok(hash.clone());
+        }
+        let bearer = value
+            .to_str()
+            .ok()
+            .and_then(|v| {
+                v.strip_prefix("Bearer ")
+                    .or_else(|| v.strip_prefix("bearer "))
+            })
+            .map(str::trim)
+            .ok_or("not a bearer token")?;
+        let hash = crate::tokens::hash(bearer);
+        *seen = Some((value.as_bytes().into(), hash.clone()));
+        Ok(hash)
+    }
+
     fn token(&self, hash: &str) -> Option<Arc<crate::tokens::Entry>> {
         self.tokens.read().ok()?.get(hash).cloned()
     }
@@ -1204,8 +1221,35 @@ impl Inner {
     /// A token minted since the file was last read (`mcpctl token new`
     /// before the daemon's watch reloaded it): looked for in the file when
     /// it changed since, and the file's new tokens taken at once (the
-    /// reload that follows ends what was revoked).
-    fn minted_since(&self, hash: &str) -> Option<Arc<crate::tokens::Entry>> {
+    /// reload that follows ends what was revoked). Anyone who can connect
+    /// reaches this with a token that is not one: the file's `stat` (and
+    /// after a change its read) run on the blocking pool, one at a time
+    /// (`tokens_check`), never on the runtime's thread; those waiting find
+    /// what the one before them took.
+    async fn minted_since(self: &Arc<Self>, hash: String) -> Option<Arc<crate::tokens::Entry>> {
+        let _turn = self.tokens_check.lock().await;
+        if let Some(entry) = self.token(&hash) {
+            return Some(entry);
+        }
+        let inner = Arc::clone(self);
+        tokio::task::spawn_blocking(move || inner.minted_since_now(&hash))
+            .await
+            .ok()
+            .flatten()
+    }
+
+    /// [`Inner::minted_since`]'s file work (blocking): at most one look
+    /// at the file per [`TOKENS_LOOK_EVERY`], whatever the number of
+    /// unknown tokens (a token minted since is seen within that, or by
+    /// the watch's reload).
+    fn minted_since_now(&self, hash: &str) -> Option<Arc<crate::tokens::Entry>> {
+        {
+            let mut looked = self.tokens_looked.lock().ok()?;
+            if looked.is_some_and(|at| at.elapsed() < TOKENS_LOOK_EVERY) {
+                return None;
+            }
+            *looked = Some(std::time::Instant::now());
+        }
         let modified = std::fs::metadata(&self.tokens_file)
             .and_then(|m| m.modified())
             .ok();
