@@ -434,6 +434,7 @@ pub fn connect(
     names: &[String],
     group: Option<&str>,
     http: bool,
+    force: bool,
     dry_run: bool,
     env: &dyn Fn(&str) -> Option<OsString>,
     out: &mut dyn Write,
@@ -542,6 +543,8 @@ pub fn connect(
             tokens: *tokens,
             dir: &token_dir,
         }),
+        needs_login: &|unit: &str| needs_login(instance, env, &units, unit),
+        force,
     })
     .map_err(CtlError::failure)?;
     let connected = planned.text.as_str();
@@ -636,6 +639,40 @@ fn other_instance(instance: Instance) -> Instance {
 }
 
 /// The units of `instance`, as its daemon would find them.
+/// Whether `unit` needs a login (DESIGN §17): it has `oauth` with a
+/// person's grant and the daemon holds no tokens for it (the daemon
+/// writes `STATE/oauth/NAME.json` when a login completes and removes it
+/// on logout or `invalid_grant`).
+fn needs_login(
+    instance: Instance,
+    env: &dyn Fn(&str) -> Option<OsString>,
+    units: &[pair::Unit],
+    unit: &str,
+) -> bool {
+    let Some(found) = units.iter().find(|u| u.name == unit) else {
+        return false;
+    };
+    let Ok(spec) = crate::unit::load_in(
+        &crate::unit::UnitFiles::beside(&found.path),
+        &instance.load_context(),
+    ) else {
+        return false;
+    };
+    let crate::unit::Transport::Http(http) = spec.transport() else {
+        return false;
+    };
+    let Some(oauth) = http.oauth() else {
+        return false;
+    };
+    if oauth.grant == crate::unit::Grant::ClientCredentials {
+        return false;
+    }
+    let state = crate::unit::instance::state_dir(instance, env);
+    !crate::supervisor::oauth::dir(&state)
+        .join(format!("{unit}.json"))
+        .is_file()
+}
+
 fn units_of(instance: Instance, env: &dyn Fn(&str) -> Option<OsString>) -> Vec<pair::Unit> {
     let (found, _) = crate::unit::discover(&crate::unit::search_path(instance, env));
     found
