@@ -957,3 +957,57 @@ fn import_marks_a_hosts_oauth_entry_and_connect_leaves_it_to_the_host_until_a_lo
     );
     assert!(!out.contains("skipped"), "{out}");
 }
+
+#[test]
+fn connect_asks_a_running_daemon_whether_a_unit_needs_a_login() {
+    let home = tempfile::tempdir().expect("home");
+    let runtime = tempfile::tempdir().expect("runtime");
+    let h = home.path();
+    let claude = h.join(".claude.json");
+    std::fs::write(
+        &claude,
+        r#"{ "mcpServers": { "slack": { "type": "http", "url": "http://127.0.0.1:9/mcp", "oauth": { "clientId": "c1" } } } }"#,
+    )
+    .expect("claude.json");
+    let xdg = [(
+        "XDG_RUNTIME_DIR".to_owned(),
+        runtime.path().display().to_string(),
+    )];
+    let user = |args: &[&str]| as_user(h, h, &xdg, args);
+    succeeded(&user(&["import"]));
+    // A token file where mcpctl would look without a daemon; the daemon
+    // (its own state directory) holds no login.
+    let logins = h.join(".local/state/mcpd/oauth");
+    std::fs::create_dir_all(&logins).expect("state");
+    std::fs::write(logins.join("slack.json"), "{}").expect("file");
+    let original = std::fs::read_to_string(&claude).expect("claude.json");
+    let mut d = Daemon::user_no_bus(
+        &h.join(".config/mcpd/units"),
+        &[
+            ("XDG_RUNTIME_DIR", runtime.path().as_os_str()),
+            ("HOME", h.as_os_str()),
+        ],
+    );
+    d.wait_until("slack needs a login", |_| {
+        said(&user(&["status", "slack"])).contains("needs login")
+    });
+    let out = user(&["connect", "claude-code"]);
+    assert_eq!(out.status.code(), Some(1), "{}", said(&out));
+    assert!(
+        said(&out)
+            .contains("claude-code: skipped slack: needs a login: run mcpctl auth login slack"),
+        "{}",
+        said(&out)
+    );
+    assert_eq!(
+        std::fs::read_to_string(&claude).expect("claude.json"),
+        original
+    );
+    drop(d);
+    // Without the daemon, its token file is the judge.
+    let out = succeeded(&user(&["connect", "claude-code"]));
+    assert!(
+        out.contains("claude-code: slack → mcpctl bridge slack"),
+        "{out}"
+    );
+}
