@@ -24,6 +24,9 @@ pub struct Imported {
     pub secrets: Vec<(String, String)>,
     /// Why each of `secrets` is one ([`secret_because`]), in their order.
     pub because: Vec<&'static str>,
+    /// The unit has `oauth { }`: the host logged in to the server itself,
+    /// and mcpd needs its own login (`mcpctl auth login NAME`).
+    pub login: bool,
 }
 
 impl Imported {
@@ -635,7 +638,12 @@ pub fn convert_as(
                 lines.push("startup-timeout \"2m\"".into());
             }
         }
-        Server::Remote { url, sse, headers } => {
+        Server::Remote {
+            url,
+            sse,
+            headers,
+            oauth,
+        } => {
             if *sse {
                 return Err(
                     "it uses the SSE transport, which mcpd does not speak (Streamable HTTP only)"
@@ -673,6 +681,26 @@ pub fn convert_as(
                 });
                 secrets.push((var, value));
                 because.push(why);
+            }
+            if let Some(oauth) = oauth {
+                // The host's client kept: a provider that registered it
+                // (with its fixed callback port) knows no other.
+                let keys: Vec<String> = [
+                    oauth
+                        .client_id
+                        .as_ref()
+                        .map(|id| format!("client-id {}", kdl(id))),
+                    oauth.scope.as_ref().map(|s| format!("scope {}", kdl(s))),
+                    oauth.redirect_port.map(|p| format!("redirect-port {p}")),
+                ]
+                .into_iter()
+                .flatten()
+                .collect();
+                header_lines.push(if keys.is_empty() {
+                    "    oauth {}".to_owned()
+                } else {
+                    format!("    oauth {{ {}; }}", keys.join("; "))
+                });
             }
             if header_lines.is_empty() {
                 lines.push(format!("http {}", kdl(&url)));
@@ -723,6 +751,7 @@ pub fn convert_as(
         unit: lines.join("\n"),
         secrets,
         because,
+        login: matches!(&entry.server, Server::Remote { oauth: Some(_), .. }),
     })
 }
 

@@ -236,9 +236,68 @@ pub enum Server {
         url: String,
         sse: bool,
         headers: Vec<(String, HeaderValue)>,
+        /// The host logs in to it itself (DESIGN §17, "Adoption").
+        oauth: Option<HostOAuth>,
     },
     /// Neither: why it cannot be imported.
     Unusable(String),
+}
+
+/// A remote entry the host authorizes itself with OAuth: Claude Code's
+/// `oauth` key (`clientId`, `callbackPort`, `scopes`), Gemini CLI's
+/// `oauth` key (`clientId`, `scopes`) or `authProviderType`. Its client
+/// secret, if any, is in the host's keychain, never in the file.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct HostOAuth {
+    pub client_id: Option<String>,
+    /// The fixed loopback port the provider registered for its redirect.
+    pub redirect_port: Option<u16>,
+    /// Space-separated.
+    pub scope: Option<String>,
+}
+
+/// The host's own OAuth of a JSON entry, if it has one.
+fn host_oauth(host: Host, value: &Value) -> Option<HostOAuth> {
+    let oauth = value.get("oauth");
+    let provider = value.get("authProviderType").and_then(Value::as_str);
+    let own = match host {
+        Host::ClaudeCode => oauth.is_some_and(Value::is_object),
+        // Gemini CLI: `oauth` (not `"enabled": false`), or
+        // `authProviderType` `dynamic_discovery` (its Google ones are
+        // refused by the caller).
+        Host::Gemini => {
+            oauth.is_some_and(|o| o.get("enabled").and_then(Value::as_bool) != Some(false))
+                || provider == Some("dynamic_discovery")
+        }
+        _ => false,
+    };
+    if !own {
+        return None;
+    }
+    let oauth = oauth.unwrap_or(&Value::Null);
+    let scope = match oauth.get("scopes") {
+        Some(Value::String(s)) => Some(s.clone()),
+        Some(Value::Array(a)) => Some(
+            a.iter()
+                .filter_map(Value::as_str)
+                .collect::<Vec<_>>()
+                .join(" "),
+        ),
+        _ => None,
+    }
+    .filter(|s| !s.trim().is_empty());
+    Some(HostOAuth {
+        client_id: oauth
+            .get("clientId")
+            .and_then(Value::as_str)
+            .map(str::to_owned),
+        redirect_port: oauth
+            .get("callbackPort")
+            .and_then(Value::as_u64)
+            .and_then(|p| u16::try_from(p).ok())
+            .filter(|p| *p != 0),
+        scope,
+    })
 }
 
 /// A remote entry's header value.
@@ -422,6 +481,12 @@ fn json_entry(host: Host, name: &str, value: &Value) -> Entry {
             env_file: string("envFile"),
             pass: Vec::new(),
         }
+    } else if let Some(provider) =
+        string("authProviderType").filter(|p| host == Host::Gemini && p != "dynamic_discovery")
+    {
+        Server::Unusable(format!(
+            "it logs in with Google credentials (authProviderType {provider}), which mcpd cannot"
+        ))
     } else if let Some(url) = http_url.clone().or_else(|| string("url")) {
         let sse = match kind.as_deref() {
             Some("sse") => true,
@@ -443,6 +508,7 @@ fn json_entry(host: Host, name: &str, value: &Value) -> Entry {
                 .into_iter()
                 .map(|(k, v)| (k, HeaderValue::Text(v)))
                 .collect(),
+            oauth: host_oauth(host, value),
         }
     } else {
         Server::Unusable("it has no command and no url".into())
@@ -549,6 +615,7 @@ fn read_codex(path: &Path, text: &str, base: &Path) -> Result<Vec<Entry>, FileEr
                 url,
                 sse: false,
                 headers,
+                oauth: None,
             }
         } else {
             Server::Unusable("it has no command and no url".into())

@@ -290,6 +290,9 @@ pub fn import(input: ImportInput<'_>) -> ImportPlan {
                     row.result += &format!("failed: {why}");
                 }
             }
+            if converted.login && !row.failed {
+                row.result += &format!("; needs login: mcpctl auth login {name}");
+            }
             rows.push(row);
             planned.insert(name, (entry, converted, false));
         }

@@ -48,6 +48,10 @@ pub struct ConnectInput<'a> {
     /// `connect --http`: the entries reach mcpd's HTTP endpoint instead
     /// of running the bridge.
     pub http: Option<Http<'a>>,
+    /// Whether a unit needs a login (`oauth` and none yet, DESIGN §17):
+    /// its entry is left to the host, which is logged in, unless `force`.
+    pub needs_login: &'a dyn Fn(&str) -> bool,
+    pub force: bool,
 }
 
 /// Where mcpd's HTTP endpoint is, for `connect --http`.
@@ -299,6 +303,20 @@ pub fn connect(input: ConnectInput<'_>) -> Result<ConnectPlan, String> {
             servers.push((unit.clone(), unit.clone(), "added"));
         }
     }
+    if !input.force {
+        // The host's own entry keeps the host's login; the bridge would
+        // answer every call with "needs a login".
+        servers.retain(|(entry, unit, _)| {
+            let skip = !unit.starts_with('@') && (input.needs_login)(unit);
+            if skip {
+                left.push(skipped(host, entry, unit));
+            }
+            !skip
+        });
+        if servers.is_empty() {
+            return Err(left.join("\n"));
+        }
+    }
     let pairs: Vec<(String, String)> = servers
         .iter()
         .map(|(e, u, _)| (e.clone(), u.clone()))
@@ -371,6 +389,15 @@ pub fn connect(input: ConnectInput<'_>) -> Result<ConnectPlan, String> {
     })
 }
 
+/// What `connect` says of an entry left alone because its unit needs a
+/// login.
+pub fn skipped(host: Host, entry: &str, unit: &str) -> String {
+    format!(
+        "{}: skipped {entry}: needs a login: run mcpctl auth login {unit}, then connect again (--force connects it anyway)",
+        host.name()
+    )
+}
+
 /// What to say when the units are `other`'s (`they are units`, `it is a
 /// unit`), as `status` says it.
 pub fn use_other(they: &str, other: &str) -> String {
@@ -417,6 +444,19 @@ mod tests {
         group: Option<(&str, &[String])>,
         earlier: Option<Record>,
     ) -> Result<ConnectPlan, String> {
+        plan_with(text, units, names, group, earlier, &|_| false, false)
+    }
+
+    /// [`plan`], these units needing a login, with `--force` or not.
+    fn plan_with(
+        text: &str,
+        units: &[Unit],
+        names: &[String],
+        group: Option<(&str, &[String])>,
+        earlier: Option<Record>,
+        needs_login: &dyn Fn(&str) -> bool,
+        force: bool,
+    ) -> Result<ConnectPlan, String> {
         let file = Path::new("/home/u/.gemini/settings.json");
         let base = Path::new("/home/u");
         let entries = super::super::hosts::read(Host::Gemini, file, text, base).expect("read");
@@ -446,7 +486,61 @@ mod tests {
             unit_dirs: &[],
             created: false,
             http: None,
+            needs_login,
+            force,
         })
+    }
+
+    #[test]
+    fn an_entry_whose_unit_needs_a_login_is_left_to_the_host_unless_forced() {
+        let origin = |entry: &str| {
+            convert::origin(
+                Host::Gemini,
+                Path::new("/home/u/.gemini/settings.json"),
+                entry,
+            )
+        };
+        let units = [
+            unit(
+                "t",
+                &format!(
+                    "{}\nstdio {{ command \"uvx\" \"mcp-server-time\"; }}\n",
+                    origin("time")
+                ),
+            ),
+            unit(
+                "linear",
+                &format!(
+                    "{}\nhttp \"https://mcp.linear.app/mcp\" {{ oauth {{}} }}\n",
+                    origin("linear")
+                ),
+            ),
+        ];
+        let text = r#"{"mcpServers": {"time": {"command": "uvx", "args": ["mcp-server-time"]}, "linear": {"httpUrl": "https://mcp.linear.app/mcp", "oauth": {"enabled": true}}}}"#;
+        let login = |u: &str| u == "linear";
+        let p = plan_with(text, &units, &[], None, None, &login, false).expect("plan");
+        assert_eq!(p.servers.len(), 1, "{p:?}");
+        assert_eq!(p.servers[0].1, "t");
+        assert_eq!(
+            p.left,
+            [
+                "gemini: skipped linear: needs a login: run mcpctl auth login linear, then connect again (--force connects it anyway)"
+            ]
+        );
+        // The host's own entry stays as it was.
+        assert!(
+            p.text
+                .contains("\"httpUrl\": \"https://mcp.linear.app/mcp\""),
+            "{}",
+            p.text
+        );
+        let forced = plan_with(text, &units, &[], None, None, &login, true).expect("plan");
+        assert_eq!(forced.servers.len(), 2, "{forced:?}");
+        assert!(forced.left.is_empty());
+        // Named alone: nothing to connect, and why.
+        let e = plan_with(text, &units, &["linear".into()], None, None, &login, false)
+            .expect_err("nothing to connect");
+        assert!(e.contains("skipped linear: needs a login"), "{e}");
     }
 
     const TIMES: &str = r#"{"mcpServers": {"time": {"command": "uvx", "args": ["mcp-server-time", "--local-timezone", "Asia/Tokyo"], "timeout": 30000}}}"#;

@@ -186,6 +186,10 @@ enum Command {
         /// each with a token made for it, instead of the bridge.
         #[arg(long)]
         http: bool,
+        /// Connect units that need a login too (by default their entries
+        /// are left to the host, which is logged in).
+        #[arg(long)]
+        force: bool,
         /// Print the change as a diff; write nothing.
         #[arg(long)]
         dry_run: bool,
@@ -404,6 +408,7 @@ fn main() -> ExitCode {
             names,
             group,
             http,
+            force,
             dry_run,
         } => Some(mcpd::ctl::import::connect(
             instance,
@@ -411,6 +416,7 @@ fn main() -> ExitCode {
             names,
             group.as_deref(),
             *http,
+            *force,
             *dry_run,
             &env,
             &mut std::io::stdout().lock(),

@@ -160,6 +160,7 @@ fn server(options: &AddOptions) -> Result<Server, CtlError> {
                 url: url.clone(),
                 sse: false,
                 headers,
+                oauth: None,
             })
         }
         "sse" => Err(bad(

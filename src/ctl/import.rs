@@ -434,6 +434,7 @@ pub fn connect(
     names: &[String],
     group: Option<&str>,
     http: bool,
+    force: bool,
     dry_run: bool,
     env: &dyn Fn(&str) -> Option<OsString>,
     out: &mut dyn Write,
@@ -519,6 +520,11 @@ pub fn connect(
         .iter()
         .map(|dir| ("MCPD_RUNTIME_DIR".to_owned(), dir.display().to_string()))
         .collect();
+    let needing = if force {
+        Vec::new()
+    } else {
+        needing_login(instance, env, &units)
+    };
     let planned = plan::connect(plan::ConnectInput {
         host,
         file: &file,
@@ -542,6 +548,8 @@ pub fn connect(
             tokens: *tokens,
             dir: &token_dir,
         }),
+        needs_login: &|unit: &str| needing.iter().any(|n| n == unit),
+        force,
     })
     .map_err(CtlError::failure)?;
     let connected = planned.text.as_str();
@@ -636,6 +644,71 @@ fn other_instance(instance: Instance) -> Instance {
 }
 
 /// The units of `instance`, as its daemon would find them.
+/// The units that need a login (DESIGN §17): those with `oauth` and a
+/// person's grant that the daemon has no login for, by its `Auth`
+/// property; a unit it has not loaded, or with no daemon reachable, by
+/// the daemon's token file (`STATE/oauth/NAME.json`, written when a login
+/// completes, removed on logout or `invalid_grant`).
+fn needing_login(
+    instance: Instance,
+    env: &dyn Fn(&str) -> Option<OsString>,
+    units: &[pair::Unit],
+) -> Vec<String> {
+    let context = instance.load_context();
+    let oauth: Vec<&str> = units
+        .iter()
+        .filter(|u| {
+            let Ok(spec) = crate::unit::load_in(&crate::unit::UnitFiles::beside(&u.path), &context)
+            else {
+                return false;
+            };
+            matches!(spec.transport(), crate::unit::Transport::Http(http)
+                if http.oauth().is_some_and(|o| o.grant != crate::unit::Grant::ClientCredentials))
+        })
+        .map(|u| u.name.as_str())
+        .collect();
+    if oauth.is_empty() {
+        return Vec::new();
+    }
+    // What the daemon says, when it is there (bounded: an unresponsive
+    // daemon is the token file's case).
+    let said: Vec<Option<String>> = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .ok()
+        .and_then(|runtime| {
+            runtime.block_on(async {
+                let ask = async {
+                    let client = crate::dbus::Client::connect(instance).await.ok()?;
+                    let mut said = Vec::new();
+                    for name in &oauth {
+                        let auth = match client.server(name).await {
+                            Ok(server) => server.auth().await.ok(),
+                            Err(_) => None,
+                        };
+                        said.push(auth);
+                    }
+                    Some(said)
+                };
+                tokio::time::timeout(std::time::Duration::from_secs(10), ask)
+                    .await
+                    .ok()
+                    .flatten()
+            })
+        })
+        .unwrap_or_else(|| vec![None; oauth.len()]);
+    let logins = crate::supervisor::oauth::dir(&crate::unit::instance::state_dir(instance, env));
+    oauth
+        .iter()
+        .zip(said)
+        .filter(|(name, auth)| match auth {
+            Some(auth) if !auth.is_empty() => auth.starts_with("needs login"),
+            _ => !logins.join(format!("{name}.json")).is_file(),
+        })
+        .map(|(name, _)| (*name).to_owned())
+        .collect()
+}
+
 fn units_of(instance: Instance, env: &dyn Fn(&str) -> Option<OsString>) -> Vec<pair::Unit> {
     let (found, _) = crate::unit::discover(&crate::unit::search_path(instance, env));
     found

@@ -877,3 +877,137 @@ fn connect_makes_a_hosts_missing_file_and_disconnect_removes_it() {
     succeeded(&run(&["disconnect", "claude-code"]));
     assert!(!h.join(".claude.json").exists());
 }
+
+#[test]
+fn import_marks_a_hosts_oauth_entry_and_connect_leaves_it_to_the_host_until_a_login() {
+    let home = tempfile::tempdir().expect("home");
+    let h = home.path();
+    let claude = h.join(".claude.json");
+    std::fs::write(
+        &claude,
+        r#"{
+  "mcpServers": {
+    "time": { "type": "stdio", "command": "uvx", "args": ["mcp-server-time"] },
+    "slack": {
+      "type": "http",
+      "url": "https://mcp.slack.com/mcp",
+      "oauth": { "clientId": "1601185624273.8899143856786", "callbackPort": 3118 }
+    }
+  }
+}
+"#,
+    )
+    .expect("claude.json");
+    let user = |args: &[&str]| as_user(h, h, &[], args);
+    let out = succeeded(&user(&["import"]));
+    assert!(
+        out.lines().any(|l| l.contains(" slack.kdl ")
+            && l.ends_with("imported; needs login: mcpctl auth login slack")),
+        "{out}"
+    );
+    let unit = std::fs::read_to_string(h.join(".config/mcpd/units/slack.kdl")).expect("unit");
+    assert!(
+        unit.contains(r#"oauth { client-id "1601185624273.8899143856786"; redirect-port 3118; }"#),
+        "{unit}"
+    );
+    let original = jsonc(&claude)["mcpServers"]["slack"].clone();
+
+    // No login yet: the host keeps its own entry, and is told why.
+    let out = succeeded(&user(&["connect", "claude-code"]));
+    assert!(
+        out.contains("claude-code: time → mcpctl bridge time"),
+        "{out}"
+    );
+    assert!(
+        out.contains("claude-code: skipped slack: needs a login: run mcpctl auth login slack, then connect again (--force connects it anyway)"),
+        "{out}"
+    );
+    assert_eq!(jsonc(&claude)["mcpServers"]["slack"], original);
+    // Named alone, there is nothing to connect.
+    let named = user(&["connect", "claude-code", "slack"]);
+    assert_eq!(named.status.code(), Some(1), "{}", said(&named));
+    assert!(
+        said(&named).contains("skipped slack: needs a login"),
+        "{}",
+        said(&named)
+    );
+    assert_eq!(jsonc(&claude)["mcpServers"]["slack"], original);
+
+    // --force connects it anyway.
+    let out = succeeded(&user(&["connect", "claude-code", "--force"]));
+    assert!(
+        out.contains("claude-code: slack → mcpctl bridge slack"),
+        "{out}"
+    );
+    assert_eq!(
+        jsonc(&claude)["mcpServers"]["slack"]["args"],
+        serde_json::json!(["--user", "bridge", "slack"])
+    );
+    succeeded(&user(&["disconnect", "claude-code"]));
+    assert_eq!(jsonc(&claude)["mcpServers"]["slack"], original);
+
+    // Once the daemon holds a login (its token file), connect takes it.
+    let logins = h.join(".local/state/mcpd/oauth");
+    std::fs::create_dir_all(&logins).expect("state");
+    std::fs::write(logins.join("slack.json"), "{}").expect("login");
+    let out = succeeded(&user(&["connect", "claude-code"]));
+    assert!(
+        out.contains("claude-code: slack → mcpctl bridge slack"),
+        "{out}"
+    );
+    assert!(!out.contains("skipped"), "{out}");
+}
+
+#[test]
+fn connect_asks_a_running_daemon_whether_a_unit_needs_a_login() {
+    let home = tempfile::tempdir().expect("home");
+    let runtime = tempfile::tempdir().expect("runtime");
+    let h = home.path();
+    let claude = h.join(".claude.json");
+    std::fs::write(
+        &claude,
+        r#"{ "mcpServers": { "slack": { "type": "http", "url": "http://127.0.0.1:9/mcp", "oauth": { "clientId": "c1" } } } }"#,
+    )
+    .expect("claude.json");
+    let xdg = [(
+        "XDG_RUNTIME_DIR".to_owned(),
+        runtime.path().display().to_string(),
+    )];
+    let user = |args: &[&str]| as_user(h, h, &xdg, args);
+    succeeded(&user(&["import"]));
+    // A token file where mcpctl would look without a daemon; the daemon
+    // (its own state directory) holds no login.
+    let logins = h.join(".local/state/mcpd/oauth");
+    std::fs::create_dir_all(&logins).expect("state");
+    std::fs::write(logins.join("slack.json"), "{}").expect("file");
+    let original = std::fs::read_to_string(&claude).expect("claude.json");
+    let mut d = Daemon::user_no_bus(
+        &h.join(".config/mcpd/units"),
+        &[
+            ("XDG_RUNTIME_DIR", runtime.path().as_os_str()),
+            ("HOME", h.as_os_str()),
+        ],
+    );
+    d.wait_until("slack needs a login", |_| {
+        said(&user(&["status", "slack"])).contains("needs login")
+    });
+    let out = user(&["connect", "claude-code"]);
+    assert_eq!(out.status.code(), Some(1), "{}", said(&out));
+    assert!(
+        said(&out)
+            .contains("claude-code: skipped slack: needs a login: run mcpctl auth login slack"),
+        "{}",
+        said(&out)
+    );
+    assert_eq!(
+        std::fs::read_to_string(&claude).expect("claude.json"),
+        original
+    );
+    drop(d);
+    // Without the daemon, its token file is the judge.
+    let out = succeeded(&user(&["connect", "claude-code"]));
+    assert!(
+        out.contains("claude-code: slack → mcpctl bridge slack"),
+        "{out}"
+    );
+}
