@@ -257,6 +257,7 @@ const LAYERS: &[Layer] = &[
         allowed: &[
             ("src/endpoint/mod.rs", "hyper::"),
             ("src/endpoint/mod.rs", "hyper_util::"),
+            ("src/endpoint/conn.rs", "hyper::"),
         ],
         why: "the HTTP server is the endpoint's alone",
     },

@@ -38,6 +38,8 @@
 //! session); an `input_required` answer keeps that session, parked by its
 //! `requestState` for the retry with the same token.
 
+mod auth;
+mod conn;
 pub mod modern;
 pub mod session;
 
@@ -64,6 +66,8 @@ use crate::mux::message::Message;
 use crate::mux::method::Method as McpMethod;
 use crate::supervisor::{Caller, HostLink};
 use crate::unit::settings::HttpSettings;
+use auth::Seen;
+use conn::{BodyError, Stalled, budgeted, busy, read_body, stalled};
 use session::{IdleWatch, Item, Session};
 
 /// The largest request body (as a unit's `max-request-size` default and
@@ -109,11 +113,6 @@ pub struct Endpoint {
     /// Serving the service manager's sockets: `listen` is not used.
     activated: bool,
 }
-
-/// The token file is looked at for an unknown token at most this often
-/// ([`Inner::minted_since`]): requests with made-up tokens cost no system
-/// call each.
-const TOKENS_LOOK_EVERY: std::time::Duration = std::time::Duration::from_millis(10);
 
 #[derive(Debug)]
 struct Inner {
@@ -459,122 +458,6 @@ async fn accept_loop(listener: TcpListener, inner: Arc<Inner>) {
     }
 }
 
-/// Whether a connection ended because a write made no progress
-/// ([`Stalled`]).
-fn stalled(error: &hyper::Error) -> bool {
-    let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(error);
-    while let Some(e) = cause {
-        if let Some(io) = e.downcast_ref::<std::io::Error>()
-            && io.kind() == std::io::ErrorKind::TimedOut
-        {
-            return true;
-        }
-        cause = e.source();
-    }
-    false
-}
-
-/// A connection whose writes fail once one has made no progress for
-/// [`read_timeout`]: a client that stops reading an answer or a stream
-/// loses its connection, and the answer's memory goes with it (issue 55,
-/// D4). Reads are hyper's (its header deadline) and the body's.
-struct Stalled {
-    stream: tokio::net::TcpStream,
-    /// Armed when a write could not proceed; disarmed by progress.
-    since: Option<std::pin::Pin<Box<tokio::time::Sleep>>>,
-}
-
-impl Stalled {
-    fn new(stream: tokio::net::TcpStream) -> Self {
-        Self {
-            stream,
-            since: None,
-        }
-    }
-
-    /// `polled`, a write's outcome: progress disarms the deadline; no
-    /// progress arms it, and past it the write fails.
-    fn deadline<T>(
-        &mut self,
-        cx: &mut std::task::Context<'_>,
-        polled: std::task::Poll<std::io::Result<T>>,
-    ) -> std::task::Poll<std::io::Result<T>> {
-        if polled.is_ready() {
-            self.since = None;
-            return polled;
-        }
-        let since = self
-            .since
-            .get_or_insert_with(|| Box::pin(tokio::time::sleep(read_timeout())));
-        if since.as_mut().poll(cx).is_ready() {
-            return std::task::Poll::Ready(Err(std::io::Error::new(
-                std::io::ErrorKind::TimedOut,
-                "the client read nothing of an answer in time",
-            )));
-        }
-        std::task::Poll::Pending
-    }
-}
-
-impl tokio::io::AsyncRead for Stalled {
-    fn poll_read(
-        mut self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-        buf: &mut tokio::io::ReadBuf<'_>,
-    ) -> std::task::Poll<std::io::Result<()>> {
-        std::pin::Pin::new(&mut self.stream).poll_read(cx, buf)
-    }
-}
-
-impl tokio::io::AsyncWrite for Stalled {
-    fn poll_write(
-        mut self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-        buf: &[u8],
-    ) -> std::task::Poll<std::io::Result<usize>> {
-        let polled = std::pin::Pin::new(&mut self.stream).poll_write(cx, buf);
-        self.deadline(cx, polled)
-    }
-
-    fn poll_write_vectored(
-        mut self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-        bufs: &[std::io::IoSlice<'_>],
-    ) -> std::task::Poll<std::io::Result<usize>> {
-        let polled = std::pin::Pin::new(&mut self.stream).poll_write_vectored(cx, bufs);
-        self.deadline(cx, polled)
-    }
-
-    fn is_write_vectored(&self) -> bool {
-        self.stream.is_write_vectored()
-    }
-
-    fn poll_flush(
-        mut self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<std::io::Result<()>> {
-        let polled = std::pin::Pin::new(&mut self.stream).poll_flush(cx);
-        self.deadline(cx, polled)
-    }
-
-    fn poll_shutdown(
-        mut self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<std::io::Result<()>> {
-        std::pin::Pin::new(&mut self.stream).poll_shutdown(cx)
-    }
-}
-
-/// The `Authorization` header a connection's last request bore and the
-/// hash of its token: the requests of a keep-alive connection bear the
-/// same one, which is then not hashed again (what is compared is what
-/// the same connection sent before, so the comparison tells it nothing).
-/// The token itself is looked up every time: a revoked one fails at once.
-/// The header is kept as a copy: a `HeaderValue` hyper parsed shares the
-/// connection's 8 KiB read buffer, which it would keep from being reused.
-#[derive(Default)]
-struct Seen(Mutex<Option<(Box<[u8]>, String)>>);
-
 fn full(status: StatusCode, content_type: &'static str, body: impl Into<Bytes>) -> Response<Body> {
     let mut response = Response::new(Full::new(body.into()).boxed_unsync());
     *response.status_mut() = status;
@@ -587,81 +470,6 @@ fn full(status: StatusCode, content_type: &'static str, body: impl Into<Bytes>) 
         .headers_mut()
         .insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
     response
-}
-
-/// Why a request body was not read.
-enum BodyError {
-    /// Past [`MAX_BODY`].
-    TooLarge,
-    /// Past the daemon's [`BUDGET`].
-    Busy,
-    Read(hyper::Error),
-}
-
-/// Reads a request body into one buffer as its frames arrive, whatever
-/// their size (a body sent one byte per chunk takes its length, not a
-/// `Bytes` per byte), within [`MAX_BODY`] and the daemon's [`BUDGET`]
-/// (the permits returned hold its share until dropped).
-async fn read_body(
-    mut body: Incoming,
-    announced: Option<usize>,
-    budget: &Arc<tokio::sync::Semaphore>,
-) -> Result<(Vec<u8>, Option<tokio::sync::OwnedSemaphorePermit>), BodyError> {
-    let mut buf = Vec::with_capacity(announced.unwrap_or(0).min(1 << 20));
-    let mut held: Option<tokio::sync::OwnedSemaphorePermit> = None;
-    while let Some(frame) = body.frame().await {
-        let frame = frame.map_err(BodyError::Read)?;
-        let Ok(data) = frame.into_data() else {
-            continue;
-        };
-        if buf.len() + data.len() > MAX_BODY {
-            return Err(BodyError::TooLarge);
-        }
-        // The buffer's room, as it grows, is what is taken.
-        let room = (buf.len() + data.len()).max(buf.capacity());
-        let taken = held.as_ref().map_or(0, |p| p.num_permits());
-        if room > taken {
-            let more = Arc::clone(budget)
-                .try_acquire_many_owned(
-                    u32::try_from(room - taken).map_err(|_| BodyError::TooLarge)?,
-                )
-                .map_err(|_| BodyError::Busy)?;
-            match &mut held {
-                Some(permit) => permit.merge(more),
-                None => held = Some(more),
-            }
-        }
-        buf.extend_from_slice(&data);
-    }
-    Ok((buf, held))
-}
-
-/// `503`: the daemon's [`BUDGET`] of bytes in flight is spent.
-fn busy() -> Response<Body> {
-    let mut response = rpc_error(
-        StatusCode::SERVICE_UNAVAILABLE,
-        ErrorCode::ServerDown,
-        &format!(
-            "the endpoint holds {} MiB of requests and answers in flight: try again",
-            BUDGET >> 20
-        ),
-    );
-    response
-        .headers_mut()
-        .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
-    response
-}
-
-/// `bytes` as a body whose memory holds `permit` of the daemon's
-/// [`BUDGET`] until the last of it is written (or the connection goes).
-fn budgeted(bytes: Bytes, permit: tokio::sync::OwnedSemaphorePermit) -> Bytes {
-    struct Owned(Bytes, #[allow(dead_code)] tokio::sync::OwnedSemaphorePermit);
-    impl AsRef<[u8]> for Owned {
-        fn as_ref(&self) -> &[u8] {
-            &self.0
-        }
-    }
-    Bytes::from_owner(Owned(bytes, permit))
 }
 
 /// A refusal: plain text naming why.
@@ -1144,130 +952,6 @@ impl Inner {
         if removed {
             self.publish();
         }
-    }
-
-    /// The token the request bears, if it is one of the token file's and
-    /// has not expired.
-    async fn authorize(
-        self: &Arc<Self>,
-        request: &Request<Incoming>,
-        seen: &Seen,
-    ) -> Result<Arc<crate::tokens::Entry>, String> {
-        let Some(value) = request.headers().get(header::AUTHORIZATION) else {
-            return Err("no token (Authorization: Bearer TOKEN)".into());
-        };
-        let hash = self.bearer_hash(value, seen)?;
-        let entry = match self.token(&hash) {
-            Some(entry) => entry,
-            None => self.minted_since(hash).await.ok_or("not a valid token")?,
-        };
-        let now = now();
-        if entry.expired(now) {
-            return Err(format!("token {} has expired", entry.name));
-        }
-        if self.usage.note(&entry.hash, now) {
-            let kept: std::collections::HashSet<String> = self
-                .tokens
-                .read()
-                .map(|t| t.keys().cloned().collect())
-                .unwrap_or_default();
-            let usage = Arc::clone(&self.usage);
-            tokio::task::spawn_blocking(move || {
-                if let Err(why) = usage.write(&kept) {
-                    tracing::warn!(target: "mcpd::http", "cannot record when tokens were used: {why}");
-                }
-            });
-        }
-        Ok(entry)
-    }
-
-    /// The hash of the bearer token `value` carries (the connection
-    /// remembers the last one: a keep-alive client hashes once).
-    fn bearer_hash(&self, value: &HeaderValue, seen: &Seen) -> Result<String, String> {
-        let mut seen = seen.0.lock().map_err(|_| "poisoned")?;
-        if let Some((before, hash)) = &*seen
-            && **before == *value.as_bytes()
-        {
-            return Ok(hash.clone());
-        }
-        let bearer = value
-            .to_str()
-            .ok()
-            .and_then(|v| {
-                v.strip_prefix("Bearer ")
-                    .or_else(|| v.strip_prefix("bearer "))
-            })
-            .map(str::trim)
-            .ok_or("not a bearer token")?;
-        let hash = crate::tokens::hash(bearer);
-        *seen = Some((value.as_bytes().into(), hash.clone()));
-        Ok(hash)
-    }
-
-    fn token(&self, hash: &str) -> Option<Arc<crate::tokens::Entry>> {
-        self.tokens.read().ok()?.get(hash).cloned()
-    }
-
-    /// Records the token file's modification time as read now.
-    fn note_tokens_read(&self) {
-        let modified = std::fs::metadata(&self.tokens_file)
-            .and_then(|m| m.modified())
-            .ok();
-        if let Ok(mut read) = self.tokens_read.lock() {
-            *read = modified;
-        }
-    }
-
-    /// A token minted since the file was last read (`mcpctl token new`
-    /// before the daemon's watch reloaded it): looked for in the file when
-    /// it changed since, and the file's new tokens taken at once (the
-    /// reload that follows ends what was revoked). Anyone who can connect
-    /// reaches this with a token that is not one: the file's `stat` (and
-    /// after a change its read) run on the blocking pool, one at a time
-    /// (`tokens_check`), never on the runtime's thread; those waiting find
-    /// what the one before them took.
-    async fn minted_since(self: &Arc<Self>, hash: String) -> Option<Arc<crate::tokens::Entry>> {
-        let _turn = self.tokens_check.lock().await;
-        if let Some(entry) = self.token(&hash) {
-            return Some(entry);
-        }
-        let inner = Arc::clone(self);
-        tokio::task::spawn_blocking(move || inner.minted_since_now(&hash))
-            .await
-            .ok()
-            .flatten()
-    }
-
-    /// [`Inner::minted_since`]'s file work (blocking): at most one look
-    /// at the file per [`TOKENS_LOOK_EVERY`], whatever the number of
-    /// unknown tokens (a token minted since is seen within that, or by
-    /// the watch's reload).
-    fn minted_since_now(&self, hash: &str) -> Option<Arc<crate::tokens::Entry>> {
-        {
-            let mut looked = self.tokens_looked.lock().ok()?;
-            if looked.is_some_and(|at| at.elapsed() < TOKENS_LOOK_EVERY) {
-                return None;
-            }
-            *looked = Some(std::time::Instant::now());
-        }
-        let modified = std::fs::metadata(&self.tokens_file)
-            .and_then(|m| m.modified())
-            .ok();
-        {
-            let read = self.tokens_read.lock().ok()?;
-            if modified.is_none() || *read == modified {
-                return None;
-            }
-        }
-        self.note_tokens_read();
-        let entries = crate::tokens::load(&self.tokens_file).ok()?;
-        let mut tokens = self.tokens.write().ok()?;
-        for entry in entries {
-            tokens
-                .entry(entry.hash.clone())
-                .or_insert_with(|| Arc::new(entry));
-        }
-        tokens.get(hash).cloned()
     }
 
     /// Whether `entry` reaches every unit of path `name`.
