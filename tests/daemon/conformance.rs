@@ -66,6 +66,12 @@ const SAME_LIST: [(&str, &str, &str); 2] = [
 /// four run at once).
 const SUITE_BOUND: Duration = Duration::from_secs(180);
 
+/// Held by each test of this file for its whole run: each starts dozens
+/// of processes at once (the client mode runs its 14 scenarios in
+/// parallel, each with a daemon), and one beside the other starved the
+/// other's server of its start on two cores.
+static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 /// The suite's command, with Node 22 (which it needs) first on PATH.
 fn conformance() -> Command {
     let npm = root().join("target/npm/node_modules");
@@ -114,20 +120,22 @@ struct Run {
 }
 
 fn start(label: &str, url: &str, wire: &str, dir: &Path) -> Run {
+    launch(
+        label,
+        &["server", "--url", url, "--suite", "all"],
+        wire,
+        dir,
+    )
+}
+
+/// The suite with `args`, at `wire`, its output in `DIR/LABEL-WIRE`.
+fn launch(label: &str, args: &[&str], wire: &str, dir: &Path) -> Run {
     let out = dir.join(format!("{label}-{wire}"));
     let log = dir.join(format!("{label}-{wire}.log"));
     let file = std::fs::File::create(&log).expect("log");
     let child = conformance()
-        .args([
-            "server",
-            "--url",
-            url,
-            "--suite",
-            "all",
-            "--spec-version",
-            wire,
-            "-o",
-        ])
+        .args(args)
+        .args(["--spec-version", wire, "-o"])
         .arg(&out)
         .stdin(Stdio::null())
         .stdout(file.try_clone().expect("log"))
@@ -358,6 +366,7 @@ impl Found {
 /// middle of a call: `server-sse-disconnect-resume`), and printed.
 #[test]
 fn the_conformance_suite_fails_nothing_through_mcpd_that_passes_directly() {
+    let _alone = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let began = Instant::now();
     let port = free_port();
     let _server = direct_server(port);
@@ -458,35 +467,20 @@ const STEP_UP: [(&str, &str); 2] = [
 /// --suite auth --spec-version WIRE -o DIR` (the suite's mock server and
 /// authorization server judge what CMD did).
 fn start_client(label: &str, command: &str, wire: &str, dir: &Path) -> Run {
-    let out = dir.join(format!("{label}-{wire}"));
-    let log = dir.join(format!("{label}-{wire}.log"));
-    let file = std::fs::File::create(&log).expect("log");
-    let child = conformance()
-        .args([
+    launch(
+        label,
+        &[
             "client",
             "--command",
             command,
             "--suite",
             "auth",
-            "--spec-version",
-            wire,
             "--timeout",
             "90000",
-            "-o",
-        ])
-        .arg(&out)
-        .stdin(Stdio::null())
-        .stdout(file.try_clone().expect("log"))
-        .stderr(file)
-        .spawn()
-        .expect("conformance");
-    Run {
-        label: format!("{label} at {wire}"),
-        child: Reaped(child),
-        out,
-        log,
-        started: Instant::now(),
-    }
+        ],
+        wire,
+        dir,
+    )
 }
 
 /// mcpd as the client of a server that needs a login (DESIGN §17), judged
@@ -499,6 +493,7 @@ fn start_client(label: &str, command: &str, wire: &str, dir: &Path) -> Run {
 /// same run: no check may pass fewer times through mcpd, but [`STEP_UP`].
 #[test]
 fn mcpd_as_an_oauth_client_passes_every_auth_check_the_python_sdks_client_passes() {
+    let _alone = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let sdk = root().join("target/py-simple-auth");
     let client = sdk.join("conformance_client.py");
     assert!(
