@@ -11,7 +11,7 @@ times slower); run it before and after a change:
     [PROTOCOL=auto] bench/instructions.py [CALLS] [--keep DIR] [--pace MS] [--http] [--progress]
 
 It starts `mcpd --user --no-bus` under callgrind with one fixture unit
-(`--chatter 0`, logging as bench/run does), attaches one host through
+(`--chatter 0`, logging at the default, as bench/run does), attaches one host through
 `mcpctl bridge`, and makes `echo` calls one at a time. It does so twice,
 with 100 and with 100 + CALLS calls (default 1000), and prints the
 difference divided by CALLS: start-up and shutdown cancel out. With
@@ -140,8 +140,9 @@ def run(calls, keep=None, pace=0.0, over_http=False, progress=False):
             # era by default, the figure's history).
             f.write(f'stdio {{\n    command "{FIXTURE}" "--name" "u0" "--chatter" "0"\n}}\n'
                     f'protocol "{os.environ.get("PROTOCOL", "legacy")}"\n')
-        env = dict(os.environ, XDG_RUNTIME_DIR=runtime, MCPD_STATE_DIR=state,
-                   MCPD_LOG="info,mcpd::server=warn")
+        # The log configuration a user's daemon has by default.
+        env = dict(os.environ, XDG_RUNTIME_DIR=runtime, MCPD_STATE_DIR=state)
+        env.pop("MCPD_LOG", None)
         env.pop("DBUS_SESSION_BUS_ADDRESS", None)
         out = os.path.join(work, "callgrind.out")
         config = []

@@ -99,7 +99,7 @@ fn measure(rt: &tokio::runtime::Runtime, sizes: &Sizes) -> Result<Vec<Row>, Stri
         std::fs::write(
             units.path().join(format!("e{i}.kdl")),
             format!(
-                "stdio {{\n    command \"node\" \"{server}\" \"stdio\"\n}}\nstart \"on-demand\"\nidle-stop \"1s\"\nstartup-timeout \"60s\"\n"
+                "stdio {{\n    command \"node\" \"{server}\" \"stdio\"\n}}\nstart \"on-demand\"\nidle-stop \"1s\"\nstartup-timeout \"60s\"\nprotocol \"legacy\"\n"
             ),
         )
         .map_err(|e| e.to_string())?;
@@ -187,7 +187,7 @@ fn measure(rt: &tokio::runtime::Runtime, sizes: &Sizes) -> Result<Vec<Row>, Stri
         std::fs::write(
             fixture_units.path().join(format!("f{i}.kdl")),
             format!(
-                "stdio {{\n    command \"{}\" \"--chatter\" \"0\"\n}}\nstart \"on-demand\"\nidle-stop \"1s\"\n",
+                "stdio {{\n    command \"{}\" \"--chatter\" \"0\"\n}}\nstart \"on-demand\"\nidle-stop \"1s\"\nprotocol \"legacy\"\n",
                 fixture.display()
             ),
         )

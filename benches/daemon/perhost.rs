@@ -30,7 +30,7 @@ fn measure(rt: &tokio::runtime::Runtime, sizes: &Sizes) -> Result<Vec<Row>, Stri
     std::fs::write(
         units.path().join("p.kdl"),
         format!(
-            "stdio {{\n    command \"{}\" \"--chatter\" \"0\"\n}}\nsessions \"per-host\"\nmax-instances 1024\nstop-timeout \"2s\"\n",
+            "stdio {{\n    command \"{}\" \"--chatter\" \"0\"\n}}\nsessions \"per-host\"\nmax-instances 1024\nstop-timeout \"2s\"\nprotocol \"legacy\"\n",
             fixture.display()
         ),
     )
