@@ -40,7 +40,16 @@
 //! 11. the HTTP endpoint (`http`): a call over it vs direct stdio and vs
 //!     supergateway (npm, pinned) on the same fixture, 64 HTTP sessions
 //!     vs 64 bridges at once, the daemon's memory per idle HTTP session;
-//! 12. comparisons: `bench/compare.py` (respawn delay under supervisord).
+//! 12. telemetry (`telemetry`): a bridged call with OpenTelemetry export
+//!     on (sample-ratio 1.0, a real OTLP receiver) vs off;
+//! 13. lanes (`lanes`): a 2025 host's first call starting its lane vs the
+//!     server's own cold start, and a call on either lane vs a bridged
+//!     call of the same era without lanes;
+//! 14. a host flooding (`flood`): a calm host's call beside a host
+//!     flooding another unit vs quiet;
+//! 15. OAuth (`oauth`): a call to an OAuth unit vs the same server with a
+//!     static bearer header, and calls across token refreshes;
+//! 16. comparisons: `bench/compare.py` (respawn delay under supervisord).
 //!
 //! Run through `bench/run` (release build); `cargo test` runs it as a smoke
 //! run (see `common`). Sizes: `MCPD_BENCH_UNITS` (500),
@@ -54,7 +63,8 @@
 //! `MCPD_BENCH_ONDEMAND_UNITS` (20), `MCPD_BENCH_COLD_CALLS` (20),
 //! `MCPD_BENCH_CATALOG` (100,000 tools beside the small unit),
 //! `MCPD_BENCH_HTTP_SESSIONS` (64) × `MCPD_BENCH_HTTP_CALLS` (500).
-//! `MCPD_BENCH_ONLY=ondemand`, `perhost`, `http`, `journald`, `startup` (start-up at `MCPD_BENCH_UNITS`
+//! `MCPD_BENCH_ONLY=ondemand`, `perhost`, `http`, `journald`,
+//! `telemetry`, `lanes`, `flood`, `oauth`, `startup` (start-up at `MCPD_BENCH_UNITS`
 //! beside its floor, the fixtures spawned without mcpd), `sessions` (the tool-call paths and host
 //! sessions), `everything` (server-everything direct, bridged and
 //! relayed: the one ratio), `eras` (a 2026-07-28 host vs a 2025-11-25
@@ -65,18 +75,26 @@
 //! only that section (while working on it).
 
 mod common;
+#[path = "daemon/flood.rs"]
+mod flood;
 #[path = "daemon/http.rs"]
 mod http;
 #[path = "daemon/journald.rs"]
 mod journald;
+#[path = "daemon/lanes.rs"]
+mod lanes;
 #[path = "daemon/liveness.rs"]
 mod liveness;
+#[path = "daemon/oauth.rs"]
+mod oauth;
 #[path = "daemon/ondemand.rs"]
 mod ondemand;
 #[path = "daemon/perhost.rs"]
 mod perhost;
 #[path = "daemon/sessions.rs"]
 mod sessions;
+#[path = "daemon/telemetry.rs"]
+mod telemetry;
 
 use std::collections::BTreeMap;
 use std::io::BufRead;
@@ -540,6 +558,22 @@ fn main() {
             print_table("Daemon", &journald::rows(&rt, &sizes));
             return;
         }
+        Ok("telemetry") => {
+            print_table("Daemon", &telemetry::rows(&rt, &sizes));
+            return;
+        }
+        Ok("lanes") => {
+            print_table("Daemon", &lanes::rows(&rt, &sizes));
+            return;
+        }
+        Ok("oauth") => {
+            print_table("Daemon", &oauth::rows(&rt, &sizes));
+            return;
+        }
+        Ok("flood") => {
+            print_table("Daemon", &flood::rows(&rt, &sizes));
+            return;
+        }
         Ok("catalog") => {
             print_table("Daemon", &[beside_a_catalog(&rt, &sizes)]);
             return;
@@ -697,6 +731,10 @@ fn main() {
     rows.extend(ondemand::rows(&rt, &sizes));
     rows.extend(perhost::rows(&rt, &sizes));
     rows.extend(http::rows(&rt, &sizes));
+    rows.extend(telemetry::rows(&rt, &sizes));
+    rows.extend(lanes::rows(&rt, &sizes));
+    rows.extend(flood::rows(&rt, &sizes));
+    rows.extend(oauth::rows(&rt, &sizes));
     print_table("Daemon", &rows);
 
     let mut comparisons = calls.1;
