@@ -58,7 +58,10 @@ def run_mcpd(target, seconds, work):
             f'stdio {{\n    command "{fixture}" "--hang" "--exit-after" "200ms" "--start-log" "{log}" "--chatter" "0"\n}}\n'
             'reconnect {\n    initial-delay "1ms"\n    max-delay "1ms"\n    max-attempts 1000000\n}\n'
         )
-    env = dict(os.environ, XDG_RUNTIME_DIR=work, MCPD_LOG="warn")
+    # The log configuration a user's daemon has by default (supervisord
+    # logs at its default too).
+    env = dict(os.environ, XDG_RUNTIME_DIR=work)
+    env.pop("MCPD_LOG", None)
     env.pop("DBUS_SESSION_BUS_ADDRESS", None)
     daemon = subprocess.Popen(
         [os.path.join(target, "mcpd"), "--user", "--no-bus", "--units", units],
