@@ -82,8 +82,12 @@ pub fn rows(rt: &tokio::runtime::Runtime, sizes: &Sizes) -> Vec<Row> {
     match measure(rt, sizes) {
         Ok(rows) => rows,
         Err(reason) => vec![
-            Row::skipped("on-demand server-everything units, idle", &reason),
-            Row::skipped("cold first call through mcpctl bridge", &reason),
+            Row::skipped_target(
+                "on-demand server-everything units, idle",
+                "0 MiB; ≤ 64 KiB per unit",
+                &reason,
+            ),
+            Row::skipped_target("cold first call through mcpctl bridge", "≤ 5 ms", &reason),
             Row::skipped("cold first call of server-everything", &reason),
         ],
     }
