@@ -8,10 +8,10 @@ cannot. It is not a target of bench/run (valgrind runs the daemon some 50
 times slower); run it before and after a change:
 
     cargo build --release --bins --examples
-    [PROTOCOL=auto] bench/instructions.py [CALLS] [--keep DIR] [--pace MS] [--http] [--progress]
+    [PROTOCOL=auto] bench/instructions.py [CALLS] [--keep DIR] [--pace MS] [--http] [--progress] [--telemetry]
 
 It starts `mcpd --user --no-bus` under callgrind with one fixture unit
-(`--chatter 0`, logging as bench/run does), attaches one host through
+(`--chatter 0`, logging at the default, as bench/run does), attaches one host through
 `mcpctl bridge`, and makes `echo` calls one at a time. It does so twice,
 with 100 and with 100 + CALLS calls (default 1000), and prints the
 difference divided by CALLS: start-up and shutdown cancel out. With
@@ -28,6 +28,11 @@ then the daemon's instructions per HTTP tool call.
 With `--progress` each call carries `_meta.progressToken`, as the SDKs'
 clients send it (rmcp's on every request, the benchmark's host among
 them): the daemon then gives the request a token of its own.
+
+With `--telemetry` the daemon exports OpenTelemetry (`telemetry` in its
+`mcpd.kdl`, `sample-ratio 1.0`) to a real OTLP/HTTP receiver
+(`tests/data/otlp_receiver.py` in `target/py-otel`): run it with and
+without to judge telemetry's cost per call (issue 53: within +15 %).
 
 Calls are paced, `--pace MS` apart (default 10): each call's work (its
 answer, the line the fixture writes to stderr for it, the call-log
@@ -128,7 +133,24 @@ class Http:
         self.conn.close()
 
 
-def run(calls, keep=None, pace=0.0, over_http=False, progress=False):
+def receiver():
+    """tests/data/otlp_receiver.py, listening: (process, port)."""
+    python = os.path.join(ROOT, "target", "py-otel", "bin", "python")
+    if not os.access(python, os.X_OK):
+        sys.exit(f"instructions.py: {python} is missing (.ci/run installs it)")
+    proc = subprocess.Popen([python, os.path.join(ROOT, "tests", "data", "otlp_receiver.py")],
+                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                            stderr=subprocess.DEVNULL, text=True)
+    first = proc.stdout.readline()
+    if not first.startswith("listening "):
+        proc.kill()
+        sys.exit(f"instructions.py: the OTLP receiver said {first!r}")
+    # Drained, so the receiver never blocks on its stdout.
+    threading.Thread(target=lambda: [None for _ in proc.stdout], daemon=True).start()
+    return proc, int(first.split()[1])
+
+
+def run(calls, keep=None, pace=0.0, over_http=False, progress=False, telemetry=None):
     """Total instructions of one daemon run making `calls` calls."""
     work = tempfile.mkdtemp(prefix="mcpd-instructions-")
     try:
@@ -140,15 +162,20 @@ def run(calls, keep=None, pace=0.0, over_http=False, progress=False):
             # era by default, the figure's history).
             f.write(f'stdio {{\n    command "{FIXTURE}" "--name" "u0" "--chatter" "0"\n}}\n'
                     f'protocol "{os.environ.get("PROTOCOL", "legacy")}"\n')
-        env = dict(os.environ, XDG_RUNTIME_DIR=runtime, MCPD_STATE_DIR=state,
-                   MCPD_LOG="info,mcpd::server=warn")
+        # The log configuration a user's daemon has by default.
+        env = dict(os.environ, XDG_RUNTIME_DIR=runtime, MCPD_STATE_DIR=state)
+        env.pop("MCPD_LOG", None)
         env.pop("DBUS_SESSION_BUS_ADDRESS", None)
         out = os.path.join(work, "callgrind.out")
         config = []
-        if over_http:
+        if over_http or telemetry:
             settings = os.path.join(work, "mcpd.kdl")
             with open(settings, "w") as f:
-                f.write('http {\n    listen "127.0.0.1:0"\n}\n')
+                if over_http:
+                    f.write('http {\n    listen "127.0.0.1:0"\n}\n')
+                if telemetry:
+                    f.write(f'telemetry {{\n    otlp "http://127.0.0.1:{telemetry}"\n'
+                            '    sample-ratio 1.0\n}\n')
             config = ["--config", settings]
         daemon = subprocess.Popen(
             ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}",
@@ -223,19 +250,30 @@ def main():
     progress = "--progress" in args
     if progress:
         args.remove("--progress")
+    telemetry = "--telemetry" in args
+    if telemetry:
+        args.remove("--telemetry")
     if len(args) > 1 or (args and not args[0].isdigit()):
-        sys.exit("usage: bench/instructions.py [CALLS] [--keep DIR] [--pace MS] [--http] [--progress]")
+        sys.exit("usage: bench/instructions.py [CALLS] [--keep DIR] [--pace MS] [--http] [--progress] [--telemetry]")
     calls = int(args[0]) if args else 1000
     if not shutil.which("valgrind"):
         sys.exit("instructions.py: valgrind is not installed")
     for binary in (FIXTURE, os.path.join(RELEASE, "mcpd"), os.path.join(RELEASE, "mcpctl")):
         if not os.access(binary, os.X_OK):
             sys.exit(f"instructions.py: {binary} is missing (cargo build --release --bins --examples)")
-    base = run(100, keep, pace / 1000, over_http, progress)
-    more = run(100 + calls, keep, pace / 1000, over_http, progress)
+    collector, port = receiver() if telemetry else (None, None)
+    try:
+        base = run(100, keep, pace / 1000, over_http, progress, port)
+        more = run(100 + calls, keep, pace / 1000, over_http, progress, port)
+    finally:
+        if collector:
+            collector.kill()
+            collector.wait()
     what = "HTTP" if over_http else "bridged"
     if progress:
         what += " (with a progress token)"
+    if telemetry:
+        what += " (telemetry on, sample-ratio 1.0)"
     print(f"daemon instructions per {what} tools/call: {(more - base) / calls:,.0f}"
           f" (callgrind, {calls} calls, {pace:g} ms apart)")
 

@@ -330,7 +330,11 @@ async fn sandboxed(n: usize) -> Vec<Row> {
     let mut host = host(None);
     host.scratch = scratch.path().to_owned();
     if let Err(why) = mcpd::supervisor::sandbox::decide(mcpd::unit::Network::None, &host.sandbox) {
-        return vec![Row::skipped("spawn to established, sandboxed", &why)];
+        return vec![Row::skipped_target(
+            "spawn to established, sandboxed",
+            "within 5 ms",
+            &why,
+        )];
     }
     // Unsandboxed before and after, against drift over the run.
     let (_, mut plain) = crashes(n, host.clone(), spec(DELAY_MS, 1_000_000), DELAY_MS).await;
@@ -428,7 +432,11 @@ fn main() {
             rows.push(runtime.block_on(tree_stop(mode.size("MCPD_BENCH_TREES", 5, 1), &cgroups)));
             cgroups.remove();
         }
-        Err(why) => rows.push(Row::skipped("respawn and tree stop with cgroups", &why)),
+        Err(why) => rows.push(Row::skipped_target(
+            "respawn and tree stop with cgroups",
+            "≤ 6 ms; ≤ 50 ms",
+            &why,
+        )),
     }
     rows.extend(runtime.block_on(sandboxed(crashes)));
     rows.extend(runtime.block_on(memory(servers)));

@@ -164,6 +164,81 @@ impl Row {
     pub fn skipped(figure: impl Into<String>, reason: &str) -> Self {
         Self::new(figure, "-", format!("skipped: {reason}"), "-", 0)
     }
+
+    /// A row with a target that could not run, and why: it counts as not
+    /// met (a target nobody measured is not a target met).
+    pub fn skipped_target(figure: impl Into<String>, target: &str, reason: &str) -> Self {
+        Self::new(figure, target, format!("skipped: {reason}"), "-", 0).met(false)
+    }
+
+    /// `a` against `b`, trial by trial (see [`Ratio`]): the median of the
+    /// trials' `a.p50 / b.p50`, the medians of their p50s beside it, the
+    /// trials' spread of the ratio and the p95s. Judge it on
+    /// [`Ratio::median`].
+    pub fn ratio(
+        figure: impl Into<String>,
+        target: impl Into<String>,
+        r: &Ratio,
+        then: &str,
+    ) -> Self {
+        Self::new(
+            figure,
+            target,
+            format!("{:.3} ms vs {:.3} ms: {:.2}×{then}", r.a, r.b, r.median),
+            format!(
+                "trials {:.2}..{:.2}×; p95 {:.3} vs {:.3} ms",
+                r.min, r.max, r.a95, r.b95
+            ),
+            r.runs,
+        )
+    }
+}
+
+/// How many times each target row is measured within one run
+/// (`MCPD_BENCH_TRIALS`: 3; 1 in a smoke run): the verdict is taken on the
+/// median of the trials, and their spread is shown.
+pub fn trials() -> usize {
+    Mode::detect().size("MCPD_BENCH_TRIALS", 3, 1).max(1)
+}
+
+/// Trials of one comparison: per trial, the p50 of `a` over the p50 of
+/// `b` (each trial's calls taken in turn, so a slow spell of the machine
+/// falls on both alike).
+#[derive(Clone, Copy, Debug)]
+pub struct Ratio {
+    /// The median of the trials' ratios, and its range.
+    pub median: f64,
+    pub min: f64,
+    pub max: f64,
+    /// Medians over the trials of each side's p50 and p95, in ms.
+    pub a: f64,
+    pub b: f64,
+    pub a95: f64,
+    pub b95: f64,
+    /// Calls of `a` in all trials.
+    pub runs: usize,
+}
+
+impl Ratio {
+    pub fn of(pairs: &[(Stats, Stats)]) -> Self {
+        let ratios = stats(pairs.iter().map(|(a, b)| a.p50 / b.p50).collect());
+        let median = |f: fn(&(Stats, Stats)) -> f64| stats(pairs.iter().map(f).collect()).p50;
+        Self {
+            median: ratios.p50,
+            min: ratios.min,
+            max: ratios.max,
+            a: median(|(a, _)| a.p50),
+            b: median(|(_, b)| b.p50),
+            a95: median(|(a, _)| a.p95),
+            b95: median(|(_, b)| b.p95),
+            runs: pairs.iter().map(|(a, _)| a.runs).sum(),
+        }
+    }
+
+    /// The same trials, each's difference `a.p50 - b.p50` in ms.
+    pub fn difference(pairs: &[(Stats, Stats)]) -> Stats {
+        stats(pairs.iter().map(|(a, b)| a.p50 - b.p50).collect())
+    }
 }
 
 /// Prints `rows` as a Markdown table under `title`, with a verdict for each

@@ -82,8 +82,12 @@ pub fn rows(rt: &tokio::runtime::Runtime, sizes: &Sizes) -> Vec<Row> {
     match measure(rt, sizes) {
         Ok(rows) => rows,
         Err(reason) => vec![
-            Row::skipped("on-demand server-everything units, idle", &reason),
-            Row::skipped("cold first call through mcpctl bridge", &reason),
+            Row::skipped_target(
+                "on-demand server-everything units, idle",
+                "0 MiB; ≤ 64 KiB per unit",
+                &reason,
+            ),
+            Row::skipped_target("cold first call through mcpctl bridge", "≤ 5 ms", &reason),
             Row::skipped("cold first call of server-everything", &reason),
         ],
     }
@@ -99,7 +103,7 @@ fn measure(rt: &tokio::runtime::Runtime, sizes: &Sizes) -> Result<Vec<Row>, Stri
         std::fs::write(
             units.path().join(format!("e{i}.kdl")),
             format!(
-                "stdio {{\n    command \"node\" \"{server}\" \"stdio\"\n}}\nstart \"on-demand\"\nidle-stop \"1s\"\nstartup-timeout \"60s\"\n"
+                "stdio {{\n    command \"node\" \"{server}\" \"stdio\"\n}}\nstart \"on-demand\"\nidle-stop \"1s\"\nstartup-timeout \"60s\"\nprotocol \"legacy\"\n"
             ),
         )
         .map_err(|e| e.to_string())?;
@@ -187,7 +191,7 @@ fn measure(rt: &tokio::runtime::Runtime, sizes: &Sizes) -> Result<Vec<Row>, Stri
         std::fs::write(
             fixture_units.path().join(format!("f{i}.kdl")),
             format!(
-                "stdio {{\n    command \"{}\" \"--chatter\" \"0\"\n}}\nstart \"on-demand\"\nidle-stop \"1s\"\n",
+                "stdio {{\n    command \"{}\" \"--chatter\" \"0\"\n}}\nstart \"on-demand\"\nidle-stop \"1s\"\nprotocol \"legacy\"\n",
                 fixture.display()
             ),
         )

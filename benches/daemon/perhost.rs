@@ -18,8 +18,12 @@ pub fn rows(rt: &tokio::runtime::Runtime, sizes: &Sizes) -> Vec<Row> {
     match measure(rt, sizes) {
         Ok(rows) => rows,
         Err(reason) => vec![
-            Row::skipped("per-host first call", &reason),
-            Row::skipped("per-host instances running", &reason),
+            Row::skipped_target("per-host first call", "≤ 10 ms", &reason),
+            Row::skipped_target(
+                "per-host instances running",
+                "≤ 64 KiB per instance",
+                &reason,
+            ),
         ],
     }
 }
@@ -30,7 +34,7 @@ fn measure(rt: &tokio::runtime::Runtime, sizes: &Sizes) -> Result<Vec<Row>, Stri
     std::fs::write(
         units.path().join("p.kdl"),
         format!(
-            "stdio {{\n    command \"{}\" \"--chatter\" \"0\"\n}}\nsessions \"per-host\"\nmax-instances 1024\nstop-timeout \"2s\"\n",
+            "stdio {{\n    command \"{}\" \"--chatter\" \"0\"\n}}\nsessions \"per-host\"\nmax-instances 1024\nstop-timeout \"2s\"\nprotocol \"legacy\"\n",
             fixture.display()
         ),
     )
