@@ -39,6 +39,15 @@ const MEMBER_BUFFER: usize = 256 << 10;
 /// The host's reader among the task's readers; members are `1 + id`.
 const HOST: u64 = 0;
 
+/// Messages waiting toward one member (behind what its session took)
+/// past which the host is read no more, and the bytes: a member whose
+/// session holds it back (its server reads slowly) holds back the host,
+/// as a unit's own host would be, instead of the aggregate reading the
+/// host as fast as it writes (issue 49). It is read again once every
+/// member's queue is under half of both.
+const HOLD: usize = 64;
+const HOLD_BYTES: usize = 256 << 10;
+
 struct Linked {
     unit: String,
     prefix: String,
@@ -73,7 +82,7 @@ async fn run(shared: Arc<Shared>, target: Target, link: HostLink, caller: Caller
     let Opened {
         reader,
         stop: _host_stop,
-        hold: _hold,
+        hold,
         out: host_out,
         control,
         replay,
@@ -91,7 +100,11 @@ async fn run(shared: Arc<Shared>, target: Target, link: HostLink, caller: Caller
         swallow: None,
         ended: None,
         ledger,
+        hold,
+        held: false,
+        drained: Arc::new(tokio::sync::Notify::new()),
     };
+    let drained = Arc::clone(&task.drained);
     let mut published = shared.published.subscribe();
     task.follow(&shared, &target, &mut readers);
     if let Some(replay) = replay {
@@ -111,6 +124,7 @@ async fn run(shared: Arc<Shared>, target: Target, link: HostLink, caller: Caller
                 Some(Event::Server(..)) => {}
                 None => break,
             },
+            () = drained.notified(), if task.held => {}
             id = task.next_state_change(), if task.waits() => task.state_changed(id),
             changed = published.changed() => {
                 if changed.is_err() {
@@ -120,6 +134,7 @@ async fn run(shared: Arc<Shared>, target: Target, link: HostLink, caller: Caller
                 task.follow(&shared, &target, &mut readers);
             }
         }
+        task.hold_back();
     }
     if let Some(why) = task.ended.take().flatten() {
         tracing::warn!(target: "mcpd::sessions", mcpd_aggregate = %task.label, pid = ?task.caller.pid, "detaching aggregate session: {why}");
@@ -145,6 +160,12 @@ struct Task {
     /// requests read and not yet answered, for its bridge to fail if the
     /// daemon is killed, as a unit's own session keeps one.
     ledger: Option<Box<crate::mux::ledger::Ledger>>,
+    /// Holds the host's reader back while a member's queue is long
+    /// ([`HOLD`]); `held` while it does.
+    hold: crate::mux::host::HoldReading,
+    held: bool,
+    /// Woken as a member's queue is written.
+    drained: Arc<tokio::sync::Notify>,
 }
 
 impl Task {
@@ -184,13 +205,34 @@ impl Task {
                 Linked {
                     unit,
                     prefix,
-                    out: opened.out,
+                    out: opened.out.notify_drained(Arc::clone(&self.drained)),
                     _stop: opened.stop,
                     supervisor,
                     waiting: None,
                 },
             );
             self.deliver(outs);
+        }
+    }
+
+    /// Holds the host back while a member's queue is past [`HOLD`] (its
+    /// session reads it no more: its server is slow), and lets it go
+    /// once every member's is under half.
+    fn hold_back(&mut self) {
+        let backlogs = self.members.values().map(|l| l.out.backlog());
+        let held = if self.held {
+            !backlogs
+                .into_iter()
+                .all(|(n, bytes)| n < HOLD / 2 && bytes < HOLD_BYTES / 2)
+        } else {
+            backlogs
+                .into_iter()
+                .any(|(n, bytes)| n >= HOLD || bytes >= HOLD_BYTES)
+        };
+        if held != self.held {
+            self.held = held;
+            self.hold.hold(held);
+            tracing::debug!(target: "mcpd::sessions", mcpd_aggregate = %self.label, "host {}", if held { "held back: a member reads slowly" } else { "read again" });
         }
     }
 

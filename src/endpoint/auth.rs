@@ -83,7 +83,8 @@ impl Inner {
         self.tokens.read().ok()?.get(hash).cloned()
     }
 
-    /// Records the token file's modification time as read now.
+    /// Records the token file's modification time as read now (blocking:
+    /// a `stat`).
     pub(super) fn note_tokens_read(&self) {
         let modified = std::fs::metadata(&self.tokens_file)
             .and_then(|m| m.modified())
@@ -91,6 +92,43 @@ impl Inner {
         if let Ok(mut read) = self.tokens_read.lock() {
             *read = modified;
         }
+    }
+
+    /// Reads the token file again on the blocking pool (its `stat`, read
+    /// and parse: a 4 MiB file, or one that does not answer, delays no
+    /// request), then takes its tokens and ends the sessions whose token
+    /// went; a file that does not read keeps the tokens read before.
+    pub(super) async fn reload_tokens(self: &Arc<Self>) {
+        let inner = Arc::clone(self);
+        let read = tokio::task::spawn_blocking(move || {
+            inner.note_tokens_read();
+            crate::tokens::load(&inner.tokens_file)
+        })
+        .await;
+        let entries = match read {
+            Ok(Ok(entries)) => entries,
+            Ok(Err(why)) => {
+                tracing::warn!(target: "mcpd::http", "keeping the tokens read before: {why}");
+                return;
+            }
+            Err(why) => {
+                tracing::warn!(target: "mcpd::http", "keeping the tokens read before: {why}");
+                return;
+            }
+        };
+        let by_hash: HashMap<String, Arc<crate::tokens::Entry>> = entries
+            .into_iter()
+            .map(|e| (e.hash.clone(), Arc::new(e)))
+            .collect();
+        let changed = self.tokens.read().map(|t| *t != by_hash).unwrap_or(true);
+        if !changed {
+            return;
+        }
+        tracing::info!(target: "mcpd::http", "{} HTTP tokens", by_hash.len());
+        if let Ok(mut tokens) = self.tokens.write() {
+            *tokens = by_hash;
+        }
+        self.end_sessions_without_a_valid_token("its token was revoked");
     }
 
     /// A token minted since the file was last read (`mcpctl token new`

@@ -137,6 +137,10 @@ struct Inner {
     tokens_check: tokio::sync::Mutex<()>,
     /// When the file was last looked at for an unknown token.
     tokens_looked: Mutex<Option<std::time::Instant>>,
+    /// One reload of the token file at a time ([`Endpoint::reload_tokens`]),
+    /// and whether one waits for its turn.
+    tokens_reload: tokio::sync::Mutex<()>,
+    tokens_queued: std::sync::atomic::AtomicBool,
     /// When each token was last used (`mcpctl token list`).
     usage: Arc<crate::tokens::Usage>,
     /// The addresses served, for the read model's `HttpView`.
@@ -236,6 +240,8 @@ impl Endpoint {
             tokens_read: Mutex::new(None),
             tokens_check: tokio::sync::Mutex::new(()),
             tokens_looked: Mutex::new(None),
+            tokens_reload: tokio::sync::Mutex::new(()),
+            tokens_queued: std::sync::atomic::AtomicBool::new(false),
             addrs: RwLock::new(Vec::new()),
             epoch: tokio::sync::watch::Sender::new(0),
             stateless: Arc::new(std::sync::atomic::AtomicUsize::new(0)),
@@ -254,7 +260,7 @@ impl Endpoint {
             listeners: Vec::new(),
             activated: !activated.is_empty(),
         };
-        endpoint.reload_tokens();
+        endpoint.inner.reload_tokens().await;
         tokio::spawn(expiry_sweep(
             Arc::downgrade(&endpoint.inner),
             endpoint.inner.epoch.subscribe(),
@@ -304,30 +310,26 @@ impl Endpoint {
 
     /// Reads the token file again (a file that does not read keeps the
     /// tokens read before, with a warning) and ends the sessions whose
-    /// token is gone, expired or no longer reaches their path.
+    /// token is gone, expired or no longer reaches their path. The file
+    /// is read and parsed on the blocking pool, never on the runtime's
+    /// thread (a large or slow file delays no request: issue 49); one
+    /// read at a time, and at most one more queued behind it (which reads
+    /// the file as it is then, so every change is read).
     pub fn reload_tokens(&self) {
-        let inner = &self.inner;
-        inner.note_tokens_read();
-        let entries = match crate::tokens::load(&inner.tokens_file) {
-            Ok(entries) => entries,
-            Err(why) => {
-                tracing::warn!(target: "mcpd::http", "keeping the tokens read before: {why}");
-                return;
-            }
-        };
-        let by_hash: HashMap<String, Arc<crate::tokens::Entry>> = entries
-            .into_iter()
-            .map(|e| (e.hash.clone(), Arc::new(e)))
-            .collect();
-        let changed = inner.tokens.read().map(|t| *t != by_hash).unwrap_or(true);
-        if !changed {
+        let inner = Arc::clone(&self.inner);
+        if inner
+            .tokens_queued
+            .swap(true, std::sync::atomic::Ordering::AcqRel)
+        {
             return;
         }
-        tracing::info!(target: "mcpd::http", "{} HTTP tokens", by_hash.len());
-        if let Ok(mut tokens) = inner.tokens.write() {
-            *tokens = by_hash;
-        }
-        inner.end_sessions_without_a_valid_token("its token was revoked");
+        tokio::spawn(async move {
+            let _turn = inner.tokens_reload.lock().await;
+            inner
+                .tokens_queued
+                .store(false, std::sync::atomic::Ordering::Release);
+            inner.reload_tokens().await;
+        });
     }
 
     /// The addresses it listens on, as bound (a port 0 resolved).

@@ -124,11 +124,17 @@ pub struct Opened {
 impl HostLink {
     /// Whether the host can be made to wait by reading it no more: its
     /// link is a descriptor, whose writer then blocks (a socket, a
-    /// bridge's stdio). An in-memory host (an aggregate's member
-    /// session, an HTTP session) is not held back: what it sends past its
-    /// share is shed (`mux::session::toward`).
+    /// bridge's stdio), or an in-memory pair, whose writer then queues
+    /// (an aggregate's member session: the aggregate holds its own host
+    /// back while that queue is long, `src/aggregate.rs`). An HTTP
+    /// session ([`HostLink::Direct`]) is not held back: what it sends
+    /// past its share is shed (`mux::session::toward`).
     pub fn pausable(&self) -> bool {
-        matches!(self, HostLink::Socket { .. } | HostLink::Stdio { .. })
+        match self {
+            HostLink::Socket { .. } | HostLink::Stdio { .. } | HostLink::Memory(_) => true,
+            HostLink::Direct { .. } => false,
+            HostLink::Peeked(link, _) => link.pausable(),
+        }
     }
 
     /// Opens the link for host session `host`: what is written to the
@@ -368,6 +374,19 @@ impl HostOut {
             HostOut::Pipe(out) => out.backlog(),
             HostOut::Memory(out) => out.backlog(),
             HostOut::Direct(out) => out.backlog(),
+        }
+    }
+
+    /// Wakes `drained` each time a message that waited has been written
+    /// to the host (whoever holds back what feeds it: an aggregate's
+    /// host, while a member's session reads it no more).
+    pub fn notify_drained(self, drained: Arc<tokio::sync::Notify>) -> Self {
+        match self {
+            HostOut::Half(out) => HostOut::Half(out.notify_drained(drained)),
+            HostOut::Socket(out) => HostOut::Socket(out.notify_drained(drained)),
+            HostOut::Pipe(out) => HostOut::Pipe(out.notify_drained(drained)),
+            HostOut::Memory(out) => HostOut::Memory(out.notify_drained(drained)),
+            HostOut::Direct(out) => HostOut::Direct(out.notify_drained(drained)),
         }
     }
 

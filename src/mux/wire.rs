@@ -147,6 +147,10 @@ pub struct Wire {
 pub struct Receiver {
     lines: Option<Lines<Box<dyn Source>>>,
     channel: mpsc::UnboundedReceiver<Incoming>,
+    /// A channel-fed connection's messages ([`Wire::channel`]): bounded,
+    /// so a server that sends faster than the session takes is read no
+    /// more by its transport until there is room.
+    from: Option<mpsc::Receiver<Incoming>>,
     /// Keeps the channel open for the writer's report while the pipe is
     /// read here.
     _open: Option<mpsc::UnboundedSender<Incoming>>,
@@ -182,10 +186,11 @@ impl std::fmt::Debug for Receiver {
 }
 
 impl Receiver {
-    fn channel(channel: mpsc::UnboundedReceiver<Incoming>) -> Self {
+    fn channel(from: mpsc::Receiver<Incoming>) -> Self {
         Self {
             lines: None,
-            channel,
+            channel: mpsc::unbounded_channel().1,
+            from: Some(from),
             _open: None,
             ended: false,
             garbage: Garbage::default(),
@@ -199,6 +204,7 @@ impl Receiver {
         let receiver = Self {
             lines: Some(Lines::new(Box::new(source))),
             channel,
+            from: None,
             _open: Some(incoming.clone()),
             ended: false,
             garbage: Garbage::default(),
@@ -211,6 +217,11 @@ impl Receiver {
     pub fn poll_recv(&mut self, cx: &mut Context<'_>) -> Poll<Option<Incoming>> {
         if self.ended {
             return Poll::Ready(None);
+        }
+        if let Some(from) = &mut self.from {
+            let next = std::task::ready!(from.poll_recv(cx));
+            self.ended = next.is_none();
+            return Poll::Ready(next);
         }
         match self.channel.poll_recv(cx) {
             Poll::Ready(Some(incoming)) => return Poll::Ready(Some(incoming)),
@@ -351,8 +362,9 @@ impl Wire {
     /// come out of the [`Outgoing`] returned (each counted as waiting
     /// until its [`Written`] is dropped), and the transport sends what the
     /// server says, or why the connection failed, to the sender of
-    /// `from_server`. The connection ends when that sender is dropped.
-    pub fn channel(from_server: mpsc::UnboundedReceiver<Incoming>) -> (Self, Outgoing) {
+    /// `from_server` (bounded: the transport waits for room). The
+    /// connection ends when that sender is dropped.
+    pub fn channel(from_server: mpsc::Receiver<Incoming>) -> (Self, Outgoing) {
         let (tx, outgoing) = Self::outgoing();
         let wire = Self {
             tx,

@@ -16,6 +16,13 @@ use tokio::sync::mpsc;
 use crate::mux::error::ErrorCode;
 use crate::mux::wire::{Wire, error_chain};
 
+/// Messages from the server the session has not taken yet, past which
+/// the transport reads no more (issue 49): a server that streams faster
+/// than the daemon takes its messages waits in its own writes (rmcp's
+/// channels behind this hold 16 messages each), it never grows the
+/// daemon.
+pub const FROM_SERVER: usize = 64;
+
 /// A session with the Streamable HTTP server at `url`, sending `headers`
 /// with every request.
 pub fn connect(url: &str, headers: HashMap<http::HeaderName, http::HeaderValue>) -> Wire {
@@ -57,7 +64,7 @@ where
     T: rmcp::transport::Transport<rmcp::RoleClient> + Send + 'static,
 {
     use rmcp::model::ClientJsonRpcMessage;
-    let (incoming, rx) = mpsc::unbounded_channel();
+    let (incoming, rx) = mpsc::channel(FROM_SERVER);
     // Each message counts as waiting for the server (which the session
     // core bounds) until its HTTP request is over: a server that answers
     // slowly holds back the hosts that send it most.
@@ -79,7 +86,7 @@ where
                                     id,
                                     format!("mcpd cannot send this request over HTTP: {e}"),
                                 );
-                                let _ = incoming.send(Ok(refusal.into()));
+                                let _ = incoming.send(Ok(refusal.into())).await;
                             }
                             continue;
                         }
@@ -97,7 +104,11 @@ where
                     let report = move |sent: Result<(), T::Error>| {
                         drop(written);
                         if let Err(e) = sent {
-                            let _ = failed.send(Err(describe(&e)));
+                            let why = describe(&e);
+                            // Told even while the channel is full.
+                            tokio::spawn(async move {
+                                let _ = failed.send(Err(why)).await;
+                            });
                         }
                     };
                     match first {
@@ -110,7 +121,9 @@ where
                 message = transport.receive() => match message {
                     Some(message) => match serde_json::to_value(&message) {
                         Ok(value) => {
-                            if incoming.send(Ok(value.into())).is_err() {
+                            // Waits for room: the server is read no more
+                            // meanwhile.
+                            if incoming.send(Ok(value.into())).await.is_err() {
                                 break;
                             }
                         }
@@ -156,6 +169,61 @@ mod tests {
         async fn close(&mut self) -> Result<(), Self::Error> {
             Ok(())
         }
+    }
+
+    /// A transport whose server never stops sending: every `receive`
+    /// is a notification at once, counted.
+    struct Flooding(std::sync::Arc<std::sync::atomic::AtomicUsize>);
+
+    impl rmcp::transport::Transport<rmcp::RoleClient> for Flooding {
+        type Error = std::io::Error;
+
+        fn send(
+            &mut self,
+            _item: rmcp::model::ClientJsonRpcMessage,
+        ) -> impl Future<Output = Result<(), Self::Error>> + Send + 'static {
+            std::future::ready(Ok(()))
+        }
+
+        async fn receive(&mut self) -> Option<rmcp::model::ServerJsonRpcMessage> {
+            // As rmcp's own channel does now and then: other tasks run.
+            tokio::task::yield_now().await;
+            self.0.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            let flood = serde_json::json!({"jsonrpc": "2.0", "method": "notifications/message",
+                "params": {"level": "info", "data": "x".repeat(1024)}});
+            Some(serde_json::from_value(flood).expect("a notification"))
+        }
+
+        async fn close(&mut self) -> Result<(), Self::Error> {
+            Ok(())
+        }
+    }
+
+    /// A server that sends faster than the session takes its messages is
+    /// read no more past [`FROM_SERVER`] of them (issue 49): before, the
+    /// adapter's channel took everything, as fast as the server sent.
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_server_sending_faster_than_the_session_reads_is_read_no_more() {
+        let received = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let mut wire = wire(Flooding(std::sync::Arc::clone(&received)), |e| {
+            e.to_string()
+        });
+        let read = || received.load(std::sync::atomic::Ordering::Relaxed);
+        // The adapter's task runs as long as it can (it would never wait
+        // with room for everything).
+        for _ in 0..10_000 {
+            tokio::task::yield_now().await;
+        }
+        assert!(read() <= FROM_SERVER + 1, "{} read", read());
+        assert!(read() >= FROM_SERVER, "{} read", read());
+        // Taking ten lets it read about ten more.
+        for _ in 0..10 {
+            assert!(wire.rx.recv().await.expect("open").is_ok());
+        }
+        for _ in 0..1_000 {
+            tokio::task::yield_now().await;
+        }
+        assert!(read() <= FROM_SERVER + 11, "{} read", read());
     }
 
     // A multi-thread runtime runs the task spawned last first (its LIFO

@@ -725,3 +725,325 @@ fn each_request_of_a_keep_alive_connection_is_checked_and_a_revoked_token_fails_
     let (status, body) = on_connection(&mut stream, &second, "", INITIALIZE);
     assert_eq!(status, 200, "{body}");
 }
+
+/// An HTTP session of unit `a` for `bearer`, initialized: its id.
+fn session_for(addr: std::net::SocketAddr, bearer: &str) -> String {
+    let auth = format!("Bearer {bearer}");
+    let mut h: Vec<(&str, &str)> = JSON.to_vec();
+    h.push(("Authorization", &auth));
+    let (status, headers, body) = request(addr, "POST", "/mcp/a", &h, INITIALIZE.as_bytes());
+    assert_eq!(status, 200, "{body}");
+    let session = header(&headers, "mcp-session-id")
+        .expect("session")
+        .to_owned();
+    h.push(("Mcp-Session-Id", &session));
+    let initialized = r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#;
+    let (status, _, body) = request(addr, "POST", "/mcp/a", &h, initialized.as_bytes());
+    assert_eq!(status, 202, "{body}");
+    session
+}
+
+/// A good client: one keep-alive connection to session `session` with
+/// its token, calling the fixture's `echo`.
+struct Good {
+    stream: std::net::TcpStream,
+    extra: String,
+    bearer: String,
+    id: u64,
+}
+
+impl Good {
+    fn new(addr: std::net::SocketAddr, bearer: &str) -> Self {
+        let session = session_for(addr, bearer);
+        let stream = std::net::TcpStream::connect(addr).expect("connect");
+        stream
+            .set_read_timeout(Some(crate::helper::BOUND))
+            .expect("timeout");
+        Self {
+            stream,
+            extra: format!("Mcp-Session-Id: {session}\r\n"),
+            bearer: bearer.to_owned(),
+            id: 100,
+        }
+    }
+
+    /// One call: the time its answer took.
+    fn call(&mut self) -> std::time::Duration {
+        self.id += 1;
+        let id = self.id;
+        let body = format!(
+            r#"{{"jsonrpc":"2.0","id":{id},"method":"tools/call","params":{{"name":"echo","arguments":{{"text":"good {id}"}}}}}}"#
+        );
+        let started = std::time::Instant::now();
+        let (status, answer) = on_connection(&mut self.stream, &self.bearer, &self.extra, &body);
+        let took = started.elapsed();
+        assert_eq!(status, 200, "{answer}");
+        assert!(answer.contains(&format!("good {id}")), "{answer}");
+        took
+    }
+}
+
+fn median(mut of: Vec<std::time::Duration>) -> std::time::Duration {
+    of.sort();
+    of.get(of.len() / 2).copied().unwrap_or_default()
+}
+
+/// 10,000 HTTP requests with random bearer tokens (issue 49): each is
+/// refused from memory, the token file is looked at no more than once
+/// per `TOKENS_LOOK_EVERY` (10 ms) whatever their number (`strace`
+/// counts the daemon's `stat`s and `open`s of `tokens.json`), and a good
+/// client's calls are answered at their usual latency throughout.
+#[test]
+fn random_bearer_tokens_cost_no_look_at_the_token_file_each_and_delay_no_good_client() {
+    use std::io::{Read, Write};
+    let units = tempfile::tempdir().expect("tempdir");
+    fixture_unit(units.path(), "a", "");
+    let state = tempfile::tempdir().expect("tempdir");
+    let good = token(state.path(), &["new", "good", "--units", "a"]);
+    let (mut d, _dir, addr) = endpoint_with(
+        units.path(),
+        "http {\n    listen \"127.0.0.1:0\"\n}\n",
+        &[("MCPD_STATE_DIR", state.path().as_os_str())],
+    );
+    d.wait_for("running (pid");
+    let mut client = Good::new(addr, &good);
+    // Every thread of the daemon, those of the blocking pool included.
+    let trace = state.path().join("strace.out");
+    let mut strace = std::process::Command::new("strace")
+        .args(["-f", "-qq", "-e", "signal=none", "-e"])
+        .arg("trace=stat,lstat,newfstatat,statx,open,openat")
+        .arg("-o")
+        .arg(&trace)
+        .arg("-p")
+        .arg(d.pid().to_string())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("strace (apt-get install strace)");
+    let looks = || {
+        std::fs::read_to_string(&trace)
+            .unwrap_or_default()
+            .lines()
+            .filter(|l| l.contains("tokens.json\""))
+            .count()
+    };
+    let refused = |bearer: &str| {
+        let mut stream = std::net::TcpStream::connect(addr).expect("connect");
+        stream
+            .set_read_timeout(Some(crate::helper::BOUND))
+            .expect("timeout");
+        write!(
+            stream,
+            "POST /mcp/a HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nAccept: application/json\r\nAuthorization: Bearer {bearer}\r\nContent-Length: {}\r\n\r\n{INITIALIZE}",
+            INITIALIZE.len()
+        )
+        .expect("write");
+        let mut answer = Vec::new();
+        let _ = stream.read_to_end(&mut answer);
+        assert!(
+            answer.starts_with(b"HTTP/1.1 401"),
+            "{}",
+            String::from_utf8_lossy(&answer)
+        );
+    };
+    // strace is attached once it sees a look at the file.
+    let mut n = 0u64;
+    eventually(
+        "strace sees the daemon look at tokens.json",
+        crate::helper::BOUND,
+        || {
+            n += 1;
+            refused(&format!("mcpd_attach{n}"));
+            looks() > 0
+        },
+    );
+    let baseline: Vec<_> = (0..20).map(|_| client.call()).collect();
+    let before = looks();
+    const REQUESTS: usize = 10_000;
+    const THREADS: usize = 4;
+    let started = std::time::Instant::now();
+    let done = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let flood: Vec<_> = (0..THREADS)
+        .map(|t| {
+            let done = std::sync::Arc::clone(&done);
+            std::thread::spawn(move || {
+                for i in 0..REQUESTS / THREADS {
+                    // 64 hex digits, all different.
+                    let mut made = format!("mcpd_{t:032x}{i:032x}");
+                    made.truncate(69);
+                    let mut stream = std::net::TcpStream::connect(addr).expect("connect");
+                    stream
+                        .set_read_timeout(Some(crate::helper::BOUND))
+                        .expect("timeout");
+                    write!(
+                        stream,
+                        "POST /mcp/a HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nAccept: application/json\r\nAuthorization: Bearer {made}\r\nContent-Length: {}\r\n\r\n{INITIALIZE}",
+                        INITIALIZE.len()
+                    )
+                    .expect("write");
+                    let mut answer = Vec::new();
+                    let _ = stream.read_to_end(&mut answer);
+                    assert!(answer.starts_with(b"HTTP/1.1 401"), "{}", String::from_utf8_lossy(&answer));
+                    done.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                }
+            })
+        })
+        .collect();
+    let mut during = Vec::new();
+    while done.load(std::sync::atomic::Ordering::Relaxed) < REQUESTS
+        && !flood.iter().all(|f| f.is_finished())
+    {
+        during.push(client.call());
+        std::thread::sleep(std::time::Duration::from_millis(20)); // the good client's pace
+    }
+    for f in flood {
+        f.join().expect("flood");
+    }
+    let took = started.elapsed();
+    // Lets strace write what it saw and detach.
+    rustix::process::kill_process(
+        rustix::process::Pid::from_raw(strace.id() as i32).expect("pid"),
+        rustix::process::Signal::INT,
+    )
+    .expect("SIGINT strace");
+    strace.wait().expect("strace");
+    let looked = looks() - before;
+    let allowed = took.as_millis() as usize / 10 + 2;
+    let slowest = during.iter().max().copied().unwrap_or_default();
+    eprintln!(
+        "random tokens: {REQUESTS} refused in {took:?}; the token file looked at {looked} times (at most {allowed} allowed); the good client: median {:?} before, {:?} during ({} calls), slowest {slowest:?}",
+        median(baseline.clone()),
+        median(during.clone()),
+        during.len()
+    );
+    assert_eq!(done.load(std::sync::atomic::Ordering::Relaxed), REQUESTS);
+    assert!(
+        looked <= allowed && looked < REQUESTS / 2,
+        "{looked} looks at tokens.json for {REQUESTS} requests in {took:?}"
+    );
+    assert!(during.len() >= 5, "{} good calls", during.len());
+    // Generous: other tests load the machine too.
+    let usual = median(baseline) * 5 + std::time::Duration::from_millis(100);
+    assert!(
+        median(during) <= usual && slowest < std::time::Duration::from_secs(3),
+        "the good client's calls took {slowest:?} at worst"
+    );
+}
+
+/// `tokens.json` of `count` tokens (the first `good`'s hash, named
+/// `good`, the rest made up with long names), each `created` at `at`.
+fn token_file(good: &str, count: usize, at: u64) -> String {
+    let mut entries = vec![serde_json::json!({
+        "name": "good", "hash": mcpd::tokens::hash(good), "scope": {"units": ["a"]},
+        "created": at, "expires": null,
+    })];
+    for i in 1..count {
+        entries.push(serde_json::json!({
+            "name": format!("{}{i}", "n".repeat(120)),
+            "hash": mcpd::tokens::hash(&format!("mcpd_{i}")),
+            "scope": {"units": ["a", "b", "c"]},
+            "created": at, "expires": null,
+        }));
+    }
+    serde_json::Value::from(entries).to_string()
+}
+
+/// Reloading the token file after a change runs on the blocking pool
+/// (issue 49): a large file rewritten over and over, then a file that
+/// does not answer (a FIFO nobody writes to: a read that never ends),
+/// delay no good client's calls; once the FIFO is written, its tokens
+/// are taken.
+#[test]
+fn the_token_file_is_reread_off_the_runtime_thread_however_large_or_slow() {
+    let units = tempfile::tempdir().expect("tempdir");
+    fixture_unit(units.path(), "a", "");
+    let state = tempfile::tempdir().expect("tempdir");
+    let good = token(state.path(), &["new", "good", "--units", "a"]);
+    let file = state.path().join("tokens.json");
+    let write = |text: &str| {
+        let next = state.path().join("tokens.json.next");
+        std::fs::write(&next, text).expect("write");
+        std::fs::rename(&next, &file).expect("rename");
+    };
+    let (mut d, _dir, addr) = endpoint_with(
+        units.path(),
+        "http {\n    listen \"127.0.0.1:0\"\n}\n",
+        &[("MCPD_STATE_DIR", state.path().as_os_str())],
+    );
+    d.wait_for("running (pid");
+    let mut client = Good::new(addr, &good);
+    let baseline: Vec<_> = (0..10).map(|_| client.call()).collect();
+    // Large: 4,096 tokens (the most a file may hold), rewritten 10
+    // times, each read in full by the daemon.
+    let big = token_file(&good, mcpd::tokens::MAX_TOKENS, 1).len();
+    let mut during = Vec::new();
+    for round in 0..10u64 {
+        write(&token_file(&good, mcpd::tokens::MAX_TOKENS, 10 + round));
+        let seen = d.count("4096 HTTP tokens");
+        let read = std::time::Instant::now();
+        while !d.read_until(std::time::Duration::from_millis(10), |d| {
+            d.count("4096 HTTP tokens") > seen
+        }) {
+            during.push(client.call());
+            assert!(
+                read.elapsed() < crate::helper::BOUND,
+                "{}",
+                timed_out("the token file's reload", crate::helper::BOUND)
+            );
+        }
+    }
+    let slowest = during.iter().max().copied().unwrap_or_default();
+    eprintln!(
+        "tokens.json of {big} bytes rewritten 10 times: the good client's median {:?} before, {:?} during ({} calls), slowest {slowest:?}",
+        median(baseline.clone()),
+        median(during.clone()),
+        during.len()
+    );
+    assert!(
+        slowest < std::time::Duration::from_secs(2),
+        "a call took {slowest:?}"
+    );
+    // Slow: a FIFO put in its place. Its read waits for a writer, on the
+    // blocking pool; the good client is answered meanwhile.
+    let fifo = state.path().join("slow");
+    let out = crate::helper::run(std::process::Command::new("mkfifo").arg(&fifo));
+    assert!(out.status.success(), "mkfifo");
+    let reloads = d.count("reloaded:");
+    let link = state.path().join("slow.link");
+    std::fs::hard_link(&fifo, &link).expect("link");
+    std::fs::rename(&link, &file).expect("rename");
+    d.wait_until("the daemon's reload after the change", |d| {
+        d.count("reloaded:") > reloads
+    });
+    for _ in 0..10 {
+        let took = client.call();
+        assert!(
+            took < std::time::Duration::from_secs(5),
+            "a call took {took:?} while the token file did not answer"
+        );
+    }
+    // A regular file back first (a reload queued behind reads it), then
+    // the FIFO written: the read that waited takes its tokens.
+    let late = "mcpd_".to_owned() + &"1".repeat(64);
+    let small = serde_json::json!([
+        {"name": "good", "hash": mcpd::tokens::hash(&good), "scope": {"units": ["a"]}, "created": 1, "expires": null},
+        {"name": "late", "hash": mcpd::tokens::hash(&late), "scope": {"units": ["a"]}, "created": 1, "expires": null},
+    ])
+    .to_string();
+    write(&small);
+    // Opened without waiting: only the daemon's read that waits is its
+    // reader (no reader yet: ENXIO, tried again).
+    eventually("the daemon reading the FIFO", crate::helper::BOUND, || {
+        use std::io::Write;
+        use std::os::unix::fs::OpenOptionsExt;
+        std::fs::OpenOptions::new()
+            .write(true)
+            .custom_flags(rustix::fs::OFlags::NONBLOCK.bits() as i32)
+            .open(&fifo)
+            .and_then(|mut f| f.write_all(small.as_bytes()))
+            .is_ok()
+    });
+    d.wait_for("2 HTTP tokens");
+    let mut late_client = Good::new(addr, &late);
+    late_client.call();
+    client.call();
+}

@@ -18,8 +18,9 @@
 //!   the attached hosts, at least [`MIN_SHARE`] and [`MIN_SHARE_BYTES`]),
 //!   or the unit's queue full, a host's notifications are dropped and its
 //!   requests refused (counted, and said in the journal). A host that
-//!   cannot be made to wait (an HTTP session, an aggregate's member
-//!   session) is bounded so.
+//!   cannot be made to wait (an HTTP session) is bounded so; an
+//!   aggregate's member session can (its in-memory pair fills, and the
+//!   aggregate then reads its own host no more).
 //!
 //! A host's flood thus never holds more than its share of the queue, and
 //! another host's request waits behind at most the shares of those
