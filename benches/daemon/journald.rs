@@ -123,13 +123,25 @@ fn start(units: &Path) -> Result<(Daemon, Journald), String> {
         .stderr(Stdio::piped())
         .spawn()
         .map_err(|e| format!("cannot run unshare: {e}"))?;
-    let stderr = child.stderr.take();
+    let mut stderr = child.stderr.take();
     // No lines: this daemon logs to the journal.
     let (_, lines) = std::sync::mpsc::channel();
-    let daemon = Daemon {
+    let mut daemon = Daemon {
         child,
         lines,
         runtime,
+    };
+    // What the set-up said if it failed (mcpd's own stderr is the journal
+    // once it runs): read once the process is gone.
+    let mut failed = |mut daemon: Daemon, what: &str| {
+        let _ = daemon.child.kill();
+        drop(daemon);
+        let mut said = String::new();
+        if let Some(mut stderr) = stderr.take() {
+            use std::io::Read;
+            let _ = stderr.read_to_string(&mut said);
+        }
+        format!("{what}: {}", said.trim())
     };
     let deadline = Instant::now() + Duration::from_secs(60);
     let pid = loop {
@@ -139,22 +151,16 @@ fn start(units: &Path) -> Result<(Daemon, Journald), String> {
         {
             break pid;
         }
+        // Without the right to mount (a container), unshare fails at once.
+        if let Ok(Some(_)) = daemon.child.try_wait() {
+            return Err(failed(daemon, "no journald of its own"));
+        }
         if Instant::now() > deadline {
-            return Err("systemd-journald did not start within 60 s".into());
+            return Err(failed(daemon, "systemd-journald did not start within 60 s"));
         }
         std::thread::sleep(Duration::from_millis(10));
     };
     let journal = Journald { pid };
-    // What the script said if it failed (mcpd's own stderr is the journal).
-    let failed = |daemon: Daemon| {
-        drop(daemon);
-        let mut said = String::new();
-        if let Some(mut stderr) = stderr {
-            use std::io::Read;
-            let _ = stderr.read_to_string(&mut said);
-        }
-        said
-    };
     loop {
         let status = Command::new(common::binary("mcpctl"))
             .args(["--user", "status", "u0"])
@@ -165,9 +171,11 @@ fn start(units: &Path) -> Result<(Daemon, Journald), String> {
         if String::from_utf8_lossy(&status.stdout).contains("running") {
             return Ok((daemon, journal));
         }
+        if let Ok(Some(_)) = daemon.child.try_wait() {
+            return Err(failed(daemon, "mcpd under journald ended"));
+        }
         if Instant::now() > deadline {
-            let said = failed(daemon);
-            return Err(format!("u0 was not running within 60 s {}", said.trim()));
+            return Err(failed(daemon, "u0 was not running within 60 s"));
         }
         std::thread::sleep(Duration::from_millis(50));
     }
