@@ -5,7 +5,9 @@
 //! and its client span beneath, the server's request carries the client
 //! span's `traceparent`, and the conventions' histograms arrive, for a
 //! 2025 host and a 2026-07-28 host through the bridge and through the
-//! HTTP endpoint.
+//! HTTP endpoint. Over an HTTP upstream (the Python SDK's example server
+//! behind tests/data/traced_http.py, which prints what each POST carried)
+//! the client span's context goes in the `traceparent` header as well.
 
 use std::io::{BufRead, Write};
 use std::process::{Child, Command, Stdio};
@@ -110,8 +112,13 @@ struct Host {
 
 impl Host {
     fn start(runtime: &std::path::Path) -> Self {
+        Self::to(runtime, "demo")
+    }
+
+    /// A host on `mcpctl bridge UNIT`.
+    fn to(runtime: &std::path::Path, unit: &str) -> Self {
         let mut child = Command::new(env!("CARGO_BIN_EXE_mcpctl"))
-            .args(["--user", "bridge", "demo"])
+            .args(["--user", "bridge", unit])
             .env("XDG_RUNTIME_DIR", runtime)
             .env_remove("DBUS_SESSION_BUS_ADDRESS")
             .env_remove("MCPD_RUNTIME_DIR")
@@ -207,12 +214,29 @@ fn daemon(
     tempfile::TempDir,
     std::net::SocketAddr,
 ) {
+    daemon_with(receiver, telemetry, &[])
+}
+
+/// [`daemon`] with more units: (file name, text).
+fn daemon_with(
+    receiver: &Receiver,
+    telemetry: &str,
+    more: &[(&str, String)],
+) -> (
+    Daemon,
+    tempfile::TempDir,
+    tempfile::TempDir,
+    std::net::SocketAddr,
+) {
     let units = tempfile::tempdir().expect("tempdir");
     std::fs::write(
         units.path().join("demo.kdl"),
         "stdio {\n    command \"mcp-fixture\" \"--chatter\" \"0\" \"--tools\" \"sleep\"\n}\n",
     )
     .expect("write");
+    for (file, text) in more {
+        std::fs::write(units.path().join(file), text).expect("write");
+    }
     let settings = format!(
         "http {{\n    listen \"127.0.0.1:0\"\n    auth \"none\"\n}}\ntelemetry {{\n    otlp \"http://127.0.0.1:{}\"\n{telemetry}}}\n",
         receiver.port
@@ -429,6 +453,118 @@ fn a_hosts_trace_goes_through_mcpd_to_the_server_and_reaches_the_collector_in_bo
     d.wait_for("telemetry off");
     drop(host);
     drop(modern);
+}
+
+/// The Python SDK's example server over Streamable HTTP
+/// (tests/data/traced_http.py), and what each POST to it carried.
+struct Traced {
+    child: Child,
+    port: u16,
+    lines: mpsc::Receiver<String>,
+    posts: Vec<Value>,
+}
+
+impl Traced {
+    fn start() -> Self {
+        let python = root().join("target/py-everything/bin/python");
+        assert!(
+            python.exists(),
+            "{} is missing: .ci/run installs it",
+            python.display()
+        );
+        let mut child = Command::new(python)
+            .arg(root().join("tests/data/traced_http.py"))
+            .env("PYTHONWARNINGS", "ignore")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("spawn traced_http.py");
+        let lines = reader(child.stdout.take().expect("stdout"));
+        let first = lines.recv_timeout(BOUND).expect("the server's port");
+        let port = first
+            .strip_prefix("listening ")
+            .and_then(|p| p.trim().parse().ok())
+            .expect("listening PORT");
+        Self {
+            child,
+            port,
+            lines,
+            posts: Vec::new(),
+        }
+    }
+
+    /// The first POST of `method` whose `traceparent` header or body's
+    /// carries trace `trace` (bounded).
+    fn post(&mut self, method: &str, trace: &str) -> Value {
+        let deadline = std::time::Instant::now() + BOUND;
+        let wanted = format!("00-{trace}-");
+        let found = |p: &Value| {
+            p["method"] == method
+                && ["traceparent", "meta_traceparent"]
+                    .iter()
+                    .any(|k| p[k].as_str().is_some_and(|t| t.starts_with(&wanted)))
+        };
+        loop {
+            if let Some(post) = self.posts.iter().find(|p| found(p)) {
+                return post.clone();
+            }
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            let line = self
+                .lines
+                .recv_timeout(left)
+                .unwrap_or_else(|_| panic!("no {method} POST in trace {trace}: {:#?}", self.posts));
+            // The SDK prints lines of its own on stdout too.
+            if let Ok(post) = serde_json::from_str::<Value>(&line) {
+                self.posts.push(post);
+            }
+        }
+    }
+}
+
+impl Drop for Traced {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+#[test]
+fn over_an_http_upstream_the_client_spans_context_is_the_traceparent_header_too() {
+    let mut receiver = Receiver::start("ok");
+    let mut server = Traced::start();
+    let web = format!("http \"http://127.0.0.1:{}/mcp\"\n", server.port);
+    let (d, _units, _dir, _addr) = daemon_with(&receiver, "", &[("web.kdl", web)]);
+    let runtime = d.runtime_dir().expect("runtime").to_owned();
+
+    let trace = "5555555555555555aaaaaaaaaaaaaaaa";
+    let mut host = Host::to(&runtime, "web");
+    host.send(&json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        "protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}}));
+    host.answer(1);
+    host.send(&json!({"jsonrpc": "2.0", "method": "notifications/initialized"}));
+    host.send(&json!({"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {
+        "name": "test_simple_text", "arguments": {},
+        "_meta": {"traceparent": traceparent(trace, "6666666666666666"), "tracestate": "vendor=y"}}}));
+    let answer = host.answer(2);
+    assert!(answer["result"]["content"].is_array(), "{answer}");
+
+    receiver.until("the call's spans", |seen| pair(seen, trace).is_some());
+    let (server_span, client) = pair(&receiver.seen, trace).expect("both spans");
+    assert_eq!(server_span["parent_span_id"], "6666666666666666");
+    assert_eq!(client["parent_span_id"], server_span["span_id"], "{client}");
+    assert_eq!(client["attributes"]["network.transport"], "tcp", "{client}");
+    assert_eq!(client["attributes"]["mcpd.unit"], "web", "{client}");
+
+    // The POST of the call: the header is the client span's context, as
+    // the body's _meta is, and the host's tracestate goes on.
+    let post = server.post("tools/call", trace);
+    let span = client["span_id"].as_str().expect("a span id");
+    let expected = format!("00-{trace}-{span}-01");
+    assert_eq!(post["traceparent"], expected.as_str(), "{post}");
+    assert_eq!(post["meta_traceparent"], expected.as_str(), "{post}");
+    assert_eq!(post["tracestate"], "vendor=y", "{post}");
+    drop(host);
 }
 
 /// The daemon's `Telemetry:` line of `mcpctl status`, if any.
