@@ -650,3 +650,156 @@ fn a_collector_that_refuses_is_slow_or_away_never_delays_a_call_and_drops_are_co
     );
     assert_eq!(status_line(d.runtime_dir().expect("runtime")), None);
 }
+
+/// Runs tests/data/era_client.py with `--input` (the official Python SDK's
+/// client, answering elicitation and sampling) in `mode` on `mcpctl bridge
+/// UNIT`: its JSON object.
+fn ask_through(runtime: &std::path::Path, mode: &str, unit: &str) -> Value {
+    let out = Command::new(root().join("target/py-everything/bin/python"))
+        .arg(root().join("tests/data/era_client.py"))
+        .args(["--input", mode, "python", env!("CARGO_BIN_EXE_mcpctl")])
+        .args(["--user", "bridge", unit])
+        .env("XDG_RUNTIME_DIR", runtime)
+        .env("PYTHONWARNINGS", "ignore")
+        .env_remove("DBUS_SESSION_BUS_ADDRESS")
+        .env_remove("MCPD_RUNTIME_DIR")
+        .stdin(Stdio::null())
+        .output()
+        .expect("era_client.py");
+    assert!(
+        out.status.success(),
+        "stdout: {}\nstderr: {}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).expect("one JSON object")
+}
+
+/// The spans named `name` of kind `kind` (2 server, 3 client).
+fn named<'a>(seen: &'a [Value], name: &str, kind: u64) -> Vec<&'a Value> {
+    seen.iter()
+        .filter_map(|v| v.get("span"))
+        .filter(|s| s["name"] == name && s["kind"] == kind)
+        .collect()
+}
+
+/// The first span named `name` of kind `kind` whose parent is `parent`.
+fn child<'a>(seen: &'a [Value], parent: &Value, name: &str, kind: u64) -> Option<&'a Value> {
+    named(seen, name, kind)
+        .into_iter()
+        .find(|s| s["trace_id"] == parent["trace_id"] && s["parent_span_id"] == parent["span_id"])
+}
+
+/// The host's span of `call` whose protocol version is `version`, on
+/// unit `unit`.
+fn host_span<'a>(seen: &'a [Value], call: &str, version: &str, unit: &str) -> Option<&'a Value> {
+    named(seen, call, 2).into_iter().find(|s| {
+        s["attributes"]["mcp.protocol.version"] == version && s["attributes"]["mcpd.unit"] == unit
+    })
+}
+
+#[test]
+fn the_servers_requests_to_a_host_and_input_required_rounds_are_spans_in_the_callers_trace() {
+    let mut receiver = Receiver::start("ok");
+    let python = |protocol: &str| {
+        format!(
+            "stdio {{\n    command \"{}\" \"{}\"\n}}\nprotocol \"{protocol}\"\nstartup-timeout \"90s\"\n",
+            root().join("target/py-everything/bin/python").display(),
+            root().join("tests/data/py_everything_stdio.py").display()
+        )
+    };
+    // The 2026-07-28 one over HTTP: started before mcpd probes it (a
+    // stdio one may not answer server/discover within the probe's 10 s
+    // while Python starts on a loaded machine).
+    let server = Traced::start();
+    let pym = format!(
+        "http \"http://127.0.0.1:{}/mcp\"\nprotocol \"2026-07-28\"\n",
+        server.port
+    );
+    let (d, _units, _dir, _addr) = daemon_with(
+        &receiver,
+        "",
+        &[("py.kdl", python("legacy")), ("pym.kdl", pym)],
+    );
+    let runtime = d.runtime_dir().expect("runtime").to_owned();
+    const LEGACY: &str = "2025-11-25";
+    // Python's start is slow on a loaded machine.
+    for unit in ["py", "pym"] {
+        crate::helper::eventually(format!("{unit}'s tools"), Duration::from_secs(180), || {
+            let out = crate::helper::mcpctl_user(&runtime, &["tools", unit]);
+            String::from_utf8_lossy(&out.stdout).lines().count() >= 20
+        });
+    }
+
+    // A 2025 host, a 2025 server: the server asks the host in the middle
+    // of the call. Its request is a server span, child of mcpd's client
+    // span of the call, and mcpd's request to the host a client span
+    // beneath it.
+    let run = ask_through(&runtime, "legacy", "py");
+    assert_eq!(run["elicit"]["callbacks"]["elicitation"], 1, "{run:#}");
+    assert_eq!(run["sample"]["callbacks"]["sampling"], 1, "{run:#}");
+    for (tool, method) in [
+        ("test_elicitation", "elicitation/create"),
+        ("test_sampling", "sampling/createMessage"),
+    ] {
+        let call = format!("tools/call {tool}");
+        let chain = |seen: &[Value]| {
+            let host = host_span(seen, &call, LEGACY, "py")?;
+            let up = child(seen, host, &call, 3)?;
+            let from_server = child(seen, up, method, 2)?;
+            let to_host = child(seen, from_server, method, 3)?;
+            Some([up.clone(), from_server.clone(), to_host.clone()])
+        };
+        receiver.until(&format!("the spans of {method}"), |seen| {
+            chain(seen).is_some()
+        });
+        let [_, from_server, to_host] = chain(&receiver.seen).expect("the chain");
+        for span in [&from_server, &to_host] {
+            let a = &span["attributes"];
+            assert_eq!(a["mcp.method.name"], method, "{span}");
+            assert_eq!(a["mcpd.unit"], "py", "{span}");
+            assert_eq!(a["network.transport"], "pipe", "{span}");
+            assert!(a["jsonrpc.request.id"].is_string(), "{span}");
+            assert!(a.get("error.type").is_none(), "{span}");
+        }
+    }
+
+    // A 2026-07-28 host, the same server: the server's request becomes
+    // the call's input_required answer; its span is in the call's trace,
+    // and ends once the host's retry answered it.
+    let run = ask_through(&runtime, MODERN, "py");
+    assert_eq!(run["elicit"]["callbacks"]["elicitation"], 1, "{run:#}");
+    let call = "tools/call test_elicitation";
+    receiver.until("the modern host's elicitation span", |seen| {
+        host_span(seen, call, MODERN, "py")
+            .and_then(|host| child(seen, host, call, 3))
+            .and_then(|up| child(seen, up, "elicitation/create", 2))
+            .is_some()
+    });
+
+    // A 2025 host, a 2026-07-28 server answering input_required: mcpd asks
+    // the host (a client span under the host's call) and retries upstream
+    // (a second client span of the call): one trace.
+    let run = ask_through(&runtime, "legacy", "pym");
+    assert_eq!(run["ir_elicit"]["callbacks"]["elicitation"], 1, "{run:#}");
+    let call = "tools/call test_input_required_result_elicitation";
+    let rounds = |seen: &[Value]| {
+        let host = host_span(seen, call, LEGACY, "pym")?;
+        let ups: Vec<&Value> = named(seen, call, 3)
+            .into_iter()
+            .filter(|s| s["trace_id"] == host["trace_id"] && s["parent_span_id"] == host["span_id"])
+            .collect();
+        let asked = child(seen, host, "elicitation/create", 3)?;
+        (ups.len() >= 2).then(|| (ups.len(), asked.clone()))
+    };
+    receiver.until("the input_required rounds' spans", |seen| {
+        rounds(seen).is_some()
+    });
+    let (ups, asked) = rounds(&receiver.seen).expect("the rounds");
+    assert_eq!(ups, 2, "two rounds upstream");
+    assert_eq!(asked["attributes"]["mcpd.unit"], "pym", "{asked}");
+    assert_eq!(
+        asked["attributes"]["mcp.method.name"], "elicitation/create",
+        "{asked}"
+    );
+}
