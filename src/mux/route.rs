@@ -546,6 +546,11 @@ impl Router {
         }
     }
 
+    /// The server's own id of the request sent host `host` as `down`.
+    pub fn asked(&self, host: HostId, down: u64) -> Option<&RequestId> {
+        self.asked.get(&(host, down)).map(|a| &a.server_id)
+    }
+
     /// How many requests of host `host` are in flight upstream.
     pub fn in_flight(&self, host: HostId) -> usize {
         self.hosts.get(&host).map_or(0, |h| h.busy)

@@ -3,13 +3,23 @@
 //! [`Message`](crate::mux::message::Message)s. The only place that knows
 //! rmcp's HTTP transport (the launcher's, see [`super::launch`]): `mux`
 //! sees a channel-fed wire and nothing of rmcp.
+//!
+//! Every request goes through [`Traced`], which copies the W3C trace
+//! context of its `params._meta` (DESIGN §18: mcpd's client span's when
+//! telemetry is on, else the host's as it came) into the `traceparent`
+//! and `tracestate` headers of its POST.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 
+use futures_util::stream::BoxStream;
+use http::{HeaderName, HeaderValue};
+use rmcp::model::{ClientJsonRpcMessage, GetMeta};
 use rmcp::transport::StreamableHttpClientTransport;
 use rmcp::transport::auth::AuthClient;
 use rmcp::transport::streamable_http_client::{
-    StreamableHttpClientTransportConfig, StreamableHttpError,
+    SseError, StreamableHttpClient, StreamableHttpClientTransportConfig, StreamableHttpError,
+    StreamableHttpPostResponse, StreamableHttpResponseLimits,
 };
 use tokio::sync::mpsc;
 
@@ -27,8 +37,43 @@ pub const FROM_SERVER: usize = 64;
 /// with every request.
 pub fn connect(url: &str, headers: HashMap<http::HeaderName, http::HeaderValue>) -> Wire {
     let config = StreamableHttpClientTransportConfig::with_uri(url).custom_headers(headers);
-    let transport = StreamableHttpClientTransport::from_config(config);
+    let transport = StreamableHttpClientTransport::with_client(Traced(client()), config);
     wire(transport, http_error_text)
+}
+
+/// The most redirects followed for one request.
+const MAX_REDIRECTS: usize = 10;
+
+/// The HTTP client of a session without a login: rmcp's default one
+/// (`StreamableHttpClientTransport::from_config`'s, which rmcp does not
+/// export), made here to go inside [`Traced`]. No idle connections kept
+/// (rmcp: a reused connection whose last body was not read stalls ~40 ms
+/// on delayed ACKs); only same-origin 307 and 308 redirects followed
+/// (they keep the method and body; another origin would be sent the
+/// session id and the unit's headers), at most [`MAX_REDIRECTS`].
+fn client() -> reqwest::Client {
+    let redirects = reqwest::redirect::Policy::custom(|attempt| {
+        let keeps_body = matches!(
+            attempt.status(),
+            reqwest::StatusCode::TEMPORARY_REDIRECT | reqwest::StatusCode::PERMANENT_REDIRECT
+        );
+        let same_origin = attempt
+            .previous()
+            .first()
+            .is_some_and(|first| first.origin() == attempt.url().origin());
+        if !keeps_body || !same_origin {
+            attempt.stop()
+        } else if attempt.previous().len() > MAX_REDIRECTS {
+            attempt.error(format!("more than {MAX_REDIRECTS} redirects"))
+        } else {
+            attempt.follow()
+        }
+    });
+    reqwest::Client::builder()
+        .pool_max_idle_per_host(0)
+        .redirect(redirects)
+        .build()
+        .unwrap_or_default()
 }
 
 /// A session with `url` as [`connect`], authorized by a login's client
@@ -40,8 +85,162 @@ pub fn connect_with(
     client: AuthClient<reqwest::Client>,
 ) -> Wire {
     let config = StreamableHttpClientTransportConfig::with_uri(url).custom_headers(headers);
-    let transport = StreamableHttpClientTransport::with_client(client, config);
+    let transport = StreamableHttpClientTransport::with_client(Traced(client), config);
     wire(transport, http_error_text)
+}
+
+/// An rmcp HTTP client that sends a request's trace context (its
+/// `params._meta.traceparent` and `tracestate`) as the W3C headers too:
+/// a server, or a proxy in front of it, that reads only the headers
+/// joins the same trace. Everything else is `C`'s.
+#[derive(Clone)]
+struct Traced<C>(C);
+
+impl<C> std::fmt::Debug for Traced<C> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Traced")
+    }
+}
+
+/// `headers` with the W3C trace context of `message`, if it has one (a
+/// `tracestate` only with a `traceparent`, as W3C says); a value that is
+/// no header value is left out.
+fn trace_headers(
+    message: &ClientJsonRpcMessage,
+    mut headers: HashMap<HeaderName, HeaderValue>,
+) -> HashMap<HeaderName, HeaderValue> {
+    let ClientJsonRpcMessage::Request(request) = message else {
+        return headers;
+    };
+    let meta = request.request.get_meta();
+    let Some(parent) = meta
+        .get_traceparent()
+        .and_then(|v| HeaderValue::from_str(v).ok())
+    else {
+        return headers;
+    };
+    headers.insert(HeaderName::from_static("traceparent"), parent);
+    if let Some(state) = meta
+        .get_tracestate()
+        .and_then(|v| HeaderValue::from_str(v).ok())
+    {
+        headers.insert(HeaderName::from_static("tracestate"), state);
+    }
+    headers
+}
+
+impl<C: StreamableHttpClient + Sync> StreamableHttpClient for Traced<C> {
+    type Error = C::Error;
+
+    async fn post_message(
+        &self,
+        uri: Arc<str>,
+        message: ClientJsonRpcMessage,
+        session_id: Option<Arc<str>>,
+        auth_header: Option<String>,
+        custom_headers: HashMap<HeaderName, HeaderValue>,
+    ) -> Result<StreamableHttpPostResponse, StreamableHttpError<Self::Error>> {
+        let headers = trace_headers(&message, custom_headers);
+        self.0
+            .post_message(uri, message, session_id, auth_header, headers)
+            .await
+    }
+
+    async fn post_message_with_max_sse_event_size(
+        &self,
+        uri: Arc<str>,
+        message: ClientJsonRpcMessage,
+        session_id: Option<Arc<str>>,
+        auth_header: Option<String>,
+        custom_headers: HashMap<HeaderName, HeaderValue>,
+        max_sse_event_size: usize,
+    ) -> Result<StreamableHttpPostResponse, StreamableHttpError<Self::Error>> {
+        let headers = trace_headers(&message, custom_headers);
+        self.0
+            .post_message_with_max_sse_event_size(
+                uri,
+                message,
+                session_id,
+                auth_header,
+                headers,
+                max_sse_event_size,
+            )
+            .await
+    }
+
+    async fn post_message_with_response_limits(
+        &self,
+        uri: Arc<str>,
+        message: ClientJsonRpcMessage,
+        session_id: Option<Arc<str>>,
+        auth_header: Option<String>,
+        custom_headers: HashMap<HeaderName, HeaderValue>,
+        limits: StreamableHttpResponseLimits,
+    ) -> Result<StreamableHttpPostResponse, StreamableHttpError<Self::Error>> {
+        let headers = trace_headers(&message, custom_headers);
+        self.0
+            .post_message_with_response_limits(
+                uri,
+                message,
+                session_id,
+                auth_header,
+                headers,
+                limits,
+            )
+            .await
+    }
+
+    async fn delete_session(
+        &self,
+        uri: Arc<str>,
+        session_id: Arc<str>,
+        auth_header: Option<String>,
+        custom_headers: HashMap<HeaderName, HeaderValue>,
+    ) -> Result<(), StreamableHttpError<Self::Error>> {
+        self.0
+            .delete_session(uri, session_id, auth_header, custom_headers)
+            .await
+    }
+
+    async fn get_stream(
+        &self,
+        uri: Arc<str>,
+        session_id: Option<Arc<str>>,
+        last_event_id: Option<String>,
+        auth_header: Option<String>,
+        custom_headers: HashMap<HeaderName, HeaderValue>,
+    ) -> Result<
+        BoxStream<'static, Result<sse_stream::Sse, SseError>>,
+        StreamableHttpError<Self::Error>,
+    > {
+        self.0
+            .get_stream(uri, session_id, last_event_id, auth_header, custom_headers)
+            .await
+    }
+
+    async fn get_stream_with_max_sse_event_size(
+        &self,
+        uri: Arc<str>,
+        session_id: Option<Arc<str>>,
+        last_event_id: Option<String>,
+        auth_header: Option<String>,
+        custom_headers: HashMap<HeaderName, HeaderValue>,
+        max_sse_event_size: usize,
+    ) -> Result<
+        BoxStream<'static, Result<sse_stream::Sse, SseError>>,
+        StreamableHttpError<Self::Error>,
+    > {
+        self.0
+            .get_stream_with_max_sse_event_size(
+                uri,
+                session_id,
+                last_event_id,
+                auth_header,
+                custom_headers,
+                max_sse_event_size,
+            )
+            .await
+    }
 }
 
 /// What went wrong in an HTTP request, without rmcp's wrapper type names.

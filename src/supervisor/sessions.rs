@@ -996,18 +996,22 @@ impl Task {
         match out {
             Out::Host {
                 host,
-                message,
+                mut message,
                 kind,
                 modern,
             } => {
                 if telemetry::on() {
-                    self.tracer.to_host(host, &message);
+                    let asked = message
+                        .request_id()
+                        .and_then(|id| id.as_u64())
+                        .and_then(|down| self.core.asked(host, down));
+                    self.tracer.to_host(host, &mut message, asked);
                 }
                 self.send_host(host, message, kind, modern)
             }
-            Out::Bytes(host, bytes) => {
+            Out::Bytes(host, mut bytes) => {
                 if telemetry::on() {
-                    self.tracer.bytes_to_host(host, &bytes);
+                    self.tracer.bytes_to_host(host, &mut bytes);
                 }
                 if let Some(io) = self.io.get(&host) {
                     let sent = io.out.send(bytes);

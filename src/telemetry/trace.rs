@@ -2,9 +2,15 @@
 //! read and wrote, made spans. One server span per host request, from
 //! its arrival to its answer (or cancellation, or the host's end); one
 //! client span per request sent upstream for it, its child, whose
-//! `traceparent` the request carries in `params._meta`. The durations go
-//! into the conventions' histograms whether or not a trace is sampled.
-//! Bounded: [`MAX_OPEN`] requests of each side in flight are traced.
+//! `traceparent` the request carries in `params._meta`. A request the
+//! server makes (elicitation, sampling, roots) is a server span of its
+//! own, child of the `traceparent` in its `_meta` or else of the client
+//! span of the host's request that caused it, and the request mcpd sends
+//! a host for it (or for a 2026-07-28 server's `input_required` answer)
+//! a client span beneath, whose `traceparent` the host is sent. The
+//! durations go into the conventions' histograms whether or not a trace is
+//! sampled. Bounded: [`MAX_OPEN`] requests of each side and direction in
+//! flight are traced.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -58,6 +64,11 @@ struct Open {
     id: String,
     transport: Transport,
     version: Option<String>,
+    /// The host whose request it is (an upstream request's), or that it
+    /// was sent to or caused by (a server→client request's).
+    host: Option<HostId>,
+    /// Its parent came in its own `_meta` (a server→client request's).
+    meta_parent: bool,
     start: u64,
     started: Instant,
 }
@@ -66,10 +77,18 @@ struct Open {
 #[derive(Debug)]
 pub struct Tracer {
     unit: Arc<str>,
+    /// Host requests (server spans).
     hosts: HashMap<(HostId, RequestId), Open>,
+    /// mcpd's requests to the server (client spans), by mcpd's id.
     ups: HashMap<u64, Open>,
+    /// The server's requests to mcpd (server spans), by the server's id.
+    downs: HashMap<RequestId, Open>,
+    /// mcpd's requests to hosts (client spans), by host and mcpd's id.
+    asks: HashMap<(HostId, RequestId), Open>,
     transports: HashMap<HostId, Transport>,
     upstream: Transport,
+    /// The server's protocol version, as last seen.
+    upstream_version: Option<String>,
 }
 
 impl Tracer {
@@ -79,8 +98,11 @@ impl Tracer {
             unit,
             hosts: HashMap::default(),
             ups: HashMap::default(),
+            downs: HashMap::default(),
+            asks: HashMap::default(),
             transports: HashMap::default(),
             upstream,
+            upstream_version: None,
         }
     }
 
@@ -92,6 +114,24 @@ impl Tracer {
     /// Host `host` is gone: its requests' spans end.
     pub fn detach(&mut self, host: HostId) {
         self.transports.remove(&host);
+        if self.asks.keys().any(|(h, _)| *h == host) {
+            let ids: Vec<RequestId> = self
+                .asks
+                .keys()
+                .filter(|(h, _)| *h == host)
+                .map(|(_, id)| id.clone())
+                .collect();
+            for id in ids {
+                if let Some(open) = self.asks.remove(&(host, id)) {
+                    self.end(
+                        open,
+                        SpanKind::Client,
+                        None,
+                        Some(("cancelled".into(), "the host session ended".into())),
+                    );
+                }
+            }
+        }
         if !self.hosts.keys().any(|(h, _)| *h == host) {
             return;
         }
@@ -117,6 +157,14 @@ impl Tracer {
     /// session's protocol version, if fixed.
     pub fn from_host(&mut self, host: HostId, message: &Message, version: Option<&str>) {
         let Some(method) = message.method() else {
+            // An answer to a request mcpd sent the host.
+            if !self.asks.is_empty()
+                && let Some(id) = message.request_id()
+                && let Some(open) = self.asks.remove(&(host, id))
+            {
+                let error = outcome(message);
+                self.end(open, SpanKind::Client, None, error);
+            }
             return;
         };
         let Some(id) = message.request_id() else {
@@ -179,15 +227,24 @@ impl Tracer {
                     .and_then(|m| m["io.modelcontextprotocol/protocolVersion"].as_str())
                     .map(str::to_owned)
             }),
+            host: Some(host),
+            meta_parent: parent.is_some(),
             start: super::now_nanos(),
             started: Instant::now(),
         };
         self.hosts.insert((host, id), open);
     }
 
-    /// A message mcpd sends host `host`: an answer ends its request's span.
-    pub fn to_host(&mut self, host: HostId, message: &Message) {
-        if self.hosts.is_empty() || message.has("method") {
+    /// A message mcpd sends host `host`: an answer ends its request's
+    /// span; a request (the server's, whose id was `asked`, or mcpd's own
+    /// for an `input_required` answer) gets a client span, whose
+    /// `traceparent` it carries from now on.
+    pub fn to_host(&mut self, host: HostId, message: &mut Message, asked: Option<&RequestId>) {
+        if message.has("method") {
+            self.ask(host, message, asked);
+            return;
+        }
+        if self.hosts.is_empty() {
             return;
         }
         let Some(id) = message.request_id() else {
@@ -199,14 +256,84 @@ impl Tracer {
         }
     }
 
-    /// A line mcpd made for host `host` (an answer of its own).
-    pub fn bytes_to_host(&mut self, host: HostId, bytes: &[u8]) {
+    /// A line mcpd made for host `host` (an answer of its own, or a
+    /// question for an `input_required` answer, which gets its
+    /// `traceparent`: the line is written again then).
+    pub fn bytes_to_host(&mut self, host: HostId, bytes: &mut Vec<u8>) {
         if !self.hosts.keys().any(|(h, _)| *h == host) {
             return;
         }
-        if let Ok(message) = Message::parse(bytes) {
-            self.to_host(host, &message);
+        if let Ok(mut message) = Message::parse(bytes) {
+            let request = message.has("method");
+            self.to_host(host, &mut message, None);
+            if request {
+                *bytes = message.line();
+            }
         }
+    }
+
+    /// mcpd sends host `host` request `message`: a client span, child of
+    /// the server's request it carries (`asked`: the server's id) or else
+    /// of the host's most recent request in flight.
+    fn ask(&mut self, host: HostId, message: &mut Message, asked: Option<&RequestId>) {
+        let Some(id) = message.request_id() else {
+            return;
+        };
+        if self.asks.len() >= MAX_OPEN {
+            return;
+        }
+        let Some(method) = message.method().map(|m| m.into_owned()) else {
+            return;
+        };
+        // The server's request now has its host: if it did not name its
+        // parent, the cause is that host's request upstream.
+        if let Some(down) = asked.and_then(|s| self.downs.get(s))
+            && !down.meta_parent
+            && down.host != Some(host)
+            && let Some(cause) = latest(&self.ups, |o| o.host == Some(host))
+        {
+            let (context, parent) = (cause.context, cause.context.span_id);
+            if let Some(down) = asked.and_then(|s| self.downs.get_mut(s)) {
+                down.context = SpanContext {
+                    span_id: down.context.span_id,
+                    ..context
+                };
+                down.parent = Some(parent);
+                down.host = Some(host);
+            }
+        }
+        let parent = match asked.and_then(|s| self.downs.get(s)) {
+            Some(down) => Some(down),
+            None => latest(&self.hosts, |o| o.host == Some(host)),
+        };
+        let context = match parent {
+            Some(p) => SpanContext {
+                span_id: super::fresh_id(),
+                ..p.context
+            },
+            None => root(),
+        };
+        let open = Open {
+            context,
+            parent: parent.map(|p| p.context.span_id),
+            tracestate: parent.and_then(|p| p.tracestate.clone()),
+            method,
+            target: None,
+            uri: None,
+            id: id.as_json().trim_matches('"').to_owned(),
+            transport: self
+                .transports
+                .get(&host)
+                .copied()
+                .unwrap_or(Transport::Pipe),
+            version: latest(&self.hosts, |o| o.host == Some(host)).and_then(|o| o.version.clone()),
+            host: Some(host),
+            meta_parent: false,
+            start: super::now_nanos(),
+            started: Instant::now(),
+        };
+        inject(message, &open);
+        self.asks.insert((host, id), open);
     }
 
     fn cancelled(&mut self, host: HostId, message: &Message) {
@@ -240,9 +367,22 @@ impl Tracer {
         owner: Option<(HostId, &RequestId)>,
         version: Option<&str>,
     ) {
+        if let Some(version) = version
+            && self.upstream_version.as_deref() != Some(version)
+        {
+            self.upstream_version = Some(version.to_owned());
+        }
         let Some((host, id)) = owner else {
-            if message.method_kind() == Some(Method::Cancelled) {
-                self.up_cancelled(message);
+            match message.method_kind() {
+                Some(Method::Cancelled) => self.up_cancelled(message),
+                // mcpd answers a request of the server's.
+                None if !self.downs.is_empty() => {
+                    if let Some(open) = message.request_id().and_then(|id| self.downs.remove(&id)) {
+                        let error = outcome(message);
+                        self.end(open, SpanKind::Server, None, error);
+                    }
+                }
+                _ => {}
             }
             return;
         };
@@ -269,6 +409,8 @@ impl Tracer {
             id: up.to_string(),
             transport: self.upstream,
             version: version.map(str::to_owned),
+            host: Some(host),
+            meta_parent: false,
             start: super::now_nanos(),
             started: Instant::now(),
         };
@@ -291,9 +433,13 @@ impl Tracer {
     }
 
     /// A message of the server's, before the core has it: an answer ends
-    /// its request's span.
+    /// its request's span; a request of its own begins a server span.
     pub fn from_server(&mut self, message: &Message) {
-        if self.ups.is_empty() || message.has("method") {
+        if message.has("method") {
+            self.server_request(message);
+            return;
+        }
+        if self.ups.is_empty() {
             return;
         }
         let Some(up) = message.request_id().and_then(|id| id.as_u64()) else {
@@ -305,8 +451,80 @@ impl Tracer {
         }
     }
 
+    /// The server's request `message` (elicitation, sampling, roots):
+    /// a server span, child of the `traceparent` of its `_meta`, or else
+    /// of the most recent upstream request in flight (the host it goes to
+    /// may name a better one: [`Tracer::to_host`]).
+    fn server_request(&mut self, message: &Message) {
+        let Some(id) = message.request_id() else {
+            return;
+        };
+        if self.downs.len() >= MAX_OPEN || self.downs.contains_key(&id) {
+            return;
+        }
+        let Some(method) = message.method().map(|m| m.into_owned()) else {
+            return;
+        };
+        let meta: Option<Json> = message
+            .inners("params", ["_meta"])
+            .ok()
+            .and_then(|[meta]| meta)
+            .and_then(|t| serde_json::from_str(t).ok());
+        let theirs = meta
+            .as_ref()
+            .and_then(|m| m["traceparent"].as_str())
+            .and_then(SpanContext::parse);
+        let cause = latest(&self.ups, |_| true);
+        let (context, parent, tracestate) = match (theirs, cause) {
+            (Some(p), _) => (
+                SpanContext {
+                    span_id: super::fresh_id(),
+                    ..p
+                },
+                Some(p.span_id),
+                meta.as_ref()
+                    .and_then(|m| m["tracestate"].as_str())
+                    .and_then(context::tracestate)
+                    .map(str::to_owned),
+            ),
+            (None, Some(c)) => (
+                SpanContext {
+                    span_id: super::fresh_id(),
+                    ..c.context
+                },
+                Some(c.context.span_id),
+                c.tracestate.clone(),
+            ),
+            (None, None) => (root(), None, None),
+        };
+        let open = Open {
+            context,
+            parent,
+            tracestate,
+            method,
+            target: None,
+            uri: None,
+            id: id.as_json().trim_matches('"').to_owned(),
+            transport: self.upstream,
+            version: self.upstream_version.clone(),
+            host: cause.and_then(|c| c.host).filter(|_| theirs.is_none()),
+            meta_parent: theirs.is_some(),
+            start: super::now_nanos(),
+            started: Instant::now(),
+        };
+        self.downs.insert(id, open);
+    }
+
     /// The upstream is gone: its requests' spans end.
     pub fn released(&mut self) {
+        for (_, open) in std::mem::take(&mut self.downs) {
+            self.end(
+                open,
+                SpanKind::Server,
+                None,
+                Some(("closed".into(), "the server's connection ended".into())),
+            );
+        }
         for (_, open) in std::mem::take(&mut self.ups) {
             self.end(
                 open,
@@ -372,6 +590,24 @@ impl Tracer {
             attributes,
             error: error.map(|(_, why)| why),
         });
+    }
+}
+
+/// The most recently begun of `open` that `filter` keeps.
+fn latest<K>(open: &HashMap<K, Open>, filter: impl Fn(&Open) -> bool) -> Option<&Open> {
+    open.values()
+        .filter(|o| filter(o))
+        .max_by_key(|o| (o.start, o.started))
+}
+
+/// A new trace's root context, sampled by the ratio.
+fn root() -> SpanContext {
+    let trace_id = super::fresh_id();
+    let ratio = super::sample_ratio().unwrap_or(0.0);
+    SpanContext {
+        trace_id,
+        span_id: super::fresh_id(),
+        sampled: context::decide(None, ratio, &trace_id),
     }
 }
 

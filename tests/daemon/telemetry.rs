@@ -5,7 +5,9 @@
 //! and its client span beneath, the server's request carries the client
 //! span's `traceparent`, and the conventions' histograms arrive, for a
 //! 2025 host and a 2026-07-28 host through the bridge and through the
-//! HTTP endpoint.
+//! HTTP endpoint. Over an HTTP upstream (the Python SDK's example server
+//! behind tests/data/traced_http.py, which prints what each POST carried)
+//! the client span's context goes in the `traceparent` header as well.
 
 use std::io::{BufRead, Write};
 use std::process::{Child, Command, Stdio};
@@ -110,8 +112,13 @@ struct Host {
 
 impl Host {
     fn start(runtime: &std::path::Path) -> Self {
+        Self::to(runtime, "demo")
+    }
+
+    /// A host on `mcpctl bridge UNIT`.
+    fn to(runtime: &std::path::Path, unit: &str) -> Self {
         let mut child = Command::new(env!("CARGO_BIN_EXE_mcpctl"))
-            .args(["--user", "bridge", "demo"])
+            .args(["--user", "bridge", unit])
             .env("XDG_RUNTIME_DIR", runtime)
             .env_remove("DBUS_SESSION_BUS_ADDRESS")
             .env_remove("MCPD_RUNTIME_DIR")
@@ -207,12 +214,29 @@ fn daemon(
     tempfile::TempDir,
     std::net::SocketAddr,
 ) {
+    daemon_with(receiver, telemetry, &[])
+}
+
+/// [`daemon`] with more units: (file name, text).
+fn daemon_with(
+    receiver: &Receiver,
+    telemetry: &str,
+    more: &[(&str, String)],
+) -> (
+    Daemon,
+    tempfile::TempDir,
+    tempfile::TempDir,
+    std::net::SocketAddr,
+) {
     let units = tempfile::tempdir().expect("tempdir");
     std::fs::write(
         units.path().join("demo.kdl"),
         "stdio {\n    command \"mcp-fixture\" \"--chatter\" \"0\" \"--tools\" \"sleep\"\n}\n",
     )
     .expect("write");
+    for (file, text) in more {
+        std::fs::write(units.path().join(file), text).expect("write");
+    }
     let settings = format!(
         "http {{\n    listen \"127.0.0.1:0\"\n    auth \"none\"\n}}\ntelemetry {{\n    otlp \"http://127.0.0.1:{}\"\n{telemetry}}}\n",
         receiver.port
@@ -431,6 +455,118 @@ fn a_hosts_trace_goes_through_mcpd_to_the_server_and_reaches_the_collector_in_bo
     drop(modern);
 }
 
+/// The Python SDK's example server over Streamable HTTP
+/// (tests/data/traced_http.py), and what each POST to it carried.
+struct Traced {
+    child: Child,
+    port: u16,
+    lines: mpsc::Receiver<String>,
+    posts: Vec<Value>,
+}
+
+impl Traced {
+    fn start() -> Self {
+        let python = root().join("target/py-everything/bin/python");
+        assert!(
+            python.exists(),
+            "{} is missing: .ci/run installs it",
+            python.display()
+        );
+        let mut child = Command::new(python)
+            .arg(root().join("tests/data/traced_http.py"))
+            .env("PYTHONWARNINGS", "ignore")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("spawn traced_http.py");
+        let lines = reader(child.stdout.take().expect("stdout"));
+        let first = lines.recv_timeout(BOUND).expect("the server's port");
+        let port = first
+            .strip_prefix("listening ")
+            .and_then(|p| p.trim().parse().ok())
+            .expect("listening PORT");
+        Self {
+            child,
+            port,
+            lines,
+            posts: Vec::new(),
+        }
+    }
+
+    /// The first POST of `method` whose `traceparent` header or body's
+    /// carries trace `trace` (bounded).
+    fn post(&mut self, method: &str, trace: &str) -> Value {
+        let deadline = std::time::Instant::now() + BOUND;
+        let wanted = format!("00-{trace}-");
+        let found = |p: &Value| {
+            p["method"] == method
+                && ["traceparent", "meta_traceparent"]
+                    .iter()
+                    .any(|k| p[k].as_str().is_some_and(|t| t.starts_with(&wanted)))
+        };
+        loop {
+            if let Some(post) = self.posts.iter().find(|p| found(p)) {
+                return post.clone();
+            }
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            let line = self
+                .lines
+                .recv_timeout(left)
+                .unwrap_or_else(|_| panic!("no {method} POST in trace {trace}: {:#?}", self.posts));
+            // The SDK prints lines of its own on stdout too.
+            if let Ok(post) = serde_json::from_str::<Value>(&line) {
+                self.posts.push(post);
+            }
+        }
+    }
+}
+
+impl Drop for Traced {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+#[test]
+fn over_an_http_upstream_the_client_spans_context_is_the_traceparent_header_too() {
+    let mut receiver = Receiver::start("ok");
+    let mut server = Traced::start();
+    let web = format!("http \"http://127.0.0.1:{}/mcp\"\n", server.port);
+    let (d, _units, _dir, _addr) = daemon_with(&receiver, "", &[("web.kdl", web)]);
+    let runtime = d.runtime_dir().expect("runtime").to_owned();
+
+    let trace = "5555555555555555aaaaaaaaaaaaaaaa";
+    let mut host = Host::to(&runtime, "web");
+    host.send(&json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        "protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}}));
+    host.answer(1);
+    host.send(&json!({"jsonrpc": "2.0", "method": "notifications/initialized"}));
+    host.send(&json!({"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {
+        "name": "test_simple_text", "arguments": {},
+        "_meta": {"traceparent": traceparent(trace, "6666666666666666"), "tracestate": "vendor=y"}}}));
+    let answer = host.answer(2);
+    assert!(answer["result"]["content"].is_array(), "{answer}");
+
+    receiver.until("the call's spans", |seen| pair(seen, trace).is_some());
+    let (server_span, client) = pair(&receiver.seen, trace).expect("both spans");
+    assert_eq!(server_span["parent_span_id"], "6666666666666666");
+    assert_eq!(client["parent_span_id"], server_span["span_id"], "{client}");
+    assert_eq!(client["attributes"]["network.transport"], "tcp", "{client}");
+    assert_eq!(client["attributes"]["mcpd.unit"], "web", "{client}");
+
+    // The POST of the call: the header is the client span's context, as
+    // the body's _meta is, and the host's tracestate goes on.
+    let post = server.post("tools/call", trace);
+    let span = client["span_id"].as_str().expect("a span id");
+    let expected = format!("00-{trace}-{span}-01");
+    assert_eq!(post["traceparent"], expected.as_str(), "{post}");
+    assert_eq!(post["meta_traceparent"], expected.as_str(), "{post}");
+    assert_eq!(post["tracestate"], "vendor=y", "{post}");
+    drop(host);
+}
+
 /// The daemon's `Telemetry:` line of `mcpctl status`, if any.
 fn status_line(runtime: &std::path::Path) -> Option<String> {
     let out = crate::helper::mcpctl_user(runtime, &["status"]);
@@ -513,4 +649,157 @@ fn a_collector_that_refuses_is_slow_or_away_never_delays_a_call_and_drops_are_co
         d.seen
     );
     assert_eq!(status_line(d.runtime_dir().expect("runtime")), None);
+}
+
+/// Runs tests/data/era_client.py with `--input` (the official Python SDK's
+/// client, answering elicitation and sampling) in `mode` on `mcpctl bridge
+/// UNIT`: its JSON object.
+fn ask_through(runtime: &std::path::Path, mode: &str, unit: &str) -> Value {
+    let out = Command::new(root().join("target/py-everything/bin/python"))
+        .arg(root().join("tests/data/era_client.py"))
+        .args(["--input", mode, "python", env!("CARGO_BIN_EXE_mcpctl")])
+        .args(["--user", "bridge", unit])
+        .env("XDG_RUNTIME_DIR", runtime)
+        .env("PYTHONWARNINGS", "ignore")
+        .env_remove("DBUS_SESSION_BUS_ADDRESS")
+        .env_remove("MCPD_RUNTIME_DIR")
+        .stdin(Stdio::null())
+        .output()
+        .expect("era_client.py");
+    assert!(
+        out.status.success(),
+        "stdout: {}\nstderr: {}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).expect("one JSON object")
+}
+
+/// The spans named `name` of kind `kind` (2 server, 3 client).
+fn named<'a>(seen: &'a [Value], name: &str, kind: u64) -> Vec<&'a Value> {
+    seen.iter()
+        .filter_map(|v| v.get("span"))
+        .filter(|s| s["name"] == name && s["kind"] == kind)
+        .collect()
+}
+
+/// The first span named `name` of kind `kind` whose parent is `parent`.
+fn child<'a>(seen: &'a [Value], parent: &Value, name: &str, kind: u64) -> Option<&'a Value> {
+    named(seen, name, kind)
+        .into_iter()
+        .find(|s| s["trace_id"] == parent["trace_id"] && s["parent_span_id"] == parent["span_id"])
+}
+
+/// The host's span of `call` whose protocol version is `version`, on
+/// unit `unit`.
+fn host_span<'a>(seen: &'a [Value], call: &str, version: &str, unit: &str) -> Option<&'a Value> {
+    named(seen, call, 2).into_iter().find(|s| {
+        s["attributes"]["mcp.protocol.version"] == version && s["attributes"]["mcpd.unit"] == unit
+    })
+}
+
+#[test]
+fn the_servers_requests_to_a_host_and_input_required_rounds_are_spans_in_the_callers_trace() {
+    let mut receiver = Receiver::start("ok");
+    let python = |protocol: &str| {
+        format!(
+            "stdio {{\n    command \"{}\" \"{}\"\n}}\nprotocol \"{protocol}\"\nstartup-timeout \"90s\"\n",
+            root().join("target/py-everything/bin/python").display(),
+            root().join("tests/data/py_everything_stdio.py").display()
+        )
+    };
+    // The 2026-07-28 one over HTTP: started before mcpd probes it (a
+    // stdio one may not answer server/discover within the probe's 10 s
+    // while Python starts on a loaded machine).
+    let server = Traced::start();
+    let pym = format!(
+        "http \"http://127.0.0.1:{}/mcp\"\nprotocol \"2026-07-28\"\n",
+        server.port
+    );
+    let (d, _units, _dir, _addr) = daemon_with(
+        &receiver,
+        "",
+        &[("py.kdl", python("legacy")), ("pym.kdl", pym)],
+    );
+    let runtime = d.runtime_dir().expect("runtime").to_owned();
+    const LEGACY: &str = "2025-11-25";
+    // Python's start is slow on a loaded machine.
+    for unit in ["py", "pym"] {
+        crate::helper::eventually(format!("{unit}'s tools"), Duration::from_secs(180), || {
+            let out = crate::helper::mcpctl_user(&runtime, &["tools", unit]);
+            String::from_utf8_lossy(&out.stdout).lines().count() >= 20
+        });
+    }
+
+    // A 2025 host, a 2025 server: the server asks the host in the middle
+    // of the call. Its request is a server span, child of mcpd's client
+    // span of the call, and mcpd's request to the host a client span
+    // beneath it.
+    let run = ask_through(&runtime, "legacy", "py");
+    assert_eq!(run["elicit"]["callbacks"]["elicitation"], 1, "{run:#}");
+    assert_eq!(run["sample"]["callbacks"]["sampling"], 1, "{run:#}");
+    for (tool, method) in [
+        ("test_elicitation", "elicitation/create"),
+        ("test_sampling", "sampling/createMessage"),
+    ] {
+        let call = format!("tools/call {tool}");
+        let chain = |seen: &[Value]| {
+            let host = host_span(seen, &call, LEGACY, "py")?;
+            let up = child(seen, host, &call, 3)?;
+            let from_server = child(seen, up, method, 2)?;
+            let to_host = child(seen, from_server, method, 3)?;
+            Some([up.clone(), from_server.clone(), to_host.clone()])
+        };
+        receiver.until(&format!("the spans of {method}"), |seen| {
+            chain(seen).is_some()
+        });
+        let [_, from_server, to_host] = chain(&receiver.seen).expect("the chain");
+        for span in [&from_server, &to_host] {
+            let a = &span["attributes"];
+            assert_eq!(a["mcp.method.name"], method, "{span}");
+            assert_eq!(a["mcpd.unit"], "py", "{span}");
+            assert_eq!(a["network.transport"], "pipe", "{span}");
+            assert!(a["jsonrpc.request.id"].is_string(), "{span}");
+            assert!(a.get("error.type").is_none(), "{span}");
+        }
+    }
+
+    // A 2026-07-28 host, the same server: the server's request becomes
+    // the call's input_required answer; its span is in the call's trace,
+    // and ends once the host's retry answered it.
+    let run = ask_through(&runtime, MODERN, "py");
+    assert_eq!(run["elicit"]["callbacks"]["elicitation"], 1, "{run:#}");
+    let call = "tools/call test_elicitation";
+    receiver.until("the modern host's elicitation span", |seen| {
+        host_span(seen, call, MODERN, "py")
+            .and_then(|host| child(seen, host, call, 3))
+            .and_then(|up| child(seen, up, "elicitation/create", 2))
+            .is_some()
+    });
+
+    // A 2025 host, a 2026-07-28 server answering input_required: mcpd asks
+    // the host (a client span under the host's call) and retries upstream
+    // (a second client span of the call): one trace.
+    let run = ask_through(&runtime, "legacy", "pym");
+    assert_eq!(run["ir_elicit"]["callbacks"]["elicitation"], 1, "{run:#}");
+    let call = "tools/call test_input_required_result_elicitation";
+    let rounds = |seen: &[Value]| {
+        let host = host_span(seen, call, LEGACY, "pym")?;
+        let ups: Vec<&Value> = named(seen, call, 3)
+            .into_iter()
+            .filter(|s| s["trace_id"] == host["trace_id"] && s["parent_span_id"] == host["span_id"])
+            .collect();
+        let asked = child(seen, host, "elicitation/create", 3)?;
+        (ups.len() >= 2).then(|| (ups.len(), asked.clone()))
+    };
+    receiver.until("the input_required rounds' spans", |seen| {
+        rounds(seen).is_some()
+    });
+    let (ups, asked) = rounds(&receiver.seen).expect("the rounds");
+    assert_eq!(ups, 2, "two rounds upstream");
+    assert_eq!(asked["attributes"]["mcpd.unit"], "pym", "{asked}");
+    assert_eq!(
+        asked["attributes"]["mcp.method.name"], "elicitation/create",
+        "{asked}"
+    );
 }

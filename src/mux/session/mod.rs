@@ -610,6 +610,12 @@ impl Core {
         self.router.owner(up)
     }
 
+    /// The server's id of the request mcpd sent host `host` as `down`, if
+    /// it was one of the server's (for the driver's telemetry).
+    pub fn asked(&self, host: HostId, down: u64) -> Option<&RequestId> {
+        self.router.asked(host, down)
+    }
+
     /// The protocol version host `host`'s session speaks, once fixed.
     pub fn host_version(&self, host: HostId) -> Option<&'static str> {
         self.hosts.get(&host).and_then(|h| h.version)
