@@ -641,6 +641,11 @@ pub enum Settled {
     Answered(Message),
     /// The upstream ended.
     Lost,
+    /// Not sent upstream yet: it only carried questions the server asked
+    /// before it came (an instance's server asks its host for `roots/list`
+    /// once it is told of them), and the retry sends it, as the host's
+    /// request, once they are answered.
+    Unsent(Message),
 }
 
 /// A modern host's call answered `input_required` and open upstream,
@@ -711,6 +716,11 @@ impl<C> Inputs<C> {
         let state = format!("mcpd:{:032x}:{}", self.nonce, self.minted);
         self.parked.insert(state.clone(), parked);
         state
+    }
+
+    /// The call parked with `state`.
+    pub fn get(&mut self, state: &str) -> Option<&mut Parked<C>> {
+        self.parked.get_mut(state)
     }
 
     /// The parked call of upstream id `up`.

@@ -606,6 +606,7 @@ impl Actor {
                     Ok(_) if self.sync_dirty => {}
                     Ok(tools) => {
                         self.step(Event::ToolsSynced { generation, tools }).await;
+                        self.sessions.tools_synced(self.machine.tools_serial());
                         self.save_cache();
                     }
                     Err(e) => {

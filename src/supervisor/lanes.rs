@@ -25,7 +25,7 @@ use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
 use super::Supervisor;
-use super::accounting::Counters;
+use crate::mux::session::lanes::Agreement;
 use crate::unit::UnitSpec;
 
 /// The lane's version, as its name and `mcpctl status` show it.
@@ -128,13 +128,7 @@ impl Lanes {
         lane.arm();
         tracing::info!(target: "mcpd::supervisor", mcpd_server = %unit.name(), "lane {name} for hosts of MCP {LANE_VERSION}");
         let (stop, stopped) = oneshot::channel();
-        let watcher = self.watch(
-            lane.clone(),
-            task,
-            spec.lane_idle_stop(),
-            Arc::clone(&unit.counters),
-            stopped,
-        );
+        let watcher = self.watch(lane.clone(), task, spec.lane_idle_stop(), unit, stopped);
         *running = Some(Running {
             supervisor: lane.clone(),
             attached: 1,
@@ -147,13 +141,14 @@ impl Lanes {
 
     /// Shuts `lane` down `idle_stop` after its last host left (none
     /// attached, none attached by the unit meanwhile), or once `stopped`
-    /// is sent or dropped; its calls stay the unit's (`unit`).
+    /// is sent or dropped; its calls stay the unit's (`unit`). Meanwhile
+    /// its lists are compared with the unit's ([`agree`]).
     fn watch(
         self: &Arc<Self>,
         lane: Supervisor,
         task: JoinHandle<()>,
         idle_stop: Duration,
-        unit: Arc<Counters>,
+        unit: &Supervisor,
         stopped: oneshot::Receiver<()>,
     ) -> JoinHandle<()> {
         let lanes = Arc::clone(self);
@@ -182,16 +177,19 @@ impl Lanes {
                 }
             }
         };
+        let counters = Arc::clone(&unit.counters);
+        let agreeing = agree(Side::of(unit), Side::of(&lane));
         tokio::spawn(async move {
             tokio::select! {
                 () = idle => {
                     tracing::info!(target: "mcpd::supervisor", mcpd_server = %lane.name(), "stopping the lane: its last host left {}s ago", idle_stop.as_secs_f64());
                 }
                 _ = stopped => {}
+                () = agreeing => {}
             }
-            let counters = lane.clone();
+            let calls = lane.clone();
             lane.shutdown(task).await;
-            unit.add(counters.counters());
+            counters.add(calls.counters());
         })
     }
 
@@ -225,3 +223,116 @@ impl Lanes {
         }
     }
 }
+
+/// What [`agree`] watches of one lane: receivers and a shared read of
+/// its lists, which keep neither lane's supervisor alive.
+struct Side {
+    name: String,
+    status: tokio::sync::watch::Receiver<super::Status>,
+    serials: tokio::sync::watch::Receiver<[u64; 3]>,
+    kept: super::sessions::Lists,
+}
+
+impl Side {
+    fn of(supervisor: &Supervisor) -> Self {
+        Self {
+            name: supervisor.name().to_owned(),
+            status: supervisor.subscribe(),
+            serials: supervisor.subscribe_lists(),
+            kept: supervisor.sessions.kept(),
+        }
+    }
+}
+
+/// Kept list `index` of `kept`, as published.
+fn kept(kept: &super::sessions::Lists, index: usize) -> Option<Arc<str>> {
+    kept.lock().ok()?.get(index).cloned().flatten()
+}
+
+/// Compares the lists `lane` reads with those its `unit` reads while both
+/// run (DESIGN §12: the unit's published lists are its own lane's, one
+/// list whichever lane read it): a difference is logged, a warning naming
+/// the list and the lanes, once per change ([`Agreement`]). Never ends
+/// while the lane runs.
+async fn agree(mut own: Side, mut other: Side) {
+    use super::State;
+    let mut agreement = Agreement::default();
+    loop {
+        let mut differ = Vec::new();
+        {
+            let (a, b) = (
+                own.status.borrow_and_update(),
+                other.status.borrow_and_update(),
+            );
+            let (a_kept, b_kept) = (
+                *own.serials.borrow_and_update(),
+                *other.serials.borrow_and_update(),
+            );
+            if a.state == State::Running && b.state == State::Running {
+                if agreement.differs(0, (a.tools_serial, b.tools_serial), a.tools == b.tools) {
+                    let names = |t: &super::ToolList| -> Vec<String> {
+                        t.names().map(str::to_owned).collect()
+                    };
+                    let (x, y) = (names(&a.tools), names(&b.tools));
+                    differ.push((0, format!(" ({})", apart(&own.name, &x, &other.name, &y))));
+                }
+                for (i, serials) in a_kept.into_iter().zip(b_kept).enumerate() {
+                    let (x, y) = (kept(&own.kept, i), kept(&other.kept, i));
+                    // Not read by both yet: nothing to compare.
+                    if x.is_none() || y.is_none() {
+                        continue;
+                    }
+                    if agreement.differs(i + 1, serials, x == y) {
+                        differ.push((i + 1, String::new()));
+                    }
+                }
+            }
+        }
+        for (list, how) in differ {
+            tracing::warn!(target: "mcpd::supervisor", mcpd_server = %own.name, "the {} of lanes {} ({}) and {} ({LANE_VERSION}) differ{how}: hosts of each era get their lane's, D-Bus and mcpctl the unit's", Agreement::LISTS[list], own.name, crate::mux::era::MODERN, other.name);
+        }
+        let gone = tokio::select! {
+            r = own.status.changed() => r.is_err(),
+            r = other.status.changed() => r.is_err(),
+            r = own.serials.changed() => r.is_err(),
+            r = other.serials.changed() => r.is_err(),
+        };
+        if gone {
+            break;
+        }
+    }
+    std::future::pending::<()>().await;
+}
+
+/// How two lanes' tool names differ, for the warning: the names only one
+/// lists (at most [`NAMED`] each), or that the names are the same.
+fn apart(a: &str, a_names: &[String], b: &str, b_names: &[String]) -> String {
+    let only = |of: &[String], not: &[String]| -> Vec<String> {
+        let names: Vec<String> = of.iter().filter(|n| !not.contains(n)).cloned().collect();
+        let more = names.len().saturating_sub(NAMED);
+        let mut shown: Vec<String> = names.into_iter().take(NAMED).collect();
+        if more > 0 {
+            shown.push(format!("{more} more"));
+        }
+        shown
+    };
+    let (x, y) = (only(a_names, b_names), only(b_names, a_names));
+    if x.is_empty() && y.is_empty() {
+        return "same names, other fields".to_owned();
+    }
+    let side = |name: &str, names: Vec<String>| {
+        if names.is_empty() {
+            None
+        } else {
+            Some(format!("only {name}: {}", names.join(", ")))
+        }
+    };
+    [side(a, x), side(b, y)]
+        .into_iter()
+        .flatten()
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
+/// Tool names a warning names at most, per lane.
+const NAMED: usize = 8;

@@ -383,10 +383,8 @@ impl Supervisor {
             self.sessions.attach(link, caller);
             return;
         };
-        let eras = matches!(
-            spec.protocol(),
-            crate::unit::Protocol::Auto | crate::unit::Protocol::Lanes
-        ) && matches!(spec.transport(), crate::unit::Transport::Stdio(_));
+        let eras = spec.protocol() == crate::unit::Protocol::Auto
+            && matches!(spec.transport(), crate::unit::Transport::Stdio(_));
         if !eras {
             self.attach_in(link, caller, spec, None);
             return;

@@ -159,6 +159,8 @@ enum Input {
     },
     /// The tools were read at this instant, with these caching hints.
     ToolsRead(era::CacheHint, Instant),
+    /// A re-sync of the tools is published, as this tools serial.
+    ToolsSynced(u64),
     /// Every host session ends, told why (an instance of a per-host unit
     /// was stopped).
     EndAll(String),
@@ -439,6 +441,12 @@ impl Sessions {
         self.lists.lock().ok()?[kind.index()].clone()
     }
 
+    /// The kept lists as published, shared (reading them keeps no
+    /// session alive).
+    pub(crate) fn kept(&self) -> Lists {
+        Arc::clone(&self.lists)
+    }
+
     /// A new host session on `link`, made by `caller`.
     pub(crate) fn attach(&self, link: HostLink, caller: Caller) {
         let _ = self.tx.send(Input::Attach {
@@ -561,6 +569,11 @@ impl Sessions {
     /// caching hints.
     pub(crate) fn tools_read(&self, hint: era::CacheHint) {
         let _ = self.tx.send(Input::ToolsRead(hint, now()));
+    }
+
+    /// A re-sync of the tools is published, as tools serial `serial`.
+    pub(crate) fn tools_synced(&self, serial: u64) {
+        let _ = self.tx.send(Input::ToolsSynced(serial));
     }
 
     /// Every page of `list`, read again (a re-sync after `list_changed`)
@@ -925,6 +938,7 @@ impl Task {
                 self.core.cancel(token, at);
             }
             Input::ToolsRead(hint, read) => self.core.tools_read(hint, read),
+            Input::ToolsSynced(serial) => self.core.tools_synced(serial),
         }
     }
 

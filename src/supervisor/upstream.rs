@@ -8,7 +8,7 @@
 //! through their sessions (DESIGN §8).
 //!
 //! With the unit's `protocol` other than `legacy` (stdio servers only),
-//! `server/discover` is asked first (within `PROBE_TIMEOUT` and half of
+//! `server/discover` is asked first (within half of
 //! `startup-timeout`; any other answer, or none, means `initialize`): a
 //! server that offers 2026-07-28 gets no `initialize`, and its discovery is
 //! kept as an `initialize` result would be (`era::init_of_discover`), which
@@ -288,10 +288,6 @@ impl Pages {
     }
 }
 
-/// How long the `server/discover` probe may take at most (a stdio server
-/// may need a moment to start; one that ignores the request costs this).
-pub const PROBE_TIMEOUT: Duration = Duration::from_secs(10);
-
 /// What the probe found: the server's discovery result when it speaks MCP
 /// 2026-07-28, else why it is taken for a server of the handshake.
 async fn probe(client: &mut Client<'_>, bound: Duration) -> Result<Value, String> {
@@ -327,8 +323,10 @@ async fn probe(client: &mut Client<'_>, bound: Duration) -> Result<Value, String
 
 /// Runs the handshake on `wire`; the tool list must be complete within
 /// `list_timeout` of its first request. With `protocol` other than
-/// legacy, `server/discover` is asked first (within [`PROBE_TIMEOUT`] and
-/// `list_timeout`): a server that answers it as a server of MCP
+/// legacy, `server/discover` is asked first (within half of
+/// `list_timeout`, the unit's `startup-timeout`: a server still loading
+/// under load is waited for, not taken for one of the handshake; one that
+/// ignores the request costs this once per start): a server that answers it as a server of MCP
 /// 2026-07-28 is spoken to in that era, any other answer (or none) means
 /// `initialize` (unless the unit pins 2026-07-28: then the start fails).
 /// `capabilities` are what the client declares in `initialize` (an
@@ -350,8 +348,8 @@ pub async fn handshake(
         hint: era::CacheHint::default(),
     };
     if protocol != Protocol::Legacy {
-        // Half the start's time at most: initialize must fit after it.
-        match probe(&mut client, PROBE_TIMEOUT.min(list_timeout / 2)).await {
+        // Half the start's time: initialize must fit after it.
+        match probe(&mut client, list_timeout / 2).await {
             Ok(discovered) => {
                 // No initialize: its identity, capabilities and
                 // instructions kept as an initialize result holds them.

@@ -219,15 +219,21 @@ fn a_group_is_one_server_whose_tools_and_prompts_carry_their_units_prefix() {
 fn a_stopped_unit_keeps_its_tools_listed_and_fails_its_calls_while_the_others_answer() {
     let units = tempfile::tempdir().expect("units");
     // `a` is found stopped within half a second, then waits an hour to retry.
+    // One process each (the test stops `a`'s): pinned to one era, so 2025
+    // hosts are translated rather than given a lane (DESIGN §12).
     write_unit(
         units.path(),
         "a",
         &fixture_unit(
             "\"g\"",
-            "health {\n    interval \"300ms\"\n    timeout \"300ms\"\n    failures 1\n}\nreconnect {\n    initial-delay \"1h\"\n    max-delay \"2h\"\n}\n",
+            "protocol \"2026-07-28\"\nhealth {\n    interval \"300ms\"\n    timeout \"300ms\"\n    failures 1\n}\nreconnect {\n    initial-delay \"1h\"\n    max-delay \"2h\"\n}\n",
         ),
     );
-    write_unit(units.path(), "b", &fixture_unit("\"g\"", ""));
+    write_unit(
+        units.path(),
+        "b",
+        &fixture_unit("\"g\"", "protocol \"2026-07-28\"\n"),
+    );
     let mut daemon = Daemon::user_no_bus(units.path(), &[]);
     for unit in ["a", "b"] {
         daemon.wait_until(&format!("{unit} running"), |d| {
@@ -506,11 +512,13 @@ fn attach_group_on_d_bus_gives_the_same_session_and_refuses_an_empty_group() {
 fn an_idle_on_demand_unit_of_a_group_is_started_by_its_first_call_only() {
     let units = tempfile::tempdir().expect("units");
     let count = units.path().join("count");
+    // One process, counted: pinned to one era (a 2025 host's lane would
+    // start with its initialize, DESIGN §12).
     write_unit(
         units.path(),
         "lazy",
         &format!(
-            "group \"g\"\nstdio {{\n    command \"mcp-fixture\" \"--chatter\" \"0\" \"--count-file\" \"{}\"\n}}\nstart \"on-demand\"\nidle-stop \"1s\"\nstop-timeout \"2s\"\n",
+            "group \"g\"\nstdio {{\n    command \"mcp-fixture\" \"--chatter\" \"0\" \"--count-file\" \"{}\"\n}}\nstart \"on-demand\"\nidle-stop \"1s\"\nstop-timeout \"2s\"\nprotocol \"2026-07-28\"\n",
             count.display()
         ),
     );

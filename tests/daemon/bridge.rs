@@ -158,11 +158,7 @@ fn the_official_python_sdk_uses_the_bridge() {
         "the MCP Python SDK is missing: python3 -m pip install mcp (.ci/run does)"
     );
     let units = tempfile::tempdir().expect("tempdir");
-    std::fs::write(
-        units.path().join("demo.kdl"),
-        "stdio {\n    command \"mcp-fixture\" \"--chatter\" \"0\"\n}\nreconnect {\n    initial-delay \"1h\"\n    max-delay \"2h\"\n}\n",
-    )
-    .expect("write");
+    demo_unit(units.path());
     let mut d = Daemon::user_no_bus(units.path(), &[]);
     d.wait_until("demo running", |d| d.latest_pid("demo").is_some());
     let out = std::process::Command::new("python3")
@@ -300,10 +296,13 @@ fn demo_running(units: &std::path::Path, runtime: &std::path::Path) -> Daemon {
 }
 
 /// Unit demo in `units`: the fixture, retrying in an hour.
+/// The fixture as unit `demo`, one process whatever era its hosts speak
+/// (pinned to 2026-07-28: the tests kill it and expect its name in the
+/// outage's error; a 2025 host would otherwise get a lane, DESIGN §12).
 fn demo_unit(units: &std::path::Path) {
     std::fs::write(
         units.join("demo.kdl"),
-        "stdio {\n    command \"mcp-fixture\" \"--chatter\" \"0\"\n}\nreconnect {\n    initial-delay \"1h\"\n    max-delay \"2h\"\n}\n",
+        "stdio {\n    command \"mcp-fixture\" \"--chatter\" \"0\"\n}\nprotocol \"2026-07-28\"\nreconnect {\n    initial-delay \"1h\"\n    max-delay \"2h\"\n}\n",
     )
     .expect("write");
 }

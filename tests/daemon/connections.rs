@@ -15,11 +15,13 @@ use rustix::process::Signal;
 
 use crate::helper::{Daemon, alive, mcpctl_user, rss_kib};
 
-/// The fixture as a unit that respawns quickly.
+/// The fixture as a unit that respawns quickly: one process whatever
+/// era its hosts speak (pinned: its descriptors and processes are
+/// counted; a 2025 host would otherwise get a lane, DESIGN §12).
 fn demo_unit(dir: &Path) {
     std::fs::write(
         dir.join("demo.kdl"),
-        "stdio {\n    command \"mcp-fixture\" \"--chatter\" \"0\"\n}\nreconnect {\n    initial-delay \"50ms\"\n    max-delay \"1s\"\n}\n",
+        "stdio {\n    command \"mcp-fixture\" \"--chatter\" \"0\"\n}\nprotocol \"2026-07-28\"\nreconnect {\n    initial-delay \"50ms\"\n    max-delay \"1s\"\n}\n",
     )
     .expect("write");
 }

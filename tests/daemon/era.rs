@@ -431,13 +431,14 @@ fn a_2026_07_28_host_answers_elicitation_and_sampling_through_mcpd() {
 /// after its last host left.
 const IDLE_STOP: std::time::Duration = std::time::Duration::from_secs(8);
 
-/// A daemon with the Python server as unit `py` under `protocol "auto"`
-/// (spoken to in 2026-07-28; on demand, [`IDLE_STOP`]), its tools listed:
+/// A daemon with the Python server as unit `py` under the default
+/// `protocol` (`auto`: spoken to in 2026-07-28, a 2025 lane for 2025
+/// hosts; on demand, [`IDLE_STOP`]), its tools listed:
 /// the daemon, its runtime dir, and the units' directory (kept while the
 /// daemon runs).
 fn modern_python() -> (Daemon, PathBuf, tempfile::TempDir) {
     let idle = format!(
-        "protocol \"lanes\"\nstart \"on-demand\"\nidle-stop \"{}s\"\n",
+        "start \"on-demand\"\nidle-stop \"{}s\"\n",
         IDLE_STOP.as_secs()
     );
     python_units(&[("py", &idle)])
@@ -466,7 +467,7 @@ fn python_units(units: &[(&str, &str)]) -> (Daemon, PathBuf, tempfile::TempDir) 
         let out = mcpctl_user(&runtime, &["status", name]);
         String::from_utf8_lossy(&out.stdout).into_owned()
     };
-    daemon.wait_until("the server's tools", |_| {
+    daemon.wait_until_within("the server's tools", crate::helper::STARTUP, |_| {
         units
             .iter()
             .all(|(name, _)| status(name).contains("Tools: 28"))
@@ -734,10 +735,8 @@ fn ts_era(command: &[&str], runtime: Option<&Path>) -> Value {
 fn a_typescript_sdk_host_gets_a_2026_07_28_servers_questions_as_requests_through_mcpd() {
     // `py` serves each host in its own era (a 2025 lane for this host);
     // `pinned` is one process speaking 2026-07-28, and translates.
-    let (daemon, runtime, _units) = python_units(&[
-        ("py", "protocol \"lanes\"\n"),
-        ("pinned", "protocol \"2026-07-28\"\n"),
-    ]);
+    let (daemon, runtime, _units) =
+        python_units(&[("py", ""), ("pinned", "protocol \"2026-07-28\"\n")]);
     let command = Server::Python.command();
     let command: Vec<&str> = command.iter().map(String::as_str).collect();
     let mcpctl = env!("CARGO_BIN_EXE_mcpctl");

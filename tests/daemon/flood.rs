@@ -142,14 +142,15 @@ fn status(runtime: &std::path::Path, name: &str) -> Value {
 #[test]
 fn hosts_flooding_a_stopped_server_are_slowed_or_shed_and_the_daemon_stays_small() {
     let units = tempfile::tempdir().expect("tempdir");
+    // One process each (the test stops `stuck`'s): pinned to one era.
     std::fs::write(
         units.path().join("stuck.kdl"),
-        "stdio {\n    command \"mcp-fixture\" \"--chatter\" \"0\"\n}\nhealth {\n    enabled #false\n}\n",
+        "stdio {\n    command \"mcp-fixture\" \"--chatter\" \"0\"\n}\nprotocol \"2026-07-28\"\nhealth {\n    enabled #false\n}\n",
     )
     .expect("write");
     std::fs::write(
         units.path().join("calm.kdl"),
-        "stdio {\n    command \"mcp-fixture\" \"--chatter\" \"0\"\n}\n",
+        "stdio {\n    command \"mcp-fixture\" \"--chatter\" \"0\"\n}\nprotocol \"2026-07-28\"\n",
     )
     .expect("write");
     let (mut d, _settings, addr) = endpoint_with(

@@ -369,7 +369,8 @@ fn requests_in_flight_are_bounded_per_unit_as_well_as_per_session() {
     let units = tempfile::tempdir().expect("tempdir");
     std::fs::write(
         units.path().join("busy.kdl"),
-        "stdio {\n    command \"mcp-fixture\" \"--chatter\" \"0\"\n}\nhealth {\n    enabled #false\n}\n",
+        // One process (its bound is the unit's): pinned to one era.
+        "stdio {\n    command \"mcp-fixture\" \"--chatter\" \"0\"\n}\nprotocol \"2026-07-28\"\nhealth {\n    enabled #false\n}\n",
     )
     .expect("write");
     let mut d = Daemon::user_no_bus(units.path(), &[]);
@@ -713,25 +714,31 @@ fn a_request_of_a_million_keys_holds_up_no_other_host_of_the_unit() {
 #[test]
 fn a_server_that_fumbles_server_discover_is_spoken_to_with_initialize() {
     let units = tempfile::tempdir().expect("tempdir");
-    for mode in ["discover-hang", "discover-garbage", "discover-error"] {
-        // The probe gets half of the start's time at most.
+    for (mode, start) in [
+        ("discover-hang", "20s"),
+        ("discover-garbage", "60s"),
+        ("discover-error", "60s"),
+    ] {
+        // The probe gets half of the start's time: a server slow to load
+        // (Python, under load) is waited for; one that never answers
+        // costs it.
         hostile(
             units.path(),
             mode,
             &[mode],
-            "protocol \"auto\"\nstartup-timeout \"4s\"\n",
+            &format!("protocol \"auto\"\nstartup-timeout \"{start}\"\n"),
         );
     }
     let mut d = Daemon::user_no_bus(units.path(), &[]);
     for (mode, why) in [
-        ("discover-hang", "no answer to server/discover within 2s"),
+        ("discover-hang", "no answer to server/discover within 10s"),
         ("discover-garbage", "server/discover"),
         (
             "discover-error",
             "server/discover failed: what is discover? (-1)",
         ),
     ] {
-        d.wait_until(&format!("{mode} running"), |d| {
+        d.wait_until_within(&format!("{mode} running"), crate::helper::STARTUP, |d| {
             d.about(mode).any(|l| l.contains("running (pid"))
         });
         // Logged once.

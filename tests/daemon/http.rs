@@ -1347,9 +1347,10 @@ fn a_session_the_unit_refuses_ends_its_initialize_with_the_units_reason() {
     // A unit takes 512 host sessions (`MAX_SESSIONS`); the endpoint here
     // takes more, so the unit is the one to refuse.
     let units = tempfile::tempdir().expect("tempdir");
+    // One process, whose sessions are counted: pinned to one era.
     std::fs::write(
         units.path().join("u.kdl"),
-        "stdio {\n    command \"mcp-fixture\"\n}\n",
+        "stdio {\n    command \"mcp-fixture\"\n}\nprotocol \"2026-07-28\"\n",
     )
     .expect("write");
     let (mut d, _dir, addr) = endpoint(

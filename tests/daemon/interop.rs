@@ -20,7 +20,9 @@ fn a_server_built_on_the_official_python_sdk_runs_under_mcpd() {
         units.path(),
         &[("XDG_RUNTIME_DIR", runtime.path().as_os_str())],
     );
-    d.wait_until("py running", |d| d.latest_pid("py").is_some());
+    d.wait_until_within("py running", crate::helper::STARTUP, |d| {
+        d.latest_pid("py").is_some()
+    });
     let ctl = |args: &[&str]| {
         let out = run(mcpctl()
             .env("XDG_RUNTIME_DIR", runtime.path())

@@ -43,13 +43,15 @@ impl Setup {
     }
 
     /// Writes the unit with the fixture's flags `args` (other flags are
-    /// another command).
+    /// another command). One process whatever era its hosts speak (pinned
+    /// to 2026-07-28: its starts are counted, and a 2025 host's lane
+    /// starts with that host's `initialize`, DESIGN §12).
     fn write(&self, args: &[&str], idle: &str) {
         let args: String = args.iter().map(|a| format!(" \"{a}\"")).collect();
         std::fs::write(
             self.units.path().join("lazy.kdl"),
             format!(
-                "stdio {{\n    command \"mcp-fixture\"{args} \"--count-file\" \"{}\"\n}}\nstart \"on-demand\"\nidle-stop \"{idle}\"\nstop-timeout \"2s\"\n",
+                "stdio {{\n    command \"mcp-fixture\"{args} \"--count-file\" \"{}\"\n}}\nstart \"on-demand\"\nidle-stop \"{idle}\"\nstop-timeout \"2s\"\nprotocol \"2026-07-28\"\n",
                 self.count.display()
             ),
         )

@@ -26,8 +26,15 @@ struct Host {
 impl Host {
     /// A host of unit `name`, declaring `roots` when there are any.
     fn start(runtime: &Path, name: &str, roots: &[&str]) -> Self {
+        Self::start_in(None, runtime, name, roots)
+    }
+
+    /// [`Host::start`] with the SDK's `Client` in `mode` (a host of MCP
+    /// 2026-07-28 with "2026-07-28"), or its `ClientSession` (2025).
+    fn start_in(mode: Option<&str>, runtime: &Path, name: &str, roots: &[&str]) -> Self {
         let mut child = Command::new("python3")
             .arg(root().join("tests/data/perhost_client.py"))
+            .args(mode.map(|m| format!("--mode={m}")))
             .arg(env!("CARGO_BIN_EXE_mcpctl"))
             .arg(name)
             .args(roots)
@@ -389,13 +396,20 @@ fn each_host_of_a_per_host_filesystem_server_sees_its_own_roots() {
         ),
     )
     .expect("write unit");
+    let three = tempfile::tempdir().expect("tempdir");
+    std::fs::write(three.path().join("three.txt"), "three").expect("write");
     let (d, runtime) = daemon(units.path());
     let uri = |p: &Path| format!("file://{}", p.canonicalize().expect("path").display());
-    let (u1, u2) = (uri(one.path()), uri(two.path()));
+    let (u1, u2, u3) = (uri(one.path()), uri(two.path()), uri(three.path()));
     let mut a = Host::start(&runtime, "files", &[&u1]);
     let mut b = Host::start(&runtime, "files", &[&u2]);
+    // A host of MCP 2026-07-28 (the SDK's `Client`, as Claude Code
+    // speaks): its instance asks it for its roots through the
+    // `input_required` answer of its first call (the server is of 2025).
+    let mut c = Host::start_in(Some("2026-07-28"), &runtime, "files", &[&u3]);
     a.init();
     b.init();
+    assert_eq!(c.init()["protocol"], "2026-07-28");
     // The server asks each host for its roots once it is told they
     // changed; until it has, it may still list none.
     let allowed = |h: &mut Host, want: &Path| {
@@ -411,12 +425,24 @@ fn each_host_of_a_per_host_filesystem_server_sees_its_own_roots() {
     };
     let seen_a = allowed(&mut a, one.path());
     let seen_b = allowed(&mut b, two.path());
-    let (n1, n2) = (
+    let seen_c = allowed(&mut c, three.path());
+    let (n1, n2, n3) = (
         one.path().canonicalize().expect("path"),
         two.path().canonicalize().expect("path"),
+        three.path().canonicalize().expect("path"),
     );
-    assert!(!seen_a.contains(&n2.display().to_string()), "{seen_a}");
-    assert!(!seen_b.contains(&n1.display().to_string()), "{seen_b}");
+    let shows = |seen: &str, n: &Path| seen.contains(&n.display().to_string());
+    assert!(!shows(&seen_a, &n2) && !shows(&seen_a, &n3), "{seen_a}");
+    assert!(!shows(&seen_b, &n1) && !shows(&seen_b, &n3), "{seen_b}");
+    assert!(!shows(&seen_c, &n1) && !shows(&seen_c, &n2), "{seen_c}");
+    let listed = c.call("list_directory", json!({"path": n3.display().to_string()}));
+    assert!(
+        listed["text"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("three.txt"),
+        "{listed}"
+    );
     let listed = a.call("list_directory", json!({"path": n1.display().to_string()}));
     assert!(
         listed["text"]
@@ -430,7 +456,7 @@ fn each_host_of_a_per_host_filesystem_server_sees_its_own_roots() {
         refused["error"] == true || refused.get("raised").is_some(),
         "a host's instance does not reach another host's roots: {refused}"
     );
-    drop((a, b));
+    drop((a, b, c));
     assert!(d.stop(Signal::TERM).success());
 }
 

@@ -481,7 +481,8 @@ fn a_call_in_flight_when_the_server_exits_gets_connection_lost_with_the_exit() {
     let units = tempfile::tempdir().expect("tempdir");
     std::fs::write(
         units.path().join("exits.kdl"),
-        "stdio {\n    command \"mcp-fixture\" \"--chatter\" \"0\"\n}\nreconnect {\n    initial-delay \"1h\"\n    max-delay \"2h\"\n}\n",
+        // One process (the test ends it): pinned to one era.
+        "stdio {\n    command \"mcp-fixture\" \"--chatter\" \"0\"\n}\nprotocol \"2026-07-28\"\nreconnect {\n    initial-delay \"1h\"\n    max-delay \"2h\"\n}\n",
     )
     .expect("write");
     let mut d = Daemon::user_no_bus(units.path(), &[]);
@@ -853,7 +854,8 @@ fn a_request_reusing_the_id_of_a_call_in_flight_is_refused_and_the_call_goes_on(
     let units = tempfile::tempdir().expect("tempdir");
     std::fs::write(
         units.path().join("ids.kdl"),
-        "stdio {\n    command \"mcp-fixture\" \"--chatter\" \"0\"\n}\n",
+        // One process (its calls are counted): pinned to one era.
+        "stdio {\n    command \"mcp-fixture\" \"--chatter\" \"0\"\n}\nprotocol \"2026-07-28\"\n",
     )
     .expect("write");
     let mut d = Daemon::user_no_bus(units.path(), &[]);

@@ -231,7 +231,9 @@ fn daemon_with(
     let units = tempfile::tempdir().expect("tempdir");
     std::fs::write(
         units.path().join("demo.kdl"),
-        "stdio {\n    command \"mcp-fixture\" \"--chatter\" \"0\" \"--tools\" \"sleep\"\n}\n",
+        // One process, translated for the 2025 host (pinned: the spans
+        // name the unit; a lane's would name `demo@2025-11-25`).
+        "stdio {\n    command \"mcp-fixture\" \"--chatter\" \"0\" \"--tools\" \"sleep\"\n}\nprotocol \"2026-07-28\"\n",
     )
     .expect("write");
     for (file, text) in more {

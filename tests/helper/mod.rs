@@ -11,6 +11,12 @@ use std::process::{Command, Output};
 /// How long a test waits for what should happen soon, unless it says.
 pub const BOUND: std::time::Duration = std::time::Duration::from_secs(30);
 
+/// How long a test waits for a server that may take its whole
+/// `startup-timeout "60s"` to start under load (a Python SDK server on two
+/// busy cores; its `server/discover` probe may take half of it): the
+/// condition is waited for, the bound only ends a test that hangs.
+pub const STARTUP: std::time::Duration = std::time::Duration::from_secs(120);
+
 /// The package root (tests run with it as the working directory).
 pub fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -420,8 +426,14 @@ impl Daemon {
 
     /// Reads lines until one contains `needle` (bounded); returns it.
     pub fn wait_for(&mut self, needle: &str) -> String {
+        self.wait_for_within(needle, BOUND)
+    }
+
+    /// [`Daemon::wait_for`] within `bound` (a server that takes its
+    /// `startup-timeout` to start, under load: [`STARTUP`]).
+    pub fn wait_for_within(&mut self, needle: &str, bound: std::time::Duration) -> String {
         let mut found = None;
-        let seen = holds_within(BOUND, || {
+        let seen = holds_within(bound, || {
             // what came by now (a few at a time: the bound is checked between)
             let first = self.lines.recv_timeout(POLL).into_iter();
             for line in first.chain(self.lines.try_iter().take(1000)) {
@@ -436,7 +448,7 @@ impl Daemon {
         assert!(
             seen,
             "{}; mcpd logged:\n{}",
-            timed_out(format_args!("mcpd to log {needle:?}"), BOUND),
+            timed_out(format_args!("mcpd to log {needle:?}"), bound),
             self.seen.join("\n")
         );
         found.expect("the line")
@@ -445,11 +457,21 @@ impl Daemon {
     /// Reads lines until `done(self)` holds (bounded), checking after each
     /// line and at least every 50 ms.
     pub fn wait_until(&mut self, what: &str, done: impl Fn(&Self) -> bool) {
-        let met = holds_within(BOUND, || done(self) || self.read_until(ms(50), &done));
+        self.wait_until_within(what, BOUND, done);
+    }
+
+    /// [`Daemon::wait_until`] within `bound`.
+    pub fn wait_until_within(
+        &mut self,
+        what: &str,
+        bound: std::time::Duration,
+        done: impl Fn(&Self) -> bool,
+    ) {
+        let met = holds_within(bound, || done(self) || self.read_until(ms(50), &done));
         assert!(
             met,
             "{}; mcpd logged:\n{}",
-            timed_out(what, BOUND),
+            timed_out(what, bound),
             self.seen.join("\n")
         );
     }

@@ -14,24 +14,23 @@ fn a_shared_units_host_gets_the_lane_of_its_era() {
         // A server of both eras, auto, over stdio: a 2025 host gets the
         // second process; a modern host and one that claimed no era the
         // unit's own.
-        (Protocol::Lanes, true, Upstream::Both, Some(L), Legacy),
-        (Protocol::Lanes, true, Upstream::Both, Some(M), Own),
-        (Protocol::Lanes, true, Upstream::Both, None, Own),
+        (Protocol::Auto, true, Upstream::Both, Some(L), Legacy),
+        (Protocol::Auto, true, Upstream::Both, Some(M), Own),
+        (Protocol::Auto, true, Upstream::Both, None, Own),
         // Not known yet: a 2025 host waits for it; a modern one need not.
-        (Protocol::Lanes, true, Upstream::Unknown, Some(L), Wait),
-        (Protocol::Lanes, true, Upstream::Unknown, Some(M), Own),
+        (Protocol::Auto, true, Upstream::Unknown, Some(L), Wait),
+        (Protocol::Auto, true, Upstream::Unknown, Some(M), Own),
         // One era only: translation on the unit's own.
-        (Protocol::Lanes, true, Upstream::Legacy, Some(L), Own),
-        (Protocol::Lanes, true, Upstream::Legacy, Some(M), Own),
-        (Protocol::Lanes, true, Upstream::Modern, Some(L), Own),
+        (Protocol::Auto, true, Upstream::Legacy, Some(L), Own),
+        (Protocol::Auto, true, Upstream::Legacy, Some(M), Own),
+        (Protocol::Auto, true, Upstream::Modern, Some(L), Own),
         // A pinned unit: one process, translation.
         (Protocol::Legacy, true, Upstream::Legacy, Some(M), Own),
         (Protocol::Modern, true, Upstream::Both, Some(L), Own),
         (Protocol::Modern, true, Upstream::Unknown, Some(L), Own),
-        // `auto`: one process, translation (lanes are asked for).
-        (Protocol::Auto, true, Upstream::Both, Some(L), Own),
+        (Protocol::Legacy, true, Upstream::Both, Some(L), Own),
         // An HTTP server: one session.
-        (Protocol::Lanes, false, Upstream::Both, Some(L), Own),
+        (Protocol::Auto, false, Upstream::Both, Some(L), Own),
     ];
     for &(protocol, stdio, upstream, host, expected) in cases {
         assert_eq!(
@@ -66,4 +65,53 @@ fn a_per_host_instance_speaks_its_hosts_era() {
             "{protocol:?} {upstream:?} host {host:?}"
         );
     }
+}
+
+#[test]
+fn lanes_is_another_word_for_auto() {
+    // The opt-in's word before lanes were `auto`'s: a unit that wrote it
+    // keeps its meaning.
+    for word in ["auto", "lanes"] {
+        let text = format!("stdio {{\n    command \"/bin/true\"\n}}\nprotocol \"{word}\"\n");
+        let files = mcpd::unit::UnitFiles::beside(std::path::Path::new("/units/demo.kdl"));
+        let spec = mcpd::unit::load_with(&files, &Default::default(), |_| {
+            Ok(text.clone().into_bytes())
+        })
+        .expect(word);
+        assert_eq!(spec.protocol(), Protocol::Auto, "{word}");
+    }
+}
+
+#[test]
+fn a_difference_between_two_lanes_lists_is_told_once_per_change() {
+    use mcpd::mux::session::lanes::Agreement;
+    let mut a = Agreement::default();
+    // (list, serials of the own lane and the other, same) → tell
+    let steps: &[(usize, (u64, u64), bool, bool)] = &[
+        // They agree: nothing to tell.
+        (0, (1, 1), true, false),
+        // The other lane's tools change: told once...
+        (0, (1, 2), false, true),
+        // ...not again at a re-read that changed nothing...
+        (0, (1, 2), false, false),
+        // ...nor of another list (told on its own).
+        (3, (4, 7), false, true),
+        (3, (4, 7), false, false),
+        // A change of either lane while they still differ: told again.
+        (0, (2, 2), false, true),
+        (0, (2, 3), false, true),
+        // They agree again, then differ as before: told again.
+        (0, (2, 4), true, false),
+        (0, (2, 3), false, true),
+        // Not a list: nothing.
+        (4, (1, 2), false, false),
+    ];
+    for (i, &(list, serials, same, tell)) in steps.iter().enumerate() {
+        assert_eq!(
+            a.differs(list, serials, same),
+            tell,
+            "step {i}: list {list} {serials:?} same {same}"
+        );
+    }
+    assert_eq!(Agreement::LISTS[0], "tools");
 }

@@ -12,7 +12,9 @@
 //!   the server speaks;
 //! - [`lane`]: which lane serves a host of a shared unit;
 //! - [`instance_protocol`]: the `protocol` of a per-host unit's instance
-//!   (DESIGN §13), which is its host's era where the server speaks it.
+//!   (DESIGN §13), which is its host's era where the server speaks it;
+//! - [`Agreement`]: when the lists two lanes read differ, and whether that
+//!   difference was told already (once per change).
 //!
 //! Pure: the supervisor's handle asks, peeks at the host's first line and
 //! attaches it where it is told.
@@ -72,13 +74,13 @@ pub enum Lane {
 /// is `protocol`, over stdio or not (`stdio`), whose own upstream speaks
 /// `upstream`.
 ///
-/// Only a stdio server of `protocol "lanes"` that speaks both eras has a
+/// Only a stdio server of `protocol "auto"` that speaks both eras has a
 /// second lane: a pinned unit is one process and translation; an HTTP
 /// server's upstream is one session (mcpd speaks it the handshake's era
 /// unless the unit pins 2026-07-28). A modern host always takes the own
 /// lane: with `auto`, a server of both eras is spoken 2026-07-28.
 pub fn lane(protocol: Protocol, stdio: bool, upstream: Upstream, host: Option<Era>) -> Lane {
-    if protocol != Protocol::Lanes || !stdio || host != Some(Era::Legacy) {
+    if protocol != Protocol::Auto || !stdio || host != Some(Era::Legacy) {
         return Lane::Own;
     }
     match upstream {
@@ -95,8 +97,8 @@ pub fn lane(protocol: Protocol, stdio: bool, upstream: Upstream, host: Option<Er
 /// unit's, keep the unit's.
 pub fn instance_protocol(protocol: Protocol, upstream: Upstream, host: Option<Era>) -> Protocol {
     match (protocol, host, upstream) {
-        (Protocol::Auto | Protocol::Lanes, Some(Era::Legacy), Upstream::Modern) => protocol,
-        (Protocol::Auto | Protocol::Lanes, Some(Era::Legacy), _) => Protocol::Legacy,
+        (Protocol::Auto, Some(Era::Legacy), Upstream::Modern) => Protocol::Auto,
+        (Protocol::Auto, Some(Era::Legacy), _) => Protocol::Legacy,
         (protocol, _, _) => protocol,
     }
 }
@@ -114,6 +116,43 @@ pub fn opening(line: &[u8]) -> Option<Era> {
         Method::ServerDiscover => Some(Era::Modern),
         _ if era::claims(&message) => Some(Era::Modern),
         _ => None,
+    }
+}
+
+/// The lists two lanes of a unit read, compared: the unit's published
+/// lists are its own lane's whatever the other lane reads, and a
+/// difference (a server that lists differently by era, or whose lanes
+/// drifted apart) is told to the operator once per change, not at every
+/// re-read. Lists are indexed as [`Agreement::LISTS`].
+#[derive(Debug, Default)]
+pub struct Agreement {
+    /// Per list: the pair of serials (own lane, other lane) whose
+    /// difference was told last; None while they agree.
+    told: [Option<(u64, u64)>; 4],
+}
+
+impl Agreement {
+    /// The lists compared, as a warning names them: the tools, then the
+    /// kept lists in the order of `List::KEPT`.
+    pub const LISTS: [&'static str; 4] = ["tools", "resources", "resource templates", "prompts"];
+
+    /// List `list` (an index into [`Agreement::LISTS`]) as the own lane
+    /// and the other lane last read it (`serials`: each rises when its
+    /// lane's list changes) is `same` or not: whether to tell of the
+    /// difference now (it differs, and not as it was told before).
+    pub fn differs(&mut self, list: usize, serials: (u64, u64), same: bool) -> bool {
+        let Some(told) = self.told.get_mut(list) else {
+            return false;
+        };
+        if same {
+            *told = None;
+            return false;
+        }
+        if *told == Some(serials) {
+            return false;
+        }
+        *told = Some(serials);
+        true
     }
 }
 

@@ -1,7 +1,8 @@
 //! The lists a unit's host sessions keep besides the tools (resources,
 //! templates, prompts: `List::KEPT`): read page by page by the list
 //! reader (`mux::lists`) after each handshake and on the server's
-//! `list_changed`, published when they differ, answered to hosts from
+//! `list_changed` (told to hosts then, as the server told it), published
+//! when they differ, answered to hosts from
 //! here, kept through outages and after a failed read. A server of MCP
 //! 2026-07-28 may say how long a list stays good (`ttlMs`): a host's
 //! request for a list (the tools too) whose TTL passed has it read
@@ -166,13 +167,11 @@ impl Core {
         let notify = std::mem::take(&mut cache.notify);
         let new: Arc<str> = Arc::from(Value::Array(items).to_string());
         let old = self.set_list(kind, Some(Arc::clone(&new)));
-        // Hosts attached before the first read had the server's own
-        // answers: they hear of it only if it changed, or if the server
-        // said so.
-        let changed = match old {
-            Some(old) => old != new,
-            None => notify,
-        };
+        // Hosts hear of it if the server said so (as they would from the
+        // server directly, even of a list that came back the same), or if
+        // it differs from what they have; hosts attached before the first
+        // read had the server's own answers.
+        let changed = notify || old.is_some_and(|old| old != new);
         if changed {
             self.broadcast(kind.notification());
         }

@@ -442,6 +442,10 @@ pub struct Core {
     facts: Facts,
     /// The tools serial hosts were last told about.
     serial: u64,
+    /// The server said its tools changed, and the re-sync that follows is
+    /// not done: hosts hear `list_changed` once it is, whether or not the
+    /// list it read differs (as they would from the server directly).
+    tools_owed: bool,
     settings: Settings,
     tunables: Tunables,
     /// A source of nonces for modern sessions' `requestState`s.
@@ -505,6 +509,7 @@ impl Core {
             tools_fresh: None,
             declared: None,
             serial: facts.tools_serial,
+            tools_owed: false,
             facts,
             settings,
             tunables,
@@ -655,6 +660,19 @@ impl Core {
         self.tools_fresh = Some((hint, at));
     }
 
+    /// A re-sync of the tools is published, as tools serial `serial`. If
+    /// the server had said they changed, hosts hear `list_changed` now
+    /// when the list came back as they have it (a list that differs is
+    /// told by [`Core::status_changed`] once the serial reaches it), so
+    /// one `list_changed` of the server's is one to hosts; a re-read of
+    /// mcpd's own (a TTL that passed) tells them only of a list that
+    /// differs.
+    pub fn tools_synced(&mut self, serial: u64) {
+        if std::mem::take(&mut self.tools_owed) && serial == self.serial {
+            self.broadcast(Method::ToolsListChanged);
+        }
+    }
+
     /// Generation `generation` is established; its server's `initialize`
     /// result is `init`.
     pub fn up(&mut self, generation: Gen, init: Arc<Value>, now: Instant) {
@@ -669,6 +687,7 @@ impl Core {
         // over: hosts attached already are told now if they differ; hosts
         // answered from now on have them.
         let serial = self.facts.tools_serial;
+        self.tools_owed = false;
         if serial != self.serial {
             self.serial = serial;
             self.broadcast(Method::ToolsListChanged);
@@ -914,6 +933,7 @@ impl Core {
         self.update_hold();
         if serial != self.serial {
             self.serial = serial;
+            self.tools_owed = false;
             self.broadcast(Method::ToolsListChanged);
         }
         if matches!(state, UnitState::Failed | UnitState::Stopped) {

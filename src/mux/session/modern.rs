@@ -11,6 +11,11 @@
 //! - a server→client request one of its calls caused becomes that call's
 //!   `input_required` answer; the retry answers the server's request and
 //!   gets the call's own answer (the upstream call stays open meanwhile);
+//! - an instance's server (DESIGN §13) that asks while none of its host's
+//!   calls is open (`roots/list`, once told of its host's roots) has its
+//!   question held until the host's next call, which is answered
+//!   `input_required` with it before it goes upstream, so a 2026-07-28
+//!   host's roots reach its instance as a 2025 host's do;
 //! - `subscriptions/listen` streams are served from the hosts'
 //!   reference-counted subscriptions and mcpd's own `list_changed`.
 
@@ -41,6 +46,10 @@ pub(super) struct Modern {
     sent: u64,
     /// Its calls answered `input_required`, waiting for its retry.
     inputs: Inputs<Option<Call>>,
+    /// Questions of its instance's server asked while none of its calls
+    /// was open, held (until when) for its next call to carry; at most
+    /// `era::MAX_ASKS`.
+    held: Vec<(era::Ask, Instant)>,
     listens: Listens,
 }
 
@@ -58,6 +67,7 @@ impl Modern {
             open: HashMap::default(),
             sent: 0,
             inputs: Inputs::new(nonce),
+            held: Vec::new(),
             listens: Listens::default(),
         }
     }
@@ -67,9 +77,10 @@ impl Modern {
         self.open.remove(id);
     }
 
-    /// The earliest deadline of its parked calls.
+    /// The earliest deadline of its parked calls and held questions.
     pub(super) fn deadline(&self) -> Option<Instant> {
-        self.inputs.deadline()
+        let held = self.held.iter().map(|(_, until)| *until).min();
+        self.inputs.deadline().into_iter().chain(held).min()
     }
 
     /// The session is gone: its parked calls, abandoned (the router
@@ -227,6 +238,11 @@ impl Core {
             self.retry(host, id, &method, state, params.as_ref());
             return;
         }
+        if era::may_need_input(&method) && self.modern_mut(host).is_some_and(|m| !m.held.is_empty())
+        {
+            self.carry_held(host, id, method, message, meta);
+            return;
+        }
         if !modern_upstream {
             // A server of MCP 2026-07-28 gets the host's own _meta.
             era::strip_reserved(&mut message);
@@ -320,6 +336,10 @@ impl Core {
         let Some(down) = message.request_id().and_then(|id| id.as_u64()) else {
             return;
         };
+        let (until, instance) = (
+            self.now + self.tunables.input_timeout,
+            self.settings.instance,
+        );
         let Some(m) = self.modern_mut(host) else {
             return;
         };
@@ -340,6 +360,17 @@ impl Core {
                 }
                 Some(_) => format!(
                     "too many {method} requests for one call (at most {})",
+                    era::MAX_ASKS
+                ),
+                // An instance's server has this host alone: its next call
+                // carries the question.
+                None if instance && m.held.len() < era::MAX_ASKS => {
+                    m.held.push((ask, until));
+                    self.arm();
+                    return;
+                }
+                None if instance => format!(
+                    "too many {method} requests waiting for the host's next call (at most {})",
                     era::MAX_ASKS
                 ),
                 None => format!("no request of the host that could carry {method} is in flight"),
@@ -427,6 +458,46 @@ impl Core {
         self.arm();
     }
 
+    /// Call `id` (`method`, `message` as the host sent it) of host `host`
+    /// carries the questions its instance's server asked while none of its
+    /// calls was open: it is answered `input_required` with them and kept,
+    /// not sent upstream; its retry answers them and sends it.
+    fn carry_held(
+        &mut self,
+        host: HostId,
+        id: RequestId,
+        method: String,
+        message: Message,
+        meta: RequestMeta,
+    ) {
+        let deadline = self.now + self.tunables.input_timeout;
+        let info = self.server_info();
+        let Some(m) = self.modern_mut(host) else {
+            return;
+        };
+        let asks: Vec<era::Ask> = m.held.drain(..).map(|(ask, _)| ask).collect();
+        let state = m.inputs.park(Parked {
+            // Not upstream: no upstream id is 0 (the router counts from 1).
+            up: 0,
+            method,
+            asks,
+            settled: Some(Settled::Unsent(message)),
+            call: None,
+            deadline,
+            meta,
+        });
+        let Some(parked) = m.inputs.get(&state) else {
+            return;
+        };
+        let result = era::input_required(&mut parked.asks, &state, &info);
+        self.answered(host, &id);
+        self.send_bytes(
+            host,
+            line(&json!({"jsonrpc": "2.0", "id": id.to_value(), "result": result})),
+        );
+        self.arm();
+    }
+
     /// The server's request `down` (the router's id for host `host`) gets
     /// error `why` instead of the host's answer.
     fn refuse_ask(&mut self, host: HostId, down: u64, why: &str) {
@@ -479,6 +550,17 @@ impl Core {
             );
             self.deliver(outs, None);
         }
+        if let Some(Settled::Unsent(mut message)) = settled {
+            // Questions it left unanswered wait for its next call again;
+            // the call itself goes now, as the host sent it.
+            let until = self.now + self.tunables.input_timeout;
+            if let Some(m) = self.modern_mut(host) {
+                m.held.extend(missing.into_iter().map(|ask| (ask, until)));
+            }
+            message.set_id(id.clone());
+            self.modern_request(host, id, call_method, message);
+            return;
+        }
         let seq = self.modern_mut(host).map_or(0, |m| {
             m.sent += 1;
             m.sent
@@ -497,7 +579,7 @@ impl Core {
                 self.reopen(host, &id, open, call);
                 self.send_message(host, answer);
             }
-            Some(Settled::Lost) => {
+            Some(Settled::Lost | Settled::Unsent(_)) => {
                 self.reopen(host, &id, open, call);
                 let text = self.down_text(None);
                 self.send(host, ErrorCode::ServerDown.response(&id.to_value(), text));
@@ -576,6 +658,17 @@ impl Core {
             .collect();
         hosts.sort_unstable();
         for host in hosts {
+            let held: Vec<era::Ask> = self
+                .modern_mut(host)
+                .map(|m| {
+                    let (gone, kept) = m.held.drain(..).partition(|(_, until)| *until <= at);
+                    m.held = kept;
+                    gone.into_iter().map(|(ask, _)| ask).collect()
+                })
+                .unwrap_or_default();
+            for ask in held {
+                self.refuse_ask(host, ask.down, "the host made no call to carry it in time");
+            }
             let expired = self
                 .modern_mut(host)
                 .map(|m| m.inputs.expired(at))

@@ -33,6 +33,7 @@ impl Core {
             // mcpd's listen stream opened (a server of MCP 2026-07-28).
             Some(Method::SubscriptionsAcknowledged) if !has_id => return,
             Some(Method::ToolsListChanged) if !has_id => {
+                self.tools_owed = true;
                 self.tools_changed();
                 return;
             }

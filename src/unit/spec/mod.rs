@@ -169,8 +169,11 @@ impl ToolFilter {
 /// The era mcpd speaks with a unit's server (`protocol`, DESIGN §12).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub enum Protocol {
-    /// `protocol "auto"`: `server/discover` first, `initialize` if the
-    /// server does not answer it as a 2026-07-28 server.
+    /// `protocol "auto"` (or `"lanes"`, the word of the opt-in that it
+    /// replaces): `server/discover` first, `initialize` if the server does
+    /// not answer it as a 2026-07-28 server; a stdio server of both eras
+    /// serves each host in its own era (a second process, a lane, for the
+    /// hosts of the 2025 handshake: DESIGN §12).
     #[default]
     Auto,
     /// `protocol "legacy"`: `initialize` only (MCP 2025): for a server of
@@ -180,10 +183,6 @@ pub enum Protocol {
     /// `protocol "2026-07-28"`: a server that does not speak it fails to
     /// establish.
     Modern,
-    /// `protocol "lanes"`: as `auto`, and a stdio server of 2026-07-28
-    /// serves each host in its own era: a second process for the hosts of
-    /// the 2025 handshake (DESIGN §12, lanes).
-    Lanes,
 }
 
 impl Protocol {
@@ -193,19 +192,18 @@ impl Protocol {
             Protocol::Auto => "auto",
             Protocol::Legacy => "legacy",
             Protocol::Modern => "2026-07-28",
-            Protocol::Lanes => "lanes",
         }
     }
 
     fn from_word(word: &str) -> Option<Self> {
-        [
-            Protocol::Auto,
-            Protocol::Legacy,
-            Protocol::Modern,
-            Protocol::Lanes,
-        ]
-        .into_iter()
-        .find(|p| p.word() == word)
+        if word == "lanes" {
+            // Lanes were opt-in under this word before they were `auto`'s:
+            // unit files that wrote it keep their meaning.
+            return Some(Protocol::Auto);
+        }
+        [Protocol::Auto, Protocol::Legacy, Protocol::Modern]
+            .into_iter()
+            .find(|p| p.word() == word)
     }
 }
 
@@ -879,7 +877,7 @@ impl UnitSpec {
                         Field::Protocol,
                         format!("`protocol`: \"{word}\" is not a protocol"),
                     )
-                    .help = Some("write \"auto\", \"lanes\", \"legacy\" or \"2026-07-28\"".into());
+                    .help = Some("write \"auto\", \"legacy\" or \"2026-07-28\"".into());
                 Protocol::default()
             }),
         };
