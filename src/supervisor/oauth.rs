@@ -27,8 +27,8 @@ use std::time::{Duration, SystemTime};
 
 use rmcp::transport::auth::{
     AuthClient, AuthError, AuthorizationCallback, AuthorizationManager, AuthorizationRequest,
-    AuthorizationSession, CredentialStore, OAuthClientConfig, StoredCredentials,
-    WWWAuthenticateParams,
+    AuthorizationSession, ClientCredentialsConfig, CredentialStore, OAuthClientConfig,
+    StoredCredentials, WWWAuthenticateParams,
 };
 use tokio::sync::{Mutex, watch};
 
@@ -399,9 +399,7 @@ impl Login {
         secret: Option<String>,
     ) -> Result<AuthClient<reqwest::Client>, LoginError> {
         if self.spec.grant == Grant::ClientCredentials {
-            return Err(LoginError::Failed(
-                "grant \"client-credentials\" is not supported yet".into(),
-            ));
+            return self.client_credentials(secret).await;
         }
         if !self.store.summary.borrow().logged_in || self.login_needed().is_some() {
             return Err(LoginError::Needed);
@@ -771,11 +769,20 @@ impl Login {
     /// A request of the unit's met `401` that rmcp's refresh did not
     /// cure ([`AuthClient`] then hands the challenge on): the token is not
     /// accepted, and a person must log in (again). What the call gets.
+    /// With `grant "client-credentials"` no person is needed: the client
+    /// is dropped, and the next connect fetches a new token.
     pub fn rejected(&self) -> String {
+        let name = &self.name;
+        if self.spec.grant == Grant::ClientCredentials {
+            if let Ok(mut slot) = self.client.try_lock() {
+                *slot = None;
+            }
+            return format!("server {name} rejected mcpd's token: fetching a new one");
+        }
         if let Ok(mut step) = self.step.lock() {
             step.rejected = true;
         }
-        super::machine::needs_login(&self.name)
+        super::machine::needs_login(name)
     }
 
     /// Whether the unit needs a login since its last one: a `401` that a
@@ -815,6 +822,84 @@ impl Login {
             step.needed.clear();
             step.rejected = false;
         }
+    }
+}
+
+// ---- grant "client-credentials" (DESIGN §17, SEP-1046) ----
+
+impl Login {
+    /// The client of a machine-to-machine unit: its token fetched by the
+    /// daemon with the client id and secret (rmcp's client credentials
+    /// exchange: `client_secret_basic` when the AS offers only that, else
+    /// `client_secret_post`), and fetched again when it expired or was
+    /// rejected. Never [`LoginError::Needed`]: a failure is retried with
+    /// the unit's backoff.
+    async fn client_credentials(
+        &self,
+        secret: Option<String>,
+    ) -> Result<AuthClient<reqwest::Client>, LoginError> {
+        let (Some(client_id), Some(client_secret)) = (self.spec.client_id.clone(), secret) else {
+            return Err(LoginError::Failed(
+                "grant \"client-credentials\" needs client-id and client-secret".into(),
+            ));
+        };
+        let mut slot = self.client.lock().await;
+        if let Some(client) = slot.as_ref() {
+            let held = tokio::time::timeout(REQUEST_TIMEOUT, client.get_access_token()).await;
+            if matches!(held, Ok(Ok(_))) {
+                return Ok(client.clone());
+            }
+        }
+        let fetched = tokio::time::timeout(REQUEST_TIMEOUT, async {
+            let mut manager = self.manager().await?;
+            let resolution = manager
+                .resolve_metadata()
+                .await
+                .map_err(|e| LoginError::Failed(describe(&e)))?;
+            check_endpoints(&resolution.metadata)?;
+            manager.set_metadata(resolution.metadata);
+            let config = ClientCredentialsConfig::ClientSecret {
+                client_id,
+                client_secret,
+                scopes: self
+                    .spec
+                    .scope
+                    .as_deref()
+                    .unwrap_or_default()
+                    .split_whitespace()
+                    .map(str::to_owned)
+                    .collect(),
+                resource: Some(self.url.to_string()),
+            };
+            let failed = |e: AuthError| LoginError::Failed(describe(&e));
+            manager
+                .validate_client_credentials_metadata(&config)
+                .map_err(failed)?;
+            manager
+                .configure_client_credentials(&config)
+                .map_err(failed)?;
+            manager
+                .exchange_client_credentials(&config)
+                .await
+                .map_err(failed)?;
+            Ok::<_, LoginError>(AuthClient::new(reqwest::Client::new(), manager))
+        })
+        .await
+        .map_err(|_| {
+            LoginError::Failed(format!(
+                "the authorization server did not answer within {REQUEST_TIMEOUT:?}"
+            ))
+        })?;
+        let client = match fetched {
+            Ok(client) => client,
+            Err(e) => {
+                self.note(Some(e.to_string()));
+                return Err(e);
+            }
+        };
+        self.note(None);
+        *slot = Some(client.clone());
+        Ok(client)
     }
 }
 

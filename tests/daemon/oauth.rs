@@ -514,3 +514,59 @@ fn a_403_insufficient_scope_asks_a_login_with_the_union_of_the_scopes_twice_at_m
         "{printed}"
     );
 }
+
+/// `grant "client-credentials"` (DESIGN §17): the daemon fetches the
+/// token itself with the client id and the secret of its credential, the
+/// unit runs with no login, and a token that expired (the fake's live 3 s,
+/// with no refresh token) is fetched again, never asking for a login.
+#[test]
+fn a_client_credentials_unit_fetches_and_renews_its_token_without_a_login() {
+    let port = free_port();
+    let mut fake = fake(port, "client-credentials");
+    let units = tempfile::tempdir().expect("units");
+    let secret = units.path().join("secret");
+    std::fs::write(&secret, "s3cret\n").expect("secret");
+    std::fs::write(
+        units.path().join("fk.kdl"),
+        format!(
+            "credentials {{\n    load \"cc\" \"{}\"\n}}\nhttp \"http://localhost:{port}/mcp\" {{\n    oauth {{\n        client-id \"fake-cc\"\n        client-secret credential=\"cc\"\n        grant \"client-credentials\"\n    }}\n}}\n",
+            secret.display()
+        ),
+    )
+    .expect("unit");
+    let runtime = tempfile::tempdir().expect("runtime");
+    let state = tempfile::tempdir().expect("state");
+    let _daemon = Daemon::user_no_bus(
+        units.path(),
+        &[
+            ("XDG_RUNTIME_DIR", runtime.path().as_os_str()),
+            ("MCPD_STATE_DIR", state.path().as_os_str()),
+        ],
+    );
+    let rt = runtime.path();
+    eventually("fk to run", BOUND, || state_of(rt, "fk") == "running");
+    let (ok, first) = call_fk(rt, "whoami");
+    assert!(ok, "{first}");
+    // Past the first token's 3 s: the call still works, with a new token.
+    let mut seen = Vec::new();
+    eventually("a call with a new token", BOUND, || {
+        let (ok, text) = call_fk(rt, "whoami");
+        seen.push(text.clone());
+        assert_ne!(state_of(rt, "fk"), "needs-login", "{seen:?}");
+        ok && text != first
+    });
+    let _ = fake.0.kill();
+    let mut printed = String::new();
+    use std::io::Read;
+    fake.0
+        .stdout
+        .take()
+        .expect("stdout")
+        .read_to_string(&mut printed)
+        .expect("fake output");
+    assert!(
+        printed.matches("token client_credentials").count() >= 2,
+        "{printed}"
+    );
+    assert!(!printed.contains("authorize"), "{printed}");
+}

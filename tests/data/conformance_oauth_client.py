@@ -64,6 +64,8 @@ def main(mcpd, mcpctl, url):
         os.chmod(secret, 0o600)
         credentials = f'credentials {{\n    load "conf" {json.dumps(secret)}\n}}\n'
         keys.append('client-secret credential="conf"')
+    if context.get("name", "").startswith("auth/client-credentials"):
+        keys.append('grant "client-credentials"')
     block = "oauth {\n" + "".join(f"        {k}\n" for k in keys) + "    }" if keys else "oauth"
     # An HTTP unit speaks 2026-07-28 only when it pins it (DESIGN §12).
     wire = os.environ.get("MCP_CONFORMANCE_PROTOCOL_VERSION")

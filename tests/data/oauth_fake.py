@@ -14,9 +14,12 @@ needs scope `never`, which is never granted: a call without the scope is
 answered `403 insufficient_scope` naming it). Access tokens live 3 s (300 s
 in `step-up`); each token request prints one line (`token
 authorization_code`, `token refresh_token`) to stdout, each authorization
-request one (`authorize SCOPE`).
+request one (`authorize SCOPE`). `client-credentials`: the token endpoint
+also grants `client_credentials` to client `fake-cc` with secret `s3cret`
+(Basic or in the body), without a refresh token.
 """
 
+import base64
 import json
 import sys
 import time
@@ -73,9 +76,9 @@ class Handler(BaseHTTPRequestHandler):
                 "token_endpoint": f"{BASE}/token",
                 "registration_endpoint": f"{BASE}/register",
                 "response_types_supported": ["code"],
-                "grant_types_supported": ["authorization_code", "refresh_token"],
+                "grant_types_supported": ["authorization_code", "refresh_token", "client_credentials"],
                 "code_challenge_methods_supported": methods,
-                "token_endpoint_auth_methods_supported": ["none"],
+                "token_endpoint_auth_methods_supported": ["client_secret_post"] if MODE == "client-credentials" else ["none"],
                 "scopes_supported": ["mcp"],
             })
         if url.path == "/authorize":
@@ -106,6 +109,13 @@ class Handler(BaseHTTPRequestHandler):
             form = urllib.parse.parse_qs(self.body().decode())
             grant = form["grant_type"][0]
             print(f"token {grant}", flush=True)
+            if grant == "client_credentials":
+                basic = self.headers.get("authorization", "")
+                sent = (base64.b64decode(basic[6:]).decode() if basic.startswith("Basic ")
+                        else f'{form.get("client_id", [""])[0]}:{form.get("client_secret", [""])[0]}')
+                if MODE != "client-credentials" or sent != "fake-cc:s3cret":
+                    return self.send(401, {"error": "invalid_client"})
+                return self.send(200, {k: v for k, v in issue(["mcp"]).items() if k != "refresh_token"})
             if grant == "refresh_token":
                 rt = form["refresh_token"][0]
                 if rt not in refresh:
