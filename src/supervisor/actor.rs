@@ -563,6 +563,9 @@ impl Actor {
                         self.save_cache();
                     }
                 }
+                Err(_) if let Some(scopes) = self.step_up() => {
+                    self.step(Event::NeedsLogin { generation, scopes }).await;
+                }
                 Err(ConnectError::Closed(error)) => {
                     self.step(Event::Closed { generation, error }).await;
                 }
@@ -570,9 +573,16 @@ impl Actor {
                     self.step(Event::ConnectFailed { generation, error }).await;
                 }
                 Err(ConnectError::NeedsLogin) => {
-                    self.step(Event::NeedsLogin { generation }).await;
+                    let scopes = Vec::new();
+                    self.step(Event::NeedsLogin { generation, scopes }).await;
                 }
             },
+            // A request met `403 insufficient_scope` (DESIGN §17
+            // "Step-up") or a `401` no refresh cured, and the wire ended: a
+            // login is needed, not a retry.
+            Internal::Closed { generation, .. } if let Some(scopes) = self.step_up() => {
+                self.step(Event::NeedsLogin { generation, scopes }).await
+            }
             Internal::Closed { generation, error } => {
                 self.step(Event::Closed { generation, error }).await
             }
@@ -761,6 +771,13 @@ impl Actor {
             let _ = tx.send(Internal::Synced { generation, result });
         });
         self.sync = Some((generation, task));
+    }
+
+    /// Whether the unit's login needs a person since its last one (DESIGN
+    /// §17): a `401` a refresh did not cure, or a `403 insufficient_scope`
+    /// (a step-up), whose scopes are named.
+    fn step_up(&self) -> Option<Vec<String>> {
+        self.launcher.login()?.login_needed()
     }
 
     /// Feeds an event and performs the effects, including the events the

@@ -23,6 +23,7 @@ use rmcp::transport::streamable_http_client::{
 };
 use tokio::sync::mpsc;
 
+use super::oauth::{Login, StepUpAnswer};
 use crate::mux::error::ErrorCode;
 use crate::mux::wire::{Wire, error_chain};
 
@@ -33,12 +34,22 @@ use crate::mux::wire::{Wire, error_chain};
 /// daemon.
 pub const FROM_SERVER: usize = 64;
 
+/// What a failed send means for the session.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Failed {
+    /// The session ends, for this reason.
+    End(String),
+    /// The request is answered with this error (a notification has no
+    /// answer: the session ends); the session ends too when `end`.
+    Answer { error: String, end: bool },
+}
+
 /// A session with the Streamable HTTP server at `url`, sending `headers`
 /// with every request.
 pub fn connect(url: &str, headers: HashMap<http::HeaderName, http::HeaderValue>) -> Wire {
     let config = StreamableHttpClientTransportConfig::with_uri(url).custom_headers(headers);
     let transport = StreamableHttpClientTransport::with_client(Traced(client()), config);
-    wire(transport, http_error_text)
+    wire(transport, |e| Failed::End(http_error_text(e)))
 }
 
 /// The most redirects followed for one request.
@@ -78,15 +89,37 @@ fn client() -> reqwest::Client {
 
 /// A session with `url` as [`connect`], authorized by a login's client
 /// (DESIGN §17): each request carries the unit's current token, and a
-/// `401` is met with one refresh (rmcp's [`AuthClient`]).
+/// `401` is met with one refresh (rmcp's [`AuthClient`]). A `403
+/// insufficient_scope` answers its request with the login's step-up
+/// ([`Login::insufficient_scope`]): the unit needs a login with the
+/// scopes named (the session ends, and the actor finds the login needed),
+/// or the scope was refused twice (the session goes on). A `401` the
+/// refresh did not cure answers it with "needs a login" and ends the
+/// session the same way.
 pub fn connect_with(
     url: &str,
     headers: HashMap<http::HeaderName, http::HeaderValue>,
     client: AuthClient<reqwest::Client>,
+    login: Arc<Login>,
 ) -> Wire {
     let config = StreamableHttpClientTransportConfig::with_uri(url).custom_headers(headers);
     let transport = StreamableHttpClientTransport::with_client(Traced(client), config);
-    wire(transport, http_error_text)
+    wire(transport, move |e| match e {
+        StreamableHttpError::InsufficientScope(scope) => {
+            match login.insufficient_scope(&scope.www_authenticate_header) {
+                Some(StepUpAnswer::Login(error)) => Failed::Answer { error, end: true },
+                Some(StepUpAnswer::Refused(error)) => Failed::Answer { error, end: false },
+                None => Failed::End(http_error_text(e)),
+            }
+        }
+        // rmcp's refresh did not cure a 401: the token is not accepted
+        // (revoked, or another authorization server since: SEP-2352).
+        StreamableHttpError::AuthRequired(_) => Failed::Answer {
+            error: login.rejected(),
+            end: true,
+        },
+        other => Failed::End(http_error_text(other)),
+    })
 }
 
 /// An rmcp HTTP client that sends a request's trace context (its
@@ -256,12 +289,14 @@ pub fn http_error_text(error: &StreamableHttpError<reqwest::Error>) -> String {
 
 /// Over an rmcp client transport (Streamable HTTP): messages are
 /// converted to rmcp's types on the way, so only what rmcp's model
-/// knows of a message reaches the server. `describe` words a failed
-/// send (which ends the connection).
-pub fn wire<T>(transport: T, describe: fn(&T::Error) -> String) -> Wire
+/// knows of a message reaches the server. `failed` says what a failed
+/// send means: it ends the connection, or answers its request.
+pub fn wire<T, F>(transport: T, failed: F) -> Wire
 where
     T: rmcp::transport::Transport<rmcp::RoleClient> + Send + 'static,
+    F: Fn(&T::Error) -> Failed + Send + Sync + 'static,
 {
+    let failed = Arc::new(failed);
     use rmcp::model::ClientJsonRpcMessage;
     let (incoming, rx) = mpsc::channel(FROM_SERVER);
     // Each message counts as waiting for the server (which the session
@@ -299,16 +334,28 @@ where
                         std::task::Poll::Ready(send.as_mut().poll(cx))
                     })
                     .await;
-                    let failed = incoming.clone();
+                    let id = message.get("method").and(message.get("id")).cloned();
+                    let back = incoming.clone();
+                    let failed = Arc::clone(&failed);
                     let report = move |sent: Result<(), T::Error>| {
                         drop(written);
-                        if let Err(e) = sent {
-                            let why = describe(&e);
-                            // Told even while the channel is full.
-                            tokio::spawn(async move {
-                                let _ = failed.send(Err(why)).await;
-                            });
-                        }
+                        let Err(e) = sent else { return };
+                        let outcome = (failed(&e), id);
+                        // Told even while the channel is full.
+                        tokio::spawn(async move {
+                            match outcome {
+                                (Failed::Answer { error, end }, Some(id)) => {
+                                    let answer = ErrorCode::ServerDown.response(&id, error.clone());
+                                    let _ = back.send(Ok(answer.into())).await;
+                                    if end {
+                                        let _ = back.send(Err(error)).await;
+                                    }
+                                }
+                                (Failed::Answer { error, .. } | Failed::End(error), _) => {
+                                    let _ = back.send(Err(error)).await;
+                                }
+                            }
+                        });
                     };
                     match first {
                         std::task::Poll::Ready(sent) => report(sent),
@@ -405,7 +452,7 @@ mod tests {
     async fn a_server_sending_faster_than_the_session_reads_is_read_no_more() {
         let received = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
         let mut wire = wire(Flooding(std::sync::Arc::clone(&received)), |e| {
-            e.to_string()
+            Failed::End(e.to_string())
         });
         let read = || received.load(std::sync::atomic::Ordering::Relaxed);
         // The adapter's task runs as long as it can (it would never wait
@@ -431,7 +478,7 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 1)]
     async fn messages_reach_an_rmcp_transport_in_the_order_sent() {
         let (recorder, mut seen) = mpsc::unbounded_channel();
-        let wire = wire(Recording(recorder), |e| e.to_string());
+        let wire = wire(Recording(recorder), |e| Failed::End(e.to_string()));
         let sent = [
             "notifications/initialized",
             "tools/list",

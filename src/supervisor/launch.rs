@@ -522,7 +522,7 @@ impl SystemLauncher {
                 let url = spec.url().as_str().to_owned();
                 Box::pin(async move {
                     match login.client(secret).await {
-                        Ok(client) => Ok(super::http::connect_with(&url, headers, client)),
+                        Ok(client) => Ok(super::http::connect_with(&url, headers, client, login)),
                         Err(LoginError::Needed) => Err(ConnectError::NeedsLogin),
                         Err(e) => Err(ConnectError::Failed(format!("login: {e}"))),
                     }

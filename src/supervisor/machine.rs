@@ -285,8 +285,12 @@ pub enum Event {
     Closed { generation: Gen, error: String },
     /// The generation found no usable login (no token, or a refresh
     /// token the authorization server rejected): the unit waits for one
-    /// in `needs-login`, spending no retry (DESIGN §17).
-    NeedsLogin { generation: Gen },
+    /// in `needs-login`, spending no retry (DESIGN §17); `scopes` are
+    /// those a `403 insufficient_scope` asked for (a step-up), if any.
+    NeedsLogin {
+        generation: Gen,
+        scopes: Vec<String>,
+    },
     /// A login completed: a unit that needs one starts afresh.
     LoggedIn,
     /// The generation's process was reaped.
@@ -349,7 +353,20 @@ pub use crate::mux::session::idle;
 /// The reason of `needs-login`, and what every call is answered with
 /// (DESIGN §17).
 pub fn needs_login(name: &str) -> String {
-    format!("server {name} needs a login: run mcpctl auth login {name}")
+    needs_login_with(name, &[])
+}
+
+/// The reason of `needs-login` after a `403 insufficient_scope` (DESIGN
+/// §17 "Step-up"): `server NAME needs a login with scope X Y: run mcpctl
+/// auth login NAME`, the scopes the server asked for named.
+pub fn needs_login_with(name: &str, scopes: &[String]) -> String {
+    if scopes.is_empty() {
+        return format!("server {name} needs a login: run mcpctl auth login {name}");
+    }
+    format!(
+        "server {name} needs a login with scope {}: run mcpctl auth login {name}",
+        scopes.join(" ")
+    )
 }
 
 /// What the next generation after a failure will be.
@@ -877,9 +894,9 @@ impl Machine {
                     self.fail(error, true, now, &mut fx);
                 }
             }
-            Event::NeedsLogin { generation } => {
+            Event::NeedsLogin { generation, scopes } => {
                 if self.is_active(generation) {
-                    let reason = needs_login(&self.name);
+                    let reason = needs_login_with(&self.name, &scopes);
                     self.last_error = Some(reason.clone());
                     self.set_state(State::NeedsLogin, reason, now);
                     self.end(Then::Login, false, None, now, &mut fx);

@@ -20,13 +20,15 @@
 //! ([`REQUEST_TIMEOUT`]), so a hung one fails its own unit's login or
 //! connect and nothing else.
 
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use rmcp::transport::auth::{
     AuthClient, AuthError, AuthorizationCallback, AuthorizationManager, AuthorizationRequest,
-    AuthorizationSession, CredentialStore, OAuthClientConfig, StoredCredentials,
+    AuthorizationSession, ClientCredentialsConfig, CredentialStore, OAuthClientConfig,
+    StoredCredentials, WWWAuthenticateParams,
 };
 use tokio::sync::{Mutex, watch};
 
@@ -265,6 +267,8 @@ struct Pending {
     /// Who began it: only they may complete it.
     uid: u32,
     started: tokio::time::Instant,
+    /// The scopes its authorization request asks for (its URL's `scope`).
+    scopes: Vec<String>,
 }
 
 /// One unit's login.
@@ -279,6 +283,9 @@ pub struct Login {
     /// generations, so refreshes are one at a time.
     client: Mutex<Option<AuthClient<reqwest::Client>>>,
     pending: Mutex<Option<Pending>>,
+    /// What `403 insufficient_scope` answers asked for (DESIGN §17
+    /// "Step-up"); a std mutex, never held across an await.
+    step: std::sync::Mutex<StepUp>,
 }
 
 impl std::fmt::Debug for Login {
@@ -338,6 +345,7 @@ impl Login {
             store: FileStore { path, summary },
             client: Mutex::new(None),
             pending: Mutex::new(None),
+            step: std::sync::Mutex::new(StepUp::default()),
         })
     }
 
@@ -391,11 +399,9 @@ impl Login {
         secret: Option<String>,
     ) -> Result<AuthClient<reqwest::Client>, LoginError> {
         if self.spec.grant == Grant::ClientCredentials {
-            return Err(LoginError::Failed(
-                "grant \"client-credentials\" is not supported yet".into(),
-            ));
+            return self.client_credentials(secret).await;
         }
-        if !self.store.summary.borrow().logged_in {
+        if !self.store.summary.borrow().logged_in || self.login_needed().is_some() {
             return Err(LoginError::Needed);
         }
         let mut slot = self.client.lock().await;
@@ -473,19 +479,23 @@ impl Login {
             }
         };
         let url = session.get_authorization_url().to_owned();
-        let state = url::Url::parse(&url)
-            .ok()
-            .and_then(|u| {
+        let query = |key: &str| {
+            url::Url::parse(&url).ok().and_then(|u| {
                 u.query_pairs()
-                    .find(|(k, _)| k == "state")
+                    .find(|(k, _)| k == key)
                     .map(|(_, v)| v.into_owned())
             })
+        };
+        let state = query("state").unwrap_or_default();
+        let scopes = query("scope")
+            .map(|s| s.split_whitespace().map(str::to_owned).collect())
             .unwrap_or_default();
         *self.pending.lock().await = Some(Pending {
             session,
             state,
             uid,
             started: tokio::time::Instant::now(),
+            scopes,
         });
         Ok(url)
     }
@@ -517,6 +527,11 @@ impl Login {
             .with_initial_scope_selection();
         if let Some(scope) = &self.spec.scope {
             request = request.with_scopes(scope.split_whitespace());
+        }
+        if let Some(wanted) = self.step_up_wanted() {
+            // A step-up: the union of the scopes held and those a 403
+            // asked for (SEP-2350), in place of the initial selection.
+            request = request.with_scopes(wanted);
         }
         if let Some(id) = &self.spec.client_id {
             request = request.with_preregistered_client(id.clone());
@@ -578,6 +593,7 @@ impl Login {
         }
         let result = self.exchange(pending, redirect).await;
         if result.is_ok() {
+            self.logged_in_with(pending.scopes.clone());
             *slot = None;
             // The next connect builds a client with the new tokens.
             *self.client.lock().await = None;
@@ -628,11 +644,262 @@ impl Login {
     pub async fn logout(&self) -> Result<(), LoginError> {
         *self.pending.lock().await = None;
         *self.client.lock().await = None;
+        if let Ok(mut step) = self.step.lock() {
+            *step = StepUp::default();
+        }
         self.note(None);
         self.store
             .clear()
             .await
             .map_err(|e| LoginError::Failed(describe(&e)))
+    }
+}
+
+/// The most scopes a step-up keeps: a server names them.
+pub const MAX_SCOPES: usize = 64;
+/// How many logins may ask for a scope the server goes on refusing before
+/// it is not asked again (DESIGN §17: "a scope refused twice").
+pub const SCOPE_TRIES: u32 = 2;
+
+/// A unit's step-up (DESIGN §17; the MCP authorization spec's "Scope
+/// challenge handling"): what the last login asked for, what a `403
+/// insufficient_scope` asked for since, and how often each scope was
+/// asked for and refused again.
+#[derive(Debug, Default)]
+struct StepUp {
+    /// The scopes the last completed login asked for.
+    asked: Vec<String>,
+    /// Logins completed, so a refusal counts once per login however many
+    /// calls meet it.
+    logins: u64,
+    /// Per scope: the logins that asked for it and were refused it still,
+    /// and the last login counted.
+    refused: HashMap<String, (u32, u64)>,
+    /// The scopes a 403 named since the last login: the unit needs a login
+    /// that asks for them (empty: it does not).
+    needed: Vec<String>,
+    /// The server answered `401` to the token and rmcp's refresh made no
+    /// other (a revoked token, another authorization server since, SEP-2352):
+    /// the unit needs a login.
+    rejected: bool,
+}
+
+/// What a `403 insufficient_scope` means for the call that met it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StepUpAnswer {
+    /// A person must log in again with more scopes: the unit needs a
+    /// login, and the call gets this reason.
+    Login(String),
+    /// The server goes on refusing a scope two logins asked for (or names
+    /// none): the call gets this error, the unit runs on.
+    Refused(String),
+}
+
+fn union(into: &mut Vec<String>, more: impl IntoIterator<Item = String>) {
+    for scope in more {
+        if into.len() < MAX_SCOPES && !into.contains(&scope) {
+            into.push(scope);
+        }
+    }
+}
+
+impl Login {
+    /// A request of the unit's met `403` with this `WWW-Authenticate`
+    /// challenge (rmcp parses it). None when it is not
+    /// `insufficient_scope`; else what the call is answered.
+    pub fn insufficient_scope(&self, challenge: &str) -> Option<StepUpAnswer> {
+        let params = WWWAuthenticateParams::parse(challenge, &self.url);
+        if !params.is_insufficient_scope() {
+            return None;
+        }
+        let name = &self.name;
+        let required: Vec<String> = params
+            .scope
+            .as_deref()
+            .unwrap_or_default()
+            .split_whitespace()
+            .take(MAX_SCOPES)
+            .map(str::to_owned)
+            .collect();
+        if required.is_empty() {
+            return Some(StepUpAnswer::Refused(format!(
+                "server {name} refused the call (403 insufficient_scope) and named no scope to ask for"
+            )));
+        }
+        let Ok(mut step) = self.step.lock() else {
+            return Some(StepUpAnswer::Refused(format!(
+                "server {name} refused the call (403 insufficient_scope)"
+            )));
+        };
+        let login = step.logins;
+        let mut exhausted = Vec::new();
+        for scope in &required {
+            if !step.asked.contains(scope) {
+                continue;
+            }
+            if step.refused.len() >= MAX_SCOPES && !step.refused.contains_key(scope) {
+                exhausted.push(scope.clone());
+                continue;
+            }
+            let (count, counted) = step.refused.entry(scope.clone()).or_insert((0, u64::MAX));
+            if *counted != login {
+                *counted = login;
+                *count += 1;
+            }
+            if *count >= SCOPE_TRIES {
+                exhausted.push(scope.clone());
+            }
+        }
+        if !exhausted.is_empty() {
+            step.needed.clear();
+            return Some(StepUpAnswer::Refused(format!(
+                "server {name} refused the call: scope {} was refused {SCOPE_TRIES} times and is not asked again (403 insufficient_scope)",
+                exhausted.join(" ")
+            )));
+        }
+        let mut needed = std::mem::take(&mut step.needed);
+        union(&mut needed, required);
+        step.needed = needed;
+        Some(StepUpAnswer::Login(super::machine::needs_login_with(
+            name,
+            &step.needed,
+        )))
+    }
+
+    /// A request of the unit's met `401` that rmcp's refresh did not
+    /// cure ([`AuthClient`] then hands the challenge on): the token is not
+    /// accepted, and a person must log in (again). What the call gets.
+    /// With `grant "client-credentials"` no person is needed: the client
+    /// is dropped, and the next connect fetches a new token.
+    pub fn rejected(&self) -> String {
+        let name = &self.name;
+        if self.spec.grant == Grant::ClientCredentials {
+            if let Ok(mut slot) = self.client.try_lock() {
+                *slot = None;
+            }
+            return format!("server {name} rejected mcpd's token: fetching a new one");
+        }
+        if let Ok(mut step) = self.step.lock() {
+            step.rejected = true;
+        }
+        super::machine::needs_login(name)
+    }
+
+    /// Whether the unit needs a login since its last one: a `401` that a
+    /// refresh did not cure, or a `403` asking for scopes (named here).
+    pub fn login_needed(&self) -> Option<Vec<String>> {
+        let step = self.step.lock().ok()?;
+        (step.rejected || !step.needed.is_empty()).then(|| step.needed.clone())
+    }
+
+    /// The scopes a `403` asked for since the last login, when the unit
+    /// needs a login for them.
+    fn step_up_needed(&self) -> Option<Vec<String>> {
+        let step = self.step.lock().ok()?;
+        (!step.needed.is_empty()).then(|| step.needed.clone())
+    }
+
+    /// What the next login asks for in a step-up: the scopes held (those
+    /// granted and those the last login asked for) and those asked for
+    /// since.
+    fn step_up_wanted(&self) -> Option<Vec<String>> {
+        let needed = self.step_up_needed()?;
+        let mut wanted = self
+            .step
+            .lock()
+            .map(|s| s.asked.clone())
+            .unwrap_or_default();
+        union(&mut wanted, self.summary().scopes);
+        union(&mut wanted, needed);
+        Some(wanted)
+    }
+
+    /// A login that asked for `scopes` completed.
+    fn logged_in_with(&self, scopes: Vec<String>) {
+        if let Ok(mut step) = self.step.lock() {
+            step.asked = scopes;
+            step.logins += 1;
+            step.needed.clear();
+            step.rejected = false;
+        }
+    }
+}
+
+// ---- grant "client-credentials" (DESIGN §17, SEP-1046) ----
+
+impl Login {
+    /// The client of a machine-to-machine unit: its token fetched by the
+    /// daemon with the client id and secret (rmcp's client credentials
+    /// exchange: `client_secret_basic` when the AS offers only that, else
+    /// `client_secret_post`), and fetched again when it expired or was
+    /// rejected. Never [`LoginError::Needed`]: a failure is retried with
+    /// the unit's backoff.
+    async fn client_credentials(
+        &self,
+        secret: Option<String>,
+    ) -> Result<AuthClient<reqwest::Client>, LoginError> {
+        let (Some(client_id), Some(client_secret)) = (self.spec.client_id.clone(), secret) else {
+            return Err(LoginError::Failed(
+                "grant \"client-credentials\" needs client-id and client-secret".into(),
+            ));
+        };
+        let mut slot = self.client.lock().await;
+        if let Some(client) = slot.as_ref() {
+            let held = tokio::time::timeout(REQUEST_TIMEOUT, client.get_access_token()).await;
+            if matches!(held, Ok(Ok(_))) {
+                return Ok(client.clone());
+            }
+        }
+        let fetched = tokio::time::timeout(REQUEST_TIMEOUT, async {
+            let mut manager = self.manager().await?;
+            let resolution = manager
+                .resolve_metadata()
+                .await
+                .map_err(|e| LoginError::Failed(describe(&e)))?;
+            check_endpoints(&resolution.metadata)?;
+            manager.set_metadata(resolution.metadata);
+            let config = ClientCredentialsConfig::ClientSecret {
+                client_id,
+                client_secret,
+                scopes: self
+                    .spec
+                    .scope
+                    .as_deref()
+                    .unwrap_or_default()
+                    .split_whitespace()
+                    .map(str::to_owned)
+                    .collect(),
+                resource: Some(self.url.to_string()),
+            };
+            let failed = |e: AuthError| LoginError::Failed(describe(&e));
+            manager
+                .validate_client_credentials_metadata(&config)
+                .map_err(failed)?;
+            manager
+                .configure_client_credentials(&config)
+                .map_err(failed)?;
+            manager
+                .exchange_client_credentials(&config)
+                .await
+                .map_err(failed)?;
+            Ok::<_, LoginError>(AuthClient::new(reqwest::Client::new(), manager))
+        })
+        .await
+        .map_err(|_| {
+            LoginError::Failed(format!(
+                "the authorization server did not answer within {REQUEST_TIMEOUT:?}"
+            ))
+        })?;
+        let client = match fetched {
+            Ok(client) => client,
+            Err(e) => {
+                self.note(Some(e.to_string()));
+                return Err(e);
+            }
+        };
+        self.note(None);
+        *slot = Some(client.clone());
+        Ok(client)
     }
 }
 

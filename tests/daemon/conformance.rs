@@ -30,7 +30,7 @@
 //! that needs a login (DESIGN §17): its auth scenarios at both wires, with
 //! mcpd (a unit with `oauth`, `mcpctl auth login --no-browser`, a call)
 //! beside the Python SDK's own conformance client as the reference, check
-//! by check; [`STEP_UP`] names what is not built yet.
+//! by check.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -412,16 +412,38 @@ fn the_conformance_suite_fails_nothing_through_mcpd_that_passes_directly() {
     drop(daemon);
 }
 
-/// Scenarios of the suite's auth checks (client mode) that the Python
-/// SDK's own conformance client passes and mcpd does not yet: step-up on
-/// `403 insufficient_scope` (DESIGN §17 "Step-up", not built yet: mcpd
-/// makes the first login and no second one, so the second round's
-/// authorization, PKCE, token and bearer checks pass once where the SDK's
-/// pass twice). The test fails when one of them passes: then it comes off
-/// this list.
-const STEP_UP: [(&str, &str); 2] = [
-    ("2025-11-25", "auth/scope-step-up"),
-    ("2026-07-28", "auth/scope-step-up"),
+/// Checks mcpd must pass whatever the SDK's client does (it compares no
+/// fewer passes, so a check the reference fails would pass unseen): the
+/// step-up's second login, which asks for the challenged scope and the
+/// ones held (DESIGN §17, SEP-2350), and a registration at the new
+/// authorization server when the protected resource metadata names
+/// another (SEP-2352).
+const REQUIRED: [(&str, &str, &str); 5] = [
+    (
+        "2025-11-25",
+        "auth/scope-step-up",
+        "scope-step-up-escalation",
+    ),
+    (
+        "2026-07-28",
+        "auth/scope-step-up",
+        "scope-step-up-escalation",
+    ),
+    (
+        "2026-07-28",
+        "auth/scope-step-up",
+        "sep-2350-scope-union-on-reauth",
+    ),
+    (
+        "2026-07-28",
+        "auth/authorization-server-migration",
+        "sep-2352-reregister-on-as-change",
+    ),
+    (
+        "2026-07-28",
+        "auth/authorization-server-migration",
+        "sep-2352-no-reuse-on-as-change",
+    ),
 ];
 
 /// One run of the suite's client mode: `conformance client --command CMD
@@ -451,7 +473,9 @@ fn start_client(label: &str, command: &str, wire: &str, dir: &Path) -> Run {
 /// "browser" for the printed URL, and a tool call. The reference is the
 /// Python SDK's own conformance client (the mcp 2.3.0 sdist's
 /// `.github/actions/conformance/client.py`, which .ci/run keeps) in the
-/// same run: no check may pass fewer times through mcpd, but [`STEP_UP`].
+/// same run: no check may pass fewer times through mcpd (step-up on `403
+/// insufficient_scope` included: the harness logs in again when the unit
+/// needs a login again), and mcpd passes every check of [`REQUIRED`].
 #[test]
 fn mcpd_as_an_oauth_client_passes_every_auth_check_the_python_sdks_client_passes() {
     let _alone = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
@@ -473,7 +497,6 @@ fn mcpd_as_an_oauth_client_passes_every_auth_check_the_python_sdks_client_passes
     );
     let out = tempfile::tempdir().expect("out");
     let mut problems = Vec::new();
-    let mut listed = Vec::new();
     for wire in WIRES {
         let sdk_run = start_client("sdk", &sdk_command, wire, out.path());
         let mcpd_run = start_client("mcpd", &mcpd_command, wire, out.path());
@@ -489,26 +512,22 @@ fn mcpd_as_an_oauth_client_passes_every_auth_check_the_python_sdks_client_passes
             "the SDK's client ran {} auth scenarios at {wire}",
             direct.len()
         );
-        let fewer = fewer(&direct, &through);
-        for (scenario, check, d, t) in &fewer {
-            if !STEP_UP.contains(&(wire, scenario.as_str())) {
-                problems.push(format!(
-                    "{wire} {scenario} {check}: passed {d} times by the SDK's client, {t} by mcpd"
-                ));
-            }
+        for (scenario, check, d, t) in fewer(&direct, &through) {
+            problems.push(format!(
+                "{wire} {scenario} {check}: passed {d} times by the SDK's client, {t} by mcpd"
+            ));
         }
-        for (listed_wire, scenario) in STEP_UP {
-            if listed_wire == wire && !fewer.iter().any(|(s, ..)| s == scenario) {
-                listed.push(format!("{wire} {scenario}"));
+        for (_, scenario, check) in REQUIRED.iter().filter(|(w, ..)| *w == wire) {
+            let said = through.get(*scenario).and_then(|c| c.get(*check));
+            if !said.is_some_and(|s| !s.is_empty() && s.iter().all(|(s, _)| s == "SUCCESS")) {
+                problems.push(format!(
+                    "{wire} {scenario} {check}: mcpd must pass it: {said:?}"
+                ));
             }
         }
     }
     assert!(
         problems.is_empty(),
         "auth checks mcpd fails that the SDK's client passes: {problems:#?}"
-    );
-    assert!(
-        listed.is_empty(),
-        "mcpd passes these now: take them off STEP_UP: {listed:#?}"
     );
 }

@@ -421,3 +421,152 @@ fn each_check_of_a_login_is_refused_naming_it() {
         assert_eq!(state_of(rt, "fk"), "needs-login", "{mode}");
     }
 }
+
+/// `mcpctl call fk TOOL {}`: (success, stdout and stderr).
+fn call_fk(runtime: &Path, tool: &str) -> (bool, String) {
+    let out = mcpctl_user(runtime, &["call", "fk", tool, "{}"]);
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (out.status.success(), text)
+}
+
+/// Step-up (DESIGN §17): a call answered `403 insufficient_scope` fails
+/// naming the scope, the unit needs a login with it, the next login asks
+/// for the union of the scopes held and asked, and the call then works;
+/// a scope the server goes on refusing is asked for at two logins, then
+/// the call is refused with no further login asked.
+#[test]
+fn a_403_insufficient_scope_asks_a_login_with_the_union_of_the_scopes_twice_at_most() {
+    let port = free_port();
+    let mut fake = fake(port, "step-up");
+    let (_daemon, _units, runtime, _state) = fake_daemon(port);
+    let rt = runtime.path();
+    let logged_in = |rt: &Path| {
+        assert_eq!(login_fk(rt, None), (Some(0), String::new()));
+        eventually("fk to run", BOUND, || state_of(rt, "fk") == "running");
+    };
+    logged_in(rt);
+    let (ok, text) = call_fk(rt, "whoami");
+    assert!(ok, "{text}");
+    // The first login's token lacks `admin`.
+    let needs_admin = "server fk needs a login with scope admin: run mcpctl auth login fk";
+    let (ok, text) = call_fk(rt, "admin");
+    assert!(!ok && text.contains(needs_admin), "{text}");
+    eventually("fk to need a login", BOUND, || {
+        state_of(rt, "fk") == "needs-login"
+    });
+    assert_eq!(status(rt, "fk")["reason"], needs_admin);
+    let (ok, text) = call_fk(rt, "whoami");
+    assert!(!ok && text.contains(needs_admin), "{text}");
+    logged_in(rt);
+    let (ok, text) = call_fk(rt, "admin");
+    assert!(ok, "after the step-up: {text}");
+    // A scope the authorization server never grants: two logins ask for
+    // it, then the call is refused and the unit runs on.
+    let needs_never = "server fk needs a login with scope never: run mcpctl auth login fk";
+    for _ in 0..2 {
+        let (ok, text) = call_fk(rt, "never");
+        assert!(!ok && text.contains(needs_never), "{text}");
+        eventually("fk to need a login", BOUND, || {
+            state_of(rt, "fk") == "needs-login"
+        });
+        logged_in(rt);
+    }
+    let (ok, text) = call_fk(rt, "never");
+    assert!(
+        !ok && text.contains("scope never was refused 2 times and is not asked again"),
+        "{text}"
+    );
+    assert_eq!(state_of(rt, "fk"), "running");
+    let (ok, text) = call_fk(rt, "admin");
+    assert!(ok, "{text}");
+    let _ = fake.0.kill();
+    let mut printed = String::new();
+    use std::io::Read;
+    fake.0
+        .stdout
+        .take()
+        .expect("stdout")
+        .read_to_string(&mut printed)
+        .expect("fake output");
+    let asked: Vec<Vec<&str>> = printed
+        .lines()
+        .filter_map(|l| l.strip_prefix("authorize"))
+        .map(|s| {
+            let mut scopes: Vec<&str> = s.split_whitespace().collect();
+            scopes.sort_unstable();
+            scopes
+        })
+        .collect();
+    // The first login asks for what discovery gives; each step-up for the
+    // union of what was held and what the 403 named.
+    assert_eq!(asked.len(), 4, "{printed}");
+    assert!(asked[1].contains(&"admin"), "{printed}");
+    assert!(
+        asked[2].contains(&"admin") && asked[2].contains(&"never"),
+        "{printed}"
+    );
+    assert!(
+        asked[3].contains(&"admin") && asked[3].contains(&"never"),
+        "{printed}"
+    );
+}
+
+/// `grant "client-credentials"` (DESIGN §17): the daemon fetches the
+/// token itself with the client id and the secret of its credential, the
+/// unit runs with no login, and a token that expired (the fake's live 3 s,
+/// with no refresh token) is fetched again, never asking for a login.
+#[test]
+fn a_client_credentials_unit_fetches_and_renews_its_token_without_a_login() {
+    let port = free_port();
+    let mut fake = fake(port, "client-credentials");
+    let units = tempfile::tempdir().expect("units");
+    let secret = units.path().join("secret");
+    std::fs::write(&secret, "s3cret\n").expect("secret");
+    std::fs::write(
+        units.path().join("fk.kdl"),
+        format!(
+            "credentials {{\n    load \"cc\" \"{}\"\n}}\nhttp \"http://localhost:{port}/mcp\" {{\n    oauth {{\n        client-id \"fake-cc\"\n        client-secret credential=\"cc\"\n        grant \"client-credentials\"\n    }}\n}}\n",
+            secret.display()
+        ),
+    )
+    .expect("unit");
+    let runtime = tempfile::tempdir().expect("runtime");
+    let state = tempfile::tempdir().expect("state");
+    let _daemon = Daemon::user_no_bus(
+        units.path(),
+        &[
+            ("XDG_RUNTIME_DIR", runtime.path().as_os_str()),
+            ("MCPD_STATE_DIR", state.path().as_os_str()),
+        ],
+    );
+    let rt = runtime.path();
+    eventually("fk to run", BOUND, || state_of(rt, "fk") == "running");
+    let (ok, first) = call_fk(rt, "whoami");
+    assert!(ok, "{first}");
+    // Past the first token's 3 s: the call still works, with a new token.
+    let mut seen = Vec::new();
+    eventually("a call with a new token", BOUND, || {
+        let (ok, text) = call_fk(rt, "whoami");
+        seen.push(text.clone());
+        assert_ne!(state_of(rt, "fk"), "needs-login", "{seen:?}");
+        ok && text != first
+    });
+    let _ = fake.0.kill();
+    let mut printed = String::new();
+    use std::io::Read;
+    fake.0
+        .stdout
+        .take()
+        .expect("stdout")
+        .read_to_string(&mut printed)
+        .expect("fake output");
+    assert!(
+        printed.matches("token client_credentials").count() >= 2,
+        "{printed}"
+    );
+    assert!(!printed.contains("authorize"), "{printed}");
+}

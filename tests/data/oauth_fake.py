@@ -8,10 +8,18 @@ Usage: python3 oauth_fake.py PORT MODE. Serves http://localhost:PORT/mcp
 authorization server's (issuer http://localhost:PORT/). MODE: `ok`,
 `no-s256` (no S256 in code_challenge_methods_supported), `wrong-issuer`
 (metadata names another issuer), `wrong-resource` (the PRM's resource is
-another server). Access tokens live 3 s; each token request prints one
-line (`token authorization_code`, `token refresh_token`) to stdout.
+another server), `step-up` (tokens hold the scopes their authorization
+asked for, `mcp` when none; tool `admin` needs scope `admin`, tool `never`
+needs scope `never`, which is never granted: a call without the scope is
+answered `403 insufficient_scope` naming it). Access tokens live 3 s (300 s
+in `step-up`); each token request prints one line (`token
+authorization_code`, `token refresh_token`) to stdout, each authorization
+request one (`authorize SCOPE`). `client-credentials`: the token endpoint
+also grants `client_credentials` to client `fake-cc` with secret `s3cret`
+(Basic or in the body), without a refresh token.
 """
 
+import base64
 import json
 import sys
 import time
@@ -21,19 +29,22 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 PORT = int(sys.argv[1])
 MODE = sys.argv[2]
 BASE = f"http://localhost:{PORT}"
-LIFETIME = 3
+LIFETIME = 300 if MODE == "step-up" else 3
 tokens = {}  # access token -> expiry
+scopes = {}  # access token, refresh token or code -> the scopes granted
 refresh = set()
 counter = [0]
+NEEDS = {"admin": "admin", "never": "never"} if MODE == "step-up" else {}
 
 
-def issue():
+def issue(granted):
     counter[0] += 1
     access, rt = f"at-{counter[0]}", f"rt-{counter[0]}"
     tokens[access] = time.time() + LIFETIME
+    scopes[access] = scopes[rt] = granted
     refresh.add(rt)
     return {"access_token": access, "token_type": "Bearer", "expires_in": LIFETIME,
-            "refresh_token": rt, "scope": "mcp"}
+            "refresh_token": rt, "scope": " ".join(granted)}
 
 
 class Handler(BaseHTTPRequestHandler):
@@ -65,15 +76,19 @@ class Handler(BaseHTTPRequestHandler):
                 "token_endpoint": f"{BASE}/token",
                 "registration_endpoint": f"{BASE}/register",
                 "response_types_supported": ["code"],
-                "grant_types_supported": ["authorization_code", "refresh_token"],
+                "grant_types_supported": ["authorization_code", "refresh_token", "client_credentials"],
                 "code_challenge_methods_supported": methods,
-                "token_endpoint_auth_methods_supported": ["none"],
+                "token_endpoint_auth_methods_supported": ["client_secret_post"] if MODE == "client-credentials" else ["none"],
                 "scopes_supported": ["mcp"],
             })
         if url.path == "/authorize":
             q = urllib.parse.parse_qs(url.query)
+            asked = q.get("scope", [""])[0]
+            print(f"authorize {asked}", flush=True)
+            code = f"code-{len(scopes)}"
+            scopes[code] = [s for s in asked.split() if s != "never"] or ["mcp"]
             target = q["redirect_uri"][0] + "?" + urllib.parse.urlencode(
-                {"code": "the-code", "state": q["state"][0]})
+                {"code": code, "state": q["state"][0]})
             return self.send(302, None, [("location", target)])
         if url.path == "/mcp":
             return self.send(405)
@@ -94,12 +109,20 @@ class Handler(BaseHTTPRequestHandler):
             form = urllib.parse.parse_qs(self.body().decode())
             grant = form["grant_type"][0]
             print(f"token {grant}", flush=True)
+            if grant == "client_credentials":
+                basic = self.headers.get("authorization", "")
+                sent = (base64.b64decode(basic[6:]).decode() if basic.startswith("Basic ")
+                        else f'{form.get("client_id", [""])[0]}:{form.get("client_secret", [""])[0]}')
+                if MODE != "client-credentials" or sent != "fake-cc:s3cret":
+                    return self.send(401, {"error": "invalid_client"})
+                return self.send(200, {k: v for k, v in issue(["mcp"]).items() if k != "refresh_token"})
             if grant == "refresh_token":
                 rt = form["refresh_token"][0]
                 if rt not in refresh:
                     return self.send(400, {"error": "invalid_grant"})
                 refresh.discard(rt)  # rotation: each refresh token once
-            return self.send(200, issue())
+                return self.send(200, issue(scopes.get(rt, ["mcp"])))
+            return self.send(200, issue(scopes.get(form.get("code", [""])[0], ["mcp"])))
         if url.path != "/mcp":
             return self.send(404, {"error": "not found"})
         auth = self.headers.get("authorization", "")
@@ -116,7 +139,13 @@ class Handler(BaseHTTPRequestHandler):
             result = {"protocolVersion": "2025-11-25", "capabilities": {"tools": {}},
                       "serverInfo": {"name": "oauth-fake", "version": "1"}}
         elif method == "tools/list":
-            result = {"tools": [{"name": "whoami", "inputSchema": {"type": "object"}}]}
+            names = ["whoami", *NEEDS]
+            result = {"tools": [{"name": n, "inputSchema": {"type": "object"}} for n in names]}
+        elif method == "tools/call" and NEEDS.get(message["params"]["name"], "mcp") not in scopes[token] + ["mcp"]:
+            needed = NEEDS[message["params"]["name"]]
+            challenge = (f'Bearer error="insufficient_scope", scope="{needed}", resource_metadata='
+                         f'"{BASE}/.well-known/oauth-protected-resource/mcp"')
+            return self.send(403, {"error": "insufficient_scope"}, [("www-authenticate", challenge)])
         elif method == "tools/call":
             result = {"content": [{"type": "text", "text": f"token {token}"}]}
         elif method == "ping":

@@ -1808,7 +1808,10 @@ fn needs_login_spends_no_retry_keeps_the_tools_and_a_login_starts_it() {
         pid: None,
     });
     // The login is gone (a refresh token refused): no retry, no flapping.
-    let fx = r.step(Event::NeedsLogin { generation: 2 });
+    let fx = r.step(Event::NeedsLogin {
+        generation: 2,
+        scopes: Vec::new(),
+    });
     assert_eq!(
         fx,
         vec![Effect::Disconnect {
@@ -1826,7 +1829,13 @@ fn needs_login_spends_no_retry_keeps_the_tools_and_a_login_starts_it() {
     assert_eq!(view.tools.len(), 1, "the tools are kept");
     assert_eq!(r.m.deadline(), None, "nothing is armed: no retry");
     // Stale events and deadlines change nothing.
-    assert!(r.step(Event::NeedsLogin { generation: 1 }).is_empty());
+    assert!(
+        r.step(Event::NeedsLogin {
+            generation: 1,
+            scopes: Vec::new()
+        })
+        .is_empty()
+    );
     assert_eq!(r.state(), State::NeedsLogin);
     // A completed login starts it with a fresh budget.
     assert_eq!(r.step(Event::LoggedIn), spawn(3));
@@ -1840,4 +1849,17 @@ fn needs_login_spends_no_retry_keeps_the_tools_and_a_login_starts_it() {
     r.established(&tools(&["a"]));
     assert!(r.step(Event::LoggedIn).is_empty());
     assert_eq!(r.state(), State::Running);
+    // A 403 insufficient_scope (a step-up, DESIGN §17): the reason names
+    // the scopes the server asked for, and a login starts it again.
+    r.step(Event::NeedsLogin {
+        generation: 3,
+        scopes: vec!["mcp:write".into(), "files:read".into()],
+    });
+    assert_eq!(r.state(), State::NeedsLogin);
+    assert_eq!(
+        r.reason(),
+        "server srv needs a login with scope mcp:write files:read: run mcpctl auth login srv"
+    );
+    assert_eq!(r.m.view().tools.len(), 1, "the tools are kept");
+    assert_eq!(r.step(Event::LoggedIn), spawn(4));
 }
