@@ -139,6 +139,22 @@ enum Command {
         #[arg(long)]
         force: bool,
     },
+    /// Edit unit NAME in $EDITOR as `systemctl edit` does: a drop-in
+    /// (NAME.kdl.d/override.kdl in the instance's unit directory), or with
+    /// --full the unit file itself; kept only when the unit still loads,
+    /// then the daemon is told to reload.
+    ///
+    /// The editor gets a copy, the unit's files shown below it as comments
+    /// (not kept). An edit that does not load is refused with the
+    /// diagnostic and changes nothing (exit status 1); an emptied drop-in
+    /// is removed. Exit status 4 when there is no such unit.
+    Edit {
+        name: String,
+        /// Edit the unit file itself (a copy in the instance's unit
+        /// directory when it comes from a later directory of the path).
+        #[arg(long)]
+        full: bool,
+    },
     /// Remove unit NAME (and its drop-ins and env-file) and tell the daemon
     /// to reload, which stops it; with --purge its credentials and its
     /// on-demand cache too. Exit status 4 when there is no such unit file.
@@ -474,6 +490,13 @@ fn main() -> ExitCode {
                 &mut std::io::stdout().lock(),
             ))
         }
+        Command::Edit { name, full } => Some(mcpd::ctl::edit::edit(
+            instance,
+            name,
+            *full,
+            &env,
+            &mut std::io::stdout().lock(),
+        )),
         Command::Remove { name, purge } => Some(mcpd::ctl::add::remove(
             instance,
             name,
@@ -584,6 +607,7 @@ fn main() -> ExitCode {
             | Command::Completions { .. }
             | Command::Import { .. }
             | Command::Add { .. }
+            | Command::Edit { .. }
             | Command::Remove { .. }
             | Command::Connect { .. }
             | Command::Disconnect { .. }

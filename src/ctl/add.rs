@@ -255,7 +255,7 @@ const PLAIN: Output = Output {
 
 /// Tells the daemon to reload and prints what changed; without a daemon,
 /// says the change applies when one starts.
-fn reload(instance: Instance, out: &mut dyn Write) -> Result<u8, CtlError> {
+pub(super) fn reload(instance: Instance, out: &mut dyn Write) -> Result<u8, CtlError> {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
