@@ -115,8 +115,9 @@ enum Command {
     ///
     /// Secret values (of --env and --header: tokens, keys, passwords) go to
     /// the instance's credstore as NAME.VAR (mode 0600), referenced by the
-    /// unit, as `import` keeps them. Exit status 1 when the unit would not
-    /// load or exists (without --force).
+    /// unit, as `import` keeps them. A server that needs a login gets
+    /// --oauth (then `mcpctl auth login NAME`). Exit status 1 when the
+    /// unit would not load or exists (without --force).
     Add {
         name: String,
         /// The command and its arguments (after `--`, so that theirs are not
@@ -138,6 +139,21 @@ enum Command {
         /// Replace unit NAME if it exists.
         #[arg(long)]
         force: bool,
+        /// The server needs a login (OAuth 2.1): the unit gets an `oauth`
+        /// block; log in with `mcpctl auth login NAME`.
+        #[arg(long)]
+        oauth: bool,
+        /// The scopes to ask for (space-separated; default: the server's).
+        #[arg(long, requires = "oauth")]
+        scope: Option<String>,
+        /// A client id registered with the authorization server (default:
+        /// registered by mcpd).
+        #[arg(long, requires = "oauth", value_name = "ID")]
+        client_id: Option<String>,
+        /// The fixed loopback port of the redirect that client id was
+        /// registered with (default: any free port).
+        #[arg(long, requires = "oauth", value_name = "PORT")]
+        redirect_port: Option<u16>,
     },
     /// Edit unit NAME in $EDITOR as `systemctl edit` does: a drop-in
     /// (NAME.kdl.d/override.kdl in the instance's unit directory), or with
@@ -473,7 +489,16 @@ fn main() -> ExitCode {
             headers,
             description,
             force,
+            oauth,
+            scope,
+            client_id,
+            redirect_port,
         } => {
+            let oauth = oauth.then(|| mcpd::adopt::hosts::HostOAuth {
+                client_id: client_id.clone(),
+                redirect_port: *redirect_port,
+                scope: scope.clone(),
+            });
             let options = mcpd::ctl::add::AddOptions {
                 name: name.clone(),
                 target: target.clone(),
@@ -482,6 +507,7 @@ fn main() -> ExitCode {
                 headers: headers.clone(),
                 description: description.clone(),
                 force: *force,
+                oauth,
             };
             Some(mcpd::ctl::add::add(
                 instance,

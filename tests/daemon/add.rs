@@ -389,3 +389,102 @@ fn added_units_serve_a_host_and_removed_ones_leave_nothing_behind() {
     let _ = server.wait();
     assert!(d.stop(Signal::TERM).success());
 }
+
+/// A child killed and reaped when dropped.
+struct Reaped(std::process::Child);
+
+impl Drop for Reaped {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+#[test]
+fn an_added_server_with_a_login_waits_for_one() {
+    let home = tempfile::tempdir().expect("home");
+    let home = home.path();
+    let runtime = tempfile::tempdir().expect("runtime");
+    let runtime = runtime.path();
+    let units = home.join("config/mcpd/units");
+    // The OAuth-protected server and its authorization server.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .expect("bind")
+        .local_addr()
+        .expect("addr")
+        .port();
+    let _fake = Reaped(
+        std::process::Command::new("python3")
+            .arg(root().join("tests/data/oauth_fake.py"))
+            .args([&port.to_string(), "ok"])
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("python3 oauth_fake.py"),
+    );
+    crate::helper::eventually(
+        format!("the fake to listen on {port}"),
+        crate::helper::BOUND,
+        || std::net::TcpStream::connect(("127.0.0.1", port)).is_ok(),
+    );
+    let mut d = Daemon::start(
+        &["--user".as_ref(), "--no-bus".as_ref()],
+        &[
+            ("HOME", home.as_os_str()),
+            ("XDG_CONFIG_HOME", home.join("config").as_os_str()),
+            ("MCPD_STATE_DIR", home.join("state").as_os_str()),
+            ("XDG_RUNTIME_DIR", runtime.as_os_str()),
+        ],
+    );
+    d.wait_for("started 0 units");
+
+    let url = format!("http://localhost:{port}/mcp");
+    let args = [
+        "add",
+        "guarded",
+        &url,
+        "--oauth",
+        "--scope",
+        "read write",
+        "--client-id",
+        "mcpd-test",
+        "--redirect-port",
+        "8765",
+    ];
+    let out = ctl(home, runtime, &args);
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(
+        String::from_utf8_lossy(&out.stdout).ends_with("then: mcpctl auth login guarded\n"),
+        "{}",
+        text(&out)
+    );
+    let path = units.join("guarded.kdl");
+    let unit = std::fs::read_to_string(&path).expect("the unit");
+    assert!(
+        unit.contains(
+            r#"oauth { client-id "mcpd-test"; scope "read write"; redirect-port 8765; }"#
+        ),
+        "{unit}"
+    );
+    let verified = ctl(home, runtime, &["verify", path.to_str().expect("utf-8")]);
+    assert!(verified.status.success(), "{}", text(&verified));
+    d.wait_until("guarded needs a login", |_| {
+        state_of(home, runtime, "guarded") == "needs-login"
+    });
+    let status = ctl(home, runtime, &["status", "guarded"]);
+    assert!(text(&status).contains("needs-login"), "{}", text(&status));
+
+    // Its keys only with --oauth; --oauth only for an HTTP server.
+    let out = ctl(home, runtime, &["add", "x", &url, "--scope", "a"]);
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+    let out = ctl(home, runtime, &["add", "y", "--oauth", "--", "/bin/true"]);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    assert!(
+        text(&out).contains("--oauth is for an HTTP server"),
+        "{}",
+        text(&out)
+    );
+    assert!(!units.join("x.kdl").exists() && !units.join("y.kdl").exists());
+    assert!(d.stop(Signal::TERM).success());
+}
