@@ -384,11 +384,7 @@ fn publish(shared: &crate::model::Shared, registry: &Registry) {
 
 /// "1 unit", "2 units".
 fn count(n: usize, noun: &str) -> String {
-    if n == 1 {
-        format!("1 {noun}")
-    } else {
-        format!("{n} {noun}s")
-    }
+    crate::words::count(n as u64, noun)
 }
 
 /// The directory sandboxed servers' private temp directories go in

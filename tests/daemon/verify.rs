@@ -153,7 +153,7 @@ fn user_and_system_add_that_instances_rules() {
     assert!(
         err.contains("a user instance runs every server as its own user")
             && err.contains(&format!("{}:3:10", file.display()))
-            && err.contains("1 of 1 units invalid"),
+            && err.contains("1 of 1 unit invalid"),
         "{err}"
     );
     // naming yourself is what a user instance does anyway
