@@ -25,6 +25,10 @@ fn every_shipped_unit_verifies() {
     );
     // each file on its own, then the whole tree at once
     for file in &files {
+        // Paths in units are absolute: a home is the placeholder
+        // /home/USER, never root's (whose server would run as root).
+        let text = fs::read_to_string(file).expect("read");
+        assert!(!text.contains("/root"), "{} names /root", file.display());
         let out = run(mcpctl().arg("verify").arg(file));
         assert!(
             out.status.success(),
