@@ -225,6 +225,14 @@ fn an_edit_is_kept_only_when_the_unit_still_loads() {
         "{}",
         text(&out)
     );
+    // Its kept draft, with its scratch directory, is the test's to remove.
+    let said = text(&out);
+    let kept = said
+        .split("the edit is kept in ")
+        .nth(1)
+        .and_then(|rest| rest.split(':').next())
+        .expect("where the edit is kept");
+    let _ = std::fs::remove_dir_all(Path::new(kept).parent().expect("its dir"));
     assert_eq!(
         std::fs::read_to_string(units.join("demo.kdl")).expect("the unit"),
         unit
