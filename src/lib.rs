@@ -18,3 +18,4 @@ pub mod supervisor;
 pub mod telemetry;
 pub mod tokens;
 pub mod unit;
+pub mod words;

@@ -396,9 +396,6 @@ fn header_var(name: &str, taken: &[(String, String)]) -> String {
 /// `indirect`: the host filled it in from a variable or a file, which the
 /// user kept out of the host's file.
 pub fn secret_because(name: &str, value: &str, indirect: bool) -> Option<&'static str> {
-    if indirect {
-        return Some("from a variable or file");
-    }
     let upper = name.to_ascii_uppercase();
     let secretive = upper.split(['_', '-']).any(|part| {
         matches!(
@@ -417,6 +414,12 @@ pub fn secret_because(name: &str, value: &str, indirect: bool) -> Option<&'stati
         .iter()
         .any(|word| part.ends_with(word))
     });
+    // A path made from a variable (`${HOME}/.local/…`) is a path, not a
+    // secret; anything else read from a variable or file may be one.
+    let path = value.starts_with('/') && !value.contains(char::is_whitespace);
+    if indirect {
+        return (secretive || !path).then_some("from a variable or file");
+    }
     if secretive {
         return Some("its name");
     }
@@ -850,6 +853,9 @@ mod tests {
             ("SEED", "q8Z0vX3nR7tL1mK9pB5wY2cJ", false, shape),
             ("REGION", "eu-west-1", false, None),
             ("HOME_DIR", "x", true, Some("from a variable or file")),
+            // `${HOME}/…`: a path, whatever variable made it.
+            ("MEMORY_FILE_PATH", "/home/u/memory.json", true, None),
+            ("DB_PASSWORD", "/x", true, Some("from a variable or file")),
         ];
         for (key, value, indirect, want) in table {
             assert_eq!(secret_because(key, value, indirect), want, "{key}={value}");

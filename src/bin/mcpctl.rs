@@ -115,8 +115,9 @@ enum Command {
     ///
     /// Secret values (of --env and --header: tokens, keys, passwords) go to
     /// the instance's credstore as NAME.VAR (mode 0600), referenced by the
-    /// unit, as `import` keeps them. Exit status 1 when the unit would not
-    /// load or exists (without --force).
+    /// unit, as `import` keeps them. A server that needs a login gets
+    /// --oauth (then `mcpctl auth login NAME`). Exit status 1 when the
+    /// unit would not load or exists (without --force).
     Add {
         name: String,
         /// The command and its arguments (after `--`, so that theirs are not
@@ -138,6 +139,37 @@ enum Command {
         /// Replace unit NAME if it exists.
         #[arg(long)]
         force: bool,
+        /// The server needs a login (OAuth 2.1): the unit gets an `oauth`
+        /// block; log in with `mcpctl auth login NAME`.
+        #[arg(long)]
+        oauth: bool,
+        /// The scopes to ask for (space-separated; default: the server's).
+        #[arg(long, requires = "oauth")]
+        scope: Option<String>,
+        /// A client id registered with the authorization server (default:
+        /// registered by mcpd).
+        #[arg(long, requires = "oauth", value_name = "ID")]
+        client_id: Option<String>,
+        /// The fixed loopback port of the redirect that client id was
+        /// registered with (default: any free port).
+        #[arg(long, requires = "oauth", value_name = "PORT")]
+        redirect_port: Option<u16>,
+    },
+    /// Edit unit NAME in $EDITOR as `systemctl edit` does: a drop-in
+    /// (NAME.kdl.d/override.kdl in the instance's unit directory), or with
+    /// --full the unit file itself; kept only when the unit still loads,
+    /// then the daemon is told to reload.
+    ///
+    /// The editor gets a copy, the unit's files shown below it as comments
+    /// (not kept). An edit that does not load is refused with the
+    /// diagnostic and changes nothing (exit status 1); an emptied drop-in
+    /// is removed. Exit status 4 when there is no such unit.
+    Edit {
+        name: String,
+        /// Edit the unit file itself (a copy in the instance's unit
+        /// directory when it comes from a later directory of the path).
+        #[arg(long)]
+        full: bool,
     },
     /// Remove unit NAME (and its drop-ins and env-file) and tell the daemon
     /// to reload, which stops it; with --purge its credentials and its
@@ -457,7 +489,16 @@ fn main() -> ExitCode {
             headers,
             description,
             force,
+            oauth,
+            scope,
+            client_id,
+            redirect_port,
         } => {
+            let oauth = oauth.then(|| mcpd::adopt::hosts::HostOAuth {
+                client_id: client_id.clone(),
+                redirect_port: *redirect_port,
+                scope: scope.clone(),
+            });
             let options = mcpd::ctl::add::AddOptions {
                 name: name.clone(),
                 target: target.clone(),
@@ -466,6 +507,7 @@ fn main() -> ExitCode {
                 headers: headers.clone(),
                 description: description.clone(),
                 force: *force,
+                oauth,
             };
             Some(mcpd::ctl::add::add(
                 instance,
@@ -474,6 +516,13 @@ fn main() -> ExitCode {
                 &mut std::io::stdout().lock(),
             ))
         }
+        Command::Edit { name, full } => Some(mcpd::ctl::edit::edit(
+            instance,
+            name,
+            *full,
+            &env,
+            &mut std::io::stdout().lock(),
+        )),
         Command::Remove { name, purge } => Some(mcpd::ctl::add::remove(
             instance,
             name,
@@ -584,6 +633,7 @@ fn main() -> ExitCode {
             | Command::Completions { .. }
             | Command::Import { .. }
             | Command::Add { .. }
+            | Command::Edit { .. }
             | Command::Remove { .. }
             | Command::Connect { .. }
             | Command::Disconnect { .. }

@@ -36,6 +36,9 @@ pub struct AddOptions {
     pub description: Option<String>,
     /// Replace a unit of that name.
     pub force: bool,
+    /// The server needs a login (DESIGN §17): the unit gets `oauth { }`
+    /// with these keys, and `mcpctl auth login NAME` is the next step.
+    pub oauth: Option<crate::adopt::hosts::HostOAuth>,
 }
 
 /// `mcpctl add`: writes unit NAME, then tells the daemon to reload.
@@ -100,7 +103,11 @@ pub fn add(
         )
         .map_err(CtlError::output)?;
     }
-    reload(instance, out)
+    let code = reload(instance, out)?;
+    if made.login {
+        writeln!(out, "then: mcpctl auth login {name}").map_err(CtlError::output)?;
+    }
+    Ok(code)
 }
 
 /// What the entry runs or reaches, from the options.
@@ -125,6 +132,9 @@ fn server(options: &AddOptions) -> Result<Server, CtlError> {
         "stdio" => {
             if !options.headers.is_empty() {
                 return Err(bad("--header is for an HTTP server".into()));
+            }
+            if options.oauth.is_some() {
+                return Err(bad("--oauth is for an HTTP server".into()));
             }
             let Some((command, args)) = options.target.split_first() else {
                 return Err(bad("name the command to run: -- COMMAND ARG…".into()));
@@ -160,7 +170,7 @@ fn server(options: &AddOptions) -> Result<Server, CtlError> {
                 url: url.clone(),
                 sse: false,
                 headers,
-                oauth: None,
+                oauth: options.oauth.clone(),
             })
         }
         "sse" => Err(bad(
@@ -255,7 +265,7 @@ const PLAIN: Output = Output {
 
 /// Tells the daemon to reload and prints what changed; without a daemon,
 /// says the change applies when one starts.
-fn reload(instance: Instance, out: &mut dyn Write) -> Result<u8, CtlError> {
+pub(super) fn reload(instance: Instance, out: &mut dyn Write) -> Result<u8, CtlError> {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()

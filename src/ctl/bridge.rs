@@ -407,10 +407,17 @@ pub fn run(instance: Instance, name: &str) -> Result<u8, CtlError> {
                 Instance::User => "systemctl --user start mcpd",
                 Instance::System => "systemctl start mcpd",
             };
-            let message = format!(
-                "mcpd ({} instance) is not running: {why}, so server {name} cannot be reached; start it with `{fix}`",
-                instance.as_str()
-            );
+            let message = match runs_elsewhere(instance) {
+                Some(dir) => format!(
+                    "mcpd ({} instance) is not running where this bridge looked: {why}; it runs with runtime directory {dir}: set MCPD_RUNTIME_DIR={dir} in the host's entry for {name} (mcpctl connect writes it)",
+                    instance.as_str(),
+                    dir = dir.display()
+                ),
+                None => format!(
+                    "mcpd ({} instance) is not running: {why}, so server {name} cannot be reached; start it with `{fix}`",
+                    instance.as_str()
+                ),
+            };
             runtime()?.block_on(tell(&message, exit::FAILURE))
         }
         Err(Unserved::Refused(e)) => {
@@ -418,6 +425,24 @@ pub fn run(instance: Instance, name: &str) -> Result<u8, CtlError> {
             runtime()?.block_on(tell(&message, e.code))
         }
     }
+}
+
+/// The runtime directory of a daemon of `instance` that runs elsewhere than
+/// where this process looks (its state directory names it, and its attach
+/// socket is there).
+fn runs_elsewhere(instance: Instance) -> Option<std::path::PathBuf> {
+    let noted = instance
+        .state_dir()
+        .join(crate::unit::instance::RUNTIME_BREADCRUMB);
+    let bytes = std::fs::read(noted).ok()?;
+    use std::os::unix::ffi::OsStringExt;
+    use std::os::unix::fs::FileTypeExt;
+    let dir = std::path::PathBuf::from(std::ffi::OsString::from_vec(bytes));
+    if dir == instance.runtime_dir() {
+        return None;
+    }
+    let socket = std::fs::metadata(attach::socket(&dir)).ok()?;
+    socket.file_type().is_socket().then_some(dir)
 }
 
 /// How long a bridge waits for a daemon that is starting.

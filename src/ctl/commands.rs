@@ -684,11 +684,12 @@ async fn overview(client: &Client, output: Output, out: &mut dyn Write) -> Resul
         };
         writeln!(
             out,
-            "{} {:<width$}  {:<12}  {:>3} tools  {detail}",
+            "{} {:<width$}  {:<12}  {:>3} {:<5}  {detail}",
             dot(&r.state, output.color),
             r.name,
             r.state,
             r.tools,
+            crate::words::noun(r.tools as u64, "tool"),
         )
         .map_err(io)?;
     }
@@ -711,7 +712,8 @@ async fn overview(client: &Client, output: Output, out: &mut dyn Write) -> Resul
     if let Ok((true, exported, dropped)) = client.manager.telemetry().await {
         writeln!(
             out,
-            "Telemetry: {exported} spans exported, {dropped} dropped"
+            "Telemetry: {} exported, {dropped} dropped",
+            crate::words::count(exported, "span")
         )
         .map_err(io)?;
     }

@@ -7,6 +7,7 @@ pub mod bridge;
 pub mod client;
 pub mod commands;
 pub mod credential;
+pub mod edit;
 pub mod import;
 pub mod token;
 pub mod verify;

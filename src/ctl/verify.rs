@@ -137,7 +137,12 @@ pub fn run(
         writeln!(err, "mcpctl: no unit files (*.kdl) found")?;
     } else if summary.invalid > 0 {
         let total = summary.valid + summary.invalid;
-        writeln!(err, "mcpctl: {} of {total} units invalid", summary.invalid)?;
+        writeln!(
+            err,
+            "mcpctl: {} of {} invalid",
+            summary.invalid,
+            crate::words::count(total as u64, "unit")
+        )?;
     }
     Ok(summary)
 }

@@ -85,6 +85,7 @@ pub async fn run(
     let lock = lock::InstanceLock::acquire(config.instance, &config.runtime_dir)?;
     let settings_file = (config.settings.clone(), config.settings_given);
     let tokens_file = crate::tokens::path(&config.state_dir);
+    let state_dir = config.state_dir.clone();
     let mut settings = read_settings(&settings_file).map_err(RunError::Settings)?;
     log_settings(&settings_file, &settings);
     crate::telemetry::apply(settings.telemetry.clone());
@@ -153,6 +154,9 @@ pub async fn run(
         path: crate::mux::attach::socket(&runtime_dir),
         source,
     })?;
+    // Where this daemon's sockets are, for a bridge that looked elsewhere
+    // (a host entry without MCPD_RUNTIME_DIR) to name.
+    let breadcrumb = runtime_breadcrumb(&state_dir, &runtime_dir);
     // Sockets of `mcpd-http.socket` serve the endpoint even without an
     // `http` section (with its defaults).
     let activated = activation::http_listeners();
@@ -277,6 +281,11 @@ pub async fn run(
     crate::supervisor::credentials::close(&credentials_dir);
     crate::supervisor::accounting::flush_log();
     crate::telemetry::apply(None);
+    if let Some(path) = breadcrumb
+        && std::fs::read(&path).is_ok_and(|b| b == runtime_dir.as_os_str().as_encoded_bytes())
+    {
+        let _ = std::fs::remove_file(&path);
+    }
     tracing::info!(target: "mcpd::daemon", "stopped");
     drop(lock);
     Ok(())
@@ -382,13 +391,31 @@ fn publish(shared: &crate::model::Shared, registry: &Registry) {
     shared.publish(units);
 }
 
+/// The file in the state directory that names the runtime directory of
+/// the running daemon ([`crate::unit::instance::RUNTIME_BREADCRUMB`]),
+/// written once its sockets are bound; none if it cannot be written.
+fn runtime_breadcrumb(
+    state_dir: &std::path::Path,
+    runtime_dir: &std::path::Path,
+) -> Option<std::path::PathBuf> {
+    let path = state_dir.join(crate::unit::instance::RUNTIME_BREADCRUMB);
+    let written = std::fs::create_dir_all(state_dir)
+        .map_err(|e| e.to_string())
+        .and_then(|()| {
+            crate::files::write_atomically(&path, runtime_dir.as_os_str().as_encoded_bytes(), 0o600)
+        });
+    match written {
+        Ok(()) => Some(path),
+        Err(e) => {
+            tracing::debug!(target: "mcpd::daemon", "cannot note the runtime directory: {e}");
+            None
+        }
+    }
+}
+
 /// "1 unit", "2 units".
 fn count(n: usize, noun: &str) -> String {
-    if n == 1 {
-        format!("1 {noun}")
-    } else {
-        format!("{n} {noun}s")
-    }
+    crate::words::count(n as u64, noun)
 }
 
 /// The directory sandboxed servers' private temp directories go in

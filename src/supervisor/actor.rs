@@ -974,7 +974,7 @@ impl Actor {
         }
         match view.state {
             State::Running => {
-                let tools = view.tools.len();
+                let tools = crate::words::count(view.tools.len() as u64, "tool");
                 let pid = view
                     .main_pid
                     .map(|p| format!("pid {p}, "))
@@ -984,9 +984,9 @@ impl Actor {
                         1 => "1 retry".to_owned(),
                         n => format!("{n} retries"),
                     };
-                    tracing::info!(target: "mcpd::supervisor", mcpd_server = %name, generation, "running again ({pid}{tools} tools) after {retries}");
+                    tracing::info!(target: "mcpd::supervisor", mcpd_server = %name, generation, "running again ({pid}{tools}) after {retries}");
                 } else {
-                    tracing::info!(target: "mcpd::supervisor", mcpd_server = %name, generation, "running ({pid}{tools} tools)");
+                    tracing::info!(target: "mcpd::supervisor", mcpd_server = %name, generation, "running ({pid}{tools})");
                 }
             }
             State::Retrying | State::Reconnecting => match view.retry_delay {

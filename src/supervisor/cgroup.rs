@@ -267,8 +267,9 @@ impl Cgroup {
         if left > 0 {
             self.kill();
             return Err(format!(
-                "cgroup {} still had {left} processes; killed them, not starting beside them",
-                self.dir.display()
+                "cgroup {} still had {}; killed them, not starting beside them",
+                self.dir.display(),
+                crate::words::count(left as u64, "process")
             ));
         }
         let dir = rustix::fs::open(

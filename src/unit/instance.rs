@@ -143,6 +143,11 @@ pub fn runtime_dir(
     }
 }
 
+/// The file in an instance's state directory naming the runtime directory
+/// of its running daemon, so that a bridge that found no daemon where it
+/// looked can say where one runs.
+pub const RUNTIME_BREADCRUMB: &str = "runtime-dir";
+
 /// `/var/lib/mcpd` for the system instance; `$XDG_STATE_HOME/mcpd` (else
 /// `~/.local/state/mcpd`) for a user instance. systemd's
 /// `$STATE_DIRECTORY` (from `StateDirectory=mcpd`, its first entry) wins

@@ -610,3 +610,26 @@ fn status_shows_health_and_a_flooding_server_is_rate_limited() {
     assert!(off.contains("\n     Health: off\n"), "{off}");
     assert!(d.stop(Signal::TERM).success());
 }
+
+/// One tool is "1 tool": in the daemon's log (which `status NAME` shows)
+/// and in the overview.
+#[test]
+fn one_tool_is_one_tool() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    std::fs::write(
+        tmp.path().join("one.kdl"),
+        "description \"One\"\nstdio {\n    command \"mcp-fixture\" \"--chatter\" \"0\"\n}\ntools {\n    allow \"echo\"\n}\n",
+    )
+    .expect("write");
+    let mut d = Daemon::user_no_bus(tmp.path(), &[]);
+    let line = d.wait_for("running (pid");
+    assert!(line.contains(", 1 tool)"), "{line}");
+    let runtime = d.runtime_dir().expect("runtime").to_owned();
+    let out = mcpctl_user(&runtime, &["status"]);
+    let overview = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        overview.contains("● one  running         1 tool   One"),
+        "{overview}"
+    );
+    assert!(d.stop(Signal::TERM).success());
+}

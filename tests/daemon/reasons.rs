@@ -216,3 +216,64 @@ fn a_host_is_told_at_once_why_its_server_cannot_serve() {
         ],
     );
 }
+
+/// A host entry without MCPD_RUNTIME_DIR, its bridge started where the
+/// daemon's runtime directory is not: the answer to `initialize` says
+/// where it looked and where the daemon runs.
+#[test]
+fn a_bridge_that_looked_elsewhere_names_where_mcpd_runs() {
+    use std::io::Write as _;
+    let units = tempfile::tempdir().expect("units");
+    let state = tempfile::tempdir().expect("state");
+    let runtime = tempfile::tempdir().expect("runtime");
+    let other = tempfile::tempdir().expect("other runtime");
+    std::fs::write(
+        units.path().join("demo.kdl"),
+        "stdio {\n    command \"mcp-fixture\" \"--chatter\" \"0\"\n}\n",
+    )
+    .expect("unit");
+    let mut d = Daemon::user_no_bus(
+        units.path(),
+        &[
+            ("XDG_RUNTIME_DIR", runtime.path().as_os_str()),
+            ("MCPD_STATE_DIR", state.path().as_os_str()),
+        ],
+    );
+    d.wait_for("started 1 unit");
+    let mut bridge = crate::helper::mcpctl()
+        .args(["--user", "bridge", "demo"])
+        .env("XDG_RUNTIME_DIR", other.path())
+        .env("MCPD_STATE_DIR", state.path())
+        .env_remove("MCPD_RUNTIME_DIR")
+        .env_remove("DBUS_SESSION_BUS_ADDRESS")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("bridge");
+    bridge
+        .stdin
+        .take()
+        .expect("stdin")
+        .write_all(b"{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"initialize\",\"params\":{\"protocolVersion\":\"2025-06-18\",\"capabilities\":{},\"clientInfo\":{\"name\":\"h\",\"version\":\"1\"}}}\n")
+        .expect("write");
+    let out = bridge.wait_with_output().expect("bridge output");
+    let answer: Value =
+        serde_json::from_slice(out.stdout.split(|b| *b == b'\n').next().expect("a line"))
+            .expect("JSON");
+    let message = answer["error"]["message"].as_str().unwrap_or_default();
+    let looked = other.path().join("mcpd/attach");
+    let runs = runtime.path().join("mcpd");
+    assert!(
+        message.contains(&format!("no socket at {}", looked.display())),
+        "{message}"
+    );
+    assert!(
+        message.contains(&format!("MCPD_RUNTIME_DIR={}", runs.display())),
+        "{message}"
+    );
+    let (status, _) = d.stop_logged(Signal::TERM);
+    assert!(status.success());
+    // Gone with the daemon: a later bridge does not send hosts to it.
+    assert!(!state.path().join("runtime-dir").exists());
+}

@@ -25,6 +25,10 @@ fn every_shipped_unit_verifies() {
     );
     // each file on its own, then the whole tree at once
     for file in &files {
+        // Paths in units are absolute: a home is the placeholder
+        // /home/USER, never root's (whose server would run as root).
+        let text = fs::read_to_string(file).expect("read");
+        assert!(!text.contains("/root"), "{} names /root", file.display());
         let out = run(mcpctl().arg("verify").arg(file));
         assert!(
             out.status.success(),
@@ -153,7 +157,7 @@ fn user_and_system_add_that_instances_rules() {
     assert!(
         err.contains("a user instance runs every server as its own user")
             && err.contains(&format!("{}:3:10", file.display()))
-            && err.contains("1 of 1 units invalid"),
+            && err.contains("1 of 1 unit invalid"),
         "{err}"
     );
     // naming yourself is what a user instance does anyway
