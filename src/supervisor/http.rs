@@ -34,7 +34,17 @@ pub fn connect_with(
 ) -> Wire {
     let config = StreamableHttpClientTransportConfig::with_uri(url).custom_headers(headers);
     let transport = StreamableHttpClientTransport::with_client(client, config);
-    wire(transport, http_error_text)
+    wire(transport, oauth_error_text)
+}
+
+/// [`http_error_text`], and a `401` that rmcp's one refresh did not mend
+/// as [`TOKEN_REFUSED`](super::oauth::TOKEN_REFUSED): the unit needs a
+/// login, not a retry.
+fn oauth_error_text(error: &StreamableHttpError<reqwest::Error>) -> String {
+    match error {
+        StreamableHttpError::AuthRequired(_) => super::oauth::TOKEN_REFUSED.to_owned(),
+        other => http_error_text(other),
+    }
 }
 
 /// What went wrong in an HTTP request, without rmcp's wrapper type names.

@@ -127,6 +127,11 @@ impl Summary {
 pub struct FileStore {
     path: PathBuf,
     summary: watch::Sender<Summary>,
+    /// When the access token held was received and how long it lives (as
+    /// the file says): what [`keep_fresh`] schedules by.
+    lifetime: Arc<std::sync::Mutex<Option<(SystemTime, Duration)>>>,
+    /// Held through a refresh (rmcp's refresh guard).
+    refreshing: Arc<Mutex<()>>,
 }
 
 impl std::fmt::Debug for FileStore {
@@ -179,6 +184,9 @@ impl FileStore {
     }
 
     fn publish(&self, stored: Option<&StoredCredentials>) {
+        if let Ok(mut lifetime) = self.lifetime.lock() {
+            *lifetime = lifetime_of(stored);
+        }
         let mut summary = Summary::of(stored);
         // A failed login's error stays until a token is held again.
         if !summary.logged_in {
@@ -194,12 +202,33 @@ impl FileStore {
 
 #[async_trait::async_trait]
 impl CredentialStore for FileStore {
+    /// The tokens as rmcp's manager sees them: without their expiry, so
+    /// it never refreshes on its own 30 s before it (DESIGN §17: the
+    /// unit's [`keep_fresh`] refreshes at ¾ of the lifetime; rmcp still
+    /// refreshes on a `401`).
     async fn load(&self) -> Result<Option<StoredCredentials>, AuthError> {
         let path = self.path.clone();
-        tokio::task::spawn_blocking(move || Self::read(&path))
+        let stored = tokio::task::spawn_blocking(move || Self::read(&path))
             .await
             .map_err(store_error)?
-            .map_err(store_error)
+            .map_err(store_error)?;
+        Ok(stored.map(|mut stored| {
+            if let Some(token) = stored.token_response.as_mut() {
+                token.set_expires_in(None);
+            }
+            stored
+        }))
+    }
+
+    /// One refresh at a time per unit, whoever asks (the unit's
+    /// [`keep_fresh`], a request's refresh on a `401`).
+    async fn acquire_refresh_guard(
+        &self,
+    ) -> Result<Option<rmcp::transport::auth::CredentialRefreshGuard>, AuthError> {
+        let guard = Arc::clone(&self.refreshing).lock_owned().await;
+        Ok(Some(rmcp::transport::auth::CredentialRefreshGuard::new(
+            guard,
+        )))
     }
 
     async fn save(&self, credentials: StoredCredentials) -> Result<(), AuthError> {
@@ -278,7 +307,15 @@ pub struct Login {
     /// The unit's client, once a connect built it: shared by its
     /// generations, so refreshes are one at a time.
     client: Mutex<Option<AuthClient<reqwest::Client>>>,
+    /// The task that keeps that client's token fresh ([`keep_fresh`]).
+    refresher: std::sync::Mutex<Option<tokio::task::AbortHandle>>,
     pending: Mutex<Option<Pending>>,
+}
+
+impl Drop for Login {
+    fn drop(&mut self) {
+        self.stop_refresher();
+    }
 }
 
 impl std::fmt::Debug for Login {
@@ -330,13 +367,20 @@ impl Login {
         // Small, and read once per unit and daemon start.
         let stored = FileStore::read(&path).ok().flatten();
         let (summary, _) = watch::channel(Summary::of(stored.as_ref()));
+        let lifetime = Arc::new(std::sync::Mutex::new(lifetime_of(stored.as_ref())));
         Arc::new(Self {
             name: name.to_owned(),
             url: url.clone(),
             spec: spec.clone(),
             metadata_url,
-            store: FileStore { path, summary },
+            store: FileStore {
+                path,
+                summary,
+                lifetime,
+                refreshing: Arc::default(),
+            },
             client: Mutex::new(None),
+            refresher: std::sync::Mutex::new(None),
             pending: Mutex::new(None),
         })
     }
@@ -426,6 +470,7 @@ impl Login {
                 }
                 let client = AuthClient::new(reqwest::Client::new(), manager);
                 *slot = Some(client.clone());
+                self.start_refresher(&client);
                 client
             }
         };
@@ -437,6 +482,7 @@ impl Login {
             Ok(Ok(_)) => Ok(client),
             Ok(Err(AuthError::AuthorizationRequired)) => {
                 *self.client.lock().await = None;
+                self.stop_refresher();
                 Err(LoginError::Needed)
             }
             Ok(Err(e)) => Err(LoginError::Failed(describe(&e))),
@@ -581,6 +627,7 @@ impl Login {
             *slot = None;
             // The next connect builds a client with the new tokens.
             *self.client.lock().await = None;
+            self.stop_refresher();
         }
         self.note(result.as_ref().err().map(ToString::to_string));
         result
@@ -628,6 +675,7 @@ impl Login {
     pub async fn logout(&self) -> Result<(), LoginError> {
         *self.pending.lock().await = None;
         *self.client.lock().await = None;
+        self.stop_refresher();
         self.note(None);
         self.store
             .clear()
@@ -662,4 +710,151 @@ fn check_endpoints(
         }
     }
     Ok(())
+}
+
+// The token's lifetime (DESIGN §17): refreshed by the unit at ¾ of it,
+// transient failures retried with a backoff of their own.
+
+/// The longest wait between two attempts of a failing refresh.
+pub const REFRESH_BACKOFF_MAX: Duration = Duration::from_secs(60);
+
+/// What a login shows when the server refused a token just refreshed.
+pub const TOKEN_REFUSED: &str =
+    "the server refused the token after a refresh (401 invalid_token): log in again";
+
+/// When the stored access token was received and how long it lives.
+fn lifetime_of(stored: Option<&StoredCredentials>) -> Option<(SystemTime, Duration)> {
+    let stored = stored?;
+    let token = serde_json::to_value(stored.token_response.as_ref()?).ok()?;
+    let lifetime = Duration::from_secs(token["expires_in"].as_u64()?);
+    let at = SystemTime::UNIX_EPOCH + Duration::from_secs(stored.token_received_at?);
+    Some((at, lifetime))
+}
+
+/// When to refresh a token received `at` that lives `lifetime`: at ¾ of it.
+pub fn refresh_due(at: SystemTime, lifetime: Duration) -> SystemTime {
+    at + lifetime * 3 / 4
+}
+
+/// The wait after the `failures`th failed refresh in a row, `left` before
+/// the token expires: doubling from 1 s up to [`REFRESH_BACKOFF_MAX`], and
+/// while the token is still good at most half of what is left of it (so a
+/// short outage is over before it expires).
+pub fn refresh_backoff(failures: u32, left: Duration) -> Duration {
+    let doubling = Duration::from_secs(1u64 << failures.saturating_sub(1).min(6));
+    let wait = doubling.min(REFRESH_BACKOFF_MAX);
+    if left.is_zero() {
+        wait
+    } else {
+        wait.min((left / 2).max(Duration::from_secs(1)))
+    }
+}
+
+impl Login {
+    fn start_refresher(&self, client: &AuthClient<reqwest::Client>) {
+        let task = tokio::spawn(keep_fresh(
+            self.name.clone(),
+            client.clone(),
+            self.store.clone(),
+        ));
+        if let Ok(mut slot) = self.refresher.lock()
+            && let Some(old) = slot.replace(task.abort_handle())
+        {
+            old.abort();
+        }
+    }
+
+    fn stop_refresher(&self) {
+        if let Ok(mut slot) = self.refresher.lock()
+            && let Some(task) = slot.take()
+        {
+            task.abort();
+        }
+    }
+
+    /// The server refused a token just refreshed: the unit needs a login
+    /// (the tokens stay on disk: a refresh token is dropped only on
+    /// `invalid_grant`).
+    pub async fn refused(&self) {
+        *self.client.lock().await = None;
+        self.stop_refresher();
+        self.store.summary.send_if_modified(|s| {
+            let changed = s.logged_in || s.error.as_deref() != Some(TOKEN_REFUSED);
+            s.logged_in = false;
+            s.error = Some(TOKEN_REFUSED.into());
+            changed
+        });
+    }
+}
+
+/// Keeps unit `name`'s token fresh: refreshes it at ¾ of its lifetime
+/// through the unit's client (whose manager's lock makes requests wait
+/// for the refresh, within [`REQUEST_TIMEOUT`]), retries a transient
+/// failure with [`refresh_backoff`] (no restart budget spent, no login
+/// asked for) and ends when the authorization server refuses the refresh
+/// token (`invalid_grant`: the unit needs a login) or there is no expiry
+/// to schedule by.
+async fn keep_fresh(name: String, client: AuthClient<reqwest::Client>, store: FileStore) {
+    let mut failures = 0u32;
+    loop {
+        let Some((at, lifetime)) = store.lifetime.lock().ok().and_then(|l| *l) else {
+            return;
+        };
+        let left = (at + lifetime)
+            .duration_since(SystemTime::now())
+            .unwrap_or_default();
+        let wait = if failures == 0 {
+            refresh_due(at, lifetime)
+                .duration_since(SystemTime::now())
+                .unwrap_or_default()
+        } else {
+            refresh_backoff(failures, left)
+        };
+        tokio::time::sleep(wait).await;
+        let refreshed = tokio::time::timeout(REQUEST_TIMEOUT, async {
+            let manager = client.auth_manager.lock().await;
+            manager.refresh_token().await.map(drop)
+        })
+        .await;
+        let error = match refreshed {
+            Ok(Ok(())) => {
+                tracing::debug!(target: "mcpd::supervisor", mcpd_server = %name, "refreshed its token");
+                failures = 0;
+                continue;
+            }
+            Ok(Err(
+                e @ (AuthError::TokenRefreshRejected(_) | AuthError::AuthorizationRequired),
+            )) => {
+                let why = if matches!(e, AuthError::AuthorizationRequired) {
+                    // No refresh token: the access token serves to its end.
+                    tokio::time::sleep(left).await;
+                    "the access token expired and the authorization server gave no refresh token"
+                        .to_owned()
+                } else {
+                    format!(
+                        "the authorization server refused the refresh token: {}",
+                        describe(&e)
+                    )
+                };
+                tracing::warn!(target: "mcpd::supervisor", mcpd_server = %name, "{why}");
+                store.summary.send_if_modified(|s| {
+                    s.logged_in = false;
+                    s.error = Some(why);
+                    true
+                });
+                return;
+            }
+            Ok(Err(e)) => describe(&e),
+            Err(_) => format!("no answer within {REQUEST_TIMEOUT:?}"),
+        };
+        failures = failures.saturating_add(1);
+        let left = (at + lifetime)
+            .duration_since(SystemTime::now())
+            .unwrap_or_default();
+        tracing::warn!(
+            target: "mcpd::supervisor", mcpd_server = %name,
+            "token refresh failed ({error}); retry in {}",
+            humantime::format_duration(refresh_backoff(failures, left))
+        );
+    }
 }
