@@ -506,9 +506,7 @@ impl Login {
         }
         let begun = tokio::time::timeout(REQUEST_TIMEOUT, self.start(redirect_uri, secret)).await;
         let session = match begun {
-            Err(_) => Err(LoginError::Failed(format!(
-                "the authorization server did not answer within {REQUEST_TIMEOUT:?}"
-            ))),
+            Err(_) => Err(LoginError::Failed(self.no_answer().await)),
             Ok(result) => result,
         };
         let session = match session {
@@ -715,6 +713,11 @@ fn check_endpoints(
 // The token's lifetime (DESIGN §17): refreshed by the unit at ¾ of it,
 // transient failures retried with a backoff of their own.
 
+/// The bound on one refresh by [`keep_fresh`]: the unit's requests wait
+/// for it no longer, and go on with the token they have (a quarter of its
+/// lifetime is left).
+pub const REFRESH_TIMEOUT: Duration = Duration::from_secs(10);
+
 /// The longest wait between two attempts of a failing refresh.
 pub const REFRESH_BACKOFF_MAX: Duration = Duration::from_secs(60);
 
@@ -789,7 +792,7 @@ impl Login {
 
 /// Keeps unit `name`'s token fresh: refreshes it at ¾ of its lifetime
 /// through the unit's client (whose manager's lock makes requests wait
-/// for the refresh, within [`REQUEST_TIMEOUT`]), retries a transient
+/// for the refresh, within [`REFRESH_TIMEOUT`]), retries a transient
 /// failure with [`refresh_backoff`] (no restart budget spent, no login
 /// asked for) and ends when the authorization server refuses the refresh
 /// token (`invalid_grant`: the unit needs a login) or there is no expiry
@@ -811,7 +814,7 @@ async fn keep_fresh(name: String, client: AuthClient<reqwest::Client>, store: Fi
             refresh_backoff(failures, left)
         };
         tokio::time::sleep(wait).await;
-        let refreshed = tokio::time::timeout(REQUEST_TIMEOUT, async {
+        let refreshed = tokio::time::timeout(REFRESH_TIMEOUT, async {
             let manager = client.auth_manager.lock().await;
             manager.refresh_token().await.map(drop)
         })
@@ -845,7 +848,7 @@ async fn keep_fresh(name: String, client: AuthClient<reqwest::Client>, store: Fi
                 return;
             }
             Ok(Err(e)) => describe(&e),
-            Err(_) => format!("no answer within {REQUEST_TIMEOUT:?}"),
+            Err(_) => format!("no answer within {REFRESH_TIMEOUT:?}"),
         };
         failures = failures.saturating_add(1);
         let left = (at + lifetime)
@@ -856,5 +859,63 @@ async fn keep_fresh(name: String, client: AuthClient<reqwest::Client>, store: Fi
             "token refresh failed ({error}); retry in {}",
             humantime::format_duration(refresh_backoff(failures, left))
         );
+    }
+}
+
+/// How long [`Login::no_answer`] looks for the authorization server's name.
+const NAMING_TIMEOUT: Duration = Duration::from_secs(5);
+/// The most of a metadata document read for that name.
+const MAX_METADATA: usize = 64 << 10;
+
+impl Login {
+    /// Why a login's start timed out, naming the authorization server the
+    /// server's protected resource metadata names (looked up again,
+    /// briefly), else the server.
+    async fn no_answer(&self) -> String {
+        match tokio::time::timeout(NAMING_TIMEOUT, self.authorization_server()).await {
+            Ok(Some(server)) => format!(
+                "the authorization server {server} did not answer within {REQUEST_TIMEOUT:?}"
+            ),
+            _ => format!(
+                "the authorization server of {} did not answer within {REQUEST_TIMEOUT:?}",
+                self.url
+            ),
+        }
+    }
+
+    /// The first authorization server of the server's protected resource
+    /// metadata (from its 401's `resource_metadata`, else the well-known
+    /// URI).
+    async fn authorization_server(&self) -> Option<String> {
+        let http = reqwest::Client::builder()
+            .timeout(NAMING_TIMEOUT)
+            .redirect(reqwest::redirect::Policy::none())
+            .build()
+            .ok()?;
+        let named = self.challenge().await.and_then(|h| {
+            rmcp::transport::auth::WWWAuthenticateParams::parse(&h, &self.url).resource_metadata_url
+        });
+        let metadata = match named {
+            Some(url) => url,
+            None => {
+                let mut url = self.url.clone();
+                let path = url.path().trim_end_matches('/').to_owned();
+                url.set_path(&format!("/.well-known/oauth-protected-resource{path}"));
+                url.set_query(None);
+                url
+            }
+        };
+        let mut response = http.get(metadata).send().await.ok()?;
+        let mut body = Vec::new();
+        while let Some(chunk) = response.chunk().await.ok()? {
+            body.extend_from_slice(&chunk);
+            if body.len() > MAX_METADATA {
+                return None;
+            }
+        }
+        let document: serde_json::Value = serde_json::from_slice(&body).ok()?;
+        document["authorization_servers"][0]
+            .as_str()
+            .map(str::to_owned)
     }
 }

@@ -334,7 +334,12 @@ urllib.request.urlopen(target, timeout=30).read()
 /// `mcpctl auth login fk --no-browser` with the browser `follow`; its
 /// output (exit status, stderr).
 fn login_fk(runtime: &Path, state: Option<&str>) -> (Option<i32>, String) {
-    let mut mcpctl = mcpctl_user_command(runtime, &["auth", "login", "fk", "--no-browser"])
+    login_to(runtime, "fk", state)
+}
+
+/// [`login_fk`] for unit `name`.
+fn login_to(runtime: &Path, name: &str, state: Option<&str>) -> (Option<i32>, String) {
+    let mut mcpctl = mcpctl_user_command(runtime, &["auth", "login", name, "--no-browser"])
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -665,4 +670,97 @@ fn a_refused_refresh_token_or_a_refused_fresh_token_is_a_login_not_a_retry() {
         "no retry: {:#?}",
         daemon.seen
     );
+}
+
+/// How long `mcpctl ARGS` takes; it must succeed.
+fn timed(runtime: &Path, args: &[&str]) -> std::time::Duration {
+    let began = std::time::Instant::now();
+    let out = mcpctl_user(runtime, args);
+    assert!(
+        out.status.success(),
+        "mcpctl {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    began.elapsed()
+}
+
+#[test]
+fn a_hung_authorization_server_blocks_neither_status_nor_another_unit() {
+    let (pa, pb) = (free_port(), free_port());
+    let mut fake_a = fake_living(pa, 6);
+    let printed = Printed::of(&mut fake_a);
+    let _fake_b = fake_living(pb, 3600);
+    let units = tempfile::tempdir().expect("units");
+    for (name, port) in [("fa", pa), ("fb", pb)] {
+        std::fs::write(
+            units.path().join(format!("{name}.kdl")),
+            format!("http \"http://localhost:{port}/mcp\" {{\n    oauth\n}}\n"),
+        )
+        .expect("unit");
+    }
+    let runtime = tempfile::tempdir().expect("runtime");
+    let state = tempfile::tempdir().expect("state");
+    let rt = runtime.path();
+    let mut daemon = Daemon::user_no_bus(
+        units.path(),
+        &[
+            ("XDG_RUNTIME_DIR", rt.as_os_str()),
+            ("MCPD_STATE_DIR", state.path().as_os_str()),
+        ],
+    );
+    daemon.wait_for("server fb needs a login");
+    for name in ["fa", "fb"] {
+        assert_eq!(login_to(rt, name, None), (Some(0), String::new()));
+        eventually(format!("{name} to run"), BOUND, || {
+            state_of(rt, name) == "running"
+        });
+    }
+    // What a host and mcpctl may wait, loaded as this machine may be: far
+    // below the authorization server's bounds (10 s, 30 s).
+    let normal = std::time::Duration::from_secs(5);
+    let answered = |what: &str| {
+        for args in [
+            &["status"][..],
+            &["status", "fa"][..],
+            &["call", "fb", "whoami", "{}"][..],
+        ] {
+            let took = timed(rt, args);
+            assert!(took < normal, "{what}: mcpctl {args:?} took {took:?}");
+        }
+    };
+    answered("before");
+
+    // fa's authorization server accepts and never answers: its refresh
+    // (at 4.5 s) hangs.
+    control(pa, "hang");
+    printed.wait("hang /token", 1, BOUND);
+    answered("during fa's refresh");
+
+    // fa's login hangs on the authorization server's metadata.
+    let began = std::time::Instant::now();
+    let login = {
+        let rt = rt.to_owned();
+        std::thread::spawn(move || login_to(&rt, "fa", None))
+    };
+    printed.wait("hang /.well-known/oauth-authorization-server", 1, BOUND);
+    while !login.is_finished() {
+        answered("during fa's login");
+        if began.elapsed() > std::time::Duration::from_secs(20) {
+            break;
+        }
+    }
+    let (code, stderr) = login.join().expect("login");
+    let took = began.elapsed();
+    assert_eq!(code, Some(1), "{stderr}");
+    assert!(
+        stderr.contains(&format!(
+            "login to fa failed: the authorization server http://localhost:{pa}/ did not answer within 30s"
+        )),
+        "{stderr}"
+    );
+    assert!(
+        took < std::time::Duration::from_secs(50),
+        "the login took {took:?}"
+    );
+    answered("after");
 }

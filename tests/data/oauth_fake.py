@@ -17,7 +17,8 @@ one word sets how the authorization server behaves from then on: `ok`,
 `503` (the token endpoint answers 503), `unavailable` (400
 `temporarily_unavailable`), `invalid_grant` (every refresh token refused),
 `reject` (the MCP server refuses every token with 401 `invalid_token`),
-`hang` (the authorization server's endpoints accept and never answer),
+`hang` (the authorization server's endpoints accept and never answer,
+printing `hang PATH`),
 `revoke-fails` (the revocation endpoint answers 503). Each revocation
 (RFC 7009, advertised as `revocation_endpoint`) prints `revoke HINT TOKEN`.
 """
@@ -64,6 +65,7 @@ class Handler(BaseHTTPRequestHandler):
 
     def hang(self):
         if control[0] == "hang":
+            print(f"hang {urllib.parse.urlparse(self.path).path}", flush=True)
             time.sleep(3600)
 
     def do_GET(self):
