@@ -601,21 +601,34 @@ impl Server {
         Ok(())
     }
 
-    /// Forgets the unit's login: its tokens are removed and the unit
-    /// restarts into `needs-login`.
+    /// Forgets the unit's login: its tokens are revoked where the
+    /// authorization server offers it (RFC 7009, bounded), removed
+    /// whatever came of that, and the unit restarts into `needs-login`.
+    /// Returns what became of the revocation (empty when not offered).
     async fn auth_logout(
         &self,
         #[zbus(header)] header: Header<'_>,
         #[zbus(connection)] conn: &Connection,
-    ) -> Result<(), Error> {
+    ) -> Result<String, Error> {
         authorize(&self.shared, conn, &header).await?;
         let login = self.login()?;
-        login
-            .logout()
-            .await
-            .map_err(|e| Error::AuthFailed(format!("logout of {} failed: {e}", self.name)))?;
-        self.supervisor()?.restart();
-        Ok(())
+        let supervisor = self.supervisor()?;
+        let restart = supervisor.clone();
+        let note = off_the_bus(async move {
+            let secret = tokio::task::spawn_blocking(move || supervisor.client_secret())
+                .await
+                .map_err(|e| e.to_string())?
+                .ok()
+                .flatten();
+            login
+                .logout_revoking(secret)
+                .await
+                .map_err(|e| e.to_string())
+        })
+        .await
+        .map_err(|e| Error::AuthFailed(format!("logout of {} failed: {e}", self.name)))?;
+        restart.restart();
+        Ok(note)
     }
 
     /// The unit's login (DESIGN §17): empty for a unit without `oauth`,
@@ -1102,7 +1115,7 @@ pub mod client {
         fn list_instances(&self) -> Result<String, Error>;
         fn auth_begin(&self, redirect_uri: &str) -> Result<String, Error>;
         fn auth_complete(&self, redirect_url: &str) -> Result<(), Error>;
-        fn auth_logout(&self) -> Result<(), Error>;
+        fn auth_logout(&self) -> Result<String, Error>;
         #[zbus(property)]
         fn auth(&self) -> Result<String, Error>;
         #[zbus(property, name = "AuthExpiresUSec")]

@@ -670,6 +670,7 @@ impl Login {
     }
 
     /// Forgets the login: its tokens, its client, a login under way.
+    /// [`Login::logout_revoking`] revokes them first.
     pub async fn logout(&self) -> Result<(), LoginError> {
         *self.pending.lock().await = None;
         *self.client.lock().await = None;
@@ -917,5 +918,116 @@ impl Login {
         document["authorization_servers"][0]
             .as_str()
             .map(str::to_owned)
+    }
+}
+
+// Logout revokes (RFC 7009) where the authorization server offers it.
+
+/// The bound on a logout's revocation as a whole (discovery and both
+/// requests): past it the tokens are forgotten here all the same.
+pub const REVOKE_TIMEOUT: Duration = Duration::from_secs(10);
+
+impl Login {
+    /// Revokes the login's tokens where the authorization server
+    /// advertises `revocation_endpoint` (the refresh token, then the
+    /// access token; within [`REVOKE_TIMEOUT`]), then forgets them
+    /// whatever came of it. Returns what became of the revocation, for the
+    /// caller to say: `their tokens were revoked`, or why not.
+    pub async fn logout_revoking(&self, secret: Option<String>) -> Result<String, LoginError> {
+        let path = self.store.path.clone();
+        let stored = tokio::task::spawn_blocking(move || FileStore::read(&path))
+            .await
+            .ok()
+            .and_then(Result::ok)
+            .flatten();
+        let revoked = match stored {
+            Some(stored) if stored.token_response.is_some() => Some(
+                tokio::time::timeout(REVOKE_TIMEOUT, self.revoke(&stored, secret))
+                    .await
+                    .unwrap_or_else(|_| {
+                        Err(format!(
+                            "the authorization server did not answer within {REVOKE_TIMEOUT:?}"
+                        ))
+                    }),
+            ),
+            _ => None,
+        };
+        self.logout().await?;
+        Ok(match revoked {
+            None | Some(Ok(false)) => String::new(),
+            Some(Ok(true)) => "its tokens were revoked".into(),
+            Some(Err(e)) => {
+                tracing::warn!(target: "mcpd::supervisor", mcpd_server = %self.name, "logout: the tokens were not revoked: {e}");
+                format!("its tokens were forgotten here but not revoked: {e}")
+            }
+        })
+    }
+
+    /// Revokes `stored`'s refresh token, then its access token: whether
+    /// the authorization server offers revocation.
+    async fn revoke(
+        &self,
+        stored: &StoredCredentials,
+        secret: Option<String>,
+    ) -> Result<bool, String> {
+        let manager = self.manager().await.map_err(|e| e.to_string())?;
+        let metadata = manager.resolve_metadata().await.map_err(|e| describe(&e))?;
+        let Some(endpoint) = metadata
+            .metadata
+            .additional_fields
+            .get("revocation_endpoint")
+            .and_then(|v| v.as_str())
+        else {
+            return Ok(false);
+        };
+        let url = url::Url::parse(endpoint)
+            .map_err(|e| format!("revocation_endpoint {endpoint} is not a URL ({e})"))?;
+        if !(url.scheme() == "https"
+            || url.scheme() == "http" && crate::unit::spec::is_loopback_host(&url))
+        {
+            return Err(format!(
+                "revocation_endpoint {endpoint} is not https:// (plain http:// only to a loopback address)"
+            ));
+        }
+        let token =
+            serde_json::to_value(stored.token_response.as_ref()).map_err(|e| e.to_string())?;
+        let http = reqwest::Client::builder()
+            .timeout(REVOKE_TIMEOUT)
+            .redirect(reqwest::redirect::Policy::none())
+            .build()
+            .map_err(|e| e.to_string())?;
+        for hint in ["refresh_token", "access_token"] {
+            let Some(value) = token[hint].as_str() else {
+                continue;
+            };
+            let body = {
+                let mut form = url::form_urlencoded::Serializer::new(String::new());
+                form.append_pair("token", value)
+                    .append_pair("token_type_hint", hint);
+                if secret.is_none() {
+                    form.append_pair("client_id", &stored.client_id);
+                }
+                form.finish()
+            };
+            let mut request = http
+                .post(url.clone())
+                .header("content-type", "application/x-www-form-urlencoded");
+            if let Some(secret) = &secret {
+                request = request.basic_auth(&stored.client_id, Some(secret));
+            }
+            let answer = request
+                .body(body)
+                .send()
+                .await
+                .map_err(|e| format!("{endpoint}: {}", crate::mux::wire::error_chain(&e)))?;
+            if !answer.status().is_success() {
+                return Err(format!(
+                    "{endpoint} answered {} to the {}",
+                    answer.status(),
+                    hint.replace('_', " ")
+                ));
+            }
+        }
+        Ok(true)
     }
 }
