@@ -839,3 +839,70 @@ fn logout_revokes_the_tokens_and_forgets_them_even_when_revocation_fails() {
     assert!(said.ends_with("did not answer within 10s."), "{said}");
     assert!(began.elapsed() < std::time::Duration::from_secs(25));
 }
+
+#[test]
+fn no_token_is_in_the_log_even_at_trace() {
+    let port = free_port();
+    let mut fake = fake_living(port, 3);
+    let printed = Printed::of(&mut fake);
+    let units = tempfile::tempdir().expect("units");
+    std::fs::write(
+        units.path().join("fk.kdl"),
+        format!("http \"http://localhost:{port}/mcp\" {{\n    oauth\n}}\n"),
+    )
+    .expect("unit");
+    let runtime = tempfile::tempdir().expect("runtime");
+    let state = tempfile::tempdir().expect("state");
+    let rt = runtime.path();
+    let mut daemon = Daemon::user_no_bus(
+        units.path(),
+        &[
+            ("XDG_RUNTIME_DIR", rt.as_os_str()),
+            ("MCPD_STATE_DIR", state.path().as_os_str()),
+            ("MCPD_LOG", "trace".as_ref()),
+        ],
+    );
+    daemon.wait_for("server fk needs a login");
+    // A login, calls, two refreshes (3 s tokens), a logout that revokes:
+    // every path a token takes through rmcp, reqwest and hyper.
+    assert_eq!(login_fk(rt, None), (Some(0), String::new()));
+    eventually("fk to run", BOUND, || state_of(rt, "fk") == "running");
+    eventually("two refreshes", BOUND, || {
+        let out = mcpctl_user(rt, &["call", "fk", "whoami", "{}"]);
+        assert!(out.status.success());
+        printed.lines("token refresh_token").len() >= 2
+    });
+    let out = mcpctl_user(rt, &["auth", "logout", "fk"]);
+    assert!(out.status.success());
+    printed.wait("revoke ", 2, BOUND);
+    daemon.read_for(std::time::Duration::from_secs(1));
+    // Everything logged so far (read until half a second passes quiet).
+    loop {
+        let before = daemon.seen.len();
+        daemon.read_until(std::time::Duration::from_millis(500), |_| false);
+        if daemon.seen.len() == before {
+            break;
+        }
+    }
+    // The fake's tokens are at-N and rt-N: a word of a line exactly.
+    let issued = printed.lines("token ").len();
+    let words: Vec<&str> = daemon
+        .seen
+        .iter()
+        .flat_map(|l| l.split(|c: char| !(c.is_ascii_alphanumeric() || c == '-')))
+        .collect();
+    assert!(daemon.seen.len() > 100, "not at trace: {:#?}", daemon.seen);
+    for n in 1..=issued {
+        for token in [format!("at-{n}"), format!("rt-{n}")] {
+            assert!(
+                !words.contains(&token.as_str()),
+                "{token} is in the log: {:#?}",
+                daemon
+                    .seen
+                    .iter()
+                    .filter(|l| l.contains(&token))
+                    .collect::<Vec<_>>()
+            );
+        }
+    }
+}
