@@ -200,10 +200,13 @@ async fn login_lost(login: &mut LoginWatch) {
         return std::future::pending().await;
     };
     loop {
+        // Only a login held and then lost: a failed login's note changes
+        // the summary of a unit that held none.
+        let held = summary.borrow_and_update().logged_in;
         if summary.changed().await.is_err() {
             return std::future::pending().await;
         }
-        if !summary.borrow_and_update().logged_in {
+        if held && !summary.borrow().logged_in {
             return;
         }
     }
