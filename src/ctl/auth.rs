@@ -140,8 +140,12 @@ async fn request_target(stream: &mut tokio::net::TcpStream) -> Option<String> {
 /// `auth logout NAME`.
 pub async fn logout(client: &Client, name: &str, out: &mut dyn Write) -> Result<u8> {
     let server = client.server(name).await.map_err(dbus_error)?;
-    server.auth_logout().await.map_err(dbus_error)?;
-    writeln!(out, "Logged out of {name}.").map_err(CtlError::output)?;
+    let note = server.auth_logout().await.map_err(dbus_error)?;
+    if note.is_empty() {
+        writeln!(out, "Logged out of {name}.").map_err(CtlError::output)?;
+    } else {
+        writeln!(out, "Logged out of {name}: {note}.").map_err(CtlError::output)?;
+    }
     Ok(exit::OK)
 }
 

@@ -170,6 +170,18 @@ impl Server {
     }
 }
 
+/// Runs a login's work (requests to an authorization server, bounded by
+/// `oauth`'s timeouts) as a task of its own, which the D-Bus method only
+/// awaits: a slow authorization server holds no D-Bus task, and a caller
+/// that goes away does not cut a token exchange in half.
+async fn off_the_bus<T: Send + 'static>(
+    work: impl std::future::Future<Output = Result<T, String>> + Send + 'static,
+) -> Result<T, String> {
+    tokio::spawn(work)
+        .await
+        .unwrap_or_else(|e| Err(format!("the login's task ended: {e}")))
+}
+
 /// `arguments_json`: a JSON object, or nothing.
 fn arguments_object(
     arguments_json: &str,
@@ -546,12 +558,20 @@ impl Server {
         }
         let login = self.login()?;
         let uid = caller(&self.callers, conn, &header).await.uid;
-        let secret = self
-            .supervisor()?
-            .client_secret()
-            .map_err(|e| Error::AuthFailed(format!("login to {} failed: {e}", self.name)))?;
-        login
-            .begin(redirect_uri, uid.unwrap_or(u32::MAX), secret)
+        let supervisor = self.supervisor()?;
+        let redirect_uri = redirect_uri.to_owned();
+        // Off the D-Bus task: the secret is read on the blocking pool and
+        // the authorization server is waited for by a task of its own.
+        let begun = off_the_bus(async move {
+            let secret = tokio::task::spawn_blocking(move || supervisor.client_secret())
+                .await
+                .map_err(|e| e.to_string())??;
+            login
+                .begin(&redirect_uri, uid.unwrap_or(u32::MAX), secret)
+                .await
+                .map_err(|e| e.to_string())
+        });
+        begun
             .await
             .map_err(|e| Error::AuthFailed(format!("login to {} failed: {e}", self.name)))
     }
@@ -568,29 +588,47 @@ impl Server {
         authorize(&self.shared, conn, &header).await?;
         let login = self.login()?;
         let uid = caller(&self.callers, conn, &header).await.uid;
-        login
-            .complete(redirect_url, uid.unwrap_or(u32::MAX))
-            .await
-            .map_err(|e| Error::AuthFailed(format!("login to {} failed: {e}", self.name)))?;
+        let redirect_url = redirect_url.to_owned();
+        off_the_bus(async move {
+            login
+                .complete(&redirect_url, uid.unwrap_or(u32::MAX))
+                .await
+                .map_err(|e| e.to_string())
+        })
+        .await
+        .map_err(|e| Error::AuthFailed(format!("login to {} failed: {e}", self.name)))?;
         self.supervisor()?.logged_in();
         Ok(())
     }
 
-    /// Forgets the unit's login: its tokens are removed and the unit
-    /// restarts into `needs-login`.
+    /// Forgets the unit's login: its tokens are revoked where the
+    /// authorization server offers it (RFC 7009, bounded), removed
+    /// whatever came of that, and the unit restarts into `needs-login`.
+    /// Returns what became of the revocation (empty when not offered).
     async fn auth_logout(
         &self,
         #[zbus(header)] header: Header<'_>,
         #[zbus(connection)] conn: &Connection,
-    ) -> Result<(), Error> {
+    ) -> Result<String, Error> {
         authorize(&self.shared, conn, &header).await?;
         let login = self.login()?;
-        login
-            .logout()
-            .await
-            .map_err(|e| Error::AuthFailed(format!("logout of {} failed: {e}", self.name)))?;
-        self.supervisor()?.restart();
-        Ok(())
+        let supervisor = self.supervisor()?;
+        let restart = supervisor.clone();
+        let note = off_the_bus(async move {
+            let secret = tokio::task::spawn_blocking(move || supervisor.client_secret())
+                .await
+                .map_err(|e| e.to_string())?
+                .ok()
+                .flatten();
+            login
+                .logout_revoking(secret)
+                .await
+                .map_err(|e| e.to_string())
+        })
+        .await
+        .map_err(|e| Error::AuthFailed(format!("logout of {} failed: {e}", self.name)))?;
+        restart.restart();
+        Ok(note)
     }
 
     /// The unit's login (DESIGN §17): empty for a unit without `oauth`,
@@ -1077,7 +1115,7 @@ pub mod client {
         fn list_instances(&self) -> Result<String, Error>;
         fn auth_begin(&self, redirect_uri: &str) -> Result<String, Error>;
         fn auth_complete(&self, redirect_url: &str) -> Result<(), Error>;
-        fn auth_logout(&self) -> Result<(), Error>;
+        fn auth_logout(&self) -> Result<String, Error>;
         #[zbus(property)]
         fn auth(&self) -> Result<String, Error>;
         #[zbus(property, name = "AuthExpiresUSec")]

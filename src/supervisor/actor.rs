@@ -187,6 +187,31 @@ async fn lists_changed(cache: &mut Cache) {
     }
 }
 
+/// A unit's login and its summary's changes.
+type LoginWatch = Option<(
+    Arc<super::oauth::Login>,
+    watch::Receiver<super::oauth::Summary>,
+)>;
+
+/// Waits until the login is lost (its token refused or forgotten), or
+/// for ever for a unit without one.
+async fn login_lost(login: &mut LoginWatch) {
+    let Some((_, summary)) = login else {
+        return std::future::pending().await;
+    };
+    loop {
+        // Only a login held and then lost: a failed login's note changes
+        // the summary of a unit that held none.
+        let held = summary.borrow_and_update().logged_in;
+        if summary.changed().await.is_err() {
+            return std::future::pending().await;
+        }
+        if held && !summary.borrow().logged_in {
+            return;
+        }
+    }
+}
+
 /// Tool-list re-syncs of one server begin at least this far apart: a
 /// `list_changed` storm costs ten reads a second (DESIGN §3, invariant 10).
 pub(crate) const SYNC_SPACING: Duration = Duration::from_millis(100);
@@ -295,9 +320,25 @@ impl Actor {
 
     pub(crate) async fn run(mut self) {
         self.publish();
+        let mut login: LoginWatch = None;
         loop {
             let deadline = self.machine.deadline();
+            let now = self.launcher.login();
+            if now.as_ref().map(Arc::as_ptr) != login.as_ref().map(|(l, _)| Arc::as_ptr(l)) {
+                login = now.map(|l| {
+                    let summary = l.subscribe();
+                    (l, summary)
+                });
+            }
             tokio::select! {
+                () = login_lost(&mut login) => {
+                    // The refresh token refused (`invalid_grant`) or the
+                    // login forgotten: no retry, a login.
+                    if let Some(generation) = self.machine.current() {
+                        let scopes = Vec::new();
+                        self.step(Event::NeedsLogin { generation, scopes }).await;
+                    }
+                }
                 command = self.commands.recv() => match command {
                     Some(command) => self.command(command).await,
                     // Every handle is gone: nobody can stop us later.
@@ -563,7 +604,13 @@ impl Actor {
                         self.save_cache();
                     }
                 }
-                Err(_) if let Some(scopes) = self.step_up() => {
+                Err(_) if let Some(scopes) = self.step_up().await => {
+                    self.step(Event::NeedsLogin { generation, scopes }).await;
+                }
+                Err(ConnectError::Closed(error) | ConnectError::Failed(error))
+                    if self.token_refused(&error).await =>
+                {
+                    let scopes = Vec::new();
                     self.step(Event::NeedsLogin { generation, scopes }).await;
                 }
                 Err(ConnectError::Closed(error)) => {
@@ -580,11 +627,16 @@ impl Actor {
             // A request met `403 insufficient_scope` (DESIGN §17
             // "Step-up") or a `401` no refresh cured, and the wire ended: a
             // login is needed, not a retry.
-            Internal::Closed { generation, .. } if let Some(scopes) = self.step_up() => {
+            Internal::Closed { generation, .. } if let Some(scopes) = self.step_up().await => {
                 self.step(Event::NeedsLogin { generation, scopes }).await
             }
             Internal::Closed { generation, error } => {
-                self.step(Event::Closed { generation, error }).await
+                if self.token_refused(&error).await {
+                    let scopes = Vec::new();
+                    self.step(Event::NeedsLogin { generation, scopes }).await
+                } else {
+                    self.step(Event::Closed { generation, error }).await
+                }
             }
             Internal::Exited { generation, status } => {
                 if let Some(pid) = self.gens.remove(&generation).and_then(|r| r.pid) {
@@ -673,6 +725,19 @@ impl Actor {
     /// that cannot be read is warned about and the lists learnt again.
     /// Read and parsed on the blocking pool: a large catalog's cache is
     /// megabytes, and the daemon's one runtime thread serves every unit.
+    /// Whether `error` is the server refusing a token just refreshed
+    /// (a `401` after rmcp's refresh): the login is marked lost.
+    async fn token_refused(&self, error: &str) -> bool {
+        if !error.contains(super::oauth::TOKEN_REFUSED) {
+            return false;
+        }
+        let Some(login) = self.launcher.login() else {
+            return false;
+        };
+        login.refused().await;
+        true
+    }
+
     async fn restore(&mut self) -> Option<super::machine::Cached> {
         let file = self.cache.file.clone()?;
         let loaded = tokio::task::spawn_blocking(move || file.load())
@@ -776,8 +841,15 @@ impl Actor {
     /// Whether the unit's login needs a person since its last one (DESIGN
     /// §17): a `401` a refresh did not cure, or a `403 insufficient_scope`
     /// (a step-up), whose scopes are named.
-    fn step_up(&self) -> Option<Vec<String>> {
-        self.launcher.login()?.login_needed()
+    async fn step_up(&self) -> Option<Vec<String>> {
+        let login = self.launcher.login()?;
+        let scopes = login.login_needed()?;
+        if scopes.is_empty() {
+            // A 401 no refresh cured: the login is lost, as
+            // [`token_refused`](Self::token_refused) says.
+            login.refused().await;
+        }
+        Some(scopes)
     }
 
     /// Feeds an event and performs the effects, including the events the

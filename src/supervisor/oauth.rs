@@ -129,6 +129,11 @@ impl Summary {
 pub struct FileStore {
     path: PathBuf,
     summary: watch::Sender<Summary>,
+    /// When the access token held was received and how long it lives (as
+    /// the file says): what [`keep_fresh`] schedules by.
+    lifetime: Arc<std::sync::Mutex<Option<(SystemTime, Duration)>>>,
+    /// Held through a refresh (rmcp's refresh guard).
+    refreshing: Arc<Mutex<()>>,
 }
 
 impl std::fmt::Debug for FileStore {
@@ -181,6 +186,9 @@ impl FileStore {
     }
 
     fn publish(&self, stored: Option<&StoredCredentials>) {
+        if let Ok(mut lifetime) = self.lifetime.lock() {
+            *lifetime = lifetime_of(stored);
+        }
         let mut summary = Summary::of(stored);
         // A failed login's error stays until a token is held again.
         if !summary.logged_in {
@@ -196,12 +204,33 @@ impl FileStore {
 
 #[async_trait::async_trait]
 impl CredentialStore for FileStore {
+    /// The tokens as rmcp's manager sees them: without their expiry, so
+    /// it never refreshes on its own 30 s before it (DESIGN §17: the
+    /// unit's [`keep_fresh`] refreshes at ¾ of the lifetime; rmcp still
+    /// refreshes on a `401`).
     async fn load(&self) -> Result<Option<StoredCredentials>, AuthError> {
         let path = self.path.clone();
-        tokio::task::spawn_blocking(move || Self::read(&path))
+        let stored = tokio::task::spawn_blocking(move || Self::read(&path))
             .await
             .map_err(store_error)?
-            .map_err(store_error)
+            .map_err(store_error)?;
+        Ok(stored.map(|mut stored| {
+            if let Some(token) = stored.token_response.as_mut() {
+                token.set_expires_in(None);
+            }
+            stored
+        }))
+    }
+
+    /// One refresh at a time per unit, whoever asks (the unit's
+    /// [`keep_fresh`], a request's refresh on a `401`).
+    async fn acquire_refresh_guard(
+        &self,
+    ) -> Result<Option<rmcp::transport::auth::CredentialRefreshGuard>, AuthError> {
+        let guard = Arc::clone(&self.refreshing).lock_owned().await;
+        Ok(Some(rmcp::transport::auth::CredentialRefreshGuard::new(
+            guard,
+        )))
     }
 
     async fn save(&self, credentials: StoredCredentials) -> Result<(), AuthError> {
@@ -282,10 +311,18 @@ pub struct Login {
     /// The unit's client, once a connect built it: shared by its
     /// generations, so refreshes are one at a time.
     client: Mutex<Option<AuthClient<reqwest::Client>>>,
+    /// The task that keeps that client's token fresh ([`keep_fresh`]).
+    refresher: std::sync::Mutex<Option<tokio::task::AbortHandle>>,
     pending: Mutex<Option<Pending>>,
     /// What `403 insufficient_scope` answers asked for (DESIGN §17
     /// "Step-up"); a std mutex, never held across an await.
     step: std::sync::Mutex<StepUp>,
+}
+
+impl Drop for Login {
+    fn drop(&mut self) {
+        self.stop_refresher();
+    }
 }
 
 impl std::fmt::Debug for Login {
@@ -337,13 +374,20 @@ impl Login {
         // Small, and read once per unit and daemon start.
         let stored = FileStore::read(&path).ok().flatten();
         let (summary, _) = watch::channel(Summary::of(stored.as_ref()));
+        let lifetime = Arc::new(std::sync::Mutex::new(lifetime_of(stored.as_ref())));
         Arc::new(Self {
             name: name.to_owned(),
             url: url.clone(),
             spec: spec.clone(),
             metadata_url,
-            store: FileStore { path, summary },
+            store: FileStore {
+                path,
+                summary,
+                lifetime,
+                refreshing: Arc::default(),
+            },
             client: Mutex::new(None),
+            refresher: std::sync::Mutex::new(None),
             pending: Mutex::new(None),
             step: std::sync::Mutex::new(StepUp::default()),
         })
@@ -432,6 +476,7 @@ impl Login {
                 }
                 let client = AuthClient::new(reqwest::Client::new(), manager);
                 *slot = Some(client.clone());
+                self.start_refresher(&client);
                 client
             }
         };
@@ -443,6 +488,7 @@ impl Login {
             Ok(Ok(_)) => Ok(client),
             Ok(Err(AuthError::AuthorizationRequired)) => {
                 *self.client.lock().await = None;
+                self.stop_refresher();
                 Err(LoginError::Needed)
             }
             Ok(Err(e)) => Err(LoginError::Failed(describe(&e))),
@@ -466,9 +512,7 @@ impl Login {
         }
         let begun = tokio::time::timeout(REQUEST_TIMEOUT, self.start(redirect_uri, secret)).await;
         let session = match begun {
-            Err(_) => Err(LoginError::Failed(format!(
-                "the authorization server did not answer within {REQUEST_TIMEOUT:?}"
-            ))),
+            Err(_) => Err(LoginError::Failed(self.no_answer().await)),
             Ok(result) => result,
         };
         let session = match session {
@@ -597,6 +641,7 @@ impl Login {
             *slot = None;
             // The next connect builds a client with the new tokens.
             *self.client.lock().await = None;
+            self.stop_refresher();
         }
         self.note(result.as_ref().err().map(ToString::to_string));
         result
@@ -641,12 +686,14 @@ impl Login {
     }
 
     /// Forgets the login: its tokens, its client, a login under way.
+    /// [`Login::logout_revoking`] revokes them first.
     pub async fn logout(&self) -> Result<(), LoginError> {
         *self.pending.lock().await = None;
         *self.client.lock().await = None;
         if let Ok(mut step) = self.step.lock() {
             *step = StepUp::default();
         }
+        self.stop_refresher();
         self.note(None);
         self.store
             .clear()
@@ -929,4 +976,325 @@ fn check_endpoints(
         }
     }
     Ok(())
+}
+
+// The token's lifetime (DESIGN §17): refreshed by the unit at ¾ of it,
+// transient failures retried with a backoff of their own.
+
+/// The bound on one refresh by [`keep_fresh`]: the unit's requests wait
+/// for it no longer, and go on with the token they have (a quarter of its
+/// lifetime is left).
+pub const REFRESH_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The longest wait between two attempts of a failing refresh.
+pub const REFRESH_BACKOFF_MAX: Duration = Duration::from_secs(60);
+
+/// What a login shows when the server refused a token just refreshed.
+pub const TOKEN_REFUSED: &str =
+    "the server refused the token after a refresh (401 invalid_token): log in again";
+
+/// When the stored access token was received and how long it lives.
+fn lifetime_of(stored: Option<&StoredCredentials>) -> Option<(SystemTime, Duration)> {
+    let stored = stored?;
+    let token = serde_json::to_value(stored.token_response.as_ref()?).ok()?;
+    let lifetime = Duration::from_secs(token["expires_in"].as_u64()?);
+    let at = SystemTime::UNIX_EPOCH + Duration::from_secs(stored.token_received_at?);
+    Some((at, lifetime))
+}
+
+/// When to refresh a token received `at` that lives `lifetime`: at ¾ of it.
+pub fn refresh_due(at: SystemTime, lifetime: Duration) -> SystemTime {
+    at + lifetime * 3 / 4
+}
+
+/// The wait after the `failures`th failed refresh in a row, `left` before
+/// the token expires: doubling from 1 s up to [`REFRESH_BACKOFF_MAX`], and
+/// while the token is still good at most half of what is left of it (so a
+/// short outage is over before it expires).
+pub fn refresh_backoff(failures: u32, left: Duration) -> Duration {
+    let doubling = Duration::from_secs(1u64 << failures.saturating_sub(1).min(6));
+    let wait = doubling.min(REFRESH_BACKOFF_MAX);
+    if left.is_zero() {
+        wait
+    } else {
+        wait.min((left / 2).max(Duration::from_secs(1)))
+    }
+}
+
+impl Login {
+    fn start_refresher(&self, client: &AuthClient<reqwest::Client>) {
+        let task = tokio::spawn(keep_fresh(
+            self.name.clone(),
+            client.clone(),
+            self.store.clone(),
+        ));
+        if let Ok(mut slot) = self.refresher.lock()
+            && let Some(old) = slot.replace(task.abort_handle())
+        {
+            old.abort();
+        }
+    }
+
+    fn stop_refresher(&self) {
+        if let Ok(mut slot) = self.refresher.lock()
+            && let Some(task) = slot.take()
+        {
+            task.abort();
+        }
+    }
+
+    /// The server refused a token just refreshed: the unit needs a login
+    /// (the tokens stay on disk: a refresh token is dropped only on
+    /// `invalid_grant`).
+    pub async fn refused(&self) {
+        *self.client.lock().await = None;
+        self.stop_refresher();
+        self.store.summary.send_if_modified(|s| {
+            let changed = s.logged_in || s.error.as_deref() != Some(TOKEN_REFUSED);
+            s.logged_in = false;
+            s.error = Some(TOKEN_REFUSED.into());
+            changed
+        });
+    }
+}
+
+/// Keeps unit `name`'s token fresh: refreshes it at ¾ of its lifetime
+/// through the unit's client (whose manager's lock makes requests wait
+/// for the refresh, within [`REFRESH_TIMEOUT`]), retries a transient
+/// failure with [`refresh_backoff`] (no restart budget spent, no login
+/// asked for) and ends when the authorization server refuses the refresh
+/// token (`invalid_grant`: the unit needs a login) or there is no expiry
+/// to schedule by.
+async fn keep_fresh(name: String, client: AuthClient<reqwest::Client>, store: FileStore) {
+    let mut failures = 0u32;
+    loop {
+        let Some((at, lifetime)) = store.lifetime.lock().ok().and_then(|l| *l) else {
+            return;
+        };
+        let left = (at + lifetime)
+            .duration_since(SystemTime::now())
+            .unwrap_or_default();
+        let wait = if failures == 0 {
+            refresh_due(at, lifetime)
+                .duration_since(SystemTime::now())
+                .unwrap_or_default()
+        } else {
+            refresh_backoff(failures, left)
+        };
+        tokio::time::sleep(wait).await;
+        let refreshed = tokio::time::timeout(REFRESH_TIMEOUT, async {
+            let manager = client.auth_manager.lock().await;
+            manager.refresh_token().await.map(drop)
+        })
+        .await;
+        let error = match refreshed {
+            Ok(Ok(())) => {
+                tracing::debug!(target: "mcpd::supervisor", mcpd_server = %name, "refreshed its token");
+                failures = 0;
+                continue;
+            }
+            Ok(Err(
+                e @ (AuthError::TokenRefreshRejected(_) | AuthError::AuthorizationRequired),
+            )) => {
+                let why = if matches!(e, AuthError::AuthorizationRequired) {
+                    // No refresh token: the access token serves to its end.
+                    tokio::time::sleep(left).await;
+                    "the access token expired and the authorization server gave no refresh token"
+                        .to_owned()
+                } else {
+                    format!(
+                        "the authorization server refused the refresh token: {}",
+                        describe(&e)
+                    )
+                };
+                tracing::warn!(target: "mcpd::supervisor", mcpd_server = %name, "{why}");
+                store.summary.send_if_modified(|s| {
+                    s.logged_in = false;
+                    s.error = Some(why);
+                    true
+                });
+                return;
+            }
+            Ok(Err(e)) => describe(&e),
+            Err(_) => format!("no answer within {REFRESH_TIMEOUT:?}"),
+        };
+        failures = failures.saturating_add(1);
+        let left = (at + lifetime)
+            .duration_since(SystemTime::now())
+            .unwrap_or_default();
+        tracing::warn!(
+            target: "mcpd::supervisor", mcpd_server = %name,
+            "token refresh failed ({error}); retry in {}",
+            humantime::format_duration(refresh_backoff(failures, left))
+        );
+    }
+}
+
+/// How long [`Login::no_answer`] looks for the authorization server's name.
+const NAMING_TIMEOUT: Duration = Duration::from_secs(5);
+/// The most of a metadata document read for that name.
+const MAX_METADATA: usize = 64 << 10;
+
+impl Login {
+    /// Why a login's start timed out, naming the authorization server the
+    /// server's protected resource metadata names (looked up again,
+    /// briefly), else the server.
+    async fn no_answer(&self) -> String {
+        match tokio::time::timeout(NAMING_TIMEOUT, self.authorization_server()).await {
+            Ok(Some(server)) => format!(
+                "the authorization server {server} did not answer within {REQUEST_TIMEOUT:?}"
+            ),
+            _ => format!(
+                "the authorization server of {} did not answer within {REQUEST_TIMEOUT:?}",
+                self.url
+            ),
+        }
+    }
+
+    /// The first authorization server of the server's protected resource
+    /// metadata (from its 401's `resource_metadata`, else the well-known
+    /// URI).
+    async fn authorization_server(&self) -> Option<String> {
+        let http = reqwest::Client::builder()
+            .timeout(NAMING_TIMEOUT)
+            .redirect(reqwest::redirect::Policy::none())
+            .build()
+            .ok()?;
+        let named = self.challenge().await.and_then(|h| {
+            rmcp::transport::auth::WWWAuthenticateParams::parse(&h, &self.url).resource_metadata_url
+        });
+        let metadata = match named {
+            Some(url) => url,
+            None => {
+                let mut url = self.url.clone();
+                let path = url.path().trim_end_matches('/').to_owned();
+                url.set_path(&format!("/.well-known/oauth-protected-resource{path}"));
+                url.set_query(None);
+                url
+            }
+        };
+        let mut response = http.get(metadata).send().await.ok()?;
+        let mut body = Vec::new();
+        while let Some(chunk) = response.chunk().await.ok()? {
+            body.extend_from_slice(&chunk);
+            if body.len() > MAX_METADATA {
+                return None;
+            }
+        }
+        let document: serde_json::Value = serde_json::from_slice(&body).ok()?;
+        document["authorization_servers"][0]
+            .as_str()
+            .map(str::to_owned)
+    }
+}
+
+// Logout revokes (RFC 7009) where the authorization server offers it.
+
+/// The bound on a logout's revocation as a whole (discovery and both
+/// requests): past it the tokens are forgotten here all the same.
+pub const REVOKE_TIMEOUT: Duration = Duration::from_secs(10);
+
+impl Login {
+    /// Revokes the login's tokens where the authorization server
+    /// advertises `revocation_endpoint` (the refresh token, then the
+    /// access token; within [`REVOKE_TIMEOUT`]), then forgets them
+    /// whatever came of it. Returns what became of the revocation, for the
+    /// caller to say: `their tokens were revoked`, or why not.
+    pub async fn logout_revoking(&self, secret: Option<String>) -> Result<String, LoginError> {
+        let path = self.store.path.clone();
+        let stored = tokio::task::spawn_blocking(move || FileStore::read(&path))
+            .await
+            .ok()
+            .and_then(Result::ok)
+            .flatten();
+        let revoked = match stored {
+            Some(stored) if stored.token_response.is_some() => Some(
+                tokio::time::timeout(REVOKE_TIMEOUT, self.revoke(&stored, secret))
+                    .await
+                    .unwrap_or_else(|_| {
+                        Err(format!(
+                            "the authorization server did not answer within {REVOKE_TIMEOUT:?}"
+                        ))
+                    }),
+            ),
+            _ => None,
+        };
+        self.logout().await?;
+        Ok(match revoked {
+            None | Some(Ok(false)) => String::new(),
+            Some(Ok(true)) => "its tokens were revoked".into(),
+            Some(Err(e)) => {
+                tracing::warn!(target: "mcpd::supervisor", mcpd_server = %self.name, "logout: the tokens were not revoked: {e}");
+                format!("its tokens were forgotten here but not revoked: {e}")
+            }
+        })
+    }
+
+    /// Revokes `stored`'s refresh token, then its access token: whether
+    /// the authorization server offers revocation.
+    async fn revoke(
+        &self,
+        stored: &StoredCredentials,
+        secret: Option<String>,
+    ) -> Result<bool, String> {
+        let manager = self.manager().await.map_err(|e| e.to_string())?;
+        let metadata = manager.resolve_metadata().await.map_err(|e| describe(&e))?;
+        let Some(endpoint) = metadata
+            .metadata
+            .additional_fields
+            .get("revocation_endpoint")
+            .and_then(|v| v.as_str())
+        else {
+            return Ok(false);
+        };
+        let url = url::Url::parse(endpoint)
+            .map_err(|e| format!("revocation_endpoint {endpoint} is not a URL ({e})"))?;
+        if !(url.scheme() == "https"
+            || url.scheme() == "http" && crate::unit::spec::is_loopback_host(&url))
+        {
+            return Err(format!(
+                "revocation_endpoint {endpoint} is not https:// (plain http:// only to a loopback address)"
+            ));
+        }
+        let token =
+            serde_json::to_value(stored.token_response.as_ref()).map_err(|e| e.to_string())?;
+        let http = reqwest::Client::builder()
+            .timeout(REVOKE_TIMEOUT)
+            .redirect(reqwest::redirect::Policy::none())
+            .build()
+            .map_err(|e| e.to_string())?;
+        for hint in ["refresh_token", "access_token"] {
+            let Some(value) = token[hint].as_str() else {
+                continue;
+            };
+            let body = {
+                let mut form = url::form_urlencoded::Serializer::new(String::new());
+                form.append_pair("token", value)
+                    .append_pair("token_type_hint", hint);
+                if secret.is_none() {
+                    form.append_pair("client_id", &stored.client_id);
+                }
+                form.finish()
+            };
+            let mut request = http
+                .post(url.clone())
+                .header("content-type", "application/x-www-form-urlencoded");
+            if let Some(secret) = &secret {
+                request = request.basic_auth(&stored.client_id, Some(secret));
+            }
+            let answer = request
+                .body(body)
+                .send()
+                .await
+                .map_err(|e| format!("{endpoint}: {}", crate::mux::wire::error_chain(&e)))?;
+            if !answer.status().is_success() {
+                return Err(format!(
+                    "{endpoint} answered {} to the {}",
+                    answer.status(),
+                    hint.replace('_', " ")
+                ));
+            }
+        }
+        Ok(true)
+    }
 }

@@ -12,11 +12,22 @@ another server), `step-up` (tokens hold the scopes their authorization
 asked for, `mcp` when none; tool `admin` needs scope `admin`, tool `never`
 needs scope `never`, which is never granted: a call without the scope is
 answered `403 insufficient_scope` naming it). Access tokens live 3 s (300 s
-in `step-up`); each token request prints one line (`token
-authorization_code`, `token refresh_token`) to stdout, each authorization
-request one (`authorize SCOPE`). `client-credentials`: the token endpoint
-also grants `client_credentials` to client `fake-cc` with secret `s3cret`
-(Basic or in the body), without a refresh token.
+in `step-up`; an optional third argument sets their lifetime in seconds);
+each token request prints one line (`token authorization_code`, `token
+refresh_token age=SECONDS`) to stdout, each authorization request one
+(`authorize SCOPE`). `client-credentials`: the token endpoint also grants
+`client_credentials` to client `fake-cc` with secret `s3cret` (Basic or in
+the body), without a refresh token.
+
+The token lifetime's tests steer it at run time: a POST to /control with
+one word sets how the authorization server behaves from then on: `ok`,
+`503` (the token endpoint answers 503), `unavailable` (400
+`temporarily_unavailable`), `invalid_grant` (every refresh token refused),
+`reject` (the MCP server refuses every token with 401 `invalid_token`),
+`hang` (the authorization server's endpoints accept and never answer,
+printing `hang PATH`),
+`revoke-fails` (the revocation endpoint answers 503). Each revocation
+(RFC 7009, advertised as `revocation_endpoint`) prints `revoke HINT TOKEN`.
 """
 
 import base64
@@ -29,11 +40,12 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 PORT = int(sys.argv[1])
 MODE = sys.argv[2]
 BASE = f"http://localhost:{PORT}"
-LIFETIME = 300 if MODE == "step-up" else 3
+LIFETIME = int(sys.argv[3]) if len(sys.argv) > 3 else 300 if MODE == "step-up" else 3
 tokens = {}  # access token -> expiry
 scopes = {}  # access token, refresh token or code -> the scopes granted
-refresh = set()
+refresh = {}  # refresh token -> when it was issued
 counter = [0]
+control = ["ok"]
 NEEDS = {"admin": "admin", "never": "never"} if MODE == "step-up" else {}
 
 
@@ -42,7 +54,7 @@ def issue(granted):
     access, rt = f"at-{counter[0]}", f"rt-{counter[0]}"
     tokens[access] = time.time() + LIFETIME
     scopes[access] = scopes[rt] = granted
-    refresh.add(rt)
+    refresh[rt] = time.time()
     return {"access_token": access, "token_type": "Bearer", "expires_in": LIFETIME,
             "refresh_token": rt, "scope": " ".join(granted)}
 
@@ -62,8 +74,15 @@ class Handler(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(data)
 
+    def hang(self):
+        if control[0] == "hang":
+            print(f"hang {urllib.parse.urlparse(self.path).path}", flush=True)
+            time.sleep(3600)
+
     def do_GET(self):
         url = urllib.parse.urlparse(self.path)
+        if url.path != "/.well-known/oauth-protected-resource/mcp" and url.path != "/mcp":
+            self.hang()
         if url.path == "/.well-known/oauth-protected-resource/mcp":
             resource = f"{BASE}/other" if MODE == "wrong-resource" else f"{BASE}/mcp"
             return self.send(200, {"resource": resource, "authorization_servers": [f"{BASE}/"]})
@@ -80,6 +99,7 @@ class Handler(BaseHTTPRequestHandler):
                 "code_challenge_methods_supported": methods,
                 "token_endpoint_auth_methods_supported": ["client_secret_post"] if MODE == "client-credentials" else ["none"],
                 "scopes_supported": ["mcp"],
+                "revocation_endpoint": f"{BASE}/revoke",
             })
         if url.path == "/authorize":
             q = urllib.parse.parse_qs(url.query)
@@ -102,13 +122,28 @@ class Handler(BaseHTTPRequestHandler):
 
     def do_POST(self):
         url = urllib.parse.urlparse(self.path)
+        if url.path == "/control":
+            control[0] = self.body().decode().strip()
+            return self.send(200, {})
+        if url.path != "/mcp":
+            self.hang()
+        if url.path == "/revoke":
+            form = urllib.parse.parse_qs(self.body().decode())
+            hint = form.get("token_type_hint", ["-"])[0]
+            print(f"revoke {hint} {form['token'][0]}", flush=True)
+            if control[0] == "revoke-fails":
+                return self.send(503, {"error": "server_error"})
+            tokens.pop(form["token"][0], None)
+            refresh.pop(form["token"][0], None)
+            return self.send(200)
         if url.path == "/register":
             asked = json.loads(self.body())
             return self.send(201, dict(asked, client_id="fake-client"))
         if url.path == "/token":
             form = urllib.parse.parse_qs(self.body().decode())
             grant = form["grant_type"][0]
-            print(f"token {grant}", flush=True)
+            if grant != "refresh_token":
+                print(f"token {grant}", flush=True)
             if grant == "client_credentials":
                 basic = self.headers.get("authorization", "")
                 sent = (base64.b64decode(basic[6:]).decode() if basic.startswith("Basic ")
@@ -118,16 +153,22 @@ class Handler(BaseHTTPRequestHandler):
                 return self.send(200, {k: v for k, v in issue(["mcp"]).items() if k != "refresh_token"})
             if grant == "refresh_token":
                 rt = form["refresh_token"][0]
-                if rt not in refresh:
+                age = time.time() - refresh.get(rt, 0)
+                print(f"token refresh_token age={age:.1f} {control[0]}", flush=True)
+                if control[0] == "503":
+                    return self.send(503, {"error": "server_error"})
+                if control[0] == "unavailable":
+                    return self.send(400, {"error": "temporarily_unavailable"})
+                if rt not in refresh or control[0] == "invalid_grant":
                     return self.send(400, {"error": "invalid_grant"})
-                refresh.discard(rt)  # rotation: each refresh token once
+                del refresh[rt]  # rotation: each refresh token once
                 return self.send(200, issue(scopes.get(rt, ["mcp"])))
             return self.send(200, issue(scopes.get(form.get("code", [""])[0], ["mcp"])))
         if url.path != "/mcp":
             return self.send(404, {"error": "not found"})
         auth = self.headers.get("authorization", "")
         token = auth[len("Bearer "):] if auth.startswith("Bearer ") else ""
-        if tokens.get(token, 0) < time.time():
+        if tokens.get(token, 0) < time.time() or control[0] == "reject":
             challenge = (f'Bearer error="invalid_token", resource_metadata='
                          f'"{BASE}/.well-known/oauth-protected-resource/mcp"')
             return self.send(401, {"error": "invalid_token"}, [("www-authenticate", challenge)])
