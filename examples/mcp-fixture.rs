@@ -12,7 +12,7 @@
 //! `roots` reports the client's roots, `progress {steps}` sends that many
 //! progress notifications first, `sample {text}` asks the client for a
 //! sampling and returns its answer, `levels` sends one log message at each
-//! level, `touch {uri}` sends `notifications/resources/updated`, `sleep {ms}`
+//! level, `shout {count, bytes}` that many info log messages of that size, `touch {uri}` sends `notifications/resources/updated`, `sleep {ms}`
 //! answers after that long, saying nothing meanwhile; `task {text}`
 //! (listed: the server offers the tasks extension, SEP-2663) makes the
 //! call a task when the client declared tasks, completed with the echo
@@ -620,6 +620,20 @@ async fn special(
                 ),
                 Err(e) => text(format!("sampling failed: {e}")),
             }
+        }
+        "shout" => {
+            let count = arg(request, "count").and_then(Value::as_u64).unwrap_or(1);
+            let bytes = arg(request, "bytes")
+                .and_then(Value::as_u64)
+                .unwrap_or(1024);
+            let data = "x".repeat(usize::try_from(bytes).unwrap_or(1024));
+            for _ in 0..count {
+                let param = LoggingMessageNotificationParam::new(LoggingLevel::Info, json!(data));
+                if let Err(e) = peer.notify_logging_message(param).await {
+                    say(&format!("cannot log: {e}"));
+                }
+            }
+            text(format!("{count} messages of {bytes} bytes"))
         }
         "levels" => {
             for level in [

@@ -74,6 +74,15 @@ async fn sleep_until(at: Option<tokio::time::Instant>) {
     }
 }
 
+/// A task that ends when this is dropped.
+struct Aborts(tokio::task::JoinHandle<()>);
+
+impl Drop for Aborts {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
 /// Runs the daemon until [`Control::Shutdown`] (or the channel closes).
 /// `controller` is a sender of the same channel, given to D-Bus for
 /// `Reload`.
@@ -90,6 +99,9 @@ pub async fn run(
     log_settings(&settings_file, &settings);
     crate::telemetry::apply(settings.telemetry.clone());
     memory::give_large_buffers_back();
+    let hand_back = tokio::spawn(memory::hand_back());
+    // Ends with `run`, whichever way it returns.
+    let _hand_back = Aborts(hand_back);
     let dirs: Vec<String> = config
         .unit_dirs
         .iter()

@@ -645,7 +645,7 @@ async fn route(
                 },
             };
             // A resumed stream's queue holds what is replayed, and more.
-            let (sink, rx) = mpsc::channel(session::STREAM_QUEUE + session::REPLAY_EVENTS);
+            let (sink, rx) = session::stream();
             let Ok(from) = open.listen(sink, resume) else {
                 return missing_session(session.as_deref());
             };
@@ -708,14 +708,7 @@ fn preflight(request: &Request<Incoming>) -> Response<Body> {
 /// What a peer sent, as a log line shows it: at most [`CLIP`] bytes,
 /// with the size it had (a 60 KiB `Origin` is not logged whole).
 fn clip(text: &str) -> std::borrow::Cow<'_, str> {
-    if text.len() <= CLIP {
-        return text.into();
-    }
-    let mut end = CLIP;
-    while !text.is_char_boundary(end) {
-        end -= 1;
-    }
-    format!("{}… ({} bytes)", &text[..end], text.len()).into()
+    crate::supervisor::logs::clip(text, CLIP)
 }
 
 /// The most of a peer's text a refusal line shows.
@@ -778,7 +771,7 @@ fn percent_decode(text: &str) -> Option<String> {
 fn sse(
     prime: Option<session::Resume>,
     first: Option<Bytes>,
-    mut rx: mpsc::Receiver<Item>,
+    mut rx: session::Stream,
 ) -> Response<Body> {
     // Each its own chunk, as every event.
     let mut prime = prime.map(|from| Bytes::from(modern::priming(from)));

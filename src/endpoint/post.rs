@@ -111,7 +111,7 @@ pub(super) async fn post(
         return full(StatusCode::ACCEPTED, "text/plain", "");
     };
     let json = !sse_ok;
-    let (sink, rx) = mpsc::channel(session::STREAM_QUEUE);
+    let (sink, rx) = session::stream();
     if open.request(&message, id, sink, json).is_err() {
         return missing_session(Some(&session_id));
     }
@@ -170,7 +170,7 @@ async fn stateless(
         (owner.as_deref() == token).then(|| to.clone())
     });
     if let Some(to) = parked {
-        let (sink, rx) = mpsc::channel(session::STREAM_QUEUE);
+        let (sink, rx) = session::stream();
         let retry = session::Once {
             message,
             id,
@@ -231,7 +231,7 @@ async fn stateless(
     if let Err(response) = attach(&shared, name, HostLink::Memory(theirs), caller) {
         return *response;
     }
-    let (sink, rx) = mpsc::channel(session::STREAM_QUEUE);
+    let (sink, rx) = session::stream();
     let counted = Arc::clone(&inner.stateless);
     counted.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     inner.note_stateless(token, true);
@@ -302,7 +302,7 @@ fn per_host(shared: &Arc<Shared>, name: &str) -> Option<String> {
 /// A stateless request's response ([`respond`]); one JSON body goes with
 /// the status its error code has on the 2026-07-28 wire
 /// ([`modern::status_of`]).
-async fn answer(rx: mpsc::Receiver<Item>, budget: &Arc<tokio::sync::Semaphore>) -> Response<Body> {
+async fn answer(rx: session::Stream, budget: &Arc<tokio::sync::Semaphore>) -> Response<Body> {
     respond(rx, budget).await.map_or_else(
         || refuse(StatusCode::SERVICE_UNAVAILABLE, "no answer"),
         |(mut response, json)| {
@@ -320,7 +320,7 @@ async fn answer(rx: mpsc::Receiver<Item>, budget: &Arc<tokio::sync::Semaphore>) 
 /// stream from the first event on; `None` if the stream ended empty.
 /// With the response, the answer line when it is one JSON body.
 async fn respond(
-    mut rx: mpsc::Receiver<Item>,
+    mut rx: session::Stream,
     budget: &Arc<tokio::sync::Semaphore>,
 ) -> Option<(Response<Body>, Option<Bytes>)> {
     Some(match rx.recv().await? {

@@ -25,12 +25,18 @@
 //! an id, `STREAM-SEQ` (the stream's number in the session, the event's
 //! number in the session), and is kept in a bounded per-session buffer
 //! ([`Replay`]: the newest [`REPLAY_EVENTS`] events within
-//! [`REPLAY_BYTES`]). A stream whose client goes (or does not read,
-//! [`STREAM_QUEUE`] messages behind) is detached, not ended: what it would
-//! carry is numbered and kept, and a GET with `Last-Event-ID` replays that
-//! stream's events after the id and then carries the stream on (the GET
-//! stream, or a request's stream until its answer). What fell out of the
-//! buffer is lost, and the log says so. Each SSE response starts with a
+//! [`REPLAY_BYTES`]). A stream queues what its client has not read yet
+//! within [`STREAM_QUEUE`] messages and [`STREAM_BYTES`] (a burst of a
+//! thousand progress notifications in one pipe read is queued whole; a
+//! client that reads nothing loses its connection at the write
+//! deadline). A stream whose client goes or is past those bounds is
+//! detached, not ended: what it would carry is numbered and kept, and a
+//! GET with `Last-Event-ID` replays that stream's events after the id and
+//! then carries the stream on (the GET stream, or a request's stream
+//! until its answer). A detached request's answer is kept apart from the
+//! events, so no flood pushes it out ([`KEPT_ANSWERS`] within
+//! [`KEPT_ANSWER_BYTES`] per session). What fell out of the buffer is
+//! lost, and the log says so. Each SSE response starts with a
 //! priming event (SEP-1699: the id to resume from, empty data, a `retry:`
 //! field; `endpoint::modern::priming`), so a client can resume a stream
 //! that broke before its first message.
@@ -48,8 +54,15 @@ use crate::mux::lines::Frame;
 use crate::mux::message::{Message, RequestId};
 use crate::mux::method::Method;
 
-/// Messages queued for one HTTP response stream before it is dropped.
-pub const STREAM_QUEUE: usize = 64;
+/// What one HTTP response stream holds for a client that has not read it
+/// yet: past [`STREAM_QUEUE`] messages or [`STREAM_BYTES`] (one message
+/// larger than that goes alone) the stream is detached, its events kept
+/// for a resume. A client that reads nothing for `read_timeout` loses
+/// its connection (`endpoint::conn::Stalled`), which detaches it too: a
+/// stream waits for a slow reader within bytes and time, and a burst the
+/// unit delivers at once (one pipe read) is queued whole.
+pub const STREAM_QUEUE: usize = 4096;
+pub const STREAM_BYTES: usize = 4 << 20;
 /// Requests of one session in flight at once (as a unit's host session).
 pub const MAX_IN_FLIGHT: usize = 1024;
 /// A session with no request in flight and no GET stream for this long
@@ -60,6 +73,10 @@ pub const IDLE: Duration = Duration::from_secs(30 * 60);
 /// that is sent but not kept).
 pub const REPLAY_EVENTS: usize = 128;
 pub const REPLAY_BYTES: usize = 512 << 10;
+/// Answers a session keeps for streams whose client is away (apart from
+/// the events: always kept for a resume, within these bounds).
+pub const KEPT_ANSWERS: usize = MAX_IN_FLIGHT;
+pub const KEPT_ANSWER_BYTES: usize = 32 << 20;
 /// What the direction from an HTTP session to its unit's session holds
 /// before its writer queues (as the aggregate's members).
 pub const PAIR_BUFFER: usize = 256 << 10;
@@ -99,8 +116,98 @@ impl Item {
     }
 }
 
-/// Where one stream's messages go.
-pub type Sink = mpsc::Sender<Item>;
+impl Item {
+    fn len(&self) -> usize {
+        match self {
+            Item::Answer(b) | Item::Event(b) => b.len(),
+        }
+    }
+}
+
+/// Where one stream's messages go: queued for its response within
+/// [`STREAM_QUEUE`] messages and [`STREAM_BYTES`].
+#[derive(Debug, Clone)]
+pub struct Sink {
+    tx: mpsc::Sender<Item>,
+    queued: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+}
+
+/// What a stream's response reads: the other end of a [`Sink`].
+#[derive(Debug)]
+pub struct Stream {
+    rx: mpsc::Receiver<Item>,
+    queued: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+}
+
+/// A response stream: where its messages go, and where they are read.
+pub fn stream() -> (Sink, Stream) {
+    let (tx, rx) = mpsc::channel(STREAM_QUEUE);
+    let queued = std::sync::Arc::default();
+    (
+        Sink {
+            tx,
+            queued: std::sync::Arc::clone(&queued),
+        },
+        Stream { rx, queued },
+    )
+}
+
+impl Sink {
+    /// Queues `item` unless its client went or it would hold more than
+    /// its bounds; `Err` gives it back.
+    pub fn try_send(&self, item: Item) -> Result<(), Item> {
+        use std::sync::atomic::Ordering;
+        let len = item.len();
+        let queued = self.queued.load(Ordering::Acquire);
+        if queued > 0 && queued + len > STREAM_BYTES {
+            return Err(item);
+        }
+        self.queued.fetch_add(len, Ordering::AcqRel);
+        self.tx.try_send(item).map_err(|e| {
+            self.queued.fetch_sub(len, Ordering::AcqRel);
+            e.into_inner()
+        })
+    }
+
+    /// Queues `item` past [`STREAM_BYTES`] (a stream's answer, its last,
+    /// or replayed events, bounded by the replay's own bounds) unless its
+    /// client went or [`STREAM_QUEUE`] messages wait.
+    pub fn send_last(&self, item: Item) -> Result<(), Item> {
+        let len = item.len();
+        self.queued
+            .fetch_add(len, std::sync::atomic::Ordering::AcqRel);
+        self.tx.try_send(item).map_err(|e| {
+            self.queued
+                .fetch_sub(len, std::sync::atomic::Ordering::AcqRel);
+            e.into_inner()
+        })
+    }
+
+    /// Whether its client went.
+    pub fn is_closed(&self) -> bool {
+        self.tx.is_closed()
+    }
+
+    /// When its client goes.
+    pub async fn closed(&self) {
+        self.tx.closed().await;
+    }
+}
+
+impl Stream {
+    pub async fn recv(&mut self) -> Option<Item> {
+        std::future::poll_fn(|cx| self.poll_recv(cx)).await
+    }
+
+    pub fn poll_recv(&mut self, cx: &mut std::task::Context<'_>) -> std::task::Poll<Option<Item>> {
+        let polled = self.rx.poll_recv(cx);
+        if let std::task::Poll::Ready(Some(item)) = &polled {
+            self.queued
+                .fetch_sub(item.len(), std::sync::atomic::Ordering::AcqRel);
+        }
+        polled
+    }
+}
 
 /// A resumed stream's place: the stream's number and the last event the
 /// client had (`Last-Event-ID: STREAM-SEQ`).
@@ -154,6 +261,12 @@ struct Replay {
     seq: u64,
     /// The newest event number that fell out (or was never kept).
     lost: u64,
+    /// The answers of requests whose stream had no client when they came,
+    /// each the last event of its stream: kept apart from `events` (a
+    /// flood on other streams does not push them out) until a resume
+    /// takes them, at most [`KEPT_ANSWERS`] within [`KEPT_ANSWER_BYTES`].
+    answers: std::collections::VecDeque<(u64, u64, Bytes)>,
+    answer_bytes: usize,
 }
 
 impl Replay {
@@ -178,12 +291,47 @@ impl Replay {
         event
     }
 
-    /// The kept events of `stream` after event `after`, in order.
+    /// Keeps `event` (numbered `seq`, of `stream`), the answer of a
+    /// request whose stream has no client, for the resume that takes it.
+    fn keep_answer(&mut self, stream: u64, seq: u64, event: Bytes) {
+        if event.len() > KEPT_ANSWER_BYTES {
+            self.lost = self.lost.max(seq);
+            return;
+        }
+        // Not also among the events: the answer is its stream's last.
+        if let Some(at) = self.events.iter().position(|(_, s, _)| *s == seq)
+            && let Some((_, _, old)) = self.events.remove(at)
+        {
+            self.bytes -= old.len();
+        }
+        self.answer_bytes += event.len();
+        self.answers.push_back((stream, seq, event));
+        while self.answers.len() > KEPT_ANSWERS || self.answer_bytes > KEPT_ANSWER_BYTES {
+            let Some((_, seq, old)) = self.answers.pop_front() else {
+                break;
+            };
+            self.answer_bytes -= old.len();
+            self.lost = self.lost.max(seq);
+        }
+    }
+
+    /// The kept events of `stream` after event `after`, in order (its
+    /// answer, kept apart, last).
     fn since(&self, stream: u64, after: u64) -> impl Iterator<Item = &Bytes> {
         self.events
             .iter()
+            .chain(self.answers.iter())
             .filter(move |(s, seq, _)| *s == stream && *seq > after)
             .map(|(_, _, event)| event)
+    }
+
+    /// Lets go of `stream`'s kept answer (a resume took it).
+    fn taken(&mut self, stream: u64) {
+        if let Some(at) = self.answers.iter().position(|(s, _, _)| *s == stream)
+            && let Some((_, _, old)) = self.answers.remove(at)
+        {
+            self.answer_bytes -= old.len();
+        }
     }
 }
 
@@ -439,12 +587,13 @@ impl Session {
         }
         let mut replayed = 0;
         for event in state.replay.since(stream, after) {
-            // Its queue holds the whole buffer.
-            if sink.try_send(Item::Event(event.clone())).is_err() {
+            // Its queue holds the whole buffer (bounded by its own bounds).
+            if sink.send_last(Item::Event(event.clone())).is_err() {
                 return;
             }
             replayed += 1;
         }
+        state.replay.taken(stream);
         tracing::debug!(target: "mcpd::http", "session {}: resumed stream {stream} after event {after}, {replayed} events replayed", self.name);
         if let Some(listen) = state.listen.as_mut().filter(|l| l.stream == stream) {
             listen.sink = Some(sink);
@@ -515,8 +664,16 @@ impl Session {
                 } else {
                     Item::Answer(Bytes::copy_from_slice(line))
                 };
-                if let Some(sink) = pending.sink {
-                    let _ = sink.try_send(out);
+                let seq = state.replay.seq;
+                let unsent = match pending.sink {
+                    Some(sink) => sink.send_last(out).err(),
+                    None => Some(out),
+                };
+                // An SSE stream's answer its client did not get is kept
+                // for the resume that comes for it.
+                if let (true, Some(Item::Event(event))) = (pending.sent, unsent) {
+                    tracing::debug!(target: "mcpd::http", "session {}: the answer of stream {} is kept for a resume (its client is away or behind)", self.name, pending.stream);
+                    state.replay.keep_answer(pending.stream, seq, event);
                 }
                 if state.settle() {
                     self.idle.fell_idle();
@@ -575,8 +732,11 @@ impl Session {
         if let Some(to) = sink
             && to.try_send(Item::Event(event)).is_err()
         {
-            // Its client went, or does not read: the stream waits for a
-            // GET that resumes it; the session stays.
+            // Its client went, or is too far behind: the stream waits for
+            // a GET that resumes it; the session stays.
+            if !to.is_closed() {
+                tracing::info!(target: "mcpd::http", "session {}: detached stream {stream}, whose client is {STREAM_QUEUE} messages or {} MiB behind: its events are kept for a resume", self.name, STREAM_BYTES >> 20);
+            }
             *sink = None;
             if state.settle() {
                 self.idle.fell_idle();
@@ -731,7 +891,7 @@ pub async fn once(
                     let line = Bytes::from(message.line());
                     if message.method().is_none() {
                         if message.request_id().as_ref() == Some(&id) {
-                            let _ = to.try_send(Item::answer(sent, line));
+                            let _ = to.send_last(Item::answer(sent, line));
                             let Some(state) = input_required(&message) else {
                                 break;
                             };
@@ -849,7 +1009,7 @@ mod tests {
         let message =
             Message::parse(br#"{"jsonrpc":"2.0","id":1,"method":"ping"}"#).expect("message");
         let id = message.request_id().expect("id");
-        let (sink, mut answers) = mpsc::channel(4);
+        let (sink, mut answers) = stream();
         session
             .request(&message, id, sink, false)
             .expect("the session takes it");
@@ -904,7 +1064,7 @@ mod tests {
             br#"{"jsonrpc":"2.0","id":"a","method":"tools/call","params":{"_meta":{"progressToken":7}}}"#,
         )
         .expect("message");
-        let (sink, mut stream) = mpsc::channel(4);
+        let (sink, mut stream) = stream();
         session
             .request(&message, message.request_id().expect("id"), sink, false)
             .expect("taken");
@@ -930,7 +1090,7 @@ mod tests {
             "{text}"
         );
         let ping = Message::parse(br#"{"jsonrpc":"2.0","id":2,"method":"ping"}"#).expect("ping");
-        let (sink, _rx) = mpsc::channel(1);
+        let (sink, _rx) = super::stream();
         assert_eq!(
             session.request(&ping, ping.request_id().expect("id"), sink, false),
             Err(Ended)

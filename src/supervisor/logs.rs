@@ -21,8 +21,26 @@ use crate::unit::RateLimit;
 
 /// Lines kept per server.
 pub const CAPACITY: usize = 200;
-/// Longer lines are cut to this many bytes.
+/// Longer lines are cut to this many bytes (a server's log message to
+/// the journal too, with its size shown: [`clip`]).
 pub const MAX_LINE: usize = 4096;
+/// A rate-limit window logs at most its `lines` times this many bytes as
+/// well (10,000 lines: 5 MiB per window), so large lines reach the limit
+/// sooner than small ones.
+pub const BYTES_PER_LINE: u64 = 512;
+
+/// `text` as a log line shows it: at most `max` bytes (cut at a
+/// character), then `… [N bytes]` with the size it had.
+pub fn clip(text: &str, max: usize) -> std::borrow::Cow<'_, str> {
+    if text.len() <= max {
+        return text.into();
+    }
+    let mut end = max;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}… [{} bytes]", &text[..end], text.len()).into()
+}
 
 /// A bounded ring of log lines, shared by the stderr reader (writer) and
 /// status queries (readers), and the unit's log rate limit, which spans
@@ -40,6 +58,8 @@ pub struct Limiter {
     limit: Option<RateLimit>,
     window: Option<Instant>,
     logged: u32,
+    /// The bytes the window logged.
+    bytes: u64,
     suppressed: u64,
     /// The window dropped a line already (said once per window).
     reached: bool,
@@ -71,11 +91,18 @@ impl Limiter {
             self.limit = limit;
             self.window = None;
             self.logged = 0;
+            self.bytes = 0;
         }
     }
 
     /// One line, written at `now`.
     pub fn admit(&mut self, now: Instant) -> Admit {
+        self.admit_sized(0, now)
+    }
+
+    /// One line of `len` bytes, written at `now`: logged while the window
+    /// has lines left and `lines` × [`BYTES_PER_LINE`] bytes.
+    pub fn admit_sized(&mut self, len: usize, now: Instant) -> Admit {
         let Some(limit) = self.limit else {
             return Admit {
                 log: true,
@@ -91,10 +118,16 @@ impl Limiter {
             suppressed = self.take_suppressed();
             self.window = Some(now);
             self.logged = 0;
+            self.bytes = 0;
             self.reached = false;
         }
-        if self.logged < limit.lines {
+        // Every line costs a byte at least (a window spent in bytes logs
+        // no empty line either).
+        let len = u64::try_from(len.max(1)).unwrap_or(u64::MAX);
+        let room = u64::from(limit.lines).saturating_mul(BYTES_PER_LINE);
+        if self.logged < limit.lines && self.bytes.saturating_add(len) <= room {
             self.logged += 1;
+            self.bytes = self.bytes.saturating_add(len);
             Admit {
                 log: true,
                 suppressed,
@@ -150,7 +183,9 @@ impl Limiter {
     pub fn over(&self, now: Instant) -> bool {
         match (self.limit, self.window) {
             (Some(limit), Some(start)) => {
-                self.logged >= limit.lines && now.saturating_duration_since(start) < limit.interval
+                (self.logged >= limit.lines
+                    || self.bytes >= u64::from(limit.lines).saturating_mul(BYTES_PER_LINE))
+                    && now.saturating_duration_since(start) < limit.interval
             }
             _ => false,
         }
@@ -359,7 +394,7 @@ impl LogRing {
         keep: bool,
         log: &impl Fn(&str, bool),
     ) {
-        let admit = limiter.admit(now);
+        let admit = limiter.admit_sized(raw.len().min(MAX_LINE), now);
         if let Some(n) = admit.suppressed {
             log(&suppressed_line(n, limiter.limit()), true);
         }
@@ -554,6 +589,33 @@ mod tests {
         let tail = ring.tail(3);
         assert_eq!(tail, ["line 9998", "line 9999", "the end"]);
         assert_eq!(ring.tail(usize::MAX).len(), CAPACITY);
+    }
+
+    /// A window logs its lines × [`BYTES_PER_LINE`] bytes at most: long
+    /// lines reach the limit sooner, and are clipped with their size.
+    #[test]
+    fn the_limit_counts_bytes_as_well_as_lines() {
+        let limit = RateLimit {
+            lines: 100,
+            interval: Duration::from_secs(30),
+        };
+        let mut l = Limiter::new(Some(limit));
+        let t0 = Instant::now();
+        let logged = (0..100).filter(|_| l.admit_sized(MAX_LINE, t0).log).count();
+        assert_eq!(logged, 12, "12 lines of 4 KiB within 100 × 512 bytes");
+        assert!(!l.over(t0), "2 KiB left");
+        assert!(l.admit_sized(2048, t0).log);
+        assert!(l.over(t0));
+        assert!(!l.admit_sized(0, t0).log, "the window is spent");
+        assert!(
+            l.admit_sized(MAX_LINE, t0 + limit.interval).log,
+            "a new window"
+        );
+        let text = "é".repeat(3000);
+        let clipped = clip(&text, 4095);
+        assert!(clipped.ends_with("… [6000 bytes]"), "{clipped}");
+        assert_eq!(clipped.len(), 4094 + "… [6000 bytes]".len());
+        assert_eq!(clip("short", 4096), "short");
     }
 
     #[test]

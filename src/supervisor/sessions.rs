@@ -1288,7 +1288,9 @@ impl Task {
     /// The unit's `log-rate-limit` applies, as to its stderr: past it,
     /// messages are counted and the count reported once the window ends.
     fn journal(&mut self, message: &Message) {
-        let admit = self.log_limit.admit(now());
+        // Its cost: what the line logged takes (cut to `logs::MAX_LINE`).
+        let size = message.with_line(<[u8]>::len).min(logs::MAX_LINE);
+        let admit = self.log_limit.admit_sized(size, now());
         if let Some(until) = admit.reached {
             let line = logs::reached_line("its log messages", until);
             tracing::warn!(target: "mcpd::server", mcpd_server = %self.name, "{line}");
@@ -1307,6 +1309,8 @@ impl Task {
             Value::String(s) => s.clone(),
             other => other.to_string(),
         };
+        // A message of 256 KiB is logged as its first 4 KiB and its size.
+        let data = logs::clip(&data, logs::MAX_LINE);
         let name = &self.name;
         match level {
             "debug" => {

@@ -508,7 +508,7 @@ fn a_preflight_is_answered_before_authorization_and_refusals_are_clipped() {
     let line = d.wait_for("refused a request from origin \"https://eeee");
     assert!(line.len() < 1024, "{} bytes logged", line.len());
     assert!(
-        line.contains(&format!("({} bytes)", origin.len())),
+        line.contains(&format!("[{} bytes]", origin.len())),
         "{line}"
     );
     // The token's client is served.
@@ -571,4 +571,349 @@ fn connections_without_a_valid_token_hold_no_slot() {
     let (status, _, body) = request(addr, "POST", "/mcp/a", &h, INITIALIZE.as_bytes());
     assert_eq!(status, 200, "{body}");
     assert_eq!(d.count("connections: closed"), 0);
+}
+
+/// A unit `name` of the test fixture offering the extra tools `tools`.
+fn fixture_unit_with(units: &Path, name: &str, tools: &str) {
+    std::fs::write(
+        units.join(format!("{name}.kdl")),
+        format!("stdio {{\n    command \"mcp-fixture\" \"--chatter\" \"0\"\n    env MCP_FIXTURE_TOOLS=\"{tools}\"\n}}\n"),
+    )
+    .expect("write");
+}
+
+/// An echo on a fresh connection in `session`: its status, answer and
+/// how long it took.
+fn timed_echo(addr: SocketAddr, session: &str) -> (u16, String, Duration) {
+    let start = std::time::Instant::now();
+    let with = [("Mcp-Session-Id", session)];
+    let (status, answer) = post_on(&mut connect(addr), "/mcp/a", &with, ECHO.as_bytes());
+    (status, answer, start.elapsed())
+}
+
+/// D8: a request's stream queues what the unit sends at once (one pipe
+/// read of 1,000 progress notifications) instead of being detached at
+/// the 64th: the official Python SDK's client gets every notification and
+/// the answer on the call's own stream (no resume), a raw client that
+/// reads slowly gets them all and the answer too, and another session's
+/// call is answered meanwhile. Before: 71 events and no answer for a fast
+/// raw reader; the SDK lost ~97 % of progress and got the answer 1.03 s
+/// late through `Last-Event-ID`.
+#[test]
+fn a_request_stream_keeps_up_with_a_burst_of_a_thousand_progress_notifications() {
+    let units = tempfile::tempdir().expect("tempdir");
+    fixture_unit_with(units.path(), "a", "echo,progress");
+    let (mut d, _dir, addr) = endpoint_with(
+        units.path(),
+        "http {\n    listen \"127.0.0.1:0\"\n    auth \"none\"\n}\n",
+        &[],
+    );
+    d.wait_for("running (pid");
+    let good = open_session(addr, "/mcp/a", None);
+    let (status, answer, _) = timed_echo(addr, &good);
+    assert_eq!(status, 200, "{answer}");
+
+    // The raw slow reader, in a session of its own.
+    let slow_session = open_session(addr, "/mcp/a", None);
+    let call = r#"{"jsonrpc":"2.0","id":5,"method":"tools/call","params":{"name":"progress","arguments":{"steps":1000},"_meta":{"progressToken":"slow"}}}"#;
+    let mut slow = connect(addr);
+    write!(
+        slow,
+        "POST /mcp/a HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nAccept: application/json, text/event-stream\r\nMcp-Session-Id: {slow_session}\r\nContent-Length: {}\r\n\r\n{call}",
+        call.len()
+    )
+    .expect("write");
+    let reader = std::thread::spawn(move || {
+        let mut got = Vec::new();
+        let mut buf = [0u8; 256];
+        // 256 bytes every 2 ms at most: far slower than the daemon writes.
+        while !got.windows(17).any(|w| w == br#""id":5,"result":"#) {
+            match slow.read(&mut buf) {
+                Ok(0) | Err(_) => break,
+                Ok(n) => got.extend_from_slice(&buf[..n]),
+            }
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        String::from_utf8_lossy(&got).into_owned()
+    });
+
+    let url = format!("http://{addr}/mcp/a");
+    let sdk = std::process::Command::new("python3")
+        .arg(crate::helper::root().join("tests/data/progress_client.py"))
+        .args([&url, "1000"])
+        .env("PYTHONWARNINGS", "ignore")
+        .stdin(std::process::Stdio::null())
+        .output()
+        .expect("python3");
+    let (status, answer, took) = timed_echo(addr, &good);
+    assert_eq!(status, 200, "{answer}");
+    assert!(took < Duration::from_secs(10), "an echo took {took:?}");
+    assert!(
+        sdk.status.success(),
+        "{}",
+        String::from_utf8_lossy(&sdk.stderr)
+    );
+    let out: serde_json::Value = serde_json::from_slice(&sdk.stdout).expect("one JSON object");
+    assert_eq!(out["progress"], 1000, "{out}");
+    assert_eq!(out["distinct"], 1000, "{out}");
+    assert_eq!(out["text"], "1000 steps", "{out}");
+
+    let text = reader.join().expect("the reader");
+    assert!(
+        text.contains(r#""id":5,"result":"#),
+        "no answer in {} bytes",
+        text.len()
+    );
+    assert_eq!(
+        text.matches("notifications/progress").count(),
+        1000,
+        "the slow reader's progress"
+    );
+    // Neither stream was detached (its answer then waits for a resume).
+    assert_eq!(d.count("detached stream"), 0);
+}
+
+/// Reads what the daemon has logged until it is quiet for a moment
+/// (bounded): the bytes of every line read so far.
+fn log_bytes(d: &mut crate::helper::Daemon) -> usize {
+    for _ in 0..600 {
+        let before = d.seen.len();
+        d.read_for(Duration::from_millis(500));
+        if d.seen.len() == before {
+            break;
+        }
+    }
+    d.seen.iter().map(|l| l.len() + 1).sum()
+}
+
+/// D9: a server that logs 1,000 messages of 256 KiB during one call
+/// grows the daemon's log by a bounded amount: each message is logged as
+/// its first 4 KiB and its size, and the unit's `log-rate-limit` (100
+/// lines per 30 s here) counts their bytes too (100 × 512 bytes: about a
+/// dozen such lines); the call answers, and another session's call is
+/// answered meanwhile. Before: +262 MB of daemon log in 5 s.
+#[test]
+fn a_server_logging_large_messages_grows_the_log_by_a_bounded_amount() {
+    let units = tempfile::tempdir().expect("tempdir");
+    std::fs::write(
+        units.path().join("a.kdl"),
+        "stdio {\n    command \"mcp-fixture\" \"--chatter\" \"0\"\n    env MCP_FIXTURE_TOOLS=\"echo,shout\"\n}\nlog-rate-limit 100 \"30s\"\n",
+    )
+    .expect("write");
+    let (mut d, _dir, addr) = endpoint_with(
+        units.path(),
+        "http {\n    listen \"127.0.0.1:0\"\n    auth \"none\"\n}\n",
+        &[],
+    );
+    d.wait_for("running (pid");
+    let good = open_session(addr, "/mcp/a", None);
+    let loud = open_session(addr, "/mcp/a", None);
+    let (status, answer, _) = timed_echo(addr, &good);
+    assert_eq!(status, 200, "{answer}");
+    let before = log_bytes(&mut d);
+    let rss_before = crate::helper::rss_kib(d.pid());
+    let call = r#"{"jsonrpc":"2.0","id":3,"method":"tools/call","params":{"name":"shout","arguments":{"count":1000,"bytes":262144}}}"#;
+    let shouter = std::thread::spawn(move || {
+        let mut stream = connect(addr);
+        stream
+            .set_read_timeout(Some(Duration::from_secs(300)))
+            .expect("timeout");
+        post_on(
+            &mut stream,
+            "/mcp/a",
+            &[("Mcp-Session-Id", loud.as_str())],
+            call.as_bytes(),
+        )
+    });
+    d.wait_for("log-rate-limit reached: dropping its log messages");
+    let (status, answer, took) = timed_echo(addr, &good);
+    assert_eq!(status, 200, "{answer}");
+    assert!(took < Duration::from_secs(10), "an echo took {took:?}");
+    let (status, answer) = shouter.join().expect("the call");
+    assert_eq!(status, 200, "{answer}");
+    assert!(answer.contains("1000 messages of 262144 bytes"), "{answer}");
+    let grew = log_bytes(&mut d) - before;
+    let logged = d.count("… [262144 bytes]");
+    assert!(
+        (1..=13).contains(&logged),
+        "{logged} messages logged within 100 × 512 bytes"
+    );
+    assert!(grew < 128 << 10, "the daemon's log grew by {grew} bytes");
+    let rss_after = crate::helper::rss_kib(d.pid());
+    eprintln!(
+        "log +{grew} bytes, {logged} messages logged; RSS {rss_before} KiB before, {rss_after} KiB after"
+    );
+}
+
+/// D5: memory freed after large transients is handed back: after a flood
+/// of 400 log messages of 256 KiB during one call and four 6 MiB answers,
+/// the daemon's resident set comes back within 32 MiB of its start
+/// (waited for, bounded: the daemon looks every 2 s). Before: 603 MB
+/// resident 40 s after a 12 s attack, 253 MB after a notification flood.
+#[test]
+fn memory_is_handed_back_after_large_transients() {
+    let units = tempfile::tempdir().expect("tempdir");
+    fixture_unit_with(units.path(), "a", "echo,shout");
+    let (mut d, _dir, addr) = endpoint_with(
+        units.path(),
+        "http {\n    listen \"127.0.0.1:0\"\n    auth \"none\"\n}\n",
+        &[],
+    );
+    d.wait_for("running (pid");
+    let good = open_session(addr, "/mcp/a", None);
+    let (status, answer, _) = timed_echo(addr, &good);
+    assert_eq!(status, 200, "{answer}");
+    let start = crate::helper::rss_kib(d.pid());
+    let loud = open_session(addr, "/mcp/a", None);
+    let call = r#"{"jsonrpc":"2.0","id":3,"method":"tools/call","params":{"name":"shout","arguments":{"count":400,"bytes":262144}}}"#;
+    let mut stream = connect(addr);
+    stream
+        .set_read_timeout(Some(Duration::from_secs(300)))
+        .expect("timeout");
+    let (status, answer) = post_on(
+        &mut stream,
+        "/mcp/a",
+        &[("Mcp-Session-Id", loud.as_str())],
+        call.as_bytes(),
+    );
+    assert_eq!(status, 200, "{answer}");
+    // One after another: together they would pass what one host may
+    // queue toward its server (16 MiB).
+    let text = "y".repeat(6 << 20);
+    for n in 0..4 {
+        let call = format!(
+            r#"{{"jsonrpc":"2.0","id":{},"method":"tools/call","params":{{"name":"echo","arguments":{{"text":"{text}"}}}}}}"#,
+            10 + n
+        );
+        let (status, answer) = post_on(
+            &mut stream,
+            "/mcp/a",
+            &[("Mcp-Session-Id", loud.as_str())],
+            call.as_bytes(),
+        );
+        assert_eq!(status, 200, "{}", &answer[..answer.len().min(300)]);
+        assert!(
+            answer.len() > 6 << 20,
+            "{}",
+            &answer[..answer.len().min(300)]
+        );
+    }
+    let peak = status_kib(d.pid(), "VmHWM");
+    let (status, answer, took) = timed_echo(addr, &good);
+    assert_eq!(status, 200, "{answer}");
+    assert!(took < Duration::from_secs(10), "an echo took {took:?}");
+    let mut now = crate::helper::rss_kib(d.pid());
+    let back = crate::helper::holds_within(Duration::from_secs(10), || {
+        now = crate::helper::rss_kib(d.pid());
+        now < start + (32 << 10)
+    });
+    assert!(
+        back,
+        "RSS {now} KiB 10 s after the attacks (start {start} KiB, peak {peak} KiB)"
+    );
+    eprintln!("RSS: start {start} KiB, peak {peak} KiB, after {now} KiB");
+}
+
+/// D4: bodies in flight past the daemon's budget (256 MiB over every
+/// connection) are refused `503` with `Retry-After` as they come; once
+/// the bodies that hold it are cut at the body deadline, another token's
+/// client is served, and the daemon's resident set and descriptors come
+/// back.
+#[test]
+fn bodies_past_the_daemons_budget_are_refused_503() {
+    let units = tempfile::tempdir().expect("tempdir");
+    fixture_unit(units.path(), "a");
+    let state = tempfile::tempdir().expect("tempdir");
+    let good = super::tokens::token(state.path(), &["new", "good"]);
+    let bad = super::tokens::token(state.path(), &["new", "bad"]);
+    let (mut d, _dir, addr) = endpoint_with(
+        units.path(),
+        "http {\n    listen \"127.0.0.1:0\"\n}\n",
+        &[
+            ("MCPD_STATE_DIR", state.path().as_os_str()),
+            ("MCPD_HTTP_READ_TIMEOUT", "20s".as_ref()),
+        ],
+    );
+    d.wait_for("running (pid");
+    let bearer = format!("Bearer {good}");
+    let mut h: Vec<(&str, &str)> = JSON.to_vec();
+    h.push(("Authorization", &bearer));
+    let (status, _, body) = request(addr, "POST", "/mcp/a", &h, INITIALIZE.as_bytes());
+    assert_eq!(status, 200, "{body}");
+    let rss_before = crate::helper::rss_kib(d.pid());
+    let fds = |d: &crate::helper::Daemon| {
+        std::fs::read_dir(format!("/proc/{}/fd", d.pid()))
+            .expect("fds")
+            .count()
+    };
+    let fds_before = fds(&d);
+    // 18 bodies of 16 MiB less a byte, the last byte never sent: 16 of
+    // them fill the budget.
+    let size = mcpd::endpoint::MAX_BODY;
+    let attackers: Vec<_> = (0..18)
+        .map(|_| {
+            let bad = bad.clone();
+            std::thread::spawn(move || {
+                let mut stream = connect(addr);
+                let head = format!(
+                    "POST /mcp/a HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {bad}\r\nContent-Type: application/json\r\nAccept: application/json\r\nContent-Length: {size}\r\n\r\n"
+                );
+                // Read as it comes: a refusal mid-body is followed by
+                // the daemon's close, whose reset would lose it.
+                let mut reading = stream.try_clone().expect("clone");
+                let reader = std::thread::spawn(move || {
+                    let mut got = Vec::new();
+                    let mut buf = [0u8; 4096];
+                    while let Ok(n) = reading.read(&mut buf) {
+                        if n == 0 {
+                            break;
+                        }
+                        got.extend_from_slice(&buf[..n]);
+                    }
+                    String::from_utf8_lossy(&got).into_owned()
+                });
+                let _ = stream.write_all(head.as_bytes());
+                let _ = stream.write_all(&vec![b' '; size - 1]);
+                reader.join().expect("the reader")
+            })
+        })
+        .collect();
+    let answers: Vec<String> = attackers
+        .into_iter()
+        .map(|a| a.join().expect("an attacker"))
+        .collect();
+    let busy: Vec<&String> = answers
+        .iter()
+        .filter(|a| a.starts_with("HTTP/1.1 503"))
+        .collect();
+    assert!(
+        !busy.is_empty(),
+        "no 503: {:?}",
+        answers.iter().map(|a| a.lines().next()).collect::<Vec<_>>()
+    );
+    for answer in &busy {
+        let lower = answer.to_ascii_lowercase();
+        assert!(lower.contains("retry-after: 1"), "{answer}");
+        assert!(answer.contains("256 MiB"), "{answer}");
+    }
+    // The others were cut at the body deadline (408), none served.
+    assert!(
+        answers.iter().all(|a| a.starts_with("HTTP/1.1 503")
+            || a.starts_with("HTTP/1.1 408")
+            || a.is_empty()),
+        "{:?}",
+        answers.iter().map(|a| a.lines().next()).collect::<Vec<_>>()
+    );
+    let (status, _, body) = request(addr, "POST", "/mcp/a", &h, INITIALIZE.as_bytes());
+    assert_eq!(status, 200, "{body}");
+    let mut rss = 0;
+    let back = crate::helper::holds_within(Duration::from_secs(15), || {
+        rss = crate::helper::rss_kib(d.pid());
+        rss < rss_before + (32 << 10) && fds(&d) <= fds_before + 8
+    });
+    assert!(
+        back,
+        "RSS {rss} KiB after ({rss_before} before), {} fds ({fds_before} before)",
+        fds(&d)
+    );
 }
