@@ -303,18 +303,20 @@ fn median(mut of: Vec<Duration>) -> Duration {
 /// then reads its host no more (its writes wait: a few MiB taken in 10
 /// s, not the hundreds it writes when read at full speed), and a calm
 /// host of `calm` (whose server got every one of those notifications
-/// too, before) is answered at its usual latency throughout.
+/// too, before) is answered at its usual latency throughout. One process
+/// a unit (`protocol "2026-07-28"`): the one stopped is the one the
+/// aggregate's member session speaks to.
 #[test]
 fn an_aggregate_over_a_stopped_member_holds_its_host_back_and_a_calm_host_keeps_its_latency() {
     let units = tempfile::tempdir().expect("tempdir");
     std::fs::write(
         units.path().join("stuck.kdl"),
-        "stdio {\n    command \"mcp-fixture\" \"--chatter\" \"0\"\n}\nhealth {\n    enabled #false\n}\n",
+        "stdio {\n    command \"mcp-fixture\" \"--chatter\" \"0\"\n}\nprotocol \"2026-07-28\"\nhealth {\n    enabled #false\n}\n",
     )
     .expect("write");
     std::fs::write(
         units.path().join("calm.kdl"),
-        "stdio {\n    command \"mcp-fixture\" \"--chatter\" \"0\"\n}\n",
+        "stdio {\n    command \"mcp-fixture\" \"--chatter\" \"0\"\n}\nprotocol \"2026-07-28\"\n",
     )
     .expect("write");
     let (mut d, _settings, _addr) = endpoint_with(
@@ -432,7 +434,7 @@ fn an_http_server_streaming_faster_than_the_daemon_takes_its_messages_never_grow
     .expect("write");
     std::fs::write(
         units.path().join("calm.kdl"),
-        "stdio {\n    command \"mcp-fixture\" \"--chatter\" \"0\"\n}\n",
+        "stdio {\n    command \"mcp-fixture\" \"--chatter\" \"0\"\n}\nprotocol \"2026-07-28\"\n",
     )
     .expect("write");
     let (mut d, _settings, _addr) = endpoint_with(
