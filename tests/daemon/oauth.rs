@@ -550,11 +550,13 @@ fn a_token_is_refreshed_at_three_quarters_of_its_life_and_no_call_fails_across_i
     }
     assert!(calls > 8, "{calls} calls");
     // ¾ of 8 s is 6 s: not rmcp's own (half of a short lifetime, 30 s
-    // before a long one), and before the token's end.
+    // before a long one), and before the token's end. The stored time of
+    // receipt is rmcp's, in whole seconds, so the daemon's 6 s may be up
+    // to 1 s early by the fake's clock (5.2 s seen in a clean-clone run).
     for line in &refreshes {
         let age = age(line);
         assert!(
-            (5.5..8.0).contains(&age),
+            (5.0..8.0).contains(&age),
             "refreshed at {age} s: {refreshes:?}"
         );
     }
